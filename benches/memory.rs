@@ -1,0 +1,222 @@
+//! L1 hit cost against peers on one workload (10k keys, all hits), 1 and 2 threads, plus a
+//! single-flight storm. Criterion measures each; the closing table prints ratios from one
+//! back-to-back run of every peer, so machine speed cancels out.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use kcache::memory::{MemoryCache, Options};
+
+const KEYS: usize = 10_000;
+const OPS_PER_THREAD: usize = 200_000;
+
+type Value = Arc<u64>;
+
+fn keys() -> Vec<Vec<u8>> {
+    (0..KEYS as u64)
+        .map(|i| format!("kernel-{i:08}-sm90").into_bytes())
+        .collect()
+}
+
+/// One lookup-and-use of a hit, per peer.
+trait Peer: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+    fn hit(&self, key: &[u8]) -> u64;
+}
+
+struct Kcache(MemoryCache<Vec<u8>, u64>);
+impl Peer for Kcache {
+    fn name(&self) -> &'static str {
+        "kcache find_or_build+release"
+    }
+    fn hit(&self, key: &[u8]) -> u64 {
+        let lease = self.0.find_or_build(key, None, || unreachable!()).unwrap();
+        *lease
+    }
+}
+
+struct Quick(quick_cache::sync::Cache<Vec<u8>, Value>);
+impl Peer for Quick {
+    fn name(&self) -> &'static str {
+        "quick_cache get"
+    }
+    fn hit(&self, key: &[u8]) -> u64 {
+        *self.0.get(key).unwrap()
+    }
+}
+
+struct Moka(moka::sync::Cache<Vec<u8>, Value>);
+impl Peer for Moka {
+    fn name(&self) -> &'static str {
+        "moka get"
+    }
+    fn hit(&self, key: &[u8]) -> u64 {
+        *self.0.get(key).unwrap()
+    }
+}
+
+struct Locked(Mutex<HashMap<Vec<u8>, Value>>);
+impl Peer for Locked {
+    fn name(&self) -> &'static str {
+        "Mutex<HashMap> get"
+    }
+    fn hit(&self, key: &[u8]) -> u64 {
+        let value = Arc::clone(self.0.lock().unwrap().get(key).unwrap());
+        *value
+    }
+}
+
+fn peers(keys: &[Vec<u8>]) -> Vec<Arc<dyn Peer>> {
+    let k = MemoryCache::new(Options::default(), |_| Ok(()));
+    let q = quick_cache::sync::Cache::new(KEYS * 2);
+    let m = moka::sync::Cache::new(KEYS as u64 * 2);
+    let mut h = HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        k.find_or_build(key.as_slice(), None, || Ok((i as u64, 1)))
+            .unwrap();
+        q.insert(key.clone(), Arc::new(i as u64));
+        m.insert(key.clone(), Arc::new(i as u64));
+        h.insert(key.clone(), Arc::new(i as u64));
+    }
+    m.run_pending_tasks();
+    vec![
+        Arc::new(Kcache(k)),
+        Arc::new(Quick(q)),
+        Arc::new(Moka(m)),
+        Arc::new(Locked(Mutex::new(h))),
+    ]
+}
+
+/// Runs `ops` hits per thread on `threads` threads; returns the wall time of the slowest.
+fn run(peer: &Arc<dyn Peer>, keys: &Arc<Vec<Vec<u8>>>, threads: usize, ops: usize) -> Duration {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (peer, keys, start) = (Arc::clone(peer), Arc::clone(keys), Arc::clone(&start));
+            thread::spawn(move || {
+                start.wait();
+                let began = Instant::now();
+                let mut sum = 0u64;
+                let mut i = t * 7919;
+                for _ in 0..ops {
+                    i = (i + 7_001) % KEYS;
+                    sum = sum.wrapping_add(peer.hit(&keys[i]));
+                }
+                black_box(sum);
+                began.elapsed()
+            })
+        })
+        .collect();
+    start.wait();
+    handles
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .max()
+        .unwrap()
+}
+
+fn hits(c: &mut Criterion) {
+    let keys = Arc::new(keys());
+    let peers = peers(&keys);
+    for threads in [1, 2] {
+        let mut group = c.benchmark_group(format!("l1_hit_{threads}_thread"));
+        group.throughput(criterion::Throughput::Elements(threads as u64));
+        for peer in &peers {
+            group.bench_function(peer.name(), |b| {
+                b.iter_custom(|iters| run(peer, &keys, threads, iters as usize))
+            });
+        }
+        group.finish();
+    }
+}
+
+fn storm(c: &mut Criterion) {
+    let mut group = c.benchmark_group("single_flight_storm");
+    group.sample_size(10);
+    group.bench_function("16 threads, one key, 10 ms build", |b| {
+        b.iter(|| assert_eq!(storm_once(), 1))
+    });
+    group.finish();
+}
+
+/// 16 threads miss on one key whose build takes 10 ms; returns how many builds ran.
+fn storm_once() -> u64 {
+    let cache = Arc::new(MemoryCache::<&'static str, u64>::new(
+        Options::default(),
+        |_| Ok(()),
+    ));
+    let builds = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(Barrier::new(16));
+    let handles: Vec<_> = (0..16)
+        .map(|_| {
+            let (cache, builds, start) = (cache.clone(), builds.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                let lease = cache
+                    .find_or_build("hot", None, || {
+                        builds.fetch_add(1, Ordering::SeqCst);
+                        thread::sleep(Duration::from_millis(10));
+                        Ok((1, 1))
+                    })
+                    .unwrap();
+                *lease
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 1);
+    }
+    builds.load(Ordering::SeqCst)
+}
+
+criterion_group!(benches, hits, storm);
+
+/// Nanoseconds per hit per thread, best of five runs.
+fn per_hit(peer: &Arc<dyn Peer>, keys: &Arc<Vec<Vec<u8>>>, threads: usize) -> f64 {
+    (0..5)
+        .map(|_| run(peer, keys, threads, OPS_PER_THREAD).as_nanos() as f64 / OPS_PER_THREAD as f64)
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn ratios() {
+    let keys = Arc::new(keys());
+    let peers = peers(&keys);
+    let one: Vec<f64> = peers.iter().map(|p| per_hit(p, &keys, 1)).collect();
+    let two: Vec<f64> = peers.iter().map(|p| per_hit(p, &keys, 2)).collect();
+    println!("\nL1 hit, {KEYS} keys, all hits ({OPS_PER_THREAD} ops per thread, best of 5)");
+    println!(
+        "{:<30} {:>12} {:>14} {:>18}",
+        "peer", "1 thread ns", "2 threads Mops", "kcache / peer (1t)"
+    );
+    for (i, peer) in peers.iter().enumerate() {
+        println!(
+            "{:<30} {:>12.1} {:>14.1} {:>18.2}",
+            peer.name(),
+            one[i],
+            2.0 * 1e3 / two[i],
+            one[0] / one[i]
+        );
+    }
+    let kcache_scaling = one[0] / two[0] * 2.0;
+    let vs_mutex = (2.0 / two[0]) / (2.0 / two[3]);
+    println!("kcache 2-thread throughput / 1-thread throughput: {kcache_scaling:.2}x");
+    println!("kcache / Mutex<HashMap> throughput at 2 threads: {vs_mutex:.2}x");
+    println!(
+        "single-flight storm (16 threads, one key, 10 ms build): {} build(s)",
+        storm_once()
+    );
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
+    if std::env::args().any(|a| a == "--bench") {
+        ratios();
+    }
+}

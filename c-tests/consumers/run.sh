@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Packaging tests. Builds and installs kcache with CMake into a temporary prefix the documented
+# way, checks the installed tree and library (SONAME, kc_* exports only, no GPU runtime or Rust
+# standard library in NEEDED), then builds and runs every consumer project of this directory
+# against it: CMake (shared, static, C++17) and Makefiles with pkg-config (shared, --static).
+# Finally moves the prefix and builds the consumers again from the new place. Also checks that
+# the README's snippets are these projects, byte for byte.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+JOBS="${KCACHE_JOBS:-2}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/kcache-packaging.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+ABI_VERSION="$(sed -n 's/^abi-version *= *"\([0-9]*\.[0-9]*\.[0-9]*\)".*/\1/p' "$ROOT/Cargo.toml")"
+ABI_MAJOR="${ABI_VERSION%%.*}"
+SONAME="libkcache.so.$ABI_MAJOR"
+REALNAME="libkcache.so.$ABI_VERSION"
+[[ -n "$ABI_VERSION" ]] || { echo "no abi-version in Cargo.toml" >&2; exit 1; }
+
+# Consumers compile with warnings as errors: the header must be clean for them.
+export CFLAGS="-O2 -Wall -Wextra -Werror"
+export CXXFLAGS="-O2 -Wall -Wextra -Werror"
+
+CHECKS=0
+step() { printf '\n-- %s\n' "$*"; }
+pass() {
+  CHECKS=$((CHECKS + 1))
+  echo "ok: $*"
+}
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# Each "<!-- snippet: PATH -->" line of the README is followed by a fenced block that must equal
+# the file PATH (relative to the repository root).
+check_readme_snippets() {
+  local listed=0 path
+  while IFS= read -r path; do
+    listed=$((listed + 1))
+    [[ -f "$ROOT/$path" ]] || fail "README names a snippet file that does not exist: $path"
+    awk -v want="$path" '
+      $0 == "<!-- snippet: " want " -->" { armed = 1; next }
+      armed && /^```/ { if (inside) exit; inside = 1; next }
+      inside { print }
+    ' "$ROOT/README.md" >"$WORK/snippet"
+    diff -u "$ROOT/$path" "$WORK/snippet" >&2 || fail "README snippet differs from $path"
+  done < <(sed -n 's/^<!-- snippet: \(.*\) -->$/\1/p' "$ROOT/README.md")
+  [[ $listed -ge 5 ]] || fail "README shows $listed consumer snippets, expected at least 5"
+  pass "$listed README snippets equal their files"
+}
+
+# Copies a consumer project (following the main.c link) to a scratch directory.
+copy_project() {
+  local name=$1 dest=$2
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  cp -L "$HERE/$name"/* "$dest/"
+}
+
+needed_of() {
+  readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'
+}
+
+# Builds a CMake consumer against PREFIX, runs it and checks how it linked kcache.
+run_cmake_consumer() {
+  local name=$1 prefix=$2 linkage=$3 tag=${4:-}
+  local src="$WORK/src-$name$tag" bin="$WORK/bin-$name$tag"
+  copy_project "$name" "$src"
+  cmake -S "$src" -B "$bin" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >"$WORK/log" 2>&1 ||
+    { cat "$WORK/log" >&2; fail "$name: configure against $prefix"; }
+  cmake --build "$bin" -j "$JOBS" >"$WORK/log" 2>&1 || { cat "$WORK/log" >&2; fail "$name: build"; }
+  check_linkage "$name" "$bin/app" "$linkage"
+  "$bin/app" || fail "$name: program failed"
+  pass "$name$tag: built against $prefix, ran, $linkage"
+}
+
+# Builds a Makefile consumer with pkg-config from PREFIX, runs it and checks how it linked.
+run_make_consumer() {
+  local name=$1 prefix=$2 linkage=$3 tag=${4:-}
+  local src="$WORK/src-$name$tag"
+  copy_project "$name" "$src"
+  PKG_CONFIG_PATH="$prefix/lib/pkgconfig" make -C "$src" >"$WORK/log" 2>&1 ||
+    { cat "$WORK/log" >&2; fail "$name: make"; }
+  check_linkage "$name" "$src/app" "$linkage"
+  "$src/app" || fail "$name: program failed"
+  pass "$name$tag: built with pkg-config from $prefix, ran, $linkage"
+}
+
+check_linkage() {
+  local name=$1 app=$2 linkage=$3 needed
+  needed="$(needed_of "$app")"
+  case "$linkage" in
+    shared) grep -qx "$SONAME" <<<"$needed" || fail "$name: $app does not need $SONAME: $needed" ;;
+    static) ! grep -q '^libkcache' <<<"$needed" || fail "$name: $app needs a shared libkcache: $needed" ;;
+  esac
+}
+
+step "README snippets"
+check_readme_snippets
+
+step "build and install with CMake"
+cmake -S "$ROOT" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DKCACHE_BUILD_TESTS=OFF >"$WORK/log" 2>&1 ||
+  { cat "$WORK/log" >&2; fail "configure kcache"; }
+cmake --build "$WORK/build" -j "$JOBS"
+cmake --install "$WORK/build" --prefix "$WORK/prefix" >"$WORK/log" 2>&1 ||
+  { cat "$WORK/log" >&2; fail "install kcache"; }
+pass "cmake configure, build, install into a fresh prefix"
+
+step "installed tree"
+P="$WORK/prefix"
+for f in "lib/$REALNAME" lib/libkcache.a include/kcache.h lib/pkgconfig/kcache.pc \
+  lib/cmake/kcache/kcacheConfig.cmake lib/cmake/kcache/kcacheConfigVersion.cmake; do
+  [[ -f "$P/$f" && ! -L "$P/$f" ]] || fail "missing installed file $f"
+done
+[[ "$(readlink "$P/lib/$SONAME")" == "$REALNAME" ]] || fail "lib/$SONAME should link to $REALNAME"
+[[ "$(readlink "$P/lib/libkcache.so")" == "$SONAME" ]] || fail "lib/libkcache.so should link to $SONAME"
+cmp -s "$ROOT/include/kcache.h" "$P/include/kcache.h" || fail "installed kcache.h differs from include/kcache.h"
+file -L "$P/lib/libkcache.so" | grep -q 'ELF .* shared object' || fail "libkcache.so is not an ELF shared object"
+grep -q "lib/$REALNAME" "$ROOT/README.md" || fail "README's install table does not show lib/$REALNAME"
+pass "lib/$REALNAME, $SONAME -> $REALNAME, libkcache.so -> $SONAME, libkcache.a, kcache.h, kcache.pc, CMake package"
+
+cmake -DLIBRARY="$P/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmake/check-library.cmake" ||
+  fail "installed library check"
+# The same facts with the usual tools, so a failure here is easy to reproduce by hand.
+readelf -d "$P/lib/$REALNAME" | grep -q "(SONAME).*\[$SONAME\]" || fail "SONAME is not $SONAME"
+foreign="$(nm -D --defined-only "$P/lib/$REALNAME" | awk '{print $NF}' | grep -v '^kc_' || true)"
+[[ -z "$foreign" ]] || fail "exports outside kc_*: $foreign"
+if needed_of "$P/lib/$REALNAME" | grep -Ei 'opencl|vulkan|cuda|nvrtc|libstd|rust'; then
+  fail "a GPU runtime or the Rust standard library is in NEEDED"
+fi
+pass "SONAME $SONAME; exports only kc_* ($(nm -D --defined-only "$P/lib/$REALNAME" | wc -l) symbols); NEEDED: $(needed_of "$P/lib/$REALNAME" | tr '\n' ' ')"
+
+step "pkg-config metadata"
+export PKG_CONFIG_PATH="$P/lib/pkgconfig"
+[[ "$(pkg-config --modversion kcache)" == "$ABI_VERSION" ]] || fail "kcache.pc Version is not $ABI_VERSION"
+pkg-config --static --libs kcache | grep -q -- '-lpthread' || fail "kcache.pc lacks the static link flags"
+unset PKG_CONFIG_PATH
+pass "kcache.pc: Version $ABI_VERSION, Libs.private: $(sed -n 's/^Libs.private: //p' "$P/lib/pkgconfig/kcache.pc")"
+
+step "CMake package version"
+mkdir -p "$WORK/src-version"
+cat >"$WORK/src-version/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.16)
+project(version_check LANGUAGES NONE)
+find_package(kcache $((ABI_MAJOR + 1)) CONFIG QUIET)
+if(kcache_FOUND)
+  message(FATAL_ERROR "a request for ABI $((ABI_MAJOR + 1)) accepted kcache \${kcache_VERSION}")
+endif()
+find_package(kcache $ABI_VERSION CONFIG REQUIRED)
+foreach(target kcache::shared kcache::static kcache::kcache)
+  if(NOT TARGET \${target})
+    message(FATAL_ERROR "missing imported target \${target}")
+  endif()
+endforeach()
+EOF
+cmake -S "$WORK/src-version" -B "$WORK/bin-version" -DCMAKE_PREFIX_PATH="$P" >"$WORK/log" 2>&1 ||
+  { cat "$WORK/log" >&2; fail "CMake package version check"; }
+pass "find_package(kcache $ABI_VERSION) finds kcache::shared/static/kcache; kcache $((ABI_MAJOR + 1)) is refused"
+
+step "consumers"
+run_cmake_consumer cmake-shared "$P" shared
+run_cmake_consumer cmake-static "$P" static
+run_cmake_consumer cmake-cxx "$P" shared
+run_make_consumer make-shared "$P" shared
+run_make_consumer make-static "$P" static
+
+step "relocated prefix"
+mv "$P" "$WORK/moved"
+M="$WORK/moved"
+if grep -rIl -- "$P" "$M"; then
+  fail "installed text files still name the original prefix"
+fi
+run_cmake_consumer cmake-shared "$M" shared "-moved"
+run_cmake_consumer cmake-static "$M" static "-moved"
+run_make_consumer make-shared "$M" shared "-moved"
+
+printf '\npackaging: %d checks passed\n' "$CHECKS"

@@ -1,0 +1,577 @@
+/*
+ * fake_cuda.c - a test driver library that stands in for libcuda.so.1.
+ *
+ * No GPU is available on the build and CI machines, so kcache's CUDA tests load this library
+ * instead of the real NVIDIA driver (via KCACHE_CUDA_LIBRARY or an explicit path). It exports
+ * the driver entry points kcache resolves, under the same versioned names and C prototypes,
+ * and behaves like the driver where kcache depends on it:
+ *
+ *   - contexts are bound per thread, as a stack (cuCtxPushCurrent_v2 / cuCtxPopCurrent_v2 /
+ *     cuCtxSetCurrent); linking, loading and unloading need a current context;
+ *   - cuLink* turns PTX into a deterministic "cubin": a header with the target compute
+ *     capability, a hash of the PTX and the names of its .entry kernels;
+ *   - cuModuleLoadDataEx accepts such a cubin only for a device of the same compute capability,
+ *     and (for kcache's rejection path) refuses the next N cubins when told to;
+ *   - cuModuleUnload fails with CUDA_ERROR_INVALID_CONTEXT unless the module's own context is
+ *     current, and with CUDA_ERROR_INVALID_HANDLE on a module already unloaded.
+ *
+ * Every call is counted; tests read the counters through fakecuda_counter("name"). Controls:
+ * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_hold_links(1)
+ * to park cuLinkComplete until fakecuda_hold_links(0), FAKECUDA_DRIVER_VERSION (default 12040)
+ * and FAKECUDA_INIT_RESULT (the status cuInit returns, default 0).
+ *
+ * Devices: ordinal 0 is "kcache fake GPU 0" (compute capability 8.0), ordinal 1 is
+ * "kcache fake GPU 1" (9.0). Tests create contexts with cuCtxCreate_v2, which kcache never calls.
+ *
+ * Handles are never freed, so a stale handle is detected instead of being a use-after-free.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+};
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define CTX_MAGIC 0x43545821u
+#define MOD_MAGIC 0x4d4f4421u
+#define FUN_MAGIC 0x46554e21u
+#define LNK_MAGIC 0x4c4e4b21u
+#define DEAD_MAGIC 0xdeadbeefu
+
+#define MAX_ENTRIES 16
+#define MAX_NAME 64
+#define NUM_DEVICES 2
+
+static const char CUBIN_MAGIC[8] = {'K', 'C', 'F', 'A', 'K', 'E', 'C', 'B'};
+
+struct fake_ctx {
+    unsigned magic;
+    int device;
+};
+
+struct fake_function {
+    unsigned magic;
+    struct fake_module *module;
+    char name[MAX_NAME];
+};
+
+struct fake_module {
+    unsigned magic;
+    struct fake_ctx *ctx;
+    int nentries;
+    struct fake_function functions[MAX_ENTRIES];
+};
+
+struct fake_link {
+    unsigned magic;
+    struct fake_ctx *ctx;
+    int target; /* compute capability, major * 10 + minor */
+    char *error_log;
+    size_t error_log_size;
+    uint64_t hash;
+    int added;
+    int nentries;
+    char entries[MAX_ENTRIES][MAX_NAME];
+    unsigned char *cubin;
+    size_t cubin_size;
+};
+
+/* ---- counters ---------------------------------------------------------------------------- */
+
+enum counter {
+    C_INIT, C_LINK_CREATE, C_LINK_ADD_DATA, C_LINK_COMPLETE, C_LINK_DESTROY, C_LINK_FAILED,
+    C_MODULE_LOAD, C_MODULE_LOAD_PTX, C_MODULE_LOAD_REJECTED, C_MODULE_LOAD_FAILED,
+    C_MODULE_UNLOAD, C_UNLOAD_WRONG_CONTEXT, C_UNLOAD_INVALID, C_GET_FUNCTION, C_CTX_PUSH,
+    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_COUNT
+};
+
+static const char *const COUNTER_NAMES[C_COUNT] = {
+    "init", "link_create", "link_add_data", "link_complete", "link_destroy", "link_failed",
+    "module_load", "module_load_ptx", "module_load_rejected", "module_load_failed",
+    "module_unload", "unload_wrong_context", "unload_invalid", "get_function", "ctx_push",
+    "ctx_pop", "live_modules", "last_max_registers", "link_waiting",
+};
+
+static unsigned long long counters[C_COUNT];
+static int initialized;
+static int reject_loads;
+static int hold_links;
+
+static void bump(enum counter c) { __atomic_add_fetch(&counters[c], 1, __ATOMIC_SEQ_CST); }
+
+/* Returns a counter by name, or ~0 for an unknown name so a typo in a test cannot pass. */
+EXPORT unsigned long long fakecuda_counter(const char *name) {
+    for (int i = 0; i < C_COUNT; i++)
+        if (name && strcmp(name, COUNTER_NAMES[i]) == 0)
+            return __atomic_load_n(&counters[i], __ATOMIC_SEQ_CST);
+    return ~0ull;
+}
+
+/* The next `n` cubin loads fail with CUDA_ERROR_INVALID_IMAGE, as a driver does with an image
+ * it cannot use. */
+EXPORT void fakecuda_reject_next_loads(int n) { __atomic_store_n(&reject_loads, n, __ATOMIC_SEQ_CST); }
+
+/* While on, cuLinkComplete waits (counted in "link_waiting") until it is turned off. */
+EXPORT void fakecuda_hold_links(int on) { __atomic_store_n(&hold_links, on, __ATOMIC_SEQ_CST); }
+
+/* ---- per-thread context stack ------------------------------------------------------------ */
+
+#define STACK_DEPTH 32
+static __thread struct fake_ctx *ctx_stack[STACK_DEPTH];
+static __thread int ctx_depth;
+
+static struct fake_ctx *current(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static int live_ctx(const struct fake_ctx *c) { return c != NULL && c->magic == CTX_MAGIC; }
+
+#define REQUIRE_INIT()                                                                             \
+    do {                                                                                           \
+        if (!__atomic_load_n(&initialized, __ATOMIC_SEQ_CST))                                      \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+    } while (0)
+
+/* ---- initialisation and devices ---------------------------------------------------------- */
+
+static int env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult forced = env_int("FAKECUDA_INIT_RESULT", 0);
+    if (forced != CUDA_SUCCESS)
+        return forced;
+    bump(C_INIT);
+    if (!__atomic_exchange_n(&initialized, 1, __ATOMIC_SEQ_CST))
+        fakecuda_reject_next_loads(env_int("FAKECUDA_REJECT_LOADS", 0));
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *version) {
+    if (!version)
+        return CUDA_ERROR_INVALID_VALUE;
+    *version = env_int("FAKECUDA_DRIVER_VERSION", 12040);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    REQUIRE_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= NUM_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+static int capability(CUdevice d) { return d == 0 ? 80 : 90; }
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice device) {
+    REQUIRE_INIT();
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0 || device >= NUM_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "kcache fake GPU %d", device);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
+    REQUIRE_INIT();
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0 || device >= NUM_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    switch (attribute) {
+    case 75: *value = capability(device) / 10; return CUDA_SUCCESS;
+    case 76: *value = capability(device) % 10; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
+    if (!text)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+    case CUDA_SUCCESS: *text = "no error"; break;
+    case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *text = "initialization error"; break;
+    case CUDA_ERROR_NO_DEVICE: *text = "no CUDA-capable device is detected"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *text = "invalid device ordinal"; break;
+    case CUDA_ERROR_INVALID_IMAGE: *text = "device kernel image is invalid"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *text = "invalid device context"; break;
+    case CUDA_ERROR_NO_BINARY_FOR_GPU: *text = "no kernel image is available for execution on the device"; break;
+    case CUDA_ERROR_INVALID_PTX: *text = "a PTX JIT compilation failed"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
+    case CUDA_ERROR_NOT_FOUND: *text = "named symbol not found"; break;
+    default: *text = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---------------------------------------------------------------------------- */
+
+/* Test-only: kcache never creates contexts. Like the driver, the new context becomes current. */
+EXPORT CUresult cuCtxCreate_v2(struct fake_ctx **out, unsigned int flags, CUdevice device) {
+    (void)flags;
+    REQUIRE_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0 || device >= NUM_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth == STACK_DEPTH)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    c->magic = CTX_MAGIC;
+    c->device = device;
+    ctx_stack[ctx_depth++] = c;
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+/* Test-only. Marks the context dead; it stays allocated so stale uses are detected. */
+EXPORT CUresult cuCtxDestroy_v2(struct fake_ctx *c) {
+    REQUIRE_INIT();
+    if (!live_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    c->magic = DEAD_MAGIC;
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] == c) {
+            memmove(&ctx_stack[i], &ctx_stack[i + 1], (size_t)(ctx_depth - i - 1) * sizeof c);
+            ctx_depth--;
+            i--;
+        }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(struct fake_ctx **out) {
+    REQUIRE_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = current();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSetCurrent(struct fake_ctx *c) {
+    REQUIRE_INIT();
+    if (c == NULL) {
+        if (ctx_depth > 0)
+            ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (!live_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 0)
+        ctx_depth = 1;
+    ctx_stack[ctx_depth - 1] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(struct fake_ctx *c) {
+    REQUIRE_INIT();
+    if (!live_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == STACK_DEPTH)
+        return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = c;
+    bump(C_CTX_PUSH);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(struct fake_ctx **out) {
+    REQUIRE_INIT();
+    if (ctx_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_ctx *c = ctx_stack[--ctx_depth];
+    if (out)
+        *out = c;
+    bump(C_CTX_POP);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    REQUIRE_INIT();
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_ctx *c = current();
+    if (!live_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *device = c->device;
+    return CUDA_SUCCESS;
+}
+
+/* ---- linking ----------------------------------------------------------------------------- */
+
+static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static void log_error(struct fake_link *l, const char *message) {
+    if (l->error_log && l->error_log_size > 0)
+        snprintf(l->error_log, l->error_log_size, "%s", message);
+}
+
+EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, void **values,
+                                struct fake_link **out) {
+    REQUIRE_INIT();
+    if (!out || (n > 0 && (!options || !values)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_ctx *c = current();
+    if (!live_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_link *l = calloc(1, sizeof *l);
+    if (!l)
+        return CUDA_ERROR_INVALID_VALUE;
+    l->magic = LNK_MAGIC;
+    l->ctx = c;
+    l->target = capability(c->device);
+    l->hash = 0xcbf29ce484222325ull;
+    for (unsigned i = 0; i < n; i++) {
+        uintptr_t v = (uintptr_t)values[i];
+        switch (options[i]) {
+        case 0: /* CU_JIT_MAX_REGISTERS */
+            __atomic_store_n(&counters[C_LAST_MAX_REGISTERS], (unsigned long long)v, __ATOMIC_SEQ_CST);
+            break;
+        case 5: l->error_log = (char *)values[i]; break;
+        case 6: l->error_log_size = (size_t)v; break;
+        case 9: l->target = (int)v; break; /* CU_JIT_TARGET */
+        default:
+            if (options[i] > 30) {
+                free(l);
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+        }
+        /* The hash covers the options, so different options give a different image. */
+        l->hash = fnv1a(l->hash, (const unsigned char *)&options[i], sizeof options[i]);
+        if (options[i] != 5 && options[i] != 6)
+            l->hash = fnv1a(l->hash, (const unsigned char *)&v, sizeof v);
+    }
+    bump(C_LINK_CREATE);
+    *out = l;
+    return CUDA_SUCCESS;
+}
+
+/* Records the name after each ".entry" directive. */
+static int parse_entries(struct fake_link *l, const char *ptx, size_t n) {
+    const char *end = ptx + n;
+    for (const char *p = ptx; p + 6 < end; p++) {
+        if (memcmp(p, ".entry", 6) != 0)
+            continue;
+        p += 6;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+            p++;
+        size_t len = 0;
+        while (p + len < end && (p[len] == '_' || p[len] == '$' || (p[len] >= '0' && p[len] <= '9') ||
+                                 (p[len] >= 'a' && p[len] <= 'z') || (p[len] >= 'A' && p[len] <= 'Z')))
+            len++;
+        if (len == 0 || len >= MAX_NAME || l->nentries == MAX_ENTRIES)
+            return 0;
+        memcpy(l->entries[l->nentries], p, len);
+        l->entries[l->nentries][len] = '\0';
+        l->nentries++;
+    }
+    return 1;
+}
+
+static int contains(const char *hay, size_t n, const char *needle) {
+    size_t m = strlen(needle);
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(hay + i, needle, m) == 0)
+            return 1;
+    return 0;
+}
+
+EXPORT CUresult cuLinkAddData_v2(struct fake_link *l, unsigned int type, void *data, size_t size,
+                                 const char *name, unsigned int n, unsigned int *options, void **values) {
+    (void)name, (void)n, (void)options, (void)values;
+    REQUIRE_INIT();
+    if (!l || l->magic != LNK_MAGIC || !data || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    bump(C_LINK_ADD_DATA);
+    if (type != 1) /* CU_JIT_INPUT_PTX: the only input kcache links */
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *ptx = data;
+    size_t len = strnlen(ptx, size);
+    if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target")) {
+        log_error(l, "ptxas fatal   : input is not PTX (missing .version or .target)");
+        bump(C_LINK_FAILED);
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    if (!parse_entries(l, ptx, len)) {
+        log_error(l, "ptxas fatal   : malformed or too many .entry directives");
+        bump(C_LINK_FAILED);
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    l->hash = fnv1a(l->hash, (const unsigned char *)ptx, len);
+    l->added = 1;
+    return CUDA_SUCCESS;
+}
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static uint32_t get32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Cubin layout: magic[8], u32 total size, u32 target, u64 hash, u32 entry count, then per entry
+ * a NUL-padded name of MAX_NAME bytes. */
+#define CUBIN_HEADER 28
+
+EXPORT CUresult cuLinkComplete(struct fake_link *l, void **cubin, size_t *size) {
+    REQUIRE_INIT();
+    if (!l || l->magic != LNK_MAGIC || !cubin || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!l->added) {
+        log_error(l, "nvlink error   : no input");
+        bump(C_LINK_FAILED);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (__atomic_load_n(&hold_links, __ATOMIC_SEQ_CST)) {
+        bump(C_LINK_WAITING);
+        while (__atomic_load_n(&hold_links, __ATOMIC_SEQ_CST))
+            sched_yield();
+    }
+    size_t total = CUBIN_HEADER + (size_t)l->nentries * MAX_NAME;
+    unsigned char *b = calloc(1, total);
+    if (!b)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(b, CUBIN_MAGIC, 8);
+    put32(b + 8, (uint32_t)total);
+    put32(b + 12, (uint32_t)l->target);
+    memcpy(b + 16, &l->hash, 8);
+    put32(b + 24, (uint32_t)l->nentries);
+    for (int i = 0; i < l->nentries; i++)
+        memcpy(b + CUBIN_HEADER + (size_t)i * MAX_NAME, l->entries[i], MAX_NAME);
+    free(l->cubin);
+    l->cubin = b;
+    l->cubin_size = total;
+    *cubin = b;
+    *size = total;
+    bump(C_LINK_COMPLETE);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLinkDestroy(struct fake_link *l) {
+    REQUIRE_INIT();
+    if (!l || l->magic != LNK_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    l->magic = DEAD_MAGIC;
+    free(l->cubin);
+    l->cubin = NULL;
+    bump(C_LINK_DESTROY);
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules ----------------------------------------------------------------------------- */
+
+EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, unsigned int n,
+                                   unsigned int *options, void **values) {
+    (void)n, (void)options, (void)values;
+    REQUIRE_INIT();
+    if (!out || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_ctx *c = current();
+    if (!live_ctx(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    const unsigned char *b = image;
+    if (memcmp(b, CUBIN_MAGIC, 8) != 0) {
+        /* PTX handed straight to the loader would be JIT-compiled here; kcache must not. */
+        if (contains(image, strnlen(image, 1 << 20), ".version"))
+            bump(C_MODULE_LOAD_PTX);
+        bump(C_MODULE_LOAD_FAILED);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    int pending = __atomic_load_n(&reject_loads, __ATOMIC_SEQ_CST);
+    while (pending > 0) {
+        if (__atomic_compare_exchange_n(&reject_loads, &pending, pending - 1, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST)) {
+            bump(C_MODULE_LOAD_REJECTED);
+            return CUDA_ERROR_INVALID_IMAGE;
+        }
+    }
+    uint32_t total = get32(b + 8), target = get32(b + 12), nentries = get32(b + 24);
+    if (nentries > MAX_ENTRIES || total != CUBIN_HEADER + nentries * MAX_NAME) {
+        bump(C_MODULE_LOAD_FAILED);
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    if ((int)target != capability(c->device)) {
+        bump(C_MODULE_LOAD_FAILED);
+        return CUDA_ERROR_NO_BINARY_FOR_GPU;
+    }
+    struct fake_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return CUDA_ERROR_INVALID_VALUE;
+    m->magic = MOD_MAGIC;
+    m->ctx = c;
+    m->nentries = (int)nentries;
+    for (uint32_t i = 0; i < nentries; i++) {
+        m->functions[i].magic = FUN_MAGIC;
+        m->functions[i].module = m;
+        memcpy(m->functions[i].name, b + CUBIN_HEADER + (size_t)i * MAX_NAME, MAX_NAME);
+        m->functions[i].name[MAX_NAME - 1] = '\0';
+    }
+    bump(C_MODULE_LOAD);
+    bump(C_LIVE_MODULES);
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleUnload(struct fake_module *m) {
+    REQUIRE_INIT();
+    if (!m || m->magic != MOD_MAGIC) {
+        bump(C_UNLOAD_INVALID);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (current() != m->ctx) {
+        bump(C_UNLOAD_WRONG_CONTEXT);
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    m->magic = DEAD_MAGIC;
+    bump(C_MODULE_UNLOAD);
+    __atomic_sub_fetch(&counters[C_LIVE_MODULES], 1, __ATOMIC_SEQ_CST);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_module *m, const char *name) {
+    REQUIRE_INIT();
+    if (!out || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!m || m->magic != MOD_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    bump(C_GET_FUNCTION);
+    for (int i = 0; i < m->nentries; i++)
+        if (strcmp(m->functions[i].name, name) == 0) {
+            *out = &m->functions[i];
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_NOT_FOUND;
+}

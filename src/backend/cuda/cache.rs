@@ -1,0 +1,588 @@
+//! The CUDA module cache: the caller's context, PTX and JIT options in, a loaded `CUmodule`
+//! out, through a lease on the memory tier, with the linked cubins on disk.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::ffi::c_uint;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Instant;
+
+use parking_lot::RwLock;
+
+use super::driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
+use crate::disk::DiskCache;
+use crate::error::{BuildError, DestroyError, DeviceId, Error, Result};
+use crate::key::{Key, KeyBuilder};
+use crate::memory::{self, Lease, MemoryCache};
+
+/// A CUDA context the caller owns. kcache never creates or destroys contexts; it only makes
+/// the caller's current for a moment (push/pop) when it links, loads or unloads a module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Context(CUcontext);
+
+// SAFETY: a CUcontext is a driver handle usable from any thread (the driver keeps a per-thread
+// binding, not per-handle thread affinity).
+unsafe impl Send for Context {}
+// SAFETY: as above; the handle itself is never mutated.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// Wraps a caller's context; `None` for NULL.
+    ///
+    /// # Safety
+    /// `raw` must be a live context of the driver the cache was created with, and must stay
+    /// live until the caller has evicted it from every cache that saw it
+    /// ([`CudaCache::evict_context`]).
+    pub unsafe fn from_raw(raw: CUcontext) -> Option<Context> {
+        (!raw.is_null()).then_some(Context(raw))
+    }
+
+    pub fn raw(self) -> CUcontext {
+        self.0
+    }
+}
+
+/// One JIT option for linking PTX. Options whose value is a pointer (log buffers) or an
+/// output (wall time) belong to kcache and cannot be passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JitOption {
+    /// `CU_JIT_MAX_REGISTERS`.
+    MaxRegisters(u32),
+    /// `CU_JIT_THREADS_PER_BLOCK`.
+    ThreadsPerBlock(u32),
+    /// `CU_JIT_OPTIMIZATION_LEVEL` (0–4).
+    OptimizationLevel(u32),
+    /// `CU_JIT_TARGET`: a `CUjit_target` value such as 90 for `sm_90`.
+    Target(u32),
+    /// `CU_JIT_FALLBACK_STRATEGY`.
+    FallbackStrategy(u32),
+    /// `CU_JIT_GENERATE_DEBUG_INFO`.
+    GenerateDebugInfo(bool),
+    /// `CU_JIT_LOG_VERBOSE`.
+    LogVerbose(bool),
+    /// `CU_JIT_GENERATE_LINE_INFO`.
+    GenerateLineInfo(bool),
+    /// `CU_JIT_CACHE_MODE`.
+    CacheMode(u32),
+}
+
+impl JitOption {
+    /// From a `CUjit_option` number and its integer value, as the C API passes them.
+    pub fn from_raw(option: u32, value: u32) -> Result<JitOption> {
+        Ok(match option {
+            0 => JitOption::MaxRegisters(value),
+            1 => JitOption::ThreadsPerBlock(value),
+            7 => JitOption::OptimizationLevel(value),
+            9 => JitOption::Target(value),
+            10 => JitOption::FallbackStrategy(value),
+            11 => JitOption::GenerateDebugInfo(value != 0),
+            12 => JitOption::LogVerbose(value != 0),
+            13 => JitOption::GenerateLineInfo(value != 0),
+            14 => JitOption::CacheMode(value),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "CUjit_option {option} cannot be passed to kcache (pointer-valued, \
+                     output-only or unknown)"
+                )));
+            }
+        })
+    }
+
+    /// The `CUjit_option` number and its integer value.
+    pub fn raw(self) -> (u32, u32) {
+        match self {
+            JitOption::MaxRegisters(v) => (0, v),
+            JitOption::ThreadsPerBlock(v) => (1, v),
+            JitOption::OptimizationLevel(v) => (7, v),
+            JitOption::Target(v) => (9, v),
+            JitOption::FallbackStrategy(v) => (10, v),
+            JitOption::GenerateDebugInfo(v) => (11, u32::from(v)),
+            JitOption::LogVerbose(v) => (12, u32::from(v)),
+            JitOption::GenerateLineInfo(v) => (13, u32::from(v)),
+            JitOption::CacheMode(v) => (14, v),
+        }
+    }
+}
+
+/// A loaded module owned by the cache, unloaded (with its context current) when the entry is
+/// destroyed, i.e. after eviction once no lease holds it.
+pub struct Module {
+    raw: CUmodule,
+    context: CUcontext,
+    driver: Arc<Driver>,
+}
+
+// SAFETY: CUDA driver handles may be used from any thread; the cache unloads the module
+// exactly once, from the memory tier's destroy, after the last lease is gone.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handles are never mutated through `&Module`.
+unsafe impl Sync for Module {}
+
+impl std::fmt::Debug for Module {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module")
+            .field("raw", &self.raw)
+            .field("context", &self.context)
+            .finish()
+    }
+}
+
+impl Module {
+    pub fn raw(&self) -> CUmodule {
+        self.raw
+    }
+
+    /// The context the module was loaded in: launch its kernels with this context current.
+    pub fn context(&self) -> CUcontext {
+        self.context
+    }
+
+    /// `cuModuleGetFunction`: the kernel `name`, valid while a lease on this module is held.
+    /// [`Error::NotFound`] when the module has no such kernel.
+    pub fn function(&self, name: &str) -> Result<CUfunction> {
+        // SAFETY: the module and its context are live while `self` is (the entry is destroyed
+        // only after the last lease drops, and the caller keeps the context until eviction).
+        let found = unsafe {
+            self.driver
+                .with_context(self.context, || self.driver.function(self.raw, name))
+        }??;
+        found.ok_or(Error::NotFound)
+    }
+
+    fn unload(self) -> std::result::Result<(), DestroyError> {
+        // SAFETY: the module belongs to `self.context`, which the caller keeps alive until it
+        // has evicted it; this is the only unload of the module.
+        let unloaded = unsafe {
+            self.driver
+                .scoped(self.context, || self.driver.unload(self.raw))
+        };
+        let (what, code) = match unloaded {
+            Ok(0) => return Ok(()),
+            Ok(code) => ("cuModuleUnload", code),
+            Err(failed) => failed,
+        };
+        Err(DestroyError::new(
+            code,
+            format!("{what} failed: {}", self.driver.describe(code)),
+        ))
+    }
+}
+
+/// What a lookup returns: the module stays loaded while any lease on it is held, even after
+/// its context was evicted from the cache.
+pub type ModuleLease = Lease<Vec<u8>, Module>;
+
+/// Where a cache gets its driver and its disk tier.
+#[derive(Default)]
+pub struct CudaOptions {
+    pub memory: memory::Options,
+    /// `None`: memory only.
+    pub disk: Option<Arc<DiskCache>>,
+    /// A driver already loaded; `None` loads one with [`Driver::load`].
+    pub driver: Option<Arc<Driver>>,
+}
+
+/// A context the cache has seen, under the number the memory tier evicts by. A context
+/// evicted and then used again (or a new context at a reused address) gets a new number, so
+/// it can never hit the old context's modules.
+struct Registered {
+    id: DeviceId,
+    context: usize,
+    device: CUdevice,
+    device_name: String,
+    capability: (i32, i32),
+}
+
+#[derive(Default)]
+struct Counters {
+    links: AtomicU64,
+    link_failures: AtomicU64,
+    cubin_loads: AtomicU64,
+    cubins_rejected: AtomicU64,
+    disk_hits: AtomicU64,
+    disk_misses: AtomicU64,
+    disk_errors: AtomicU64,
+}
+
+/// Counters of a [`CudaCache`]: the memory tier's plus where each module came from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaStats {
+    pub memory: memory::Stats,
+    /// PTX linked into a cubin (`cuLinkCreate` … `cuLinkComplete`).
+    pub links: u64,
+    /// Links that failed (bad PTX, bad options); the caller got [`Error::Build`].
+    pub link_failures: u64,
+    /// Modules loaded from a disk cubin without any PTX JIT.
+    pub cubin_loads: u64,
+    /// Disk cubins the driver refused; each was removed and the PTX linked again.
+    pub cubins_rejected: u64,
+    pub disk_hits: u64,
+    pub disk_misses: u64,
+    /// Disk reads or writes that failed; the lookup went on without the disk.
+    pub disk_errors: u64,
+}
+
+thread_local! {
+    /// The memory-tier key is assembled here so that a hit allocates nothing.
+    static KEY_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// Cache of `CUmodule`s per (context, PTX, JIT options), backed by cubins on disk keyed by
+/// (device name, compute capability, driver version, options, PTX).
+///
+/// The caller owns its contexts. Before destroying one (or resetting a device's primary
+/// context), call [`CudaCache::evict_context`] (or [`CudaCache::evict_device`]): the modules
+/// are unloaded then, with their context current, or when the last lease on each drops.
+pub struct CudaCache {
+    driver: Arc<Driver>,
+    memory: MemoryCache<Vec<u8>, Module>,
+    disk: Option<Arc<DiskCache>>,
+    contexts: RwLock<HashMap<usize, Arc<Registered>>>,
+    next_id: AtomicI64,
+    counters: Counters,
+}
+
+impl CudaCache {
+    /// Fails with [`Error::Unavailable`] when no driver is given and none can be loaded.
+    pub fn new(options: CudaOptions) -> Result<CudaCache> {
+        let driver = match options.driver {
+            Some(driver) => driver,
+            None => Arc::new(Driver::load()?),
+        };
+        Ok(CudaCache {
+            driver,
+            memory: MemoryCache::new(options.memory, Module::unload),
+            disk: options.disk,
+            contexts: RwLock::new(HashMap::new()),
+            next_id: AtomicI64::new(0),
+            counters: Counters::default(),
+        })
+    }
+
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.driver
+    }
+
+    /// The calling thread's current context, `None` when there is none.
+    pub fn current_context(&self) -> Result<Option<Context>> {
+        let raw = self.driver.current_context()?;
+        // SAFETY: the driver reports it as current, hence live; the lifetime obligation is the
+        // caller's, as documented on the cache.
+        Ok(unsafe { Context::from_raw(raw) })
+    }
+
+    fn register(&self, context: Context) -> Result<Arc<Registered>> {
+        let address = context.raw() as usize;
+        if let Some(registered) = self.contexts.read().get(&address) {
+            return Ok(Arc::clone(registered));
+        }
+        // Queried outside the lock: these are driver calls.
+        // SAFETY: `Context` guarantees a live context.
+        let (device, device_name, capability) = unsafe {
+            self.driver.with_context(context.raw(), || {
+                let device = self.driver.current_device()?;
+                Ok::<_, Error>((
+                    device,
+                    self.driver.device_name(device)?,
+                    self.driver.compute_capability(device)?,
+                ))
+            })
+        }??;
+        let mut contexts = self.contexts.write();
+        let registered = contexts.entry(address).or_insert_with(|| {
+            Arc::new(Registered {
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                context: address,
+                device,
+                device_name,
+                capability,
+            })
+        });
+        Ok(Arc::clone(registered))
+    }
+
+    /// The module for `ptx` linked with `options` in `context` (`None`: the calling thread's
+    /// current context): from memory, else from a disk cubin, else linked from the PTX.
+    /// Concurrent callers of one missing module share one link.
+    ///
+    /// A PTX or link error is [`Error::Build`] with the `CUresult` as its code and the JIT
+    /// error log as its message. A module built for a context that is evicted concurrently
+    /// comes back as [`Error::DeviceDestroyed`].
+    pub fn module(
+        &self,
+        context: Option<Context>,
+        ptx: &[u8],
+        options: &[JitOption],
+    ) -> Result<ModuleLease> {
+        let context = match context {
+            Some(context) => context,
+            None => self.current_context()?.ok_or_else(|| {
+                Error::InvalidArgument(
+                    "no CUDA context is current on this thread and none was given".into(),
+                )
+            })?,
+        };
+        if ptx.is_empty() {
+            return Err(Error::InvalidArgument("the PTX is empty".into()));
+        }
+        check_unique(options)?;
+        let registered = self.register(context)?;
+        let mut key = KEY_BUFFER.take();
+        memory_key(&mut key, registered.id, ptx, options);
+        let mut built = false;
+        let result = self
+            .memory
+            .find_or_build(&key[..], Some(registered.id), || {
+                built = true;
+                self.build(&registered, ptx, options)
+            });
+        KEY_BUFFER.set(key);
+        let lease = result?;
+        if built && !self.is_registered(&registered) {
+            // The context was evicted between registration and install, so that eviction may
+            // have missed this entry: unlink it here (see `evict`).
+            self.memory.remove(lease.key().as_slice())?;
+            return Err(Error::DeviceDestroyed(registered.id));
+        }
+        Ok(lease)
+    }
+
+    fn is_registered(&self, registered: &Registered) -> bool {
+        self.contexts.read().get(&registered.context).map(|r| r.id) == Some(registered.id)
+    }
+
+    fn build(
+        &self,
+        registered: &Registered,
+        ptx: &[u8],
+        options: &[JitOption],
+    ) -> std::result::Result<(Module, u64), BuildError> {
+        let context = registered.context as CUcontext;
+        // SAFETY: the context was wrapped in a `Context` by the caller of `module`.
+        let scoped = unsafe {
+            self.driver
+                .scoped(context, || self.build_in_context(registered, ptx, options))
+        };
+        match scoped {
+            Ok(built) => built,
+            Err((what, code)) => Err(BuildError::new(
+                code,
+                format!("{what} failed: {}", self.driver.describe(code)),
+            )),
+        }
+    }
+
+    /// Runs with the module's context current.
+    fn build_in_context(
+        &self,
+        registered: &Registered,
+        ptx: &[u8],
+        options: &[JitOption],
+    ) -> std::result::Result<(Module, u64), BuildError> {
+        let disk_key = match &self.disk {
+            Some(_) => Some(
+                disk_key(registered, self.driver.version(), ptx, options)
+                    .map_err(|e| BuildError::new(-1, e.to_string()))?,
+            ),
+            None => None,
+        };
+        let module = |raw| Module {
+            raw,
+            context: registered.context as CUcontext,
+            driver: Arc::clone(&self.driver),
+        };
+        if let (Some(disk), Some(disk_key)) = (&self.disk, &disk_key) {
+            match disk.get(disk_key) {
+                Ok(Some(entry)) => {
+                    self.bump(&self.counters.disk_hits);
+                    let cubin = entry.payload();
+                    match self.driver.load_image(cubin) {
+                        Ok(raw) => {
+                            self.bump(&self.counters.cubin_loads);
+                            return Ok((module(raw), cubin.len() as u64));
+                        }
+                        Err(_) => {
+                            // The cubin passed the integrity check, so the driver itself
+                            // refuses it (a driver build with the same version number, a
+                            // changed GPU mode): drop it and link the PTX again.
+                            self.bump(&self.counters.cubins_rejected);
+                            if disk.remove(disk_key).is_err() {
+                                self.bump(&self.counters.disk_errors);
+                            }
+                        }
+                    }
+                }
+                Ok(None) => self.bump(&self.counters.disk_misses),
+                Err(_) => self.bump(&self.counters.disk_errors),
+            }
+        }
+        let start = Instant::now();
+        self.bump(&self.counters.links);
+        let raw_options: Vec<(c_uint, usize)> = options
+            .iter()
+            .map(|o| {
+                let (option, value) = o.raw();
+                (option, value as usize)
+            })
+            .collect();
+        let cubin = self
+            .driver
+            .link_ptx(ptx, &raw_options)
+            .map_err(|(code, log)| {
+                self.bump(&self.counters.link_failures);
+                BuildError::new(code, log)
+            })?;
+        let link_time = start.elapsed();
+        if let (Some(disk), Some(disk_key)) = (&self.disk, &disk_key) {
+            if disk.put(disk_key, &cubin, link_time).is_err() {
+                self.bump(&self.counters.disk_errors);
+            }
+        }
+        let raw = self
+            .driver
+            .load_image(&cubin)
+            .map_err(|code| self.load_error(code))?;
+        Ok((module(raw), cubin.len() as u64))
+    }
+
+    fn load_error(&self, code: CUresult) -> BuildError {
+        BuildError::new(
+            code,
+            format!(
+                "cuModuleLoadDataEx refused the cubin it just linked: {}",
+                self.driver.describe(code)
+            ),
+        )
+    }
+
+    fn bump(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Unlinks every module loaded in `context`; each is unloaded (with `context` current) now,
+    /// or when its last lease drops. Call it before destroying the context. Returns how many
+    /// were unlinked.
+    pub fn evict_context(&self, context: CUcontext) -> Result<usize> {
+        self.evict(|r| r.context == context as usize)
+    }
+
+    /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): for a
+    /// primary-context reset or a device going away.
+    pub fn evict_device(&self, device: CUdevice) -> Result<usize> {
+        self.evict(|r| r.device == device)
+    }
+
+    fn evict(&self, matches: impl Fn(&Registered) -> bool) -> Result<usize> {
+        // Registrations go first, entries second: a build racing with this either installs
+        // before `evict_device` runs (and is unlinked by it) or finds its registration gone
+        // afterwards (and unlinks itself in `module`).
+        let victims: Vec<Arc<Registered>> = {
+            let mut contexts = self.contexts.write();
+            let addresses: Vec<usize> = contexts
+                .values()
+                .filter(|r| matches(r))
+                .map(|r| r.context)
+                .collect();
+            addresses
+                .iter()
+                .filter_map(|a| contexts.remove(a))
+                .collect()
+        };
+        let mut unlinked = 0;
+        let mut first_error = None;
+        for victim in victims {
+            match self.memory.evict_device(victim.id) {
+                Ok(n) => unlinked += n,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(unlinked),
+        }
+    }
+
+    /// Unlinks every module; each is unloaded when its last lease drops.
+    pub fn clear(&self) -> Result<usize> {
+        self.memory.clear()
+    }
+
+    pub fn len(&self) -> usize {
+        self.memory.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty()
+    }
+
+    pub fn stats(&self) -> CudaStats {
+        let c = &self.counters;
+        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        CudaStats {
+            memory: self.memory.stats(),
+            links: get(&c.links),
+            link_failures: get(&c.link_failures),
+            cubin_loads: get(&c.cubin_loads),
+            cubins_rejected: get(&c.cubins_rejected),
+            disk_hits: get(&c.disk_hits),
+            disk_misses: get(&c.disk_misses),
+            disk_errors: get(&c.disk_errors),
+        }
+    }
+}
+
+/// The same option twice would make the link order-dependent; refuse it up front.
+fn check_unique(options: &[JitOption]) -> Result<()> {
+    for (i, a) in options.iter().enumerate() {
+        if options[..i].iter().any(|b| b.raw().0 == a.raw().0) {
+            return Err(Error::InvalidArgument(format!(
+                "JIT option {} is given twice",
+                a.raw().0
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The memory-tier key: the context's registration number, the options in the caller's order
+/// (each a fixed 8 bytes, after a count), then the PTX.
+fn memory_key(key: &mut Vec<u8>, id: DeviceId, ptx: &[u8], options: &[JitOption]) {
+    key.clear();
+    key.extend_from_slice(&id.to_le_bytes());
+    key.extend_from_slice(&(options.len() as u64).to_le_bytes());
+    for option in options {
+        let (o, v) = option.raw();
+        key.extend_from_slice(&o.to_le_bytes());
+        key.extend_from_slice(&v.to_le_bytes());
+    }
+    key.extend_from_slice(ptx);
+}
+
+/// The disk key: what makes a cubin valid for a GPU (device name, compute capability, driver
+/// version, which is also the PTX compiler's) and what it was linked from, but no handle, so
+/// it holds across processes and contexts.
+fn disk_key(
+    registered: &Registered,
+    driver_version: i32,
+    ptx: &[u8],
+    options: &[JitOption],
+) -> Result<Key> {
+    let mut builder = KeyBuilder::new();
+    builder
+        .backend("cuda")
+        .device_name(&registered.device_name)
+        .driver_version(driver_version.to_string())
+        .extra(
+            "compute_capability",
+            format!("{}.{}", registered.capability.0, registered.capability.1),
+        )
+        .source(ptx);
+    for option in options {
+        let (o, v) = option.raw();
+        builder.option(o.to_string(), v.to_string());
+    }
+    builder.finish()
+}

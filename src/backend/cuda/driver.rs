@@ -1,0 +1,661 @@
+//! The slice of the CUDA driver API that kcache uses, resolved at run time from `libcuda.so.1`
+//! (or the library named by `KCACHE_CUDA_LIBRARY`).
+//!
+//! kcache has no link dependency on CUDA: a machine without a driver loads `libkcache.so` fine
+//! and every CUDA call returns [`Error::Unavailable`]. The entry points are the versioned names
+//! the driver exports (`cuLinkCreate_v2`, `cuCtxPushCurrent_v2`, …), not the `cuda.h` macros.
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::path::{Path, PathBuf};
+
+use libloading::Library;
+
+use crate::error::{Error, Result};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUcontext = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUlinkState = *mut c_void;
+pub type CUdeviceptr = u64;
+pub type CUstream = *mut c_void;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+
+const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+const CU_JIT_ERROR_LOG_BUFFER: c_uint = 5;
+const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_uint = 6;
+const CU_JIT_INPUT_PTX: c_uint = 1;
+
+/// The library kcache loads when `KCACHE_CUDA_LIBRARY` is unset.
+pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
+/// Names another driver library (a path or a soname).
+pub const LIBRARY_ENV: &str = "KCACHE_CUDA_LIBRARY";
+
+type FnInit = unsafe extern "C" fn(c_uint) -> CUresult;
+type FnDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CUresult;
+type FnDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
+type FnDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult;
+type FnDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult;
+type FnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+type FnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+type FnCtxPushCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+type FnCtxPopCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+type FnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+type FnLinkCreate =
+    unsafe extern "C" fn(c_uint, *mut c_uint, *mut *mut c_void, *mut CUlinkState) -> CUresult;
+type FnLinkAddData = unsafe extern "C" fn(
+    CUlinkState,
+    c_uint,
+    *mut c_void,
+    usize,
+    *const c_char,
+    c_uint,
+    *mut c_uint,
+    *mut *mut c_void,
+) -> CUresult;
+type FnLinkComplete = unsafe extern "C" fn(CUlinkState, *mut *mut c_void, *mut usize) -> CUresult;
+type FnLinkDestroy = unsafe extern "C" fn(CUlinkState) -> CUresult;
+type FnModuleLoadDataEx = unsafe extern "C" fn(
+    *mut CUmodule,
+    *const c_void,
+    c_uint,
+    *mut c_uint,
+    *mut *mut c_void,
+) -> CUresult;
+type FnModuleUnload = unsafe extern "C" fn(CUmodule) -> CUresult;
+type FnModuleGetFunction =
+    unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
+type FnGetErrorString = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
+
+type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+type FnPrimaryCtxRelease = unsafe extern "C" fn(CUdevice) -> CUresult;
+type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+type FnMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+type FnLaunchKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+type FnCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+
+/// Entry points a program needs to run a kernel it got from the cache. kcache itself never
+/// calls them; they sit behind the same loaded library so a caller without its own CUDA
+/// bindings (the `cuda_check` example) can exercise a module end to end.
+struct LaunchFns {
+    primary_ctx_retain: FnPrimaryCtxRetain,
+    primary_ctx_release: FnPrimaryCtxRelease,
+    mem_alloc: FnMemAlloc,
+    mem_free: FnMemFree,
+    memcpy_htod: FnMemcpyHtoD,
+    memcpy_dtoh: FnMemcpyDtoH,
+    launch_kernel: FnLaunchKernel,
+    ctx_synchronize: FnCtxSynchronize,
+}
+
+/// A loaded CUDA driver. Holds the library open for as long as it lives; share it via `Arc`.
+pub struct Driver {
+    path: PathBuf,
+    version: i32,
+    init: FnInit,
+    driver_get_version: FnDriverGetVersion,
+    device_get: FnDeviceGet,
+    device_get_name: FnDeviceGetName,
+    device_get_attribute: FnDeviceGetAttribute,
+    ctx_get_current: FnCtxGetCurrent,
+    ctx_set_current: FnCtxSetCurrent,
+    ctx_push_current: FnCtxPushCurrent,
+    ctx_pop_current: FnCtxPopCurrent,
+    ctx_get_device: FnCtxGetDevice,
+    link_create: FnLinkCreate,
+    link_add_data: FnLinkAddData,
+    link_complete: FnLinkComplete,
+    link_destroy: FnLinkDestroy,
+    module_load_data_ex: FnModuleLoadDataEx,
+    module_unload: FnModuleUnload,
+    module_get_function: FnModuleGetFunction,
+    get_error_string: FnGetErrorString,
+    launch: Option<LaunchFns>,
+    // Last so that every function pointer above is dropped before the library is closed.
+    _library: Library,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Copies a function pointer of type `T` out of `library`.
+///
+/// # Safety
+/// `T` must be the `extern "C"` function type of the symbol `name` as the driver defines it.
+unsafe fn symbol<T: Copy>(library: &Library, path: &Path, name: &str) -> Result<T> {
+    // SAFETY: the caller guarantees `T` matches the symbol's C signature; the pointer is only
+    // used while `library` stays loaded, because `Driver` owns both.
+    let found = unsafe { library.get::<T>(name.as_bytes()) };
+    match found {
+        Ok(sym) => Ok(*sym),
+        Err(e) => Err(Error::Unavailable(format!(
+            "the CUDA driver {} lacks {name}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+impl Driver {
+    /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
+    pub fn load() -> Result<Self> {
+        match std::env::var_os(LIBRARY_ENV) {
+            Some(path) if !path.is_empty() => Self::load_from(Path::new(&path)),
+            _ => Self::load_from(Path::new(DEFAULT_LIBRARY)),
+        }
+    }
+
+    /// Loads the driver library at `path` (a path, or a soname searched the usual dlopen way)
+    /// and initialises it with `cuInit(0)`.
+    pub fn load_from(path: &Path) -> Result<Self> {
+        // SAFETY: loading a shared library runs its initialisers. We load only what the caller
+        // or the environment names as a CUDA driver, which is the contract of this backend.
+        let library = unsafe { Library::new(path) }.map_err(|e| {
+            Error::Unavailable(format!(
+                "no CUDA driver: cannot load {}: {e}",
+                path.display()
+            ))
+        })?;
+        // SAFETY: `library` was loaded as a CUDA driver just above.
+        let launch = unsafe { Self::launch_fns(&library, path) };
+        // SAFETY: each type alias spells the C prototype of the named entry point as published
+        // in the CUDA driver API.
+        let driver = unsafe {
+            Driver {
+                path: path.to_path_buf(),
+                version: 0,
+                init: symbol(&library, path, "cuInit")?,
+                driver_get_version: symbol(&library, path, "cuDriverGetVersion")?,
+                device_get: symbol(&library, path, "cuDeviceGet")?,
+                device_get_name: symbol(&library, path, "cuDeviceGetName")?,
+                device_get_attribute: symbol(&library, path, "cuDeviceGetAttribute")?,
+                ctx_get_current: symbol(&library, path, "cuCtxGetCurrent")?,
+                ctx_set_current: symbol(&library, path, "cuCtxSetCurrent")?,
+                ctx_push_current: symbol(&library, path, "cuCtxPushCurrent_v2")?,
+                ctx_pop_current: symbol(&library, path, "cuCtxPopCurrent_v2")?,
+                ctx_get_device: symbol(&library, path, "cuCtxGetDevice")?,
+                link_create: symbol(&library, path, "cuLinkCreate_v2")?,
+                link_add_data: symbol(&library, path, "cuLinkAddData_v2")?,
+                link_complete: symbol(&library, path, "cuLinkComplete")?,
+                link_destroy: symbol(&library, path, "cuLinkDestroy")?,
+                module_load_data_ex: symbol(&library, path, "cuModuleLoadDataEx")?,
+                module_unload: symbol(&library, path, "cuModuleUnload")?,
+                module_get_function: symbol(&library, path, "cuModuleGetFunction")?,
+                get_error_string: symbol(&library, path, "cuGetErrorString")?,
+                launch,
+                _library: library,
+            }
+        };
+        driver.finish_init()
+    }
+
+    /// The launch entry points, or `None` when the library lacks any of them.
+    ///
+    /// # Safety
+    /// `library` must be a CUDA driver library.
+    unsafe fn launch_fns(library: &Library, path: &Path) -> Option<LaunchFns> {
+        // SAFETY: each type alias spells the C prototype of the named driver entry point.
+        unsafe {
+            Some(LaunchFns {
+                primary_ctx_retain: symbol(library, path, "cuDevicePrimaryCtxRetain").ok()?,
+                primary_ctx_release: symbol(library, path, "cuDevicePrimaryCtxRelease_v2").ok()?,
+                mem_alloc: symbol(library, path, "cuMemAlloc_v2").ok()?,
+                mem_free: symbol(library, path, "cuMemFree_v2").ok()?,
+                memcpy_htod: symbol(library, path, "cuMemcpyHtoD_v2").ok()?,
+                memcpy_dtoh: symbol(library, path, "cuMemcpyDtoH_v2").ok()?,
+                launch_kernel: symbol(library, path, "cuLaunchKernel").ok()?,
+                ctx_synchronize: symbol(library, path, "cuCtxSynchronize").ok()?,
+            })
+        }
+    }
+
+    fn finish_init(mut self) -> Result<Self> {
+        // SAFETY: cuInit takes a flags word that must be 0.
+        let status = unsafe { (self.init)(0) };
+        if status != CUDA_SUCCESS {
+            return Err(Error::Unavailable(format!(
+                "no usable CUDA driver: cuInit failed in {}: {}",
+                self.path.display(),
+                self.describe(status)
+            )));
+        }
+        let mut version: c_int = 0;
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (self.driver_get_version)(&mut version) };
+        self.check("cuDriverGetVersion", status)?;
+        self.version = version;
+        Ok(self)
+    }
+
+    /// The library this driver was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `cuDriverGetVersion`, e.g. 12040 for CUDA 12.4.
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// The driver's name for `status` (`cuGetErrorString`), with the numeric code.
+    pub fn describe(&self, status: CUresult) -> String {
+        let mut text: *const c_char = std::ptr::null();
+        // SAFETY: the out-pointer is a live local; the driver writes a pointer to a static
+        // string or leaves it NULL for an unknown code.
+        let known = unsafe { (self.get_error_string)(status, &mut text) } == CUDA_SUCCESS;
+        if known && !text.is_null() {
+            // SAFETY: the driver returned a NUL-terminated static string.
+            let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+            format!("{text} (CUresult {status})")
+        } else {
+            format!("CUresult {status}")
+        }
+    }
+
+    pub(crate) fn check(&self, what: &str, status: CUresult) -> Result<()> {
+        if status == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.error(what, status))
+        }
+    }
+
+    fn error(&self, what: &str, status: CUresult) -> Error {
+        Error::Backend(format!("{what} failed: {}", self.describe(status)))
+    }
+
+    /// `cuDeviceGet`.
+    pub fn device(&self, ordinal: i32) -> Result<CUdevice> {
+        let mut device: CUdevice = 0;
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (self.device_get)(&mut device, ordinal) };
+        self.check("cuDeviceGet", status)?;
+        Ok(device)
+    }
+
+    /// `cuDeviceGetName`.
+    pub fn device_name(&self, device: CUdevice) -> Result<String> {
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: the driver writes at most `len` bytes, NUL included, into `buf`.
+        let status =
+            unsafe { (self.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, device) };
+        self.check("cuDeviceGetName", status)?;
+        // The driver NUL-terminates within `len`; the last byte stays 0 regardless.
+        buf[buf.len() - 1] = 0;
+        // SAFETY: `buf` holds a NUL byte at the latest at its last position.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// Compute capability `(major, minor)` of `device`.
+    pub fn compute_capability(&self, device: CUdevice) -> Result<(i32, i32)> {
+        let attr = |which: c_int| -> Result<i32> {
+            let mut value: c_int = 0;
+            // SAFETY: the out-pointer is a live local.
+            let status = unsafe { (self.device_get_attribute)(&mut value, which, device) };
+            self.check("cuDeviceGetAttribute", status)?;
+            Ok(value)
+        };
+        Ok((
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
+    }
+
+    /// The calling thread's current context (NULL when none).
+    pub fn current_context(&self) -> Result<CUcontext> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (self.ctx_get_current)(&mut ctx) };
+        self.check("cuCtxGetCurrent", status)?;
+        Ok(ctx)
+    }
+
+    /// `cuCtxSetCurrent`: binds `ctx` (or nothing, for NULL) to the calling thread.
+    ///
+    /// # Safety
+    /// `ctx` must be NULL or a live context of this driver.
+    pub unsafe fn set_current_context(&self, ctx: CUcontext) -> Result<()> {
+        // SAFETY: the caller guarantees `ctx` is NULL or live.
+        let status = unsafe { (self.ctx_set_current)(ctx) };
+        self.check("cuCtxSetCurrent", status)
+    }
+
+    /// Runs `f` with `ctx` current on this thread, restoring the previous binding afterwards.
+    /// Skips the push/pop when `ctx` already is current, which is the common case on a
+    /// caller's launch thread.
+    ///
+    /// # Safety
+    /// `ctx` must be a live context of this driver.
+    pub unsafe fn with_context<T>(&self, ctx: CUcontext, f: impl FnOnce() -> T) -> Result<T> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.scoped(ctx, f) }.map_err(|(what, code)| self.error(what, code))
+    }
+
+    /// [`Driver::with_context`] keeping the failing call and its `CUresult`, for callers that
+    /// report them as a build or destroy code.
+    ///
+    /// A failing pop after `f` ran is reported as an error and drops `f`'s result: it can only
+    /// happen when something else unbalanced this thread's context stack inside `f`.
+    ///
+    /// # Safety
+    /// `ctx` must be a live context of this driver.
+    pub(crate) unsafe fn scoped<T>(
+        &self,
+        ctx: CUcontext,
+        f: impl FnOnce() -> T,
+    ) -> std::result::Result<T, (&'static str, CUresult)> {
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (self.ctx_get_current)(&mut current) };
+        if status != CUDA_SUCCESS {
+            return Err(("cuCtxGetCurrent", status));
+        }
+        if current == ctx {
+            return Ok(f());
+        }
+        // SAFETY: the caller guarantees `ctx` is live.
+        let status = unsafe { (self.ctx_push_current)(ctx) };
+        if status != CUDA_SUCCESS {
+            return Err(("cuCtxPushCurrent", status));
+        }
+        let out = f();
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: we pushed one context above; the out-pointer is a live local.
+        let status = unsafe { (self.ctx_pop_current)(&mut popped) };
+        if status != CUDA_SUCCESS {
+            return Err(("cuCtxPopCurrent", status));
+        }
+        Ok(out)
+    }
+
+    /// The device of the context current on this thread.
+    pub fn current_device(&self) -> Result<CUdevice> {
+        let mut device: CUdevice = 0;
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (self.ctx_get_device)(&mut device) };
+        self.check("cuCtxGetDevice", status)?;
+        Ok(device)
+    }
+
+    /// Links PTX into a cubin for the current context's device. A PTX or link error comes back
+    /// as `Err((CUresult, error log))`.
+    pub(crate) fn link_ptx(
+        &self,
+        ptx: &[u8],
+        options: &[(c_uint, usize)],
+    ) -> std::result::Result<Vec<u8>, (CUresult, String)> {
+        // The driver reads PTX as a C string.
+        let mut ptx_z = Vec::with_capacity(ptx.len() + 1);
+        ptx_z.extend_from_slice(ptx);
+        if ptx_z.last() != Some(&0) {
+            ptx_z.push(0);
+        }
+        let mut log = vec![0u8; 16 * 1024];
+        let mut keys: Vec<c_uint> = options.iter().map(|&(k, _)| k).collect();
+        let mut values: Vec<*mut c_void> = options.iter().map(|&(_, v)| v as *mut c_void).collect();
+        keys.push(CU_JIT_ERROR_LOG_BUFFER);
+        values.push(log.as_mut_ptr().cast());
+        keys.push(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
+        values.push(log.len() as *mut c_void);
+
+        let mut state: CUlinkState = std::ptr::null_mut();
+        // SAFETY: the option arrays have `keys.len()` entries and outlive the link state,
+        // which reads the log buffer pointer until cuLinkDestroy below.
+        let status = unsafe {
+            (self.link_create)(
+                keys.len() as c_uint,
+                keys.as_mut_ptr(),
+                values.as_mut_ptr(),
+                &mut state,
+            )
+        };
+        if status != CUDA_SUCCESS {
+            return Err((
+                status,
+                format!("cuLinkCreate failed: {}", self.describe(status)),
+            ));
+        }
+        let name = c"kernel.ptx";
+        // SAFETY: `ptx_z` is NUL-terminated and its length is passed; no per-input options.
+        let mut status = unsafe {
+            (self.link_add_data)(
+                state,
+                CU_JIT_INPUT_PTX,
+                ptx_z.as_mut_ptr().cast(),
+                ptx_z.len(),
+                name.as_ptr(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        let mut cubin = Vec::new();
+        if status == CUDA_SUCCESS {
+            let mut data: *mut c_void = std::ptr::null_mut();
+            let mut size: usize = 0;
+            // SAFETY: the out-pointers are live locals; the cubin stays owned by `state`.
+            status = unsafe { (self.link_complete)(state, &mut data, &mut size) };
+            if status == CUDA_SUCCESS && !data.is_null() {
+                // SAFETY: the driver returned `size` readable bytes at `data`, valid until
+                // cuLinkDestroy; we copy them out before that.
+                cubin = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), size) }.to_vec();
+            }
+        }
+        // SAFETY: `state` came from cuLinkCreate and is destroyed exactly once.
+        unsafe { (self.link_destroy)(state) };
+        if status != CUDA_SUCCESS {
+            let last = log.len() - 1;
+            log[last] = 0;
+            let text = CStr::from_bytes_until_nul(&log)
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let detail = if text.trim().is_empty() {
+                self.describe(status)
+            } else {
+                format!("{}: {}", self.describe(status), text.trim_end())
+            };
+            return Err((status, detail));
+        }
+        if cubin.is_empty() {
+            return Err((status, "cuLinkComplete returned an empty image".into()));
+        }
+        Ok(cubin)
+    }
+
+    /// Loads a cubin (or any image the driver accepts) into the current context.
+    pub(crate) fn load_image(&self, image: &[u8]) -> std::result::Result<CUmodule, CUresult> {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is readable for its whole length; the driver parses the ELF header
+        // to find the size. No JIT options are passed.
+        let status = unsafe {
+            (self.module_load_data_ex)(
+                &mut module,
+                image.as_ptr().cast(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        if status == CUDA_SUCCESS {
+            Ok(module)
+        } else {
+            Err(status)
+        }
+    }
+
+    /// `cuModuleLoadDataEx` into the current context, bypassing any cache: a cubin, a fatbin,
+    /// or NUL-terminated PTX, which the driver JIT-compiles (through CUDA's own JIT cache unless
+    /// `CUDA_CACHE_DISABLE=1`). Unload it with [`Driver::unload_module`].
+    pub fn load_module(&self, image: &[u8]) -> Result<CUmodule> {
+        self.load_image(image)
+            .map_err(|status| self.error("cuModuleLoadDataEx", status))
+    }
+
+    /// `cuModuleUnload` of a module from [`Driver::load_module`].
+    ///
+    /// # Safety
+    /// `module` must be live, loaded in the current context, and not used afterwards.
+    pub unsafe fn unload_module(&self, module: CUmodule) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        let status = unsafe { self.unload(module) };
+        self.check("cuModuleUnload", status)
+    }
+
+    /// `cuModuleUnload` in the current context.
+    ///
+    /// # Safety
+    /// `module` must be a live module of the current context, unloaded at most once.
+    pub(crate) unsafe fn unload(&self, module: CUmodule) -> CUresult {
+        // SAFETY: guaranteed by the caller.
+        unsafe { (self.module_unload)(module) }
+    }
+
+    /// `cuModuleGetFunction`; `Ok(None)` when the module has no such kernel.
+    ///
+    /// # Safety
+    /// `module` must be a live module of this driver.
+    pub unsafe fn function(&self, module: CUmodule, name: &str) -> Result<Option<CUfunction>> {
+        let name = CString::new(name)
+            .map_err(|_| Error::InvalidArgument("kernel name contains a NUL byte".into()))?;
+        let mut function: CUfunction = std::ptr::null_mut();
+        // SAFETY: `module` is live per the caller; `name` is NUL-terminated; the out-pointer is
+        // a live local.
+        let status = unsafe { (self.module_get_function)(&mut function, module, name.as_ptr()) };
+        if status == CUDA_ERROR_NOT_FOUND {
+            return Ok(None);
+        }
+        self.check("cuModuleGetFunction", status)?;
+        Ok(Some(function))
+    }
+
+    fn launch(&self) -> Result<&LaunchFns> {
+        self.launch.as_ref().ok_or_else(|| {
+            Error::Unavailable(format!(
+                "{} lacks the memory and launch entry points",
+                self.path.display()
+            ))
+        })
+    }
+
+    /// `cuDevicePrimaryCtxRetain`: for programs that have no context of their own.
+    pub fn retain_primary_context(&self, device: CUdevice) -> Result<CUcontext> {
+        let f = self.launch()?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (f.primary_ctx_retain)(&mut ctx, device) };
+        self.check("cuDevicePrimaryCtxRetain", status)?;
+        Ok(ctx)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`, pairing [`Driver::retain_primary_context`].
+    pub fn release_primary_context(&self, device: CUdevice) -> Result<()> {
+        let f = self.launch()?;
+        // SAFETY: plain value argument.
+        let status = unsafe { (f.primary_ctx_release)(device) };
+        self.check("cuDevicePrimaryCtxRelease", status)
+    }
+
+    /// `cuMemAlloc` in the current context.
+    pub fn mem_alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
+        let f = self.launch()?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: the out-pointer is a live local.
+        let status = unsafe { (f.mem_alloc)(&mut ptr, bytes) };
+        self.check("cuMemAlloc", status)?;
+        Ok(ptr)
+    }
+
+    /// `cuMemFree`.
+    ///
+    /// # Safety
+    /// `ptr` must come from [`Driver::mem_alloc`] and be freed once.
+    pub unsafe fn mem_free(&self, ptr: CUdeviceptr) -> Result<()> {
+        let f = self.launch()?;
+        // SAFETY: guaranteed by the caller.
+        let status = unsafe { (f.mem_free)(ptr) };
+        self.check("cuMemFree", status)
+    }
+
+    /// `cuMemcpyHtoD`.
+    ///
+    /// # Safety
+    /// `dst` must be device memory of at least `src.len()` bytes.
+    pub unsafe fn copy_to_device(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
+        let f = self.launch()?;
+        // SAFETY: `src` is readable for its length; `dst` is large enough per the caller.
+        let status = unsafe { (f.memcpy_htod)(dst, src.as_ptr().cast(), src.len()) };
+        self.check("cuMemcpyHtoD", status)
+    }
+
+    /// `cuMemcpyDtoH`.
+    ///
+    /// # Safety
+    /// `src` must be device memory of at least `dst.len()` bytes.
+    pub unsafe fn copy_from_device(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
+        let f = self.launch()?;
+        // SAFETY: `dst` is writable for its length; `src` is large enough per the caller.
+        let status = unsafe { (f.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) };
+        self.check("cuMemcpyDtoH", status)
+    }
+
+    /// `cuLaunchKernel` on the default stream, then `cuCtxSynchronize`.
+    ///
+    /// # Safety
+    /// `function` must be live in the current context and `params` must point at one value per
+    /// kernel parameter, of the kernel's parameter types.
+    pub unsafe fn launch_and_wait(
+        &self,
+        function: CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let f = self.launch()?;
+        // SAFETY: guaranteed by the caller; no shared memory, no extra arguments.
+        let status = unsafe {
+            (f.launch_kernel)(
+                function,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.check("cuLaunchKernel", status)?;
+        // SAFETY: no arguments.
+        let status = unsafe { (f.ctx_synchronize)() };
+        self.check("cuCtxSynchronize", status)
+    }
+}

@@ -1,0 +1,10 @@
+//! OpenCL: cached `cl_program`s per (context, device, sources, options), with program
+//! binaries in the disk tier. The runtime is loaded at run time from `libOpenCL.so.1` (or the
+//! library named by `KCACHE_OPENCL_LIBRARY`); without it every entry point returns
+//! [`Error::Unavailable`](crate::Error::Unavailable).
+
+mod cache;
+pub mod runtime;
+pub mod sys;
+
+pub use cache::{OpenClCache, OpenClStats, Program, ProgramLease, program_disk_key};

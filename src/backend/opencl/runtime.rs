@@ -1,0 +1,516 @@
+//! Thin, checked wrappers over the raw entry points: device discovery and identity, program
+//! builds from source and from binaries, and a small owned context for running a 1-D kernel
+//! (what tests, the demo and the benchmark need to prove a cached program really works).
+
+use std::ffi::{CString, c_char, c_void};
+use std::ptr;
+
+use super::sys::*;
+use crate::error::{BuildError, Error, Result};
+
+pub(crate) fn check(code: cl_int, what: &str) -> Result<()> {
+    if code == CL_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!(
+            "{what} failed: {} ({code})",
+            status_name(code)
+        )))
+    }
+}
+
+/// Runs the usual two-call OpenCL query: ask for the size, then fill a buffer of that size.
+fn query_bytes(
+    what: &str,
+    mut query: impl FnMut(usize, *mut c_void, *mut usize) -> cl_int,
+) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    check(query(0, ptr::null_mut(), &mut size), what)?;
+    let mut bytes = vec![0u8; size];
+    check(
+        query(size, bytes.as_mut_ptr().cast(), ptr::null_mut()),
+        what,
+    )?;
+    Ok(bytes)
+}
+
+fn bytes_to_string(mut bytes: Vec<u8>) -> String {
+    while bytes.last() == Some(&0) {
+        bytes.pop();
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn platform_string(api: &Api, platform: cl_platform_id, param: cl_uint) -> Result<String> {
+    query_bytes("clGetPlatformInfo", |size, value, size_ret| {
+        // SAFETY: `value` is null with size 0 or points to `size` writable bytes.
+        unsafe { (api.clGetPlatformInfo)(platform, param, size, value, size_ret) }
+    })
+    .map(bytes_to_string)
+}
+
+fn device_string(api: &Api, device: cl_device_id, param: cl_uint) -> Result<String> {
+    query_bytes("clGetDeviceInfo", |size, value, size_ret| {
+        // SAFETY: `value` is null with size 0 or points to `size` writable bytes.
+        unsafe { (api.clGetDeviceInfo)(device, param, size, value, size_ret) }
+    })
+    .map(bytes_to_string)
+}
+
+/// Every device of every platform the loader reports, in platform order. An ICD loader with
+/// no platform installed reports `CL_PLATFORM_NOT_FOUND_KHR`; that is an empty list here.
+pub fn all_devices(api: &Api) -> Result<Vec<cl_device_id>> {
+    let mut count: cl_uint = 0;
+    // SAFETY: a null list with 0 entries only asks for the count.
+    let code = unsafe { (api.clGetPlatformIDs)(0, ptr::null_mut(), &mut count) };
+    if code == CL_PLATFORM_NOT_FOUND_KHR || count == 0 {
+        return Ok(Vec::new());
+    }
+    check(code, "clGetPlatformIDs")?;
+    let mut platforms = vec![ptr::null_mut(); count as usize];
+    // SAFETY: `platforms` has room for `count` handles.
+    let code = unsafe { (api.clGetPlatformIDs)(count, platforms.as_mut_ptr(), ptr::null_mut()) };
+    check(code, "clGetPlatformIDs")?;
+    let mut devices = Vec::new();
+    for platform in platforms {
+        let mut n: cl_uint = 0;
+        // SAFETY: a null list with 0 entries only asks for the count.
+        let code = unsafe {
+            (api.clGetDeviceIDs)(platform, CL_DEVICE_TYPE_ALL, 0, ptr::null_mut(), &mut n)
+        };
+        if code == CL_DEVICE_NOT_FOUND || n == 0 {
+            continue;
+        }
+        check(code, "clGetDeviceIDs")?;
+        let start = devices.len();
+        devices.resize(start + n as usize, ptr::null_mut());
+        // SAFETY: `devices[start..]` has room for `n` handles.
+        let code = unsafe {
+            (api.clGetDeviceIDs)(
+                platform,
+                CL_DEVICE_TYPE_ALL,
+                n,
+                devices[start..].as_mut_ptr(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clGetDeviceIDs")?;
+    }
+    Ok(devices)
+}
+
+/// What makes a program binary valid on a device: it goes into the disk key, so a driver
+/// update or another device never sees a binary it did not produce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceIdentity {
+    pub platform_name: String,
+    pub platform_version: String,
+    pub device_name: String,
+    pub device_version: String,
+    pub driver_version: String,
+    pub opencl_c_version: String,
+}
+
+impl DeviceIdentity {
+    pub fn query(api: &Api, device: cl_device_id) -> Result<DeviceIdentity> {
+        let mut platform: cl_platform_id = ptr::null_mut();
+        // SAFETY: the value buffer is one platform handle, and its size is passed.
+        let code = unsafe {
+            (api.clGetDeviceInfo)(
+                device,
+                CL_DEVICE_PLATFORM,
+                size_of::<cl_platform_id>(),
+                (&raw mut platform).cast(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clGetDeviceInfo(CL_DEVICE_PLATFORM)")?;
+        Ok(DeviceIdentity {
+            platform_name: platform_string(api, platform, CL_PLATFORM_NAME)?,
+            platform_version: platform_string(api, platform, CL_PLATFORM_VERSION)?,
+            device_name: device_string(api, device, CL_DEVICE_NAME)?,
+            device_version: device_string(api, device, CL_DEVICE_VERSION)?,
+            driver_version: device_string(api, device, CL_DRIVER_VERSION)?,
+            opencl_c_version: device_string(api, device, CL_DEVICE_OPENCL_C_VERSION)?,
+        })
+    }
+}
+
+/// Build options as the C string `clBuildProgram` wants.
+pub(crate) fn options_cstring(options: &str) -> Result<CString> {
+    CString::new(options)
+        .map_err(|_| Error::InvalidArgument("build options contain a NUL byte".into()))
+}
+
+fn build_log(api: &Api, program: cl_program, device: cl_device_id) -> String {
+    query_bytes("clGetProgramBuildInfo", |size, value, size_ret| {
+        // SAFETY: `value` is null with size 0 or points to `size` writable bytes.
+        unsafe {
+            (api.clGetProgramBuildInfo)(
+                program,
+                device,
+                CL_PROGRAM_BUILD_LOG,
+                size,
+                value,
+                size_ret,
+            )
+        }
+    })
+    .map(bytes_to_string)
+    .unwrap_or_else(|e| format!("(no build log: {e})"))
+}
+
+/// Builds `program` for `device`. On failure the program is released and the error carries
+/// the OpenCL status and the compiler's log.
+fn build(
+    api: &Api,
+    program: cl_program,
+    device: cl_device_id,
+    options: &CString,
+) -> std::result::Result<cl_program, BuildError> {
+    // SAFETY: `program` is a live program of a context containing `device`; `options` is a C
+    // string that outlives the call; no callback is passed, so the build is synchronous.
+    let code = unsafe {
+        (api.clBuildProgram)(program, 1, &device, options.as_ptr(), None, ptr::null_mut())
+    };
+    if code == CL_SUCCESS {
+        return Ok(program);
+    }
+    let log = build_log(api, program, device);
+    release_program(api, program);
+    Err(BuildError::new(
+        code,
+        format!("clBuildProgram: {} ({code})\n{log}", status_name(code)),
+    ))
+}
+
+/// `clCreateProgramWithSource` + `clBuildProgram`.
+pub fn build_from_source(
+    api: &Api,
+    context: cl_context,
+    device: cl_device_id,
+    sources: &[&str],
+    options: &CString,
+) -> std::result::Result<cl_program, BuildError> {
+    let strings: Vec<*const c_char> = sources.iter().map(|s| s.as_ptr().cast()).collect();
+    let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
+    let count = cl_uint::try_from(sources.len())
+        .map_err(|_| BuildError::new(CL_INVALID_VALUE, "too many source strings"))?;
+    let mut code = CL_SUCCESS;
+    // SAFETY: `strings` and `lengths` both hold `count` entries; each pointer is valid for its
+    // length (lengths are given, so no NUL terminator is needed).
+    let program = unsafe {
+        (api.clCreateProgramWithSource)(
+            context,
+            count,
+            strings.as_ptr(),
+            lengths.as_ptr(),
+            &mut code,
+        )
+    };
+    if program.is_null() || code != CL_SUCCESS {
+        return Err(BuildError::new(
+            code,
+            format!("clCreateProgramWithSource: {} ({code})", status_name(code)),
+        ));
+    }
+    build(api, program, device, options)
+}
+
+/// `clCreateProgramWithBinary` + `clBuildProgram`. The error is what the driver said about
+/// the binary; the caller decides whether to fall back to the source.
+pub fn build_from_binary(
+    api: &Api,
+    context: cl_context,
+    device: cl_device_id,
+    binary: &[u8],
+    options: &CString,
+) -> std::result::Result<cl_program, BuildError> {
+    let length = binary.len();
+    let data = binary.as_ptr();
+    let mut binary_status = CL_SUCCESS;
+    let mut code = CL_SUCCESS;
+    // SAFETY: one device, one binary of `length` readable bytes; both status outputs are
+    // valid for one write.
+    let program = unsafe {
+        (api.clCreateProgramWithBinary)(
+            context,
+            1,
+            &device,
+            &length,
+            &data,
+            &mut binary_status,
+            &mut code,
+        )
+    };
+    if program.is_null() || code != CL_SUCCESS {
+        if !program.is_null() {
+            release_program(api, program);
+        }
+        let code = if code == CL_SUCCESS {
+            binary_status
+        } else {
+            code
+        };
+        return Err(BuildError::new(
+            code,
+            format!("clCreateProgramWithBinary: {} ({code})", status_name(code)),
+        ));
+    }
+    build(api, program, device, options)
+}
+
+/// The binary of a program built for exactly one device (`CL_PROGRAM_BINARIES`).
+pub fn program_binary(api: &Api, program: cl_program) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    // SAFETY: the program has one device, so the answer is one `size_t`.
+    let code = unsafe {
+        (api.clGetProgramInfo)(
+            program,
+            CL_PROGRAM_BINARY_SIZES,
+            size_of::<usize>(),
+            (&raw mut size).cast(),
+            ptr::null_mut(),
+        )
+    };
+    check(code, "clGetProgramInfo(CL_PROGRAM_BINARY_SIZES)")?;
+    if size == 0 {
+        return Err(Error::Backend(
+            "the driver reported an empty program binary".into(),
+        ));
+    }
+    let mut binary = vec![0u8; size];
+    let mut data = binary.as_mut_ptr();
+    // SAFETY: CL_PROGRAM_BINARIES takes an array of one pointer per device (one here); the
+    // driver writes `size` bytes through it, which `binary` holds.
+    let code = unsafe {
+        (api.clGetProgramInfo)(
+            program,
+            CL_PROGRAM_BINARIES,
+            size_of::<*mut u8>(),
+            (&raw mut data).cast(),
+            ptr::null_mut(),
+        )
+    };
+    check(code, "clGetProgramInfo(CL_PROGRAM_BINARIES)")?;
+    Ok(binary)
+}
+
+/// The program's reference count as the driver reports it; useful to check ownership.
+pub fn program_reference_count(api: &Api, program: cl_program) -> Result<u32> {
+    let mut count: cl_uint = 0;
+    // SAFETY: the answer is one `cl_uint`, whose size is passed.
+    let code = unsafe {
+        (api.clGetProgramInfo)(
+            program,
+            CL_PROGRAM_REFERENCE_COUNT,
+            size_of::<cl_uint>(),
+            (&raw mut count).cast(),
+            ptr::null_mut(),
+        )
+    };
+    check(code, "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)")?;
+    Ok(count)
+}
+
+/// Adds a reference that the caller must give back with [`release_program`].
+pub fn retain_program(api: &Api, program: cl_program) -> Result<()> {
+    // SAFETY: the caller passes a live program.
+    check(unsafe { (api.clRetainProgram)(program) }, "clRetainProgram")
+}
+
+pub fn release_program(api: &Api, program: cl_program) -> cl_int {
+    // SAFETY: the caller gives up one reference it owns on a live program.
+    unsafe { (api.clReleaseProgram)(program) }
+}
+
+/// One argument of [`Context::run_kernel`].
+pub enum KernelArg<'a> {
+    /// Copied to a device buffer before the launch and read back into the slice after it.
+    Floats(&'a mut [f32]),
+    Float(f32),
+    Int(i32),
+}
+
+/// A context and an in-order queue on one device, both owned and released on drop.
+pub struct Context {
+    api: &'static Api,
+    context: cl_context,
+    device: cl_device_id,
+    queue: cl_command_queue,
+}
+
+// SAFETY: OpenCL contexts and queues are thread-safe objects (OpenCL 1.1+, appendix A.2), and
+// `Context` adds no unsynchronised state of its own.
+unsafe impl Send for Context {}
+// SAFETY: as above; `run_kernel` creates its kernel and buffers per call.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// A context on the first device of the first platform that has one.
+    pub fn first_device() -> Result<Context> {
+        let api = Api::get()?;
+        let device = *all_devices(api)?
+            .first()
+            .ok_or_else(|| Error::Unavailable("no OpenCL device found".into()))?;
+        Context::new(device)
+    }
+
+    pub fn new(device: cl_device_id) -> Result<Context> {
+        let api = Api::get()?;
+        let mut code = CL_SUCCESS;
+        // SAFETY: one device handle, no properties, no callback.
+        let context = unsafe {
+            (api.clCreateContext)(ptr::null(), 1, &device, None, ptr::null_mut(), &mut code)
+        };
+        check(code, "clCreateContext")?;
+        // SAFETY: `context` was just created on `device`; no queue properties.
+        let queue = unsafe { (api.clCreateCommandQueue)(context, device, 0, &mut code) };
+        if let Err(e) = check(code, "clCreateCommandQueue") {
+            // SAFETY: releases the one reference created above.
+            unsafe { (api.clReleaseContext)(context) };
+            return Err(e);
+        }
+        Ok(Context {
+            api,
+            context,
+            device,
+            queue,
+        })
+    }
+
+    pub fn raw(&self) -> cl_context {
+        self.context
+    }
+
+    pub fn device(&self) -> cl_device_id {
+        self.device
+    }
+
+    /// Runs `kernel` of `program` over `global` work items and waits for it; float buffers are
+    /// read back into their slices.
+    pub fn run_kernel(
+        &self,
+        program: cl_program,
+        kernel: &str,
+        args: &mut [KernelArg<'_>],
+        global: usize,
+    ) -> Result<()> {
+        let api = self.api;
+        let name = CString::new(kernel)
+            .map_err(|_| Error::InvalidArgument("kernel name contains a NUL byte".into()))?;
+        let mut code = CL_SUCCESS;
+        // SAFETY: `program` is a built program of this context; `name` is a C string.
+        let k = unsafe { (api.clCreateKernel)(program, name.as_ptr(), &mut code) };
+        check(code, "clCreateKernel")?;
+        let mut buffers: Vec<cl_mem> = Vec::new();
+        let result = self.launch(k, args, global, &mut buffers);
+        for b in buffers {
+            // SAFETY: each buffer was created by `launch` and is released once.
+            unsafe { (api.clReleaseMemObject)(b) };
+        }
+        // SAFETY: the kernel was created above and is released once.
+        unsafe { (api.clReleaseKernel)(k) };
+        result
+    }
+
+    fn launch(
+        &self,
+        kernel: cl_kernel,
+        args: &mut [KernelArg<'_>],
+        global: usize,
+        buffers: &mut Vec<cl_mem>,
+    ) -> Result<()> {
+        let api = self.api;
+        let mut code = CL_SUCCESS;
+        for (index, arg) in args.iter_mut().enumerate() {
+            let index = cl_uint::try_from(index)
+                .map_err(|_| Error::InvalidArgument("too many kernel arguments".into()))?;
+            let code = match arg {
+                KernelArg::Floats(data) => {
+                    // SAFETY: COPY_HOST_PTR reads `size_of_val(data)` bytes from `data` during
+                    // the call and keeps no pointer to it.
+                    let mem = unsafe {
+                        (api.clCreateBuffer)(
+                            self.context,
+                            CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                            size_of_val(*data),
+                            data.as_mut_ptr().cast(),
+                            &mut code,
+                        )
+                    };
+                    check(code, "clCreateBuffer")?;
+                    buffers.push(mem);
+                    // SAFETY: a buffer argument is passed as a pointer to the cl_mem handle.
+                    unsafe {
+                        (api.clSetKernelArg)(
+                            kernel,
+                            index,
+                            size_of::<cl_mem>(),
+                            (&raw const mem).cast(),
+                        )
+                    }
+                }
+                // SAFETY: scalar arguments are passed by address with their size.
+                KernelArg::Float(v) => unsafe {
+                    (api.clSetKernelArg)(kernel, index, size_of::<f32>(), (&raw const *v).cast())
+                },
+                // SAFETY: as above.
+                KernelArg::Int(v) => unsafe {
+                    (api.clSetKernelArg)(kernel, index, size_of::<i32>(), (&raw const *v).cast())
+                },
+            };
+            check(code, "clSetKernelArg")?;
+        }
+        // SAFETY: one dimension, `global` points to one size_t; no events.
+        let code = unsafe {
+            (api.clEnqueueNDRangeKernel)(
+                self.queue,
+                kernel,
+                1,
+                ptr::null(),
+                &global,
+                ptr::null(),
+                0,
+                ptr::null(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clEnqueueNDRangeKernel")?;
+        let mut next = buffers.iter();
+        for arg in args.iter_mut() {
+            if let KernelArg::Floats(data) = arg {
+                let mem = *next.next().expect("one buffer was created per float slice");
+                // SAFETY: a blocking read of exactly the bytes the buffer was created with,
+                // into the slice they came from.
+                let code = unsafe {
+                    (api.clEnqueueReadBuffer)(
+                        self.queue,
+                        mem,
+                        CL_TRUE,
+                        0,
+                        size_of_val(*data),
+                        data.as_mut_ptr().cast(),
+                        0,
+                        ptr::null(),
+                        ptr::null_mut(),
+                    )
+                };
+                check(code, "clEnqueueReadBuffer")?;
+            }
+        }
+        // SAFETY: the queue is live; waiting makes the results visible before returning.
+        check(unsafe { (api.clFinish)(self.queue) }, "clFinish")
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created by `Context::new` and are released exactly once;
+        // programs built in the context hold their own reference to it.
+        unsafe {
+            (self.api.clReleaseCommandQueue)(self.queue);
+            (self.api.clReleaseContext)(self.context);
+        }
+    }
+}

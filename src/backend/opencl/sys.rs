@@ -1,0 +1,267 @@
+//! The OpenCL entry points kcache uses, resolved from the ICD loader at run time.
+//!
+//! kcache never links against `libOpenCL`: the library is opened the first time an OpenCL call
+//! needs it, so `libkcache.so` loads on machines without any OpenCL runtime and reports
+//! [`Error::Unavailable`] there instead.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{OsStr, OsString, c_char, c_void};
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+pub type cl_int = i32;
+pub type cl_uint = u32;
+pub type cl_ulong = u64;
+pub type cl_bool = cl_uint;
+pub type cl_bitfield = cl_ulong;
+pub type cl_platform_id = *mut c_void;
+pub type cl_device_id = *mut c_void;
+pub type cl_context = *mut c_void;
+pub type cl_command_queue = *mut c_void;
+pub type cl_program = *mut c_void;
+pub type cl_kernel = *mut c_void;
+pub type cl_mem = *mut c_void;
+pub type cl_event = *mut c_void;
+pub type cl_context_properties = isize;
+
+pub const CL_SUCCESS: cl_int = 0;
+pub const CL_DEVICE_NOT_FOUND: cl_int = -1;
+pub const CL_BUILD_PROGRAM_FAILURE: cl_int = -11;
+pub const CL_INVALID_VALUE: cl_int = -30;
+pub const CL_INVALID_BINARY: cl_int = -42;
+pub const CL_INVALID_BUILD_OPTIONS: cl_int = -43;
+pub const CL_PLATFORM_NOT_FOUND_KHR: cl_int = -1001;
+
+pub const CL_TRUE: cl_bool = 1;
+
+pub const CL_PLATFORM_VERSION: cl_uint = 0x0901;
+pub const CL_PLATFORM_NAME: cl_uint = 0x0902;
+
+pub const CL_DEVICE_TYPE_ALL: cl_bitfield = 0xFFFF_FFFF;
+pub const CL_DEVICE_NAME: cl_uint = 0x102B;
+pub const CL_DEVICE_VERSION: cl_uint = 0x102F;
+pub const CL_DRIVER_VERSION: cl_uint = 0x102D;
+pub const CL_DEVICE_PLATFORM: cl_uint = 0x1031;
+pub const CL_DEVICE_OPENCL_C_VERSION: cl_uint = 0x103D;
+
+pub const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
+pub const CL_PROGRAM_NUM_DEVICES: cl_uint = 0x1162;
+pub const CL_PROGRAM_DEVICES: cl_uint = 0x1163;
+pub const CL_PROGRAM_BINARY_SIZES: cl_uint = 0x1165;
+pub const CL_PROGRAM_BINARIES: cl_uint = 0x1166;
+
+pub const CL_PROGRAM_BUILD_STATUS: cl_uint = 0x1181;
+pub const CL_PROGRAM_BUILD_LOG: cl_uint = 0x1183;
+
+pub const CL_MEM_READ_WRITE: cl_bitfield = 1;
+pub const CL_MEM_COPY_HOST_PTR: cl_bitfield = 1 << 5;
+
+/// The library opened when `KCACHE_OPENCL_LIBRARY` is not set: the ICD loader's soname.
+pub const DEFAULT_LIBRARY: &str = "libOpenCL.so.1";
+
+type BuildNotify = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
+type ContextNotify = Option<unsafe extern "C" fn(*const c_char, *const c_void, usize, *mut c_void)>;
+
+/// Function pointers into one loaded OpenCL library. They stay valid as long as `_library`
+/// lives, which is as long as the table.
+#[allow(non_snake_case)]
+pub struct Api {
+    pub clGetPlatformIDs:
+        unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int,
+    pub clGetPlatformInfo:
+        unsafe extern "C" fn(cl_platform_id, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
+    pub clGetDeviceIDs: unsafe extern "C" fn(
+        cl_platform_id,
+        cl_bitfield,
+        cl_uint,
+        *mut cl_device_id,
+        *mut cl_uint,
+    ) -> cl_int,
+    pub clGetDeviceInfo:
+        unsafe extern "C" fn(cl_device_id, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
+    pub clCreateContext: unsafe extern "C" fn(
+        *const cl_context_properties,
+        cl_uint,
+        *const cl_device_id,
+        ContextNotify,
+        *mut c_void,
+        *mut cl_int,
+    ) -> cl_context,
+    pub clReleaseContext: unsafe extern "C" fn(cl_context) -> cl_int,
+    pub clCreateCommandQueue: unsafe extern "C" fn(
+        cl_context,
+        cl_device_id,
+        cl_bitfield,
+        *mut cl_int,
+    ) -> cl_command_queue,
+    pub clReleaseCommandQueue: unsafe extern "C" fn(cl_command_queue) -> cl_int,
+    pub clFinish: unsafe extern "C" fn(cl_command_queue) -> cl_int,
+    pub clCreateProgramWithSource: unsafe extern "C" fn(
+        cl_context,
+        cl_uint,
+        *const *const c_char,
+        *const usize,
+        *mut cl_int,
+    ) -> cl_program,
+    pub clCreateProgramWithBinary: unsafe extern "C" fn(
+        cl_context,
+        cl_uint,
+        *const cl_device_id,
+        *const usize,
+        *const *const u8,
+        *mut cl_int,
+        *mut cl_int,
+    ) -> cl_program,
+    pub clBuildProgram: unsafe extern "C" fn(
+        cl_program,
+        cl_uint,
+        *const cl_device_id,
+        *const c_char,
+        BuildNotify,
+        *mut c_void,
+    ) -> cl_int,
+    pub clGetProgramInfo:
+        unsafe extern "C" fn(cl_program, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
+    pub clGetProgramBuildInfo: unsafe extern "C" fn(
+        cl_program,
+        cl_device_id,
+        cl_uint,
+        usize,
+        *mut c_void,
+        *mut usize,
+    ) -> cl_int,
+    pub clRetainProgram: unsafe extern "C" fn(cl_program) -> cl_int,
+    pub clReleaseProgram: unsafe extern "C" fn(cl_program) -> cl_int,
+    pub clCreateKernel: unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel,
+    pub clReleaseKernel: unsafe extern "C" fn(cl_kernel) -> cl_int,
+    pub clSetKernelArg: unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int,
+    pub clCreateBuffer:
+        unsafe extern "C" fn(cl_context, cl_bitfield, usize, *mut c_void, *mut cl_int) -> cl_mem,
+    pub clReleaseMemObject: unsafe extern "C" fn(cl_mem) -> cl_int,
+    pub clEnqueueReadBuffer: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_mem,
+        cl_bool,
+        usize,
+        usize,
+        *mut c_void,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
+    pub clEnqueueNDRangeKernel: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_kernel,
+        cl_uint,
+        *const usize,
+        *const usize,
+        *const usize,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
+    _library: libloading::Library,
+}
+
+impl Api {
+    /// Opens `path` (a file path or a soname searched like `dlopen` does) and resolves every
+    /// entry point. Any failure is [`Error::Unavailable`] naming the library and the symbol.
+    pub fn load(path: &OsStr) -> Result<Api> {
+        let unavailable =
+            |e: libloading::Error| Error::Unavailable(format!("OpenCL library {path:?}: {e}"));
+        // SAFETY: opening a shared library runs its initialisers. The ICD loader's are designed
+        // to run in any process; a caller naming another library through the environment
+        // vouches for it in the same way as for LD_PRELOAD.
+        let library = unsafe { libloading::Library::new(path) }.map_err(unavailable)?;
+        macro_rules! resolve {
+            ($name:ident) => {{
+                // SAFETY: the field's type is the prototype the OpenCL specification gives for
+                // this symbol, and the pointer is kept only alongside `library`.
+                let symbol = unsafe { library.get(concat!(stringify!($name), "\0").as_bytes()) }
+                    .map_err(unavailable)?;
+                *symbol
+            }};
+        }
+        Ok(Api {
+            clGetPlatformIDs: resolve!(clGetPlatformIDs),
+            clGetPlatformInfo: resolve!(clGetPlatformInfo),
+            clGetDeviceIDs: resolve!(clGetDeviceIDs),
+            clGetDeviceInfo: resolve!(clGetDeviceInfo),
+            clCreateContext: resolve!(clCreateContext),
+            clReleaseContext: resolve!(clReleaseContext),
+            clCreateCommandQueue: resolve!(clCreateCommandQueue),
+            clReleaseCommandQueue: resolve!(clReleaseCommandQueue),
+            clFinish: resolve!(clFinish),
+            clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
+            clCreateProgramWithBinary: resolve!(clCreateProgramWithBinary),
+            clBuildProgram: resolve!(clBuildProgram),
+            clGetProgramInfo: resolve!(clGetProgramInfo),
+            clGetProgramBuildInfo: resolve!(clGetProgramBuildInfo),
+            clRetainProgram: resolve!(clRetainProgram),
+            clReleaseProgram: resolve!(clReleaseProgram),
+            clCreateKernel: resolve!(clCreateKernel),
+            clReleaseKernel: resolve!(clReleaseKernel),
+            clSetKernelArg: resolve!(clSetKernelArg),
+            clCreateBuffer: resolve!(clCreateBuffer),
+            clReleaseMemObject: resolve!(clReleaseMemObject),
+            clEnqueueReadBuffer: resolve!(clEnqueueReadBuffer),
+            clEnqueueNDRangeKernel: resolve!(clEnqueueNDRangeKernel),
+            _library: library,
+        })
+    }
+
+    /// The process-wide table, loaded on first use from `KCACHE_OPENCL_LIBRARY` or
+    /// [`DEFAULT_LIBRARY`]. A failed load is remembered: the environment is read once, so every
+    /// later call reports the same error rather than retrying `dlopen` on each lookup.
+    pub fn get() -> Result<&'static Api> {
+        static API: OnceLock<std::result::Result<Api, Error>> = OnceLock::new();
+        API.get_or_init(|| {
+            let path = std::env::var_os("KCACHE_OPENCL_LIBRARY")
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| OsString::from(DEFAULT_LIBRARY));
+            let api = Api::load(&path)?;
+            // Loaders and drivers discover platforms and devices on the first query, and not
+            // all of them safely against a concurrent first query (PoCL 3 reports no device
+            // to the loser). Run that first query here, where only one thread gets.
+            let _ = super::runtime::all_devices(&api);
+            Ok(api)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+}
+
+/// A human-readable name for an OpenCL status code, for error messages.
+pub fn status_name(code: cl_int) -> &'static str {
+    match code {
+        0 => "CL_SUCCESS",
+        -1 => "CL_DEVICE_NOT_FOUND",
+        -2 => "CL_DEVICE_NOT_AVAILABLE",
+        -3 => "CL_COMPILER_NOT_AVAILABLE",
+        -4 => "CL_MEM_OBJECT_ALLOCATION_FAILURE",
+        -5 => "CL_OUT_OF_RESOURCES",
+        -6 => "CL_OUT_OF_HOST_MEMORY",
+        -11 => "CL_BUILD_PROGRAM_FAILURE",
+        -30 => "CL_INVALID_VALUE",
+        -32 => "CL_INVALID_PLATFORM",
+        -33 => "CL_INVALID_DEVICE",
+        -34 => "CL_INVALID_CONTEXT",
+        -36 => "CL_INVALID_COMMAND_QUEUE",
+        -38 => "CL_INVALID_MEM_OBJECT",
+        -42 => "CL_INVALID_BINARY",
+        -43 => "CL_INVALID_BUILD_OPTIONS",
+        -44 => "CL_INVALID_PROGRAM",
+        -45 => "CL_INVALID_PROGRAM_EXECUTABLE",
+        -46 => "CL_INVALID_KERNEL_NAME",
+        -48 => "CL_INVALID_KERNEL",
+        -49 => "CL_INVALID_ARG_INDEX",
+        -50 => "CL_INVALID_ARG_VALUE",
+        -51 => "CL_INVALID_ARG_SIZE",
+        -52 => "CL_INVALID_KERNEL_ARGS",
+        -54 => "CL_INVALID_WORK_GROUP_SIZE",
+        -1001 => "CL_PLATFORM_NOT_FOUND_KHR",
+        _ => "unknown OpenCL status",
+    }
+}

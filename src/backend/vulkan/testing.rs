@@ -1,0 +1,342 @@
+//! A minimal Vulkan instance/device owner and compute dispatcher for kcache's own tests and
+//! benchmarks. Not part of the supported API: a real caller brings its own instance and device.
+
+use std::ffi::CStr;
+
+use ash::vk;
+
+use super::{DeviceOwner, Pipeline, Vulkan};
+use crate::{Error, Result};
+
+fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
+    move |r| Error::Backend(format!("{what}: {r}"))
+}
+
+/// An instance and a device with one compute queue, destroyed on drop.
+pub struct TestGpu {
+    instance: ash::Instance,
+    physical: vk::PhysicalDevice,
+    device: ash::Device,
+    queue: vk::Queue,
+    queue_family: u32,
+    memory: vk::PhysicalDeviceMemoryProperties,
+    name: String,
+    /// Keeps the loader library loaded while the instance's functions are in use.
+    _loader: ash::Entry,
+}
+
+impl TestGpu {
+    /// Creates an instance and a device on the first physical device with a compute queue.
+    pub fn new(vulkan: &Vulkan) -> Result<Self> {
+        let app = vk::ApplicationInfo::default()
+            .application_name(c"kcache-tests")
+            .api_version(vk::API_VERSION_1_1);
+        let info = vk::InstanceCreateInfo::default().application_info(&app);
+        // SAFETY: the create info and everything it points to live across the call.
+        let instance = unsafe { vulkan.entry.create_instance(&info, None) }
+            .map_err(vk_err("vkCreateInstance"))?;
+        match Self::with_instance(instance.clone(), vulkan.entry.clone()) {
+            Ok(gpu) => Ok(gpu),
+            Err(e) => {
+                // SAFETY: nothing was created from the instance that is still alive.
+                unsafe { instance.destroy_instance(None) };
+                Err(e)
+            }
+        }
+    }
+
+    fn with_instance(instance: ash::Instance, loader: ash::Entry) -> Result<Self> {
+        // SAFETY: `instance` is a live instance.
+        let physicals = unsafe { instance.enumerate_physical_devices() }
+            .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
+        for physical in physicals {
+            // SAFETY: `physical` was enumerated from `instance`.
+            let families =
+                unsafe { instance.get_physical_device_queue_family_properties(physical) };
+            let Some(family) = families
+                .iter()
+                .position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE))
+            else {
+                continue;
+            };
+            let family = family as u32;
+            let priorities = [1.0f32];
+            let queues = [vk::DeviceQueueCreateInfo::default()
+                .queue_family_index(family)
+                .queue_priorities(&priorities)];
+            let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+            // SAFETY: `physical` belongs to `instance`; the create info outlives the call.
+            let device = unsafe { instance.create_device(physical, &info, None) }
+                .map_err(vk_err("vkCreateDevice"))?;
+            // SAFETY: queue 0 of `family` was requested above.
+            let queue = unsafe { device.get_device_queue(family, 0) };
+            // SAFETY: `physical` belongs to `instance`.
+            let (memory, props) = unsafe {
+                (
+                    instance.get_physical_device_memory_properties(physical),
+                    instance.get_physical_device_properties(physical),
+                )
+            };
+            let name = device_name(&props);
+            return Ok(Self {
+                instance,
+                physical,
+                device,
+                queue,
+                queue_family: family,
+                memory,
+                name,
+                _loader: loader,
+            });
+        }
+        Err(Error::Unavailable(
+            "no Vulkan device with a compute queue".into(),
+        ))
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `pipeline` on `data`, bound as a storage buffer at set 0 binding 0, with `push` as
+    /// push constants at offset 0 and `groups` workgroups along x; returns the buffer after.
+    pub fn dispatch(
+        &self,
+        pipeline: &Pipeline,
+        data: &[u32],
+        push: &[u8],
+        groups: u32,
+    ) -> Result<Vec<u32>> {
+        let mut scratch = Scratch {
+            gpu: self,
+            buffer: vk::Buffer::null(),
+            memory: vk::DeviceMemory::null(),
+            pool: vk::DescriptorPool::null(),
+            commands: vk::CommandPool::null(),
+            fence: vk::Fence::null(),
+        };
+        scratch.run(pipeline, data, push, groups)
+    }
+
+    fn memory_type(&self, bits: u32, flags: vk::MemoryPropertyFlags) -> Result<u32> {
+        (0..self.memory.memory_type_count)
+            .find(|&i| {
+                bits & (1 << i) != 0
+                    && self.memory.memory_types[i as usize]
+                        .property_flags
+                        .contains(flags)
+            })
+            .ok_or_else(|| Error::Backend("no host-visible coherent memory type".into()))
+    }
+}
+
+// SAFETY: the handles are created in `TestGpu::new` and destroyed only by its drop.
+unsafe impl DeviceOwner for TestGpu {
+    fn instance(&self) -> vk::Instance {
+        self.instance.handle()
+    }
+
+    fn physical_device(&self) -> vk::PhysicalDevice {
+        self.physical
+    }
+
+    fn device(&self) -> vk::Device {
+        self.device.handle()
+    }
+}
+
+impl Drop for TestGpu {
+    fn drop(&mut self) {
+        // SAFETY: every object made from the device is gone: kcache holds the owner until its
+        // last pipeline and layout are destroyed, and dispatches clean up after themselves.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// The objects of one dispatch, destroyed on every exit path.
+struct Scratch<'a> {
+    gpu: &'a TestGpu,
+    buffer: vk::Buffer,
+    memory: vk::DeviceMemory,
+    pool: vk::DescriptorPool,
+    commands: vk::CommandPool,
+    fence: vk::Fence,
+}
+
+impl Scratch<'_> {
+    fn run(
+        &mut self,
+        pipeline: &Pipeline,
+        data: &[u32],
+        push: &[u8],
+        groups: u32,
+    ) -> Result<Vec<u32>> {
+        let d = &self.gpu.device;
+        let size = std::mem::size_of_val(data) as u64;
+        let set_layout = *pipeline
+            .set_layouts()
+            .first()
+            .ok_or_else(|| Error::InvalidArgument("pipeline has no descriptor set".into()))?;
+
+        // SAFETY: every call below uses objects created from `d` in this function, which stay
+        // alive until `Drop for Scratch`; mapped memory is accessed only within its size.
+        unsafe {
+            self.buffer = d
+                .create_buffer(
+                    &vk::BufferCreateInfo::default()
+                        .size(size)
+                        .usage(vk::BufferUsageFlags::STORAGE_BUFFER),
+                    None,
+                )
+                .map_err(vk_err("vkCreateBuffer"))?;
+            let req = d.get_buffer_memory_requirements(self.buffer);
+            let kind = self.gpu.memory_type(
+                req.memory_type_bits,
+                vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT,
+            )?;
+            self.memory = d
+                .allocate_memory(
+                    &vk::MemoryAllocateInfo::default()
+                        .allocation_size(req.size)
+                        .memory_type_index(kind),
+                    None,
+                )
+                .map_err(vk_err("vkAllocateMemory"))?;
+            d.bind_buffer_memory(self.buffer, self.memory, 0)
+                .map_err(vk_err("vkBindBufferMemory"))?;
+            let mapped = d
+                .map_memory(self.memory, 0, size, vk::MemoryMapFlags::empty())
+                .map_err(vk_err("vkMapMemory"))? as *mut u32;
+            std::ptr::copy_nonoverlapping(data.as_ptr(), mapped, data.len());
+
+            let sizes = [vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: 1,
+            }];
+            self.pool = d
+                .create_descriptor_pool(
+                    &vk::DescriptorPoolCreateInfo::default()
+                        .max_sets(1)
+                        .pool_sizes(&sizes),
+                    None,
+                )
+                .map_err(vk_err("vkCreateDescriptorPool"))?;
+            let layouts = [set_layout];
+            let set = d
+                .allocate_descriptor_sets(
+                    &vk::DescriptorSetAllocateInfo::default()
+                        .descriptor_pool(self.pool)
+                        .set_layouts(&layouts),
+                )
+                .map_err(vk_err("vkAllocateDescriptorSets"))?[0];
+            let buffers = [vk::DescriptorBufferInfo {
+                buffer: self.buffer,
+                offset: 0,
+                range: size,
+            }];
+            let write = vk::WriteDescriptorSet::default()
+                .dst_set(set)
+                .dst_binding(0)
+                .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                .buffer_info(&buffers);
+            d.update_descriptor_sets(&[write], &[]);
+
+            self.commands = d
+                .create_command_pool(
+                    &vk::CommandPoolCreateInfo::default().queue_family_index(self.gpu.queue_family),
+                    None,
+                )
+                .map_err(vk_err("vkCreateCommandPool"))?;
+            let cmd = d
+                .allocate_command_buffers(
+                    &vk::CommandBufferAllocateInfo::default()
+                        .command_pool(self.commands)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1),
+                )
+                .map_err(vk_err("vkAllocateCommandBuffers"))?[0];
+            d.begin_command_buffer(
+                cmd,
+                &vk::CommandBufferBeginInfo::default()
+                    .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT),
+            )
+            .map_err(vk_err("vkBeginCommandBuffer"))?;
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline.pipeline());
+            d.cmd_bind_descriptor_sets(
+                cmd,
+                vk::PipelineBindPoint::COMPUTE,
+                pipeline.layout(),
+                0,
+                &[set],
+                &[],
+            );
+            if !push.is_empty() {
+                d.cmd_push_constants(
+                    cmd,
+                    pipeline.layout(),
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    push,
+                );
+            }
+            d.cmd_dispatch(cmd, groups, 1, 1);
+            let barrier = vk::MemoryBarrier::default()
+                .src_access_mask(vk::AccessFlags::SHADER_WRITE)
+                .dst_access_mask(vk::AccessFlags::HOST_READ);
+            d.cmd_pipeline_barrier(
+                cmd,
+                vk::PipelineStageFlags::COMPUTE_SHADER,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            );
+            d.end_command_buffer(cmd)
+                .map_err(vk_err("vkEndCommandBuffer"))?;
+            self.fence = d
+                .create_fence(&vk::FenceCreateInfo::default(), None)
+                .map_err(vk_err("vkCreateFence"))?;
+            let cmds = [cmd];
+            d.queue_submit(
+                self.gpu.queue,
+                &[vk::SubmitInfo::default().command_buffers(&cmds)],
+                self.fence,
+            )
+            .map_err(vk_err("vkQueueSubmit"))?;
+            d.wait_for_fences(&[self.fence], true, u64::MAX)
+                .map_err(vk_err("vkWaitForFences"))?;
+            let mut out = vec![0u32; data.len()];
+            std::ptr::copy_nonoverlapping(mapped, out.as_mut_ptr(), data.len());
+            Ok(out)
+        }
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        let d = &self.gpu.device;
+        // SAFETY: the submission (if any) has completed or failed to start, so nothing uses
+        // these objects; destroying a null handle is a no-op.
+        unsafe {
+            let _ = d.queue_wait_idle(self.gpu.queue);
+            d.destroy_fence(self.fence, None);
+            d.destroy_command_pool(self.commands, None);
+            d.destroy_descriptor_pool(self.pool, None);
+            d.destroy_buffer(self.buffer, None);
+            d.free_memory(self.memory, None);
+        }
+    }
+}
+
+fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
+    props
+        .device_name_as_c_str()
+        .map(CStr::to_string_lossy)
+        .map(|s| s.into_owned())
+        .unwrap_or_default()
+}

@@ -1,0 +1,247 @@
+//! L2: the disk tier. Serialized binaries in a per-user directory, authenticated, written
+//! atomically, size-capped with least-recently-used eviction.
+//!
+//! - [`config`]: where the directory is and what key authenticates entries.
+//! - [`dir`](self): trust checks on the directory.
+//! - [`format`]: the entry encoding (see `docs/disk-format.md`).
+//! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
+//!
+//! Every read and write goes through the directory descriptor opened (and checked) once at
+//! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
+
+pub mod config;
+mod dir;
+mod evict;
+pub mod format;
+mod gc;
+mod store;
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+pub use config::{DEFAULT_MAX_SIZE, DiskConfig, Durability, OperatorKey, parse_size};
+pub use format::Fingerprint;
+pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
+
+use crate::error::Result;
+use crate::key::{Key, hex, parse_hex};
+use format::{HEADER_LEN, TAG_LEN, Tagger};
+
+/// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
+/// any number of processes may use the same directory at once.
+pub struct DiskCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: OwnedFd,
+    path: PathBuf,
+    tagger: Tagger,
+    fingerprint_hex: String,
+    schema: u32,
+    durability: Durability,
+    max_size: u64,
+    counters: Counters,
+    index: evict::Index,
+}
+
+#[derive(Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    puts: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    integrity_rejects: AtomicU64,
+    io_errors: AtomicU64,
+    evictions: AtomicU64,
+    removes: AtomicU64,
+    load_failures: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Counters since this `DiskCache` was opened (per process), plus what its index knows of
+/// the directory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DiskStats {
+    pub hits: u64,
+    /// Every `get` that returned no entry: absent, rejected or failed.
+    pub misses: u64,
+    pub puts: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Entries refused by a read (bad tag, wrong key, truncated, symlink, …) and removed.
+    pub integrity_rejects: u64,
+    pub io_errors: u64,
+    /// Entries removed by the size cap.
+    pub evictions: u64,
+    /// Entries removed by `remove`.
+    pub removes: u64,
+    /// Entries that verified but that the backend could not load (a driver update changed
+    /// what it accepts, …), removed by `discard_unloadable`.
+    pub load_failures: u64,
+    /// Entry files and their bytes, as far as the index knows (complete once seeded).
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+/// A verified entry. The payload is borrowed from the file's bytes, so a read copies once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    bytes: Vec<u8>,
+    build_time: Duration,
+}
+
+impl Entry {
+    pub fn payload(&self) -> &[u8] {
+        &self.bytes[HEADER_LEN..self.bytes.len() - TAG_LEN]
+    }
+
+    pub fn into_payload(mut self) -> Vec<u8> {
+        self.bytes.truncate(self.bytes.len() - TAG_LEN);
+        self.bytes.drain(..HEADER_LEN);
+        self.bytes
+    }
+
+    /// How long the value took to build, as recorded by the writer.
+    pub fn build_time(&self) -> Duration {
+        self.build_time
+    }
+}
+
+/// Entries and bytes in the directory (entry files only, temporaries excluded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+impl DiskCache {
+    /// Opens (creating if needed, mode 0700) and checks the directory. Refusals:
+    /// `Unavailable` (disabled, no directory configured), `Untrusted` (with one warning per
+    /// process on stderr), `InvalidArgument` (bad size or key), `Io`.
+    pub fn open(config: DiskConfig) -> Result<DiskCache> {
+        let resolved = config.resolve()?;
+        let dir = dir::open_trusted(&resolved.dir)?;
+        let tagger = Tagger::new(resolved.key.as_ref());
+        let inner = Arc::new(Inner {
+            dir,
+            path: resolved.dir,
+            fingerprint_hex: hex(&tagger.fingerprint()),
+            tagger,
+            schema: resolved.key_schema,
+            durability: resolved.durability,
+            max_size: resolved.max_size,
+            counters: Counters::default(),
+            index: evict::Index::default(),
+        });
+        evict::start_scan(&inner);
+        Ok(DiskCache { inner })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Where the entry for `key` lives (for operators and tests; all I/O goes through the
+    /// directory descriptor, not this path).
+    pub fn entry_path(&self, key: &Key) -> PathBuf {
+        self.inner.path.join(self.inner.entry_name(key))
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.inner.max_size
+    }
+
+    /// Fingerprint of the operator key entries are written under (zero without a key).
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.inner.tagger.fingerprint()
+    }
+
+    pub fn stats(&self) -> DiskStats {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let usage = self.inner.index.known_usage();
+        DiskStats {
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            puts: get(&c.puts),
+            bytes_read: get(&c.bytes_read),
+            bytes_written: get(&c.bytes_written),
+            integrity_rejects: get(&c.integrity_rejects),
+            io_errors: get(&c.io_errors),
+            evictions: get(&c.evictions),
+            removes: get(&c.removes),
+            load_failures: get(&c.load_failures),
+            entries: usage.entries,
+            bytes: usage.bytes,
+        }
+    }
+
+    /// Entries and bytes in the directory. Waits for the background scan that seeds the size
+    /// index after `open` (milliseconds even for a full cache): meant for reporting, not for
+    /// a lookup path.
+    pub fn usage(&self) -> Usage {
+        self.inner.index.wait_seeded();
+        self.inner.index.known_usage()
+    }
+}
+
+// File names. Entries: `<fingerprint hex 16>-<key hex 64>.kce`; temporaries:
+// `.<entry name>.<random hex 16>.tmp`. Nothing outside these two patterns is ever touched.
+const ENTRY_SUFFIX: &str = ".kce";
+const ENTRY_NAME_LEN: usize = 16 + 1 + 64 + ENTRY_SUFFIX.len();
+
+impl Inner {
+    fn entry_name(&self, key: &Key) -> String {
+        format!("{}-{}{ENTRY_SUFFIX}", self.fingerprint_hex, key.to_hex())
+    }
+}
+
+/// Parses an entry file name into its fingerprint and key.
+fn parse_entry_name(name: &str) -> Option<(Fingerprint, Key)> {
+    if name.len() != ENTRY_NAME_LEN || !name.ends_with(ENTRY_SUFFIX) || name.as_bytes()[16] != b'-'
+    {
+        return None;
+    }
+    let mut fp = [0u8; 8];
+    let mut key = [0u8; 32];
+    (parse_hex(&name[..16], &mut fp) && parse_hex(&name[17..81], &mut key))
+        .then(|| (fp, Key::from_bytes(key)))
+}
+
+fn is_temp_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix('.').and_then(|r| r.strip_suffix(".tmp")) else {
+        return false;
+    };
+    if rest.len() != ENTRY_NAME_LEN + 1 + 16 || rest.as_bytes()[ENTRY_NAME_LEN] != b'.' {
+        return false;
+    }
+    let mut random = [0u8; 8];
+    parse_entry_name(&rest[..ENTRY_NAME_LEN]).is_some()
+        && parse_hex(&rest[ENTRY_NAME_LEN + 1..], &mut random)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let key = Key::from_bytes([0xab; 32]);
+        let name = format!("{}-{}{ENTRY_SUFFIX}", hex(&[1; 8]), key.to_hex());
+        assert_eq!(parse_entry_name(&name), Some(([1; 8], key)));
+        assert!(parse_entry_name(&name.to_uppercase()).is_none());
+        assert!(parse_entry_name(&format!("{name}x")).is_none());
+        let temp = format!(".{name}.{}.tmp", hex(&[2; 8]));
+        assert!(is_temp_name(&temp));
+        assert!(!is_temp_name(&format!(".{name}.tmp")));
+        assert!(!is_temp_name("notes.txt"));
+    }
+}

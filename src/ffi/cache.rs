@@ -1,0 +1,589 @@
+//! The memory tier through the C ABI: `kc_cache` is a `MemoryCache` keyed by byte strings whose
+//! values are the caller's opaque pointers; a `kc_lease *` is a lease turned into its raw
+//! reference count, so a hit allocates nothing.
+
+// The C names are the contract.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_int, c_void};
+use std::mem::{ManuallyDrop, offset_of, size_of};
+use std::ptr;
+use std::sync::Arc;
+
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
+use crate::memory::{Entry, Lease, MemoryCache, Options};
+use crate::{BuildError, DestroyError, DeviceId, Error, Result};
+
+/// A value stored for C: an opaque pointer kcache never dereferences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawValue(pub *mut c_void);
+
+// SAFETY: the C contract makes values opaque handles that the caller promises may be used and
+// destroyed from any thread; kcache itself only copies the pointer.
+unsafe impl Send for RawValue {}
+// SAFETY: as for `Send`: shared access only ever copies the pointer.
+unsafe impl Sync for RawValue {}
+
+/// A caller's context pointer, handed back to its callbacks unchanged on whatever thread they
+/// run.
+#[derive(Clone, Copy)]
+struct Context(*mut c_void);
+
+// SAFETY: the header requires callback contexts to be usable from any thread (callbacks run on
+// whichever thread releases the last lease); kcache only passes the pointer along.
+unsafe impl Send for Context {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Context {}
+
+type RawCache = MemoryCache<Vec<u8>, RawValue>;
+type RawEntry = Entry<Vec<u8>, RawValue>;
+type RawLease = Lease<Vec<u8>, RawValue>;
+
+/// Use this as the `device_id` of values that belong to no device.
+// The cast makes cbindgen emit a typed macro that also survives `x-KC_NO_DEVICE`.
+#[allow(clippy::unnecessary_cast)]
+pub const KC_NO_DEVICE: i64 = -1 as i64;
+
+/// Builds the value for a key on a miss. Return 0 and store the value in `*out_value` (any
+/// pointer, NULL included; kcache never dereferences it) and optionally its weight, e.g. its
+/// size in bytes, in `*out_weight` (left alone, the weight is 0). Return any non-zero code on
+/// failure: the caller gets `KC_ERR_BUILD_FAILED` and `kc_last_build_error()` gives the code.
+///
+/// `key` and `key_len` are the arguments the caller passed to `kc_cache_find_or_build`. The
+/// callback runs on the calling thread, with no kcache lock held, possibly at the same time as
+/// builds of other keys on other threads; callers of the same key wait for it. It may call into
+/// any kcache cache, except to look up the key it is building in the same cache
+/// (`KC_ERR_REENTRANT`). It must return normally: no longjmp and no C++ exception out of it.
+pub type kc_build_fn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        key: *const u8,
+        key_len: usize,
+        out_value: *mut *mut c_void,
+        out_weight: *mut u64,
+    ) -> c_int,
+>;
+
+/// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
+/// after an eviction or clear during its build, or the cache freed) once no lease holds it.
+/// Called exactly once per built value, on whichever thread let go of it last, never under a
+/// kcache lock: it may call into the cache. Returns 0 on success; a non-zero code is reported
+/// as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
+/// has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
+/// Same rules as `kc_build_fn` for longjmp and exceptions.
+pub type kc_destroy_fn =
+    Option<unsafe extern "C" fn(ctx: *mut c_void, value: *mut c_void) -> c_int>;
+
+/// Hears about destroy failures that no call can return: `code` is what `destroy` returned.
+/// Runs on the thread that ran the destroy, right after it, with no kcache lock held.
+pub type kc_destroy_error_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, code: c_int)>;
+
+/// A cache of opaque values keyed by byte strings. Thread-safe: every function taking a
+/// `kc_cache *` may be called from any number of threads at once, except `kc_cache_free`, which
+/// must be the last call on the cache.
+pub struct kc_cache {
+    inner: RawCache,
+}
+
+/// A hold on one cached value: while it exists the value is not destroyed, even if the entry
+/// is removed, evicted, cleared or the cache is freed. Release each lease exactly once with
+/// `kc_lease_release`, from any thread. A lease may be read from several threads at once.
+pub struct kc_lease {
+    _opaque: [u8; 0],
+}
+
+/// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
+/// `struct_size`, then change fields. Fields may be appended in later versions: the library
+/// reads only the first `struct_size` bytes and uses defaults for the rest.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_cache_options {
+    /// `sizeof(kc_cache_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Evict entries beyond this many; 0 = unlimited.
+    pub max_entries: u64,
+    /// Evict entries while their total weight exceeds this; 0 = unlimited. A single entry
+    /// heavier than this is still admitted, alone.
+    pub max_weight: u64,
+    /// Set when values borrow resources that `kc_cache_clear` releases: a build in flight
+    /// across a clear is then destroyed and reported as `KC_ERR_CACHE_CLEARED`.
+    pub invalidated_by_clear: bool,
+    /// Releases values; NULL: values are never destroyed.
+    pub destroy: kc_destroy_fn,
+    /// Passed to `destroy`.
+    pub destroy_ctx: *mut c_void,
+    /// Hears about destroy failures that no call returns; NULL: they are only counted.
+    pub on_destroy_error: kc_destroy_error_fn,
+    /// Passed to `on_destroy_error`.
+    pub on_destroy_error_ctx: *mut c_void,
+}
+
+/// The first published layout ends at `destroy_ctx`: callers compiled against it stay valid.
+const OPTIONS_MIN_SIZE: usize =
+    offset_of!(kc_cache_options, destroy_ctx) + size_of::<*mut c_void>();
+
+/// Counters of one cache since its creation. Set `struct_size` to `sizeof(kc_cache_stats)`
+/// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to
+/// the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
+/// concurrent use fields may be a few operations apart.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kc_cache_stats {
+    /// In: size of the caller's struct. Out: bytes written.
+    pub struct_size: usize,
+    /// Lookups answered from a ready entry.
+    pub hits: u64,
+    /// Lookups that found neither a ready entry nor a build to wait for.
+    pub misses: u64,
+    /// Builds that produced a value (installed or discarded).
+    pub builds: u64,
+    /// Builds whose callback returned non-zero.
+    pub build_failures: u64,
+    /// Lookups that waited for another thread's build of the same key.
+    pub waits: u64,
+    /// Values built but destroyed instead of installed (device evicted, cache cleared).
+    pub discarded: u64,
+    /// Entries unlinked to respect `max_entries` / `max_weight`.
+    pub capacity_evictions: u64,
+    /// Entries unlinked by `kc_cache_evict_device`.
+    pub device_evictions: u64,
+    /// Calls to `kc_cache_clear`.
+    pub clears: u64,
+    /// Destroy callbacks run.
+    pub destroys: u64,
+    /// Destroy callbacks that returned non-zero.
+    pub destroy_errors: u64,
+    /// Entries in the cache now.
+    pub entries: u64,
+    /// Total weight of the entries in the cache now.
+    pub weight: u64,
+    /// Leases not yet released.
+    pub leases: u64,
+}
+
+const STATS_MIN_SIZE: usize = size_of::<kc_cache_stats>();
+
+/// The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
+/// no destroy callback.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_cache_options_default() -> kc_cache_options {
+    kc_cache_options {
+        struct_size: size_of::<kc_cache_options>(),
+        max_entries: 0,
+        max_weight: 0,
+        invalidated_by_clear: false,
+        destroy: None,
+        destroy_ctx: ptr::null_mut(),
+        on_destroy_error: None,
+        on_destroy_error_ctx: ptr::null_mut(),
+    }
+}
+
+/// Reads the caller's options: the first `struct_size` bytes, defaults after them. A larger
+/// struct than this library knows is accepted only if the unknown tail is all zero, so a
+/// request this library cannot honour is refused rather than ignored.
+///
+/// # Safety
+/// `opts` must be non-NULL and point to `struct_size` readable bytes.
+unsafe fn read_options(opts: *const kc_cache_options) -> Result<kc_cache_options> {
+    // SAFETY: `struct_size` is the first field of every version of the struct.
+    let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
+    if given < OPTIONS_MIN_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "opts->struct_size is {given}, the smallest known kc_cache_options is \
+             {OPTIONS_MIN_SIZE} bytes"
+        )));
+    }
+    let known = size_of::<kc_cache_options>();
+    // SAFETY: the caller promises `given` readable bytes at `opts`.
+    let bytes = unsafe { std::slice::from_raw_parts(opts.cast::<u8>(), given) };
+    if bytes[known.min(given)..].iter().any(|&b| b != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "opts sets fields beyond the {known} bytes of kc_cache_options this library knows"
+        )));
+    }
+    let mut image = [0u8; size_of::<kc_cache_options>()];
+    image[..known.min(given)].copy_from_slice(&bytes[..known.min(given)]);
+    // C may store any byte in a `bool`; only 0 means false.
+    image[offset_of!(kc_cache_options, invalidated_by_clear)] =
+        u8::from(image[offset_of!(kc_cache_options, invalidated_by_clear)] != 0);
+    // SAFETY: every field is valid for any bytes once the bool is normalised: integers, raw
+    // pointers, and optional function pointers (zero is `None`).
+    Ok(unsafe { ptr::read_unaligned(image.as_ptr().cast::<kc_cache_options>()) })
+}
+
+fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
+    match device_id {
+        KC_NO_DEVICE => Ok(None),
+        id if id >= 0 => Ok(Some(id)),
+        id => Err(Error::InvalidArgument(format!(
+            "device_id {id} is negative and not KC_NO_DEVICE"
+        ))),
+    }
+}
+
+fn lease_ptr(lease: RawLease) -> *mut kc_lease {
+    Arc::into_raw(lease.into_arc()).cast_mut().cast()
+}
+
+/// Borrows the entry behind a lease pointer.
+///
+/// # Safety
+/// `lease` must come from this module and not be released yet.
+unsafe fn entry<'a>(lease: *const kc_lease) -> &'a RawEntry {
+    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
+    unsafe { &*lease.cast::<RawEntry>() }
+}
+
+/// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
+///
+/// # Safety
+/// `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
+/// writable. The callbacks and contexts in `opts` must stay valid until the last value is
+/// destroyed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_new(
+    opts: *const kc_cache_options,
+    out_cache: *mut *mut kc_cache,
+) -> kc_status {
+    guard(|| {
+        non_null(opts, "opts")?;
+        non_null(out_cache, "out_cache")?;
+        // SAFETY: `opts` is non-NULL; its size is the caller's promise.
+        let opts = unsafe { read_options(opts) }?;
+        let destroy = opts.destroy;
+        let destroy_ctx = Context(opts.destroy_ctx);
+        let on_destroy_error = opts.on_destroy_error.map(|hook| {
+            let ctx = Context(opts.on_destroy_error_ctx);
+            Arc::new(move |e: &DestroyError| {
+                // Name the whole wrapper: a closure would capture only its non-Send field.
+                let ctx = ctx;
+                // SAFETY: the caller promised a callable hook and a context valid from any
+                // thread for the cache's lifetime.
+                unsafe { hook(ctx.0, e.code) }
+            }) as Arc<dyn Fn(&DestroyError) + Send + Sync>
+        });
+        let options = Options {
+            max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
+            max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
+            invalidated_by_clear: opts.invalidated_by_clear,
+            on_destroy_error,
+        };
+        let inner = RawCache::new(options, move |value: RawValue| {
+            let ctx = destroy_ctx;
+            let Some(destroy) = destroy else {
+                return Ok(());
+            };
+            // SAFETY: the caller promised a callable destroy and a context valid from any
+            // thread until the last value is destroyed.
+            match unsafe { destroy(ctx.0, value.0) } {
+                0 => Ok(()),
+                code => Err(DestroyError::new(
+                    code,
+                    format!("the destroy callback returned {code}"),
+                )),
+            }
+        });
+        let cache = Box::into_raw(Box::new(kc_cache { inner }));
+        // SAFETY: `out_cache` is non-NULL and writable by contract.
+        unsafe { out_cache.write(cache) };
+        Ok(())
+    })
+}
+
+/// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
+/// their last lease is released (the leases stay valid). No other call on `cache` may run
+/// during or after this one. NULL is a no-op.
+///
+/// # Safety
+/// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
+    guard_value((), || {
+        if !cache.is_null() {
+            // SAFETY: the caller hands over the cache it got from `kc_cache_new`.
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    });
+}
+
+/// Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
+/// Concurrent callers of one key share one build and its outcome: the same value, or the same
+/// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0
+/// that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
+/// installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
+/// 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
+///
+/// # Safety
+/// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
+/// when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
+/// `build_ctx` as described for `kc_build_fn`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_find_or_build(
+    cache: *mut kc_cache,
+    key: *const u8,
+    key_len: usize,
+    device_id: i64,
+    build: kc_build_fn,
+    build_ctx: *mut c_void,
+    out_lease: *mut *mut kc_lease,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: checked non-NULL as the caller promised a readable key.
+        let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
+        let device = device_of(device_id)?;
+        let build = build.ok_or_else(|| Error::InvalidArgument("build is NULL".into()))?;
+        non_null(out_lease, "out_lease")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        let lease = cache.find_or_build(key_bytes, device, || {
+            let mut value = ptr::null_mut();
+            let mut weight = 0u64;
+            // SAFETY: the caller promised `build` is callable with `build_ctx`; the key is
+            // the caller's own, the out-pointers are live locals.
+            match unsafe { build(build_ctx, key, key_len, &mut value, &mut weight) } {
+                0 => Ok((RawValue(value), weight)),
+                code => Err(BuildError::new(
+                    code,
+                    format!("the build callback returned {code}"),
+                )),
+            }
+        })?;
+        // SAFETY: `out_lease` is non-NULL and writable by contract.
+        unsafe { out_lease.write(lease_ptr(lease)) };
+        Ok(())
+    })
+}
+
+/// Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
+/// including while the key is still being built (this call never builds or waits).
+/// `*out_lease` is written on success only.
+///
+/// # Safety
+/// As for `kc_cache_find_or_build`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_get(
+    cache: *mut kc_cache,
+    key: *const u8,
+    key_len: usize,
+    out_lease: *mut *mut kc_lease,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: checked non-NULL as the caller promised a readable key.
+        let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
+        non_null(out_lease, "out_lease")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        let lease = cache.get(key_bytes).ok_or(Error::NotFound)?;
+        // SAFETY: `out_lease` is non-NULL and writable by contract.
+        unsafe { out_lease.write(lease_ptr(lease)) };
+        Ok(())
+    })
+}
+
+/// Removes the entry for `key`: its value is destroyed now if no lease holds it, else on the
+/// last release. `KC_ERR_NOT_FOUND` if there is none (a key still being built is not
+/// affected); `KC_ERR_DESTROY_FAILED` if the destroy callback failed (the entry is gone).
+///
+/// # Safety
+/// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
+/// when `key_len` is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_remove(
+    cache: *mut kc_cache,
+    key: *const u8,
+    key_len: usize,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: checked non-NULL as the caller promised a readable key.
+        let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        if cache.remove(key_bytes)? {
+            Ok(())
+        } else {
+            Err(Error::NotFound)
+        }
+    })
+}
+
+/// The value a lease holds, exactly as the build callback returned it. Valid until the lease
+/// is released. NULL if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
+    guard_value(ptr::null_mut(), || {
+        if lease.is_null() {
+            null_argument("lease");
+            return ptr::null_mut();
+        }
+        // SAFETY: a live lease by contract.
+        unsafe { entry(lease) }.value().0
+    })
+}
+
+/// The weight the build callback reported for the value; 0 if `lease` is NULL.
+///
+/// # Safety
+/// As for `kc_lease_value`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_lease_weight(lease: *const kc_lease) -> u64 {
+    guard_value(0, || {
+        if lease.is_null() {
+            null_argument("lease");
+            return 0;
+        }
+        // SAFETY: a live lease by contract.
+        unsafe { entry(lease) }.weight()
+    })
+}
+
+/// Another lease on the same value, to be released separately. NULL if `lease` is NULL.
+///
+/// # Safety
+/// As for `kc_lease_value`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease {
+    guard_value(ptr::null_mut(), || {
+        if lease.is_null() {
+            null_argument("lease");
+            return ptr::null_mut();
+        }
+        // SAFETY: a live lease is `Arc::into_raw` of its entry; the borrowed lease is never
+        // dropped, so the caller's reference stays as it was.
+        let borrowed = ManuallyDrop::new(RawLease::from_arc(unsafe {
+            Arc::from_raw(lease.cast::<RawEntry>())
+        }));
+        lease_ptr(RawLease::clone(&borrowed))
+    })
+}
+
+/// Releases a lease; its value is destroyed here if it has left the cache and this was its
+/// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
+    guard_value((), || {
+        if !lease.is_null() {
+            // SAFETY: the caller hands back the reference it owns.
+            drop(RawLease::from_arc(unsafe {
+                Arc::from_raw(lease.cast_const().cast::<RawEntry>())
+            }));
+        }
+    });
+}
+
+/// Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
+/// fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
+/// entries. Values are destroyed now unless leased. Every value is attempted; a failing
+/// destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: i64) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        let Some(device) = device_of(device_id)? else {
+            return Err(Error::InvalidArgument(
+                "device_id is KC_NO_DEVICE, which names no device".into(),
+            ));
+        };
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        unsafe { &(*cache).inner }.evict_device(device)?;
+        Ok(())
+    })
+}
+
+/// Removes every entry; values are destroyed now unless leased. On a cache created with
+/// `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`. Every value is
+/// attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        unsafe { &(*cache).inner }.clear()?;
+        Ok(())
+    })
+}
+
+/// The number of entries in the cache now; 0 if `cache` is NULL.
+///
+/// # Safety
+/// `cache` must be NULL or a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
+    guard_value(0, || {
+        if cache.is_null() {
+            null_argument("cache");
+            return 0;
+        }
+        // SAFETY: a live cache; only shared access is needed.
+        unsafe { &(*cache).inner }.len()
+    })
+}
+
+/// Copies the cache's counters into `*out`; see `kc_cache_stats` (the struct) for
+/// `struct_size`. `*out` is written on success only.
+///
+/// # Safety
+/// `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_stats(
+    cache: *const kc_cache,
+    out: *mut kc_cache_stats,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(out, "out")?;
+        // SAFETY: `struct_size` is the first field of every version of the struct.
+        let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
+        if given < STATS_MIN_SIZE {
+            return Err(Error::InvalidArgument(format!(
+                "out->struct_size is {given}, the smallest known kc_cache_stats is \
+                 {STATS_MIN_SIZE} bytes"
+            )));
+        }
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let s = unsafe { &(*cache).inner }.stats();
+        let written = given.min(size_of::<kc_cache_stats>());
+        let stats = kc_cache_stats {
+            struct_size: written,
+            hits: s.hits,
+            misses: s.misses,
+            builds: s.builds,
+            build_failures: s.build_failures,
+            waits: s.waits,
+            discarded: s.discarded,
+            capacity_evictions: s.capacity_evictions,
+            device_evictions: s.device_evictions,
+            clears: s.clears,
+            destroys: s.destroys,
+            destroy_errors: s.destroy_errors,
+            entries: s.entries,
+            weight: s.weight,
+            leases: s.leases,
+        };
+        // SAFETY: `out` has `given >= written` writable bytes by contract; `stats` is a local
+        // of at least `written` bytes with no padding.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                ptr::from_ref(&stats).cast::<u8>(),
+                out.cast::<u8>(),
+                written,
+            )
+        };
+        Ok(())
+    })
+}

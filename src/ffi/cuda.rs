@@ -1,0 +1,504 @@
+//! The CUDA module cache for C: `kc_cuda_*`.
+//!
+//! CUDA handles cross this boundary as `void *` so that `kcache.h` does not need `cuda.h`:
+//! pass a `CUcontext` as it is, and cast the `void *` results back to `CUmodule` and
+//! `CUfunction`. The driver is loaded at run time; without one, `kc_cuda_cache_new` returns
+//! `KC_ERR_UNAVAILABLE`.
+//!
+//! ```c
+//! #include <cuda.h>
+//! #include <kcache.h>
+//!
+//! kc_cuda_options opts = kc_cuda_options_default();
+//! opts.use_disk = true;                           // cubins survive the process
+//! kc_cuda_cache *cache;
+//! if (kc_cuda_cache_new(&opts, &cache) != KC_OK) { puts(kc_last_error_message()); return 1; }
+//!
+//! kc_cuda_jit_option jit[] = { { 0 /* CU_JIT_MAX_REGISTERS */, 32 } };
+//! kc_cuda_lease *lease;
+//! kc_status s = kc_cuda_get_module(cache, ctx, ptx_text, 0, jit, 1, &lease);
+//! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // the JIT log on BUILD_FAILED
+//! CUfunction saxpy;
+//! kc_cuda_lease_function(lease, "saxpy", (void **)&saxpy);
+//! cuLaunchKernel(saxpy, ...);                     // valid until the lease is released
+//! kc_cuda_lease_release(lease);
+//!
+//! kc_cuda_evict_context(cache, ctx, NULL);        // before cuCtxDestroy(ctx)
+//! kc_cuda_cache_free(cache);
+//! ```
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::Arc;
+
+use super::cache::kc_cache_stats;
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
+use crate::backend::cuda::{
+    Context, CudaCache, CudaOptions, Driver, JitOption, Module, ModuleLease,
+};
+use crate::disk::{DiskCache, DiskConfig};
+use crate::error::Error;
+use crate::memory::{self, Entry};
+
+/// A CUDA module cache. Create with `kc_cuda_cache_new`, free with `kc_cuda_cache_free`.
+pub struct kc_cuda_cache {
+    inner: CudaCache,
+}
+
+/// A lease on a cached module: the module stays loaded until `kc_cuda_lease_release`, even if
+/// it is evicted meanwhile.
+#[repr(C)]
+pub struct kc_cuda_lease {
+    _opaque: [u8; 0],
+}
+
+/// How a CUDA cache behaves. Start from `kc_cuda_options_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_cuda_options {
+    /// `sizeof(kc_cuda_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Modules kept in memory at most; 0 = unlimited.
+    pub max_entries: u64,
+    /// Total bytes of cubins kept in memory at most; 0 = unlimited.
+    pub max_weight: u64,
+    /// Keep linked cubins on disk so that later processes skip the PTX JIT.
+    pub use_disk: bool,
+    /// The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+    /// `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+    pub disk_dir: *const c_char,
+    /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
+    pub driver_library: *const c_char,
+}
+
+/// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
+/// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
+/// FALLBACK_STRATEGY (10), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12), GENERATE_LINE_INFO (13),
+/// CACHE_MODE (14). Log buffers and other pointer or output options belong to kcache.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kc_cuda_jit_option {
+    pub option: u32,
+    pub value: u32,
+}
+
+/// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_stats)` first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kc_cuda_stats {
+    /// In: size of the caller's struct; it must be at least `sizeof(kc_cuda_stats)`.
+    pub struct_size: usize,
+    /// The memory tier's counters; its `struct_size` is set too.
+    pub memory: kc_cache_stats,
+    /// PTX linked into a cubin.
+    pub links: u64,
+    /// Links that failed (the caller got `KC_ERR_BUILD_FAILED`).
+    pub link_failures: u64,
+    /// Modules loaded from a disk cubin without any PTX JIT.
+    pub cubin_loads: u64,
+    /// Disk cubins the driver refused; each was deleted and the PTX linked again.
+    pub cubins_rejected: u64,
+    /// Disk lookups that found a cubin.
+    pub disk_hits: u64,
+    /// Disk lookups that found none.
+    pub disk_misses: u64,
+    /// Disk reads or writes that failed (the lookup went on without the disk).
+    pub disk_errors: u64,
+}
+
+/// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
+/// `disk_dir`) to keep cubins across processes.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
+    kc_cuda_options {
+        struct_size: size_of::<kc_cuda_options>(),
+        max_entries: 0,
+        max_weight: 0,
+        use_disk: false,
+        disk_dir: ptr::null(),
+        driver_library: ptr::null(),
+    }
+}
+
+/// A C string argument as a path; NULL is `None`.
+///
+/// # Safety
+/// `text` must be NULL or a C string.
+unsafe fn optional_path(text: *const c_char, name: &str) -> Result<Option<PathBuf>, Error> {
+    if text.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: a non-NULL argument is a C string by contract.
+    let text = unsafe { CStr::from_ptr(text) }
+        .to_str()
+        .map_err(|_| Error::InvalidArgument(format!("{name} is not valid UTF-8")))?;
+    Ok(Some(PathBuf::from(text)))
+}
+
+/// Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
+/// `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
+/// GPU): `KC_ERR_UNAVAILABLE`. A disk directory that is not owned by the user or that others
+/// may write is not used (the cache works from memory); one that cannot be created is
+/// `KC_ERR_IO`.
+///
+/// # Safety
+/// `opts` must point to a `kc_cuda_options` whose `disk_dir` and `driver_library` are NULL or
+/// C strings; `out_cache` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_cache_new(
+    opts: *const kc_cuda_options,
+    out_cache: *mut *mut kc_cuda_cache,
+) -> kc_status {
+    guard(|| {
+        non_null(opts, "opts")?;
+        non_null(out_cache, "out_cache")?;
+        // SAFETY: `struct_size` is the first field of every version of the struct.
+        let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
+        if given < size_of::<kc_cuda_options>() {
+            return Err(Error::InvalidArgument(format!(
+                "opts->struct_size is {given}, kc_cuda_options is {} bytes",
+                size_of::<kc_cuda_options>()
+            )));
+        }
+        // SAFETY: `opts` points to at least a whole struct of this version.
+        let opts = unsafe { ptr::read_unaligned(opts) };
+        // SAFETY: C strings or NULL by contract.
+        let library = unsafe { optional_path(opts.driver_library, "driver_library") }?;
+        let driver = match library {
+            Some(path) => Driver::load_from(&path)?,
+            None => Driver::load()?,
+        };
+        let disk = if opts.use_disk {
+            // SAFETY: C string or NULL by contract.
+            open_disk(unsafe { optional_path(opts.disk_dir, "disk_dir") }?)?
+        } else {
+            None
+        };
+        let inner = CudaCache::new(CudaOptions {
+            memory: memory::Options {
+                max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
+                max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
+                ..memory::Options::default()
+            },
+            disk,
+            driver: Some(Arc::new(driver)),
+        })?;
+        let cache = Box::into_raw(Box::new(kc_cuda_cache { inner }));
+        // SAFETY: `out_cache` is non-NULL and writable by contract.
+        unsafe { out_cache.write(cache) };
+        Ok(())
+    })
+}
+
+/// The disk tier at `dir` (else the default location), with the environment's size cap,
+/// operator key and `KCACHE_DISABLE`. Disabled, no home directory, or an untrusted directory
+/// (warned about once per process): no disk tier, the cache works from memory.
+fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>, Error> {
+    let config = DiskConfig {
+        dir,
+        ..DiskConfig::from_env()
+    };
+    match DiskCache::open(config) {
+        Ok(disk) => Ok(Some(Arc::new(disk))),
+        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Frees the cache: modules no lease holds are unloaded now (each with its context current),
+/// the others when their last lease is released. No other call on `cache` may run during or
+/// after this one. NULL is a no-op.
+///
+/// # Safety
+/// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
+/// of its modules must still be live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
+    guard_value((), || {
+        if !cache.is_null() {
+            // SAFETY: the caller hands over the cache it got from `kc_cuda_cache_new`.
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    })
+}
+
+/// The module for `ptx` linked with `options` in `context` (NULL: the calling thread's current
+/// context): from memory, else from a cubin on disk, else linked from the PTX (concurrent
+/// callers share one link). The module belongs to the cache: do not unload it; release the
+/// lease instead.
+///
+/// `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
+/// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
+/// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
+/// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
+///
+/// # Safety
+/// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
+/// with `kc_cuda_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
+/// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_get_module(
+    cache: *mut kc_cuda_cache,
+    context: *mut c_void,
+    ptx: *const c_char,
+    ptx_len: usize,
+    options: *const kc_cuda_jit_option,
+    option_count: usize,
+    out_lease: *mut *mut kc_cuda_lease,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(ptx, "ptx")?;
+        non_null(out_lease, "out_lease")?;
+        let ptx = if ptx_len == 0 {
+            // SAFETY: NUL-terminated by contract when no length is given.
+            unsafe { CStr::from_ptr(ptx) }.to_bytes()
+        } else {
+            // SAFETY: `ptx_len` readable bytes by contract.
+            unsafe { byte_slice(ptx.cast(), ptx_len, "ptx") }?
+        };
+        let raw_options = if option_count == 0 {
+            &[][..]
+        } else {
+            non_null(options, "options")?;
+            // SAFETY: `option_count` entries by contract.
+            unsafe { std::slice::from_raw_parts(options, option_count) }
+        };
+        let options = raw_options
+            .iter()
+            .map(|o| JitOption::from_raw(o.option, o.value))
+            .collect::<Result<Vec<_>, Error>>()?;
+        // SAFETY: NULL or a live context kept until evicted, by contract.
+        let context = unsafe { Context::from_raw(context) };
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        let lease = cache.module(context, ptx, &options)?;
+        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
+        // SAFETY: `out_lease` is non-NULL and writable by contract.
+        unsafe { out_lease.write(raw) };
+        Ok(())
+    })
+}
+
+/// Borrows the entry behind a lease pointer.
+///
+/// # Safety
+/// `lease` must come from `kc_cuda_get_module` and not be released yet.
+unsafe fn entry<'a>(lease: *const kc_cuda_lease) -> &'a Entry<Vec<u8>, Module> {
+    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
+    unsafe { &*lease.cast::<Entry<Vec<u8>, Module>>() }
+}
+
+/// The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *mut c_void {
+    guard_value(ptr::null_mut(), || {
+        if lease.is_null() {
+            null_argument("lease");
+            return ptr::null_mut();
+        }
+        // SAFETY: a live lease by contract.
+        unsafe { entry(lease) }.value().raw()
+    })
+}
+
+/// The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
+/// current. NULL if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *mut c_void {
+    guard_value(ptr::null_mut(), || {
+        if lease.is_null() {
+            null_argument("lease");
+            return ptr::null_mut();
+        }
+        // SAFETY: a live lease by contract.
+        unsafe { entry(lease) }.value().context()
+    })
+}
+
+/// `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
+/// valid until the lease is released. No such kernel: `KC_ERR_NOT_FOUND`.
+///
+/// # Safety
+/// `lease` must be a lease not yet released; `name` a C string; `out_function` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_lease_function(
+    lease: *const kc_cuda_lease,
+    name: *const c_char,
+    out_function: *mut *mut c_void,
+) -> kc_status {
+    guard(|| {
+        non_null(lease, "lease")?;
+        non_null(name, "name")?;
+        non_null(out_function, "out_function")?;
+        // SAFETY: a C string by contract.
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| Error::InvalidArgument("name is not valid UTF-8".into()))?;
+        // SAFETY: a live lease by contract.
+        let function = unsafe { entry(lease) }.value().function(name)?;
+        // SAFETY: `out_function` is non-NULL and writable by contract.
+        unsafe { out_function.write(function) };
+        Ok(())
+    })
+}
+
+/// Releases a lease; the last release of an evicted module unloads it (with its context
+/// current). NULL is a no-op.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
+    guard_value((), || {
+        if !lease.is_null() {
+            // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
+            let entry =
+                unsafe { Arc::from_raw(lease.cast_const().cast::<Entry<Vec<u8>, Module>>()) };
+            drop(ModuleLease::from_arc(entry));
+        }
+    })
+}
+
+fn write_count(out_count: *mut usize, count: usize) {
+    if !out_count.is_null() {
+        // SAFETY: a non-NULL `out_count` is writable by contract.
+        unsafe { out_count.write(count) };
+    }
+}
+
+/// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
+/// now (with `context` current), or when its last lease is released. `*out_count` (if not
+/// NULL) receives how many were unlinked.
+///
+/// # Safety
+/// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
+/// live when it has modules.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_evict_context(
+    cache: *mut kc_cuda_cache,
+    context: *mut c_void,
+    out_count: *mut usize,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let count = unsafe { &(*cache).inner }.evict_context(context)?;
+        write_count(out_count, count);
+        Ok(())
+    })
+}
+
+/// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
+/// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
+///
+/// # Safety
+/// As `kc_cuda_evict_context`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_evict_device(
+    cache: *mut kc_cuda_cache,
+    device: c_int,
+    out_count: *mut usize,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let count = unsafe { &(*cache).inner }.evict_device(device)?;
+        write_count(out_count, count);
+        Ok(())
+    })
+}
+
+/// Unlinks every module (the disk keeps its cubins).
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_clear(cache: *mut kc_cuda_cache) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        unsafe { &(*cache).inner }.clear().map(drop)
+    })
+}
+
+/// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
+///
+/// # Safety
+/// `cache` must be NULL or a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> c_int {
+    guard_value(0, || {
+        if cache.is_null() {
+            null_argument("cache");
+            return 0;
+        }
+        // SAFETY: a live cache by contract.
+        unsafe { &(*cache).inner }.driver().version()
+    })
+}
+
+/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+///
+/// # Safety
+/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_stats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_stats(
+    cache: *const kc_cuda_cache,
+    out: *mut kc_cuda_stats,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(out, "out")?;
+        // SAFETY: `struct_size` is the first field.
+        let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
+        if given < size_of::<kc_cuda_stats>() {
+            return Err(Error::InvalidArgument(format!(
+                "out->struct_size is {given}, kc_cuda_stats is {} bytes",
+                size_of::<kc_cuda_stats>()
+            )));
+        }
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let s = unsafe { &(*cache).inner }.stats();
+        let m = s.memory;
+        let stats = kc_cuda_stats {
+            struct_size: size_of::<kc_cuda_stats>(),
+            memory: kc_cache_stats {
+                struct_size: size_of::<kc_cache_stats>(),
+                hits: m.hits,
+                misses: m.misses,
+                builds: m.builds,
+                build_failures: m.build_failures,
+                waits: m.waits,
+                discarded: m.discarded,
+                capacity_evictions: m.capacity_evictions,
+                device_evictions: m.device_evictions,
+                clears: m.clears,
+                destroys: m.destroys,
+                destroy_errors: m.destroy_errors,
+                entries: m.entries,
+                weight: m.weight,
+                leases: m.leases,
+            },
+            links: s.links,
+            link_failures: s.link_failures,
+            cubin_loads: s.cubin_loads,
+            cubins_rejected: s.cubins_rejected,
+            disk_hits: s.disk_hits,
+            disk_misses: s.disk_misses,
+            disk_errors: s.disk_errors,
+        };
+        // SAFETY: `out` is non-NULL and holds at least a whole struct, checked above.
+        unsafe { ptr::write_unaligned(out, stats) };
+        Ok(())
+    })
+}

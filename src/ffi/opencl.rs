@@ -1,0 +1,435 @@
+//! The OpenCL program cache for C: `kc_opencl_*`.
+//!
+//! OpenCL handles cross this boundary as `void *` so that `kcache.h` does not need `CL/cl.h`:
+//! pass a `cl_context` and a `cl_device_id` as they are, and cast the `void *` program back to
+//! `cl_program`.
+//!
+//! ```c
+//! #include <CL/cl.h>
+//! #include <kcache.h>
+//!
+//! kc_opencl_options opts = kc_opencl_options_default();
+//! kc_opencl_cache *cache;
+//! if (kc_opencl_cache_new(&opts, &cache) != KC_OK) { puts(kc_last_error_message()); return 1; }
+//!
+//! const char *sources[] = { "__kernel void twice(__global float *x)"
+//!                           "{ x[get_global_id(0)] *= 2.0f; }" };
+//! kc_opencl_lease *lease;
+//! kc_status s = kc_opencl_get_program(cache, context, device, sources, NULL, 1, "", &lease);
+//! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // a build log on BUILD_FAILED
+//! cl_program program = (cl_program)kc_opencl_lease_program(lease);
+//! cl_kernel kernel = clCreateKernel(program, "twice", &err);
+//! // ... launch ...; the program stays valid until the lease is released
+//! clReleaseKernel(kernel);
+//! kc_opencl_lease_release(lease);
+//!
+//! kc_opencl_evict_context(cache, context, NULL);  // before clReleaseContext(context)
+//! kc_opencl_cache_free(cache);
+//! ```
+//!
+//! `c-tests/opencl/example.c` is this example in full, compiled and run by the tests.
+
+#![allow(non_camel_case_types)]
+
+use std::ffi::{CStr, c_char, c_void};
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::Arc;
+
+use super::cache::kc_cache_stats;
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
+use crate::backend::opencl::{OpenClCache, Program, ProgramLease};
+use crate::disk::{DiskCache, DiskConfig};
+use crate::error::Error;
+use crate::memory::{self, Entry};
+
+/// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
+pub struct kc_opencl_cache {
+    inner: OpenClCache,
+}
+
+/// A lease on a cached program: the program stays valid (and retained by the cache) until
+/// `kc_opencl_lease_release`, even if it is evicted meanwhile.
+pub struct kc_opencl_lease {
+    _opaque: [u8; 0],
+}
+
+/// How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_opencl_options {
+    /// `sizeof(kc_opencl_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Programs kept in memory at most; 0 = unlimited.
+    pub max_entries: u64,
+    /// Total bytes of program binaries kept in memory at most; 0 = unlimited.
+    pub max_weight: u64,
+    /// Keep program binaries on disk so that later processes skip the compiler.
+    pub use_disk: bool,
+    /// The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+    /// `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+    pub disk_dir: *const c_char,
+}
+
+/// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kc_opencl_stats {
+    /// In: size of the caller's struct; it must be at least `sizeof(kc_opencl_stats)`.
+    pub struct_size: usize,
+    /// The memory tier's counters; its `struct_size` is set too.
+    pub memory: kc_cache_stats,
+    /// Programs compiled from source.
+    pub source_builds: u64,
+    /// Programs created from a binary found on disk.
+    pub binary_loads: u64,
+    /// Disk binaries the driver refused; each was deleted and the source compiled instead.
+    pub binaries_rejected: u64,
+    /// Disk lookups that found a binary.
+    pub disk_hits: u64,
+    /// Disk lookups that found none.
+    pub disk_misses: u64,
+    /// Disk reads or writes that failed (the lookup went on without the disk).
+    pub disk_errors: u64,
+}
+
+/// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
+/// across processes.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
+    kc_opencl_options {
+        struct_size: size_of::<kc_opencl_options>(),
+        max_entries: 0,
+        max_weight: 0,
+        use_disk: false,
+        disk_dir: ptr::null(),
+    }
+}
+
+/// The disk tier at `dir` (else the default location), with the environment's size cap,
+/// operator key and `KCACHE_DISABLE`. Disabled, no home directory, or an untrusted directory
+/// (warned about once per process): no disk tier, the cache works from memory.
+fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>, Error> {
+    let config = DiskConfig {
+        dir,
+        ..DiskConfig::from_env()
+    };
+    match DiskCache::open(config) {
+        Ok(disk) => Ok(Some(Arc::new(disk))),
+        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
+/// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. A disk
+/// directory that is not owned by the user or that others may write is not used (the cache
+/// works from memory); one that cannot be created is `KC_ERR_IO`.
+///
+/// # Safety
+/// `opts` must point to a `kc_opencl_options` whose `disk_dir` is NULL or a C string;
+/// `out_cache` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_cache_new(
+    opts: *const kc_opencl_options,
+    out_cache: *mut *mut kc_opencl_cache,
+) -> kc_status {
+    guard(|| {
+        non_null(opts, "opts")?;
+        non_null(out_cache, "out_cache")?;
+        // SAFETY: `struct_size` is the first field of every version of the struct.
+        let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
+        if given < size_of::<kc_opencl_options>() {
+            return Err(Error::InvalidArgument(format!(
+                "opts->struct_size is {given}, kc_opencl_options is {} bytes",
+                size_of::<kc_opencl_options>()
+            )));
+        }
+        // SAFETY: `opts` points to at least a whole struct of this version.
+        let opts = unsafe { ptr::read_unaligned(opts) };
+        let disk = if opts.use_disk {
+            let dir = if opts.disk_dir.is_null() {
+                None
+            } else {
+                // SAFETY: a non-NULL `disk_dir` is a C string by contract.
+                let text = unsafe { CStr::from_ptr(opts.disk_dir) };
+                let text = text
+                    .to_str()
+                    .map_err(|_| Error::InvalidArgument("disk_dir is not valid UTF-8".into()))?;
+                Some(PathBuf::from(text))
+            };
+            open_disk(dir)?
+        } else {
+            None
+        };
+        let memory = memory::Options {
+            max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
+            max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
+            ..memory::Options::default()
+        };
+        let inner = OpenClCache::new(memory, disk)?;
+        let cache = Box::into_raw(Box::new(kc_opencl_cache { inner }));
+        // SAFETY: `out_cache` is non-NULL and writable by contract.
+        unsafe { out_cache.write(cache) };
+        Ok(())
+    })
+}
+
+/// Frees the cache: programs no lease holds are released now, the others when their last
+/// lease is released. No other call on `cache` may run during or after this one. NULL is a
+/// no-op.
+///
+/// # Safety
+/// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
+    guard_value((), || {
+        if !cache.is_null() {
+            // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`.
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    })
+}
+
+/// The built program for `sources` and `options` on `device` in `context`: from memory, else
+/// from a binary on disk, else compiled (concurrent callers share one compile). The program
+/// belongs to the cache: do not release it; release the lease instead.
+///
+/// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
+/// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
+/// `options` is NULL or the `clBuildProgram` options string. `*out_lease` is written on
+/// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
+/// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
+///
+/// # Safety
+/// `context` and `device` must be live OpenCL handles, the device one of the context's;
+/// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
+/// `options` must be NULL or a C string; `out_lease` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_get_program(
+    cache: *mut kc_opencl_cache,
+    context: *mut c_void,
+    device: *mut c_void,
+    sources: *const *const c_char,
+    lengths: *const usize,
+    count: usize,
+    options: *const c_char,
+    out_lease: *mut *mut kc_opencl_lease,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(context, "context")?;
+        non_null(device, "device")?;
+        non_null(out_lease, "out_lease")?;
+        if count == 0 {
+            return Err(Error::InvalidArgument("count is 0: no source".into()));
+        }
+        non_null(sources, "sources")?;
+        // SAFETY: `sources` holds `count` pointers by contract.
+        let pointers = unsafe { std::slice::from_raw_parts(sources, count) };
+        let lengths = if lengths.is_null() {
+            None
+        } else {
+            // SAFETY: a non-NULL `lengths` holds `count` sizes by contract.
+            Some(unsafe { std::slice::from_raw_parts(lengths, count) })
+        };
+        let mut texts = Vec::with_capacity(count);
+        for (i, &pointer) in pointers.iter().enumerate() {
+            let bytes = match lengths {
+                // SAFETY: `lengths[i]` readable bytes at `sources[i]` by contract.
+                Some(lengths) => unsafe { byte_slice(pointer.cast(), lengths[i], "sources[i]") }?,
+                None => {
+                    non_null(pointer, "sources[i]")?;
+                    // SAFETY: without lengths each string is NUL-terminated by contract.
+                    unsafe { CStr::from_ptr(pointer) }.to_bytes()
+                }
+            };
+            texts.push(
+                std::str::from_utf8(bytes).map_err(|_| {
+                    Error::InvalidArgument(format!("sources[{i}] is not valid UTF-8"))
+                })?,
+            );
+        }
+        let options = if options.is_null() {
+            ""
+        } else {
+            // SAFETY: a non-NULL `options` is a C string by contract.
+            unsafe { CStr::from_ptr(options) }
+                .to_str()
+                .map_err(|_| Error::InvalidArgument("options is not valid UTF-8".into()))?
+        };
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        let lease = cache.get_or_build(context, device, &texts, options)?;
+        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
+        // SAFETY: `out_lease` is non-NULL and writable by contract.
+        unsafe { out_lease.write(raw) };
+        Ok(())
+    })
+}
+
+/// Borrows the entry behind a lease pointer.
+///
+/// # Safety
+/// `lease` must come from `kc_opencl_get_program` and not be released yet.
+unsafe fn entry<'a>(lease: *const kc_opencl_lease) -> &'a Entry<Vec<u8>, Program> {
+    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
+    unsafe { &*lease.cast::<Entry<Vec<u8>, Program>>() }
+}
+
+/// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) -> *mut c_void {
+    guard_value(ptr::null_mut(), || {
+        if lease.is_null() {
+            null_argument("lease");
+            return ptr::null_mut();
+        }
+        // SAFETY: a live lease by contract.
+        unsafe { entry(lease) }.value().raw()
+    })
+}
+
+/// Releases a lease; the last release of an evicted program releases the program. NULL is a
+/// no-op.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
+    guard_value((), || {
+        if !lease.is_null() {
+            // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
+            let entry =
+                unsafe { Arc::from_raw(lease.cast_const().cast::<Entry<Vec<u8>, Program>>()) };
+            drop(ProgramLease::from_arc(entry));
+        }
+    })
+}
+
+fn write_count(out_count: *mut usize, count: usize) {
+    if !out_count.is_null() {
+        // SAFETY: a non-NULL `out_count` is writable by contract.
+        unsafe { out_count.write(count) };
+    }
+}
+
+/// Unlinks every program built for `device`, in every context; each is released now, or when
+/// its last lease is. `*out_count` (if not NULL) receives how many were unlinked.
+///
+/// # Safety
+/// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
+/// compared, never called: it may already be released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_evict_device(
+    cache: *mut kc_opencl_cache,
+    device: *mut c_void,
+    out_count: *mut usize,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let count = unsafe { &(*cache).inner }.evict_device(device)?;
+        write_count(out_count, count);
+        Ok(())
+    })
+}
+
+/// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
+/// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
+/// were unlinked.
+///
+/// # Safety
+/// As `kc_opencl_evict_device`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_evict_context(
+    cache: *mut kc_opencl_cache,
+    context: *mut c_void,
+    out_count: *mut usize,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let count = unsafe { &(*cache).inner }.evict_context(context)?;
+        write_count(out_count, count);
+        Ok(())
+    })
+}
+
+/// Unlinks every program (the disk keeps its binaries).
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_clear(cache: *mut kc_opencl_cache) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        unsafe { &(*cache).inner }.clear().map(drop)
+    })
+}
+
+/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+///
+/// # Safety
+/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_stats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_cache_stats(
+    cache: *const kc_opencl_cache,
+    out: *mut kc_opencl_stats,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(out, "out")?;
+        // SAFETY: `struct_size` is the first field.
+        let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
+        if given < size_of::<kc_opencl_stats>() {
+            return Err(Error::InvalidArgument(format!(
+                "out->struct_size is {given}, kc_opencl_stats is {} bytes",
+                size_of::<kc_opencl_stats>()
+            )));
+        }
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let s = unsafe { &(*cache).inner }.stats();
+        let m = s.memory;
+        let stats = kc_opencl_stats {
+            struct_size: size_of::<kc_opencl_stats>(),
+            memory: kc_cache_stats {
+                struct_size: size_of::<kc_cache_stats>(),
+                hits: m.hits,
+                misses: m.misses,
+                builds: m.builds,
+                build_failures: m.build_failures,
+                waits: m.waits,
+                discarded: m.discarded,
+                capacity_evictions: m.capacity_evictions,
+                device_evictions: m.device_evictions,
+                clears: m.clears,
+                destroys: m.destroys,
+                destroy_errors: m.destroy_errors,
+                entries: m.entries,
+                weight: m.weight,
+                leases: m.leases,
+            },
+            source_builds: s.source_builds,
+            binary_loads: s.binary_loads,
+            binaries_rejected: s.binaries_rejected,
+            disk_hits: s.disk_hits,
+            disk_misses: s.disk_misses,
+            disk_errors: s.disk_errors,
+        };
+        // SAFETY: `out` points to a writable struct of at least this size by contract.
+        unsafe { out.cast::<kc_opencl_stats>().write_unaligned(stats) };
+        Ok(())
+    })
+}
+
+/// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
+/// reason in `kc_last_error_message()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_opencl_available() -> kc_status {
+    guard(|| crate::backend::opencl::sys::Api::get().map(drop))
+}

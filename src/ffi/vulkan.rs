@@ -1,0 +1,650 @@
+//! The Vulkan backend through the C ABI. The header needs no `vulkan.h`: dispatchable handles
+//! (`VkInstance`, `VkPhysicalDevice`, `VkDevice`) travel as `void *`, non-dispatchable ones
+//! (`VkPipeline`, `VkPipelineLayout`, `VkShaderModule`, `VkDescriptorSetLayout`) as `uint64_t`,
+//! and descriptor types as their `VkDescriptorType` values.
+
+// The C names are the contract.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{CStr, c_char, c_void};
+use std::mem::size_of;
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::Arc;
+
+use ash::vk::{self, Handle};
+
+use super::cache::kc_cache_stats;
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
+use crate::backend::vulkan::{
+    DescriptorBinding, LayoutDesc, Pipeline, PipelineKey, PipelineLease, PipelineSpec,
+    PushConstantRange, SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions,
+    words_from_bytes,
+};
+use crate::disk::{DiskCache, DiskConfig};
+use crate::error::{Error, Result};
+use crate::memory::{self, Entry};
+
+/// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
+/// `kc_vulkan_cache_free`.
+pub struct kc_vulkan_cache {
+    inner: VulkanCache,
+}
+
+/// A `VkDevice` registered with a cache, from `kc_vulkan_register_device` until
+/// `kc_vulkan_unregister_device`.
+pub struct kc_vulkan_device {
+    inner: VulkanDevice,
+}
+
+/// A validated pipeline description with its digest: make it once per kernel
+/// (`kc_vulkan_spec_new`) and look it up as often as needed.
+pub struct kc_vulkan_spec {
+    inner: PipelineSpec,
+}
+
+/// A lease on a cached pipeline: the pipeline, its shader module and its layouts stay valid
+/// until `kc_vulkan_lease_release`, even if the pipeline is evicted meanwhile.
+pub struct kc_vulkan_lease {
+    _opaque: [u8; 0],
+}
+
+/// `vkGetInstanceProcAddr` with handle types that need no `vulkan.h`; cast the real one to it.
+pub type kc_vulkan_get_instance_proc_addr_fn = Option<
+    unsafe extern "C" fn(
+        instance: *mut c_void,
+        name: *const c_char,
+    ) -> Option<unsafe extern "C" fn()>,
+>;
+
+/// How a Vulkan cache behaves. Start from `kc_vulkan_options_default()`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_vulkan_options {
+    /// `sizeof(kc_vulkan_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Pipelines kept in memory at most; 0 = unlimited.
+    pub max_entries: u64,
+    /// Total SPIR-V bytes of the pipelines kept in memory at most; 0 = unlimited.
+    pub max_weight: u64,
+    /// Keep each device's `VkPipelineCache` data on disk, so that later processes start warm
+    /// (on drivers that serialize pipelines into it).
+    pub use_disk: bool,
+    /// The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+    /// `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+    pub disk_dir: *const c_char,
+    /// The application's `vkGetInstanceProcAddr`; NULL: kcache loads `libvulkan.so.1`. The
+    /// caller's handles must come from the same loader.
+    pub get_instance_proc_addr: kc_vulkan_get_instance_proc_addr_fn,
+}
+
+/// One descriptor binding of the pipeline layout, visible to the compute stage.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_vulkan_binding {
+    /// Descriptor set index.
+    pub set: u32,
+    pub binding: u32,
+    /// A `VkDescriptorType` value usable from a compute shader.
+    pub descriptor_type: i32,
+    /// Descriptor count (array size).
+    pub count: u32,
+}
+
+/// A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_vulkan_spec_constant {
+    pub id: u32,
+    pub size: u32,
+    pub data: *const c_void,
+}
+
+/// Everything a compute pipeline is made of. The layout is described by content: kcache
+/// creates the descriptor-set layouts and the pipeline layout (one per device and
+/// description), so a lookup never depends on handle values. A layout the caller creates
+/// from the same description is compatible with it for binding descriptor sets.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_vulkan_pipeline_desc {
+    /// `sizeof(kc_vulkan_pipeline_desc)` as the caller compiled it.
+    pub struct_size: usize,
+    /// SPIR-V, as for `VkShaderModuleCreateInfo`: `code_size` is in bytes, a multiple of 4.
+    pub code: *const u32,
+    pub code_size: usize,
+    /// The compute entry point; NULL means "main".
+    pub entry_point: *const c_char,
+    pub constants: *const kc_vulkan_spec_constant,
+    pub constant_count: usize,
+    /// Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included).
+    pub bindings: *const kc_vulkan_binding,
+    pub binding_count: usize,
+    /// The compute push-constant range; `push_constant_size` 0 means none.
+    pub push_constant_offset: u32,
+    pub push_constant_size: u32,
+}
+
+/// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_stats)` first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct kc_vulkan_stats {
+    /// In: size of the caller's struct; it must be at least `sizeof(kc_vulkan_stats)`.
+    pub struct_size: usize,
+    /// The memory tier's counters; its `struct_size` is set too.
+    pub memory: kc_cache_stats,
+    /// Successful `vkCreateComputePipelines` calls.
+    pub pipelines_created: u64,
+    /// `vkDestroyPipeline` calls (each with its shader module).
+    pub pipelines_destroyed: u64,
+    /// Pipeline layouts created (one per device and layout description).
+    pub layouts_created: u64,
+    /// Pipeline-cache blobs read from disk, validated and handed to the driver.
+    pub cache_data_loaded: u64,
+    /// Device registrations that found no pipeline-cache data on disk.
+    pub cache_data_missing: u64,
+    /// Blobs refused before the driver (header of another device, driver or format) or by it.
+    pub cache_data_rejected: u64,
+    /// Pipeline-cache blobs written to disk.
+    pub cache_data_written: u64,
+}
+
+/// Memory only, unbounded, with the system's Vulkan loader.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
+    kc_vulkan_options {
+        struct_size: size_of::<kc_vulkan_options>(),
+        max_entries: 0,
+        max_weight: 0,
+        use_disk: false,
+        disk_dir: ptr::null(),
+        get_instance_proc_addr: None,
+    }
+}
+
+/// Reads a caller's struct whose first field is its size, refusing older, shorter layouts.
+///
+/// # Safety
+/// `p` must point to a readable struct that starts with a `size_t` holding its size.
+unsafe fn read_sized<T: Copy>(p: *const T, name: &str) -> Result<T> {
+    // SAFETY: `struct_size` is the first field of every version of these structs.
+    let given = unsafe { p.cast::<usize>().read_unaligned() };
+    if given < size_of::<T>() {
+        return Err(Error::InvalidArgument(format!(
+            "{name}->struct_size is {given}, the struct is {} bytes",
+            size_of::<T>()
+        )));
+    }
+    // SAFETY: `p` points to at least a whole struct of this version.
+    Ok(unsafe { p.read_unaligned() })
+}
+
+/// The disk tier at `dir` (else the default location). Disabled or untrusted: memory only.
+fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>> {
+    let config = DiskConfig {
+        dir,
+        ..DiskConfig::from_env()
+    };
+    match DiskCache::open(config) {
+        Ok(disk) => Ok(Some(Arc::new(disk))),
+        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
+/// untrusted disk directory is not used (the cache works from memory); one that cannot be
+/// created is `KC_ERR_IO`.
+///
+/// # Safety
+/// `opts` must point to a `kc_vulkan_options` whose `disk_dir` is NULL or a C string and
+/// whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr` for as long as
+/// the cache and its leases live; `out_cache` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_cache_new(
+    opts: *const kc_vulkan_options,
+    out_cache: *mut *mut kc_vulkan_cache,
+) -> kc_status {
+    guard(|| {
+        non_null(opts, "opts")?;
+        non_null(out_cache, "out_cache")?;
+        // SAFETY: `opts` points to a struct starting with its size by contract.
+        let opts = unsafe { read_sized(opts, "opts") }?;
+        let vulkan = match opts.get_instance_proc_addr {
+            None => Vulkan::load()?,
+            Some(f) => {
+                // SAFETY: on every platform Vulkan supports here, `VKAPI_CALL` is the C calling
+                // convention, dispatchable handles are pointers and `PFN_vkVoidFunction` is an
+                // optional function pointer, so the two types have one ABI.
+                let f: vk::PFN_vkGetInstanceProcAddr = unsafe { std::mem::transmute(f) };
+                // SAFETY: the caller vouches for the function by contract.
+                unsafe { Vulkan::from_get_instance_proc_addr(f) }
+            }
+        };
+        let disk = if opts.use_disk {
+            let dir = if opts.disk_dir.is_null() {
+                None
+            } else {
+                // SAFETY: a non-NULL `disk_dir` is a C string by contract.
+                let text = unsafe { CStr::from_ptr(opts.disk_dir) }
+                    .to_str()
+                    .map_err(|_| Error::InvalidArgument("disk_dir is not valid UTF-8".into()))?;
+                Some(PathBuf::from(text))
+            };
+            open_disk(dir)?
+        } else {
+            None
+        };
+        let options = VulkanOptions {
+            memory: memory::Options {
+                max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
+                max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
+                ..memory::Options::default()
+            },
+            disk,
+        };
+        let cache = Box::new(kc_vulkan_cache {
+            inner: VulkanCache::new(vulkan, options),
+        });
+        // SAFETY: `out_cache` is non-NULL and writable by contract.
+        unsafe { out_cache.write(Box::into_raw(cache)) };
+        Ok(())
+    })
+}
+
+/// Frees the cache. Every device still registered has its pipeline-cache data written back
+/// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
+/// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
+/// the others at their last release. No other call on `cache` may run during or after this
+/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_unregister_device`
+/// afterwards, which then just frees them. NULL is a no-op.
+///
+/// # Safety
+/// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
+    guard_value((), || {
+        if !cache.is_null() {
+            // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`.
+            drop(unsafe { Box::from_raw(cache) });
+        }
+    })
+}
+
+/// Registers the caller's device with the cache: kcache reads its properties, creates its
+/// `VkPipelineCache` (seeded from disk data whose header names this device), and records
+/// pipelines under it. The caller keeps owning all three handles.
+///
+/// # Safety
+/// `cache` must be live; the handles must be live and related (the physical device from the
+/// instance, the device from the physical device), created through the cache's loader, and
+/// outlive the registration and every lease of the device's pipelines; `out_device` must be
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_register_device(
+    cache: *mut kc_vulkan_cache,
+    instance: *mut c_void,
+    physical_device: *mut c_void,
+    device: *mut c_void,
+    out_device: *mut *mut kc_vulkan_device,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(instance, "instance")?;
+        non_null(physical_device, "physical_device")?;
+        non_null(device, "device")?;
+        non_null(out_device, "out_device")?;
+        // SAFETY: a live cache by contract; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        // SAFETY: the handles' validity is the caller's contract, forwarded.
+        let registered = unsafe {
+            cache.register_device(
+                vk::Instance::from_raw(instance as u64),
+                vk::PhysicalDevice::from_raw(physical_device as u64),
+                vk::Device::from_raw(device as u64),
+            )
+        }?;
+        let handle = Box::into_raw(Box::new(kc_vulkan_device { inner: registered }));
+        // SAFETY: `out_device` is non-NULL and writable by contract.
+        unsafe { out_device.write(handle) };
+        Ok(())
+    })
+}
+
+/// Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
+/// destroys its `VkPipelineCache`, and evicts its pipelines (destroyed now, or at their last
+/// lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
+/// hold: release them before destroying the device. `device` is freed whatever the status
+/// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
+///
+/// # Safety
+/// `cache` must be the live cache the device was registered with (or, once that cache is
+/// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
+/// unregistered; `out_still_leased` must be NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_unregister_device(
+    cache: *mut kc_vulkan_cache,
+    device: *mut kc_vulkan_device,
+    out_still_leased: *mut u64,
+) -> kc_status {
+    guard(|| {
+        if device.is_null() {
+            return Ok(());
+        }
+        // SAFETY: the caller hands over the handle it got from `kc_vulkan_register_device`.
+        let device = unsafe { Box::from_raw(device) }.inner;
+        if device.is_retired() {
+            return Ok(());
+        }
+        non_null(cache, "cache")?;
+        // SAFETY: a live cache by contract; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        let still_leased = cache.unregister_device(&device)?;
+        if !out_still_leased.is_null() {
+            // SAFETY: a non-NULL `out_still_leased` is writable by contract.
+            unsafe { out_still_leased.write(still_leased) };
+        }
+        Ok(())
+    })
+}
+
+/// Writes the device's pipeline-cache data to disk now if pipelines were created since the
+/// last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
+/// says whether it wrote. Without a disk tier it writes nothing and succeeds.
+///
+/// # Safety
+/// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_flush(
+    cache: *mut kc_vulkan_cache,
+    device: *const kc_vulkan_device,
+    out_written: *mut bool,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(device, "device")?;
+        // SAFETY: live objects by contract; only shared access is needed.
+        let (cache, device) = unsafe { (&(*cache).inner, &(*device).inner) };
+        let written = cache.flush(device)?;
+        if !out_written.is_null() {
+            // SAFETY: a non-NULL `out_written` is writable by contract.
+            unsafe { out_written.write(written) };
+        }
+        Ok(())
+    })
+}
+
+/// Borrows `count` elements at `ptr` (NULL allowed when `count` is 0).
+///
+/// # Safety
+/// When `count > 0`, `ptr` must be NULL or point to `count` readable elements.
+unsafe fn elements<'a, T>(ptr: *const T, count: usize, name: &str) -> Result<&'a [T]> {
+    if count == 0 {
+        return Ok(&[]);
+    }
+    non_null(ptr, name)?;
+    if count > isize::MAX as usize / size_of::<T>() {
+        return Err(Error::InvalidArgument(format!(
+            "{name}: count {count} is too large"
+        )));
+    }
+    // SAFETY: non-NULL, `count` readable elements by contract, size checked above.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, count) })
+}
+
+fn layout_of(bindings: &[kc_vulkan_binding], offset: u32, size: u32) -> LayoutDesc {
+    let set_count = bindings
+        .iter()
+        .map(|b| b.set as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut sets = vec![Vec::new(); set_count];
+    for b in bindings {
+        sets[b.set as usize].push(DescriptorBinding {
+            binding: b.binding,
+            descriptor_type: vk::DescriptorType::from_raw(b.descriptor_type),
+            count: b.count,
+        });
+    }
+    LayoutDesc {
+        sets,
+        push_constants: (size != 0).then_some(PushConstantRange { offset, size }),
+    }
+}
+
+/// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
+/// GLCompute entry point of that name, unique specialization ids, a compute-usable layout)
+/// and digests it. A malformed one is `KC_ERR_INVALID_ARGUMENT` with the reason. Everything
+/// is copied: the description's memory may be reused afterwards.
+///
+/// # Safety
+/// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
+/// and sizes it gives; `out_spec` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_spec_new(
+    desc: *const kc_vulkan_pipeline_desc,
+    out_spec: *mut *mut kc_vulkan_spec,
+) -> kc_status {
+    guard(|| {
+        non_null(desc, "desc")?;
+        non_null(out_spec, "out_spec")?;
+        // SAFETY: `desc` points to a struct starting with its size by contract.
+        let desc = unsafe { read_sized(desc, "desc") }?;
+        // SAFETY: `code_size` readable bytes at `code` by contract.
+        let bytes = unsafe { byte_slice(desc.code.cast(), desc.code_size, "code") }?;
+        let words = words_from_bytes(bytes)?;
+        let entry = if desc.entry_point.is_null() {
+            "main"
+        } else {
+            // SAFETY: a non-NULL `entry_point` is a C string by contract.
+            unsafe { CStr::from_ptr(desc.entry_point) }
+                .to_str()
+                .map_err(|_| Error::InvalidArgument("entry_point is not valid UTF-8".into()))?
+        };
+        // SAFETY: `constant_count` elements at `constants` by contract.
+        let raw_constants = unsafe { elements(desc.constants, desc.constant_count, "constants") }?;
+        let mut constants = Vec::with_capacity(raw_constants.len());
+        for c in raw_constants {
+            // SAFETY: `size` readable bytes at `data` by contract.
+            let value = unsafe { byte_slice(c.data.cast(), c.size as usize, "constants[i].data") }?;
+            constants.push(SpecConstant {
+                id: c.id,
+                value: value.to_vec(),
+            });
+        }
+        // SAFETY: `binding_count` elements at `bindings` by contract.
+        let bindings = unsafe { elements(desc.bindings, desc.binding_count, "bindings") }?;
+        let layout = layout_of(bindings, desc.push_constant_offset, desc.push_constant_size);
+        let spec = PipelineSpec::new(&words, entry, &constants, &layout)?;
+        let handle = Box::into_raw(Box::new(kc_vulkan_spec { inner: spec }));
+        // SAFETY: `out_spec` is non-NULL and writable by contract.
+        unsafe { out_spec.write(handle) };
+        Ok(())
+    })
+}
+
+/// Frees a description. NULL is a no-op.
+///
+/// # Safety
+/// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
+    guard_value((), || {
+        if !spec.is_null() {
+            // SAFETY: the caller hands over the description it got from `kc_vulkan_spec_new`.
+            drop(unsafe { Box::from_raw(spec) });
+        }
+    })
+}
+
+/// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
+/// callers of one description share one `vkCreateComputePipelines`). The pipeline belongs to
+/// the cache: do not destroy it; release the lease. A driver failure is
+/// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
+/// unregistered is `KC_ERR_DEVICE_DESTROYED`.
+///
+/// # Safety
+/// `cache`, `device` and `spec` must be live, the device registered with this cache;
+/// `out_lease` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_get_pipeline(
+    cache: *mut kc_vulkan_cache,
+    device: *const kc_vulkan_device,
+    spec: *const kc_vulkan_spec,
+    out_lease: *mut *mut kc_vulkan_lease,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(device, "device")?;
+        non_null(spec, "spec")?;
+        non_null(out_lease, "out_lease")?;
+        // SAFETY: live objects by contract; only shared access is needed.
+        let (cache, device, spec) = unsafe { (&(*cache).inner, &(*device).inner, &(*spec).inner) };
+        let lease = cache.pipeline(device, spec)?;
+        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
+        // SAFETY: `out_lease` is non-NULL and writable by contract.
+        unsafe { out_lease.write(raw) };
+        Ok(())
+    })
+}
+
+type PipelineEntry = Entry<PipelineKey, Pipeline>;
+
+/// The pipeline behind a lease pointer, or `None` (recorded as a NULL argument).
+///
+/// # Safety
+/// `lease` must be NULL or a lease from `kc_vulkan_get_pipeline` not yet released.
+unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
+    if lease.is_null() {
+        null_argument("lease");
+        return None;
+    }
+    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
+    Some(unsafe { &*lease.cast::<PipelineEntry>() }.value())
+}
+
+/// The leased `VkPipeline`; 0 if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease) -> u64 {
+    // SAFETY: forwarded from the caller's contract.
+    guard_value(0, || {
+        unsafe { leased(lease) }.map_or(0, |p| p.pipeline().as_raw())
+    })
+}
+
+/// The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -> u64 {
+    // SAFETY: forwarded from the caller's contract.
+    guard_value(0, || {
+        unsafe { leased(lease) }.map_or(0, |p| p.layout().as_raw())
+    })
+}
+
+/// The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
+/// has no such set.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
+    lease: *const kc_vulkan_lease,
+    set: u32,
+) -> u64 {
+    guard_value(0, || {
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { leased(lease) }
+            .and_then(|p| p.set_layouts().get(set as usize))
+            .map_or(0, |l| l.as_raw())
+    })
+}
+
+/// The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_lease) -> u64 {
+    // SAFETY: forwarded from the caller's contract.
+    guard_value(0, || {
+        unsafe { leased(lease) }.map_or(0, |p| p.shader_module().as_raw())
+    })
+}
+
+/// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
+///
+/// # Safety
+/// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
+/// pipeline must no longer be executing if this may be its last release.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
+    guard_value((), || {
+        if !lease.is_null() {
+            // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
+            let entry = unsafe { Arc::from_raw(lease.cast_const().cast::<PipelineEntry>()) };
+            drop(PipelineLease::from_arc(entry));
+        }
+    })
+}
+
+/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+///
+/// # Safety
+/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_stats`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_cache_stats(
+    cache: *const kc_vulkan_cache,
+    out: *mut kc_vulkan_stats,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(out, "out")?;
+        // SAFETY: `out` points to a struct starting with its size by contract.
+        unsafe { read_sized(out.cast_const(), "out") }?;
+        // SAFETY: a live cache by contract; only shared access is needed.
+        let s = unsafe { &(*cache).inner }.stats();
+        let m = s.memory;
+        let stats = kc_vulkan_stats {
+            struct_size: size_of::<kc_vulkan_stats>(),
+            memory: kc_cache_stats {
+                struct_size: size_of::<kc_cache_stats>(),
+                hits: m.hits,
+                misses: m.misses,
+                builds: m.builds,
+                build_failures: m.build_failures,
+                waits: m.waits,
+                discarded: m.discarded,
+                capacity_evictions: m.capacity_evictions,
+                device_evictions: m.device_evictions,
+                clears: m.clears,
+                destroys: m.destroys,
+                destroy_errors: m.destroy_errors,
+                entries: m.entries,
+                weight: m.weight,
+                leases: m.leases,
+            },
+            pipelines_created: s.pipelines_created,
+            pipelines_destroyed: s.pipelines_destroyed,
+            layouts_created: s.layouts_created,
+            cache_data_loaded: s.cache_data_loaded,
+            cache_data_missing: s.cache_data_missing,
+            cache_data_rejected: s.cache_data_rejected,
+            cache_data_written: s.cache_data_written,
+        };
+        // SAFETY: `out` points to a writable struct of at least this size by contract.
+        unsafe { out.write_unaligned(stats) };
+        Ok(())
+    })
+}
+
+/// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
+/// with the reason in `kc_last_error_message()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_vulkan_available() -> kc_status {
+    guard(|| Vulkan::load().map(drop))
+}

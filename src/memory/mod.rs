@@ -1,0 +1,507 @@
+//! The memory tier (L1): live values behind leases.
+//!
+//! [`MemoryCache`] maps keys to values that are expensive to build (compiled kernels) and must
+//! be destroyed explicitly (driver handles). Its rules:
+//!
+//! - **Builds run outside every lock**, one per key at a time (single-flight): lookups of a key
+//!   being built wait for that build and share its outcome, value or error.
+//! - **Leases**: a lookup returns a [`Lease`]. `clear`, `evict_device`, `remove`, capacity
+//!   eviction and dropping the cache unlink entries at once, but a value is destroyed only when
+//!   its last lease is released, on the releasing thread. Destroy callbacks never run under an
+//!   internal lock, so they may call back into the cache.
+//! - **Device epochs**: `evict_device(d)` bumps `d`'s epoch; a build for `d` that started before
+//!   the bump is destroyed on completion and reported as [`Error::DeviceDestroyed`].
+//! - **Clear generations**: on a cache built with `invalidated_by_clear` (its values borrow from
+//!   something a clear releases), a build that straddles a `clear` is destroyed and reported as
+//!   [`Error::CacheCleared`]. An owning cache installs it.
+//! - **Caps**: an optional entry-count and weight cap, enforced after each install by a CLOCK
+//!   policy (see `policy.rs`). One entry heavier than the whole cap is admitted alone.
+//! - **Hit path**: one shard read lock, no allocation, no global lock, lookup by borrowed key.
+//!
+//! A build that looks up its own key gets [`Error::Reentrant`]; a build may look up or build
+//! any other key. A cycle across threads (A's build waits for B, B's build waits for A) is not
+//! detected and deadlocks, as it would with any single-flight cache.
+
+mod entry;
+mod flight;
+mod policy;
+mod shared;
+mod stats;
+mod sync;
+
+use std::borrow::Borrow;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use entry::{Entry, Lease};
+pub use stats::Stats;
+
+use flight::Flight;
+use policy::Clock;
+use shared::{ErrorHook, Shared, Slot, bump};
+use sync::{AtomicU64, Mutex, Ordering};
+
+use crate::{BuildError, DestroyError, DeviceId, Error, Result};
+
+/// Power of two; the shard index comes from the top six bits of the key's hash.
+#[cfg(not(feature = "shuttle"))]
+const SHARDS: usize = 64;
+/// Fewer shards keep the model checker's schedules short enough to explore.
+#[cfg(feature = "shuttle")]
+const SHARDS: usize = 4;
+
+/// How a [`MemoryCache`] behaves; fixed at creation.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// At most this many entries (`None`: unbounded).
+    pub max_entries: Option<u64>,
+    /// At most this total weight, as reported by the builds (`None`: unbounded).
+    pub max_weight: Option<u64>,
+    /// The values borrow resources that a `clear` releases: a build in flight across a clear
+    /// is discarded with [`Error::CacheCleared`] instead of being installed.
+    pub invalidated_by_clear: bool,
+    /// Called with destroy failures that have no caller to return to: destroys deferred to a
+    /// lease release, capacity evictions, discarded builds, dropping the cache.
+    pub on_destroy_error: Option<ErrorHook>,
+}
+
+/// A concurrent cache of live values. Share it between threads behind an `Arc`.
+pub struct MemoryCache<K, V> {
+    shared: Arc<Shared<K, V>>,
+    hasher: foldhash::fast::RandomState,
+    max_entries: Option<u64>,
+    max_weight: Option<u64>,
+    invalidated_by_clear: bool,
+    generation: AtomicU64,
+    /// Eviction epoch of every device ever evicted; absent means 0.
+    epochs: Mutex<HashMap<DeviceId, u64>>,
+    /// Only consulted when a cap is set.
+    clock: Mutex<Clock<K, V>>,
+}
+
+/// Unlinked entries waiting for their destroy, which must happen outside every lock.
+type Victims<K, V> = Vec<Arc<Entry<K, V>>>;
+
+impl<K: Hash + Eq, V> MemoryCache<K, V> {
+    /// Creates a cache; `destroy` releases a value that leaves it.
+    pub fn new(
+        options: Options,
+        destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared::new(
+                SHARDS,
+                Box::new(destroy),
+                options.on_destroy_error,
+            )),
+            hasher: foldhash::fast::RandomState::default(),
+            max_entries: options.max_entries,
+            max_weight: options.max_weight,
+            invalidated_by_clear: options.invalidated_by_clear,
+            generation: AtomicU64::new(0),
+            epochs: Mutex::new(HashMap::new()),
+            clock: Mutex::new(Clock::new()),
+        }
+    }
+
+    /// Returns a lease on the value for `key`, running `build` on a miss. `build` returns the
+    /// value and its weight, and runs on the calling thread with no cache lock held. `device`
+    /// records the entry for [`MemoryCache::evict_device`].
+    pub fn find_or_build<Q>(
+        &self,
+        key: &Q,
+        device: Option<DeviceId>,
+        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shared.shard_of(hash);
+        let flight = {
+            let table = shard.table.read();
+            match table.find(hash, |slot| slot.key().borrow() == key) {
+                Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
+                Some(Slot::Building { flight, .. }) => Some(Arc::clone(flight)),
+                None => None,
+            }
+        };
+        if let Some(flight) = flight {
+            return self.join(&flight);
+        }
+
+        let mut table = shard.table.write();
+        match table.find(hash, |slot| slot.key().borrow() == key) {
+            Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
+            Some(Slot::Building { flight, .. }) => {
+                let flight = Arc::clone(flight);
+                drop(table);
+                return self.join(&flight);
+            }
+            None => {}
+        }
+        // Snapshots taken under the shard lock: see `install` for why that ordering matters.
+        let epoch = device.map(|d| self.epoch(d));
+        let generation = self.generation.load(Ordering::SeqCst);
+        let flight = Arc::new(Flight::new());
+        table.insert_unique(
+            hash,
+            Slot::Building {
+                key: key.to_owned(),
+                hash,
+                flight: Arc::clone(&flight),
+            },
+            Slot::hash,
+        );
+        drop(table);
+        shard.misses.fetch_add(1, Ordering::Relaxed);
+
+        let mut guard = FlightGuard {
+            cache: self,
+            hash,
+            flight: &flight,
+            armed: true,
+        };
+        let started = Instant::now();
+        let built = build();
+        let build_time = started.elapsed();
+        guard.armed = false;
+
+        let (slot_key, building) = self.take_building(hash, &flight);
+        match built {
+            Err(e) => {
+                drop(building);
+                bump(&self.shared.counters.build_failures);
+                let error = Error::Build(e);
+                flight.finish(Err(error.clone()));
+                Err(error)
+            }
+            Ok((value, weight)) => {
+                let entry = Arc::new(Entry::new(
+                    slot_key,
+                    value,
+                    weight,
+                    device,
+                    build_time,
+                    hash,
+                    Arc::clone(&self.shared),
+                ));
+                drop(building);
+                self.install(entry, device.zip(epoch), generation, &flight)
+            }
+        }
+    }
+
+    /// Returns a lease on the value for `key` if one is ready; never builds or waits.
+    pub fn get<Q>(&self, key: &Q) -> Option<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shared.shard_of(hash);
+        let table = shard.table.read();
+        if let Some(Slot::Ready(entry)) = table.find(hash, |slot| slot.key().borrow() == key) {
+            return Some(self.hit(entry));
+        }
+        shard.misses.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+
+    /// Unlinks the ready entry for `key`. Its value is destroyed now if no lease holds it,
+    /// else when the last lease goes. Returns whether an entry was unlinked; a key still being
+    /// built is not affected. A failing destroy is returned as [`Error::Destroy`].
+    pub fn remove<Q>(&self, key: &Q) -> Result<bool>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let mut table = self.shared.shard_of(hash).table.write();
+        let Ok(found) = table.find_entry(hash, |slot| {
+            matches!(slot, Slot::Ready(_)) && slot.key().borrow() == key
+        }) else {
+            return Ok(false);
+        };
+        let (Slot::Ready(entry), _) = found.remove() else {
+            unreachable!("only ready slots match");
+        };
+        self.unlinked(&entry);
+        drop(table);
+        destroy_all(vec![entry]).map(|_| true)
+    }
+
+    /// Unlinks every entry recorded for `device` and bumps its eviction epoch, so that builds
+    /// for it already in flight are discarded. Values are destroyed now unless leased. Every
+    /// victim is attempted; the first destroy failure is returned. Returns the unlinked count.
+    pub fn evict_device(&self, device: DeviceId) -> Result<usize> {
+        *self.epochs.lock().entry(device).or_insert(0) += 1;
+        let victims = self.unlink_where(|entry| entry.device() == Some(device));
+        self.shared
+            .counters
+            .device_evictions
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        destroy_all(victims)
+    }
+
+    /// Unlinks every entry and bumps the cache generation. Values are destroyed now unless
+    /// leased. Every victim is attempted; the first destroy failure is returned. Returns the
+    /// unlinked count.
+    pub fn clear(&self) -> Result<usize> {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        bump(&self.shared.counters.clears);
+        let victims = self.unlink_where(|_| true);
+        self.clock.lock().clear();
+        destroy_all(victims)
+    }
+
+    /// Entries linked now.
+    pub fn len(&self) -> usize {
+        self.shared.counters.entries.load(Ordering::Relaxed) as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let mut stats = Stats {
+            builds: load(&c.builds),
+            build_failures: load(&c.build_failures),
+            waits: load(&c.waits),
+            discarded: load(&c.discarded),
+            capacity_evictions: load(&c.capacity_evictions),
+            device_evictions: load(&c.device_evictions),
+            clears: load(&c.clears),
+            destroys: load(&c.destroys),
+            destroy_errors: load(&c.destroy_errors),
+            entries: load(&c.entries),
+            weight: load(&c.weight),
+            ..Stats::default()
+        };
+        let mut leases = 0i64;
+        for shard in self.shared.shards.iter() {
+            stats.hits += shard.hits.load(Ordering::Relaxed);
+            stats.misses += shard.misses.load(Ordering::Relaxed);
+            leases += shard.leases.load(Ordering::Relaxed);
+        }
+        stats.leases = leases.max(0) as u64;
+        stats
+    }
+
+    fn hit(&self, entry: &Arc<Entry<K, V>>) -> Lease<K, V> {
+        entry.touch();
+        self.shared
+            .shard_of(entry.hash)
+            .hits
+            .fetch_add(1, Ordering::Relaxed);
+        Lease::new(Arc::clone(entry))
+    }
+
+    fn join(&self, flight: &Flight<K, V>) -> Result<Lease<K, V>> {
+        if flight.is_builder() {
+            return Err(Error::Reentrant);
+        }
+        bump(&self.shared.counters.waits);
+        flight.wait().map(Lease::new)
+    }
+
+    fn epoch(&self, device: DeviceId) -> u64 {
+        self.epochs.lock().get(&device).copied().unwrap_or(0)
+    }
+
+    /// Removes this flight's slot and hands back the key it held. The returned slot must be
+    /// dropped by the caller, outside the lock.
+    fn take_building(&self, hash: u64, flight: &Arc<Flight<K, V>>) -> (K, Arc<Flight<K, V>>) {
+        let mut table = self.shared.shard_of(hash).table.write();
+        let found = table
+            .find_entry(
+                hash,
+                |slot| matches!(slot, Slot::Building { flight: f, .. } if Arc::ptr_eq(f, flight)),
+            )
+            .unwrap_or_else(|_| unreachable!("only the builder removes its flight's slot"));
+        match found.remove().0 {
+            Slot::Building { key, flight, .. } => (key, flight),
+            Slot::Ready(_) => unreachable!("matched a building slot"),
+        }
+    }
+
+    /// Links a freshly built entry, unless the device was evicted or (on a borrowing cache)
+    /// the cache cleared since the build started. The check runs under the shard lock, and
+    /// `evict_device`/`clear` bump first and then take every shard lock: so either the check
+    /// sees the bump, or the unlinking sweep comes after the install and sees the entry.
+    fn install(
+        &self,
+        entry: Arc<Entry<K, V>>,
+        device_epoch: Option<(DeviceId, u64)>,
+        generation: u64,
+        flight: &Flight<K, V>,
+    ) -> Result<Lease<K, V>> {
+        let shard = self.shared.shard_of(entry.hash);
+        let mut table = shard.table.write();
+        let stale = match device_epoch {
+            Some((device, epoch)) if self.epoch(device) != epoch => {
+                Some(Error::DeviceDestroyed(device))
+            }
+            _ if self.invalidated_by_clear
+                && self.generation.load(Ordering::SeqCst) != generation =>
+            {
+                Some(Error::CacheCleared)
+            }
+            _ => None,
+        };
+        if let Some(error) = stale {
+            drop(table);
+            bump(&self.shared.counters.builds);
+            bump(&self.shared.counters.discarded);
+            entry.linked.store(false, Ordering::Release);
+            if let Some(Err(e)) = Arc::into_inner(entry).map(Entry::destroy_now) {
+                self.shared.report_destroy_error(&e);
+            }
+            flight.finish(Err(error.clone()));
+            return Err(error);
+        }
+        table.insert_unique(entry.hash, Slot::Ready(Arc::clone(&entry)), Slot::hash);
+        let c = &self.shared.counters;
+        let entries = c.entries.fetch_add(1, Ordering::Relaxed) + 1;
+        let weight = c.weight.fetch_add(entry.weight(), Ordering::Relaxed) + entry.weight();
+        drop(table);
+        bump(&c.builds);
+        let lease = Lease::new(Arc::clone(&entry));
+        flight.finish(Ok(Arc::clone(&entry)));
+        if self.max_entries.is_some() || self.max_weight.is_some() {
+            self.enforce_caps(&entry, entries, weight);
+        }
+        Ok(lease)
+    }
+
+    fn over_cap(&self, entries: u64, weight: u64) -> bool {
+        self.max_entries.is_some_and(|max| entries > max)
+            || self.max_weight.is_some_and(|max| weight > max)
+    }
+
+    fn enforce_caps(&self, newest: &Arc<Entry<K, V>>, entries: u64, weight: u64) {
+        let sweep = self
+            .clock
+            .lock()
+            .admit(newest, entries, weight, |e, w| self.over_cap(e, w));
+        drop(sweep.touched);
+        let mut unlinked = Vec::with_capacity(sweep.victims.len());
+        for victim in sweep.victims {
+            let mut table = self.shared.shard_of(victim.hash).table.write();
+            // Someone else (clear, remove, another sweep) may have unlinked it meanwhile.
+            if let Ok(found) = table.find_entry(
+                victim.hash,
+                |slot| matches!(slot, Slot::Ready(e) if Arc::ptr_eq(e, &victim)),
+            ) {
+                let removed = found.remove().0;
+                self.unlinked(&victim);
+                drop(table);
+                drop(removed);
+                unlinked.push(victim);
+            }
+        }
+        self.shared
+            .counters
+            .capacity_evictions
+            .fetch_add(unlinked.len() as u64, Ordering::Relaxed);
+        if let Err(Error::Destroy(e)) = destroy_all(unlinked) {
+            self.shared.report_destroy_error(&e);
+        }
+    }
+
+    /// Bookkeeping for an entry just removed from the table (the caller holds its shard lock).
+    fn unlinked(&self, entry: &Entry<K, V>) {
+        entry.linked.store(false, Ordering::Release);
+        let c = &self.shared.counters;
+        c.entries.fetch_sub(1, Ordering::Relaxed);
+        c.weight.fetch_sub(entry.weight(), Ordering::Relaxed);
+    }
+
+    fn unlink_where(&self, doomed: impl Fn(&Entry<K, V>) -> bool) -> Victims<K, V> {
+        let mut victims = Vec::new();
+        for shard in self.shared.shards.iter() {
+            let mut table = shard.table.write();
+            table.retain(|slot| match slot {
+                Slot::Ready(entry) if doomed(entry) => {
+                    // The clone keeps the table's reference from being the last one dropped
+                    // here, under the lock.
+                    victims.push(Arc::clone(entry));
+                    false
+                }
+                _ => true,
+            });
+            drop(table);
+        }
+        for victim in &victims {
+            self.unlinked(victim);
+        }
+        victims
+    }
+}
+
+/// Destroys each victim that no lease holds; leased ones are destroyed by their last release.
+/// Returns how many were given, or the first destroy failure after attempting all.
+fn destroy_all<K, V>(victims: Victims<K, V>) -> Result<usize> {
+    let count = victims.len();
+    let mut first = None;
+    for victim in victims {
+        if let Some(Err(e)) = Arc::into_inner(victim).map(Entry::destroy_now) {
+            first.get_or_insert(e);
+        }
+    }
+    match first {
+        Some(e) => Err(Error::Destroy(e)),
+        None => Ok(count),
+    }
+}
+
+impl<K, V> Drop for MemoryCache<K, V> {
+    /// Unlinks everything; leased values are destroyed when their leases go.
+    fn drop(&mut self) {
+        let mut victims = Vec::new();
+        for shard in self.shared.shards.iter() {
+            let mut table = shard.table.write();
+            for slot in table.drain() {
+                if let Slot::Ready(entry) = slot {
+                    entry.linked.store(false, Ordering::Release);
+                    victims.push(entry);
+                }
+            }
+        }
+        self.clock.lock().clear();
+        let c = &self.shared.counters;
+        c.entries.store(0, Ordering::Relaxed);
+        c.weight.store(0, Ordering::Relaxed);
+        for victim in victims {
+            if let Some(Err(e)) = Arc::into_inner(victim).map(Entry::destroy_now) {
+                self.shared.report_destroy_error(&e);
+            }
+        }
+    }
+}
+
+/// Frees a flight's key and wakes its waiters with an error if the build unwinds: the panic
+/// goes on in the builder's thread, nobody hangs, and the next lookup builds again.
+struct FlightGuard<'a, K: Hash + Eq, V> {
+    cache: &'a MemoryCache<K, V>,
+    hash: u64,
+    flight: &'a Arc<Flight<K, V>>,
+    armed: bool,
+}
+
+impl<K: Hash + Eq, V> Drop for FlightGuard<'_, K, V> {
+    fn drop(&mut self) {
+        if self.armed {
+            let slot = self.cache.take_building(self.hash, self.flight);
+            drop(slot);
+            bump(&self.cache.shared.counters.build_failures);
+            self.flight.finish(Err(Error::BuildPanicked));
+        }
+    }
+}

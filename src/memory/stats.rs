@@ -1,0 +1,35 @@
+//! A snapshot of a cache's counters.
+
+/// Counters of one cache since it was created. Each field is read atomically but the
+/// snapshot as a whole is not: under concurrent use, fields may be a few operations apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Lookups answered from a ready entry.
+    pub hits: u64,
+    /// Lookups that found no ready entry and no build to join (`find_or_build` then builds).
+    pub misses: u64,
+    /// Builds that produced a value (installed, or discarded as below).
+    pub builds: u64,
+    /// Builds that returned an error or panicked.
+    pub build_failures: u64,
+    /// Lookups that joined another thread's build of the same key.
+    pub waits: u64,
+    /// Values built but destroyed instead of installed: device evicted or cache cleared.
+    pub discarded: u64,
+    /// Entries unlinked to respect the entry-count or weight cap.
+    pub capacity_evictions: u64,
+    /// Entries unlinked by `evict_device`.
+    pub device_evictions: u64,
+    /// Calls to `clear`.
+    pub clears: u64,
+    /// Destroy callbacks run.
+    pub destroys: u64,
+    /// Destroy callbacks that failed.
+    pub destroy_errors: u64,
+    /// Entries linked in the table now.
+    pub entries: u64,
+    /// Total weight of the linked entries.
+    pub weight: u64,
+    /// Leases not yet released, on linked and unlinked entries alike.
+    pub leases: u64,
+}

@@ -1,0 +1,107 @@
+//! The synchronisation primitives of the memory tier, behind one facade so that the model
+//! checker (`--features shuttle`) can substitute its own and explore interleavings.
+
+#[cfg(not(feature = "shuttle"))]
+mod imp {
+    pub use parking_lot::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+    pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+    pub use std::thread::ThreadId;
+
+    pub fn current_thread() -> ThreadId {
+        std::thread::current().id()
+    }
+
+    #[derive(Default)]
+    pub struct Mutex<T>(parking_lot::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    #[derive(Default)]
+    pub struct RwLock<T>(parking_lot::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub fn new(value: T) -> Self {
+            Self(parking_lot::RwLock::new(value))
+        }
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write()
+        }
+    }
+
+    #[derive(Default)]
+    pub struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+}
+
+#[cfg(feature = "shuttle")]
+mod imp {
+    pub use shuttle::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+    pub use shuttle::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+    pub use shuttle::thread::ThreadId;
+    use std::sync::PoisonError;
+
+    pub fn current_thread() -> ThreadId {
+        shuttle::thread::current().id()
+    }
+
+    #[derive(Default)]
+    pub struct Mutex<T>(shuttle::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Self {
+            Self(shuttle::sync::Mutex::new(value))
+        }
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    #[derive(Default)]
+    pub struct RwLock<T>(shuttle::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub fn new(value: T) -> Self {
+            Self(shuttle::sync::RwLock::new(value))
+        }
+        pub fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(PoisonError::into_inner)
+        }
+        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    #[derive(Default)]
+    pub struct Condvar(shuttle::sync::Condvar);
+
+    impl Condvar {
+        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
+        }
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+}
+
+pub(crate) use imp::*;
+pub(crate) use std::sync::atomic::Ordering;

@@ -1,0 +1,164 @@
+//! L1 → L2 → build for any backend, including ones kcache knows nothing about.
+//!
+//! A backend supplies three callbacks: `build` (compile from scratch), `serialize` (live value
+//! → bytes for the disk) and `load` (bytes → live value). The L1 key and the L2 key are
+//! separate because they answer different questions: L1 is keyed by what identifies a live
+//! value in this process (often live handles such as a context pointer), L2 by content that
+//! means the same thing in every process (a [`Key`] from [`crate::key::KeyBuilder`]).
+//!
+//! The disk read happens inside the memory tier's build step, so its single-flight covers it:
+//! concurrent misses on one key read the disk (or compile) once. The write-back after a build
+//! happens after the flight, on the building thread only, so waiters do not wait for a fsync.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::disk::DiskCache;
+use crate::error::{BuildError, DeviceId, Result};
+use crate::key::Key;
+use crate::memory::{Lease, MemoryCache};
+
+/// A memory tier with an optional disk tier behind it.
+pub struct TieredCache<K, V> {
+    memory: Arc<MemoryCache<K, V>>,
+    disk: Option<Arc<DiskCache>>,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    disk_hits: AtomicU64,
+    disk_misses: AtomicU64,
+    load_failures: AtomicU64,
+    builds: AtomicU64,
+    write_backs: AtomicU64,
+    write_back_failures: AtomicU64,
+}
+
+/// What the tiers did for the lookups that missed L1 (L1 hits are in the memory stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TieredStats {
+    /// Values loaded from the disk tier instead of built.
+    pub disk_hits: u64,
+    /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
+    pub disk_misses: u64,
+    /// Disk entries that `load` refused; each was removed and the value built instead.
+    pub load_failures: u64,
+    /// Calls to `build`.
+    pub builds: u64,
+    /// Built values written to the disk tier.
+    pub write_backs: u64,
+    /// Built values that could not be serialized or written (the lookup still succeeds).
+    pub write_back_failures: u64,
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl<K, V> TieredCache<K, V>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// `disk: None` (no directory, untrusted, `KCACHE_DISABLE=1`) leaves a memory-only cache
+    /// with the same interface.
+    pub fn new(memory: Arc<MemoryCache<K, V>>, disk: Option<Arc<DiskCache>>) -> Self {
+        TieredCache {
+            memory,
+            disk,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn memory(&self) -> &Arc<MemoryCache<K, V>> {
+        &self.memory
+    }
+
+    pub fn disk(&self) -> Option<&Arc<DiskCache>> {
+        self.disk.as_ref()
+    }
+
+    pub fn stats(&self) -> TieredStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        TieredStats {
+            disk_hits: get(&c.disk_hits),
+            disk_misses: get(&c.disk_misses),
+            load_failures: get(&c.load_failures),
+            builds: get(&c.builds),
+            write_backs: get(&c.write_backs),
+            write_back_failures: get(&c.write_back_failures),
+        }
+    }
+
+    /// Returns a lease on the value for `l1_key`: from memory; else loaded from the disk
+    /// entry for `l2_key`; else built and written back to disk. `load` and `build` return
+    /// the value and its L1 weight. A disk entry that `load` refuses is removed and the value
+    /// built instead; a failed write-back is counted, not returned.
+    pub fn find_or_build<Q>(
+        &self,
+        l1_key: &Q,
+        device: Option<DeviceId>,
+        l2_key: &Key,
+        load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
+        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+        serialize: impl FnOnce(&V) -> std::result::Result<Vec<u8>, BuildError>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut built: Option<Duration> = None;
+        let lease = self.memory.find_or_build(l1_key, device, || {
+            if let Some(value) = self.load_from_disk(l2_key, load) {
+                return Ok(value);
+            }
+            bump(&self.counters.builds);
+            let started = Instant::now();
+            let value = build()?;
+            built = Some(started.elapsed());
+            Ok(value)
+        })?;
+        if let (Some(build_time), Some(disk)) = (built, &self.disk) {
+            let written = serialize(lease.value())
+                .ok()
+                .and_then(|bytes| disk.put(l2_key, &bytes, build_time).ok());
+            match written {
+                Some(()) => bump(&self.counters.write_backs),
+                None => bump(&self.counters.write_back_failures),
+            }
+        }
+        Ok(lease)
+    }
+
+    fn load_from_disk(
+        &self,
+        l2_key: &Key,
+        load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
+    ) -> Option<(V, u64)> {
+        let entry = self.disk.as_ref().and_then(|d| d.get(l2_key).ok().flatten());
+        let Some(entry) = entry else {
+            bump(&self.counters.disk_misses);
+            return None;
+        };
+        match load(entry.payload()) {
+            Ok(value) => {
+                bump(&self.counters.disk_hits);
+                Some(value)
+            }
+            Err(_) => {
+                bump(&self.counters.load_failures);
+                bump(&self.counters.disk_misses);
+                if let Some(disk) = &self.disk {
+                    // Best effort: a rebuild overwrites the entry anyway.
+                    let _ = disk.discard_unloadable(l2_key);
+                }
+                None
+            }
+        }
+    }
+}

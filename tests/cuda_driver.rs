@@ -1,0 +1,130 @@
+//! Loading the CUDA driver, and what happens without one.
+//!
+//! No GPU is available in CI: `cuda_support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
+//! test library that stands in for the real driver (`libcuda.so.1`).
+
+mod cuda_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use cuda_support::FakeDriver;
+use kcache::Error;
+use kcache::backend::cuda::{CudaCache, CudaOptions, Driver};
+
+#[test]
+fn a_missing_driver_library_is_unavailable() {
+    match Driver::load_from(Path::new("/nonexistent/libcuda.so.1")) {
+        Err(Error::Unavailable(message)) => {
+            assert!(message.contains("no CUDA driver"), "{message}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_library_without_the_driver_entry_points_is_unavailable() {
+    match Driver::load_from(Path::new("libc.so.6")) {
+        Err(Error::Unavailable(message)) => assert!(message.contains("lacks cuInit"), "{message}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+/// Set in the child runs of `child_cache_new`.
+const CHILD_ENV: &str = "KCACHE_CUDA_TEST_CHILD";
+
+/// Not a test on its own: the tests below run this binary again with [`CHILD_ENV`] set and an
+/// environment of their choosing, because `KCACHE_CUDA_LIBRARY` and the fake driver's own
+/// switches are read from the process environment.
+#[test]
+fn child_cache_new() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    match CudaCache::new(CudaOptions::default()) {
+        Ok(cache) => println!("CHILD ok version={}", cache.driver().version()),
+        Err(Error::Unavailable(message)) => println!("CHILD unavailable: {message}"),
+        Err(other) => println!("CHILD other: {other}"),
+    }
+}
+
+fn child(envs: &[(&str, &std::ffi::OsStr)]) -> String {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_cache_new",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "child failed: {stdout}");
+    stdout
+        .lines()
+        .find_map(|l| l.split_once("CHILD ").map(|(_, rest)| rest.to_owned()))
+        .unwrap_or_else(|| panic!("no CHILD line in: {stdout}"))
+}
+
+#[test]
+fn kcache_cuda_library_names_the_driver() {
+    let fake = FakeDriver::new();
+    let line = child(&[
+        ("KCACHE_CUDA_LIBRARY", fake.path().as_os_str()),
+        ("FAKECUDA_DRIVER_VERSION", "12080".as_ref()),
+    ]);
+    assert_eq!(line, "ok version=12080");
+
+    let line = child(&[("KCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1".as_ref())]);
+    assert!(line.starts_with("unavailable: no CUDA driver"), "{line}");
+}
+
+#[test]
+fn a_driver_whose_init_fails_is_unavailable() {
+    // What the real driver does on a machine with the library installed but no usable GPU.
+    let fake = FakeDriver::new();
+    let line = child(&[
+        ("KCACHE_CUDA_LIBRARY", fake.path().as_os_str()),
+        ("FAKECUDA_INIT_RESULT", "100".as_ref()),
+    ]);
+    assert!(
+        line.starts_with("unavailable: no usable CUDA driver"),
+        "{line}"
+    );
+    assert!(
+        line.contains("no CUDA-capable device is detected (CUresult 100)"),
+        "{line}"
+    );
+}
+
+#[test]
+fn device_queries() {
+    let fake = FakeDriver::new();
+    let driver = fake.driver();
+    assert_eq!(driver.version(), 12040);
+    assert_eq!(driver.path(), fake.path());
+    let d1 = driver.device(1).unwrap();
+    assert_eq!(driver.device_name(d1).unwrap(), "kcache fake GPU 1");
+    assert_eq!(driver.compute_capability(d1).unwrap(), (9, 0));
+    assert_eq!(
+        driver
+            .compute_capability(driver.device(0).unwrap())
+            .unwrap(),
+        (8, 0)
+    );
+    match driver.device(7) {
+        Err(Error::Backend(message)) => {
+            assert!(
+                message.contains("invalid device ordinal (CUresult 101)"),
+                "{message}"
+            )
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    assert_eq!(driver.describe(12345), "CUresult 12345");
+    assert!(driver.current_context().unwrap().is_null());
+    // The launch entry points are optional; the fake does not export them.
+    assert!(matches!(driver.mem_alloc(16), Err(Error::Unavailable(_))));
+}

@@ -1,0 +1,217 @@
+//! The `kc_cuda_*` C API, called as C would call it.
+//!
+//! No GPU is available in CI: `cuda_support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
+//! test library that stands in for the real driver (`libcuda.so.1`); the cache is pointed at
+//! it through `kc_cuda_options.driver_library`.
+
+mod cuda_support;
+
+use std::ffi::{CStr, CString, c_void};
+use std::ptr;
+
+use cuda_support::{FakeDriver, SAXPY_PTX};
+use kcache::ffi::cuda::*;
+use kcache::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
+
+fn last_error() -> String {
+    // SAFETY: never NULL, valid until the next kcache call on this thread.
+    unsafe { CStr::from_ptr(kc_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+struct Cache(*mut kc_cuda_cache);
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // SAFETY: a cache from kc_cuda_cache_new, freed once.
+        unsafe { kc_cuda_cache_free(self.0) };
+    }
+}
+
+fn new_cache(fake: &FakeDriver, disk: Option<&std::path::Path>) -> Cache {
+    let library = CString::new(fake.path().to_str().unwrap()).unwrap();
+    let dir = disk.map(|d| CString::new(d.to_str().unwrap()).unwrap());
+    let mut opts = kc_cuda_options_default();
+    opts.driver_library = library.as_ptr();
+    opts.use_disk = dir.is_some();
+    opts.disk_dir = dir.as_ref().map_or(ptr::null(), |d| d.as_ptr());
+    let mut cache = ptr::null_mut();
+    // SAFETY: valid options and out-pointer.
+    let status = unsafe { kc_cuda_cache_new(&opts, &mut cache) };
+    assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+    Cache(cache)
+}
+
+fn stats(cache: &Cache) -> kc_cuda_stats {
+    let mut out = kc_cuda_stats {
+        struct_size: size_of::<kc_cuda_stats>(),
+        ..kc_cuda_stats::default()
+    };
+    // SAFETY: live cache, writable struct.
+    assert_eq!(
+        unsafe { kc_cuda_stats(cache.0, &mut out) },
+        kc_status::KC_OK
+    );
+    out
+}
+
+#[test]
+fn module_function_evict_release_through_the_c_api() {
+    let fake = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = new_cache(&fake, Some(&dir.path().join("l2")));
+    let ctx = fake.create_context(0);
+    let ptx = CString::new(SAXPY_PTX).unwrap();
+    let jit = [kc_cuda_jit_option {
+        option: 0, // CU_JIT_MAX_REGISTERS
+        value: 40,
+    }];
+    let mut lease = ptr::null_mut();
+    // SAFETY: live cache and context, NUL-terminated PTX (length 0), one option.
+    let status =
+        unsafe { kc_cuda_get_module(cache.0, ctx, ptx.as_ptr(), 0, jit.as_ptr(), 1, &mut lease) };
+    assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+    assert_eq!(fake.counter("last_max_registers"), 40);
+
+    // SAFETY: a live lease for every call below until it is released.
+    unsafe {
+        assert!(!kc_cuda_lease_module(lease).is_null());
+        assert_eq!(kc_cuda_lease_context(lease), ctx);
+        let mut function: *mut c_void = ptr::null_mut();
+        let status = kc_cuda_lease_function(lease, c"saxpy".as_ptr(), &mut function);
+        assert_eq!(status, kc_status::KC_OK);
+        assert!(!function.is_null());
+        let mut untouched: *mut c_void = ptr::null_mut();
+        let status = kc_cuda_lease_function(lease, c"nope".as_ptr(), &mut untouched);
+        assert_eq!(status, kc_status::KC_ERR_NOT_FOUND);
+        assert!(
+            untouched.is_null(),
+            "out-parameters are written on success only"
+        );
+    }
+
+    // The same PTX given with its length is the same module.
+    let mut again = ptr::null_mut();
+    // SAFETY: as above, explicit length.
+    let status = unsafe {
+        kc_cuda_get_module(
+            cache.0,
+            ctx,
+            ptx.as_ptr(),
+            SAXPY_PTX.len(),
+            jit.as_ptr(),
+            1,
+            &mut again,
+        )
+    };
+    assert_eq!(status, kc_status::KC_OK);
+    // SAFETY: live leases.
+    unsafe { assert_eq!(kc_cuda_lease_module(again), kc_cuda_lease_module(lease)) };
+    // SAFETY: released once.
+    unsafe { kc_cuda_lease_release(again) };
+
+    let s = stats(&cache);
+    assert_eq!(
+        (s.links, s.disk_misses, s.memory.hits, s.memory.misses),
+        (1, 1, 1, 1)
+    );
+    // SAFETY: live cache.
+    assert_eq!(unsafe { kc_cuda_driver_version(cache.0) }, 12040);
+
+    let mut count = 0usize;
+    // SAFETY: live cache, writable count.
+    let status = unsafe { kc_cuda_evict_context(cache.0, ctx, &mut count) };
+    assert_eq!((status, count), (kc_status::KC_OK, 1));
+    assert_eq!(fake.counter("module_unload"), 0, "still leased");
+    // SAFETY: released once.
+    unsafe { kc_cuda_lease_release(lease) };
+    assert_eq!(fake.counter("module_unload"), 1);
+    assert_eq!(fake.counter("unload_wrong_context"), 0);
+    // SAFETY: live cache; NULL count is allowed.
+    assert_eq!(
+        unsafe { kc_cuda_evict_device(cache.0, 0, ptr::null_mut()) },
+        kc_status::KC_OK
+    );
+}
+
+#[test]
+fn failures_map_to_statuses() {
+    let fake = FakeDriver::new();
+    let cache = new_cache(&fake, None);
+    let ctx = fake.create_context(0);
+    let mut lease = ptr::null_mut();
+
+    // SAFETY: every call passes a live cache/context or deliberately NULL arguments.
+    unsafe {
+        let status = kc_cuda_get_module(
+            cache.0,
+            ctx,
+            c"not ptx".as_ptr(),
+            0,
+            ptr::null(),
+            0,
+            &mut lease,
+        );
+        assert_eq!(status, kc_status::KC_ERR_BUILD_FAILED);
+        assert_eq!(kc_last_build_error(), 218);
+        assert!(last_error().contains("ptxas fatal"), "{}", last_error());
+        assert!(lease.is_null());
+
+        let bad = [kc_cuda_jit_option {
+            option: 5, // CU_JIT_ERROR_LOG_BUFFER: kcache's own
+            value: 0,
+        }];
+        let ptx = CString::new(SAXPY_PTX).unwrap();
+        let status = kc_cuda_get_module(cache.0, ctx, ptx.as_ptr(), 0, bad.as_ptr(), 1, &mut lease);
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+        let status = kc_cuda_get_module(cache.0, ctx, ptx.as_ptr(), 0, ptr::null(), 1, &mut lease);
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+        let status = kc_cuda_get_module(cache.0, ctx, ptr::null(), 0, ptr::null(), 0, &mut lease);
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("ptx is NULL"), "{}", last_error());
+        // No context given and none current.
+        let status = kc_cuda_get_module(
+            cache.0,
+            ptr::null_mut(),
+            ptx.as_ptr(),
+            0,
+            ptr::null(),
+            0,
+            &mut lease,
+        );
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+        assert!(lease.is_null());
+
+        assert_eq!(
+            kc_cuda_evict_context(ptr::null_mut(), ctx, ptr::null_mut()),
+            kc_status::KC_ERR_INVALID_ARGUMENT
+        );
+        assert!(kc_cuda_lease_module(ptr::null()).is_null());
+        assert_eq!(kc_cuda_driver_version(ptr::null()), 0);
+        kc_cuda_lease_release(ptr::null_mut());
+        kc_cuda_cache_free(ptr::null_mut());
+
+        let mut small = kc_cuda_stats {
+            struct_size: 8,
+            ..kc_cuda_stats::default()
+        };
+        assert_eq!(
+            kc_cuda_stats(cache.0, &mut small),
+            kc_status::KC_ERR_INVALID_ARGUMENT
+        );
+    }
+    assert_eq!(stats(&cache).link_failures, 1);
+}
+
+#[test]
+fn no_driver_is_unavailable() {
+    let mut opts = kc_cuda_options_default();
+    opts.driver_library = c"/nonexistent/libcuda.so.1".as_ptr();
+    let mut cache = ptr::null_mut();
+    // SAFETY: valid options and out-pointer.
+    let status = unsafe { kc_cuda_cache_new(&opts, &mut cache) };
+    assert_eq!(status, kc_status::KC_ERR_UNAVAILABLE);
+    assert!(cache.is_null());
+    assert!(last_error().contains("no CUDA driver"), "{}", last_error());
+}

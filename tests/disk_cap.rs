@@ -1,0 +1,197 @@
+//! Size cap with least-recently-read eviction, key rotation and `gc`.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
+
+fn key(name: &str) -> Key {
+    KeyBuilder::new()
+        .backend("cap")
+        .entry(name)
+        .finish()
+        .unwrap()
+}
+
+fn config(dir: &Path) -> DiskConfig {
+    let mut config = DiskConfig::in_dir(dir);
+    config.durability = Durability::Relaxed;
+    config
+}
+
+fn entry_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".kce"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+fn age(path: &Path, by: Duration) {
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_modified(SystemTime::now() - by).unwrap();
+}
+
+const ENTRY: usize = 1000 - 104; // 1000 bytes on disk
+
+#[test]
+fn total_stays_under_the_cap_plus_one_entry() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let mut c = config(&dir);
+    c.max_size = Some(10_000);
+    let disk = DiskCache::open(c).unwrap();
+    assert_eq!(disk.usage().bytes, 0);
+    let mut largest = 0;
+    for i in 0..60 {
+        let len = 200 + (i * 137) % 1500;
+        largest = largest.max(len as u64 + 104);
+        disk.put(&key(&i.to_string()), &vec![i as u8; len], Duration::ZERO)
+            .unwrap();
+        let on_disk = entry_bytes(&dir);
+        assert!(on_disk <= 10_000 + largest, "after put {i}: {on_disk}");
+        assert_eq!(disk.usage().bytes, on_disk);
+    }
+    assert!(disk.stats().evictions > 0);
+    assert_eq!(disk.stats().evictions + disk.usage().entries, 60);
+}
+
+#[test]
+fn least_recently_read_entry_goes_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let mut c = config(&dir);
+    c.max_size = Some(4_500);
+    let disk = DiskCache::open(c.clone()).unwrap();
+    disk.usage();
+    for name in ["a", "b", "c", "d"] {
+        disk.put(&key(name), &[1u8; ENTRY], Duration::ZERO).unwrap();
+    }
+    // An hour ago, oldest first: reads refresh recency only for entries not read lately.
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        age(
+            &disk.entry_path(&key(name)),
+            Duration::from_secs(3600 - i as u64),
+        );
+    }
+    assert!(disk.get(&key("a")).unwrap().is_some());
+    disk.put(&key("e"), &[1u8; ENTRY], Duration::ZERO).unwrap();
+    let present = |d: &DiskCache, n: &str| d.entry_path(&key(n)).exists();
+    assert!(present(&disk, "a"), "the entry read last was evicted");
+    assert!(!present(&disk, "b"));
+    assert!(present(&disk, "c") && present(&disk, "d") && present(&disk, "e"));
+    assert_eq!(disk.stats().evictions, 1);
+
+    // Another process (here: a second handle with its own index) reads "c"; this handle's
+    // index still thinks "c" is old, but eviction rechecks the file and keeps it.
+    let other = DiskCache::open(c).unwrap();
+    assert!(other.get(&key("c")).unwrap().is_some());
+    disk.put(&key("f"), &[1u8; ENTRY], Duration::ZERO).unwrap();
+    assert!(
+        present(&disk, "c"),
+        "read by another process, still evicted"
+    );
+    assert!(!present(&disk, "d"));
+    assert_eq!(disk.stats().evictions, 2);
+}
+
+#[test]
+fn opening_over_the_cap_trims_in_the_background() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let big = DiskCache::open(config(&dir)).unwrap();
+    for i in 0..10 {
+        big.put(&key(&i.to_string()), &[0u8; ENTRY], Duration::ZERO)
+            .unwrap();
+    }
+    let mut c = config(&dir);
+    c.max_size = Some(3_000);
+    let small = DiskCache::open(c).unwrap();
+    assert_eq!(small.usage().entries, 3);
+    assert_eq!(entry_bytes(&dir), 3_000);
+    assert_eq!(small.stats().evictions, 7);
+}
+
+fn keyed(dir: &Path, k: &[u8]) -> DiskCache {
+    let mut c = config(dir);
+    c.key = Some(OperatorKey::new(k.to_vec()).unwrap());
+    DiskCache::open(c).unwrap()
+}
+
+#[test]
+fn rotation_misses_old_entries_and_gc_removes_exactly_the_old_generation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let old = keyed(&dir, b"old operator key, thirty-two byt");
+    for name in ["a", "b", "c"] {
+        old.put(&key(name), b"old", Duration::ZERO).unwrap();
+    }
+    let new = keyed(&dir, b"new operator key, thirty-two byt");
+    assert_ne!(old.fingerprint(), new.fingerprint());
+    assert_eq!(new.get(&key("a")).unwrap(), None);
+    new.put(&key("a"), b"new", Duration::ZERO).unwrap();
+    new.put(&key("d"), b"new", Duration::ZERO).unwrap();
+    assert_eq!(old.get(&key("a")).unwrap().unwrap().payload(), b"old");
+    let mut expected = vec![old.fingerprint(), new.fingerprint()];
+    expected.sort();
+    assert_eq!(new.fingerprints().unwrap(), expected);
+
+    // Retaining the old generation (a rolling restart still in progress) removes nothing.
+    let report = new.gc(&[old.fingerprint()], Duration::ZERO).unwrap();
+    assert_eq!((report.stale_fingerprint, report.kept), (0, 5));
+
+    let report = new.gc(&[], Duration::ZERO).unwrap();
+    assert_eq!(report.stale_fingerprint, 3);
+    assert_eq!(report.kept, 2);
+    assert_eq!(
+        (report.corrupt, report.stale_schema, report.temp_files),
+        (0, 0, 0)
+    );
+    assert_eq!(new.fingerprints().unwrap(), vec![new.fingerprint()]);
+    assert_eq!(new.get(&key("a")).unwrap().unwrap().payload(), b"new");
+    assert_eq!(old.get(&key("b")).unwrap(), None);
+}
+
+#[test]
+fn gc_removes_old_schemas_corrupt_entries_and_old_temp_files_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let mut c = config(&dir);
+    c.key_schema = KEY_SCHEMA_VERSION + 1000;
+    let other_schema = DiskCache::open(c).unwrap();
+    other_schema.put(&key("s1"), b"x", Duration::ZERO).unwrap();
+    other_schema.put(&key("s2"), b"x", Duration::ZERO).unwrap();
+
+    let disk = DiskCache::open(config(&dir)).unwrap();
+    disk.put(&key("good"), b"good", Duration::ZERO).unwrap();
+    disk.put(&key("bad"), b"bad!", Duration::ZERO).unwrap();
+    let bad = disk.entry_path(&key("bad"));
+    let mut bytes = std::fs::read(&bad).unwrap();
+    bytes[80] ^= 0xff;
+    std::fs::write(&bad, &bytes).unwrap();
+
+    let entry_name = disk.entry_path(&key("good"));
+    let entry_name = entry_name.file_name().unwrap().to_string_lossy();
+    let old_temp = dir.join(format!(".{entry_name}.0123456789abcdef.tmp"));
+    let new_temp = dir.join(format!(".{entry_name}.fedcba9876543210.tmp"));
+    std::fs::write(&old_temp, b"partial").unwrap();
+    std::fs::write(&new_temp, b"partial").unwrap();
+    age(&old_temp, Duration::from_secs(3600));
+    // Not ours: never touched, whatever they look like.
+    for foreign in ["notes.txt", ".hidden.tmp", "ABCDEF.kce", ".x.kce.0123.tmp"] {
+        std::fs::write(dir.join(foreign), b"keep me").unwrap();
+    }
+
+    let report = disk.gc(&[], Duration::from_secs(600)).unwrap();
+    assert_eq!(report.stale_schema, 2);
+    assert_eq!(report.corrupt, 1);
+    assert_eq!(report.temp_files, 1);
+    assert_eq!(report.kept, 1);
+    assert!(!old_temp.exists() && new_temp.exists() && !bad.exists());
+    for foreign in ["notes.txt", ".hidden.tmp", "ABCDEF.kce", ".x.kce.0123.tmp"] {
+        assert!(dir.join(foreign).exists(), "{foreign} was removed");
+    }
+    assert_eq!(disk.get(&key("good")).unwrap().unwrap().payload(), b"good");
+}

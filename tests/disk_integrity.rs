@@ -1,0 +1,263 @@
+//! Reads of the disk tier refuse anything that is not exactly what was written for the
+//! requested key: every refusal is a miss, counted, and removes the file.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kcache::Error;
+use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION, Header};
+use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
+
+fn key(name: &str) -> Key {
+    KeyBuilder::new()
+        .backend("test")
+        .entry(name)
+        .finish()
+        .unwrap()
+}
+
+fn open(dir: &Path, operator: Option<&[u8]>) -> DiskCache {
+    let mut config = DiskConfig::in_dir(dir.join("cache"));
+    config.key = operator.map(|k| OperatorKey::new(k.to_vec()).unwrap());
+    config.durability = Durability::Relaxed;
+    DiskCache::open(config).unwrap()
+}
+
+const OPERATOR: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+#[test]
+fn round_trip_and_counters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let k = key("a");
+    assert_eq!(disk.get(&k).unwrap(), None);
+    disk.put(&k, b"payload bytes", Duration::from_millis(1234))
+        .unwrap();
+    let entry = disk.get(&k).unwrap().unwrap();
+    assert_eq!(entry.payload(), b"payload bytes");
+    assert_eq!(entry.build_time(), Duration::from_millis(1234));
+    assert_eq!(entry.clone().into_payload(), b"payload bytes".to_vec());
+    disk.put(&k, b"replaced", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&k).unwrap().unwrap().payload(), b"replaced");
+    assert!(disk.remove(&k).unwrap());
+    assert!(!disk.remove(&k).unwrap());
+    assert_eq!(disk.get(&k).unwrap(), None);
+    let s = disk.stats();
+    assert_eq!((s.hits, s.misses, s.puts, s.removes), (2, 2, 2, 1));
+    assert_eq!(s.bytes_written, 13 + 8 + 2 * 104);
+    assert_eq!(s.bytes_read, 13 + 8 + 2 * 104);
+    assert_eq!((s.integrity_rejects, s.io_errors), (0, 0));
+    let mode = std::fs::metadata(disk.path()).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o777,
+        0o700
+    );
+}
+
+#[test]
+fn empty_payload_round_trips() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    disk.put(&key("e"), b"", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&key("e")).unwrap().unwrap().payload(), b"");
+}
+
+fn tamper_every_byte(operator: Option<&[u8]>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), operator);
+    let k = key("tamper");
+    disk.put(&k, b"sixteen byte pay", Duration::from_nanos(77))
+        .unwrap();
+    let path = disk.entry_path(&k);
+    let original = std::fs::read(&path).unwrap();
+    assert_eq!(original.len(), 16 + 104);
+    for i in 0..original.len() {
+        let mut bad = original.clone();
+        bad[i] ^= 0x01;
+        std::fs::write(&path, &bad).unwrap();
+        let got = disk.get(&k);
+        assert!(matches!(got, Err(Error::Integrity(_))), "byte {i}: {got:?}");
+        assert!(!path.exists(), "byte {i}: file not removed");
+        assert_eq!(disk.stats().integrity_rejects, i as u64 + 1);
+    }
+    let s = disk.stats();
+    assert_eq!((s.hits, s.misses), (0, original.len() as u64));
+    std::fs::write(&path, &original).unwrap();
+    assert_eq!(
+        disk.get(&k).unwrap().unwrap().payload(),
+        b"sixteen byte pay"
+    );
+}
+
+#[test]
+fn tamper_every_byte_blake3() {
+    tamper_every_byte(None);
+}
+
+#[test]
+fn tamper_every_byte_hmac() {
+    tamper_every_byte(Some(OPERATOR));
+}
+
+#[test]
+fn swapped_entries_are_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), Some(OPERATOR));
+    let (a, b) = (key("a"), key("b"));
+    disk.put(&a, b"AAAA", Duration::ZERO).unwrap();
+    disk.put(&b, b"BBBB", Duration::ZERO).unwrap();
+    let (pa, pb) = (disk.entry_path(&a), disk.entry_path(&b));
+    let (ba, bb) = (std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
+    std::fs::write(&pa, &bb).unwrap();
+    std::fs::write(&pb, &ba).unwrap();
+    assert!(matches!(disk.get(&a), Err(Error::Integrity(_))));
+    assert!(matches!(disk.get(&b), Err(Error::Integrity(_))));
+    assert!(!pa.exists() && !pb.exists());
+    assert_eq!(disk.stats().integrity_rejects, 2);
+}
+
+#[test]
+fn entry_of_key_a_read_as_key_b_is_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let (a, b) = (key("a"), key("b"));
+    disk.put(&a, b"value of a", Duration::ZERO).unwrap();
+    std::fs::copy(disk.entry_path(&a), disk.entry_path(&b)).unwrap();
+    assert!(matches!(disk.get(&b), Err(Error::Integrity(_))));
+    assert!(!disk.entry_path(&b).exists());
+    assert_eq!(disk.get(&a).unwrap().unwrap().payload(), b"value of a");
+}
+
+#[test]
+fn truncated_entries_are_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let k = key("t");
+    let payload = vec![5u8; 4096];
+    for len in [0usize, 1, 71, 72, 103, 104, 4096 + 103] {
+        disk.put(&k, &payload, Duration::ZERO).unwrap();
+        let path = disk.entry_path(&k);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len as u64).unwrap();
+        drop(f);
+        assert!(
+            matches!(disk.get(&k), Err(Error::Integrity(_))),
+            "length {len}"
+        );
+        assert!(!path.exists());
+    }
+    // Grown instead of truncated: the length field no longer matches either.
+    disk.put(&k, &payload, Duration::ZERO).unwrap();
+    let path = disk.entry_path(&k);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.push(0);
+    std::fs::write(&path, &bytes).unwrap();
+    assert!(matches!(disk.get(&k), Err(Error::Integrity(_))));
+    assert_eq!(disk.stats().integrity_rejects, 8);
+}
+
+#[test]
+fn forged_blake3_entry_is_rejected_when_a_key_is_configured() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), Some(OPERATOR));
+    let k = key("forged");
+    // The forger knows the whole format and the (public) fingerprint, but not the key.
+    let payload = b"malicious code";
+    let header = Header {
+        version: FORMAT_VERSION,
+        algorithm: ALG_BLAKE3,
+        schema: KEY_SCHEMA_VERSION,
+        fingerprint: disk.fingerprint(),
+        key: k,
+        payload_len: payload.len() as u64,
+        build_nanos: 0,
+    }
+    .encode();
+    let mut bytes = header.to_vec();
+    bytes.extend_from_slice(payload);
+    let checksum = blake3::hash(&bytes);
+    bytes.extend_from_slice(checksum.as_bytes());
+    std::fs::write(disk.entry_path(&k), &bytes).unwrap();
+    assert!(matches!(disk.get(&k), Err(Error::Integrity(_))));
+    assert!(!disk.entry_path(&k).exists());
+
+    // Same forgery with the header claiming HMAC: the checksum is not a valid HMAC.
+    bytes[10] = kcache::disk::format::ALG_HMAC_SHA256;
+    let body_len = bytes.len() - 32;
+    let checksum = blake3::hash(&bytes[..body_len]);
+    bytes[body_len..].copy_from_slice(checksum.as_bytes());
+    std::fs::write(disk.entry_path(&k), &bytes).unwrap();
+    assert!(matches!(disk.get(&k), Err(Error::Integrity(_))));
+    assert_eq!(disk.stats().integrity_rejects, 2);
+}
+
+#[test]
+fn unkeyed_entries_are_invisible_to_a_keyed_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let k = key("x");
+    open(tmp.path(), None)
+        .put(&k, b"unkeyed", Duration::ZERO)
+        .unwrap();
+    let keyed = open(tmp.path(), Some(OPERATOR));
+    assert_eq!(keyed.get(&k).unwrap(), None);
+    // Copying the unkeyed file under the keyed name does not help either.
+    let unkeyed = open(tmp.path(), None);
+    std::fs::copy(unkeyed.entry_path(&k), keyed.entry_path(&k)).unwrap();
+    assert!(matches!(keyed.get(&k), Err(Error::Integrity(_))));
+    // Another operator key cannot read it either.
+    let other = open(tmp.path(), Some(b"another operator key, 32 bytes.."));
+    keyed.put(&k, b"keyed", Duration::ZERO).unwrap();
+    std::fs::copy(keyed.entry_path(&k), other.entry_path(&k)).unwrap();
+    assert!(matches!(other.get(&k), Err(Error::Integrity(_))));
+    assert_eq!(keyed.get(&k).unwrap().unwrap().payload(), b"keyed");
+}
+
+#[test]
+fn symlinked_entry_is_refused_and_target_untouched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let (a, b) = (key("a"), key("b"));
+    disk.put(&a, b"real", Duration::ZERO).unwrap();
+    std::os::unix::fs::symlink(disk.entry_path(&a), disk.entry_path(&b)).unwrap();
+    assert!(matches!(disk.get(&b), Err(Error::Integrity(_))));
+    assert!(std::fs::symlink_metadata(disk.entry_path(&b)).is_err());
+    assert_eq!(disk.get(&a).unwrap().unwrap().payload(), b"real");
+    // A put to a name held by a symlink replaces the link, never writes through it.
+    let outside = tmp.path().join("outside");
+    std::fs::write(&outside, b"precious").unwrap();
+    std::os::unix::fs::symlink(&outside, disk.entry_path(&b)).unwrap();
+    disk.put(&b, b"new", Duration::ZERO).unwrap();
+    assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+    assert_eq!(disk.get(&b).unwrap().unwrap().payload(), b"new");
+}
+
+#[test]
+fn fifo_under_an_entry_name_does_not_block() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let k = key("fifo");
+    let status = std::process::Command::new("mkfifo")
+        .arg(disk.entry_path(&k))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert!(matches!(disk.get(&k), Err(Error::Integrity(_))));
+    assert!(std::fs::symlink_metadata(disk.entry_path(&k)).is_err());
+}
+
+#[test]
+fn oversized_entry_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = DiskConfig::in_dir(tmp.path().join("cache"));
+    config.max_size = Some(1024);
+    let disk = DiskCache::open(config).unwrap();
+    let k = key("big");
+    assert!(matches!(
+        disk.put(&k, &[0u8; 1024], Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(!disk.entry_path(&k).exists());
+    disk.put(&k, &[0u8; 1024 - 104], Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&k).unwrap().unwrap().payload().len(), 1024 - 104);
+}

@@ -1,0 +1,527 @@
+//! The L1 contract, rule by rule, with deterministic interleavings (builds parked on barriers).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use kcache::memory::{MemoryCache, Options};
+use kcache::{BuildError, DestroyError, Error};
+
+/// Records every destroyed value, and can be told to fail for some.
+#[derive(Default)]
+struct Ledger {
+    destroyed: Mutex<Vec<u64>>,
+    fail_on: Mutex<Vec<u64>>,
+}
+
+impl Ledger {
+    fn destroyed(&self) -> Vec<u64> {
+        let mut d = self.destroyed.lock().unwrap().clone();
+        d.sort_unstable();
+        d
+    }
+}
+
+fn cache_with(options: Options) -> (Arc<MemoryCache<String, u64>>, Arc<Ledger>) {
+    let ledger = Arc::new(Ledger::default());
+    let l = Arc::clone(&ledger);
+    let cache = MemoryCache::new(options, move |v: u64| {
+        l.destroyed.lock().unwrap().push(v);
+        if l.fail_on.lock().unwrap().contains(&v) {
+            Err(DestroyError::new(7, format!("cannot destroy {v}")))
+        } else {
+            Ok(())
+        }
+    });
+    (Arc::new(cache), ledger)
+}
+
+fn cache() -> (Arc<MemoryCache<String, u64>>, Arc<Ledger>) {
+    cache_with(Options::default())
+}
+
+fn ok(v: u64) -> impl FnOnce() -> Result<(u64, u64), BuildError> {
+    move || Ok((v, 1))
+}
+
+#[test]
+fn hit_after_miss_runs_one_build() {
+    let (c, _) = cache();
+    let builds = AtomicUsize::new(0);
+    for _ in 0..3 {
+        let lease = c
+            .find_or_build("k", None, || {
+                builds.fetch_add(1, Ordering::SeqCst);
+                Ok((42, 10))
+            })
+            .unwrap();
+        assert_eq!(*lease, 42);
+        assert_eq!(lease.weight(), 10);
+        assert_eq!(lease.key(), "k");
+    }
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
+    let s = c.stats();
+    assert_eq!(
+        (s.hits, s.misses, s.builds, s.entries, s.weight),
+        (2, 1, 1, 1, 10)
+    );
+    assert_eq!(s.leases, 0);
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn build_error_is_returned_and_not_cached() {
+    let (c, _) = cache();
+    let err = c
+        .find_or_build("k", None, || Err(BuildError::new(3, "syntax error")))
+        .unwrap_err();
+    assert_eq!(err, Error::Build(BuildError::new(3, "syntax error")));
+    assert_eq!(c.len(), 0);
+    assert_eq!(*c.find_or_build("k", None, ok(5)).unwrap(), 5);
+    let s = c.stats();
+    assert_eq!((s.build_failures, s.builds, s.misses), (1, 1, 2));
+}
+
+#[test]
+fn single_flight_shares_value_between_waiters() {
+    let (c, _) = cache();
+    let builds = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let builder = {
+        let (c, builds, started, release) =
+            (c.clone(), builds.clone(), started.clone(), release.clone());
+        thread::spawn(move || {
+            *c.find_or_build("k", None, || {
+                builds.fetch_add(1, Ordering::SeqCst);
+                started.wait();
+                release.wait();
+                Ok((9, 1))
+            })
+            .unwrap()
+        })
+    };
+    started.wait();
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (c, builds) = (c.clone(), builds.clone());
+            thread::spawn(move || {
+                *c.find_or_build("k", None, || {
+                    builds.fetch_add(1, Ordering::SeqCst);
+                    Ok((100, 1))
+                })
+                .unwrap()
+            })
+        })
+        .collect();
+    while c.stats().waits < 4 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    release.wait();
+    assert_eq!(builder.join().unwrap(), 9);
+    for w in waiters {
+        assert_eq!(w.join().unwrap(), 9);
+    }
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
+    let s = c.stats();
+    assert_eq!((s.builds, s.waits, s.misses), (1, 4, 1));
+}
+
+#[test]
+fn single_flight_shares_the_error() {
+    let (c, _) = cache();
+    let started = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let builder = {
+        let (c, started, release) = (c.clone(), started.clone(), release.clone());
+        thread::spawn(move || {
+            c.find_or_build("k", None, || {
+                started.wait();
+                release.wait();
+                Err(BuildError::new(-11, "log"))
+            })
+        })
+    };
+    started.wait();
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || c.find_or_build("k", None, ok(1)))
+    };
+    while c.stats().waits < 1 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    release.wait();
+    let expected = Error::Build(BuildError::new(-11, "log"));
+    assert_eq!(builder.join().unwrap().unwrap_err(), expected);
+    assert_eq!(waiter.join().unwrap().unwrap_err(), expected);
+    assert_eq!(c.stats().build_failures, 1);
+}
+
+#[test]
+fn panicking_builder_frees_waiters_and_key() {
+    let (c, _) = cache();
+    let started = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let builder = {
+        let (c, started, release) = (c.clone(), started.clone(), release.clone());
+        thread::spawn(move || {
+            let _ = c.find_or_build("k", None, || -> Result<(u64, u64), BuildError> {
+                started.wait();
+                release.wait();
+                panic!("compiler crashed");
+            });
+        })
+    };
+    started.wait();
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || c.find_or_build("k", None, ok(1)).map(|l| *l))
+    };
+    while c.stats().waits < 1 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    release.wait();
+    assert!(
+        builder.join().is_err(),
+        "the panic continues in the builder's thread"
+    );
+    assert_eq!(waiter.join().unwrap(), Err(Error::BuildPanicked));
+    assert_eq!(*c.find_or_build("k", None, ok(2)).unwrap(), 2);
+    assert_eq!(c.stats().build_failures, 1);
+}
+
+/// Parks a build for `device` on barriers, runs `during` while it is parked, and returns what
+/// the build's caller and one waiter got.
+fn straddle(
+    c: &Arc<MemoryCache<String, u64>>,
+    device: Option<i64>,
+    during: impl FnOnce(),
+) -> (Result<u64, Error>, Result<u64, Error>) {
+    let started = Arc::new(Barrier::new(2));
+    let release = Arc::new(Barrier::new(2));
+    let waits_before = c.stats().waits;
+    let builder = {
+        let (c, started, release) = (c.clone(), started.clone(), release.clone());
+        thread::spawn(move || {
+            c.find_or_build("k", device, || {
+                started.wait();
+                release.wait();
+                Ok((77, 1))
+            })
+            .map(|l| *l)
+        })
+    };
+    started.wait();
+    let waiter = {
+        let c = c.clone();
+        thread::spawn(move || c.find_or_build("k", device, ok(1)).map(|l| *l))
+    };
+    while c.stats().waits < waits_before + 1 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    during();
+    release.wait();
+    (builder.join().unwrap(), waiter.join().unwrap())
+}
+
+#[test]
+fn evict_during_build_discards_it() {
+    let (c, ledger) = cache();
+    let (built, waited) = straddle(&c, Some(3), || {
+        assert_eq!(c.evict_device(3), Ok(0));
+    });
+    assert_eq!(built, Err(Error::DeviceDestroyed(3)));
+    assert_eq!(waited, Err(Error::DeviceDestroyed(3)));
+    assert_eq!(ledger.destroyed(), vec![77]);
+    assert_eq!(c.len(), 0);
+    let s = c.stats();
+    assert_eq!((s.discarded, s.destroys, s.builds), (1, 1, 1));
+    assert_eq!(
+        *c.find_or_build("k", Some(3), ok(8)).unwrap(),
+        8,
+        "a later lookup rebuilds"
+    );
+}
+
+#[test]
+fn evict_of_another_device_does_not_discard() {
+    let (c, ledger) = cache();
+    let (built, _) = straddle(&c, Some(3), || {
+        c.evict_device(4).unwrap();
+    });
+    assert_eq!(built, Ok(77));
+    assert!(ledger.destroyed().is_empty());
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn clear_during_build_installs_on_owning_cache() {
+    let (c, ledger) = cache();
+    let (built, waited) = straddle(&c, None, || {
+        c.clear().unwrap();
+    });
+    assert_eq!((built, waited), (Ok(77), Ok(77)));
+    assert!(ledger.destroyed().is_empty());
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn clear_during_build_discards_on_borrowing_cache() {
+    let (c, ledger) = cache_with(Options {
+        invalidated_by_clear: true,
+        ..Options::default()
+    });
+    let (built, waited) = straddle(&c, None, || {
+        c.clear().unwrap();
+    });
+    assert_eq!(built, Err(Error::CacheCleared));
+    assert_eq!(waited, Err(Error::CacheCleared));
+    assert_eq!(ledger.destroyed(), vec![77]);
+    assert_eq!(c.len(), 0);
+    assert_eq!(c.stats().discarded, 1);
+}
+
+#[test]
+fn discard_destroy_error_is_counted_not_returned() {
+    let (c, ledger) = cache();
+    ledger.fail_on.lock().unwrap().push(77);
+    let (built, _) = straddle(&c, Some(1), || {
+        c.evict_device(1).unwrap();
+    });
+    assert_eq!(built, Err(Error::DeviceDestroyed(1)));
+    assert_eq!(c.stats().destroy_errors, 1);
+}
+
+#[test]
+fn evict_device_bumps_epoch_and_unlinks_only_that_device() {
+    let (c, ledger) = cache();
+    c.find_or_build("a", Some(1), ok(1)).unwrap();
+    c.find_or_build("b", Some(2), ok(2)).unwrap();
+    c.find_or_build("c", None, ok(3)).unwrap();
+    assert_eq!(c.evict_device(1), Ok(1));
+    assert_eq!(ledger.destroyed(), vec![1]);
+    assert_eq!(c.len(), 2);
+    assert_eq!(c.stats().device_evictions, 1);
+    assert_eq!(c.evict_device(9), Ok(0));
+}
+
+#[test]
+fn clear_waits_for_leases_before_destroying() {
+    let (c, ledger) = cache();
+    let lease = c.find_or_build("k", None, ok(5)).unwrap();
+    c.find_or_build("other", None, ok(6)).unwrap();
+    assert_eq!(c.clear(), Ok(2));
+    assert_eq!(
+        ledger.destroyed(),
+        vec![6],
+        "the leased value survives the clear"
+    );
+    assert_eq!(c.len(), 0);
+    assert_eq!(*lease, 5);
+    assert_eq!(c.stats().leases, 1);
+    let second = lease.clone();
+    drop(lease);
+    assert_eq!(ledger.destroyed(), vec![6]);
+    drop(second);
+    assert_eq!(ledger.destroyed(), vec![5, 6]);
+    assert_eq!(c.stats().leases, 0);
+}
+
+#[test]
+fn last_lease_destroys_on_the_releasing_thread() {
+    let (c, _) = cache();
+    let where_destroyed = Arc::new(Mutex::new(None));
+    let w = Arc::clone(&where_destroyed);
+    let c2: MemoryCache<String, u64> = MemoryCache::new(Options::default(), move |_| {
+        *w.lock().unwrap() = Some(thread::current().id());
+        Ok(())
+    });
+    drop(c);
+    let lease = c2.find_or_build("k", None, ok(1)).unwrap();
+    c2.clear().unwrap();
+    let releaser = thread::spawn(move || {
+        drop(lease);
+        thread::current().id()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(*where_destroyed.lock().unwrap(), Some(releaser));
+}
+
+#[test]
+fn released_cached_entry_is_not_destroyed() {
+    let (c, ledger) = cache();
+    drop(c.find_or_build("k", None, ok(5)).unwrap());
+    drop(c.get("k").unwrap());
+    assert!(ledger.destroyed().is_empty());
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn dropping_the_cache_defers_leased_values() {
+    let (c, ledger) = cache();
+    let lease = c.find_or_build("k", None, ok(1)).unwrap();
+    c.find_or_build("j", None, ok(2)).unwrap();
+    drop(c);
+    assert_eq!(ledger.destroyed(), vec![2]);
+    assert_eq!(*lease, 1);
+    drop(lease);
+    assert_eq!(ledger.destroyed(), vec![1, 2]);
+}
+
+#[test]
+fn clear_attempts_every_victim_and_returns_first_error() {
+    let (c, ledger) = cache();
+    for (k, v) in [("a", 1), ("b", 2), ("c", 3), ("d", 4)] {
+        c.find_or_build(k, None, ok(v)).unwrap();
+    }
+    ledger.fail_on.lock().unwrap().push(3);
+    let err = c.clear().unwrap_err();
+    assert_eq!(
+        err,
+        Error::Destroy(DestroyError::new(7, "cannot destroy 3"))
+    );
+    assert_eq!(ledger.destroyed(), vec![1, 2, 3, 4]);
+    assert!(c.is_empty());
+    let s = c.stats();
+    assert_eq!((s.destroys, s.destroy_errors, s.clears), (4, 1, 1));
+}
+
+#[test]
+fn deferred_destroy_error_goes_to_the_hook() {
+    let reported = Arc::new(Mutex::new(Vec::new()));
+    let r = Arc::clone(&reported);
+    let (c, ledger) = cache_with(Options {
+        on_destroy_error: Some(Arc::new(move |e: &DestroyError| {
+            r.lock().unwrap().push(e.code)
+        })),
+        ..Options::default()
+    });
+    ledger.fail_on.lock().unwrap().push(1);
+    let lease = c.find_or_build("k", None, ok(1)).unwrap();
+    assert_eq!(
+        c.clear(),
+        Ok(1),
+        "nothing destroyed yet, nothing failed yet"
+    );
+    drop(lease);
+    assert_eq!(*reported.lock().unwrap(), vec![7]);
+    assert_eq!(c.stats().destroy_errors, 1);
+}
+
+#[test]
+fn destroy_may_reenter_the_cache() {
+    let slot: Arc<Mutex<Option<Arc<MemoryCache<String, u64>>>>> = Arc::new(Mutex::new(None));
+    let seen = Arc::new(AtomicU64::new(0));
+    let (s, n) = (Arc::clone(&slot), Arc::clone(&seen));
+    let c = Arc::new(MemoryCache::new(Options::default(), move |v: u64| {
+        if let Some(c) = s.lock().unwrap().as_ref() {
+            // Re-entry from the destroy callback: lookups and builds both work.
+            n.store(c.len() as u64 * 100 + v, Ordering::SeqCst);
+            c.find_or_build("from-destroy", None, || Ok((0, 1)))
+                .unwrap();
+        }
+        Ok(())
+    }));
+    *slot.lock().unwrap() = Some(Arc::clone(&c));
+    c.find_or_build("k", None, ok(5)).unwrap();
+    c.remove("k").unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 5);
+    assert!(c.get("from-destroy").is_some());
+    slot.lock().unwrap().take();
+}
+
+#[test]
+fn reentrant_build_of_same_key_is_an_error() {
+    let (c, _) = cache();
+    let inner = Mutex::new(None);
+    let outer = c
+        .find_or_build("k", None, || {
+            *inner.lock().unwrap() = Some(c.find_or_build("k", None, ok(2)).map(|l| *l));
+            let other = c.find_or_build("other", None, ok(3)).unwrap();
+            Ok((*other + 10, 1))
+        })
+        .unwrap();
+    assert_eq!(*outer, 13);
+    assert_eq!(inner.into_inner().unwrap(), Some(Err(Error::Reentrant)));
+    assert_eq!(c.len(), 2);
+}
+
+#[test]
+fn get_and_remove() {
+    let (c, ledger) = cache();
+    assert!(c.get("k").is_none());
+    c.find_or_build("k", None, ok(4)).unwrap();
+    assert_eq!(*c.get("k").unwrap(), 4);
+    assert_eq!(c.remove("k"), Ok(true));
+    assert_eq!(c.remove("k"), Ok(false));
+    assert!(c.get("k").is_none());
+    assert_eq!(ledger.destroyed(), vec![4]);
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (1, 3));
+}
+
+#[test]
+fn remove_returns_destroy_error() {
+    let (c, ledger) = cache();
+    ledger.fail_on.lock().unwrap().push(4);
+    c.find_or_build("k", None, ok(4)).unwrap();
+    assert_eq!(
+        c.remove("k"),
+        Err(Error::Destroy(DestroyError::new(7, "cannot destroy 4")))
+    );
+    assert!(c.is_empty());
+}
+
+#[test]
+fn entry_cap_evicts_least_recently_used() {
+    let (c, ledger) = cache_with(Options {
+        max_entries: Some(2),
+        ..Options::default()
+    });
+    c.find_or_build("a", None, ok(1)).unwrap();
+    c.find_or_build("b", None, ok(2)).unwrap();
+    c.get("a").unwrap();
+    c.find_or_build("c", None, ok(3)).unwrap();
+    assert_eq!(
+        ledger.destroyed(),
+        vec![2],
+        "b was not used since a was hit"
+    );
+    assert!(c.get("a").is_some() && c.get("c").is_some());
+    assert_eq!(c.len(), 2);
+    assert_eq!(c.stats().capacity_evictions, 1);
+}
+
+#[test]
+fn weight_cap_evicts_until_under_and_admits_oversized_alone() {
+    let (c, ledger) = cache_with(Options {
+        max_weight: Some(100),
+        ..Options::default()
+    });
+    c.find_or_build("a", None, || Ok((1, 40))).unwrap();
+    c.find_or_build("b", None, || Ok((2, 40))).unwrap();
+    c.find_or_build("c", None, || Ok((3, 40))).unwrap();
+    assert_eq!(ledger.destroyed(), vec![1]);
+    assert_eq!(c.stats().weight, 80);
+    let big = c.find_or_build("huge", None, || Ok((4, 500))).unwrap();
+    assert_eq!(*big, 4);
+    assert_eq!(ledger.destroyed(), vec![1, 2, 3]);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c.stats().weight, 500);
+}
+
+#[test]
+fn capacity_eviction_of_leased_entry_defers_destroy() {
+    let (c, ledger) = cache_with(Options {
+        max_entries: Some(1),
+        ..Options::default()
+    });
+    let a = c.find_or_build("a", None, ok(1)).unwrap();
+    c.find_or_build("b", None, ok(2)).unwrap();
+    assert!(c.get("a").is_none());
+    assert!(ledger.destroyed().is_empty());
+    drop(a);
+    assert_eq!(ledger.destroyed(), vec![1]);
+}

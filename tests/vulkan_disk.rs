@@ -1,0 +1,166 @@
+//! The Vulkan backend's disk tier on a real driver (Mesa lavapipe): pipeline-cache data written
+//! back and reloaded by a fresh cache, and blobs for another device or with a corrupt header
+//! refused before the driver sees them.
+//!
+//! lavapipe serializes no pipelines (`vkGetPipelineCacheData` returns the 32-byte header only),
+//! so the round trip here carries a header; a driver that serializes pipelines carries them too.
+
+mod vulkan_common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kcache::backend::vulkan::testing::TestGpu;
+use kcache::backend::vulkan::{
+    CacheIdentity, HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
+};
+use kcache::disk::{DiskCache, DiskConfig};
+use vulkan_common::{expected, input, spec, vulkan};
+
+/// A cache over `dir` with a freshly opened disk tier and a freshly created device, as a new
+/// process would have.
+fn fresh(dir: &Path) -> (Arc<TestGpu>, Arc<DiskCache>, VulkanCache, VulkanDevice) {
+    let vulkan = vulkan();
+    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
+    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+    let cache = VulkanCache::new(
+        vulkan,
+        VulkanOptions {
+            disk: Some(disk.clone()),
+            ..VulkanOptions::default()
+        },
+    );
+    let device = cache.register_owned_device(gpu.clone()).unwrap();
+    (gpu, disk, cache, device)
+}
+
+fn build_and_dispatch(gpu: &TestGpu, cache: &VulkanCache, device: &VulkanDevice, mul: u32) {
+    let lease = cache.pipeline(device, &spec(mul)).unwrap();
+    let out = gpu
+        .dispatch(&lease, &input(), &9u32.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(out, expected(mul, 9));
+}
+
+fn stored_blob(disk: &DiskCache, device: &VulkanDevice) -> Option<Vec<u8>> {
+    disk.get(&device.pipeline_cache_key())
+        .unwrap()
+        .map(|e| e.into_payload())
+}
+
+#[test]
+fn pipeline_cache_data_round_trips_through_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (gpu, disk, cache, device) = fresh(dir.path());
+        let s = cache.stats();
+        assert_eq!((s.cache_data_missing, s.cache_data_loaded), (1, 0));
+        assert!(
+            !cache.flush(&device).unwrap(),
+            "nothing built, nothing to write"
+        );
+        build_and_dispatch(&gpu, &cache, &device, 3);
+        assert!(cache.flush(&device).unwrap());
+        assert!(
+            !cache.flush(&device).unwrap(),
+            "no new pipeline since the write"
+        );
+        assert_eq!(cache.stats().cache_data_written, 1);
+        let blob = stored_blob(&disk, &device).expect("written back");
+        assert!(blob.len() >= HEADER_LEN);
+        check_cache_header(&blob, device.identity()).unwrap();
+    }
+
+    let (gpu, _disk, cache, device) = fresh(dir.path());
+    let s = cache.stats();
+    assert_eq!(
+        (
+            s.cache_data_loaded,
+            s.cache_data_rejected,
+            s.cache_data_missing
+        ),
+        (1, 0, 0),
+        "the stored header names this device and reaches the driver"
+    );
+    build_and_dispatch(&gpu, &cache, &device, 3);
+    assert_eq!(
+        cache.stats().memory.builds,
+        1,
+        "a fresh memory tier builds once"
+    );
+}
+
+#[test]
+fn write_back_happens_on_unregister_and_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gpu, disk, cache, device) = fresh(dir.path());
+    build_and_dispatch(&gpu, &cache, &device, 2);
+    assert_eq!(cache.unregister_device(&device).unwrap(), 0);
+    assert_eq!(cache.stats().cache_data_written, 1);
+    assert!(stored_blob(&disk, &device).is_some());
+
+    assert!(disk.remove(&device.pipeline_cache_key()).unwrap());
+    let device = cache.register_owned_device(gpu.clone()).unwrap();
+    build_and_dispatch(&gpu, &cache, &device, 2);
+    drop(cache);
+    assert!(
+        stored_blob(&disk, &device).is_some(),
+        "dropping the cache writes back"
+    );
+}
+
+/// A valid header for `id`, which each case then damages.
+fn header_for(id: &CacheIdentity) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEADER_LEN);
+    h.extend_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+    h.extend_from_slice(&1u32.to_le_bytes());
+    h.extend_from_slice(&id.vendor_id.to_le_bytes());
+    h.extend_from_slice(&id.device_id.to_le_bytes());
+    h.extend_from_slice(&id.pipeline_cache_uuid);
+    h
+}
+
+#[test]
+fn foreign_or_corrupt_blobs_are_rejected_before_the_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let (identity, key) = {
+        let (_gpu, _disk, cache, device) = fresh(dir.path());
+        let found = (*device.identity(), device.pipeline_cache_key());
+        cache.unregister_device(&device).unwrap();
+        found
+    };
+    let valid = header_for(&identity);
+    check_cache_header(&valid, &identity).unwrap();
+
+    let damage: [(&str, fn(&mut Vec<u8>)); 6] = [
+        ("foreign pipelineCacheUUID", |b| b[16] ^= 0xff),
+        ("foreign vendor", |b| b[8] ^= 0x01),
+        ("foreign device", |b| b[12] ^= 0x01),
+        ("unknown header version", |b| b[4] = 2),
+        ("header length beyond the blob", |b| b[0] = 200),
+        ("truncated header", |b| b.truncate(20)),
+    ];
+    for (what, corrupt) in damage {
+        let mut blob = valid.clone();
+        corrupt(&mut blob);
+        let writer = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+        writer.put(&key, &blob, Duration::ZERO).unwrap();
+
+        let (gpu, disk, cache, device) = fresh(dir.path());
+        let s = cache.stats();
+        assert_eq!(
+            (s.cache_data_rejected, s.cache_data_loaded),
+            (1, 0),
+            "{what}: counted as a miss, not handed to the driver"
+        );
+        build_and_dispatch(&gpu, &cache, &device, 5);
+        assert!(
+            cache.flush(&device).unwrap(),
+            "{what}: replaced on write-back"
+        );
+        assert_eq!(cache.stats().cache_data_rejected, 1, "{what}: counted once");
+        let replaced = stored_blob(&disk, &device).unwrap();
+        check_cache_header(&replaced, &identity).unwrap();
+    }
+}

@@ -1,0 +1,191 @@
+//! The Vulkan backend's memory tier on a real driver (Mesa lavapipe): builds, hits, dispatches,
+//! SPIR-V checks, device eviction and single-flight creation.
+
+mod vulkan_common;
+
+use std::sync::{Arc, Barrier};
+
+use kcache::Error;
+use kcache::backend::vulkan::testing::TestGpu;
+use kcache::backend::vulkan::{
+    LayoutDesc, PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions,
+};
+use vulkan_common::{expected, input, layout, spec, spirv, vulkan};
+
+fn setup() -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
+    let vulkan = vulkan();
+    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
+    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let device = cache.register_owned_device(gpu.clone()).unwrap();
+    (gpu, cache, device)
+}
+
+#[test]
+fn cold_build_then_hit_each_dispatch_correctly() {
+    let (gpu, cache, device) = setup();
+    let triple = spec(3);
+
+    let cold = cache.pipeline(&device, &triple).unwrap();
+    let s = cache.stats();
+    assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
+    assert_eq!(s.pipelines_created, 1);
+    let out = gpu
+        .dispatch(&cold, &input(), &5u32.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(out, expected(3, 5));
+
+    let hit = cache.pipeline(&device, &triple).unwrap();
+    let s = cache.stats();
+    assert_eq!((s.memory.hits, s.memory.builds), (1, 1));
+    assert_eq!(s.pipelines_created, 1);
+    assert_eq!(hit.pipeline(), cold.pipeline());
+    let out = gpu
+        .dispatch(&hit, &input(), &7u32.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(out, expected(3, 7));
+
+    // Another specialization value is another pipeline; the layout is shared.
+    let quadruple = cache.pipeline(&device, &spec(4)).unwrap();
+    assert_ne!(quadruple.pipeline(), cold.pipeline());
+    assert_eq!(quadruple.layout(), cold.layout());
+    let out = gpu
+        .dispatch(&quadruple, &input(), &1u32.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(out, expected(4, 1));
+    let s = cache.stats();
+    assert_eq!((s.pipelines_created, s.layouts_created), (2, 1));
+
+    drop((cold, hit, quadruple));
+    assert_eq!(cache.unregister_device(&device).unwrap(), 0);
+    assert_eq!(cache.stats().pipelines_destroyed, 2);
+}
+
+#[test]
+fn malformed_spirv_is_a_clear_invalid_argument() {
+    let good = spirv();
+    let check = |words: &[u32], entry: &str, needle: &str| match PipelineSpec::new(
+        words,
+        entry,
+        &[],
+        &layout(),
+    ) {
+        Err(Error::InvalidArgument(msg)) => {
+            assert!(msg.contains(needle), "{msg:?} should mention {needle:?}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    let mut bad_magic = good.to_vec();
+    bad_magic[0] = 0x0203_0723;
+    check(&bad_magic, "main", "magic");
+    let mut overrun = good.to_vec();
+    overrun.push((3 << 16) | 1); // an OpUndef claiming three words, of which one is there
+    check(&overrun, "main", "past the end");
+    check(&good[..3], "main", "header");
+    check(good, "mian", "entry point");
+    let mut zero_bound = good.to_vec();
+    zero_bound[3] = 0;
+    check(&zero_bound, "main", "bound");
+}
+
+#[test]
+fn device_eviction_destroys_each_pipeline_exactly_once() {
+    let (gpu, cache, device) = setup();
+    let held = cache.pipeline(&device, &spec(2)).unwrap();
+    drop(cache.pipeline(&device, &spec(3)).unwrap());
+    drop(cache.pipeline(&device, &spec(5)).unwrap());
+    assert_eq!(device.live_pipelines(), 3);
+
+    // Two idle pipelines go at once; the leased one survives until its release.
+    assert_eq!(cache.unregister_device(&device).unwrap(), 1);
+    let s = cache.stats();
+    assert_eq!((s.pipelines_destroyed, s.memory.device_evictions), (2, 3));
+    assert!(cache.is_empty());
+    let out = gpu
+        .dispatch(&held, &input(), &0u32.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(out, expected(2, 0));
+    drop(held);
+    assert_eq!(cache.stats().pipelines_destroyed, 3);
+    assert_eq!(device.live_pipelines(), 0);
+
+    // The registration is gone: no new pipelines, no second teardown.
+    assert!(matches!(
+        cache.pipeline(&device, &spec(2)),
+        Err(Error::DeviceDestroyed(_))
+    ));
+    assert!(matches!(
+        cache.unregister_device(&device),
+        Err(Error::DeviceDestroyed(_))
+    ));
+    drop(cache);
+    assert_eq!(device.live_pipelines(), 0);
+}
+
+#[test]
+fn eight_threads_on_one_cold_key_create_one_pipeline() {
+    let (gpu, cache, device) = setup();
+    let cache = Arc::new(cache);
+    let spec = Arc::new(spec(6));
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (cache, device, spec, barrier) =
+                (cache.clone(), device.clone(), spec.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                cache.pipeline(&device, &spec).map(|l| l.pipeline())
+            })
+        })
+        .collect();
+    let pipelines: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().unwrap().unwrap())
+        .collect();
+    assert!(pipelines.iter().all(|&p| p == pipelines[0]));
+    let s = cache.stats();
+    assert_eq!(s.memory.builds, 1);
+    assert_eq!(s.pipelines_created, 1);
+    assert_eq!(s.memory.hits + s.memory.waits + s.memory.misses, 8);
+
+    let lease = cache.pipeline(&device, &spec).unwrap();
+    let out = gpu
+        .dispatch(&lease, &input(), &2u32.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(out, expected(6, 2));
+    drop(lease);
+    cache.unregister_device(&device).unwrap();
+}
+
+#[test]
+fn layouts_and_limits_are_checked_against_the_device() {
+    let (gpu, cache, device) = setup();
+    let mut huge = layout();
+    huge.push_constants.as_mut().unwrap().size = 1 << 20;
+    let spec = PipelineSpec::new(spirv(), "main", &[SpecConstant::u32(0, 1)], &huge).unwrap();
+    assert!(matches!(
+        cache.pipeline(&device, &spec),
+        Err(Error::InvalidArgument(_))
+    ));
+    let too_many_sets = LayoutDesc {
+        sets: vec![Vec::new(); 1000],
+        push_constants: None,
+    };
+    let spec = PipelineSpec::new(spirv(), "main", &[], &too_many_sets).unwrap();
+    assert!(matches!(
+        cache.pipeline(&device, &spec),
+        Err(Error::InvalidArgument(_))
+    ));
+    let again = cache.register_owned_device(gpu.clone());
+    assert!(matches!(again, Err(Error::InvalidArgument(_))));
+    assert_eq!(cache.stats().pipelines_created, 0);
+    cache.unregister_device(&device).unwrap();
+}
+
+#[test]
+fn a_missing_loader_is_unavailable() {
+    match Vulkan::load_from("/nonexistent/libvulkan.so.1") {
+        Err(Error::Unavailable(msg)) => assert!(msg.contains("libvulkan"), "{msg}"),
+        Err(other) => panic!("expected Unavailable, got {other:?}"),
+        Ok(_) => panic!("expected Unavailable, got a loader"),
+    }
+}
