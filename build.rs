@@ -6,7 +6,7 @@
 //! exactly the crate's `#[no_mangle]` functions and hides everything else, std included. GNU ld
 //! lets the exact names in that script win over any pattern in a second one, so a second script
 //! could neither narrow nor version that list. That every export is a `kc_*` function is checked
-//! on the built library instead (`cmake/check-exports.cmake`, run by the CMake build and the
+//! on the built library instead (`cmake/check-library.cmake`, run by the CMake build and the
 //! packaging tests).
 
 use std::env;

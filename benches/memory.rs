@@ -146,10 +146,9 @@ fn storm(c: &mut Criterion) {
 
 /// 16 threads miss on one key whose build takes 10 ms; returns how many builds ran.
 fn storm_once() -> u64 {
-    let cache = Arc::new(MemoryCache::<&'static str, u64>::new(
-        Options::default(),
-        |_| Ok(()),
-    ));
+    let cache = Arc::new(MemoryCache::<String, u64>::new(Options::default(), |_| {
+        Ok(())
+    }));
     let builds = Arc::new(AtomicU64::new(0));
     let start = Arc::new(Barrier::new(16));
     let handles: Vec<_> = (0..16)

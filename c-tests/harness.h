@@ -119,8 +119,8 @@ static inline kc_cache *new_tracked_cache(destroy_log *log, uint64_t max_entries
   return cache;
 }
 
-static inline kc_cache_stats stats_of(const kc_cache *cache) {
-  kc_cache_stats s;
+static inline kc_cache_statistics stats_of(const kc_cache *cache) {
+  kc_cache_statistics s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   CHECK_STATUS(kc_cache_stats(cache, &s), KC_OK);

@@ -6,7 +6,7 @@ static void destroy_fails_on_one_of_four_during_clear(void) {
   tracked v[4] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
   const char *keys[4] = {"k0", "k1", "k2", "k3"};
   kc_cache *cache;
-  kc_cache_stats s;
+  kc_cache_statistics s;
   int i;
 
   destroy_log_init(&log);
@@ -206,7 +206,7 @@ static void discarded_build_reports_why_not_its_destroy_failure(void) {
   tracked v = {1, 0}, w = {2, 0};
   teardown_build t;
   kc_lease *l = (kc_lease *)&t;
-  kc_cache_stats s;
+  kc_cache_statistics s;
 
   destroy_log_init(&log);
   log.fail_id = 1;

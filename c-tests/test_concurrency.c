@@ -88,7 +88,7 @@ static void single_flight_one_build_for_eight_threads(void) {
   gated_build b;
   lookup ls[THREADS];
   kc_cache *cache;
-  kc_cache_stats s;
+  kc_cache_statistics s;
   int i;
 
   destroy_log_init(&log);
@@ -123,7 +123,7 @@ static void single_flight_failure_is_shared(void) {
   gated_build b;
   lookup ls[THREADS];
   kc_cache *cache;
-  kc_cache_stats s;
+  kc_cache_statistics s;
   int i;
 
   destroy_log_init(&log);
@@ -159,7 +159,7 @@ static void evict_during_build_destroys_the_value(void) {
   lookup ls[4];
   kc_lease *l = NULL;
   kc_cache *cache;
-  kc_cache_stats s;
+  kc_cache_statistics s;
   int i;
 
   destroy_log_init(&log);
@@ -223,7 +223,7 @@ static void clear_during_build_installs_on_an_owning_cache(void) {
   gated_build b;
   lookup ls[1];
   kc_cache *cache;
-  kc_cache_stats s;
+  kc_cache_statistics s;
 
   destroy_log_init(&log);
   gated_build_init(&b, &v, 0);
@@ -255,7 +255,7 @@ static void clear_during_build_discards_on_a_borrowing_cache(void) {
   lookup ls[1];
   kc_lease *l = NULL;
   kc_cache *cache;
-  kc_cache_stats s;
+  kc_cache_statistics s;
 
   destroy_log_init(&log);
   gated_build_init(&b, &v, 0);
@@ -324,6 +324,80 @@ static void lease_released_on_another_thread_after_clear(void) {
   CHECK(log.total == 1);
 }
 
+/* Many threads racing on a few keys with quick builds, with nothing ever evicted: however the
+ * lookups interleave, each key is built exactly once and cached once. */
+#define CONTENDED_KEYS 4
+#define CONTENDED_ROUNDS 200
+
+typedef struct contender {
+  pthread_t thread;
+  kc_cache *cache;
+  pthread_barrier_t *start;
+  int builds; /* builds this thread ran */
+  int failures;
+} contender;
+
+static int counting_build(void *ctx, const uint8_t *key, size_t key_len, void **out_value,
+                          uint64_t *out_weight) {
+  contender *c = (contender *)ctx;
+  (void)key_len;
+  (void)out_weight;
+  c->builds++;
+  *out_value = (void *)(uintptr_t)(key[0] + 1);
+  return 0;
+}
+
+static void *contender_main(void *arg) {
+  contender *c = (contender *)arg;
+  int i;
+  pthread_barrier_wait(c->start);
+  for (i = 0; i < 64; i++) {
+    uint8_t key = (uint8_t)(i % CONTENDED_KEYS);
+    kc_lease *l = NULL;
+    if (kc_cache_find_or_build(c->cache, &key, 1, KC_NO_DEVICE, counting_build, c, &l) != KC_OK ||
+        kc_lease_value(l) != (void *)(uintptr_t)(key + 1))
+      c->failures++;
+    kc_lease_release(l);
+  }
+  return NULL;
+}
+
+static void single_flight_under_contention(void) {
+  int round, i;
+  for (round = 0; round < CONTENDED_ROUNDS; round++) {
+    kc_cache_options opts = kc_cache_options_default();
+    contender cs[THREADS];
+    pthread_barrier_t start;
+    kc_cache_statistics s;
+    int builds = 0;
+
+    CHECK_STATUS(kc_cache_new(&opts, &cs[0].cache), KC_OK);
+    CHECK(pthread_barrier_init(&start, NULL, THREADS) == 0);
+    for (i = 0; i < THREADS; i++) {
+      cs[i].cache = cs[0].cache;
+      cs[i].start = &start;
+      cs[i].builds = 0;
+      cs[i].failures = 0;
+      CHECK(pthread_create(&cs[i].thread, NULL, contender_main, &cs[i]) == 0);
+    }
+    for (i = 0; i < THREADS; i++) {
+      CHECK(pthread_join(cs[i].thread, NULL) == 0);
+      CHECK(cs[i].failures == 0);
+      builds += cs[i].builds;
+    }
+    s = stats_of(cs[0].cache);
+    if (builds != CONTENDED_KEYS || s.entries != CONTENDED_KEYS)
+      fprintf(stderr, "round %d: %d builds, %llu entries for %d keys\n", round, builds,
+              (unsigned long long)s.entries, CONTENDED_KEYS);
+    CHECK(builds == CONTENDED_KEYS);
+    CHECK_U64(s.builds, CONTENDED_KEYS);
+    CHECK_U64(s.entries, CONTENDED_KEYS);
+    CHECK_U64(s.hits + s.misses + s.waits, THREADS * 64);
+    CHECK(pthread_barrier_destroy(&start) == 0);
+    kc_cache_free(cs[0].cache);
+  }
+}
+
 static const scenario scenarios[] = {
     {"single_flight_one_build_for_eight_threads", single_flight_one_build_for_eight_threads},
     {"single_flight_failure_is_shared", single_flight_failure_is_shared},
@@ -335,6 +409,7 @@ static const scenario scenarios[] = {
     {"clear_during_build_discards_on_a_borrowing_cache",
      clear_during_build_discards_on_a_borrowing_cache},
     {"lease_released_on_another_thread_after_clear", lease_released_on_another_thread_after_clear},
+    {"single_flight_under_contention", single_flight_under_contention},
 };
 
 int main(int argc, char **argv) { return RUN_SCENARIOS(scenarios, argc, argv); }

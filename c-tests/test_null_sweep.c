@@ -20,7 +20,7 @@ static void null_sweep(void) {
   kc_cache *sentinel_cache = (kc_cache *)&opts;
   kc_lease *lease = NULL;
   kc_lease *sentinel = (kc_lease *)&opts;
-  kc_cache_stats s;
+  kc_cache_statistics s;
   tracked v = {1, 0};
   simple_build b = {&v, 0, 0, 0};
 
@@ -73,7 +73,7 @@ static void null_sweep(void) {
   kc_lease_release(NULL);
   kc_cache_free(NULL);
 
-  /* kc_cache_evict_device, kc_cache_clear, kc_cache_stats */
+  /* kc_cache_evict_device, kc_cache_clear, kc_cache_statistics */
   CHECK_STATUS(kc_cache_evict_device(NULL, 0), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("cache");
   CHECK_STATUS(kc_cache_clear(NULL), KC_ERR_INVALID_ARGUMENT);

@@ -191,7 +191,7 @@ static void stress(double seconds, bool invalidated_by_clear, uint64_t max_entri
   kc_cache_options opts = kc_cache_options_default();
   kc_cache *cache = NULL;
   worker workers[THREADS];
-  kc_cache_stats s;
+  kc_cache_statistics s;
   long finds = 0, gets = 0, get_misses = 0, built = 0, failures = 0, clears = 0;
   long values = 0;
   value *v;

@@ -9,7 +9,10 @@
 //!   `KCACHE_DIR`; the argument says where the first lookup must come from (a PTX link, or a
 //!   cubin from disk). Then times memory-tier hits.
 //!
-//! Prints `RESULT <name> <milliseconds>` lines. Exit status 2 means no usable CUDA driver.
+//! - `cuda_check nvrtc link|disk`: as `kcache`, from CUDA C++ source compiled by NVRTC.
+//!
+//! Prints `RESULT <name> <milliseconds>` lines. Exit status 2 means no usable CUDA driver,
+//! 3 no NVRTC library (for `nvrtc`).
 
 use std::ffi::c_void;
 use std::process::ExitCode;
@@ -22,12 +25,21 @@ use kcache::backend::cuda::{CUfunction, CudaCache, CudaOptions, Driver};
 use kcache::disk::{DiskCache, DiskConfig};
 
 const PTX: &str = include_str!("../c-tests/cuda/kernels/saxpy.ptx");
+/// The same kernel as `PTX`, as CUDA C++.
+const CUDA_SOURCE: &str = "extern \"C\" __global__ void saxpy(unsigned n, float a, \
+                           const float *x, float *y) {\n\
+                           unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+                           if (i < n) y[i] = a * x[i] + y[i];\n}\n";
 const L1_ROUNDS: u32 = 10_000;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Error::Unavailable(message)) if message.contains("NVRTC") => {
+            eprintln!("cuda_check: {message}");
+            ExitCode::from(3)
+        }
         Err(Error::Unavailable(message)) => {
             eprintln!("cuda_check: {message}");
             ExitCode::from(2)
@@ -60,7 +72,8 @@ fn run(args: &[String]) -> Result<(), Error> {
     unsafe { driver.set_current_context(context) }?;
     let outcome = match mode.as_str() {
         "jit" => run_jit(&driver),
-        "kcache" => run_kcache(&driver, args.get(1).ok_or_else(usage)?),
+        "kcache" => run_kcache(&driver, false, args.get(1).ok_or_else(usage)?),
+        "nvrtc" => run_kcache(&driver, true, args.get(1).ok_or_else(usage)?),
         _ => Err(usage()),
     };
     // SAFETY: unbinds the context before its release.
@@ -85,15 +98,31 @@ fn run_jit(driver: &Driver) -> Result<(), Error> {
     checked
 }
 
-fn run_kcache(driver: &Arc<Driver>, expect: &str) -> Result<(), Error> {
+fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Error> {
     let disk = Arc::new(DiskCache::open(DiskConfig::from_env())?);
     let cache = CudaCache::new(CudaOptions {
         disk: Some(disk),
         driver: Some(Arc::clone(driver)),
         ..CudaOptions::default()
     })?;
+    let lookup = || {
+        if nvrtc {
+            cache.module_from_cuda(None, CUDA_SOURCE, &[], &[])
+        } else {
+            cache.module(None, PTX.as_bytes(), &[])
+        }
+    };
+    if nvrtc {
+        let found = cache.nvrtc()?;
+        println!(
+            "NVRTC {:?} from {}",
+            found.version(),
+            found.path().display()
+        );
+    }
+    let prefix = if nvrtc { "nvrtc" } else { "kcache" };
     let start = Instant::now();
-    let lease = cache.module(None, PTX.as_bytes(), &[])?;
+    let lease = lookup()?;
     let first = ms(start);
     let stats = cache.stats();
     let source = match (stats.links, stats.cubin_loads) {
@@ -110,12 +139,12 @@ fn run_kcache(driver: &Arc<Driver>, expect: &str) -> Result<(), Error> {
             "the first lookup came from {source}, expected {expect}"
         )));
     }
-    println!("RESULT kcache_{source} {first:.3}");
+    println!("RESULT {prefix}_{source} {first:.3}");
     run_saxpy(driver, lease.function("saxpy")?)?;
 
     let start = Instant::now();
     for _ in 0..L1_ROUNDS {
-        let hit = cache.module(None, PTX.as_bytes(), &[])?;
+        let hit = lookup()?;
         if hit.raw() != lease.raw() {
             return Err(Error::Backend(
                 "a memory hit returned another module".into(),
@@ -123,7 +152,7 @@ fn run_kcache(driver: &Arc<Driver>, expect: &str) -> Result<(), Error> {
         }
     }
     println!(
-        "RESULT kcache_memory_hit {:.6}",
+        "RESULT {prefix}_memory_hit {:.6}",
         ms(start) / f64::from(L1_ROUNDS)
     );
     drop(lease);

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::backend::opencl::runtime::{Context, DeviceIdentity, KernelArg};
-use kcache::backend::opencl::sys::{Api, cl_program};
-use kcache::backend::opencl::{OpenClCache, OpenClStats};
+use kcache::backend::opencl::sys::Api;
+use kcache::backend::opencl::{OpenClCache, OpenClStats, Program};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache::memory::Options;
 
@@ -61,7 +61,7 @@ fn open_cache(dir: &Path) -> Result<OpenClCache, Error> {
 }
 
 /// Runs the kernel on fixed inputs and compares every element with the CPU's product.
-fn run_and_check(context: &Context, program: cl_program) -> Result<(), Error> {
+fn run_and_check(context: &Context, program: &Program) -> Result<(), Error> {
     let a: Vec<f32> = (0..N * N).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
     let b: Vec<f32> = (0..N * N).map(|i| ((i * 5) % 11) as f32 * 0.5).collect();
     let mut c = vec![0.0f32; N * N];
@@ -95,9 +95,9 @@ fn second_process(dir: &Path) -> Result<(), Error> {
     let context = Context::first_device()?;
     let cache = open_cache(dir)?;
     let start = Instant::now();
-    let lease = cache.get_or_build(context.raw(), context.device(), &[SOURCE], OPTIONS)?;
+    let lease = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
     let elapsed = start.elapsed();
-    run_and_check(&context, lease.value().raw())?;
+    run_and_check(&context, lease.value())?;
     println!("time_ns={}", elapsed.as_nanos());
     print_stats(&cache.stats());
     Ok(())
@@ -144,19 +144,19 @@ fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
 
     let cache = open_cache(&dir)?;
     let start = Instant::now();
-    let cold = cache.get_or_build(context.raw(), context.device(), &[SOURCE], OPTIONS)?;
+    let cold = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
     let cold_time = start.elapsed();
-    run_and_check(&context, cold.value().raw())?;
+    run_and_check(&context, cold.value())?;
     drop(cold);
 
     let start = Instant::now();
     for _ in 0..HIT_LOOKUPS {
-        let hit = cache.get_or_build(context.raw(), context.device(), &[SOURCE], OPTIONS)?;
+        let hit = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
         std::hint::black_box(hit.value().raw());
     }
     let hit_time = start.elapsed() / HIT_LOOKUPS;
-    let hit = cache.get_or_build(context.raw(), context.device(), &[SOURCE], OPTIONS)?;
-    run_and_check(&context, hit.value().raw())?;
+    let hit = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
+    run_and_check(&context, hit.value())?;
     drop(hit);
     let first_stats = cache.stats();
     drop(cache);
@@ -205,9 +205,9 @@ fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
     for (step, process, from, time) in rows {
         let speedup = cold_time.as_secs_f64() / time.as_secs_f64().max(1e-12);
         println!(
-            "{step:<34} {process:>7}  {from:<22} {:>12}  {:>11.0}x",
+            "{step:<34} {process:>7}  {from:<22} {:>12}  {:>11}x",
             format_duration(time),
-            speedup
+            thousands(speedup.round() as u64)
         );
     }
     println!("(the memory hit is the mean of {HIT_LOOKUPS} lookups)");
@@ -235,4 +235,17 @@ fn format_duration(d: Duration) -> String {
     } else {
         format!("{ns:.0} ns")
     }
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

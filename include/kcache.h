@@ -27,6 +27,36 @@
 // Use this as the `device_id` of values that belong to no device.
 #define KC_NO_DEVICE (int64_t)-1
 
+// Length of a cache key in bytes.
+#define KC_KEY_LEN 32
+
+// Length of an operator key fingerprint in bytes.
+#define KC_FINGERPRINT_LEN 8
+
+// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
+#define KC_DISK_DEFAULT_TEMP_MAX_AGE_S 900
+
+// Key field: backend name ("opencl", "vulkan", "cuda", or your own).
+#define KC_KEY_BACKEND 0
+
+// Key field: device name.
+#define KC_KEY_DEVICE_NAME 1
+
+// Key field: device vendor.
+#define KC_KEY_DEVICE_VENDOR 2
+
+// Key field: driver version.
+#define KC_KEY_DRIVER_VERSION 3
+
+// Key field: compiler version.
+#define KC_KEY_COMPILER_VERSION 4
+
+// Key field: kernel or entry-point name.
+#define KC_KEY_ENTRY 5
+
+// Key field: source text, SPIR-V or PTX bytes.
+#define KC_KEY_SOURCE 6
+
 // Major version of the library this header belongs to.
 #define KCACHE_VERSION_MAJOR 0
 
@@ -75,15 +105,52 @@ typedef enum kc_status {
 // must be the last call on the cache.
 typedef struct kc_cache kc_cache;
 
+// A CUDA module cache. Create with `kc_cuda_cache_new`, free with `kc_cuda_cache_free`.
+typedef struct kc_cuda_cache kc_cuda_cache;
+
+// A lease on a cached module: the module stays loaded until `kc_cuda_lease_release`, even if
+// it is evicted meanwhile.
+typedef struct kc_cuda_lease kc_cuda_lease;
+
+// An open disk tier. Thread-safe: every function taking a `kc_disk *` may be called from
+// any number of threads at once, except `kc_disk_close`, which must be the last call.
+typedef struct kc_disk kc_disk;
+
+// Collects the inputs of a key. Not thread-safe: use one builder per thread.
+typedef struct kc_key_builder kc_key_builder;
+
 // A hold on one cached value: while it exists the value is not destroyed, even if the entry
 // is removed, evicted, cleared or the cache is freed. Release each lease exactly once with
 // `kc_lease_release`, from any thread. A lease may be read from several threads at once.
 typedef struct kc_lease kc_lease;
 
+// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
+typedef struct kc_opencl_cache kc_opencl_cache;
+
+// A lease on a cached program: the program stays valid (and retained by the cache) until
+// `kc_opencl_lease_release`, even if it is evicted meanwhile.
+typedef struct kc_opencl_lease kc_opencl_lease;
+
+// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
+// `kc_vulkan_cache_free`.
+typedef struct kc_vulkan_cache kc_vulkan_cache;
+
+// A `VkDevice` registered with a cache, from `kc_vulkan_register_device` until
+// `kc_vulkan_unregister_device`.
+typedef struct kc_vulkan_device kc_vulkan_device;
+
+// A lease on a cached pipeline: the pipeline, its shader module and its layouts stay valid
+// until `kc_vulkan_lease_release`, even if the pipeline is evicted meanwhile.
+typedef struct kc_vulkan_lease kc_vulkan_lease;
+
+// A validated pipeline description with its digest: make it once per kernel
+// (`kc_vulkan_spec_new`) and look it up as often as needed.
+typedef struct kc_vulkan_spec kc_vulkan_spec;
+
 // Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
 // after an eviction or clear during its build, or the cache freed) once no lease holds it.
 // Called exactly once per built value, on whichever thread let go of it last, never under a
-// kcache lock: it may call into the cache. Returns 0 on success; a non-zero code is reported
+// kcache lock: it may call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code is reported
 // as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
 // has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
 // Same rules as `kc_build_fn` for longjmp and exceptions.
@@ -95,7 +162,9 @@ typedef void (*kc_destroy_error_fn)(void *ctx, int code);
 
 // How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
 // `struct_size`, then change fields. Fields may be appended in later versions: the library
-// reads only the first `struct_size` bytes and uses defaults for the rest.
+// reads only the first `struct_size` bytes and uses defaults for the fields after them. It
+// refuses (`KC_ERR_INVALID_ARGUMENT`) a `struct_size` that ends before `destroy_ctx`, and a
+// larger struct than it knows unless the bytes it does not know are all zero.
 typedef struct kc_cache_options {
   // `sizeof(kc_cache_options)` as the caller compiled it.
   size_t struct_size;
@@ -133,11 +202,12 @@ typedef int (*kc_build_fn)(void *ctx,
                            void **out_value,
                            uint64_t *out_weight);
 
-// Counters of one cache since its creation. Set `struct_size` to `sizeof(kc_cache_stats)`
-// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to
-// the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
+// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
+// `kc_cache_stats` belongs to the function). Set `struct_size` to
+// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
+// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
 // concurrent use fields may be a few operations apart.
-typedef struct kc_cache_stats {
+typedef struct kc_cache_statistics {
   // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
   // Lookups answered from a ready entry.
@@ -158,7 +228,7 @@ typedef struct kc_cache_stats {
   uint64_t device_evictions;
   // Calls to `kc_cache_clear`.
   uint64_t clears;
-  // Destroy callbacks run.
+  // Values released: destroy callbacks run (counted also without a destroy callback).
   uint64_t destroys;
   // Destroy callbacks that returned non-zero.
   uint64_t destroy_errors;
@@ -168,7 +238,303 @@ typedef struct kc_cache_stats {
   uint64_t weight;
   // Leases not yet released.
   uint64_t leases;
-} kc_cache_stats;
+} kc_cache_statistics;
+
+// How a CUDA cache behaves. Start from `kc_cuda_options_default()`.
+typedef struct kc_cuda_options {
+  // `sizeof(kc_cuda_options)` as the caller compiled it.
+  size_t struct_size;
+  // Modules kept in memory at most; 0 = unlimited.
+  uint64_t max_entries;
+  // Total bytes of cubins kept in memory at most; 0 = unlimited.
+  uint64_t max_weight;
+  // Keep linked cubins on disk so that later processes skip the PTX JIT.
+  bool use_disk;
+  // The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+  // `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+  const char *disk_dir;
+  // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
+  const char *driver_library;
+  // The NVRTC library for `kc_cuda_get_module_cuda`; NULL: loaded on its first call from
+  // `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
+  // `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
+  const char *nvrtc_library;
+} kc_cuda_options;
+
+// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
+// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
+// FALLBACK_STRATEGY (10), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12), GENERATE_LINE_INFO (13),
+// CACHE_MODE (14). Log buffers and other pointer or output options belong to kcache.
+typedef struct kc_cuda_jit_option {
+  uint32_t option;
+  uint32_t value;
+} kc_cuda_jit_option;
+
+// Counters of a CUDA cache (`kc_cuda_statistics` in C, where the name `kc_cuda_stats`
+// belongs to the function). Set `struct_size` to `sizeof(kc_cuda_statistics)` first.
+typedef struct kc_cuda_statistics {
+  // In: size of the caller's struct; it must be at least `sizeof(kc_cuda_statistics)`.
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // PTX linked into a cubin.
+  uint64_t links;
+  // Links that failed (the caller got `KC_ERR_BUILD_FAILED`).
+  uint64_t link_failures;
+  // Modules loaded from a disk cubin without any PTX JIT.
+  uint64_t cubin_loads;
+  // Disk cubins the driver refused; each was deleted and the PTX linked again.
+  uint64_t cubins_rejected;
+  // Disk lookups that found a cubin.
+  uint64_t disk_hits;
+  // Disk lookups that found none.
+  uint64_t disk_misses;
+  // Disk reads or writes that failed (the lookup went on without the disk).
+  uint64_t disk_errors;
+  // CUDA C++ sources compiled to PTX by NVRTC.
+  uint64_t nvrtc_compiles;
+  // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
+  uint64_t nvrtc_failures;
+} kc_cuda_statistics;
+
+// How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
+// come from the environment unless `ignore_env` is set, then from the defaults.
+typedef struct kc_disk_options {
+  // `sizeof(kc_disk_options)` as the caller compiled it.
+  size_t struct_size;
+  // Cache directory (NUL-terminated); NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
+  // `$HOME/.cache/kcache`. Created mode 0700; refused unless owned by the effective user
+  // and not writable by group or others.
+  const char *dir;
+  // Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
+  uint64_t max_size;
+  // Operator key authenticating entries with HMAC-SHA256 (at least 16 bytes); NULL:
+  // the file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums.
+  const uint8_t *key;
+  // Length of `key`.
+  size_t key_len;
+  // Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
+  bool relaxed_durability;
+  // Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
+  // included): `dir` must then be set.
+  bool ignore_env;
+} kc_disk_options;
+
+// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
+typedef struct kc_buffer {
+  // The payload bytes.
+  const uint8_t *data;
+  // Their length.
+  size_t len;
+  // How long the value took to build, as recorded by its writer.
+  uint64_t build_time_ns;
+  // Owned by kcache.
+  void *owner;
+} kc_buffer;
+
+// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
+// `kc_disk_statistics`.
+typedef struct kc_disk_gc_report {
+  // In: size of the caller's struct. Out: bytes written.
+  size_t struct_size;
+  // Temporary files of crashed writers.
+  uint64_t temp_files;
+  // Entries written under another key schema.
+  uint64_t stale_schema;
+  // Entries of operator keys neither active nor retained.
+  uint64_t stale_fingerprint;
+  // Entries that failed verification.
+  uint64_t corrupt;
+  // Entries left in place.
+  uint64_t kept;
+  // Bytes removed.
+  uint64_t bytes_freed;
+} kc_disk_gc_report;
+
+// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
+// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
+// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+typedef struct kc_disk_statistics {
+  // In: size of the caller's struct. Out: bytes written.
+  size_t struct_size;
+  // Reads that returned a verified entry.
+  uint64_t hits;
+  // Reads that returned none: absent, rejected or failed.
+  uint64_t misses;
+  // Entries written.
+  uint64_t puts;
+  // Bytes of entries read.
+  uint64_t bytes_read;
+  // Bytes of entries written.
+  uint64_t bytes_written;
+  // Entries that failed verification and were removed.
+  uint64_t integrity_rejects;
+  // Failed reads and writes.
+  uint64_t io_errors;
+  // Entries removed by the size cap.
+  uint64_t evictions;
+  // Entries removed by `kc_disk_remove`.
+  uint64_t removes;
+  // Entries a tiered lookup's `load` refused, removed.
+  uint64_t load_failures;
+  // Entry files in the directory, as far as this process knows.
+  uint64_t entries;
+  // Their total size in bytes.
+  uint64_t bytes;
+} kc_disk_statistics;
+
+// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
+// the value and its weight, return 0; non-zero: the entry is removed and the value built).
+typedef int (*kc_load_fn)(void *ctx,
+                          const uint8_t *bytes,
+                          size_t len,
+                          void **out_value,
+                          uint64_t *out_weight);
+
+// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
+// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
+// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len);
+
+// The callbacks of a tiered lookup; all receive `ctx`.
+typedef struct kc_tiered_callbacks {
+  // `sizeof(kc_tiered_callbacks)` as the caller compiled it.
+  size_t struct_size;
+  // Builds from scratch (required).
+  kc_build_fn build;
+  // Loads a disk payload; NULL: the disk is not read.
+  kc_load_fn load;
+  // Serializes a built value; NULL: nothing is written back.
+  kc_serialize_fn serialize;
+  // Passed to every callback.
+  void *ctx;
+} kc_tiered_callbacks;
+
+// How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
+typedef struct kc_opencl_options {
+  // `sizeof(kc_opencl_options)` as the caller compiled it.
+  size_t struct_size;
+  // Programs kept in memory at most; 0 = unlimited.
+  uint64_t max_entries;
+  // Total bytes of program binaries kept in memory at most; 0 = unlimited.
+  uint64_t max_weight;
+  // Keep program binaries on disk so that later processes skip the compiler.
+  bool use_disk;
+  // The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+  // `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+  const char *disk_dir;
+} kc_opencl_options;
+
+// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
+typedef struct kc_opencl_stats {
+  // In: size of the caller's struct; it must be at least `sizeof(kc_opencl_stats)`.
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // Programs compiled from source.
+  uint64_t source_builds;
+  // Programs created from a binary found on disk.
+  uint64_t binary_loads;
+  // Disk binaries the driver refused; each was deleted and the source compiled instead.
+  uint64_t binaries_rejected;
+  // Disk lookups that found a binary.
+  uint64_t disk_hits;
+  // Disk lookups that found none.
+  uint64_t disk_misses;
+  // Disk reads or writes that failed (the lookup went on without the disk).
+  uint64_t disk_errors;
+} kc_opencl_stats;
+
+// `PFN_vkVoidFunction` without `vulkan.h`.
+typedef void (*kc_vulkan_void_fn)(void);
+
+// `vkGetInstanceProcAddr` with handle types that need no `vulkan.h`; cast the real one to it.
+typedef kc_vulkan_void_fn (*kc_vulkan_get_instance_proc_addr_fn)(void *instance, const char *name);
+
+// How a Vulkan cache behaves. Start from `kc_vulkan_options_default()`.
+typedef struct kc_vulkan_options {
+  // `sizeof(kc_vulkan_options)` as the caller compiled it.
+  size_t struct_size;
+  // Pipelines kept in memory at most; 0 = unlimited.
+  uint64_t max_entries;
+  // Total SPIR-V bytes of the pipelines kept in memory at most; 0 = unlimited.
+  uint64_t max_weight;
+  // Keep each device's `VkPipelineCache` data on disk, so that later processes start warm
+  // (on drivers that serialize pipelines into it).
+  bool use_disk;
+  // The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+  // `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+  const char *disk_dir;
+  // The application's `vkGetInstanceProcAddr`; NULL: kcache loads `libvulkan.so.1`. The
+  // caller's handles must come from the same loader.
+  kc_vulkan_get_instance_proc_addr_fn get_instance_proc_addr;
+} kc_vulkan_options;
+
+// A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
+typedef struct kc_vulkan_spec_constant {
+  uint32_t id;
+  uint32_t size;
+  const void *data;
+} kc_vulkan_spec_constant;
+
+// One descriptor binding of the pipeline layout, visible to the compute stage.
+typedef struct kc_vulkan_binding {
+  // Descriptor set index.
+  uint32_t set;
+  uint32_t binding;
+  // A `VkDescriptorType` value usable from a compute shader.
+  int32_t descriptor_type;
+  // Descriptor count (array size).
+  uint32_t count;
+} kc_vulkan_binding;
+
+// Everything a compute pipeline is made of. The layout is described by content: kcache
+// creates the descriptor-set layouts and the pipeline layout (one per device and
+// description), so a lookup never depends on handle values. A layout the caller creates
+// from the same description is compatible with it for binding descriptor sets.
+typedef struct kc_vulkan_pipeline_desc {
+  // `sizeof(kc_vulkan_pipeline_desc)` as the caller compiled it.
+  size_t struct_size;
+  // SPIR-V, as for `VkShaderModuleCreateInfo`: `code_size` is in bytes, a multiple of 4.
+  const uint32_t *code;
+  size_t code_size;
+  // The compute entry point; NULL means "main".
+  const char *entry_point;
+  const struct kc_vulkan_spec_constant *constants;
+  size_t constant_count;
+  // Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included).
+  const struct kc_vulkan_binding *bindings;
+  size_t binding_count;
+  // The compute push-constant range; `push_constant_size` 0 means none.
+  uint32_t push_constant_offset;
+  uint32_t push_constant_size;
+} kc_vulkan_pipeline_desc;
+
+// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_stats)` first.
+typedef struct kc_vulkan_stats {
+  // In: size of the caller's struct; it must be at least `sizeof(kc_vulkan_stats)`.
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // Successful `vkCreateComputePipelines` calls.
+  uint64_t pipelines_created;
+  // `vkDestroyPipeline` calls (each with its shader module).
+  uint64_t pipelines_destroyed;
+  // Pipeline layouts created (one per device and layout description).
+  uint64_t layouts_created;
+  // Pipeline-cache blobs read from disk, validated and handed to the driver.
+  uint64_t cache_data_loaded;
+  // Device registrations that found no pipeline-cache data on disk.
+  uint64_t cache_data_missing;
+  // Blobs refused before the driver (header of another device, driver or format) or by it.
+  uint64_t cache_data_rejected;
+  // Pipeline-cache blobs written to disk.
+  uint64_t cache_data_written;
+  // Blobs another process stored meanwhile, merged in before a write.
+  uint64_t cache_data_merged;
+  // Disk reads or writes that failed (a failed write is also returned by the flushing call).
+  uint64_t disk_errors;
+} kc_vulkan_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -188,7 +554,7 @@ enum kc_status kc_cache_new(const struct kc_cache_options *opts, struct kc_cache
 
 // Frees a cache: destroys every value no lease holds now; leased values are destroyed when
 // their last lease is released (the leases stay valid). No other call on `cache` may run
-// during or after this one. NULL is a no-op.
+// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
 //
 // # Safety
 // `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
@@ -282,12 +648,390 @@ enum kc_status kc_cache_clear(struct kc_cache *cache);
 // `cache` must be NULL or a live cache.
 size_t kc_cache_len(const struct kc_cache *cache);
 
-// Copies the cache's counters into `*out`; see `kc_cache_stats` (the struct) for
-// `struct_size`. `*out` is written on success only.
+// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
 //
 // # Safety
 // `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
-enum kc_status kc_cache_stats(const struct kc_cache *cache, struct kc_cache_stats *out);
+enum kc_status kc_cache_stats(const struct kc_cache *cache,
+                              struct kc_cache_statistics *out);
+
+// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
+// `disk_dir`) to keep cubins across processes.
+struct kc_cuda_options kc_cuda_options_default(void);
+
+// Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
+// `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
+// GPU): `KC_ERR_UNAVAILABLE`. A disk directory that is not owned by the user or that others
+// may write is not used (the cache works from memory); one that cannot be created is
+// `KC_ERR_IO`.
+//
+// # Safety
+// `opts` must point to a `kc_cuda_options` whose `disk_dir`, `driver_library` and
+// `nvrtc_library` are NULL or C strings; `out_cache` must be writable.
+enum kc_status kc_cuda_cache_new(const struct kc_cuda_options *opts,
+                                 struct kc_cuda_cache **out_cache);
+
+// Frees the cache: modules no lease holds are unloaded now (each with its context current),
+// the others when their last lease is released. No other call on `cache` may run during or
+// after this one. NULL is a no-op.
+//
+// # Safety
+// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
+// of its modules must still be live.
+void kc_cuda_cache_free(struct kc_cuda_cache *cache);
+
+// The module for `ptx` linked with `options` in `context` (NULL: the calling thread's current
+// context): from memory, else from a cubin on disk, else linked from the PTX (concurrent
+// callers share one link). The module belongs to the cache: do not unload it; release the
+// lease instead.
+//
+// `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
+// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
+// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
+// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
+//
+// # Safety
+// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
+// with `kc_cuda_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
+// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
+enum kc_status kc_cuda_get_module(struct kc_cuda_cache *cache,
+                                  void *context,
+                                  const char *ptx,
+                                  size_t ptx_len,
+                                  const struct kc_cuda_jit_option *options,
+                                  size_t option_count,
+                                  struct kc_cuda_lease **out_lease);
+
+// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
+// context's device unless they name an architecture), then as `kc_cuda_get_module`. Kernels
+// are found by symbol name: declare them `extern "C"`.
+//
+// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
+// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
+// `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
+// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
+//
+// # Safety
+// As `kc_cuda_get_module`, with `source` in place of `ptx`, and `nvrtc_options` holding
+// `nvrtc_option_count` C strings.
+enum kc_status kc_cuda_get_module_cuda(struct kc_cuda_cache *cache,
+                                       void *context,
+                                       const char *source,
+                                       size_t source_len,
+                                       const char *const *nvrtc_options,
+                                       size_t nvrtc_option_count,
+                                       const struct kc_cuda_jit_option *jit_options,
+                                       size_t jit_option_count,
+                                       struct kc_cuda_lease **out_lease);
+
+// The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+void *kc_cuda_lease_module(const struct kc_cuda_lease *lease);
+
+// The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
+// current. NULL if `lease` is NULL.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+void *kc_cuda_lease_context(const struct kc_cuda_lease *lease);
+
+// `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
+// valid until the lease is released. No such kernel: `KC_ERR_NOT_FOUND`.
+//
+// # Safety
+// `lease` must be a lease not yet released; `name` a C string; `out_function` writable.
+enum kc_status kc_cuda_lease_function(const struct kc_cuda_lease *lease,
+                                      const char *name,
+                                      void **out_function);
+
+// Releases a lease; the last release of an evicted module unloads it (with its context
+// current). NULL is a no-op.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+void kc_cuda_lease_release(struct kc_cuda_lease *lease);
+
+// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
+// now (with `context` current), or when its last lease is released. `*out_count` (if not
+// NULL) receives how many were unlinked.
+//
+// # Safety
+// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
+// live when it has modules.
+enum kc_status kc_cuda_evict_context(struct kc_cuda_cache *cache, void *context, size_t *out_count);
+
+// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
+// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
+//
+// # Safety
+// As `kc_cuda_evict_context`.
+enum kc_status kc_cuda_evict_device(struct kc_cuda_cache *cache, int device, size_t *out_count);
+
+// Unlinks every module (the disk keeps its cubins).
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_cuda_clear(struct kc_cuda_cache *cache);
+
+// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
+//
+// # Safety
+// `cache` must be NULL or a live cache.
+int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
+
+// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+//
+// # Safety
+// `cache` must be a live cache; `out` must point to a writable `kc_cuda_statistics`.
+enum kc_status kc_cuda_stats(const struct kc_cuda_cache *cache, struct kc_cuda_statistics *out);
+
+// Creates an empty key builder. `*out_builder` is written on success only.
+//
+// # Safety
+// `out_builder` must be writable.
+enum kc_status kc_key_builder_new(struct kc_key_builder **out_builder);
+
+// Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
+// unset field differs from an empty one.
+//
+// # Safety
+// `builder` must be a live builder; `bytes` must point to `len` readable bytes.
+enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
+                                  uint32_t field,
+                                  const uint8_t *bytes,
+                                  size_t len);
+
+// Adds a build option (a flag has an empty value). Options are sorted by name, so their
+// order does not matter; the same name twice makes `kc_key_builder_finish` fail.
+//
+// # Safety
+// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
+enum kc_status kc_key_builder_option(struct kc_key_builder *builder,
+                                     const uint8_t *name,
+                                     size_t name_len,
+                                     const uint8_t *value,
+                                     size_t value_len);
+
+// Adds a free-form input (specialization constants, a layout description, …): same rules as
+// options, in a separate namespace.
+//
+// # Safety
+// As for `kc_key_builder_option`.
+enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
+                                    const uint8_t *name,
+                                    size_t name_len,
+                                    const uint8_t *value,
+                                    size_t value_len);
+
+// Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
+// `KC_ERR_INVALID_ARGUMENT` for a duplicate option or extra name.
+//
+// # Safety
+// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
+enum kc_status kc_key_builder_finish(const struct kc_key_builder *builder, uint8_t *out_key);
+
+// Frees a builder. NULL is a no-op.
+//
+// # Safety
+// `builder` must be NULL or a builder not yet freed.
+void kc_key_builder_free(struct kc_key_builder *builder);
+
+// Default options: everything from the environment, fsyncs on.
+struct kc_disk_options kc_disk_options_default(void);
+
+// Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
+// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory), `KC_ERR_UNTRUSTED` (directory
+// not private to this user or a symlink; one warning per process on stderr),
+// `KC_ERR_INVALID_ARGUMENT`, `KC_ERR_IO`. A caller should then go on with memory only.
+//
+// # Safety
+// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
+enum kc_status kc_disk_open(const struct kc_disk_options *opts, struct kc_disk **out_disk);
+
+// Closes a disk tier. NULL is a no-op. Buffers already returned stay valid.
+//
+// # Safety
+// `disk` must be NULL or from `kc_disk_open`, not yet closed, with no call on it running.
+void kc_disk_close(struct kc_disk *disk);
+
+// Writes the entry for `key` (atomically: readers see the old entry or the new one).
+// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
+// `KC_ERR_INVALID_ARGUMENT` when the entry is larger than the size cap.
+//
+// # Safety
+// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
+enum kc_status kc_disk_put(struct kc_disk *disk,
+                           const uint8_t *key,
+                           const uint8_t *data,
+                           size_t len,
+                           uint64_t build_time_ns);
+
+// Reads and verifies the entry for `key` into `*out` (written on success only; free it
+// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
+// failed verification and was removed), `KC_ERR_IO`.
+//
+// # Safety
+// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
+enum kc_status kc_disk_get(struct kc_disk *disk, const uint8_t *key, struct kc_buffer *out);
+
+// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
+//
+// # Safety
+// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
+void kc_buffer_free(struct kc_buffer *buffer);
+
+// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
+//
+// # Safety
+// `disk` live; `key` `KC_KEY_LEN` readable bytes.
+enum kc_status kc_disk_remove(struct kc_disk *disk, const uint8_t *key);
+
+// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
+// other key schemas, corrupt entries, and entries of operator keys that are neither this
+// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
+// concatenated) at `retain`. `out_report` may be NULL.
+//
+// # Safety
+// `disk` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
+// NULL or a writable struct of at least its `struct_size` bytes.
+enum kc_status kc_disk_gc(struct kc_disk *disk,
+                          const uint8_t *retain,
+                          size_t retain_count,
+                          uint64_t temp_max_age_s,
+                          struct kc_disk_gc_report *out_report);
+
+// Fills `*out` with this disk's counters (see `kc_disk_stats`).
+//
+// # Safety
+// `disk` live; `out` a writable struct of at least its `struct_size` bytes.
+enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statistics *out);
+
+// The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
+// all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
+// entries during a key rotation.
+//
+// # Safety
+// `disk` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
+enum kc_status kc_disk_fingerprint(const struct kc_disk *disk, uint8_t *out);
+
+// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
+// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
+// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
+// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
+// callers of one key read or build once. A disk entry that `load` refuses is removed (and
+// counted in `load_failures`); a failed write-back is not an error. Statuses as for
+// `kc_cache_find_or_build`.
+//
+// # Safety
+// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
+// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
+                                       const uint8_t *l1_key,
+                                       size_t l1_key_len,
+                                       int64_t device_id,
+                                       struct kc_disk *disk,
+                                       const uint8_t *l2_key,
+                                       const struct kc_tiered_callbacks *callbacks,
+                                       struct kc_lease **out_lease);
+
+// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
+// across processes.
+struct kc_opencl_options kc_opencl_options_default(void);
+
+// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
+// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. A disk
+// directory that is not owned by the user or that others may write is not used (the cache
+// works from memory); one that cannot be created is `KC_ERR_IO`.
+//
+// # Safety
+// `opts` must point to a `kc_opencl_options` whose `disk_dir` is NULL or a C string;
+// `out_cache` must be writable.
+enum kc_status kc_opencl_cache_new(const struct kc_opencl_options *opts,
+                                   struct kc_opencl_cache **out_cache);
+
+// Frees the cache: programs no lease holds are released now, the others when their last
+// lease is released. No other call on `cache` may run during or after this one. NULL is a
+// no-op.
+//
+// # Safety
+// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
+void kc_opencl_cache_free(struct kc_opencl_cache *cache);
+
+// The built program for `sources` and `options` on `device` in `context`: from memory, else
+// from a binary on disk, else compiled (concurrent callers share one compile). The program
+// belongs to the cache: do not release it; release the lease instead.
+//
+// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
+// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
+// `options` is NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C
+// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
+// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
+// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
+//
+// # Safety
+// `context` and `device` must be live OpenCL handles, the device one of the context's;
+// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
+// `options` must be NULL or a C string; `out_lease` must be writable.
+enum kc_status kc_opencl_get_program(struct kc_opencl_cache *cache,
+                                     void *context,
+                                     void *device,
+                                     const char *const *sources,
+                                     const size_t *lengths,
+                                     size_t count,
+                                     const char *options,
+                                     struct kc_opencl_lease **out_lease);
+
+// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+void *kc_opencl_lease_program(const struct kc_opencl_lease *lease);
+
+// Releases a lease; the last release of an evicted program releases the program. NULL is a
+// no-op.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+void kc_opencl_lease_release(struct kc_opencl_lease *lease);
+
+// Unlinks every program built for `device`, in every context; each is released now, or when
+// its last lease is. `*out_count` (if not NULL) receives how many were unlinked.
+//
+// # Safety
+// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
+// compared, never called: it may already be released.
+enum kc_status kc_opencl_evict_device(struct kc_opencl_cache *cache,
+                                      void *device,
+                                      size_t *out_count);
+
+// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
+// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
+// were unlinked.
+//
+// # Safety
+// As `kc_opencl_evict_device`.
+enum kc_status kc_opencl_evict_context(struct kc_opencl_cache *cache,
+                                       void *context,
+                                       size_t *out_count);
+
+// Unlinks every program (the disk keeps its binaries).
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_opencl_clear(struct kc_opencl_cache *cache);
+
+// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+//
+// # Safety
+// `cache` must be a live cache; `out` must point to a writable `kc_opencl_stats`.
+enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
+                                     struct kc_opencl_stats *out);
+
+// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
+// reason in `kc_last_error_message()`.
+enum kc_status kc_opencl_available(void);
 
 // The static name of a status code: "KC_OK", "KC_ERR_CACHE_CLEARED", ... and
 // "KC_UNKNOWN_STATUS" for any other value. Takes an `int` so that any value is safe to pass;
@@ -307,6 +1051,144 @@ int kc_last_build_error(void);
 // The library version, "MAJOR.MINOR.PATCH", a static string. Compare with the
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
+
+// Memory only, unbounded, with the system's Vulkan loader.
+struct kc_vulkan_options kc_vulkan_options_default(void);
+
+// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
+// untrusted disk directory is not used (the cache works from memory); one that cannot be
+// created is `KC_ERR_IO`.
+//
+// # Safety
+// `opts` must point to a `kc_vulkan_options` whose `disk_dir` is NULL or a C string and
+// whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr` for as long as
+// the cache and its leases live; `out_cache` must be writable.
+enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
+                                   struct kc_vulkan_cache **out_cache);
+
+// Frees the cache. Every device still registered has its pipeline-cache data written back
+// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
+// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
+// the others at their last release. No other call on `cache` may run during or after this
+// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_unregister_device`
+// afterwards, which then just frees them. NULL is a no-op.
+//
+// # Safety
+// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
+void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
+
+// Registers the caller's device with the cache: kcache reads its properties, creates its
+// `VkPipelineCache` (seeded from disk data whose header names this device), and records
+// pipelines under it. The caller keeps owning all three handles.
+//
+// # Safety
+// `cache` must be live; the handles must be live and related (the physical device from the
+// instance, the device from the physical device), created through the cache's loader, and
+// outlive the registration and every lease of the device's pipelines; `out_device` must be
+// writable.
+enum kc_status kc_vulkan_register_device(struct kc_vulkan_cache *cache,
+                                         void *instance,
+                                         void *physical_device,
+                                         void *device,
+                                         struct kc_vulkan_device **out_device);
+
+// Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
+// destroys its `VkPipelineCache`, and evicts its pipelines (destroyed now, or at their last
+// lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
+// hold: release them before destroying the device. `device` is freed whatever the status
+// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
+//
+// # Safety
+// `cache` must be the live cache the device was registered with (or, once that cache is
+// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
+// unregistered; `out_still_leased` must be NULL or writable.
+enum kc_status kc_vulkan_unregister_device(struct kc_vulkan_cache *cache,
+                                           struct kc_vulkan_device *device,
+                                           uint64_t *out_still_leased);
+
+// Writes the device's pipeline-cache data to disk now if pipelines were created since the
+// last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
+// says whether it wrote. Without a disk tier it writes nothing and succeeds.
+//
+// # Safety
+// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
+enum kc_status kc_vulkan_flush(struct kc_vulkan_cache *cache,
+                               const struct kc_vulkan_device *device,
+                               bool *out_written);
+
+// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
+// GLCompute entry point of that name, unique specialization ids, a compute-usable layout)
+// and digests it. A malformed one is `KC_ERR_INVALID_ARGUMENT` with the reason. Everything
+// is copied: the description's memory may be reused afterwards.
+//
+// # Safety
+// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
+// and sizes it gives; `out_spec` must be writable.
+enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
+                                  struct kc_vulkan_spec **out_spec);
+
+// Frees a description. NULL is a no-op.
+//
+// # Safety
+// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
+void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
+
+// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
+// callers of one description share one `vkCreateComputePipelines`). The pipeline belongs to
+// the cache: do not destroy it; release the lease. A driver failure is
+// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
+// unregistered is `KC_ERR_DEVICE_DESTROYED`.
+//
+// # Safety
+// `cache`, `device` and `spec` must be live, the device registered with this cache;
+// `out_lease` must be writable.
+enum kc_status kc_vulkan_get_pipeline(struct kc_vulkan_cache *cache,
+                                      const struct kc_vulkan_device *device,
+                                      const struct kc_vulkan_spec *spec,
+                                      struct kc_vulkan_lease **out_lease);
+
+// The leased `VkPipeline`; 0 if `lease` is NULL.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+uint64_t kc_vulkan_lease_pipeline(const struct kc_vulkan_lease *lease);
+
+// The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+uint64_t kc_vulkan_lease_layout(const struct kc_vulkan_lease *lease);
+
+// The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
+// has no such set.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+uint64_t kc_vulkan_lease_set_layout(const struct kc_vulkan_lease *lease, uint32_t set);
+
+// The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released.
+uint64_t kc_vulkan_lease_shader_module(const struct kc_vulkan_lease *lease);
+
+// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
+//
+// # Safety
+// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
+// pipeline must no longer be executing if this may be its last release.
+void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
+
+// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+//
+// # Safety
+// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_stats`.
+enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
+                                     struct kc_vulkan_stats *out);
+
+// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
+// with the reason in `kc_last_error_message()`.
+enum kc_status kc_vulkan_available(void);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -2,14 +2,21 @@
 //!
 //! - [`memory`]: the L1 tier, live values behind leases, single-flight builds, per-device
 //!   eviction and clear generations.
+//! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
 //! - `ffi`: the C ABI (`include/kcache.h`).
 
 /// cbindgen:ignore
 pub mod backend;
+/// cbindgen:ignore
 pub mod disk;
+/// cbindgen:ignore
 pub mod error;
 pub mod ffi;
+/// cbindgen:ignore
 pub mod key;
+/// cbindgen:ignore
 pub mod memory;
+/// cbindgen:ignore
+pub mod tiered;
 
 pub use error::{BuildError, DestroyError, DeviceId, Error, Result};

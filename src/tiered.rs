@@ -140,7 +140,10 @@ where
         l2_key: &Key,
         load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
     ) -> Option<(V, u64)> {
-        let entry = self.disk.as_ref().and_then(|d| d.get(l2_key).ok().flatten());
+        let entry = self
+            .disk
+            .as_ref()
+            .and_then(|d| d.get(l2_key).ok().flatten());
         let Some(entry) = entry else {
             bump(&self.counters.disk_misses);
             return None;

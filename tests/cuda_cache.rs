@@ -423,3 +423,41 @@ fn the_current_context_is_used_when_none_is_given() {
     assert_eq!(fake.current(), c0);
     fake.set_current(std::ptr::null_mut());
 }
+
+#[test]
+fn a_module_linked_while_its_context_is_evicted_is_discarded_and_unloaded() {
+    let fake = Arc::new(FakeDriver::new());
+    let cache = Arc::new(cache(&fake, None));
+    let c0 = Handle(fake.create_context(0));
+    fake.hold_links(true);
+    let builder = {
+        let cache = Arc::clone(&cache);
+        std::thread::spawn(move || {
+            let context = c0;
+            cache
+                .module(ctx(context.0), SAXPY_PTX.as_bytes(), &[])
+                .map(|lease| Handle(lease.raw()))
+        })
+    };
+    while fake.counter("link_waiting") < 1 {
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        cache.evict_context(c0.0).unwrap(),
+        0,
+        "nothing installed yet"
+    );
+    fake.hold_links(false);
+    assert!(matches!(
+        builder.join().unwrap(),
+        Err(Error::DeviceDestroyed(_))
+    ));
+    assert_eq!(fake.counter("module_load"), 1);
+    assert_eq!(
+        fake.counter("module_unload"),
+        1,
+        "the discarded module was unloaded"
+    );
+    assert_eq!(fake.counter("unload_wrong_context"), 0);
+    assert!(cache.is_empty());
+}

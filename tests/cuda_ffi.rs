@@ -215,3 +215,74 @@ fn no_driver_is_unavailable() {
     assert!(cache.is_null());
     assert!(last_error().contains("no CUDA driver"), "{}", last_error());
 }
+
+#[test]
+fn cuda_source_through_nvrtc() {
+    // `fake_nvrtc.c` stands in for NVRTC: no CUDA toolkit is installed in CI.
+    let (fake, nvrtc) = (FakeDriver::new(), cuda_support::FakeNvrtc::new());
+    let library = CString::new(fake.path().to_str().unwrap()).unwrap();
+    let nvrtc_library = CString::new(nvrtc.path().to_str().unwrap()).unwrap();
+    let mut opts = kc_cuda_options_default();
+    opts.driver_library = library.as_ptr();
+    opts.nvrtc_library = nvrtc_library.as_ptr();
+    let mut raw = ptr::null_mut();
+    // SAFETY: valid options and out-pointer.
+    assert_eq!(
+        unsafe { kc_cuda_cache_new(&opts, &mut raw) },
+        kc_status::KC_OK
+    );
+    let cache = Cache(raw);
+    let ctx = fake.create_context(1);
+    let source = c"extern \"C\" __global__ void scale(float *x) { x[0] *= 2.0f; }";
+    let options = [c"-DSCALE=2".as_ptr(), c"-lineinfo".as_ptr()];
+    let mut lease = ptr::null_mut();
+    // SAFETY: live cache and context; NUL-terminated source; two option strings.
+    unsafe {
+        let status = kc_cuda_get_module_cuda(
+            cache.0,
+            ctx,
+            source.as_ptr(),
+            0,
+            options.as_ptr(),
+            2,
+            ptr::null(),
+            0,
+            &mut lease,
+        );
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        let mut function: *mut c_void = ptr::null_mut();
+        let status = kc_cuda_lease_function(lease, c"scale".as_ptr(), &mut function);
+        assert_eq!(status, kc_status::KC_OK);
+        kc_cuda_lease_release(lease);
+
+        let status = kc_cuda_get_module_cuda(
+            cache.0,
+            ctx,
+            c"#error broken".as_ptr(),
+            0,
+            ptr::null(),
+            0,
+            ptr::null(),
+            0,
+            &mut lease,
+        );
+        assert_eq!(status, kc_status::KC_ERR_BUILD_FAILED);
+        assert_eq!(kc_last_build_error(), 6, "NVRTC_ERROR_COMPILATION");
+        assert!(
+            last_error().contains("#error directive"),
+            "{}",
+            last_error()
+        );
+    }
+    assert_eq!(nvrtc.compiles(), 2);
+    assert_eq!(nvrtc.last_arch(), "compute_90", "device 1's architecture");
+    let s = stats(&cache);
+    assert_eq!((s.nvrtc_compiles, s.nvrtc_failures, s.links), (2, 1, 1));
+
+    opts.nvrtc_library = c"/nonexistent/libnvrtc.so".as_ptr();
+    let mut none = ptr::null_mut();
+    // SAFETY: valid options and out-pointer.
+    let status = unsafe { kc_cuda_cache_new(&opts, &mut none) };
+    assert_eq!(status, kc_status::KC_ERR_UNAVAILABLE);
+    assert!(none.is_null());
+}

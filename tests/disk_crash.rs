@@ -101,7 +101,7 @@ fn child_role() {
 /// Writes until killed. Alternates durability so both write paths get interrupted.
 fn writer(dir: &Path) -> i32 {
     let mut rng = Rng::seeded(0);
-    let durability = if rng.next().is_multiple_of(2) {
+    let durability = if rng.next() & 1 == 0 {
         Durability::Sync
     } else {
         Durability::Relaxed
@@ -183,14 +183,14 @@ fn hammer(dir: &Path) -> i32 {
     let mut rng = Rng::seeded(id);
     for i in 0..1000 {
         let k = rng.next() % KEYS;
-        if rng.next().is_multiple_of(2) {
+        if rng.next() & 1 == 0 {
             let len = (rng.next() % 8192) as usize;
             disk.put(&key(k), &payload(k, id * 10_000 + i, len), Duration::ZERO)
                 .unwrap();
-        } else if let Some(entry) = disk.get(&key(k)).unwrap()
-            && !check_payload(k, entry.payload())
-        {
-            return 3;
+        } else if let Some(entry) = disk.get(&key(k)).unwrap() {
+            if !check_payload(k, entry.payload()) {
+                return 3;
+            }
         }
     }
     let s = disk.stats();

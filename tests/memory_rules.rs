@@ -330,14 +330,12 @@ fn clear_waits_for_leases_before_destroying() {
 
 #[test]
 fn last_lease_destroys_on_the_releasing_thread() {
-    let (c, _) = cache();
     let where_destroyed = Arc::new(Mutex::new(None));
     let w = Arc::clone(&where_destroyed);
     let c2: MemoryCache<String, u64> = MemoryCache::new(Options::default(), move |_| {
         *w.lock().unwrap() = Some(thread::current().id());
         Ok(())
     });
-    drop(c);
     let lease = c2.find_or_build("k", None, ok(1)).unwrap();
     c2.clear().unwrap();
     let releaser = thread::spawn(move || {
@@ -412,7 +410,8 @@ fn deferred_destroy_error_goes_to_the_hook() {
 
 #[test]
 fn destroy_may_reenter_the_cache() {
-    let slot: Arc<Mutex<Option<Arc<MemoryCache<String, u64>>>>> = Arc::new(Mutex::new(None));
+    type Slot = Mutex<Option<Arc<MemoryCache<String, u64>>>>;
+    let slot: Arc<Slot> = Arc::new(Mutex::new(None));
     let seen = Arc::new(AtomicU64::new(0));
     let (s, n) = (Arc::clone(&slot), Arc::clone(&seen));
     let c = Arc::new(MemoryCache::new(Options::default(), move |v: u64| {

@@ -48,6 +48,33 @@ fn cache(ledger: &Arc<Ledger>, invalidated_by_clear: bool) -> Arc<MemoryCache<u3
 }
 
 #[test]
+fn single_flight_builds_once() {
+    explore(|| {
+        let ledger = Arc::new(Ledger::default());
+        let c = cache(&ledger, false);
+        let handles: Vec<_> = (0..3)
+            .map(|_| {
+                let (c, l) = (Arc::clone(&c), Arc::clone(&ledger));
+                thread::spawn(move || {
+                    c.find_or_build(&1, None, || {
+                        l.builds.fetch_add(1, Ordering::SeqCst);
+                        Ok((10, 1))
+                    })
+                    .map(|lease| *lease)
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), Ok(10));
+        }
+        assert_eq!(ledger.builds.load(Ordering::SeqCst), 1, "one build per key");
+        assert_eq!(c.len(), 1);
+        let s = c.stats();
+        assert_eq!((s.builds, s.misses, s.hits + s.waits), (1, 1, 2));
+    });
+}
+
+#[test]
 fn single_flight_with_failing_builder() {
     explore(|| {
         let ledger = Arc::new(Ledger::default());

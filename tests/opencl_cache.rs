@@ -1,12 +1,15 @@
 //! The OpenCL program cache against a real OpenCL implementation (PoCL in CI): every program
 //! handed out is run and its output checked.
 
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use kcache::Error;
-use kcache::backend::opencl::runtime::{self, Context, KernelArg};
-use kcache::backend::opencl::sys::Api;
-use kcache::backend::opencl::{OpenClCache, OpenClStats};
+use kcache::backend::opencl::runtime::{Context, KernelArg};
+use kcache::backend::opencl::sys::CL_BUILD_PROGRAM_FAILURE;
+use kcache::backend::opencl::{OpenClCache, OpenClStats, Program};
 
 mod opencl_common;
 use opencl_common::{cache_with_disk, memory_only_cache, poison_disk_entry};
@@ -19,7 +22,7 @@ fn saxpy(tag: &str) -> String {
     )
 }
 
-fn check_saxpy(context: &Context, program: kcache::backend::opencl::sys::cl_program) {
+fn check_saxpy(context: &Context, program: &Program) {
     let n = 64;
     let mut y: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut x: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();
@@ -52,18 +55,18 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
 
     let cache = cache_with_disk(dir.path());
     let cold = cache
-        .get_or_build(context.raw(), context.device(), &[&source], "")
+        .get_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
-    check_saxpy(&context, cold.value().raw());
+    check_saxpy(&context, cold.value());
     let s = stats(&cache);
     assert_eq!((s.source_builds, s.binary_loads, s.disk_misses), (1, 0, 1));
     assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
 
     let hit = cache
-        .get_or_build(context.raw(), context.device(), &[&source], "")
+        .get_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     assert_eq!(hit.value().raw(), cold.value().raw());
-    check_saxpy(&context, hit.value().raw());
+    check_saxpy(&context, hit.value());
     let s = stats(&cache);
     assert_eq!((s.source_builds, s.memory.hits, s.memory.builds), (1, 1, 1));
     drop((cold, hit));
@@ -72,9 +75,9 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     // A new cache on the same directory stands for a new process: memory is empty.
     let fresh = cache_with_disk(dir.path());
     let from_disk = fresh
-        .get_or_build(context.raw(), context.device(), &[&source], "")
+        .get_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
-    check_saxpy(&context, from_disk.value().raw());
+    check_saxpy(&context, from_disk.value());
     let s = stats(&fresh);
     assert_eq!((s.source_builds, s.binary_loads, s.disk_hits), (0, 1, 1));
     assert_eq!(s.binaries_rejected, 0);
@@ -83,10 +86,10 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     // while the memory tier keeps programs per context.
     let other = Context::new(context.device()).unwrap();
     let in_other = fresh
-        .get_or_build(other.raw(), other.device(), &[&source], "")
+        .get_or_build(other.context(), other.device(), &[&source], "")
         .unwrap();
     assert_ne!(in_other.value().raw(), from_disk.value().raw());
-    check_saxpy(&other, in_other.value().raw());
+    check_saxpy(&other, in_other.value());
     let s = stats(&fresh);
     assert_eq!((s.source_builds, s.binary_loads, s.disk_hits), (0, 2, 2));
     assert_eq!(fresh.len(), 2);
@@ -99,23 +102,23 @@ fn options_and_source_split_are_part_of_the_key_the_way_the_driver_sees_them() {
     let source = saxpy("options");
     let (head, tail) = source.split_at(source.len() / 2);
     let whole = cache
-        .get_or_build(context.raw(), context.device(), &[&source], "")
+        .get_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     // The driver concatenates source strings: the same text in two pieces is the same program.
     let split = cache
-        .get_or_build(context.raw(), context.device(), &[head, tail], "")
+        .get_or_build(context.context(), context.device(), &[head, tail], "")
         .unwrap();
     assert_eq!(whole.value().raw(), split.value().raw());
     let optimised = cache
         .get_or_build(
-            context.raw(),
+            context.context(),
             context.device(),
             &[&source],
             "-cl-fast-relaxed-math",
         )
         .unwrap();
     assert_ne!(optimised.value().raw(), whole.value().raw());
-    check_saxpy(&context, optimised.value().raw());
+    check_saxpy(&context, optimised.value());
     assert_eq!(stats(&cache).source_builds, 2);
 }
 
@@ -128,9 +131,9 @@ fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
 
     let cache = cache_with_disk(dir.path());
     let lease = cache
-        .get_or_build(context.raw(), context.device(), &[&source], "")
+        .get_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
-    check_saxpy(&context, lease.value().raw());
+    check_saxpy(&context, lease.value());
     let s = stats(&cache);
     assert_eq!(
         (s.disk_hits, s.binaries_rejected, s.source_builds),
@@ -143,9 +146,9 @@ fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
     // The rebuilt binary replaced the rejected one.
     let fresh = cache_with_disk(dir.path());
     let lease = fresh
-        .get_or_build(context.raw(), context.device(), &[&source], "")
+        .get_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
-    check_saxpy(&context, lease.value().raw());
+    check_saxpy(&context, lease.value());
     let s = stats(&fresh);
     assert_eq!(
         (s.binary_loads, s.binaries_rejected, s.source_builds),
@@ -160,12 +163,12 @@ fn a_build_failure_carries_the_compiler_log_and_is_not_cached() {
     let broken = "__kernel void broken(__global float *y) { y[0] = undeclared_thing; }";
     for attempt in 1..=2u64 {
         let error = cache
-            .get_or_build(context.raw(), context.device(), &[broken], "")
+            .get_or_build(context.context(), context.device(), &[broken], "")
             .unwrap_err();
         let Error::Build(build) = error else {
             panic!("expected a build error, got {error:?}")
         };
-        assert_eq!(build.code, -11, "CL_BUILD_PROGRAM_FAILURE");
+        assert_eq!(build.code, CL_BUILD_PROGRAM_FAILURE);
         assert!(
             build.message.contains("undeclared_thing"),
             "the log names the culprit: {}",
@@ -177,41 +180,28 @@ fn a_build_failure_carries_the_compiler_log_and_is_not_cached() {
     }
 }
 
-fn reference_count(program: kcache::backend::opencl::sys::cl_program) -> u32 {
-    runtime::program_reference_count(Api::get().unwrap(), program).unwrap()
-}
-
-/// Builds `count` programs in `context`, each with one extra reference held by the test so
-/// that the count can be read after the cache lets go.
-fn build_and_pin(
-    cache: &OpenClCache,
-    context: &Context,
-    tag: &str,
-    count: usize,
-) -> Vec<kcache::backend::opencl::sys::cl_program> {
-    let api = Api::get().unwrap();
+/// Builds `count` programs in `context`, each with one extra reference held by the test, so
+/// that the driver's count shows when the cache lets go of its own.
+fn build_and_pin(cache: &OpenClCache, context: &Context, tag: &str, count: usize) -> Vec<Program> {
     (0..count)
         .map(|i| {
             let lease = cache
                 .get_or_build(
-                    context.raw(),
+                    context.context(),
                     context.device(),
                     &[&saxpy(&format!("{tag}-{i}"))],
                     "",
                 )
                 .unwrap();
-            let program = lease.value().raw();
-            runtime::retain_program(api, program).unwrap();
-            assert_eq!(reference_count(program), 2);
-            program
+            let pin = lease.value().retain().unwrap();
+            assert_eq!(pin.reference_count().unwrap(), 2);
+            pin
         })
         .collect()
 }
 
-fn release_pins(programs: Vec<kcache::backend::opencl::sys::cl_program>) {
-    for program in programs {
-        runtime::release_program(Api::get().unwrap(), program);
-    }
+fn count(program: &Program) -> u32 {
+    program.reference_count().unwrap()
 }
 
 #[test]
@@ -222,30 +212,30 @@ fn evicting_a_context_releases_each_of_its_programs_once() {
     let evicted = build_and_pin(&cache, &first, "evict-context-a", 2);
     let kept = build_and_pin(&cache, &second, "evict-context-b", 1);
 
-    assert_eq!(cache.evict_context(first.raw()).unwrap(), 2);
-    for &program in &evicted {
-        assert_eq!(reference_count(program), 1, "released exactly once");
+    assert_eq!(cache.evict_context(first.context().raw()).unwrap(), 2);
+    for program in &evicted {
+        assert_eq!(count(program), 1, "released exactly once");
     }
-    assert_eq!(reference_count(kept[0]), 2, "other contexts keep theirs");
+    assert_eq!(count(&kept[0]), 2, "other contexts keep theirs");
     let s = stats(&cache);
     assert_eq!((s.memory.destroys, s.memory.device_evictions), (2, 2));
     assert_eq!(cache.len(), 1);
     // A second eviction has nothing left to release.
-    assert_eq!(cache.evict_context(first.raw()).unwrap(), 0);
+    assert_eq!(cache.evict_context(first.context().raw()).unwrap(), 0);
     assert_eq!(stats(&cache).memory.destroys, 2);
 
-    // The context still works with the cache afterwards.
+    // The context still works with the cache afterwards: a new program, built again.
     let again = cache
         .get_or_build(
-            first.raw(),
+            first.context(),
             first.device(),
             &[&saxpy("evict-context-a-0")],
             "",
         )
         .unwrap();
-    check_saxpy(&first, again.value().raw());
-    release_pins(evicted);
-    release_pins(kept);
+    assert_ne!(again.value().raw(), evicted[0].raw());
+    check_saxpy(&first, again.value());
+    assert_eq!(stats(&cache).source_builds, 4);
 }
 
 #[test]
@@ -259,7 +249,7 @@ fn evicting_a_device_releases_its_programs_in_every_context_once() {
     // A lease held across the eviction keeps its program alive until it is released.
     let held = cache
         .get_or_build(
-            first.raw(),
+            first.context(),
             first.device(),
             &[&saxpy("evict-device-a-0")],
             "",
@@ -267,19 +257,14 @@ fn evicting_a_device_releases_its_programs_in_every_context_once() {
         .unwrap();
     assert_eq!(cache.evict_device(first.device()).unwrap(), 3);
     assert_eq!(cache.len(), 0);
-    assert_eq!(reference_count(pinned[0]), 2, "still leased");
-    check_saxpy(&first, held.value().raw());
-    for &program in &pinned[1..] {
-        assert_eq!(reference_count(program), 1);
+    assert_eq!(count(&pinned[0]), 2, "still leased");
+    check_saxpy(&first, held.value());
+    for program in &pinned[1..] {
+        assert_eq!(count(program), 1);
     }
     drop(held);
-    assert_eq!(
-        reference_count(pinned[0]),
-        1,
-        "released with the last lease"
-    );
+    assert_eq!(count(&pinned[0]), 1, "released with the last lease");
     assert_eq!(stats(&cache).memory.destroys, 3);
-    release_pins(pinned);
 }
 
 #[test]
@@ -299,9 +284,9 @@ fn eight_threads_on_one_cold_key_run_one_build() {
             std::thread::spawn(move || {
                 barrier.wait();
                 let lease = cache
-                    .get_or_build(context.raw(), context.device(), &[&source], "")
+                    .get_or_build(context.context(), context.device(), &[&source], "")
                     .unwrap();
-                check_saxpy(&context, lease.value().raw());
+                check_saxpy(&context, lease.value());
                 lease.value().raw() as usize
             })
         })
@@ -318,10 +303,61 @@ fn eight_threads_on_one_cold_key_run_one_build() {
 }
 
 #[test]
-fn null_handles_are_invalid_arguments() {
+fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = dir.path().join("value.h");
+    // The kernel includes a named pipe: the compiler blocks reading it until the test writes,
+    // which holds the build in flight for exactly as long as the test needs.
+    assert!(
+        Command::new("mkfifo")
+            .arg(&header)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let options = format!("-I {}", dir.path().display());
+    let source = format!(
+        "#include \"value.h\"\n// {:?}\n__kernel void fill(__global float *y) {{\n\
+         y[get_global_id(0)] = VALUE;\n}}\n",
+        dir.path()
+    );
     let cache = memory_only_cache();
-    let error = cache
-        .get_or_build(std::ptr::null_mut(), std::ptr::null_mut(), &["x"], "")
-        .unwrap_err();
-    assert!(matches!(error, Error::InvalidArgument(_)));
+    let context = Context::first_device().unwrap();
+    std::thread::scope(|s| {
+        let building = s.spawn(|| {
+            cache
+                .get_or_build(context.context(), context.device(), &[&source], &options)
+                .map(drop)
+        });
+        // Opening the pipe for writing returns once the compiler has opened it for reading.
+        let mut pipe = OpenOptions::new().write(true).open(&header).unwrap();
+        assert_eq!(cache.evict_context(context.context().raw()).unwrap(), 0);
+        pipe.write_all(b"#define VALUE 1.5f\n").unwrap();
+        drop(pipe);
+        let outcome = building.join().unwrap();
+        assert!(
+            matches!(outcome, Err(Error::DeviceDestroyed(_))),
+            "{outcome:?}"
+        );
+    });
+    let s = stats(&cache);
+    assert_eq!(
+        (s.memory.builds, s.memory.discarded, s.memory.destroys),
+        (1, 1, 1),
+        "built once, then released instead of installed"
+    );
+    assert_eq!(cache.len(), 0);
+
+    // The context is still usable: the next lookup builds again and the program works.
+    std::fs::remove_file(&header).unwrap();
+    std::fs::write(&header, "#define VALUE 1.5f\n").unwrap();
+    let lease = cache
+        .get_or_build(context.context(), context.device(), &[&source], &options)
+        .unwrap();
+    let mut y = vec![0.0f32; 16];
+    context
+        .run_kernel(lease.value(), "fill", &mut [KernelArg::Floats(&mut y)], 16)
+        .unwrap();
+    assert!(y.iter().all(|v| *v == 1.5));
+    assert_eq!(stats(&cache).source_builds, 2);
 }

@@ -8,6 +8,7 @@
 mod vulkan_common;
 
 use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,8 +50,14 @@ fn stored_blob(disk: &DiskCache, device: &VulkanDevice) -> Option<Vec<u8>> {
         .map(|e| e.into_payload())
 }
 
+/// Set in the child process of the round trip to the directory the parent wrote.
+const CHILD_DIR: &str = "KCACHE_TEST_VULKAN_CHILD_DIR";
+
 #[test]
 fn pipeline_cache_data_round_trips_through_disk() {
+    if let Some(dir) = std::env::var_os(CHILD_DIR) {
+        return second_process(Path::new(&dir));
+    }
     let dir = tempfile::tempdir().unwrap();
     {
         let (gpu, disk, cache, device) = fresh(dir.path());
@@ -72,7 +79,27 @@ fn pipeline_cache_data_round_trips_through_disk() {
         check_cache_header(&blob, device.identity()).unwrap();
     }
 
-    let (gpu, _disk, cache, device) = fresh(dir.path());
+    // The reader is a new process: nothing but the directory carries over.
+    let name = "pipeline_cache_data_round_trips_through_disk";
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_DIR, dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "second process failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the second process ran no test:\n{stdout}"
+    );
+}
+
+fn second_process(dir: &Path) {
+    let (gpu, _disk, cache, device) = fresh(dir);
     let s = cache.stats();
     assert_eq!(
         (
@@ -110,6 +137,32 @@ fn write_back_happens_on_unregister_and_on_drop() {
     );
 }
 
+#[test]
+fn write_back_merges_what_another_cache_stored_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gpu_a, disk, a, device_a) = fresh(dir.path());
+    let (gpu_b, _disk_b, b, device_b) = fresh(dir.path());
+    build_and_dispatch(&gpu_a, &a, &device_a, 2);
+    build_and_dispatch(&gpu_b, &b, &device_b, 3);
+    assert!(a.flush(&device_a).unwrap());
+    assert_eq!(
+        a.stats().cache_data_merged,
+        0,
+        "nothing stored before a's write"
+    );
+    // Whether b then writes depends on the driver: lavapipe's merged data is the same header
+    // that a stored, so there is nothing new to write.
+    b.flush(&device_b).unwrap();
+    assert_eq!(
+        b.stats().cache_data_merged,
+        1,
+        "a's data merged into b's before b writes"
+    );
+    assert!(!b.flush(&device_b).unwrap(), "no new pipeline since");
+    let blob = stored_blob(&disk, &device_b).unwrap();
+    check_cache_header(&blob, device_b.identity()).unwrap();
+}
+
 /// A valid header for `id`, which each case then damages.
 fn header_for(id: &CacheIdentity) -> Vec<u8> {
     let mut h = Vec::with_capacity(HEADER_LEN);
@@ -133,7 +186,8 @@ fn foreign_or_corrupt_blobs_are_rejected_before_the_driver() {
     let valid = header_for(&identity);
     check_cache_header(&valid, &identity).unwrap();
 
-    let damage: [(&str, fn(&mut Vec<u8>)); 6] = [
+    type Damage = fn(&mut Vec<u8>);
+    let damage: [(&str, Damage); 6] = [
         ("foreign pipelineCacheUUID", |b| b[16] ^= 0xff),
         ("foreign vendor", |b| b[8] ^= 0x01),
         ("foreign device", |b| b[12] ^= 0x01),

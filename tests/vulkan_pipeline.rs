@@ -189,3 +189,24 @@ fn a_missing_loader_is_unavailable() {
         Ok(_) => panic!("expected Unavailable, got a loader"),
     }
 }
+
+#[test]
+fn a_device_is_used_only_with_the_cache_it_is_registered_with() {
+    let (_gpu, cache, device) = setup();
+    let other = VulkanCache::new(vulkan(), VulkanOptions::default());
+    assert!(matches!(
+        other.pipeline(&device, &spec(2)),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        other.flush(&device),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        other.unregister_device(&device),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(!device.is_retired());
+    assert_eq!(cache.unregister_device(&device).unwrap(), 0);
+    assert!(device.is_retired());
+}

@@ -19,9 +19,9 @@ SONAME="libkcache.so.$ABI_MAJOR"
 REALNAME="libkcache.so.$ABI_VERSION"
 [[ -n "$ABI_VERSION" ]] || { echo "no abi-version in Cargo.toml" >&2; exit 1; }
 
-# Consumers compile with warnings as errors: the header must be clean for them.
-export CFLAGS="-O2 -Wall -Wextra -Werror"
-export CXXFLAGS="-O2 -Wall -Wextra -Werror"
+# Consumers compile with warnings as errors: the header must be clean for them. Only they get
+# these flags (cargo would pass CFLAGS on to the C code of dependencies).
+CONSUMER_FLAGS="-O2 -Wall -Wextra -Werror"
 
 CHECKS=0
 step() { printf '\n-- %s\n' "$*"; }
@@ -69,7 +69,8 @@ run_cmake_consumer() {
   local name=$1 prefix=$2 linkage=$3 tag=${4:-}
   local src="$WORK/src-$name$tag" bin="$WORK/bin-$name$tag"
   copy_project "$name" "$src"
-  cmake -S "$src" -B "$bin" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >"$WORK/log" 2>&1 ||
+  CFLAGS="$CONSUMER_FLAGS" CXXFLAGS="$CONSUMER_FLAGS" \
+    cmake -S "$src" -B "$bin" -DCMAKE_PREFIX_PATH="$prefix" >"$WORK/log" 2>&1 ||
     { cat "$WORK/log" >&2; fail "$name: configure against $prefix"; }
   cmake --build "$bin" -j "$JOBS" >"$WORK/log" 2>&1 || { cat "$WORK/log" >&2; fail "$name: build"; }
   check_linkage "$name" "$bin/app" "$linkage"
@@ -82,7 +83,7 @@ run_make_consumer() {
   local name=$1 prefix=$2 linkage=$3 tag=${4:-}
   local src="$WORK/src-$name$tag"
   copy_project "$name" "$src"
-  PKG_CONFIG_PATH="$prefix/lib/pkgconfig" make -C "$src" >"$WORK/log" 2>&1 ||
+  CFLAGS="$CONSUMER_FLAGS" PKG_CONFIG_PATH="$prefix/lib/pkgconfig" make -C "$src" >"$WORK/log" 2>&1 ||
     { cat "$WORK/log" >&2; fail "$name: make"; }
   check_linkage "$name" "$src/app" "$linkage"
   "$src/app" || fail "$name: program failed"
@@ -101,10 +102,15 @@ check_linkage() {
 step "README snippets"
 check_readme_snippets
 
-step "build and install with CMake"
-cmake -S "$ROOT" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DKCACHE_BUILD_TESTS=OFF >"$WORK/log" 2>&1 ||
-  { cat "$WORK/log" >&2; fail "configure kcache"; }
+step "build, test and install with CMake (the README's commands)"
+cmake -S "$ROOT" -B "$WORK/build" >"$WORK/log" 2>&1 || { cat "$WORK/log" >&2; fail "configure kcache"; }
 cmake --build "$WORK/build" -j "$JOBS"
+if [[ -f "$ROOT/c-tests/CMakeLists.txt" ]]; then
+  ctest --test-dir "$WORK/build" --output-on-failure -j "$JOBS" || fail "ctest in the CMake build"
+  tests="$(ctest --test-dir "$WORK/build" -N | sed -n 's/^Total Tests: //p')"
+  [[ "$tests" -gt 0 ]] || fail "ctest found no C tests in the CMake build"
+  pass "ctest --test-dir build: $tests C tests passed"
+fi
 cmake --install "$WORK/build" --prefix "$WORK/prefix" >"$WORK/log" 2>&1 ||
   { cat "$WORK/log" >&2; fail "install kcache"; }
 pass "cmake configure, build, install into a fresh prefix"
@@ -132,6 +138,14 @@ if needed_of "$P/lib/$REALNAME" | grep -Ei 'opencl|vulkan|cuda|nvrtc|libstd|rust
   fail "a GPU runtime or the Rust standard library is in NEEDED"
 fi
 pass "SONAME $SONAME; exports only kc_* ($(nm -D --defined-only "$P/lib/$REALNAME" | wc -l) symbols); NEEDED: $(needed_of "$P/lib/$REALNAME" | tr '\n' ' ')"
+
+cmake --install "$WORK/build" --prefix "$WORK/stripped" --strip >"$WORK/log" 2>&1 ||
+  { cat "$WORK/log" >&2; fail "install --strip"; }
+cmake -DLIBRARY="$WORK/stripped/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmake/check-library.cmake" ||
+  fail "stripped library check"
+! file "$WORK/stripped/lib/$REALNAME" | grep -q 'with debug_info' || fail "--strip left debug info"
+pass "cmake --install --strip: $(stat -c %s "$WORK/stripped/lib/$REALNAME") bytes instead of $(stat -c %s "$P/lib/$REALNAME"), exports intact"
+rm -rf "$WORK/stripped"
 
 step "pkg-config metadata"
 export PKG_CONFIG_PATH="$P/lib/pkgconfig"

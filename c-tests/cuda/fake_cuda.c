@@ -23,9 +23,13 @@
  * Devices: ordinal 0 is "kcache fake GPU 0" (compute capability 8.0), ordinal 1 is
  * "kcache fake GPU 1" (9.0). Tests create contexts with cuCtxCreate_v2, which kcache never calls.
  *
+ * For the cuda_check example it also has host-memory "device" buffers and a CPU run of the
+ * repository's saxpy kernel (see the end of this file).
+ *
  * Handles are never freed, so a stale handle is detected instead of being a use-after-free.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -504,11 +508,31 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         return CUDA_ERROR_INVALID_CONTEXT;
     const unsigned char *b = image;
     if (memcmp(b, CUBIN_MAGIC, 8) != 0) {
-        /* PTX handed straight to the loader would be JIT-compiled here; kcache must not. */
-        if (contains(image, strnlen(image, 1 << 20), ".version"))
-            bump(C_MODULE_LOAD_PTX);
-        bump(C_MODULE_LOAD_FAILED);
-        return CUDA_ERROR_INVALID_IMAGE;
+        /* PTX handed straight to the loader is JIT-compiled, as the driver does. kcache never
+         * does this (it links, to keep the cubin); the cuda_check example's "jit" mode does. */
+        const char *ptx = image;
+        size_t len = strnlen(ptx, 1 << 24);
+        struct fake_link jit = {.magic = LNK_MAGIC};
+        if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target") ||
+            !parse_entries(&jit, ptx, len)) {
+            bump(C_MODULE_LOAD_FAILED);
+            return CUDA_ERROR_INVALID_IMAGE;
+        }
+        struct fake_module *m = calloc(1, sizeof *m);
+        if (!m)
+            return CUDA_ERROR_INVALID_VALUE;
+        m->magic = MOD_MAGIC;
+        m->ctx = c;
+        m->nentries = jit.nentries;
+        for (int i = 0; i < jit.nentries; i++) {
+            m->functions[i].magic = FUN_MAGIC;
+            m->functions[i].module = m;
+            memcpy(m->functions[i].name, jit.entries[i], MAX_NAME);
+        }
+        bump(C_MODULE_LOAD_PTX);
+        bump(C_LIVE_MODULES);
+        *out = m;
+        return CUDA_SUCCESS;
     }
     int pending = __atomic_load_n(&reject_loads, __ATOMIC_SEQ_CST);
     while (pending > 0) {
@@ -574,4 +598,91 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
             return CUDA_SUCCESS;
         }
     return CUDA_ERROR_NOT_FOUND;
+}
+
+/* ---- memory and launches, for the cuda_check example ------------------------------------- */
+/* Device memory is host memory. cuLaunchKernel runs the one kernel it knows, the repository's
+ * saxpy.ptx (parameters: u32 n, f32 a, f32 *x, f32 *y), on the CPU, so the example's argument
+ * marshalling and result check run in CI; any other kernel is CUDA_ERROR_NOT_FOUND. */
+
+typedef unsigned long long CUdeviceptr;
+
+static struct fake_ctx primary[NUM_DEVICES] = {{CTX_MAGIC, 0}, {CTX_MAGIC, 1}};
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(struct fake_ctx **out, CUdevice device) {
+    REQUIRE_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0 || device >= NUM_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *out = &primary[device];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+    REQUIRE_INIT();
+    return device < 0 || device >= NUM_DEVICES ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
+    REQUIRE_INIT();
+    if (!out || bytes == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!live_ctx(current()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    void *p = malloc(bytes);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    REQUIRE_INIT();
+    free((void *)(uintptr_t)p);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t bytes) {
+    REQUIRE_INIT();
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy((void *)(uintptr_t)dst, src, bytes);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes) {
+    REQUIRE_INIT();
+    if (!dst || !src)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, (const void *)(uintptr_t)src, bytes);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuLaunchKernel(struct fake_function *f, unsigned gx, unsigned gy, unsigned gz,
+                               unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                               void *stream, void **params, void **extra) {
+    (void)shared, (void)stream, (void)extra;
+    REQUIRE_INIT();
+    if (!f || f->magic != FUN_MAGIC || f->module->magic != MOD_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (current() != f->module->ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!params || gy != 1 || gz != 1 || by != 1 || bz != 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (strcmp(f->name, "saxpy") != 0)
+        return CUDA_ERROR_NOT_FOUND;
+    unsigned n = *(const unsigned *)params[0];
+    float a = *(const float *)params[1];
+    const float *x = (const float *)(uintptr_t)*(const CUdeviceptr *)params[2];
+    float *y = (float *)(uintptr_t)*(const CUdeviceptr *)params[3];
+    unsigned long long threads = (unsigned long long)gx * bx;
+    for (unsigned long long i = 0; i < threads && i < n; i++)
+        y[i] = fmaf(a, x[i], y[i]);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    REQUIRE_INIT();
+    return live_ctx(current()) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }

@@ -206,11 +206,11 @@ fn scan(inner: &Inner, epoch: u64) {
             if parse_entry_name(name).is_none() {
                 continue;
             }
-            if let Ok(meta) = lstat_at(&inner.dir, name)
-                && meta.is_file()
-            {
-                let recency = meta.modified().map_or(0, nanos_since_epoch);
-                found.push((name.to_owned(), meta.len(), recency));
+            if let Ok(meta) = lstat_at(&inner.dir, name) {
+                if meta.is_file() {
+                    let recency = meta.modified().map_or(0, nanos_since_epoch);
+                    found.push((name.to_owned(), meta.len(), recency));
+                }
             }
         }
     }

@@ -2,7 +2,7 @@
 //! atomically, size-capped with least-recently-used eviction.
 //!
 //! - [`config`]: where the directory is and what key authenticates entries.
-//! - [`dir`](self): trust checks on the directory.
+//! - `dir`: trust checks on the directory.
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`).
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
 //!

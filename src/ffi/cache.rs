@@ -11,7 +11,7 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::memory::{Entry, Lease, MemoryCache, Options};
+use crate::memory::{Entry, Lease, MemoryCache, Options, Stats};
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
 /// A value stored for C: an opaque pointer kcache never dereferences.
@@ -67,7 +67,7 @@ pub type kc_build_fn = Option<
 /// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
 /// after an eviction or clear during its build, or the cache freed) once no lease holds it.
 /// Called exactly once per built value, on whichever thread let go of it last, never under a
-/// kcache lock: it may call into the cache. Returns 0 on success; a non-zero code is reported
+/// kcache lock: it may call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code is reported
 /// as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
 /// has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
 /// Same rules as `kc_build_fn` for longjmp and exceptions.
@@ -94,7 +94,9 @@ pub struct kc_lease {
 
 /// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
 /// `struct_size`, then change fields. Fields may be appended in later versions: the library
-/// reads only the first `struct_size` bytes and uses defaults for the rest.
+/// reads only the first `struct_size` bytes and uses defaults for the fields after them. It
+/// refuses (`KC_ERR_INVALID_ARGUMENT`) a `struct_size` that ends before `destroy_ctx`, and a
+/// larger struct than it knows unless the bytes it does not know are all zero.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_cache_options {
@@ -122,9 +124,10 @@ pub struct kc_cache_options {
 const OPTIONS_MIN_SIZE: usize =
     offset_of!(kc_cache_options, destroy_ctx) + size_of::<*mut c_void>();
 
-/// Counters of one cache since its creation. Set `struct_size` to `sizeof(kc_cache_stats)`
-/// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to
-/// the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
+/// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
+/// `kc_cache_stats` belongs to the function). Set `struct_size` to
+/// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
+/// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
 /// concurrent use fields may be a few operations apart.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,7 +152,7 @@ pub struct kc_cache_stats {
     pub device_evictions: u64,
     /// Calls to `kc_cache_clear`.
     pub clears: u64,
-    /// Destroy callbacks run.
+    /// Values released: destroy callbacks run (counted also without a destroy callback).
     pub destroys: u64,
     /// Destroy callbacks that returned non-zero.
     pub destroy_errors: u64,
@@ -163,20 +166,45 @@ pub struct kc_cache_stats {
 
 const STATS_MIN_SIZE: usize = size_of::<kc_cache_stats>();
 
+impl From<Stats> for kc_cache_stats {
+    /// The C form of a memory tier's counters, `struct_size` set to the whole struct.
+    fn from(s: Stats) -> Self {
+        kc_cache_stats {
+            struct_size: size_of::<kc_cache_stats>(),
+            hits: s.hits,
+            misses: s.misses,
+            builds: s.builds,
+            build_failures: s.build_failures,
+            waits: s.waits,
+            discarded: s.discarded,
+            capacity_evictions: s.capacity_evictions,
+            device_evictions: s.device_evictions,
+            clears: s.clears,
+            destroys: s.destroys,
+            destroy_errors: s.destroy_errors,
+            entries: s.entries,
+            weight: s.weight,
+            leases: s.leases,
+        }
+    }
+}
+
+const DEFAULT_OPTIONS: kc_cache_options = kc_cache_options {
+    struct_size: size_of::<kc_cache_options>(),
+    max_entries: 0,
+    max_weight: 0,
+    invalidated_by_clear: false,
+    destroy: None,
+    destroy_ctx: ptr::null_mut(),
+    on_destroy_error: None,
+    on_destroy_error_ctx: ptr::null_mut(),
+};
+
 /// The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
 /// no destroy callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_cache_options_default() -> kc_cache_options {
-    kc_cache_options {
-        struct_size: size_of::<kc_cache_options>(),
-        max_entries: 0,
-        max_weight: 0,
-        invalidated_by_clear: false,
-        destroy: None,
-        destroy_ctx: ptr::null_mut(),
-        on_destroy_error: None,
-        on_destroy_error_ctx: ptr::null_mut(),
-    }
+    DEFAULT_OPTIONS
 }
 
 /// Reads the caller's options: the first `struct_size` bytes, defaults after them. A larger
@@ -293,7 +321,7 @@ pub unsafe extern "C" fn kc_cache_new(
 
 /// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
 /// their last lease is released (the leases stay valid). No other call on `cache` may run
-/// during or after this one. NULL is a no-op.
+/// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
 ///
 /// # Safety
 /// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
@@ -534,8 +562,7 @@ pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     })
 }
 
-/// Copies the cache's counters into `*out`; see `kc_cache_stats` (the struct) for
-/// `struct_size`. `*out` is written on success only.
+/// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
 ///
 /// # Safety
 /// `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
@@ -551,29 +578,15 @@ pub unsafe extern "C" fn kc_cache_stats(
         let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
         if given < STATS_MIN_SIZE {
             return Err(Error::InvalidArgument(format!(
-                "out->struct_size is {given}, the smallest known kc_cache_stats is \
+                "out->struct_size is {given}, the smallest known kc_cache_statistics is \
                  {STATS_MIN_SIZE} bytes"
             )));
         }
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let s = unsafe { &(*cache).inner }.stats();
         let written = given.min(size_of::<kc_cache_stats>());
+        // SAFETY: `cache` is a live cache; only shared access is needed.
         let stats = kc_cache_stats {
             struct_size: written,
-            hits: s.hits,
-            misses: s.misses,
-            builds: s.builds,
-            build_failures: s.build_failures,
-            waits: s.waits,
-            discarded: s.discarded,
-            capacity_evictions: s.capacity_evictions,
-            device_evictions: s.device_evictions,
-            clears: s.clears,
-            destroys: s.destroys,
-            destroy_errors: s.destroy_errors,
-            entries: s.entries,
-            weight: s.weight,
-            leases: s.leases,
+            ..unsafe { &(*cache).inner }.stats().into()
         };
         // SAFETY: `out` has `given >= written` writable bytes by contract; `stats` is a local
         // of at least `written` bytes with no padding.

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use super::cache::kc_cache_stats;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::backend::cuda::{
-    Context, CudaCache, CudaOptions, Driver, JitOption, Module, ModuleLease,
+    Context, CudaCache, CudaOptions, Driver, JitOption, Module, ModuleLease, Nvrtc,
 };
 use crate::disk::{DiskCache, DiskConfig};
 use crate::error::Error;
@@ -50,7 +50,6 @@ pub struct kc_cuda_cache {
 
 /// A lease on a cached module: the module stays loaded until `kc_cuda_lease_release`, even if
 /// it is evicted meanwhile.
-#[repr(C)]
 pub struct kc_cuda_lease {
     _opaque: [u8; 0],
 }
@@ -72,6 +71,10 @@ pub struct kc_cuda_options {
     pub disk_dir: *const c_char,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
+    /// The NVRTC library for `kc_cuda_get_module_cuda`; NULL: loaded on its first call from
+    /// `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
+    /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
+    pub nvrtc_library: *const c_char,
 }
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -85,11 +88,12 @@ pub struct kc_cuda_jit_option {
     pub value: u32,
 }
 
-/// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_stats)` first.
+/// Counters of a CUDA cache (`kc_cuda_statistics` in C, where the name `kc_cuda_stats`
+/// belongs to the function). Set `struct_size` to `sizeof(kc_cuda_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_stats {
-    /// In: size of the caller's struct; it must be at least `sizeof(kc_cuda_stats)`.
+    /// In: size of the caller's struct; it must be at least `sizeof(kc_cuda_statistics)`.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -107,6 +111,10 @@ pub struct kc_cuda_stats {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
+    /// CUDA C++ sources compiled to PTX by NVRTC.
+    pub nvrtc_compiles: u64,
+    /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
+    pub nvrtc_failures: u64,
 }
 
 /// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
@@ -120,6 +128,7 @@ pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
         use_disk: false,
         disk_dir: ptr::null(),
         driver_library: ptr::null(),
+        nvrtc_library: ptr::null(),
     }
 }
 
@@ -145,8 +154,8 @@ unsafe fn optional_path(text: *const c_char, name: &str) -> Result<Option<PathBu
 /// `KC_ERR_IO`.
 ///
 /// # Safety
-/// `opts` must point to a `kc_cuda_options` whose `disk_dir` and `driver_library` are NULL or
-/// C strings; `out_cache` must be writable.
+/// `opts` must point to a `kc_cuda_options` whose `disk_dir`, `driver_library` and
+/// `nvrtc_library` are NULL or C strings; `out_cache` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_new(
     opts: *const kc_cuda_options,
@@ -171,6 +180,13 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
             Some(path) => Driver::load_from(&path)?,
             None => Driver::load()?,
         };
+        // SAFETY: C string or NULL by contract.
+        let nvrtc = match unsafe { optional_path(opts.nvrtc_library, "nvrtc_library") }? {
+            // Loaded now rather than on first use: the caller named it, so a wrong path is an
+            // error of this call.
+            Some(path) => Some(Arc::new(Nvrtc::load_from(&path)?)),
+            None => None,
+        };
         let disk = if opts.use_disk {
             // SAFETY: C string or NULL by contract.
             open_disk(unsafe { optional_path(opts.disk_dir, "disk_dir") }?)?
@@ -185,6 +201,7 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
             },
             disk,
             driver: Some(Arc::new(driver)),
+            nvrtc,
         })?;
         let cache = Box::into_raw(Box::new(kc_cuda_cache { inner }));
         // SAFETY: `out_cache` is non-NULL and writable by contract.
@@ -260,22 +277,98 @@ pub unsafe extern "C" fn kc_cuda_get_module(
             // SAFETY: `ptx_len` readable bytes by contract.
             unsafe { byte_slice(ptx.cast(), ptx_len, "ptx") }?
         };
-        let raw_options = if option_count == 0 {
-            &[][..]
-        } else {
-            non_null(options, "options")?;
-            // SAFETY: `option_count` entries by contract.
-            unsafe { std::slice::from_raw_parts(options, option_count) }
-        };
-        let options = raw_options
-            .iter()
-            .map(|o| JitOption::from_raw(o.option, o.value))
-            .collect::<Result<Vec<_>, Error>>()?;
+        // SAFETY: `option_count` entries by contract.
+        let options = unsafe { jit_options(options, option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
         // SAFETY: `cache` is a live cache; only shared access is needed.
         let cache = unsafe { &(*cache).inner };
         let lease = cache.module(context, ptx, &options)?;
+        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
+        // SAFETY: `out_lease` is non-NULL and writable by contract.
+        unsafe { out_lease.write(raw) };
+        Ok(())
+    })
+}
+
+/// The C array of JIT options as Rust values.
+///
+/// # Safety
+/// `options` must hold `count` entries when `count > 0`.
+unsafe fn jit_options(
+    options: *const kc_cuda_jit_option,
+    count: usize,
+) -> Result<Vec<JitOption>, Error> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    non_null(options, "options")?;
+    // SAFETY: `count` entries by contract.
+    let raw = unsafe { std::slice::from_raw_parts(options, count) };
+    raw.iter()
+        .map(|o| JitOption::from_raw(o.option, o.value))
+        .collect()
+}
+
+/// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
+/// context's device unless they name an architecture), then as `kc_cuda_get_module`. Kernels
+/// are found by symbol name: declare them `extern "C"`.
+///
+/// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
+/// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
+/// `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
+/// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
+///
+/// # Safety
+/// As `kc_cuda_get_module`, with `source` in place of `ptx`, and `nvrtc_options` holding
+/// `nvrtc_option_count` C strings.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)] // One C call; a struct would only move the same fields.
+pub unsafe extern "C" fn kc_cuda_get_module_cuda(
+    cache: *mut kc_cuda_cache,
+    context: *mut c_void,
+    source: *const c_char,
+    source_len: usize,
+    nvrtc_options: *const *const c_char,
+    nvrtc_option_count: usize,
+    jit_options: *const kc_cuda_jit_option,
+    jit_option_count: usize,
+    out_lease: *mut *mut kc_cuda_lease,
+) -> kc_status {
+    guard(|| {
+        non_null(cache, "cache")?;
+        non_null(source, "source")?;
+        non_null(out_lease, "out_lease")?;
+        let source = if source_len == 0 {
+            // SAFETY: NUL-terminated by contract when no length is given.
+            unsafe { CStr::from_ptr(source) }.to_bytes()
+        } else {
+            // SAFETY: `source_len` readable bytes by contract.
+            unsafe { byte_slice(source.cast(), source_len, "source") }?
+        };
+        let source = std::str::from_utf8(source)
+            .map_err(|_| Error::InvalidArgument("source is not valid UTF-8".into()))?;
+        let mut options = Vec::with_capacity(nvrtc_option_count);
+        if nvrtc_option_count > 0 {
+            non_null(nvrtc_options, "nvrtc_options")?;
+            // SAFETY: `nvrtc_option_count` pointers by contract.
+            let pointers = unsafe { std::slice::from_raw_parts(nvrtc_options, nvrtc_option_count) };
+            for &pointer in pointers {
+                non_null(pointer, "nvrtc_options[i]")?;
+                // SAFETY: each entry is a C string by contract.
+                let option = unsafe { CStr::from_ptr(pointer) }.to_str().map_err(|_| {
+                    Error::InvalidArgument("an NVRTC option is not valid UTF-8".into())
+                })?;
+                options.push(option);
+            }
+        }
+        // SAFETY: `jit_option_count` entries by contract.
+        let jit = unsafe { self::jit_options(jit_options, jit_option_count) }?;
+        // SAFETY: NULL or a live context kept until evicted, by contract.
+        let context = unsafe { Context::from_raw(context) };
+        // SAFETY: `cache` is a live cache; only shared access is needed.
+        let cache = unsafe { &(*cache).inner };
+        let lease = cache.module_from_cuda(context, source, &options, &jit)?;
         let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(raw) };
@@ -450,7 +543,7 @@ pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_stats`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_stats(
     cache: *const kc_cuda_cache,
@@ -463,7 +556,7 @@ pub unsafe extern "C" fn kc_cuda_stats(
         let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
         if given < size_of::<kc_cuda_stats>() {
             return Err(Error::InvalidArgument(format!(
-                "out->struct_size is {given}, kc_cuda_stats is {} bytes",
+                "out->struct_size is {given}, kc_cuda_statistics is {} bytes",
                 size_of::<kc_cuda_stats>()
             )));
         }
@@ -496,6 +589,8 @@ pub unsafe extern "C" fn kc_cuda_stats(
             disk_hits: s.disk_hits,
             disk_misses: s.disk_misses,
             disk_errors: s.disk_errors,
+            nvrtc_compiles: s.nvrtc_compiles,
+            nvrtc_failures: s.nvrtc_failures,
         };
         // SAFETY: `out` is non-NULL and holds at least a whole struct, checked above.
         unsafe { ptr::write_unaligned(out, stats) };

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use super::cache::kc_cache_stats;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::backend::opencl::{OpenClCache, Program, ProgramLease};
+use crate::backend::opencl::{ContextRef, Device, OpenClCache, Program, ProgramLease};
 use crate::disk::{DiskCache, DiskConfig};
 use crate::error::Error;
 use crate::memory::{self, Entry};
@@ -197,7 +197,8 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 ///
 /// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
 /// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
-/// `options` is NULL or the `clBuildProgram` options string. `*out_lease` is written on
+/// `options` is NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C
+/// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
 /// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
 ///
@@ -260,6 +261,11 @@ pub unsafe extern "C" fn kc_opencl_get_program(
         };
         // SAFETY: `cache` is a live cache; only shared access is needed.
         let cache = unsafe { &(*cache).inner };
+        // SAFETY: the caller passes a live context and one of its devices, which stay live
+        // during the call; the cache keeps no borrow of the context beyond it (programs hold
+        // their own reference to it).
+        let (context, device) =
+            unsafe { (ContextRef::from_raw(context), Device::from_raw(device)) };
         let lease = cache.get_or_build(context, device, &texts, options)?;
         let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
         // SAFETY: `out_lease` is non-NULL and writable by contract.
@@ -331,6 +337,8 @@ pub unsafe extern "C" fn kc_opencl_evict_device(
 ) -> kc_status {
     guard(|| {
         non_null(cache, "cache")?;
+        // SAFETY: eviction only compares the handle with the ones lookups registered.
+        let device = unsafe { Device::from_raw(device) };
         // SAFETY: `cache` is a live cache; only shared access is needed.
         let count = unsafe { &(*cache).inner }.evict_device(device)?;
         write_count(out_count, count);

@@ -49,13 +49,12 @@ pub struct kc_vulkan_lease {
     _opaque: [u8; 0],
 }
 
+/// `PFN_vkVoidFunction` without `vulkan.h`.
+pub type kc_vulkan_void_fn = Option<unsafe extern "C" fn()>;
+
 /// `vkGetInstanceProcAddr` with handle types that need no `vulkan.h`; cast the real one to it.
-pub type kc_vulkan_get_instance_proc_addr_fn = Option<
-    unsafe extern "C" fn(
-        instance: *mut c_void,
-        name: *const c_char,
-    ) -> Option<unsafe extern "C" fn()>,
->;
+pub type kc_vulkan_get_instance_proc_addr_fn =
+    Option<unsafe extern "C" fn(instance: *mut c_void, name: *const c_char) -> kc_vulkan_void_fn>;
 
 /// How a Vulkan cache behaves. Start from `kc_vulkan_options_default()`.
 #[repr(C)]
@@ -146,6 +145,10 @@ pub struct kc_vulkan_stats {
     pub cache_data_rejected: u64,
     /// Pipeline-cache blobs written to disk.
     pub cache_data_written: u64,
+    /// Blobs another process stored meanwhile, merged in before a write.
+    pub cache_data_merged: u64,
+    /// Disk reads or writes that failed (a failed write is also returned by the flushing call).
+    pub disk_errors: u64,
 }
 
 /// Memory only, unbounded, with the system's Vulkan loader.
@@ -507,8 +510,6 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
     })
 }
 
-type PipelineEntry = Entry<PipelineKey, Pipeline>;
-
 /// The pipeline behind a lease pointer, or `None` (recorded as a NULL argument).
 ///
 /// # Safety
@@ -519,7 +520,7 @@ unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
         return None;
     }
     // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
-    Some(unsafe { &*lease.cast::<PipelineEntry>() }.value())
+    Some(unsafe { &*lease.cast::<Entry<PipelineKey, Pipeline>>() }.value())
 }
 
 /// The leased `VkPipeline`; 0 if `lease` is NULL.
@@ -586,7 +587,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
     guard_value((), || {
         if !lease.is_null() {
             // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
-            let entry = unsafe { Arc::from_raw(lease.cast_const().cast::<PipelineEntry>()) };
+            let entry =
+                unsafe { Arc::from_raw(lease.cast_const().cast::<Entry<PipelineKey, Pipeline>>()) };
             drop(PipelineLease::from_arc(entry));
         }
     })
@@ -635,6 +637,8 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
             cache_data_missing: s.cache_data_missing,
             cache_data_rejected: s.cache_data_rejected,
             cache_data_written: s.cache_data_written,
+            cache_data_merged: s.cache_data_merged,
+            disk_errors: s.disk_errors,
         };
         // SAFETY: `out` points to a writable struct of at least this size by contract.
         unsafe { out.write_unaligned(stats) };

@@ -33,7 +33,9 @@ use std::borrow::Borrow;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
 
 pub use entry::{Entry, Lease};
 pub use stats::Stats;
@@ -79,6 +81,12 @@ pub struct MemoryCache<K, V> {
     epochs: Mutex<HashMap<DeviceId, u64>>,
     /// Only consulted when a cap is set.
     clock: Mutex<Clock<K, V>>,
+}
+
+/// What a build's caller saw when the build started, checked again at install.
+struct Snapshot {
+    device_epoch: Option<(DeviceId, u64)>,
+    generation: u64,
 }
 
 /// Unlinked entries waiting for their destroy, which must happen outside every lock.
@@ -170,9 +178,9 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let build_time = started.elapsed();
         guard.armed = false;
 
-        let (slot_key, building) = self.take_building(hash, &flight);
         match built {
             Err(e) => {
+                let building = self.take_building(hash, &flight);
                 drop(building);
                 bump(&self.shared.counters.build_failures);
                 let error = Error::Build(e);
@@ -180,17 +188,11 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
                 Err(error)
             }
             Ok((value, weight)) => {
-                let entry = Arc::new(Entry::new(
-                    slot_key,
-                    value,
-                    weight,
-                    device,
-                    build_time,
-                    hash,
-                    Arc::clone(&self.shared),
-                ));
-                drop(building);
-                self.install(entry, device.zip(epoch), generation, &flight)
+                let snapshot = Snapshot {
+                    device_epoch: device.zip(epoch),
+                    generation,
+                };
+                self.install(hash, &flight, snapshot, value, weight, build_time)
             }
         }
     }
@@ -315,10 +317,13 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         self.epochs.lock().get(&device).copied().unwrap_or(0)
     }
 
-    /// Removes this flight's slot and hands back the key it held. The returned slot must be
-    /// dropped by the caller, outside the lock.
-    fn take_building(&self, hash: u64, flight: &Arc<Flight<K, V>>) -> (K, Arc<Flight<K, V>>) {
-        let mut table = self.shared.shard_of(hash).table.write();
+    /// Removes this flight's slot (freeing its key for a new build) and hands back the key.
+    /// The returned flight must be dropped by the caller, outside the lock.
+    fn remove_building(
+        table: &mut HashTable<Slot<K, V>>,
+        hash: u64,
+        flight: &Arc<Flight<K, V>>,
+    ) -> (K, Arc<Flight<K, V>>) {
         let found = table
             .find_entry(
                 hash,
@@ -331,25 +336,43 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         }
     }
 
-    /// Links a freshly built entry, unless the device was evicted or (on a borrowing cache)
-    /// the cache cleared since the build started. The check runs under the shard lock, and
+    fn take_building(&self, hash: u64, flight: &Arc<Flight<K, V>>) -> (K, Arc<Flight<K, V>>) {
+        Self::remove_building(&mut self.shared.shard_of(hash).table.write(), hash, flight)
+    }
+
+    /// Replaces the flight's slot with the built entry, unless the device was evicted or (on a
+    /// borrowing cache) the cache cleared since the build started. Both happen under one shard
+    /// lock, so no lookup can find the key free in between and start a second build. And
     /// `evict_device`/`clear` bump first and then take every shard lock: so either the check
-    /// sees the bump, or the unlinking sweep comes after the install and sees the entry.
+    /// here sees the bump, or their unlinking sweep comes after the install and sees the entry.
     fn install(
         &self,
-        entry: Arc<Entry<K, V>>,
-        device_epoch: Option<(DeviceId, u64)>,
-        generation: u64,
-        flight: &Flight<K, V>,
+        hash: u64,
+        flight: &Arc<Flight<K, V>>,
+        snapshot: Snapshot,
+        value: V,
+        weight: u64,
+        build_time: Duration,
     ) -> Result<Lease<K, V>> {
-        let shard = self.shared.shard_of(entry.hash);
+        let shard = self.shared.shard_of(hash);
         let mut table = shard.table.write();
-        let stale = match device_epoch {
+        let (key, building) = Self::remove_building(&mut table, hash, flight);
+        let device = snapshot.device_epoch.map(|(device, _)| device);
+        let entry = Arc::new(Entry::new(
+            key,
+            value,
+            weight,
+            device,
+            build_time,
+            hash,
+            Arc::clone(&self.shared),
+        ));
+        let stale = match snapshot.device_epoch {
             Some((device, epoch)) if self.epoch(device) != epoch => {
                 Some(Error::DeviceDestroyed(device))
             }
             _ if self.invalidated_by_clear
-                && self.generation.load(Ordering::SeqCst) != generation =>
+                && self.generation.load(Ordering::SeqCst) != snapshot.generation =>
             {
                 Some(Error::CacheCleared)
             }
@@ -357,6 +380,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         };
         if let Some(error) = stale {
             drop(table);
+            drop(building);
             bump(&self.shared.counters.builds);
             bump(&self.shared.counters.discarded);
             entry.linked.store(false, Ordering::Release);
@@ -366,11 +390,12 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             flight.finish(Err(error.clone()));
             return Err(error);
         }
-        table.insert_unique(entry.hash, Slot::Ready(Arc::clone(&entry)), Slot::hash);
+        table.insert_unique(hash, Slot::Ready(Arc::clone(&entry)), Slot::hash);
         let c = &self.shared.counters;
         let entries = c.entries.fetch_add(1, Ordering::Relaxed) + 1;
-        let weight = c.weight.fetch_add(entry.weight(), Ordering::Relaxed) + entry.weight();
+        let weight = c.weight.fetch_add(weight, Ordering::Relaxed) + weight;
         drop(table);
+        drop(building);
         bump(&c.builds);
         let lease = Lease::new(Arc::clone(&entry));
         flight.finish(Ok(Arc::clone(&entry)));

@@ -16,39 +16,54 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-use kcache::backend::cuda::{CUcontext, Driver};
+use kcache::backend::cuda::{CUcontext, Driver, Nvrtc};
 use libloading::Library;
 use tempfile::TempDir;
 
 pub const SAXPY_PTX: &str = include_str!("../../c-tests/cuda/kernels/saxpy.ptx");
 
-/// Compiles the fake driver once per test process.
-fn built_library() -> &'static Path {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("c-tests/cuda/fake_cuda.c");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("libfake_cuda-{}.so", std::process::id()));
-        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-        let status = Command::new(&cc)
-            .args([
-                "-std=c11",
-                "-O1",
-                "-Wall",
-                "-Wextra",
-                "-Werror",
-                "-shared",
-                "-fPIC",
-                "-fvisibility=hidden",
-                "-o",
-            ])
-            .arg(&out)
-            .arg(&source)
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
-        assert!(status.success(), "building the fake CUDA driver failed");
-        out
-    })
+/// Compiles `c-tests/cuda/<name>.c` into a shared library, once per test process.
+fn built_library(name: &'static str) -> PathBuf {
+    static BUILT: OnceLock<std::sync::Mutex<Vec<(&'static str, PathBuf)>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap();
+    if let Some((_, path)) = built.iter().find(|(n, _)| *n == name) {
+        return path.clone();
+    }
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("c-tests/cuda/{name}.c"));
+    let out =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("lib{name}-{}.so", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args([
+            "-std=c11",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(&source)
+        .arg("-lm")
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e}"));
+    assert!(status.success(), "building {name} failed");
+    built.push((name, out.clone()));
+    out
+}
+
+/// A private copy of a test library in its own directory, under `file_name`.
+fn private_copy(name: &'static str, file_name: &str) -> (TempDir, PathBuf, Library) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(file_name);
+    std::fs::copy(built_library(name), &path).unwrap();
+    // SAFETY: the test libraries have no initialisers with preconditions.
+    let library = unsafe { Library::new(&path) }.unwrap();
+    (dir, path, library)
 }
 
 type FnCounter = unsafe extern "C" fn(*const c_char) -> u64;
@@ -67,11 +82,7 @@ pub struct FakeDriver {
 
 impl FakeDriver {
     pub fn new() -> FakeDriver {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("libcuda.so.1");
-        std::fs::copy(built_library(), &path).unwrap();
-        // SAFETY: the fake driver has no initialisers with preconditions.
-        let library = unsafe { Library::new(&path) }.unwrap();
+        let (dir, path, library) = private_copy("fake_cuda", "libcuda.so.1");
         let fake = FakeDriver {
             path,
             library,
@@ -149,6 +160,61 @@ impl FakeDriver {
             0
         );
         ctx
+    }
+}
+
+/// One private instance of the NVRTC stand-in (`c-tests/cuda/fake_nvrtc.c`): no CUDA toolkit
+/// is installed in CI either.
+pub struct FakeNvrtc {
+    path: PathBuf,
+    library: Library,
+    _dir: TempDir,
+}
+
+impl FakeNvrtc {
+    pub fn new() -> FakeNvrtc {
+        let (dir, path, library) = private_copy("fake_nvrtc", "libnvrtc.so");
+        FakeNvrtc {
+            path,
+            library,
+            _dir: dir,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// kcache's view of this same library instance.
+    pub fn nvrtc(&self) -> Arc<Nvrtc> {
+        Arc::new(Nvrtc::load_from(&self.path).unwrap())
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: every caller names a symbol of the fake NVRTC with its C type.
+        unsafe { *self.library.get::<T>(name.as_bytes()).unwrap() }
+    }
+
+    pub fn compiles(&self) -> u64 {
+        // SAFETY: no arguments.
+        unsafe { self.sym::<unsafe extern "C" fn() -> u64>("fakenvrtc_compiles")() }
+    }
+
+    pub fn last_arch(&self) -> String {
+        // SAFETY: returns a NUL-terminated static buffer.
+        let text =
+            unsafe { self.sym::<unsafe extern "C" fn() -> *const c_char>("fakenvrtc_last_arch")() };
+        // SAFETY: as above.
+        unsafe { std::ffi::CStr::from_ptr(text) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    pub fn set_version(&self, major: i32, minor: i32) {
+        // SAFETY: plain value arguments.
+        unsafe {
+            self.sym::<unsafe extern "C" fn(c_int, c_int)>("fakenvrtc_set_version")(major, minor)
+        }
     }
 }
 

@@ -67,7 +67,7 @@ bool run() {
       return false;
     }
     const auto *kernel = static_cast<const std::string *>(kc_lease_value(hit->get()));
-    kc_cache_stats stats{};
+    kc_cache_statistics stats{};
     stats.struct_size = sizeof stats;
     if (kc_cache_stats(cache.get(), &stats) != KC_OK || *kernel != source || builds != 1 ||
         stats.hits != 1 || stats.misses != 1 || stats.leases != 2) {

@@ -60,7 +60,7 @@ int main(void) {
   CHECK(strcmp((const char *)kc_lease_value(hit), source) == 0);
   CHECK(kc_cache_len(cache) == 1);
 
-  kc_cache_stats stats;
+  kc_cache_statistics stats;
   memset(&stats, 0, sizeof stats);
   stats.struct_size = sizeof stats;
   CHECK(kc_cache_stats(cache, &stats) == KC_OK);

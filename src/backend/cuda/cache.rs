@@ -1,16 +1,18 @@
 //! The CUDA module cache: the caller's context, PTX and JIT options in, a loaded `CUmodule`
 //! out, through a lease on the memory tier, with the linked cubins on disk.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_uint;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::RwLock;
 
 use super::driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
+use super::nvrtc::Nvrtc;
 use crate::disk::DiskCache;
 use crate::error::{BuildError, DestroyError, DeviceId, Error, Result};
 use crate::key::{Key, KeyBuilder};
@@ -181,6 +183,20 @@ pub struct CudaOptions {
     pub disk: Option<Arc<DiskCache>>,
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,
+    /// NVRTC already loaded; `None` loads it with [`Nvrtc::load`] on the first
+    /// [`CudaCache::module_from_cuda`].
+    pub nvrtc: Option<Arc<Nvrtc>>,
+}
+
+/// What a module is built from.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Ptx(&'a [u8]),
+    Cuda {
+        source: &'a str,
+        options: &'a [&'a str],
+        nvrtc: &'a Nvrtc,
+    },
 }
 
 /// A context the cache has seen, under the number the memory tier evicts by. A context
@@ -203,6 +219,8 @@ struct Counters {
     disk_hits: AtomicU64,
     disk_misses: AtomicU64,
     disk_errors: AtomicU64,
+    nvrtc_compiles: AtomicU64,
+    nvrtc_failures: AtomicU64,
 }
 
 /// Counters of a [`CudaCache`]: the memory tier's plus where each module came from.
@@ -221,6 +239,10 @@ pub struct CudaStats {
     pub disk_misses: u64,
     /// Disk reads or writes that failed; the lookup went on without the disk.
     pub disk_errors: u64,
+    /// CUDA C++ sources compiled to PTX by NVRTC.
+    pub nvrtc_compiles: u64,
+    /// NVRTC compiles that failed; the caller got [`Error::Build`].
+    pub nvrtc_failures: u64,
 }
 
 thread_local! {
@@ -241,6 +263,7 @@ pub struct CudaCache {
     contexts: RwLock<HashMap<usize, Arc<Registered>>>,
     next_id: AtomicI64,
     counters: Counters,
+    nvrtc: OnceLock<Result<Arc<Nvrtc>>>,
 }
 
 impl CudaCache {
@@ -257,11 +280,23 @@ impl CudaCache {
             contexts: RwLock::new(HashMap::new()),
             next_id: AtomicI64::new(0),
             counters: Counters::default(),
+            nvrtc: match options.nvrtc {
+                Some(nvrtc) => OnceLock::from(Ok(nvrtc)),
+                None => OnceLock::new(),
+            },
         })
     }
 
     pub fn driver(&self) -> &Arc<Driver> {
         &self.driver
+    }
+
+    /// NVRTC, loaded on first use; a failed load is remembered, not retried.
+    pub fn nvrtc(&self) -> Result<&Arc<Nvrtc>> {
+        self.nvrtc
+            .get_or_init(|| Nvrtc::load().map(Arc::new))
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The calling thread's current context, `None` when there is none.
@@ -315,6 +350,45 @@ impl CudaCache {
         ptx: &[u8],
         options: &[JitOption],
     ) -> Result<ModuleLease> {
+        if ptx.is_empty() {
+            return Err(Error::InvalidArgument("the PTX is empty".into()));
+        }
+        self.lookup(context, Input::Ptx(ptx), options)
+    }
+
+    /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` and
+    /// linked with `jit_options`; otherwise as [`CudaCache::module`]. Unless the options name an
+    /// architecture (`-arch` / `--gpu-architecture`), the PTX targets the context's device.
+    /// The NVRTC version is part of the disk key. Kernels are looked up by their symbol name:
+    /// declare them `extern "C"` to keep it unmangled.
+    ///
+    /// No NVRTC library: [`Error::Unavailable`]. A compile error: [`Error::Build`] with the
+    /// `nvrtcResult` as its code and the compiler log as its message.
+    pub fn module_from_cuda(
+        &self,
+        context: Option<Context>,
+        source: &str,
+        nvrtc_options: &[&str],
+        jit_options: &[JitOption],
+    ) -> Result<ModuleLease> {
+        if source.is_empty() {
+            return Err(Error::InvalidArgument("the CUDA source is empty".into()));
+        }
+        let nvrtc = self.nvrtc()?;
+        let input = Input::Cuda {
+            source,
+            options: nvrtc_options,
+            nvrtc,
+        };
+        self.lookup(context, input, jit_options)
+    }
+
+    fn lookup(
+        &self,
+        context: Option<Context>,
+        input: Input<'_>,
+        options: &[JitOption],
+    ) -> Result<ModuleLease> {
         let context = match context {
             Some(context) => context,
             None => self.current_context()?.ok_or_else(|| {
@@ -323,19 +397,16 @@ impl CudaCache {
                 )
             })?,
         };
-        if ptx.is_empty() {
-            return Err(Error::InvalidArgument("the PTX is empty".into()));
-        }
         check_unique(options)?;
         let registered = self.register(context)?;
         let mut key = KEY_BUFFER.take();
-        memory_key(&mut key, registered.id, ptx, options);
+        memory_key(&mut key, registered.id, input, options);
         let mut built = false;
         let result = self
             .memory
             .find_or_build(&key[..], Some(registered.id), || {
                 built = true;
-                self.build(&registered, ptx, options)
+                self.build(&registered, input, options)
             });
         KEY_BUFFER.set(key);
         let lease = result?;
@@ -355,14 +426,15 @@ impl CudaCache {
     fn build(
         &self,
         registered: &Registered,
-        ptx: &[u8],
+        input: Input<'_>,
         options: &[JitOption],
     ) -> std::result::Result<(Module, u64), BuildError> {
         let context = registered.context as CUcontext;
         // SAFETY: the context was wrapped in a `Context` by the caller of `module`.
         let scoped = unsafe {
-            self.driver
-                .scoped(context, || self.build_in_context(registered, ptx, options))
+            self.driver.scoped(context, || {
+                self.build_in_context(registered, input, options)
+            })
         };
         match scoped {
             Ok(built) => built,
@@ -377,12 +449,12 @@ impl CudaCache {
     fn build_in_context(
         &self,
         registered: &Registered,
-        ptx: &[u8],
+        input: Input<'_>,
         options: &[JitOption],
     ) -> std::result::Result<(Module, u64), BuildError> {
         let disk_key = match &self.disk {
             Some(_) => Some(
-                disk_key(registered, self.driver.version(), ptx, options)
+                disk_key(registered, self.driver.version(), input, options)
                     .map_err(|e| BuildError::new(-1, e.to_string()))?,
             ),
             None => None,
@@ -418,6 +490,20 @@ impl CudaCache {
             }
         }
         let start = Instant::now();
+        let ptx = match input {
+            Input::Ptx(ptx) => Cow::Borrowed(ptx),
+            Input::Cuda {
+                source,
+                options,
+                nvrtc,
+            } => {
+                self.bump(&self.counters.nvrtc_compiles);
+                let ptx = compile_cuda(nvrtc, registered, source, options).inspect_err(|_| {
+                    self.bump(&self.counters.nvrtc_failures);
+                })?;
+                Cow::Owned(ptx)
+            }
+        };
         self.bump(&self.counters.links);
         let raw_options: Vec<(c_uint, usize)> = options
             .iter()
@@ -428,7 +514,7 @@ impl CudaCache {
             .collect();
         let cubin = self
             .driver
-            .link_ptx(ptx, &raw_options)
+            .link_ptx(&ptx, &raw_options)
             .map_err(|(code, log)| {
                 self.bump(&self.counters.link_failures);
                 BuildError::new(code, log)
@@ -530,6 +616,8 @@ impl CudaCache {
             disk_hits: get(&c.disk_hits),
             disk_misses: get(&c.disk_misses),
             disk_errors: get(&c.disk_errors),
+            nvrtc_compiles: get(&c.nvrtc_compiles),
+            nvrtc_failures: get(&c.nvrtc_failures),
         }
     }
 }
@@ -547,27 +635,70 @@ fn check_unique(options: &[JitOption]) -> Result<()> {
     Ok(())
 }
 
-/// The memory-tier key: the context's registration number, the options in the caller's order
-/// (each a fixed 8 bytes, after a count), then the PTX.
-fn memory_key(key: &mut Vec<u8>, id: DeviceId, ptx: &[u8], options: &[JitOption]) {
+/// Runs NVRTC for the context's device unless the options pick an architecture.
+fn compile_cuda(
+    nvrtc: &Nvrtc,
+    registered: &Registered,
+    source: &str,
+    options: &[&str],
+) -> std::result::Result<Vec<u8>, BuildError> {
+    let picks_arch = options
+        .iter()
+        .any(|o| o.starts_with("-arch") || o.starts_with("--gpu-architecture"));
+    let arch;
+    let mut all: Vec<&str> = options.to_vec();
+    if !picks_arch {
+        let (major, minor) = registered.capability;
+        arch = format!("--gpu-architecture=compute_{major}{minor}");
+        all.push(&arch);
+    }
+    nvrtc.compile(source, &all)
+}
+
+/// The memory-tier key: the context's registration number, the kind of input, the JIT options
+/// in the caller's order (each a fixed 8 bytes, after a count), for CUDA C++ the NVRTC options
+/// (each length-prefixed, after a count), then the PTX or source text.
+fn memory_key(key: &mut Vec<u8>, id: DeviceId, input: Input<'_>, options: &[JitOption]) {
     key.clear();
     key.extend_from_slice(&id.to_le_bytes());
+    key.push(match input {
+        Input::Ptx(_) => 0,
+        Input::Cuda { .. } => 1,
+    });
     key.extend_from_slice(&(options.len() as u64).to_le_bytes());
     for option in options {
         let (o, v) = option.raw();
         key.extend_from_slice(&o.to_le_bytes());
         key.extend_from_slice(&v.to_le_bytes());
     }
-    key.extend_from_slice(ptx);
+    match input {
+        Input::Ptx(ptx) => key.extend_from_slice(ptx),
+        Input::Cuda {
+            source, options, ..
+        } => {
+            append_strings(key, options);
+            key.extend_from_slice(source.as_bytes());
+        }
+    }
+}
+
+/// A count, then each string length-prefixed: no two lists encode alike.
+fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
+    out.extend_from_slice(&(strings.len() as u64).to_le_bytes());
+    for s in strings {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
 }
 
 /// The disk key: what makes a cubin valid for a GPU (device name, compute capability, driver
-/// version, which is also the PTX compiler's) and what it was linked from, but no handle, so
-/// it holds across processes and contexts.
+/// version, which is also the PTX compiler's; for CUDA C++ the NVRTC version) and what it was
+/// built from, but no handle, so it holds across processes and contexts. NVRTC options keep
+/// their order: `-I` search order and repeated `-D` depend on it.
 fn disk_key(
     registered: &Registered,
     driver_version: i32,
-    ptx: &[u8],
+    input: Input<'_>,
     options: &[JitOption],
 ) -> Result<Key> {
     let mut builder = KeyBuilder::new();
@@ -578,8 +709,26 @@ fn disk_key(
         .extra(
             "compute_capability",
             format!("{}.{}", registered.capability.0, registered.capability.1),
-        )
-        .source(ptx);
+        );
+    match input {
+        Input::Ptx(ptx) => {
+            builder.extra("input", "ptx").source(ptx);
+        }
+        Input::Cuda {
+            source,
+            options,
+            nvrtc,
+        } => {
+            let (major, minor) = nvrtc.version();
+            let mut encoded = Vec::new();
+            append_strings(&mut encoded, options);
+            builder
+                .extra("input", "cuda")
+                .compiler_version(format!("nvrtc {major}.{minor}"))
+                .extra("nvrtc_options", encoded)
+                .source(source);
+        }
+    }
     for option in options {
         let (o, v) = option.raw();
         builder.option(o.to_string(), v.to_string());

@@ -6,6 +6,7 @@
 //! the driver exports (`cuLinkCreate_v2`, `cuCtxPushCurrent_v2`, …), not the `cuda.h` macros.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 
 use libloading::Library;
@@ -130,8 +131,9 @@ pub struct Driver {
     module_get_function: FnModuleGetFunction,
     get_error_string: FnGetErrorString,
     launch: Option<LaunchFns>,
-    // Last so that every function pointer above is dropped before the library is closed.
-    _library: Library,
+    // Never closed: after cuInit the driver runs its own threads and exit handlers, which must
+    // not outlive its code. Each `Driver` keeps one dlopen reference for the process's life.
+    _library: ManuallyDrop<Library>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -207,7 +209,7 @@ impl Driver {
                 module_get_function: symbol(&library, path, "cuModuleGetFunction")?,
                 get_error_string: symbol(&library, path, "cuGetErrorString")?,
                 launch,
-                _library: library,
+                _library: ManuallyDrop::new(library),
             }
         };
         driver.finish_init()

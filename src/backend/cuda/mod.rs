@@ -5,6 +5,8 @@
 
 pub mod cache;
 pub mod driver;
+pub mod nvrtc;
 
 pub use cache::{Context, CudaCache, CudaOptions, CudaStats, JitOption, Module, ModuleLease};
 pub use driver::{CUcontext, CUdevice, CUfunction, CUmodule, Driver};
+pub use nvrtc::Nvrtc;

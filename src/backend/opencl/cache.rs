@@ -6,34 +6,16 @@ use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
-use super::runtime::{self, DeviceIdentity};
-use super::sys::{
-    Api, CL_INVALID_BUILD_OPTIONS, CL_SUCCESS, cl_context, cl_device_id, cl_program, status_name,
-};
+use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
+use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::disk::DiskCache;
-use crate::error::{BuildError, DestroyError, DeviceId, Error, Result};
+use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Lease, MemoryCache};
-
-/// A built program owned by the cache: one reference, released when the entry is destroyed.
-#[derive(Debug)]
-pub struct Program(cl_program);
-
-// SAFETY: OpenCL program objects are thread-safe (OpenCL 1.1+, appendix A.2), and the cache
-// only hands out the raw handle; kernels created from it are the caller's to synchronise.
-unsafe impl Send for Program {}
-// SAFETY: as above.
-unsafe impl Sync for Program {}
-
-impl Program {
-    pub fn raw(&self) -> cl_program {
-        self.0
-    }
-}
 
 /// What a lookup returns: the program stays alive (and retained by the cache) while any lease
 /// on it is held, even across eviction.
@@ -73,11 +55,16 @@ pub struct OpenClStats {
     pub disk_errors: u64,
 }
 
+/// A compiled program's binary on its way to disk: key, bytes, compile time.
+type WriteBack = (Key, Vec<u8>, Duration);
+
 thread_local! {
     /// The memory-tier key is assembled here so that a hit allocates nothing.
     static KEY_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
+/// Built OpenCL programs, in memory and (optionally) as binaries on disk. One per process is
+/// enough: it serves every context and device, from any number of threads.
 pub struct OpenClCache {
     api: &'static Api,
     memory: MemoryCache<Vec<u8>, Program>,
@@ -92,17 +79,7 @@ impl OpenClCache {
     /// with [`Error::Unavailable`] when no OpenCL library can be loaded.
     pub fn new(memory: memory::Options, disk: Option<Arc<DiskCache>>) -> Result<OpenClCache> {
         let api = Api::get()?;
-        let memory = MemoryCache::new(memory, move |program: Program| {
-            let code = runtime::release_program(api, program.0);
-            if code == CL_SUCCESS {
-                Ok(())
-            } else {
-                Err(DestroyError::new(
-                    code,
-                    format!("clReleaseProgram: {} ({code})", status_name(code)),
-                ))
-            }
-        });
+        let memory = MemoryCache::new(memory, Program::release);
         Ok(OpenClCache {
             api,
             memory,
@@ -113,8 +90,8 @@ impl OpenClCache {
         })
     }
 
-    fn register(&self, context: cl_context, device: cl_device_id) -> Result<Arc<Registered>> {
-        let pair = (context as usize, device as usize);
+    fn register(&self, context: ContextRef<'_>, device: Device) -> Result<Arc<Registered>> {
+        let pair = (context.raw() as usize, device.raw() as usize);
         if let Some(registered) = self.devices.read().get(&pair) {
             return Ok(Arc::clone(registered));
         }
@@ -141,12 +118,12 @@ impl OpenClCache {
     /// [`Error::DeviceDestroyed`].
     pub fn get_or_build(
         &self,
-        context: cl_context,
-        device: cl_device_id,
+        context: ContextRef<'_>,
+        device: Device,
         sources: &[&str],
         options: &str,
     ) -> Result<ProgramLease> {
-        if context.is_null() || device.is_null() {
+        if context.raw().is_null() || device.raw().is_null() {
             return Err(Error::InvalidArgument(
                 "the context and the device must not be null".into(),
             ));
@@ -154,39 +131,53 @@ impl OpenClCache {
         let registered = self.register(context, device)?;
         let mut key = KEY_BUFFER.take();
         memory_key(&mut key, registered.id, sources, options);
-        let mut built = false;
+        // Set by the build step when the program was compiled and its binary should go to
+        // disk: written after the flight, so that waiters do not wait for the write's fsync.
+        let mut built = None;
         let result = self
             .memory
             .find_or_build(&key[..], Some(registered.id), || {
-                built = true;
-                self.build(&registered, context, device, sources, options)
+                let (program, weight, write_back) =
+                    self.build(&registered, context, device, sources, options)?;
+                built = Some(write_back);
+                Ok((program, weight))
             });
         KEY_BUFFER.set(key);
         let lease = result?;
-        let still_registered = || {
+        let Some(write_back) = built else {
+            return Ok(lease);
+        };
+        let still_registered = {
             let devices = self.devices.read();
             devices
                 .get(&(registered.context, registered.device))
                 .map(|r| r.id)
                 == Some(registered.id)
         };
-        if built && !still_registered() {
+        if !still_registered {
             // The pair was evicted between the registry lookup and the install, so that
             // eviction may have missed this entry: unlink it ourselves (see `evict`).
             self.memory.remove(lease.key().as_slice())?;
             return Err(Error::DeviceDestroyed(registered.id));
         }
+        if let (Some(disk), Some((key, binary, build_time))) = (&self.disk, write_back) {
+            if disk.put(&key, &binary, build_time).is_err() {
+                self.bump(&self.counters.disk_errors);
+            }
+        }
         Ok(lease)
     }
 
+    /// The program from a disk binary, else compiled from source; with a compiled program
+    /// comes what to write to disk once it is installed.
     fn build(
         &self,
         registered: &Registered,
-        context: cl_context,
-        device: cl_device_id,
+        context: ContextRef<'_>,
+        device: Device,
         sources: &[&str],
         options: &str,
-    ) -> std::result::Result<(Program, u64), BuildError> {
+    ) -> std::result::Result<(Program, u64, Option<WriteBack>), BuildError> {
         let options_c = runtime::options_cstring(options)
             .map_err(|e| BuildError::new(CL_INVALID_BUILD_OPTIONS, e.to_string()))?;
         let disk = self.disk.as_ref().and_then(|disk| {
@@ -199,30 +190,28 @@ impl OpenClCache {
             }
         });
         if let Some((disk, key)) = &disk {
-            if let Some(program) = self.load_binary(disk, key, context, device, &options_c) {
-                return Ok(program);
+            if let Some((program, weight)) =
+                self.load_binary(disk, key, context, device, &options_c)
+            {
+                return Ok((program, weight, None));
             }
         }
         let start = Instant::now();
         let program = runtime::build_from_source(self.api, context, device, sources, &options_c)?;
         let build_time = start.elapsed();
         self.bump(&self.counters.source_builds);
-        let weight = match runtime::program_binary(self.api, program) {
+        match program.binary() {
             Ok(binary) => {
-                if let Some((disk, key)) = &disk {
-                    if disk.put(key, &binary, build_time).is_err() {
-                        self.bump(&self.counters.disk_errors);
-                    }
-                }
-                binary.len() as u64
+                let weight = binary.len() as u64;
+                let write_back = disk.map(|(_, key)| (key, binary, build_time));
+                Ok((program, weight, write_back))
             }
             // The program works without its binary; only the disk tier misses out.
             Err(_) => {
                 self.bump(&self.counters.disk_errors);
-                0
+                Ok((program, 0, None))
             }
-        };
-        Ok((Program(program), weight))
+        }
     }
 
     /// The program from the disk binary under `key`, if there is one the driver accepts. A
@@ -233,8 +222,8 @@ impl OpenClCache {
         &self,
         disk: &DiskCache,
         key: &Key,
-        context: cl_context,
-        device: cl_device_id,
+        context: ContextRef<'_>,
+        device: Device,
         options: &CString,
     ) -> Option<(Program, u64)> {
         let binary = match disk.get(key) {
@@ -253,11 +242,11 @@ impl OpenClCache {
         match runtime::build_from_binary(self.api, context, device, &binary, options) {
             Ok(program) => {
                 self.bump(&self.counters.binary_loads);
-                Some((Program(program), binary.len() as u64))
+                Some((program, binary.len() as u64))
             }
             Err(_) => {
                 self.bump(&self.counters.binaries_rejected);
-                if disk.remove(key).is_err() {
+                if disk.discard_unloadable(key).is_err() {
                     self.bump(&self.counters.disk_errors);
                 }
                 None
@@ -271,8 +260,8 @@ impl OpenClCache {
 
     /// Unlinks every program built for `device`, in any context. Each is released when its last
     /// lease is. Returns how many were unlinked.
-    pub fn evict_device(&self, device: cl_device_id) -> Result<usize> {
-        self.evict(|r| r.device == device as usize)
+    pub fn evict_device(&self, device: Device) -> Result<usize> {
+        self.evict(|r| r.device == device.raw() as usize)
     }
 
     /// Unlinks every program of `context`, on any device. Call it before releasing the context.
@@ -316,6 +305,7 @@ impl OpenClCache {
         self.memory.clear()
     }
 
+    /// Programs in memory now.
     pub fn len(&self) -> usize {
         self.memory.len()
     }
@@ -354,7 +344,7 @@ fn memory_key(key: &mut Vec<u8>, device: DeviceId, sources: &[&str], options: &s
 
 /// The key under which the disk tier keeps the binary of `sources` built with `options` for
 /// `device`. Lookups compute it themselves; this is for tools that inspect or remove entries.
-pub fn program_disk_key(device: cl_device_id, sources: &[&str], options: &str) -> Result<Key> {
+pub fn program_disk_key(device: Device, sources: &[&str], options: &str) -> Result<Key> {
     let identity = DeviceIdentity::query(Api::get()?, device)?;
     disk_key(&identity, sources, options)
 }

@@ -1,14 +1,20 @@
-//! Thin, checked wrappers over the raw entry points: device discovery and identity, program
-//! builds from source and from binaries, and a small owned context for running a 1-D kernel
-//! (what tests, the demo and the benchmark need to prove a cached program really works).
+//! Checked, safe wrappers over the raw entry points: devices and their identity, contexts
+//! (borrowed from a caller or owned), programs built from source or from binaries (owned
+//! references, released on drop), and running a 1-D kernel (what tests, the demo and the
+//! benchmark need to prove a cached program really works).
+//!
+//! Raw handles become safe values only through an `unsafe` constructor whose contract says
+//! the handle is live; everything after that is safe to call.
 
 use std::ffi::{CString, c_char, c_void};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr;
 
 use super::sys::*;
-use crate::error::{BuildError, Error, Result};
+use crate::error::{BuildError, DestroyError, Error, Result};
 
-pub(crate) fn check(code: cl_int, what: &str) -> Result<()> {
+fn check(code: cl_int, what: &str) -> Result<()> {
     if code == CL_SUCCESS {
         Ok(())
     } else {
@@ -57,9 +63,55 @@ fn device_string(api: &Api, device: cl_device_id, param: cl_uint) -> Result<Stri
     .map(bytes_to_string)
 }
 
+/// An OpenCL device. Devices a platform reports are never released, so the handle stays valid
+/// for the whole process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Device(cl_device_id);
+
+// SAFETY: a device handle is an immutable, thread-safe driver object (OpenCL 1.1+, A.2).
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// # Safety
+    /// `raw` must be a device handle of the loaded OpenCL library that stays valid while the
+    /// `Device` is used (root devices always do; a sub-device until it is released).
+    pub unsafe fn from_raw(raw: cl_device_id) -> Device {
+        Device(raw)
+    }
+
+    pub fn raw(self) -> cl_device_id {
+        self.0
+    }
+}
+
+/// A context the caller owns, borrowed for `'a`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextRef<'a> {
+    raw: cl_context,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl ContextRef<'_> {
+    /// # Safety
+    /// `raw` must be a live context of the loaded OpenCL library for as long as the returned
+    /// value (and anything built with it) is used.
+    pub unsafe fn from_raw<'a>(raw: cl_context) -> ContextRef<'a> {
+        ContextRef {
+            raw,
+            _borrow: PhantomData,
+        }
+    }
+
+    pub fn raw(self) -> cl_context {
+        self.raw
+    }
+}
+
 /// Every device of every platform the loader reports, in platform order. An ICD loader with
 /// no platform installed reports `CL_PLATFORM_NOT_FOUND_KHR`; that is an empty list here.
-pub fn all_devices(api: &Api) -> Result<Vec<cl_device_id>> {
+pub fn all_devices(api: &Api) -> Result<Vec<Device>> {
     let mut count: cl_uint = 0;
     // SAFETY: a null list with 0 entries only asks for the count.
     let code = unsafe { (api.clGetPlatformIDs)(0, ptr::null_mut(), &mut count) };
@@ -96,7 +148,7 @@ pub fn all_devices(api: &Api) -> Result<Vec<cl_device_id>> {
         };
         check(code, "clGetDeviceIDs")?;
     }
-    Ok(devices)
+    Ok(devices.into_iter().map(Device).collect())
 }
 
 /// What makes a program binary valid on a device: it goes into the disk key, so a driver
@@ -112,7 +164,8 @@ pub struct DeviceIdentity {
 }
 
 impl DeviceIdentity {
-    pub fn query(api: &Api, device: cl_device_id) -> Result<DeviceIdentity> {
+    pub fn query(api: &Api, device: Device) -> Result<DeviceIdentity> {
+        let device = device.0;
         let mut platform: cl_platform_id = ptr::null_mut();
         // SAFETY: the value buffer is one platform handle, and its size is passed.
         let code = unsafe {
@@ -142,111 +195,230 @@ pub(crate) fn options_cstring(options: &str) -> Result<CString> {
         .map_err(|_| Error::InvalidArgument("build options contain a NUL byte".into()))
 }
 
-fn build_log(api: &Api, program: cl_program, device: cl_device_id) -> String {
-    query_bytes("clGetProgramBuildInfo", |size, value, size_ret| {
-        // SAFETY: `value` is null with size 0 or points to `size` writable bytes.
-        unsafe {
-            (api.clGetProgramBuildInfo)(
-                program,
-                device,
-                CL_PROGRAM_BUILD_LOG,
-                size,
-                value,
-                size_ret,
-            )
-        }
-    })
-    .map(bytes_to_string)
-    .unwrap_or_else(|e| format!("(no build log: {e})"))
+/// One reference to a program, released on drop. Cloning retains another reference.
+pub struct Program {
+    api: &'static Api,
+    raw: cl_program,
 }
 
-/// Builds `program` for `device`. On failure the program is released and the error carries
-/// the OpenCL status and the compiler's log.
-fn build(
-    api: &Api,
-    program: cl_program,
-    device: cl_device_id,
-    options: &CString,
-) -> std::result::Result<cl_program, BuildError> {
-    // SAFETY: `program` is a live program of a context containing `device`; `options` is a C
-    // string that outlives the call; no callback is passed, so the build is synchronous.
-    let code = unsafe {
-        (api.clBuildProgram)(program, 1, &device, options.as_ptr(), None, ptr::null_mut())
-    };
-    if code == CL_SUCCESS {
-        return Ok(program);
+// SAFETY: program objects are thread-safe driver objects (OpenCL 1.1+, appendix A.2); kernels
+// created from the handle are the caller's to synchronise.
+unsafe impl Send for Program {}
+// SAFETY: as above.
+unsafe impl Sync for Program {}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Program({:p})", self.raw)
     }
-    let log = build_log(api, program, device);
-    release_program(api, program);
-    Err(BuildError::new(
-        code,
-        format!("clBuildProgram: {} ({code})\n{log}", status_name(code)),
-    ))
+}
+
+impl Program {
+    pub fn raw(&self) -> cl_program {
+        self.raw
+    }
+
+    /// Another reference to the same program (`clRetainProgram`).
+    pub fn retain(&self) -> Result<Program> {
+        // SAFETY: `self` owns a reference, so the program is live.
+        check(
+            unsafe { (self.api.clRetainProgram)(self.raw) },
+            "clRetainProgram",
+        )?;
+        Ok(Program {
+            api: self.api,
+            raw: self.raw,
+        })
+    }
+
+    /// The driver's reference count (`CL_PROGRAM_REFERENCE_COUNT`): how many owners the
+    /// program has, this one included. Meant for checks, as the specification says.
+    pub fn reference_count(&self) -> Result<u32> {
+        let mut count: cl_uint = 0;
+        // SAFETY: the answer is one `cl_uint`, whose size is passed; the program is live.
+        let code = unsafe {
+            (self.api.clGetProgramInfo)(
+                self.raw,
+                CL_PROGRAM_REFERENCE_COUNT,
+                size_of::<cl_uint>(),
+                (&raw mut count).cast(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)")?;
+        Ok(count)
+    }
+
+    /// The binary of a program built for exactly one device (`CL_PROGRAM_BINARIES`).
+    pub fn binary(&self) -> Result<Vec<u8>> {
+        let mut size = 0usize;
+        // SAFETY: the program has one device, so the answer is one `size_t`.
+        let code = unsafe {
+            (self.api.clGetProgramInfo)(
+                self.raw,
+                CL_PROGRAM_BINARY_SIZES,
+                size_of::<usize>(),
+                (&raw mut size).cast(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clGetProgramInfo(CL_PROGRAM_BINARY_SIZES)")?;
+        if size == 0 {
+            return Err(Error::Backend(
+                "the driver reported an empty program binary".into(),
+            ));
+        }
+        let mut binary = vec![0u8; size];
+        let mut data = binary.as_mut_ptr();
+        // SAFETY: CL_PROGRAM_BINARIES takes an array of one pointer per device (one here); the
+        // driver writes `size` bytes through it, which `binary` holds.
+        let code = unsafe {
+            (self.api.clGetProgramInfo)(
+                self.raw,
+                CL_PROGRAM_BINARIES,
+                size_of::<*mut u8>(),
+                (&raw mut data).cast(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clGetProgramInfo(CL_PROGRAM_BINARIES)")?;
+        Ok(binary)
+    }
+
+    /// Releases this reference and reports what the driver said, which drop cannot.
+    pub fn release(self) -> std::result::Result<(), DestroyError> {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: gives up the one reference `this` owns; `this` is never used again.
+        let code = unsafe { (this.api.clReleaseProgram)(this.raw) };
+        if code == CL_SUCCESS {
+            Ok(())
+        } else {
+            Err(DestroyError::new(
+                code,
+                format!("clReleaseProgram: {} ({code})", status_name(code)),
+            ))
+        }
+    }
+
+    fn build_log(&self, device: cl_device_id) -> String {
+        query_bytes("clGetProgramBuildInfo", |size, value, size_ret| {
+            // SAFETY: `value` is null with size 0 or points to `size` writable bytes.
+            unsafe {
+                (self.api.clGetProgramBuildInfo)(
+                    self.raw,
+                    device,
+                    CL_PROGRAM_BUILD_LOG,
+                    size,
+                    value,
+                    size_ret,
+                )
+            }
+        })
+        .map(bytes_to_string)
+        .unwrap_or_else(|e| format!("(no build log: {e})"))
+    }
+
+    /// Builds the program for `device`. On failure the program is released (dropped) and the
+    /// error carries the OpenCL status and the compiler's log.
+    fn build(
+        self,
+        device: cl_device_id,
+        options: &CString,
+    ) -> std::result::Result<Program, BuildError> {
+        // SAFETY: the program is live and belongs to a context containing `device`; `options`
+        // is a C string that outlives the call; without a callback the build is synchronous.
+        let code = unsafe {
+            (self.api.clBuildProgram)(
+                self.raw,
+                1,
+                &device,
+                options.as_ptr(),
+                None,
+                ptr::null_mut(),
+            )
+        };
+        if code == CL_SUCCESS {
+            return Ok(self);
+        }
+        Err(BuildError::new(
+            code,
+            format!(
+                "clBuildProgram: {} ({code})\n{}",
+                status_name(code),
+                self.build_log(device)
+            ),
+        ))
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: gives up the one reference `self` owns.
+        unsafe { (self.api.clReleaseProgram)(self.raw) };
+    }
 }
 
 /// `clCreateProgramWithSource` + `clBuildProgram`.
 pub fn build_from_source(
-    api: &Api,
-    context: cl_context,
-    device: cl_device_id,
+    api: &'static Api,
+    context: ContextRef<'_>,
+    device: Device,
     sources: &[&str],
     options: &CString,
-) -> std::result::Result<cl_program, BuildError> {
+) -> std::result::Result<Program, BuildError> {
     let strings: Vec<*const c_char> = sources.iter().map(|s| s.as_ptr().cast()).collect();
     let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
     let count = cl_uint::try_from(sources.len())
         .map_err(|_| BuildError::new(CL_INVALID_VALUE, "too many source strings"))?;
     let mut code = CL_SUCCESS;
-    // SAFETY: `strings` and `lengths` both hold `count` entries; each pointer is valid for its
-    // length (lengths are given, so no NUL terminator is needed).
-    let program = unsafe {
+    // SAFETY: the context is live (`ContextRef`); `strings` and `lengths` both hold `count`
+    // entries, each pointer valid for its length (given, so no NUL terminator is needed).
+    let raw = unsafe {
         (api.clCreateProgramWithSource)(
-            context,
+            context.raw,
             count,
             strings.as_ptr(),
             lengths.as_ptr(),
             &mut code,
         )
     };
-    if program.is_null() || code != CL_SUCCESS {
+    if raw.is_null() || code != CL_SUCCESS {
         return Err(BuildError::new(
             code,
             format!("clCreateProgramWithSource: {} ({code})", status_name(code)),
         ));
     }
-    build(api, program, device, options)
+    Program { api, raw }.build(device.0, options)
 }
 
 /// `clCreateProgramWithBinary` + `clBuildProgram`. The error is what the driver said about
 /// the binary; the caller decides whether to fall back to the source.
 pub fn build_from_binary(
-    api: &Api,
-    context: cl_context,
-    device: cl_device_id,
+    api: &'static Api,
+    context: ContextRef<'_>,
+    device: Device,
     binary: &[u8],
     options: &CString,
-) -> std::result::Result<cl_program, BuildError> {
+) -> std::result::Result<Program, BuildError> {
     let length = binary.len();
     let data = binary.as_ptr();
     let mut binary_status = CL_SUCCESS;
     let mut code = CL_SUCCESS;
-    // SAFETY: one device, one binary of `length` readable bytes; both status outputs are
-    // valid for one write.
-    let program = unsafe {
+    // SAFETY: a live context and device; one binary of `length` readable bytes; both status
+    // outputs are valid for one write.
+    let raw = unsafe {
         (api.clCreateProgramWithBinary)(
-            context,
+            context.raw,
             1,
-            &device,
+            &device.0,
             &length,
             &data,
             &mut binary_status,
             &mut code,
         )
     };
-    if program.is_null() || code != CL_SUCCESS {
-        if !program.is_null() {
-            release_program(api, program);
-        }
+    let program = (!raw.is_null()).then_some(Program { api, raw });
+    if program.is_none() || code != CL_SUCCESS {
         let code = if code == CL_SUCCESS {
             binary_status
         } else {
@@ -257,71 +429,9 @@ pub fn build_from_binary(
             format!("clCreateProgramWithBinary: {} ({code})", status_name(code)),
         ));
     }
-    build(api, program, device, options)
-}
-
-/// The binary of a program built for exactly one device (`CL_PROGRAM_BINARIES`).
-pub fn program_binary(api: &Api, program: cl_program) -> Result<Vec<u8>> {
-    let mut size = 0usize;
-    // SAFETY: the program has one device, so the answer is one `size_t`.
-    let code = unsafe {
-        (api.clGetProgramInfo)(
-            program,
-            CL_PROGRAM_BINARY_SIZES,
-            size_of::<usize>(),
-            (&raw mut size).cast(),
-            ptr::null_mut(),
-        )
-    };
-    check(code, "clGetProgramInfo(CL_PROGRAM_BINARY_SIZES)")?;
-    if size == 0 {
-        return Err(Error::Backend(
-            "the driver reported an empty program binary".into(),
-        ));
-    }
-    let mut binary = vec![0u8; size];
-    let mut data = binary.as_mut_ptr();
-    // SAFETY: CL_PROGRAM_BINARIES takes an array of one pointer per device (one here); the
-    // driver writes `size` bytes through it, which `binary` holds.
-    let code = unsafe {
-        (api.clGetProgramInfo)(
-            program,
-            CL_PROGRAM_BINARIES,
-            size_of::<*mut u8>(),
-            (&raw mut data).cast(),
-            ptr::null_mut(),
-        )
-    };
-    check(code, "clGetProgramInfo(CL_PROGRAM_BINARIES)")?;
-    Ok(binary)
-}
-
-/// The program's reference count as the driver reports it; useful to check ownership.
-pub fn program_reference_count(api: &Api, program: cl_program) -> Result<u32> {
-    let mut count: cl_uint = 0;
-    // SAFETY: the answer is one `cl_uint`, whose size is passed.
-    let code = unsafe {
-        (api.clGetProgramInfo)(
-            program,
-            CL_PROGRAM_REFERENCE_COUNT,
-            size_of::<cl_uint>(),
-            (&raw mut count).cast(),
-            ptr::null_mut(),
-        )
-    };
-    check(code, "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)")?;
-    Ok(count)
-}
-
-/// Adds a reference that the caller must give back with [`release_program`].
-pub fn retain_program(api: &Api, program: cl_program) -> Result<()> {
-    // SAFETY: the caller passes a live program.
-    check(unsafe { (api.clRetainProgram)(program) }, "clRetainProgram")
-}
-
-pub fn release_program(api: &Api, program: cl_program) -> cl_int {
-    // SAFETY: the caller gives up one reference it owns on a live program.
-    unsafe { (api.clReleaseProgram)(program) }
+    program
+        .expect("checked non-null above")
+        .build(device.0, options)
 }
 
 /// One argument of [`Context::run_kernel`].
@@ -336,7 +446,7 @@ pub enum KernelArg<'a> {
 pub struct Context {
     api: &'static Api,
     context: cl_context,
-    device: cl_device_id,
+    device: Device,
     queue: cl_command_queue,
 }
 
@@ -356,16 +466,16 @@ impl Context {
         Context::new(device)
     }
 
-    pub fn new(device: cl_device_id) -> Result<Context> {
+    pub fn new(device: Device) -> Result<Context> {
         let api = Api::get()?;
         let mut code = CL_SUCCESS;
-        // SAFETY: one device handle, no properties, no callback.
+        // SAFETY: one live device handle, no properties, no callback.
         let context = unsafe {
-            (api.clCreateContext)(ptr::null(), 1, &device, None, ptr::null_mut(), &mut code)
+            (api.clCreateContext)(ptr::null(), 1, &device.0, None, ptr::null_mut(), &mut code)
         };
         check(code, "clCreateContext")?;
         // SAFETY: `context` was just created on `device`; no queue properties.
-        let queue = unsafe { (api.clCreateCommandQueue)(context, device, 0, &mut code) };
+        let queue = unsafe { (api.clCreateCommandQueue)(context, device.0, 0, &mut code) };
         if let Err(e) = check(code, "clCreateCommandQueue") {
             // SAFETY: releases the one reference created above.
             unsafe { (api.clReleaseContext)(context) };
@@ -379,19 +489,23 @@ impl Context {
         })
     }
 
-    pub fn raw(&self) -> cl_context {
-        self.context
+    /// The context, borrowed for as long as `self` lives.
+    pub fn context(&self) -> ContextRef<'_> {
+        ContextRef {
+            raw: self.context,
+            _borrow: PhantomData,
+        }
     }
 
-    pub fn device(&self) -> cl_device_id {
+    pub fn device(&self) -> Device {
         self.device
     }
 
-    /// Runs `kernel` of `program` over `global` work items and waits for it; float buffers are
-    /// read back into their slices.
+    /// Runs `kernel` of `program` (built in this context) over `global` work items and waits
+    /// for it; float buffers are read back into their slices.
     pub fn run_kernel(
         &self,
-        program: cl_program,
+        program: &Program,
         kernel: &str,
         args: &mut [KernelArg<'_>],
         global: usize,
@@ -400,8 +514,8 @@ impl Context {
         let name = CString::new(kernel)
             .map_err(|_| Error::InvalidArgument("kernel name contains a NUL byte".into()))?;
         let mut code = CL_SUCCESS;
-        // SAFETY: `program` is a built program of this context; `name` is a C string.
-        let k = unsafe { (api.clCreateKernel)(program, name.as_ptr(), &mut code) };
+        // SAFETY: `program` is live (it owns a reference); `name` is a C string.
+        let k = unsafe { (api.clCreateKernel)(program.raw, name.as_ptr(), &mut code) };
         check(code, "clCreateKernel")?;
         let mut buffers: Vec<cl_mem> = Vec::new();
         let result = self.launch(k, args, global, &mut buffers);
@@ -413,7 +527,6 @@ impl Context {
         unsafe { (api.clReleaseKernel)(k) };
         result
     }
-
     fn launch(
         &self,
         kernel: cl_kernel,

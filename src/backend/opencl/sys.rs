@@ -47,12 +47,9 @@ pub const CL_DEVICE_PLATFORM: cl_uint = 0x1031;
 pub const CL_DEVICE_OPENCL_C_VERSION: cl_uint = 0x103D;
 
 pub const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
-pub const CL_PROGRAM_NUM_DEVICES: cl_uint = 0x1162;
-pub const CL_PROGRAM_DEVICES: cl_uint = 0x1163;
 pub const CL_PROGRAM_BINARY_SIZES: cl_uint = 0x1165;
 pub const CL_PROGRAM_BINARIES: cl_uint = 0x1166;
 
-pub const CL_PROGRAM_BUILD_STATUS: cl_uint = 0x1181;
 pub const CL_PROGRAM_BUILD_LOG: cl_uint = 0x1183;
 
 pub const CL_MEM_READ_WRITE: cl_bitfield = 1;
@@ -236,22 +233,22 @@ impl Api {
 /// A human-readable name for an OpenCL status code, for error messages.
 pub fn status_name(code: cl_int) -> &'static str {
     match code {
-        0 => "CL_SUCCESS",
-        -1 => "CL_DEVICE_NOT_FOUND",
+        CL_SUCCESS => "CL_SUCCESS",
+        CL_DEVICE_NOT_FOUND => "CL_DEVICE_NOT_FOUND",
         -2 => "CL_DEVICE_NOT_AVAILABLE",
         -3 => "CL_COMPILER_NOT_AVAILABLE",
         -4 => "CL_MEM_OBJECT_ALLOCATION_FAILURE",
         -5 => "CL_OUT_OF_RESOURCES",
         -6 => "CL_OUT_OF_HOST_MEMORY",
-        -11 => "CL_BUILD_PROGRAM_FAILURE",
-        -30 => "CL_INVALID_VALUE",
+        CL_BUILD_PROGRAM_FAILURE => "CL_BUILD_PROGRAM_FAILURE",
+        CL_INVALID_VALUE => "CL_INVALID_VALUE",
         -32 => "CL_INVALID_PLATFORM",
         -33 => "CL_INVALID_DEVICE",
         -34 => "CL_INVALID_CONTEXT",
         -36 => "CL_INVALID_COMMAND_QUEUE",
         -38 => "CL_INVALID_MEM_OBJECT",
-        -42 => "CL_INVALID_BINARY",
-        -43 => "CL_INVALID_BUILD_OPTIONS",
+        CL_INVALID_BINARY => "CL_INVALID_BINARY",
+        CL_INVALID_BUILD_OPTIONS => "CL_INVALID_BUILD_OPTIONS",
         -44 => "CL_INVALID_PROGRAM",
         -45 => "CL_INVALID_PROGRAM_EXECUTABLE",
         -46 => "CL_INVALID_KERNEL_NAME",
@@ -261,7 +258,7 @@ pub fn status_name(code: cl_int) -> &'static str {
         -51 => "CL_INVALID_ARG_SIZE",
         -52 => "CL_INVALID_KERNEL_ARGS",
         -54 => "CL_INVALID_WORK_GROUP_SIZE",
-        -1001 => "CL_PLATFORM_NOT_FOUND_KHR",
+        CL_PLATFORM_NOT_FOUND_KHR => "CL_PLATFORM_NOT_FOUND_KHR",
         _ => "unknown OpenCL status",
     }
 }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ash::vk;
+use ash::vk::{self, Handle};
 use parking_lot::{Mutex, RwLock};
 
 pub use header::{CacheIdentity, HEADER_LEN, HeaderMismatch, check as check_cache_header};
@@ -116,6 +116,8 @@ struct Counters {
     data_missing: AtomicU64,
     data_rejected: AtomicU64,
     data_written: AtomicU64,
+    data_merged: AtomicU64,
+    disk_errors: AtomicU64,
 }
 
 /// What kcache did with Vulkan objects and pipeline-cache data, next to the memory tier's
@@ -138,6 +140,11 @@ pub struct VulkanStats {
     pub cache_data_rejected: u64,
     /// Pipeline-cache blobs written to disk.
     pub cache_data_written: u64,
+    /// Blobs another cache stored since this one last read or wrote, merged in before a write.
+    pub cache_data_merged: u64,
+    /// Disk reads or writes that failed. A failed read at registration starts the device's
+    /// pipeline cache empty; a failed write is returned by the call that flushed.
+    pub disk_errors: u64,
 }
 
 /// Function table of one `VkDevice`, shared by everything that must outlive its registration.
@@ -321,6 +328,29 @@ pub struct VulkanCache {
     counters: Arc<Counters>,
 }
 
+/// The device functions kcache calls.
+const DEVICE_FUNCTIONS: [&CStr; 12] = [
+    c"vkCreateShaderModule",
+    c"vkDestroyShaderModule",
+    c"vkCreateComputePipelines",
+    c"vkDestroyPipeline",
+    c"vkCreateDescriptorSetLayout",
+    c"vkDestroyDescriptorSetLayout",
+    c"vkCreatePipelineLayout",
+    c"vkDestroyPipelineLayout",
+    c"vkCreatePipelineCache",
+    c"vkDestroyPipelineCache",
+    c"vkGetPipelineCacheData",
+    c"vkMergePipelineCaches",
+];
+
+fn missing_function(name: &CStr) -> Error {
+    Error::Unavailable(format!(
+        "the Vulkan loader does not provide {}",
+        name.to_string_lossy()
+    ))
+}
+
 fn build_error(what: &str, r: vk::Result) -> BuildError {
     BuildError::new(r.as_raw(), format!("{what} failed: {r}"))
 }
@@ -388,7 +418,6 @@ impl VulkanCache {
         device: vk::Device,
         owner: Option<Arc<dyn DeviceOwner>>,
     ) -> Result<VulkanDevice> {
-        use ash::vk::Handle;
         if instance == vk::Instance::null()
             || physical_device == vk::PhysicalDevice::null()
             || device == vk::Device::null()
@@ -401,8 +430,24 @@ impl VulkanCache {
                 "this VkDevice is already registered".into(),
             ));
         }
+        let get_instance_proc_addr = self.vulkan.entry.static_fn().get_instance_proc_addr;
+        for name in [c"vkGetPhysicalDeviceProperties", c"vkGetDeviceProcAddr"] {
+            // SAFETY: `instance` is live and belongs to this loader (caller's contract).
+            if unsafe { get_instance_proc_addr(instance, name.as_ptr()) }.is_none() {
+                return Err(missing_function(name));
+            }
+        }
         // SAFETY: the caller guarantees `instance` is live and belongs to this loader.
         let instance_fns = unsafe { ash::Instance::load(self.vulkan.entry.static_fn(), instance) };
+        // ash turns a function the loader lacks into a stub that panics when called: make sure
+        // every device function kcache calls exists, so that a partial loader is reported.
+        let get_device_proc_addr = instance_fns.fp_v1_0().get_device_proc_addr;
+        for name in DEVICE_FUNCTIONS {
+            // SAFETY: `device` is live and belongs to `instance` (caller's contract).
+            if unsafe { get_device_proc_addr(device, name.as_ptr()) }.is_none() {
+                return Err(missing_function(name));
+            }
+        }
         // SAFETY: `physical_device` belongs to `instance` (caller's contract).
         let props = unsafe { instance_fns.get_physical_device_properties(physical_device) };
         // SAFETY: `device` was created from `physical_device` of `instance` (caller's contract).
@@ -452,7 +497,14 @@ impl VulkanCache {
         key: &Key,
     ) -> Result<(vk::PipelineCache, Option<[u8; 32]>)> {
         let blob = match &self.disk {
-            Some(disk) => disk.get(key)?.map(crate::disk::Entry::into_payload),
+            // A disk that cannot be read costs the warm start, not the device.
+            Some(disk) => match disk.get(key) {
+                Ok(entry) => entry.map(crate::disk::Entry::into_payload),
+                Err(_) => {
+                    self.counters.disk_errors.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+            },
             None => None,
         };
         // Remembered even for a rejected blob, so that a write-back neither merges it nor
@@ -519,23 +571,35 @@ impl VulkanCache {
                 state.limits.max_bound_descriptor_sets
             )));
         }
-        if let Some(pc) = layout.push_constants
-            && pc.offset + pc.size > state.limits.max_push_constants_size
-        {
+        let push_end = layout.push_constants.map_or(0, |pc| pc.offset + pc.size);
+        if push_end > state.limits.max_push_constants_size {
             return Err(Error::InvalidArgument(format!(
-                "push constants end at byte {} beyond the device's maxPushConstantsSize ({})",
-                pc.offset + pc.size,
+                "push constants end at byte {push_end} beyond the device's \
+                 maxPushConstantsSize ({})",
                 state.limits.max_push_constants_size
             )));
         }
-        use ash::vk::Handle;
         let key = PipelineKey {
             registration: state.registration,
             device: state.raw.as_raw(),
             digest: *spec.digest(),
         };
         self.pipelines
-            .find_or_build(&key, Some(state.registration), || self.build(state, spec))
+            .find_or_build(&key, Some(state.registration), || {
+                // Checked again once the build is registered: a teardown that ran since the
+                // check above has bumped the device's epoch before this flight began, so
+                // only this check keeps the pipeline from being installed for a dead device.
+                if state.retired.load(Ordering::Acquire) {
+                    return Err(BuildError::new(0, "the device was unregistered"));
+                }
+                self.build(state, spec)
+            })
+            .map_err(|e| match e {
+                Error::Build(_) if state.retired.load(Ordering::Acquire) => {
+                    Error::DeviceDestroyed(state.registration)
+                }
+                e => e,
+            })
     }
 
     fn layout_for(
@@ -705,11 +769,15 @@ impl VulkanCache {
         stored: &mut Option<[u8; 32]>,
     ) -> Result<bool> {
         let d = &state.fns.fns;
-        if let Some(theirs) = disk.get(&state.disk_key)?
-            && Some(digest(theirs.payload())) != *stored
-        {
-            if header::check(theirs.payload(), &state.identity).is_ok() {
-                self.merge(d, cache, theirs.payload())?;
+        let theirs = disk.get(&state.disk_key).inspect_err(|_| {
+            self.counters.disk_errors.fetch_add(1, Ordering::Relaxed);
+        })?;
+        let theirs = theirs.as_ref().map(|e| e.payload());
+        if let Some(theirs) = theirs.filter(|t| Some(digest(t)) != *stored) {
+            if header::check(theirs, &state.identity).is_ok() {
+                self.merge(d, cache, theirs)?;
+                // If merging added nothing of ours, the stored blob already says it all.
+                *stored = Some(digest(theirs));
             } else {
                 self.counters.data_rejected.fetch_add(1, Ordering::Relaxed);
             }
@@ -727,7 +795,10 @@ impl VulkanCache {
             return Ok(false);
         }
         let build_time = Duration::from_nanos(state.build_nanos.load(Ordering::Relaxed));
-        disk.put(&state.disk_key, &data, build_time)?;
+        disk.put(&state.disk_key, &data, build_time)
+            .inspect_err(|_| {
+                self.counters.disk_errors.fetch_add(1, Ordering::Relaxed);
+            })?;
         *stored = Some(written);
         self.counters.data_written.fetch_add(1, Ordering::Relaxed);
         Ok(true)
@@ -744,7 +815,9 @@ impl VulkanCache {
         let merged = unsafe { d.merge_pipeline_caches(into, &[theirs]) };
         // SAFETY: `theirs` was created above and is no longer needed.
         unsafe { d.destroy_pipeline_cache(theirs, None) };
-        merged.map_err(|r| backend_error("vkMergePipelineCaches", r))
+        merged.map_err(|r| backend_error("vkMergePipelineCaches", r))?;
+        self.counters.data_merged.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Device teardown: writes its pipeline-cache data back, destroys the pipeline cache and
@@ -761,10 +834,7 @@ impl VulkanCache {
         if state.retired.swap(true, Ordering::AcqRel) {
             return Err(Error::DeviceDestroyed(state.registration));
         }
-        self.devices.lock().remove(&{
-            use ash::vk::Handle;
-            state.raw.as_raw()
-        });
+        self.devices.lock().remove(&state.raw.as_raw());
         let flushed = self.retire(state);
         let evicted = self.pipelines.evict_device(state.registration);
         flushed?;
@@ -804,6 +874,8 @@ impl VulkanCache {
             cache_data_missing: get(&c.data_missing),
             cache_data_rejected: get(&c.data_rejected),
             cache_data_written: get(&c.data_written),
+            cache_data_merged: get(&c.data_merged),
+            disk_errors: get(&c.disk_errors),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 use ash::vk;
 
-use super::{DeviceOwner, Pipeline, Vulkan};
+use super::{DeviceOwner, Pipeline, PipelineSpec, Vulkan};
 use crate::{Error, Result};
 
 fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
@@ -116,6 +116,97 @@ impl TestGpu {
             fence: vk::Fence::null(),
         };
         scratch.run(pipeline, data, push, groups)
+    }
+
+    /// What a caller without a cache does for each pipeline: shader module, layouts and one
+    /// `vkCreateComputePipelines` with no pipeline cache, then destroys them all. The peer of
+    /// a cache hit in the benchmarks.
+    pub fn create_pipeline_uncached(&self, spec: &PipelineSpec) -> Result<()> {
+        let d = &self.device;
+        let desc = spec.layout();
+        let mut set_layouts = Vec::new();
+        let mut module = vk::ShaderModule::null();
+        let mut layout = vk::PipelineLayout::null();
+        let result = (|| {
+            for set in &desc.sets {
+                let bindings: Vec<_> = set
+                    .iter()
+                    .map(|b| {
+                        vk::DescriptorSetLayoutBinding::default()
+                            .binding(b.binding)
+                            .descriptor_type(b.descriptor_type)
+                            .descriptor_count(b.count)
+                            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+                    })
+                    .collect();
+                let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+                // SAFETY: live device; the create info outlives the call.
+                set_layouts.push(
+                    unsafe { d.create_descriptor_set_layout(&info, None) }
+                        .map_err(vk_err("vkCreateDescriptorSetLayout"))?,
+                );
+            }
+            let ranges: Vec<_> = desc
+                .push_constants
+                .iter()
+                .map(|pc| vk::PushConstantRange {
+                    stage_flags: vk::ShaderStageFlags::COMPUTE,
+                    offset: pc.offset,
+                    size: pc.size,
+                })
+                .collect();
+            let info = vk::PipelineLayoutCreateInfo::default()
+                .set_layouts(&set_layouts)
+                .push_constant_ranges(&ranges);
+            // SAFETY: live device; the set layouts were created from it.
+            layout = unsafe { d.create_pipeline_layout(&info, None) }
+                .map_err(vk_err("vkCreatePipelineLayout"))?;
+            let info = vk::ShaderModuleCreateInfo::default().code(&spec.spirv);
+            // SAFETY: live device; `PipelineSpec` validated the code.
+            module = unsafe { d.create_shader_module(&info, None) }
+                .map_err(vk_err("vkCreateShaderModule"))?;
+            let mut data = Vec::new();
+            let entries: Vec<_> = spec
+                .specialization
+                .iter()
+                .map(|c| {
+                    let e = vk::SpecializationMapEntry {
+                        constant_id: c.id,
+                        offset: data.len() as u32,
+                        size: c.value.len(),
+                    };
+                    data.extend_from_slice(&c.value);
+                    e
+                })
+                .collect();
+            let specialization = vk::SpecializationInfo::default()
+                .map_entries(&entries)
+                .data(&data);
+            let stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(&spec.entry_point)
+                .specialization_info(&specialization);
+            let info = vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(layout);
+            // SAFETY: live device; module and layout were created from it.
+            let pipeline =
+                unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) }
+                    .map_err(|(_, r)| vk_err("vkCreateComputePipelines")(r))?[0];
+            // SAFETY: the pipeline was just created and is not in use.
+            unsafe { d.destroy_pipeline(pipeline, None) };
+            Ok(())
+        })();
+        // SAFETY: nothing uses these objects any more; null handles are ignored.
+        unsafe {
+            d.destroy_shader_module(module, None);
+            d.destroy_pipeline_layout(layout, None);
+            for set in set_layouts {
+                d.destroy_descriptor_set_layout(set, None);
+            }
+        }
+        result
     }
 
     fn memory_type(&self, bits: u32, flags: vk::MemoryPropertyFlags) -> Result<u32> {

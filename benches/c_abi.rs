@@ -1,0 +1,159 @@
+//! A hit through the C ABI (`kc_cache_find_or_build` + `kc_lease_release`, as a C caller makes
+//! them) against the same hit through the Rust API (`MemoryCache::find_or_build` + dropping the
+//! lease), on the same cache type, keys and values. Criterion measures each; the closing line
+//! prints their ratio from back-to-back runs, so machine speed cancels out.
+
+use std::ffi::{c_int, c_void};
+use std::hint::black_box;
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use kcache::ffi::{
+    KC_NO_DEVICE, RawValue, kc_cache, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
+    kc_cache_options_default, kc_lease_release, kc_lease_value, kc_status,
+};
+use kcache::memory::{MemoryCache, Options};
+
+const KEYS: usize = 1_000;
+const OPS: usize = 1_000_000;
+
+fn keys() -> Vec<Vec<u8>> {
+    (0..KEYS)
+        .map(|i| format!("kernel-{i:08}-sm90").into_bytes())
+        .collect()
+}
+
+unsafe extern "C" fn build(
+    ctx: *mut c_void,
+    _key: *const u8,
+    _key_len: usize,
+    out_value: *mut *mut c_void,
+    _out_weight: *mut u64,
+) -> c_int {
+    // SAFETY: kcache passes a writable out-pointer.
+    unsafe { out_value.write(ctx) };
+    0
+}
+
+/// The two ways in, filled with the same keys.
+struct Caches {
+    c: *mut kc_cache,
+    rust: MemoryCache<Vec<u8>, RawValue>,
+}
+
+impl Caches {
+    fn new(keys: &[Vec<u8>]) -> Self {
+        let mut c = ptr::null_mut();
+        // SAFETY: a whole options struct and a writable out-pointer.
+        let status = unsafe { kc_cache_new(&kc_cache_options_default(), &mut c) };
+        assert_eq!(status, kc_status::KC_OK);
+        let rust = MemoryCache::new(Options::default(), |_| Ok(()));
+        let caches = Caches { c, rust };
+        for key in keys {
+            let value = key.as_ptr().cast_mut().cast::<c_void>();
+            caches
+                .rust
+                .find_or_build(key.as_slice(), None, || Ok((RawValue(value), 0)))
+                .unwrap();
+            assert_eq!(caches.c_hit(key, value), value);
+        }
+        caches
+    }
+
+    fn c_hit(&self, key: &[u8], ctx: *mut c_void) -> *mut c_void {
+        let mut lease = ptr::null_mut();
+        // SAFETY: live cache, a key slice, a writable out-pointer; the lease is released once.
+        unsafe {
+            let status = kc_cache_find_or_build(
+                self.c,
+                key.as_ptr(),
+                key.len(),
+                KC_NO_DEVICE,
+                Some(build),
+                ctx,
+                &mut lease,
+            );
+            debug_assert_eq!(status, kc_status::KC_OK);
+            let value = kc_lease_value(lease);
+            kc_lease_release(lease);
+            value
+        }
+    }
+
+    fn rust_hit(&self, key: &[u8]) -> *mut c_void {
+        let lease = self
+            .rust
+            .find_or_build(key, None, || unreachable!("all hits"))
+            .unwrap();
+        lease.0
+    }
+}
+
+impl Drop for Caches {
+    fn drop(&mut self) {
+        // SAFETY: the cache is live and this is its last use.
+        unsafe { kc_cache_free(self.c) };
+    }
+}
+
+fn hits(c: &mut Criterion) {
+    let keys = keys();
+    let caches = Caches::new(&keys);
+    let mut group = c.benchmark_group("hit");
+    let mut i = 0;
+    group.bench_function("rust find_or_build+drop", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(caches.rust_hit(black_box(&keys[i])))
+        })
+    });
+    group.bench_function("c_abi kc_cache_find_or_build+kc_lease_release", |b| {
+        b.iter(|| {
+            i = (i + 1) % KEYS;
+            black_box(caches.c_hit(black_box(&keys[i]), ptr::null_mut()))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hits);
+
+fn time(ops: usize, mut hit: impl FnMut(usize)) -> Duration {
+    let began = Instant::now();
+    for i in 0..ops {
+        hit(i % KEYS);
+    }
+    began.elapsed()
+}
+
+/// Nanoseconds per hit for each way in, best of seven alternating runs.
+fn ratio() {
+    let keys = keys();
+    let caches = Caches::new(&keys);
+    let (mut rust, mut c) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..7 {
+        let r = time(OPS, |i| {
+            black_box(caches.rust_hit(black_box(&keys[i])));
+        });
+        let k = time(OPS, |i| {
+            black_box(caches.c_hit(black_box(&keys[i]), ptr::null_mut()));
+        });
+        rust = rust.min(r.as_nanos() as f64 / OPS as f64);
+        c = c.min(k.as_nanos() as f64 / OPS as f64);
+    }
+    println!(
+        "\nhit, {KEYS} keys, 1 thread, best of 7 x {OPS}: Rust API {rust:.1} ns, C ABI {c:.1} ns, \
+         C ABI / Rust API = {:.2}x (target <= 1.30x)",
+        c / rust
+    );
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
+    if std::env::args().any(|a| a == "--bench") {
+        ratio();
+    }
+}

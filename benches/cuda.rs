@@ -1,0 +1,122 @@
+//! The CUDA adapter's memory hit (`CudaCache::module` on a cached module) against its peer, a
+//! `Mutex<HashMap>` lookup of the same key bytes (context address + PTX), as a runtime without
+//! kcache would write it.
+//!
+//! No GPU is available in CI: the driver here is the test library `c-tests/cuda/fake_cuda.c`,
+//! which stands in for `libcuda.so.1`. A hit makes no driver call, so what is measured is
+//! kcache's own cost. The GPU figures (JIT, CUDA's cache, kcache's disk and memory hits) come
+//! from `scripts/gpu-check`. The closing table (with `--bench`) gives the ratio from one run.
+
+#[path = "../tests/cuda_support/mod.rs"]
+mod cuda_support;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group};
+use cuda_support::{FakeDriver, SAXPY_PTX};
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions};
+
+struct Setup {
+    // Kept alive for the cache's driver and the context.
+    _fake: FakeDriver,
+    cache: CudaCache,
+    context: Option<Context>,
+    peer: Mutex<HashMap<Vec<u8>, usize>>,
+}
+
+fn setup() -> Setup {
+    let fake = FakeDriver::new();
+    let cache = CudaCache::new(CudaOptions {
+        driver: Some(fake.driver()),
+        ..CudaOptions::default()
+    })
+    .unwrap();
+    let raw: CUcontext = fake.create_context(0);
+    // SAFETY: a live context of the fake driver, never destroyed while the cache lives.
+    let context = unsafe { Context::from_raw(raw) };
+    let module = cache
+        .module(context, SAXPY_PTX.as_bytes(), &[])
+        .unwrap()
+        .raw();
+    let mut peer = HashMap::new();
+    peer.insert(peer_key(raw), module as usize);
+    Setup {
+        _fake: fake,
+        cache,
+        context,
+        peer: Mutex::new(peer),
+    }
+}
+
+fn peer_key(context: CUcontext) -> Vec<u8> {
+    let mut key = (context as usize).to_le_bytes().to_vec();
+    key.extend_from_slice(SAXPY_PTX.as_bytes());
+    key
+}
+
+fn kcache_hit(s: &Setup) -> usize {
+    let lease = s
+        .cache
+        .module(s.context, black_box(SAXPY_PTX.as_bytes()), &[]);
+    lease.unwrap().raw() as usize
+}
+
+fn peer_hit(s: &Setup, buf: &mut Vec<u8>) -> usize {
+    let context = s.context.unwrap().raw();
+    buf.clear();
+    buf.extend_from_slice(&(context as usize).to_le_bytes());
+    buf.extend_from_slice(black_box(SAXPY_PTX.as_bytes()));
+    *s.peer.lock().unwrap().get(buf.as_slice()).unwrap()
+}
+
+fn hits(c: &mut Criterion) {
+    let s = setup();
+    let mut group = c.benchmark_group("cuda memory hit");
+    group.bench_function("kcache CudaCache::module", |b| b.iter(|| kcache_hit(&s)));
+    let mut buf = Vec::new();
+    group.bench_function("Mutex<HashMap> get", |b| b.iter(|| peer_hit(&s, &mut buf)));
+    group.finish();
+}
+
+criterion_group!(benches, hits);
+
+fn time(rounds: u32, mut f: impl FnMut() -> usize) -> Duration {
+    let start = Instant::now();
+    for _ in 0..rounds {
+        black_box(f());
+    }
+    start.elapsed() / rounds
+}
+
+fn ratios() {
+    let s = setup();
+    let rounds = 200_000;
+    let mut buf = Vec::new();
+    // Warm both paths first so neither pays for first-touch costs.
+    time(rounds / 10, || kcache_hit(&s));
+    time(rounds / 10, || peer_hit(&s, &mut buf));
+    let kcache = time(rounds, || kcache_hit(&s));
+    let peer = time(rounds, || peer_hit(&s, &mut buf));
+    println!(
+        "\nCUDA memory hit, {} bytes of PTX, one thread:",
+        SAXPY_PTX.len()
+    );
+    println!("  kcache CudaCache::module  {:>8.1?}", kcache);
+    println!("  Mutex<HashMap> get        {:>8.1?}", peer);
+    println!(
+        "  kcache / peer             {:>8.2}x",
+        kcache.as_secs_f64() / peer.as_secs_f64()
+    );
+}
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
+    if std::env::args().any(|a| a == "--bench") {
+        ratios();
+    }
+}

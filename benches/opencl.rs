@@ -1,0 +1,262 @@
+//! What a program costs to get, on the machine's OpenCL implementation (PoCL in CI):
+//!
+//! - `cold`: `clCreateProgramWithSource` + `clBuildProgram` with PoCL's kernel cache off;
+//! - `pocl cache hit`: the same with PoCL's own kernel cache on and warm;
+//! - `kcache disk hit`: a new kcache (empty memory) in a new context, the binary on disk;
+//! - `kcache memory hit`: a lookup that finds the program in memory.
+//!
+//! PoCL reads its cache settings once per process, so the first three run in child processes
+//! of this binary with the environment each needs; the child times only the lookups. The
+//! closing table (with `--bench`) gives ratios from one back-to-back run in which every
+//! measured lookup is the first of a brand-new process, the situation the disk tier is for.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode, criterion_group};
+use kcache::backend::opencl::OpenClCache;
+use kcache::backend::opencl::runtime::{self, Context};
+use kcache::backend::opencl::sys::Api;
+use kcache::disk::{DiskCache, DiskConfig};
+use kcache::memory::Options;
+
+const SOURCE: &str = r#"
+__kernel void nbody_step(__global float4 *pos, __global float4 *vel, float dt, int n) {
+    int i = get_global_id(0);
+    float4 p = pos[i];
+    float4 a = (float4)(0.0f);
+    for (int j = 0; j < n; j++) {
+        float4 d = pos[j] - p;
+        float r2 = d.x * d.x + d.y * d.y + d.z * d.z + 1e-3f;
+        a += d * (pos[j].w * native_rsqrt(r2 * r2 * r2));
+    }
+    vel[i] += a * dt;
+    pos[i] += vel[i] * dt;
+}
+"#;
+
+const CHILD_MODE: &str = "KCACHE_BENCH_OPENCL_MODE";
+const CHILD_ITERS: &str = "KCACHE_BENCH_OPENCL_ITERS";
+const CHILD_DIR: &str = "KCACHE_BENCH_OPENCL_DIR";
+
+/// One way of getting the program, run in a child process.
+#[derive(Clone, Copy)]
+enum Mode {
+    Cold,
+    PoclHit,
+    KcacheDisk,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Cold => "cold",
+            Mode::PoclHit => "pocl-hit",
+            Mode::KcacheDisk => "kcache-disk",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Mode> {
+        [Mode::Cold, Mode::PoclHit, Mode::KcacheDisk]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+}
+
+/// Runs `iters` lookups of `mode` in a child process and returns their total time.
+fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
+    let pocl_cache = match mode {
+        Mode::PoclHit => "1",
+        Mode::Cold | Mode::KcacheDisk => "0",
+    };
+    let output = Command::new(std::env::current_exe().unwrap())
+        .env(CHILD_MODE, mode.name())
+        .env(CHILD_ITERS, iters.to_string())
+        .env(CHILD_DIR, &dirs.kcache)
+        .env("POCL_KERNEL_CACHE", pocl_cache)
+        .env("POCL_CACHE_DIR", &dirs.pocl)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{} child failed: {stdout}{}",
+        mode.name(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let nanos = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("nanos="))
+        .expect("the child reports nanos=")
+        .parse()
+        .unwrap();
+    Duration::from_nanos(nanos)
+}
+
+/// The child side: times `iters` lookups, each in a new context (and, for kcache, a new
+/// cache), so nothing but the tier under test can answer.
+fn child(mode: Mode, iters: u64, dir: &Path) {
+    let api = Api::get().unwrap();
+    let device = Context::first_device().unwrap().device();
+    let options = std::ffi::CString::new("").unwrap();
+    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let context = Context::new(device).unwrap();
+        match mode {
+            Mode::Cold | Mode::PoclHit => {
+                let start = Instant::now();
+                let program =
+                    runtime::build_from_source(api, context.context(), device, &[SOURCE], &options)
+                        .unwrap();
+                total += start.elapsed();
+                drop(program);
+            }
+            Mode::KcacheDisk => {
+                let cache = OpenClCache::new(Options::default(), Some(Arc::clone(&disk))).unwrap();
+                let start = Instant::now();
+                let lease = cache
+                    .get_or_build(context.context(), device, &[SOURCE], "")
+                    .unwrap();
+                total += start.elapsed();
+                assert_eq!(cache.stats().binary_loads, 1, "served from disk");
+                drop(lease);
+            }
+        }
+    }
+    println!("nanos={}", total.as_nanos());
+}
+
+struct Dirs {
+    kcache: std::path::PathBuf,
+    pocl: std::path::PathBuf,
+    _root: tempfile::TempDir,
+}
+
+/// Fresh cache directories, both warm: the binary is on kcache's disk and in PoCL's cache.
+fn warm_dirs() -> Dirs {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = Dirs {
+        kcache: root.path().join("kcache"),
+        pocl: root.path().join("pocl"),
+        _root: root,
+    };
+    std::fs::create_dir(&dirs.pocl).unwrap();
+    let context = Context::first_device().unwrap();
+    let disk = DiskCache::open(DiskConfig::in_dir(&dirs.kcache)).unwrap();
+    let cache = OpenClCache::new(Options::default(), Some(Arc::new(disk))).unwrap();
+    drop(
+        cache
+            .get_or_build(context.context(), context.device(), &[SOURCE], "")
+            .unwrap(),
+    );
+    in_child(Mode::PoclHit, 1, &dirs);
+    dirs
+}
+
+fn lookups(c: &mut Criterion) {
+    let dirs = warm_dirs();
+    let mut group = c.benchmark_group("opencl");
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5));
+    for (name, mode) in [
+        ("cold (POCL_KERNEL_CACHE=0)", Mode::Cold),
+        ("pocl cache hit", Mode::PoclHit),
+        ("kcache disk hit", Mode::KcacheDisk),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| in_child(mode, iters, &dirs))
+        });
+    }
+    group.finish();
+
+    let context = Context::first_device().unwrap();
+    let cache = OpenClCache::new(Options::default(), None).unwrap();
+    drop(
+        cache
+            .get_or_build(context.context(), context.device(), &[SOURCE], "")
+            .unwrap(),
+    );
+    c.bench_function("opencl/kcache memory hit", |b| {
+        b.iter(|| {
+            let lease = cache
+                .get_or_build(context.context(), context.device(), &[SOURCE], "")
+                .unwrap();
+            black_box(lease.value().raw());
+        })
+    });
+}
+
+criterion_group!(benches, lookups);
+
+/// One back-to-back run: each disk-side figure is the median of single lookups, each the first
+/// lookup of a new process.
+fn ratios() {
+    const RUNS: usize = 5;
+    let dirs = warm_dirs();
+    let median = |mode: Mode| {
+        let mut times: Vec<Duration> = (0..RUNS).map(|_| in_child(mode, 1, &dirs)).collect();
+        times.sort();
+        times[RUNS / 2]
+    };
+    let cold = median(Mode::Cold);
+    let pocl = median(Mode::PoclHit);
+    let disk = median(Mode::KcacheDisk);
+    let context = Context::first_device().unwrap();
+    let cache = OpenClCache::new(Options::default(), None).unwrap();
+    drop(
+        cache
+            .get_or_build(context.context(), context.device(), &[SOURCE], "")
+            .unwrap(),
+    );
+    const HITS: u32 = 1_000_000;
+    let start = Instant::now();
+    for _ in 0..HITS {
+        let lease = cache
+            .get_or_build(context.context(), context.device(), &[SOURCE], "")
+            .unwrap();
+        black_box(lease.value().raw());
+    }
+    let memory = start.elapsed() / HITS;
+
+    println!("\nOpenCL program lookup, first lookup of a new process (median of {RUNS}):");
+    println!("{:<34} {:>12} {:>14}", "path", "time", "cold / this");
+    for (name, time) in [
+        ("cold build (POCL_KERNEL_CACHE=0)", cold),
+        ("PoCL kernel cache hit", pocl),
+        ("kcache disk (L2) hit", disk),
+        ("kcache memory (L1) hit", memory),
+    ] {
+        println!(
+            "{name:<34} {:>12} {:>13.0}x",
+            format!("{time:.2?}"),
+            cold.as_secs_f64() / time.as_secs_f64()
+        );
+    }
+    println!(
+        "kcache disk hit vs PoCL cache hit: {:.1}x faster",
+        pocl.as_secs_f64() / disk.as_secs_f64()
+    );
+}
+
+fn main() {
+    if let Ok(mode) = std::env::var(CHILD_MODE) {
+        let mode = Mode::parse(&mode).expect("a known mode");
+        let iters = std::env::var(CHILD_ITERS).unwrap().parse().unwrap();
+        let dir = std::env::var_os(CHILD_DIR).unwrap();
+        child(mode, iters, Path::new(&dir));
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
+    if std::env::args().any(|a| a == "--bench") {
+        ratios();
+    }
+}

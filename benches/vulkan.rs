@@ -1,0 +1,148 @@
+//! What a compute pipeline costs to get, on the machine's Vulkan driver (lavapipe in CI):
+//!
+//! - `vkCreateComputePipelines`: what a caller without a cache does for every pipeline
+//!   (shader module, layouts, pipeline, no pipeline cache);
+//! - `kcache memory hit`: a lookup with a prepared `PipelineSpec` that finds the pipeline;
+//! - `kcache spec + memory hit`: the same, validating and digesting the description again
+//!   each time (for callers that do not keep the `PipelineSpec`).
+//!
+//! The closing table gives the ratios from one back-to-back run, so machine speed cancels out.
+//! The disk tier is not measured: lavapipe's `vkGetPipelineCacheData` holds only the header,
+//! so a warm start cannot be faster on it; that needs a driver that serializes pipelines.
+
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ash::vk;
+use criterion::{Criterion, criterion_group};
+use kcache::backend::vulkan::testing::TestGpu;
+use kcache::backend::vulkan::{
+    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
+    VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
+};
+
+const SHADER: &str = r#"#version 450
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint MUL = 1;
+layout(push_constant) uniform Push { uint add; } pc;
+layout(std430, set = 0, binding = 0) buffer Data { uint v[]; } data;
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i < data.v.length()) {
+        data.v[i] = data.v[i] * MUL + pc.add;
+    }
+}
+"#;
+
+fn spirv() -> Vec<u32> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (src, out) = (dir.path().join("s.comp"), dir.path().join("s.spv"));
+    std::fs::write(&src, SHADER).expect("write shader");
+    let ok = Command::new("glslangValidator")
+        .args(["-V", "--target-env", "vulkan1.0", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("glslangValidator (glslang-tools)")
+        .status
+        .success();
+    assert!(ok, "glslangValidator failed");
+    words_from_bytes(&std::fs::read(&out).expect("read SPIR-V")).expect("whole words")
+}
+
+fn layout() -> LayoutDesc {
+    LayoutDesc {
+        sets: vec![vec![DescriptorBinding {
+            binding: 0,
+            descriptor_type: vk::DescriptorType::STORAGE_BUFFER,
+            count: 1,
+        }]],
+        push_constants: Some(PushConstantRange { offset: 0, size: 4 }),
+    }
+}
+
+struct Setup {
+    gpu: Arc<TestGpu>,
+    cache: VulkanCache,
+    device: VulkanDevice,
+    words: Vec<u32>,
+    spec: PipelineSpec,
+}
+
+fn setup() -> Setup {
+    let vulkan = Vulkan::load().expect("a Vulkan loader");
+    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device"));
+    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let device = cache.register_owned_device(gpu.clone()).unwrap();
+    let words = spirv();
+    let spec = PipelineSpec::new(&words, "main", &[SpecConstant::u32(0, 3)], &layout()).unwrap();
+    drop(cache.pipeline(&device, &spec).unwrap());
+    Setup {
+        gpu,
+        cache,
+        device,
+        words,
+        spec,
+    }
+}
+
+fn hit(s: &Setup) {
+    black_box(s.cache.pipeline(&s.device, &s.spec).unwrap().pipeline());
+}
+
+fn spec_and_hit(s: &Setup) {
+    let spec = PipelineSpec::new(&s.words, "main", &[SpecConstant::u32(0, 3)], &layout()).unwrap();
+    black_box(s.cache.pipeline(&s.device, &spec).unwrap().pipeline());
+}
+
+fn create(s: &Setup) {
+    s.gpu.create_pipeline_uncached(&s.spec).unwrap();
+}
+
+fn pipelines(c: &mut Criterion) {
+    let s = setup();
+    let mut group = c.benchmark_group("vulkan");
+    group.bench_function("vkCreateComputePipelines", |b| b.iter(|| create(&s)));
+    group.bench_function("kcache memory hit", |b| b.iter(|| hit(&s)));
+    group.bench_function("kcache spec + memory hit", |b| b.iter(|| spec_and_hit(&s)));
+    group.finish();
+    s.cache.unregister_device(&s.device).unwrap();
+}
+
+fn per_call(iters: u32, f: impl Fn()) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    start.elapsed() / iters
+}
+
+fn ratio_table() {
+    let s = setup();
+    println!("vulkan pipeline lookup ({}):", s.gpu.name());
+    let create = per_call(200, || create(&s));
+    let hit = per_call(1_000_000, || hit(&s));
+    let spec_hit = per_call(100_000, || spec_and_hit(&s));
+    println!("  vkCreateComputePipelines   {create:>12.2?}");
+    println!(
+        "  kcache spec + memory hit   {spec_hit:>12.2?}   {:>8.0}x faster",
+        create.as_secs_f64() / spec_hit.as_secs_f64()
+    );
+    println!(
+        "  kcache memory hit          {hit:>12.2?}   {:>8.0}x faster",
+        create.as_secs_f64() / hit.as_secs_f64()
+    );
+    s.cache.unregister_device(&s.device).unwrap();
+}
+
+criterion_group!(benches, pipelines);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    if std::env::args().any(|a| a == "--bench") {
+        ratio_table();
+    }
+}

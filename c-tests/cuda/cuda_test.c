@@ -1,0 +1,108 @@
+/*
+ * The kc_cuda_* C API through the real header and the built library.
+ *
+ * No GPU is available in CI, so the driver here is the test driver library fake_cuda.c,
+ * which stands in for libcuda.so.1: this program links it for the calls kcache never makes
+ * (creating contexts, reading the call counters), and kcache loads the same library through
+ * kc_cuda_options.driver_library, so both see one instance.
+ *
+ * kcache.h must not need cuda.h: this file includes no CUDA header and passes handles as
+ * void *.
+ *
+ * Usage: cuda_test FAKE_DRIVER_PATH DISK_DIR     the cold and warm paths
+ *        cuda_test unavailable                   no driver: KC_ERR_UNAVAILABLE
+ */
+#include <kcache.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The fake driver's test-only entry points, declared here as no header is shipped for them. */
+int cuCtxCreate_v2(void **ctx, unsigned int flags, int device);
+int cuCtxPopCurrent_v2(void **ctx);
+int cuInit(unsigned int flags);
+unsigned long long fakecuda_counter(const char *name);
+
+static const char PTX[] = ".version 7.0\n.target sm_52\n.address_size 64\n"
+                          ".visible .entry twice(.param .u64 p) { ret; }\n";
+
+static int failures;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__,      \
+                    #cond, kc_last_error_message());                                               \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static kc_cuda_cache *new_cache(const char *driver, const char *disk_dir) {
+    kc_cuda_options opts = kc_cuda_options_default();
+    kc_cuda_cache *cache = NULL;
+    opts.driver_library = driver;
+    opts.use_disk = true;
+    opts.disk_dir = disk_dir;
+    CHECK(kc_cuda_cache_new(&opts, &cache) == KC_OK);
+    return cache;
+}
+
+/* One lookup in a fresh cache; returns the statistics after it. */
+static kc_cuda_statistics lookup(const char *driver, const char *disk_dir, void *ctx) {
+    kc_cuda_statistics stats;
+    kc_cuda_cache *cache = new_cache(driver, disk_dir);
+    kc_cuda_lease *lease = NULL;
+    void *function = NULL;
+    size_t evicted = 0;
+
+    memset(&stats, 0, sizeof stats);
+    stats.struct_size = sizeof stats;
+    if (!cache)
+        return stats;
+    CHECK(kc_cuda_get_module(cache, ctx, PTX, 0, NULL, 0, &lease) == KC_OK);
+    CHECK(lease != NULL && kc_cuda_lease_module(lease) != NULL);
+    CHECK(kc_cuda_lease_context(lease) == ctx);
+    CHECK(kc_cuda_lease_function(lease, "twice", &function) == KC_OK && function != NULL);
+    CHECK(kc_cuda_lease_function(lease, "thrice", &function) == KC_ERR_NOT_FOUND);
+    CHECK(kc_cuda_stats(cache, &stats) == KC_OK);
+    CHECK(kc_cuda_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
+    kc_cuda_lease_release(lease);
+    kc_cuda_cache_free(cache);
+    return stats;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "unavailable") == 0) {
+        kc_cuda_options opts = kc_cuda_options_default();
+        kc_cuda_cache *cache = NULL;
+        opts.driver_library = "/nonexistent/libcuda.so.1";
+        CHECK(kc_cuda_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
+        CHECK(cache == NULL);
+        CHECK(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
+        return failures ? 1 : 0;
+    }
+    if (argc != 3) {
+        fprintf(stderr, "usage: cuda_test FAKE_DRIVER_PATH DISK_DIR | cuda_test unavailable\n");
+        return 2;
+    }
+    const char *driver = argv[1], *disk_dir = argv[2];
+    void *ctx = NULL, *popped = NULL;
+    CHECK(cuInit(0) == 0);
+    CHECK(cuCtxCreate_v2(&ctx, 0, 0) == 0 && cuCtxPopCurrent_v2(&popped) == 0 && popped == ctx);
+
+    kc_cuda_statistics cold = lookup(driver, disk_dir, ctx);
+    CHECK(cold.links == 1 && cold.disk_misses == 1 && cold.cubin_loads == 0);
+    CHECK(fakecuda_counter("link_complete") == 1);
+
+    kc_cuda_statistics warm = lookup(driver, disk_dir, ctx);
+    CHECK(warm.links == 0 && warm.disk_hits == 1 && warm.cubin_loads == 1);
+    CHECK(fakecuda_counter("link_complete") == 1);
+    CHECK(fakecuda_counter("module_load") == 2);
+    CHECK(fakecuda_counter("module_unload") == 2);
+    CHECK(fakecuda_counter("unload_wrong_context") == 0);
+
+    if (failures == 0)
+        printf("cuda_test: cold link, warm cubin load, unload in context: ok\n");
+    return failures ? 1 : 0;
+}

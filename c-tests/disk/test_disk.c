@@ -1,0 +1,407 @@
+/* The key builder, the disk tier and the tiered lookup through the real header and library.
+ * Usage: kc_test_disk WORK_DIR (an empty private directory; the test makes its caches in it). */
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "../harness.h"
+
+static const char *work;
+
+static void path_in(char *out, size_t cap, const char *name) {
+  int n = snprintf(out, cap, "%s/%s", work, name);
+  CHECK(n > 0 && (size_t)n < cap);
+}
+
+static void make_key(const char *entry, uint8_t out[KC_KEY_LEN]) {
+  kc_key_builder *b = NULL;
+  CHECK_STATUS(kc_key_builder_new(&b), KC_OK);
+  CHECK_STATUS(kc_key_builder_set(b, KC_KEY_BACKEND, KEY("c-test")), KC_OK);
+  CHECK_STATUS(kc_key_builder_set(b, KC_KEY_ENTRY, (const uint8_t *)entry, strlen(entry)), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(b, out), KC_OK);
+  kc_key_builder_free(b);
+}
+
+static kc_disk *open_disk(const char *name) {
+  char dir[4096];
+  path_in(dir, sizeof dir, name);
+  kc_disk_options opts = kc_disk_options_default();
+  opts.dir = dir;
+  opts.ignore_env = true;
+  opts.relaxed_durability = true;
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  return disk;
+}
+
+static kc_disk_statistics disk_stats(const kc_disk *disk) {
+  kc_disk_statistics s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  CHECK_STATUS(kc_disk_stats(disk, &s), KC_OK);
+  CHECK(s.struct_size == sizeof s);
+  return s;
+}
+
+static void test_keys(void) {
+  uint8_t a[KC_KEY_LEN], b[KC_KEY_LEN], c[KC_KEY_LEN];
+  kc_key_builder *kb = NULL;
+  CHECK_STATUS(kc_key_builder_new(&kb), KC_OK);
+  CHECK_STATUS(kc_key_builder_option(kb, KEY("-DA"), KEY("1")), KC_OK);
+  CHECK_STATUS(kc_key_builder_option(kb, KEY("-w"), NULL, 0), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, a), KC_OK);
+  kc_key_builder_free(kb);
+
+  CHECK_STATUS(kc_key_builder_new(&kb), KC_OK);
+  CHECK_STATUS(kc_key_builder_option(kb, KEY("-w"), NULL, 0), KC_OK);
+  CHECK_STATUS(kc_key_builder_option(kb, KEY("-DA"), KEY("1")), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, b), KC_OK);
+  CHECK(memcmp(a, b, KC_KEY_LEN) == 0); /* option order does not matter */
+  CHECK_STATUS(kc_key_builder_set(kb, KC_KEY_SOURCE, KEY("kernel")), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, c), KC_OK);
+  CHECK(memcmp(a, c, KC_KEY_LEN) != 0);
+  CHECK_STATUS(kc_key_builder_option(kb, KEY("-DA"), KEY("2")), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, c), KC_ERR_INVALID_ARGUMENT); /* duplicate name */
+  CHECK_STATUS(kc_key_builder_set(kb, 99, KEY("x")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_set(kb, KC_KEY_SOURCE, NULL, 3), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_finish(NULL, c), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_finish(kb, NULL), KC_ERR_INVALID_ARGUMENT);
+  kc_key_builder_free(kb);
+  kc_key_builder_free(NULL);
+}
+
+static void test_disk(void) {
+  kc_disk *disk = open_disk("plain");
+  uint8_t k[KC_KEY_LEN];
+  make_key("saxpy", k);
+  kc_buffer buf;
+  memset(&buf, 0, sizeof buf);
+  CHECK_STATUS(kc_disk_get(disk, k, &buf), KC_ERR_NOT_FOUND);
+  CHECK(buf.data == NULL); /* out-parameters are written on success only */
+  CHECK_STATUS(kc_disk_put(disk, k, KEY("binary bytes"), 12345), KC_OK);
+  CHECK_STATUS(kc_disk_get(disk, k, &buf), KC_OK);
+  CHECK(buf.len == 12 && memcmp(buf.data, "binary bytes", 12) == 0);
+  CHECK_U64(buf.build_time_ns, 12345);
+  kc_buffer_free(&buf);
+  CHECK(buf.data == NULL && buf.len == 0);
+  kc_buffer_free(&buf); /* a freed (zeroed) buffer is a no-op */
+  kc_buffer_free(NULL);
+
+  /* Tamper with the file: the read is a counted miss and the file is gone. */
+  char entry_dir[4096];
+  path_in(entry_dir, sizeof entry_dir, "plain");
+  DIR *d = opendir(entry_dir);
+  CHECK(d != NULL);
+  struct dirent *e;
+  char entry[8192] = "";
+  while ((e = readdir(d)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (n > 4 && strcmp(e->d_name + n - 4, ".kce") == 0) {
+      snprintf(entry, sizeof entry, "%s/%s", entry_dir, e->d_name);
+    }
+  }
+  closedir(d);
+  CHECK(entry[0] != '\0');
+  FILE *f = fopen(entry, "r+b");
+  CHECK(f != NULL);
+  CHECK(fseek(f, 80, SEEK_SET) == 0);
+  CHECK(fputc('X', f) != EOF);
+  CHECK(fclose(f) == 0);
+  CHECK_STATUS(kc_disk_get(disk, k, &buf), KC_ERR_INTEGRITY);
+  struct stat st;
+  CHECK(stat(entry, &st) != 0);
+  kc_disk_statistics s = disk_stats(disk);
+  CHECK_U64(s.hits, 1);
+  CHECK_U64(s.misses, 2);
+  CHECK_U64(s.puts, 1);
+  CHECK_U64(s.integrity_rejects, 1);
+
+  CHECK_STATUS(kc_disk_put(disk, k, KEY("again"), 0), KC_OK);
+  CHECK_STATUS(kc_disk_remove(disk, k), KC_OK);
+  CHECK_STATUS(kc_disk_remove(disk, k), KC_ERR_NOT_FOUND);
+
+  uint8_t fp[KC_FINGERPRINT_LEN];
+  CHECK_STATUS(kc_disk_fingerprint(disk, fp), KC_OK);
+  for (int i = 0; i < KC_FINGERPRINT_LEN; i++) CHECK(fp[i] == 0); /* no operator key */
+
+  kc_disk_gc_report r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_STATUS(kc_disk_put(disk, k, KEY("kept"), 0), KC_OK);
+  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, &r), KC_OK);
+  CHECK_U64(r.kept, 1);
+  CHECK_U64(r.corrupt + r.temp_files + r.stale_schema + r.stale_fingerprint, 0);
+  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, 0, NULL), KC_OK);
+
+  CHECK_STATUS(kc_disk_put(NULL, k, KEY("x"), 0), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_put(disk, NULL, KEY("x"), 0), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_get(disk, k, NULL), KC_ERR_INVALID_ARGUMENT);
+  kc_disk_close(disk);
+  kc_disk_close(NULL);
+}
+
+static void test_keyed_and_untrusted(void) {
+  char dir[4096];
+  path_in(dir, sizeof dir, "keyed");
+  static const uint8_t operator_key[] = "an operator key of 32 bytes!!!!";
+  kc_disk_options opts = kc_disk_options_default();
+  opts.dir = dir;
+  opts.ignore_env = true;
+  opts.key = operator_key;
+  opts.key_len = 8;
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT); /* key too short */
+  CHECK(disk == NULL);
+  opts.key_len = sizeof operator_key - 1;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  uint8_t fp[KC_FINGERPRINT_LEN], zero[KC_FINGERPRINT_LEN] = {0};
+  CHECK_STATUS(kc_disk_fingerprint(disk, fp), KC_OK);
+  CHECK(memcmp(fp, zero, sizeof fp) != 0);
+  kc_disk_close(disk);
+
+  path_in(dir, sizeof dir, "open-to-all");
+  CHECK(mkdir(dir, 0700) == 0);
+  CHECK(chmod(dir, 0777) == 0);
+  opts = kc_disk_options_default();
+  opts.dir = dir;
+  opts.ignore_env = true;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_UNTRUSTED);
+  CHECK(strstr(kc_last_error_message(), "writable by group or others") != NULL);
+}
+
+/* A backend whose live value is a heap string and whose serialized form is its bytes. */
+typedef struct backend {
+  int builds, loads, serializes, refuse_load;
+} backend;
+
+static int build_fn(void *ctx, const uint8_t *key, size_t key_len, void **out, uint64_t *w) {
+  backend *b = ctx;
+  b->builds++;
+  char *v = malloc(key_len + 1);
+  memcpy(v, key, key_len);
+  v[key_len] = '\0';
+  *out = v;
+  *w = key_len;
+  return 0;
+}
+
+static int load_fn(void *ctx, const uint8_t *bytes, size_t len, void **out, uint64_t *w) {
+  backend *b = ctx;
+  b->loads++;
+  if (b->refuse_load) return 17;
+  char *v = malloc(len + 1);
+  memcpy(v, bytes, len);
+  v[len] = '\0';
+  *out = v;
+  *w = len;
+  return 0;
+}
+
+static int serialize_fn(void *ctx, void *value, uint8_t *out, size_t *len) {
+  backend *b = ctx;
+  size_t n = strlen(value);
+  if (out == NULL) {
+    *len = n;
+    return 0;
+  }
+  b->serializes++;
+  CHECK(*len == n);
+  memcpy(out, value, n);
+  return 0;
+}
+
+static int free_value(void *ctx, void *value) {
+  (void)ctx;
+  free(value);
+  return 0;
+}
+
+static kc_cache *new_cache(void) {
+  kc_cache_options o = kc_cache_options_default();
+  o.destroy = free_value;
+  kc_cache *cache = NULL;
+  CHECK_STATUS(kc_cache_new(&o, &cache), KC_OK);
+  return cache;
+}
+
+static const char *tiered_lookup(kc_cache *cache, kc_disk *disk, backend *b, kc_lease **lease) {
+  uint8_t l2[KC_KEY_LEN];
+  make_key("tiered", l2);
+  kc_tiered_callbacks cb = {sizeof cb, build_fn, load_fn, serialize_fn, b};
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("value-of-tiered"), KC_NO_DEVICE, disk, l2, &cb,
+                                       lease),
+               KC_OK);
+  return kc_lease_value(*lease);
+}
+
+static void test_tiered(void) {
+  kc_disk *disk = open_disk("tiered");
+  backend b = {0, 0, 0, 0};
+  kc_lease *lease = NULL;
+  kc_cache *first = new_cache();
+  CHECK(strcmp(tiered_lookup(first, disk, &b, &lease), "value-of-tiered") == 0);
+  kc_lease_release(lease);
+  CHECK(b.builds == 1 && b.loads == 0 && b.serializes == 1);
+  CHECK(strcmp(tiered_lookup(first, disk, &b, &lease), "value-of-tiered") == 0); /* L1 hit */
+  kc_lease_release(lease);
+  CHECK(b.builds == 1 && b.loads == 0);
+  kc_cache_free(first);
+
+  /* A fresh memory tier (as in a new process) loads from disk instead of building. */
+  kc_cache *second = new_cache();
+  CHECK(strcmp(tiered_lookup(second, disk, &b, &lease), "value-of-tiered") == 0);
+  kc_lease_release(lease);
+  CHECK(b.builds == 1 && b.loads == 1);
+  kc_cache_free(second);
+
+  /* An entry the backend refuses to load is removed, counted and rebuilt. */
+  kc_cache *third = new_cache();
+  b.refuse_load = 1;
+  CHECK(strcmp(tiered_lookup(third, disk, &b, &lease), "value-of-tiered") == 0);
+  kc_lease_release(lease);
+  CHECK(b.builds == 2 && b.loads == 2 && b.serializes == 2);
+  CHECK_U64(disk_stats(disk).load_failures, 1);
+  kc_cache_free(third);
+
+  /* Without a disk: memory only. */
+  kc_cache *mem = new_cache();
+  CHECK(strcmp(tiered_lookup(mem, NULL, &b, &lease), "value-of-tiered") == 0);
+  kc_lease_release(lease);
+  CHECK(b.builds == 3);
+  kc_tiered_callbacks no_build = {sizeof no_build, NULL, load_fn, serialize_fn, &b};
+  uint8_t l2[KC_KEY_LEN];
+  make_key("x", l2);
+  CHECK_STATUS(kc_tiered_find_or_build(mem, KEY("y"), KC_NO_DEVICE, disk, l2, &no_build, &lease),
+               KC_ERR_INVALID_ARGUMENT);
+  kc_cache_free(mem);
+  kc_disk_close(disk);
+}
+
+#define CHECK_NAMES(arg) CHECK(strstr(kc_last_error_message(), arg) != NULL)
+
+/* Every pointer argument NULL in turn: KC_ERR_INVALID_ARGUMENT naming it, no crash, and
+ * out-parameters untouched. */
+static void test_null_sweep(void) {
+  kc_disk *disk = open_disk("null-sweep");
+  uint8_t k[KC_KEY_LEN];
+  make_key("n", k);
+  kc_key_builder *b = NULL, *sentinel_b = (kc_key_builder *)&k;
+  kc_disk *sentinel_d = (kc_disk *)&k;
+  kc_buffer buf = {NULL, 7, 0, NULL};
+  kc_disk_statistics st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+
+  CHECK_STATUS(kc_key_builder_new(NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("out_builder");
+  CHECK_STATUS(kc_key_builder_set(NULL, KC_KEY_ENTRY, KEY("x")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("builder");
+  CHECK_STATUS(kc_key_builder_option(NULL, KEY("a"), KEY("b")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_extra(NULL, KEY("a"), KEY("b")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_new(&b), KC_OK);
+  CHECK_STATUS(kc_key_builder_option(b, NULL, 1, KEY("b")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("name");
+  CHECK_STATUS(kc_key_builder_extra(b, KEY("a"), NULL, 1), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("value");
+  kc_key_builder_free(b);
+  CHECK(sentinel_b == (kc_key_builder *)&k);
+
+  CHECK_STATUS(kc_disk_open(NULL, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("out_disk");
+  CHECK(sentinel_d == (kc_disk *)&k);
+  CHECK_STATUS(kc_disk_get(NULL, k, &buf), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("disk");
+  CHECK_STATUS(kc_disk_get(disk, NULL, &buf), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("key");
+  CHECK(buf.len == 7);
+  CHECK_STATUS(kc_disk_put(disk, k, NULL, 5, 0), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("data");
+  CHECK_STATUS(kc_disk_remove(NULL, k), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_remove(disk, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_gc(NULL, NULL, 0, 0, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_gc(disk, NULL, 2, 0, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("retain");
+  CHECK_STATUS(kc_disk_stats(NULL, &st), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_stats(disk, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("out");
+  CHECK_STATUS(kc_disk_fingerprint(disk, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_fingerprint(NULL, k), KC_ERR_INVALID_ARGUMENT);
+
+  kc_cache *cache = NULL;
+  kc_cache_options o = kc_cache_options_default();
+  CHECK_STATUS(kc_cache_new(&o, &cache), KC_OK);
+  kc_lease *sentinel_l = (kc_lease *)&k;
+  kc_tiered_callbacks cb = {sizeof cb, build_fn, load_fn, serialize_fn, NULL};
+  CHECK_STATUS(kc_tiered_find_or_build(NULL, KEY("a"), KC_NO_DEVICE, disk, k, &cb, &sentinel_l),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("cache");
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("a"), KC_NO_DEVICE, disk, NULL, &cb, &sentinel_l),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("key");
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("a"), KC_NO_DEVICE, disk, k, NULL, &sentinel_l),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("callbacks");
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("a"), KC_NO_DEVICE, disk, k, &cb, NULL),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("out_lease");
+  cb.struct_size = 8;
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("a"), KC_NO_DEVICE, disk, k, &cb, &sentinel_l),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("struct_size");
+  CHECK(sentinel_l == (kc_lease *)&k);
+  kc_cache_free(cache);
+  kc_disk_close(disk);
+}
+
+/* Last, since it lowers this process's file size limit: a put that cannot be written fails
+ * with KC_ERR_IO, leaves nothing behind, and reads keep working. */
+static void test_full_disk(void) {
+  kc_disk *disk = open_disk("full");
+  uint8_t small[KC_KEY_LEN], big[KC_KEY_LEN];
+  make_key("small", small);
+  make_key("big", big);
+  CHECK_STATUS(kc_disk_put(disk, small, KEY("fits"), 0), KC_OK);
+  CHECK(signal(SIGXFSZ, SIG_IGN) != SIG_ERR);
+  struct rlimit lim = {64 * 1024, 64 * 1024};
+  CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+  size_t n = 1024 * 1024;
+  uint8_t *payload = calloc(n, 1);
+  CHECK(payload != NULL);
+  CHECK_STATUS(kc_disk_put(disk, big, payload, n, 0), KC_ERR_IO);
+  free(payload);
+  kc_buffer buf;
+  CHECK_STATUS(kc_disk_get(disk, big, &buf), KC_ERR_NOT_FOUND);
+  CHECK_STATUS(kc_disk_get(disk, small, &buf), KC_OK);
+  CHECK(buf.len == 4 && memcmp(buf.data, "fits", 4) == 0);
+  kc_buffer_free(&buf);
+  char dir[4096];
+  path_in(dir, sizeof dir, "full");
+  DIR *d = opendir(dir);
+  CHECK(d != NULL);
+  struct dirent *e;
+  int files = 0;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] != '.' || strlen(e->d_name) > 2) files++;
+  }
+  closedir(d);
+  CHECK(files == 1); /* the small entry; no temporary file left */
+  CHECK_U64(disk_stats(disk).io_errors, 1);
+  kc_disk_close(disk);
+}
+
+int main(int argc, char **argv) {
+  CHECK(argc == 2);
+  work = argv[1];
+  test_keys();
+  test_disk();
+  test_keyed_and_untrusted();
+  test_tiered();
+  test_null_sweep();
+  test_full_disk();
+  printf("test_disk: ok\n");
+  return 0;
+}

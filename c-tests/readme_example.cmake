@@ -1,0 +1,23 @@
+# Checks that the README's C API example is example.c, byte for byte: the README shows it after
+# a "<!-- snippet: c-tests/example.c -->" line, in a ```c fence.
+# Usage: cmake -DREADME=README.md -DEXAMPLE=c-tests/example.c -P readme_example.cmake
+file(READ "${README}" readme)
+file(READ "${EXAMPLE}" example)
+set(marker "<!-- snippet: c-tests/example.c -->\n```c\n")
+string(FIND "${readme}" "${marker}" start)
+if(start EQUAL -1)
+  message(FATAL_ERROR "${README} has no \"<!-- snippet: c-tests/example.c -->\" followed by a ```c fence")
+endif()
+string(LENGTH "${marker}" marker_length)
+math(EXPR start "${start} + ${marker_length}")
+string(SUBSTRING "${readme}" ${start} -1 rest)
+string(FIND "${rest}" "\n```\n" end)
+if(end EQUAL -1)
+  message(FATAL_ERROR "${README}: the C API example's fence is not closed")
+endif()
+math(EXPR end "${end} + 1")
+string(SUBSTRING "${rest}" 0 ${end} snippet)
+if(NOT snippet STREQUAL example)
+  message(FATAL_ERROR "The README's C API example differs from ${EXAMPLE}: paste the file into the README")
+endif()
+message(STATUS "README example equals ${EXAMPLE}")

@@ -1,0 +1,327 @@
+/* The Vulkan C API on the system's Vulkan driver (lavapipe in CI): pipelines from kcache
+ * dispatched and their output checked, memory hits, argument checks, malformed SPIR-V, device
+ * teardown with a lease held, and a loader that lacks functions.
+ * Usage: vulkan_test CACHE_DIR SHADER.spv */
+#include <kcache.h>
+#include <vulkan/vulkan.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N 256u
+
+static int failures;
+
+#define EXPECT(cond)                                                                  \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "%s:%d: expected %s (last error: %s)\n", __FILE__, __LINE__, \
+                    #cond, kc_last_error_message());                                  \
+            failures++;                                                               \
+        }                                                                             \
+    } while (0)
+
+#define REQUIRE(cond)                                                                 \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            fprintf(stderr, "%s:%d: required %s (last error: %s)\n", __FILE__, __LINE__, \
+                    #cond, kc_last_error_message());                                  \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+typedef struct gpu {
+    VkInstance instance;
+    VkPhysicalDevice physical;
+    VkDevice device;
+    VkQueue queue;
+    uint32_t family;
+} gpu;
+
+static void gpu_create(gpu *g) {
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                             .apiVersion = VK_API_VERSION_1_1};
+    VkInstanceCreateInfo ici = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
+                                .pApplicationInfo = &app};
+    REQUIRE(vkCreateInstance(&ici, NULL, &g->instance) == VK_SUCCESS);
+    uint32_t count = 1;
+    REQUIRE(vkEnumeratePhysicalDevices(g->instance, &count, &g->physical) >= 0 && count == 1);
+    VkQueueFamilyProperties families[16];
+    uint32_t nfam = 16;
+    vkGetPhysicalDeviceQueueFamilyProperties(g->physical, &nfam, families);
+    g->family = nfam;
+    for (uint32_t i = 0; i < nfam; i++) {
+        if (families[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+            g->family = i;
+            break;
+        }
+    }
+    REQUIRE(g->family < nfam);
+    float priority = 1.0f;
+    VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                                   .queueFamilyIndex = g->family,
+                                   .queueCount = 1,
+                                   .pQueuePriorities = &priority};
+    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                              .queueCreateInfoCount = 1,
+                              .pQueueCreateInfos = &qci};
+    REQUIRE(vkCreateDevice(g->physical, &dci, NULL, &g->device) == VK_SUCCESS);
+    vkGetDeviceQueue(g->device, g->family, 0, &g->queue);
+}
+
+static void gpu_destroy(gpu *g) {
+    vkDestroyDevice(g->device, NULL);
+    vkDestroyInstance(g->instance, NULL);
+}
+
+/* Runs the leased pipeline over data[0..N) with `add` as push constant; returns 0 on success. */
+static int dispatch(const gpu *g, const kc_vulkan_lease *lease, uint32_t *data, uint32_t add) {
+    VkDevice d = g->device;
+    VkBufferCreateInfo bci = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO,
+                              .size = N * sizeof(uint32_t),
+                              .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT};
+    VkBuffer buffer;
+    REQUIRE(vkCreateBuffer(d, &bci, NULL, &buffer) == VK_SUCCESS);
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(d, buffer, &req);
+    VkPhysicalDeviceMemoryProperties mp;
+    vkGetPhysicalDeviceMemoryProperties(g->physical, &mp);
+    uint32_t type = mp.memoryTypeCount;
+    VkMemoryPropertyFlags want =
+        VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    for (uint32_t i = 0; i < mp.memoryTypeCount; i++) {
+        if ((req.memoryTypeBits & (1u << i)) && (mp.memoryTypes[i].propertyFlags & want) == want) {
+            type = i;
+            break;
+        }
+    }
+    REQUIRE(type < mp.memoryTypeCount);
+    VkMemoryAllocateInfo mai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO,
+                                .allocationSize = req.size,
+                                .memoryTypeIndex = type};
+    VkDeviceMemory memory;
+    REQUIRE(vkAllocateMemory(d, &mai, NULL, &memory) == VK_SUCCESS);
+    REQUIRE(vkBindBufferMemory(d, buffer, memory, 0) == VK_SUCCESS);
+    void *mapped;
+    REQUIRE(vkMapMemory(d, memory, 0, bci.size, 0, &mapped) == VK_SUCCESS);
+    memcpy(mapped, data, bci.size);
+
+    VkDescriptorPoolSize size = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1};
+    VkDescriptorPoolCreateInfo dpci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                       .maxSets = 1,
+                                       .poolSizeCount = 1,
+                                       .pPoolSizes = &size};
+    VkDescriptorPool pool;
+    REQUIRE(vkCreateDescriptorPool(d, &dpci, NULL, &pool) == VK_SUCCESS);
+    VkDescriptorSetLayout set_layout = (VkDescriptorSetLayout)kc_vulkan_lease_set_layout(lease, 0);
+    VkDescriptorSetAllocateInfo dsai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                        .descriptorPool = pool,
+                                        .descriptorSetCount = 1,
+                                        .pSetLayouts = &set_layout};
+    VkDescriptorSet set;
+    REQUIRE(vkAllocateDescriptorSets(d, &dsai, &set) == VK_SUCCESS);
+    VkDescriptorBufferInfo dbi = {buffer, 0, bci.size};
+    VkWriteDescriptorSet write = {.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                  .dstSet = set,
+                                  .descriptorCount = 1,
+                                  .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                  .pBufferInfo = &dbi};
+    vkUpdateDescriptorSets(d, 1, &write, 0, NULL);
+
+    VkCommandPoolCreateInfo cpci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                                    .queueFamilyIndex = g->family};
+    VkCommandPool cmd_pool;
+    REQUIRE(vkCreateCommandPool(d, &cpci, NULL, &cmd_pool) == VK_SUCCESS);
+    VkCommandBufferAllocateInfo cbai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                        .commandPool = cmd_pool,
+                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                        .commandBufferCount = 1};
+    VkCommandBuffer cmd;
+    REQUIRE(vkAllocateCommandBuffers(d, &cbai, &cmd) == VK_SUCCESS);
+    VkCommandBufferBeginInfo begin = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    REQUIRE(vkBeginCommandBuffer(cmd, &begin) == VK_SUCCESS);
+    VkPipelineLayout layout = (VkPipelineLayout)kc_vulkan_lease_layout(lease);
+    vkCmdBindPipeline(cmd, VK_PIPELINE_BIND_POINT_COMPUTE,
+                      (VkPipeline)kc_vulkan_lease_pipeline(lease));
+    vkCmdBindDescriptorSets(cmd, VK_PIPELINE_BIND_POINT_COMPUTE, layout, 0, 1, &set, 0, NULL);
+    vkCmdPushConstants(cmd, layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof add, &add);
+    vkCmdDispatch(cmd, N / 64, 1, 1);
+    VkMemoryBarrier barrier = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                               .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                               .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    vkCmdPipelineBarrier(cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0,
+                         1, &barrier, 0, NULL, 0, NULL);
+    REQUIRE(vkEndCommandBuffer(cmd) == VK_SUCCESS);
+    VkSubmitInfo submit = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                           .commandBufferCount = 1,
+                           .pCommandBuffers = &cmd};
+    REQUIRE(vkQueueSubmit(g->queue, 1, &submit, VK_NULL_HANDLE) == VK_SUCCESS);
+    REQUIRE(vkQueueWaitIdle(g->queue) == VK_SUCCESS);
+    memcpy(data, mapped, bci.size);
+
+    vkDestroyCommandPool(d, cmd_pool, NULL);
+    vkDestroyDescriptorPool(d, pool, NULL);
+    vkDestroyBuffer(d, buffer, NULL);
+    vkFreeMemory(d, memory, NULL);
+    return 0;
+}
+
+static int check_output(const gpu *g, const kc_vulkan_lease *lease, uint32_t mul, uint32_t add) {
+    uint32_t data[N];
+    for (uint32_t i = 0; i < N; i++) data[i] = i;
+    dispatch(g, lease, data, add);
+    for (uint32_t i = 0; i < N; i++) {
+        if (data[i] != i * mul + add) {
+            fprintf(stderr, "data[%u] = %u, expected %u\n", i, data[i], i * mul + add);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static uint32_t *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    REQUIRE(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint32_t *words = malloc((size_t)n);
+    REQUIRE(words && fread(words, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    *size = (size_t)n;
+    return words;
+}
+
+static kc_vulkan_pipeline_desc describe(const uint32_t *code, size_t size, const uint32_t *mul) {
+    static kc_vulkan_spec_constant constant;
+    static const kc_vulkan_binding binding = {0, 0, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1};
+    constant.id = 0;
+    constant.size = sizeof *mul;
+    constant.data = mul;
+    kc_vulkan_pipeline_desc desc = {.struct_size = sizeof desc,
+                                    .code = code,
+                                    .code_size = size,
+                                    .entry_point = "main",
+                                    .constants = &constant,
+                                    .constant_count = 1,
+                                    .bindings = &binding,
+                                    .binding_count = 1,
+                                    .push_constant_size = 4};
+    return desc;
+}
+
+/* Answers no function at all: a loader kcache cannot work with. */
+static void (*no_functions(void *instance, const char *name))(void) {
+    (void)instance;
+    (void)name;
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    REQUIRE(argc == 3);
+    size_t size;
+    uint32_t *code = read_file(argv[2], &size);
+    EXPECT(kc_vulkan_available() == KC_OK);
+
+    gpu g;
+    gpu_create(&g);
+
+    kc_vulkan_options opts = kc_vulkan_options_default();
+    opts.use_disk = true;
+    opts.disk_dir = argv[1];
+    kc_vulkan_cache *cache = NULL;
+    EXPECT(kc_vulkan_cache_new(NULL, &cache) == KC_ERR_INVALID_ARGUMENT);
+    kc_vulkan_options short_opts = opts;
+    short_opts.struct_size = sizeof(size_t);
+    EXPECT(kc_vulkan_cache_new(&short_opts, &cache) == KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
+
+    kc_vulkan_device *dev = NULL;
+    EXPECT(kc_vulkan_register_device(cache, g.instance, NULL, g.device, &dev) ==
+           KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &dev) == KC_OK);
+    kc_vulkan_device *twice = NULL;
+    EXPECT(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &twice) ==
+           KC_ERR_INVALID_ARGUMENT);
+    EXPECT(twice == NULL);
+
+    /* Malformed SPIR-V never reaches the driver. */
+    uint32_t mul = 3;
+    kc_vulkan_spec *spec = NULL;
+    kc_vulkan_pipeline_desc desc = describe(code, size, &mul);
+    desc.code_size = size - 2;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "multiple of 4") != NULL);
+    uint32_t magic = code[0];
+    code[0] = 0x12345678u;
+    desc = describe(code, size, &mul);
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "magic") != NULL);
+    code[0] = magic;
+    desc.entry_point = "not_there";
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "entry point") != NULL);
+    EXPECT(spec == NULL);
+    desc = describe(code, size, &mul);
+    desc.code = NULL;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+
+    /* Cold, then a memory hit: the same pipeline, both dispatched and checked. */
+    desc = describe(code, size, &mul);
+    REQUIRE(kc_vulkan_spec_new(&desc, &spec) == KC_OK);
+    kc_vulkan_lease *cold = NULL, *hit = NULL;
+    EXPECT(kc_vulkan_get_pipeline(cache, dev, NULL, &cold) == KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_get_pipeline(cache, dev, spec, &cold) == KC_OK);
+    EXPECT(check_output(&g, cold, 3, 5));
+    REQUIRE(kc_vulkan_get_pipeline(cache, dev, spec, &hit) == KC_OK);
+    EXPECT(kc_vulkan_lease_pipeline(hit) == kc_vulkan_lease_pipeline(cold));
+    EXPECT(kc_vulkan_lease_shader_module(hit) != 0);
+    EXPECT(kc_vulkan_lease_set_layout(hit, 1) == 0);
+    EXPECT(kc_vulkan_lease_pipeline(NULL) == 0);
+    EXPECT(check_output(&g, hit, 3, 11));
+
+    kc_vulkan_stats stats = {.struct_size = sizeof stats};
+    REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(stats.pipelines_created == 1);
+    EXPECT(stats.memory.hits == 1);
+    EXPECT(stats.memory.builds == 1);
+    EXPECT(stats.layouts_created == 1);
+
+    bool written = false;
+    EXPECT(kc_vulkan_flush(cache, dev, &written) == KC_OK);
+    EXPECT(written);
+
+    /* Teardown with one lease held: the pipeline outlives the registration until released. */
+    kc_vulkan_lease_release(cold);
+    uint64_t still_leased = 99;
+    EXPECT(kc_vulkan_unregister_device(cache, dev, &still_leased) == KC_OK);
+    EXPECT(still_leased == 1);
+    EXPECT(check_output(&g, hit, 3, 1));
+    kc_vulkan_lease_release(hit);
+    REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(stats.pipelines_destroyed == 1);
+    kc_vulkan_lease_release(NULL);
+    kc_vulkan_spec_free(spec);
+    kc_vulkan_cache_free(cache);
+
+    /* A loader without the functions kcache needs is reported, not called. */
+    kc_vulkan_options empty = kc_vulkan_options_default();
+    empty.get_instance_proc_addr = no_functions;
+    REQUIRE(kc_vulkan_cache_new(&empty, &cache) == KC_OK);
+    dev = NULL;
+    EXPECT(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &dev) ==
+           KC_ERR_UNAVAILABLE);
+    EXPECT(dev == NULL);
+    kc_vulkan_cache_free(cache);
+    kc_vulkan_cache_free(NULL);
+
+    gpu_destroy(&g);
+    free(code);
+    if (failures) {
+        fprintf(stderr, "vulkan_test: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("vulkan_test: ok\n");
+    return 0;
+}

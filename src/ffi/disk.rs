@@ -1,0 +1,884 @@
+//! Key derivation, the disk tier and the tiered lookup through the C ABI.
+//!
+//! Keys cross the boundary as `KC_KEY_LEN` (32) raw bytes. Payloads read from disk come back
+//! in a `kc_buffer` that borrows kcache's verified copy until `kc_buffer_free`.
+
+// The C names are the contract.
+#![allow(non_camel_case_types)]
+
+use std::any::Any;
+use std::ffi::{CStr, OsStr, c_char, c_int, c_void};
+use std::mem::size_of;
+use std::os::unix::ffi::OsStrExt;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::ptr;
+use std::time::{Duration, Instant};
+
+use super::cache::{kc_build_fn, kc_cache, kc_cache_find_or_build, kc_lease, kc_lease_value};
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
+use crate::disk::{DiskCache, DiskConfig, Durability, Entry, OperatorKey};
+use crate::key::{Field, KEY_LEN, Key, KeyBuilder};
+use crate::{Error, Result};
+
+/// Length of a cache key in bytes.
+pub const KC_KEY_LEN: usize = 32;
+/// Length of an operator key fingerprint in bytes.
+pub const KC_FINGERPRINT_LEN: usize = 8;
+/// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
+pub const KC_DISK_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
+
+/// Key field: backend name ("opencl", "vulkan", "cuda", or your own).
+pub const KC_KEY_BACKEND: u32 = 0;
+/// Key field: device name.
+pub const KC_KEY_DEVICE_NAME: u32 = 1;
+/// Key field: device vendor.
+pub const KC_KEY_DEVICE_VENDOR: u32 = 2;
+/// Key field: driver version.
+pub const KC_KEY_DRIVER_VERSION: u32 = 3;
+/// Key field: compiler version.
+pub const KC_KEY_COMPILER_VERSION: u32 = 4;
+/// Key field: kernel or entry-point name.
+pub const KC_KEY_ENTRY: u32 = 5;
+/// Key field: source text, SPIR-V or PTX bytes.
+pub const KC_KEY_SOURCE: u32 = 6;
+
+// The constants are literals so cbindgen can emit them; these keep them equal to the Rust
+// definitions.
+const _: () = {
+    assert!(KC_KEY_LEN == KEY_LEN);
+    assert!(KC_FINGERPRINT_LEN == size_of::<crate::disk::Fingerprint>());
+    assert!(KC_DISK_DEFAULT_TEMP_MAX_AGE_S == crate::disk::DEFAULT_TEMP_MAX_AGE.as_secs());
+    assert!(KC_KEY_BACKEND == Field::Backend as u32);
+    assert!(KC_KEY_DEVICE_NAME == Field::DeviceName as u32);
+    assert!(KC_KEY_DEVICE_VENDOR == Field::DeviceVendor as u32);
+    assert!(KC_KEY_DRIVER_VERSION == Field::DriverVersion as u32);
+    assert!(KC_KEY_COMPILER_VERSION == Field::CompilerVersion as u32);
+    assert!(KC_KEY_ENTRY == Field::Entry as u32);
+    assert!(KC_KEY_SOURCE == Field::Source as u32);
+};
+
+/// Collects the inputs of a key. Not thread-safe: use one builder per thread.
+pub struct kc_key_builder {
+    inner: KeyBuilder,
+}
+
+/// An open disk tier. Thread-safe: every function taking a `kc_disk *` may be called from
+/// any number of threads at once, except `kc_disk_close`, which must be the last call.
+pub struct kc_disk {
+    inner: DiskCache,
+}
+
+/// How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
+/// come from the environment unless `ignore_env` is set, then from the defaults.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_disk_options {
+    /// `sizeof(kc_disk_options)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Cache directory (NUL-terminated); NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
+    /// `$HOME/.cache/kcache`. Created mode 0700; refused unless owned by the effective user
+    /// and not writable by group or others.
+    pub dir: *const c_char,
+    /// Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
+    pub max_size: u64,
+    /// Operator key authenticating entries with HMAC-SHA256 (at least 16 bytes); NULL:
+    /// the file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums.
+    pub key: *const u8,
+    /// Length of `key`.
+    pub key_len: usize,
+    /// Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
+    pub relaxed_durability: bool,
+    /// Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
+    /// included): `dir` must then be set.
+    pub ignore_env: bool,
+}
+
+/// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
+/// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
+/// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kc_disk_statistics {
+    /// In: size of the caller's struct. Out: bytes written.
+    pub struct_size: usize,
+    /// Reads that returned a verified entry.
+    pub hits: u64,
+    /// Reads that returned none: absent, rejected or failed.
+    pub misses: u64,
+    /// Entries written.
+    pub puts: u64,
+    /// Bytes of entries read.
+    pub bytes_read: u64,
+    /// Bytes of entries written.
+    pub bytes_written: u64,
+    /// Entries that failed verification and were removed.
+    pub integrity_rejects: u64,
+    /// Failed reads and writes.
+    pub io_errors: u64,
+    /// Entries removed by the size cap.
+    pub evictions: u64,
+    /// Entries removed by `kc_disk_remove`.
+    pub removes: u64,
+    /// Entries a tiered lookup's `load` refused, removed.
+    pub load_failures: u64,
+    /// Entry files in the directory, as far as this process knows.
+    pub entries: u64,
+    /// Their total size in bytes.
+    pub bytes: u64,
+}
+
+/// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
+/// `kc_disk_statistics`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kc_disk_gc_report {
+    /// In: size of the caller's struct. Out: bytes written.
+    pub struct_size: usize,
+    /// Temporary files of crashed writers.
+    pub temp_files: u64,
+    /// Entries written under another key schema.
+    pub stale_schema: u64,
+    /// Entries of operator keys neither active nor retained.
+    pub stale_fingerprint: u64,
+    /// Entries that failed verification.
+    pub corrupt: u64,
+    /// Entries left in place.
+    pub kept: u64,
+    /// Bytes removed.
+    pub bytes_freed: u64,
+}
+
+/// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct kc_buffer {
+    /// The payload bytes.
+    pub data: *const u8,
+    /// Their length.
+    pub len: usize,
+    /// How long the value took to build, as recorded by its writer.
+    pub build_time_ns: u64,
+    /// Owned by kcache.
+    pub owner: *mut c_void,
+}
+
+/// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
+/// the value and its weight, return 0; non-zero: the entry is removed and the value built).
+pub type kc_load_fn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        bytes: *const u8,
+        len: usize,
+        out_value: *mut *mut c_void,
+        out_weight: *mut u64,
+    ) -> c_int,
+>;
+
+/// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
+/// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
+/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+pub type kc_serialize_fn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        value: *mut c_void,
+        buf: *mut u8,
+        len: *mut usize,
+    ) -> c_int,
+>;
+
+/// The callbacks of a tiered lookup; all receive `ctx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_tiered_callbacks {
+    /// `sizeof(kc_tiered_callbacks)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Builds from scratch (required).
+    pub build: kc_build_fn,
+    /// Loads a disk payload; NULL: the disk is not read.
+    pub load: kc_load_fn,
+    /// Serializes a built value; NULL: nothing is written back.
+    pub serialize: kc_serialize_fn,
+    /// Passed to every callback.
+    pub ctx: *mut c_void,
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidArgument(message.into())
+}
+
+/// Reads a 32-byte key.
+///
+/// # Safety
+/// `key` must be NULL or point to `KC_KEY_LEN` readable bytes.
+unsafe fn key_arg(key: *const u8) -> Result<Key> {
+    non_null(key, "key")?;
+    // SAFETY: non-NULL and the caller promises `KC_KEY_LEN` readable bytes.
+    Ok(Key::from_bytes(unsafe {
+        ptr::read_unaligned(key.cast::<[u8; KEY_LEN]>())
+    }))
+}
+
+/// Writes `value` (whose first field is its `struct_size`) into the caller's struct of
+/// `out->struct_size` bytes, truncated to what both sides know.
+///
+/// # Safety
+/// `out` must be non-NULL and point to a writable struct of at least its `struct_size` bytes.
+unsafe fn write_sized<T: Copy>(out: *mut T, value: T, name: &str) -> Result<()> {
+    // SAFETY: `struct_size` is the first field of every version of the struct.
+    let given = unsafe { out.cast::<usize>().read_unaligned() };
+    if given < size_of::<usize>() {
+        return Err(invalid(format!("{name}->struct_size {given} is too small")));
+    }
+    let n = given.min(size_of::<T>());
+    // SAFETY: `value` is a plain `repr(C)` struct of `size_of::<T>()` bytes and `out` has at
+    // least `given` writable bytes; the regions are distinct.
+    unsafe {
+        ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), out.cast::<u8>(), n);
+        out.cast::<usize>().write_unaligned(n);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Keys
+
+/// Creates an empty key builder. `*out_builder` is written on success only.
+///
+/// # Safety
+/// `out_builder` must be writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_new(out_builder: *mut *mut kc_key_builder) -> kc_status {
+    guard(|| {
+        non_null(out_builder, "out_builder")?;
+        let builder = Box::into_raw(Box::new(kc_key_builder {
+            inner: KeyBuilder::new(),
+        }));
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out_builder.write(builder) };
+        Ok(())
+    })
+}
+
+/// Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
+/// unset field differs from an empty one.
+///
+/// # Safety
+/// `builder` must be a live builder; `bytes` must point to `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_set(
+    builder: *mut kc_key_builder,
+    field: u32,
+    bytes: *const u8,
+    len: usize,
+) -> kc_status {
+    guard(|| {
+        non_null(builder, "builder")?;
+        let field = Field::from_index(field)
+            .ok_or_else(|| invalid(format!("unknown key field {field}")))?;
+        // SAFETY: the caller promises `len` readable bytes.
+        let bytes = unsafe { byte_slice(bytes, len, "bytes") }?;
+        // SAFETY: a live builder, used by one thread at a time by contract.
+        unsafe { (*builder).inner.set(field, bytes) };
+        Ok(())
+    })
+}
+
+/// Adds a build option (a flag has an empty value). Options are sorted by name, so their
+/// order does not matter; the same name twice makes `kc_key_builder_finish` fail.
+///
+/// # Safety
+/// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_option(
+    builder: *mut kc_key_builder,
+    name: *const u8,
+    name_len: usize,
+    value: *const u8,
+    value_len: usize,
+) -> kc_status {
+    guard(|| {
+        non_null(builder, "builder")?;
+        // SAFETY: the caller promises readable bytes of the given lengths.
+        let (name, value) = unsafe {
+            (
+                byte_slice(name, name_len, "name")?,
+                byte_slice(value, value_len, "value")?,
+            )
+        };
+        // SAFETY: a live builder, used by one thread at a time by contract.
+        unsafe { (*builder).inner.option(name, value) };
+        Ok(())
+    })
+}
+
+/// Adds a free-form input (specialization constants, a layout description, …): same rules as
+/// options, in a separate namespace.
+///
+/// # Safety
+/// As for `kc_key_builder_option`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_extra(
+    builder: *mut kc_key_builder,
+    name: *const u8,
+    name_len: usize,
+    value: *const u8,
+    value_len: usize,
+) -> kc_status {
+    guard(|| {
+        non_null(builder, "builder")?;
+        // SAFETY: the caller promises readable bytes of the given lengths.
+        let (name, value) = unsafe {
+            (
+                byte_slice(name, name_len, "name")?,
+                byte_slice(value, value_len, "value")?,
+            )
+        };
+        // SAFETY: a live builder, used by one thread at a time by contract.
+        unsafe { (*builder).inner.extra(name, value) };
+        Ok(())
+    })
+}
+
+/// Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
+/// `KC_ERR_INVALID_ARGUMENT` for a duplicate option or extra name.
+///
+/// # Safety
+/// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_finish(
+    builder: *const kc_key_builder,
+    out_key: *mut u8,
+) -> kc_status {
+    guard(|| {
+        non_null(builder, "builder")?;
+        non_null(out_key, "out_key")?;
+        // SAFETY: a live builder; only read.
+        let key = unsafe { (*builder).inner.finish() }?;
+        // SAFETY: `out_key` has `KC_KEY_LEN` writable bytes by contract.
+        unsafe { ptr::copy_nonoverlapping(key.as_bytes().as_ptr(), out_key, KEY_LEN) };
+        Ok(())
+    })
+}
+
+/// Frees a builder. NULL is a no-op.
+///
+/// # Safety
+/// `builder` must be NULL or a builder not yet freed.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_free(builder: *mut kc_key_builder) {
+    guard_value((), || {
+        if !builder.is_null() {
+            // SAFETY: the caller hands back the builder from `kc_key_builder_new`.
+            drop(unsafe { Box::from_raw(builder) });
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Disk tier
+
+/// Default options: everything from the environment, fsyncs on.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_disk_options_default() -> kc_disk_options {
+    kc_disk_options {
+        struct_size: size_of::<kc_disk_options>(),
+        dir: ptr::null(),
+        max_size: 0,
+        key: ptr::null(),
+        key_len: 0,
+        relaxed_durability: false,
+        ignore_env: false,
+    }
+}
+
+/// # Safety
+/// `opts` must be non-NULL and point to `opts->struct_size` readable bytes.
+unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> {
+    // SAFETY: `struct_size` is the first field.
+    let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
+    if given < size_of::<kc_disk_options>() {
+        return Err(invalid(format!(
+            "opts->struct_size is {given}, kc_disk_options is {} bytes",
+            size_of::<kc_disk_options>()
+        )));
+    }
+    // SAFETY: the whole known struct is readable (checked above). The bools are read as
+    // bytes: C may have stored any value in them.
+    let (dir, max_size, key, key_len, relaxed, ignore_env) = unsafe {
+        (
+            ptr::addr_of!((*opts).dir).read_unaligned(),
+            ptr::addr_of!((*opts).max_size).read_unaligned(),
+            ptr::addr_of!((*opts).key).read_unaligned(),
+            ptr::addr_of!((*opts).key_len).read_unaligned(),
+            ptr::addr_of!((*opts).relaxed_durability)
+                .cast::<u8>()
+                .read()
+                != 0,
+            ptr::addr_of!((*opts).ignore_env).cast::<u8>().read() != 0,
+        )
+    };
+    let mut config = DiskConfig::from_env();
+    config.read_env = !ignore_env;
+    if !dir.is_null() {
+        // SAFETY: a non-NULL `dir` is a NUL-terminated string by contract.
+        let dir = unsafe { CStr::from_ptr(dir) };
+        config.dir = Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())));
+    }
+    config.max_size = (max_size != 0).then_some(max_size);
+    if !key.is_null() {
+        // SAFETY: the caller promises `key_len` readable bytes.
+        let key = unsafe { byte_slice(key, key_len, "key") }?;
+        config.key = Some(OperatorKey::new(key)?);
+    }
+    if relaxed {
+        config.durability = Durability::Relaxed;
+    }
+    Ok(config)
+}
+
+/// Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
+/// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory), `KC_ERR_UNTRUSTED` (directory
+/// not private to this user or a symlink; one warning per process on stderr),
+/// `KC_ERR_INVALID_ARGUMENT`, `KC_ERR_IO`. A caller should then go on with memory only.
+///
+/// # Safety
+/// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_open(
+    opts: *const kc_disk_options,
+    out_disk: *mut *mut kc_disk,
+) -> kc_status {
+    guard(|| {
+        non_null(out_disk, "out_disk")?;
+        let config = if opts.is_null() {
+            DiskConfig::from_env()
+        } else {
+            // SAFETY: non-NULL; its size is the caller's promise.
+            unsafe { read_disk_options(opts) }?
+        };
+        let inner = DiskCache::open(config)?;
+        let disk = Box::into_raw(Box::new(kc_disk { inner }));
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out_disk.write(disk) };
+        Ok(())
+    })
+}
+
+/// Closes a disk tier. NULL is a no-op. Buffers already returned stay valid.
+///
+/// # Safety
+/// `disk` must be NULL or from `kc_disk_open`, not yet closed, with no call on it running.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_close(disk: *mut kc_disk) {
+    guard_value((), || {
+        if !disk.is_null() {
+            // SAFETY: the caller hands back the disk from `kc_disk_open`.
+            drop(unsafe { Box::from_raw(disk) });
+        }
+    });
+}
+
+/// # Safety
+/// `disk` must be non-NULL and live.
+unsafe fn disk_ref<'a>(disk: *const kc_disk) -> Result<&'a DiskCache> {
+    non_null(disk, "disk")?;
+    // SAFETY: a live disk; all its methods take `&self`.
+    Ok(unsafe { &(*disk).inner })
+}
+
+/// Writes the entry for `key` (atomically: readers see the old entry or the new one).
+/// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
+/// `KC_ERR_INVALID_ARGUMENT` when the entry is larger than the size cap.
+///
+/// # Safety
+/// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_put(
+    disk: *mut kc_disk,
+    key: *const u8,
+    data: *const u8,
+    len: usize,
+    build_time_ns: u64,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let (disk, key, data) = unsafe {
+            (
+                disk_ref(disk)?,
+                key_arg(key)?,
+                byte_slice(data, len, "data")?,
+            )
+        };
+        disk.put(&key, data, Duration::from_nanos(build_time_ns))
+    })
+}
+
+/// Reads and verifies the entry for `key` into `*out` (written on success only; free it
+/// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
+/// failed verification and was removed), `KC_ERR_IO`.
+///
+/// # Safety
+/// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_get(
+    disk: *mut kc_disk,
+    key: *const u8,
+    out: *mut kc_buffer,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let (disk, key) = unsafe { (disk_ref(disk)?, key_arg(key)?) };
+        non_null(out, "out")?;
+        let entry = Box::new(disk.get(&key)?.ok_or(Error::NotFound)?);
+        let payload = entry.payload();
+        let (data, len) = (payload.as_ptr(), payload.len());
+        let build_time_ns = u64::try_from(entry.build_time().as_nanos()).unwrap_or(u64::MAX);
+        let buffer = kc_buffer {
+            data,
+            len,
+            build_time_ns,
+            owner: Box::into_raw(entry).cast(),
+        };
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out.write(buffer) };
+        Ok(())
+    })
+}
+
+/// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
+///
+/// # Safety
+/// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_buffer_free(buffer: *mut kc_buffer) {
+    guard_value((), || {
+        if buffer.is_null() {
+            return;
+        }
+        // SAFETY: a buffer from `kc_disk_get`: `owner` is NULL or its boxed entry.
+        unsafe {
+            let owner = (*buffer).owner;
+            if !owner.is_null() {
+                drop(Box::from_raw(owner.cast::<Entry>()));
+            }
+            buffer.write(kc_buffer {
+                data: ptr::null(),
+                len: 0,
+                build_time_ns: 0,
+                owner: ptr::null_mut(),
+            });
+        }
+    });
+}
+
+/// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
+///
+/// # Safety
+/// `disk` live; `key` `KC_KEY_LEN` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_remove(disk: *mut kc_disk, key: *const u8) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let (disk, key) = unsafe { (disk_ref(disk)?, key_arg(key)?) };
+        if disk.remove(&key)? {
+            Ok(())
+        } else {
+            Err(Error::NotFound)
+        }
+    })
+}
+
+/// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
+/// other key schemas, corrupt entries, and entries of operator keys that are neither this
+/// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
+/// concatenated) at `retain`. `out_report` may be NULL.
+///
+/// # Safety
+/// `disk` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
+/// NULL or a writable struct of at least its `struct_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_gc(
+    disk: *mut kc_disk,
+    retain: *const u8,
+    retain_count: usize,
+    temp_max_age_s: u64,
+    out_report: *mut kc_disk_gc_report,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { disk_ref(disk) }?;
+        let bytes = retain_count
+            .checked_mul(KC_FINGERPRINT_LEN)
+            .ok_or_else(|| invalid("retain_count is too large"))?;
+        // SAFETY: the caller promises `bytes` readable bytes.
+        let retain = unsafe { byte_slice(retain, bytes, "retain") }?;
+        let retain: Vec<[u8; 8]> = retain
+            .chunks_exact(KC_FINGERPRINT_LEN)
+            .map(|c| c.try_into().expect("chunks are fingerprint-sized"))
+            .collect();
+        let r = disk.gc(&retain, Duration::from_secs(temp_max_age_s))?;
+        if !out_report.is_null() {
+            let report = kc_disk_gc_report {
+                struct_size: size_of::<kc_disk_gc_report>(),
+                temp_files: r.temp_files,
+                stale_schema: r.stale_schema,
+                stale_fingerprint: r.stale_fingerprint,
+                corrupt: r.corrupt,
+                kept: r.kept,
+                bytes_freed: r.bytes_freed,
+            };
+            // SAFETY: non-NULL; its size is the caller's promise.
+            unsafe { write_sized(out_report, report, "out_report") }?;
+        }
+        Ok(())
+    })
+}
+
+/// Fills `*out` with this disk's counters (see `kc_disk_stats`).
+///
+/// # Safety
+/// `disk` live; `out` a writable struct of at least its `struct_size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_stats(
+    disk: *const kc_disk,
+    out: *mut kc_disk_statistics,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { disk_ref(disk) }?;
+        non_null(out, "out")?;
+        let s = disk.stats();
+        let stats = kc_disk_statistics {
+            struct_size: size_of::<kc_disk_statistics>(),
+            hits: s.hits,
+            misses: s.misses,
+            puts: s.puts,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            integrity_rejects: s.integrity_rejects,
+            io_errors: s.io_errors,
+            evictions: s.evictions,
+            removes: s.removes,
+            load_failures: s.load_failures,
+            entries: s.entries,
+            bytes: s.bytes,
+        };
+        // SAFETY: non-NULL; its size is the caller's promise.
+        unsafe { write_sized(out, stats, "out") }
+    })
+}
+
+/// The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
+/// all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
+/// entries during a key rotation.
+///
+/// # Safety
+/// `disk` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_fingerprint(disk: *const kc_disk, out: *mut u8) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { disk_ref(disk) }?;
+        non_null(out, "out")?;
+        let fp = disk.fingerprint();
+        // SAFETY: `out` has `KC_FINGERPRINT_LEN` writable bytes by contract.
+        unsafe { ptr::copy_nonoverlapping(fp.as_ptr(), out, KC_FINGERPRINT_LEN) };
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Tiered lookup
+
+type BuildFn =
+    unsafe extern "C" fn(*mut c_void, *const u8, usize, *mut *mut c_void, *mut u64) -> c_int;
+
+/// What the build trampoline needs; lives on `kc_tiered_find_or_build`'s stack for the call.
+struct TieredBuild<'a> {
+    disk: Option<&'a DiskCache>,
+    l2_key: Key,
+    callbacks: kc_tiered_callbacks,
+    build: BuildFn,
+    built: Option<Duration>,
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+/// Returned to the memory tier when the trampoline panicked; the panic is re-raised after.
+const TRAMPOLINE_PANICKED: c_int = c_int::MIN;
+
+/// The build callback handed to `kc_cache_find_or_build`: disk first, then the caller's build.
+unsafe extern "C" fn tiered_build(
+    ctx: *mut c_void,
+    key: *const u8,
+    key_len: usize,
+    out_value: *mut *mut c_void,
+    out_weight: *mut u64,
+) -> c_int {
+    // SAFETY: `ctx` is the `TieredBuild` that `kc_tiered_find_or_build` passed for this
+    // synchronous call; nothing else touches it meanwhile.
+    let t = unsafe { &mut *ctx.cast::<TieredBuild<'_>>() };
+    let result = panic::catch_unwind(AssertUnwindSafe(|| {
+        let cb = t.callbacks;
+        let stored = match (t.disk, cb.load) {
+            (Some(disk), Some(load)) => disk.get(&t.l2_key).ok().flatten().map(|e| (disk, load, e)),
+            _ => None,
+        };
+        if let Some((disk, load, entry)) = stored {
+            let payload = entry.payload();
+            // SAFETY: the caller promised a callable `load` for `ctx`; the payload and
+            // out-pointers are live for the call.
+            let rc = unsafe {
+                load(
+                    cb.ctx,
+                    payload.as_ptr(),
+                    payload.len(),
+                    out_value,
+                    out_weight,
+                )
+            };
+            if rc == 0 {
+                return 0;
+            }
+            // Best effort: the rebuild below overwrites the entry anyway.
+            let _ = disk.discard_unloadable(&t.l2_key);
+        }
+        let started = Instant::now();
+        // SAFETY: the caller promised a callable `build` for `ctx`; the arguments are the
+        // ones the memory tier passed in.
+        let rc = unsafe { (t.build)(cb.ctx, key, key_len, out_value, out_weight) };
+        if rc == 0 {
+            t.built = Some(started.elapsed());
+        }
+        rc
+    }));
+    result.unwrap_or_else(|payload| {
+        t.panic = Some(payload);
+        TRAMPOLINE_PANICKED
+    })
+}
+
+/// Serializes a just-built value with the caller's two-call `serialize`.
+///
+/// # Safety
+/// `serialize` must be callable with `ctx` and `value`.
+unsafe fn serialize_value(
+    serialize: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut u8, *mut usize) -> c_int,
+    ctx: *mut c_void,
+    value: *mut c_void,
+) -> Option<Vec<u8>> {
+    let mut len = 0usize;
+    // SAFETY: the caller's contract; `len` is a live local.
+    if unsafe { serialize(ctx, value, ptr::null_mut(), &mut len) } != 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; len];
+    let mut written = len;
+    // SAFETY: `buf` has `len` writable bytes, as the callback was told.
+    if unsafe { serialize(ctx, value, buf.as_mut_ptr(), &mut written) } != 0 || written > len {
+        return None;
+    }
+    buf.truncate(written);
+    Some(buf)
+}
+
+/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
+/// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
+/// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
+/// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
+/// callers of one key read or build once. A disk entry that `load` refuses is removed (and
+/// counted in `load_failures`); a failed write-back is not an error. Statuses as for
+/// `kc_cache_find_or_build`.
+///
+/// # Safety
+/// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
+/// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_tiered_find_or_build(
+    cache: *mut kc_cache,
+    l1_key: *const u8,
+    l1_key_len: usize,
+    device_id: i64,
+    disk: *mut kc_disk,
+    l2_key: *const u8,
+    callbacks: *const kc_tiered_callbacks,
+    out_lease: *mut *mut kc_lease,
+) -> kc_status {
+    let mut prepared = None;
+    let status = guard(|| {
+        non_null(cache, "cache")?;
+        non_null(callbacks, "callbacks")?;
+        non_null(out_lease, "out_lease")?;
+        // SAFETY: non-NULL; `struct_size` is the first field.
+        let given = unsafe { ptr::addr_of!((*callbacks).struct_size).read_unaligned() };
+        if given < size_of::<kc_tiered_callbacks>() {
+            return Err(invalid(format!(
+                "callbacks->struct_size is {given}, kc_tiered_callbacks is {} bytes",
+                size_of::<kc_tiered_callbacks>()
+            )));
+        }
+        // SAFETY: the whole known struct is readable; every field is valid for any bits
+        // (sizes, optional function pointers, a raw pointer).
+        let cb = unsafe { callbacks.read_unaligned() };
+        let build = cb
+            .build
+            .ok_or_else(|| invalid("callbacks->build is NULL"))?;
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let l2_key = unsafe { key_arg(l2_key) }?;
+        let disk = if disk.is_null() {
+            None
+        } else {
+            // SAFETY: non-NULL and live by contract.
+            Some(unsafe { disk_ref(disk) }?)
+        };
+        prepared = Some(TieredBuild {
+            disk,
+            l2_key,
+            callbacks: cb,
+            build,
+            built: None,
+            panic: None,
+        });
+        Ok(())
+    });
+    let Some(mut t) = prepared.filter(|_| status == kc_status::KC_OK) else {
+        return status;
+    };
+    let mut lease = ptr::null_mut();
+    // SAFETY: the caller's pointers are forwarded unchanged (checked by the callee); the
+    // trampoline receives `t`, which outlives this synchronous call.
+    let status = unsafe {
+        kc_cache_find_or_build(
+            cache,
+            l1_key,
+            l1_key_len,
+            device_id,
+            Some(tiered_build),
+            (&raw mut t).cast(),
+            &mut lease,
+        )
+    };
+    if let Some(payload) = t.panic.take() {
+        // Reported like any other panic: KC_ERR_PANIC with its message.
+        return guard(|| panic::resume_unwind(payload));
+    }
+    if status != kc_status::KC_OK {
+        // Status and message were recorded by the memory tier.
+        return status;
+    }
+    guard(|| {
+        let cb = t.callbacks;
+        if let (Some(build_time), Some(disk), Some(serialize)) = (t.built, t.disk, cb.serialize) {
+            // SAFETY: `lease` is the live lease just returned.
+            let value = unsafe { kc_lease_value(lease) };
+            // SAFETY: the caller promised a callable `serialize` for `ctx`.
+            if let Some(bytes) = unsafe { serialize_value(serialize, cb.ctx, value) } {
+                // A failed write-back costs a rebuild later, not this lookup.
+                let _ = disk.put(&t.l2_key, &bytes, build_time);
+            }
+        }
+        // SAFETY: non-NULL (checked above) and writable by contract.
+        unsafe { out_lease.write(lease) };
+        Ok(())
+    })
+}

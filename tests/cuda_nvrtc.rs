@@ -1,0 +1,148 @@
+//! CUDA C++ source through NVRTC, then the same link/load/cache path as PTX.
+//!
+//! No GPU and no CUDA toolkit are available in CI: `cuda_support` builds two test libraries
+//! that stand in for the real ones, `c-tests/cuda/fake_cuda.c` for the driver
+//! (`libcuda.so.1`) and `c-tests/cuda/fake_nvrtc.c` for NVRTC (`libnvrtc.so`).
+
+mod cuda_support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cuda_support::{FakeDriver, FakeNvrtc};
+use kcache::Error;
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
+use kcache::disk::{DiskCache, DiskConfig};
+
+const SOURCE: &str = "extern \"C\" __global__ void scale(float *x, float a) {\n\
+                      x[threadIdx.x] *= a;\n}\n";
+
+fn ctx(raw: CUcontext) -> Option<Context> {
+    // SAFETY: the fake driver created `raw`; the tests never destroy it while cached.
+    unsafe { Context::from_raw(raw) }
+}
+
+fn cache(driver: &FakeDriver, nvrtc: Arc<Nvrtc>, disk: Option<&Path>) -> CudaCache {
+    CudaCache::new(CudaOptions {
+        disk: disk.map(|d| Arc::new(DiskCache::open(DiskConfig::in_dir(d)).unwrap())),
+        driver: Some(driver.driver()),
+        nvrtc: Some(nvrtc),
+        ..CudaOptions::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn cuda_source_is_compiled_for_the_device_once_then_cached() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
+
+    let lease = cache.module_from_cuda(ctx(c0), SOURCE, &[], &[]).unwrap();
+    assert!(!lease.function("scale").unwrap().is_null());
+    assert_eq!(nvrtc.compiles(), 1);
+    assert_eq!(
+        nvrtc.last_arch(),
+        "compute_80",
+        "the context's device, by default"
+    );
+    assert_eq!(driver.counter("link_complete"), 1);
+
+    let again = cache.module_from_cuda(ctx(c0), SOURCE, &[], &[]).unwrap();
+    assert_eq!(again.raw(), lease.raw());
+    assert_eq!(nvrtc.compiles(), 1);
+
+    // The same text as PTX is another module: inputs of the two kinds never share an entry.
+    assert!(matches!(
+        cache.module(ctx(c0), SOURCE.as_bytes(), &[]),
+        Err(Error::Build(_))
+    ));
+
+    let c1 = driver.create_context(1);
+    cache.module_from_cuda(ctx(c1), SOURCE, &[], &[]).unwrap();
+    assert_eq!(nvrtc.last_arch(), "compute_90");
+    // PTX for an older architecture is linked for the device, as the driver does.
+    cache
+        .module_from_cuda(ctx(c1), SOURCE, &["-arch=compute_75"], &[])
+        .unwrap();
+    assert_eq!(
+        nvrtc.last_arch(),
+        "compute_75",
+        "an explicit architecture wins"
+    );
+
+    let stats = cache.stats();
+    assert_eq!((stats.nvrtc_compiles, stats.nvrtc_failures), (3, 0));
+}
+
+#[test]
+fn a_warm_start_skips_nvrtc_and_the_link_and_the_nvrtc_version_is_in_the_key() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = driver.create_context(0);
+    cache(&driver, nvrtc.nvrtc(), Some(dir.path()))
+        .module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
+        .unwrap();
+    assert_eq!((nvrtc.compiles(), driver.counter("link_complete")), (1, 1));
+
+    let warm = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
+    let lease = warm
+        .module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
+        .unwrap();
+    assert!(!lease.function("scale").unwrap().is_null());
+    assert_eq!((nvrtc.compiles(), driver.counter("link_complete")), (1, 1));
+    assert_eq!(warm.stats().cubin_loads, 1);
+
+    // Other options: another entry.
+    warm.module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=3"], &[])
+        .unwrap();
+    assert_eq!(nvrtc.compiles(), 2);
+
+    // A newer NVRTC may emit other PTX: its cubins are not reused.
+    nvrtc.set_version(12, 9);
+    let upgraded = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
+    upgraded
+        .module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
+        .unwrap();
+    assert_eq!(nvrtc.compiles(), 3);
+    assert_eq!(upgraded.stats().cubin_loads, 0);
+}
+
+#[test]
+fn a_compile_error_is_a_build_error_with_the_log() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    match cache.module_from_cuda(ctx(c0), "#error no\n", &[], &[]) {
+        Err(Error::Build(e)) => {
+            assert_eq!(e.code, 6, "NVRTC_ERROR_COMPILATION");
+            assert!(e.message.contains("#error directive"), "{}", e.message);
+        }
+        other => panic!("expected a build error, got {other:?}"),
+    }
+    assert_eq!(driver.counter("link_create"), 0);
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.nvrtc_compiles, stats.nvrtc_failures, stats.links),
+        (1, 1, 0)
+    );
+}
+
+#[test]
+fn no_nvrtc_is_unavailable() {
+    match Nvrtc::load_from(Path::new("/nonexistent/libnvrtc.so")) {
+        Err(Error::Unavailable(message)) => {
+            assert!(message.contains("cannot load NVRTC"), "{message}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    // The driver library is no NVRTC.
+    let driver = FakeDriver::new();
+    match Nvrtc::load_from(driver.path()) {
+        Err(Error::Unavailable(message)) => {
+            assert!(message.contains("lacks nvrtcVersion"), "{message}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}

@@ -1,0 +1,178 @@
+//! The C ABI from Rust: struct layouts the header promises, a hit through `kc_*` that allocates
+//! nothing, C's loose `bool`, and the status names. The behaviour scenarios run in C
+//! (`c-tests/`).
+
+use std::ffi::{CStr, c_int, c_void};
+use std::mem::{offset_of, size_of};
+use std::ptr;
+
+use kcache::ffi::{
+    KC_NO_DEVICE, kc_cache, kc_cache_clear, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
+    kc_cache_options, kc_cache_options_default, kc_cache_stats, kc_lease, kc_lease_release,
+    kc_lease_value, kc_status, kc_status_name,
+};
+
+/// Builds the value `ctx` with weight 1.
+unsafe extern "C" fn build_ctx(
+    ctx: *mut c_void,
+    _key: *const u8,
+    _key_len: usize,
+    out_value: *mut *mut c_void,
+    _out_weight: *mut u64,
+) -> c_int {
+    // SAFETY: kcache passes a writable out-pointer.
+    unsafe { out_value.write(ctx) };
+    0
+}
+
+/// Clears the cache it is building for (`ctx`), then builds a dummy value.
+unsafe extern "C" fn build_then_clear(
+    ctx: *mut c_void,
+    _key: *const u8,
+    _key_len: usize,
+    out_value: *mut *mut c_void,
+    _out_weight: *mut u64,
+) -> c_int {
+    // SAFETY: `ctx` is the live cache the test passed; kcache passes a writable out-pointer.
+    unsafe {
+        assert_eq!(kc_cache_clear(ctx.cast()), kc_status::KC_OK);
+        out_value.write(ptr::dangling_mut());
+    }
+    0
+}
+
+fn new_cache(opts: &kc_cache_options) -> *mut kc_cache {
+    let mut cache = ptr::null_mut();
+    // SAFETY: `opts` is a whole struct; `cache` is a writable local.
+    assert_eq!(unsafe { kc_cache_new(opts, &mut cache) }, kc_status::KC_OK);
+    cache
+}
+
+#[test]
+fn struct_layouts_match_the_header() {
+    // The header's structs on LP64: these offsets are ABI, changing one needs a new major.
+    assert_eq!(offset_of!(kc_cache_options, struct_size), 0);
+    assert_eq!(offset_of!(kc_cache_options, max_entries), 8);
+    assert_eq!(offset_of!(kc_cache_options, max_weight), 16);
+    assert_eq!(offset_of!(kc_cache_options, invalidated_by_clear), 24);
+    assert_eq!(offset_of!(kc_cache_options, destroy), 32);
+    assert_eq!(offset_of!(kc_cache_options, destroy_ctx), 40);
+    assert_eq!(offset_of!(kc_cache_options, on_destroy_error), 48);
+    assert_eq!(offset_of!(kc_cache_options, on_destroy_error_ctx), 56);
+    assert_eq!(size_of::<kc_cache_options>(), 64);
+    assert_eq!(kc_cache_options_default().struct_size, 64);
+
+    assert_eq!(offset_of!(kc_cache_stats, hits), 8);
+    assert_eq!(offset_of!(kc_cache_stats, leases), 8 + 13 * 8);
+    assert_eq!(size_of::<kc_cache_stats>(), 8 + 14 * 8);
+    assert_eq!(size_of::<kc_status>(), size_of::<c_int>());
+}
+
+#[test]
+fn a_hit_through_the_c_abi_allocates_nothing() {
+    let cache = new_cache(&kc_cache_options_default());
+    let keys: Vec<Vec<u8>> = (0..64u32).map(|i| i.to_le_bytes().repeat(8)).collect();
+    for key in &keys {
+        let mut lease = ptr::null_mut();
+        // SAFETY: live cache, key slice, writable out-pointer; the callback ignores its key.
+        unsafe {
+            assert_eq!(
+                kc_cache_find_or_build(
+                    cache,
+                    key.as_ptr(),
+                    key.len(),
+                    KC_NO_DEVICE,
+                    Some(build_ctx),
+                    key.as_ptr().cast_mut().cast(),
+                    &mut lease,
+                ),
+                kc_status::KC_OK
+            );
+            kc_lease_release(lease);
+        }
+    }
+
+    let mut found = 0;
+    let hits = allocation_counter::measure(|| {
+        for _ in 0..10 {
+            for key in &keys {
+                let mut lease: *mut kc_lease = ptr::null_mut();
+                // SAFETY: as above; every key is cached, so the callback does not run.
+                unsafe {
+                    let status = kc_cache_find_or_build(
+                        cache,
+                        key.as_ptr(),
+                        key.len(),
+                        KC_NO_DEVICE,
+                        Some(build_ctx),
+                        ptr::null_mut(),
+                        &mut lease,
+                    );
+                    if status == kc_status::KC_OK
+                        && kc_lease_value(lease) == key.as_ptr().cast_mut().cast()
+                    {
+                        found += 1;
+                    }
+                    kc_lease_release(lease);
+                }
+            }
+        }
+    });
+    assert_eq!(found, 640);
+    assert_eq!(
+        hits.count_total, 0,
+        "hits allocated {} times",
+        hits.count_total
+    );
+    // SAFETY: the cache is live and no other call runs on it.
+    unsafe { kc_cache_free(cache) };
+}
+
+#[test]
+fn any_nonzero_bool_byte_from_c_means_true() {
+    // C may store any non-zero byte in a `bool`; read through raw bytes as C would write them.
+    let mut bytes = [0u8; size_of::<kc_cache_options>()];
+    bytes[..8].copy_from_slice(&size_of::<kc_cache_options>().to_ne_bytes());
+    bytes[offset_of!(kc_cache_options, invalidated_by_clear)] = 2;
+    let mut cache = ptr::null_mut();
+    // SAFETY: the buffer holds a whole, suitably sized options image; it is read byte-wise.
+    assert_eq!(
+        unsafe { kc_cache_new(bytes.as_ptr().cast(), &mut cache) },
+        kc_status::KC_OK
+    );
+
+    // A borrowing cache discards a build that a clear overtook.
+    let mut lease = ptr::null_mut();
+    // SAFETY: live cache; the callback gets the cache as its context.
+    let status = unsafe {
+        kc_cache_find_or_build(
+            cache,
+            b"k".as_ptr(),
+            1,
+            KC_NO_DEVICE,
+            Some(build_then_clear),
+            cache.cast(),
+            &mut lease,
+        )
+    };
+    assert_eq!(status, kc_status::KC_ERR_CACHE_CLEARED);
+    assert!(lease.is_null());
+    // SAFETY: the cache is live and no other call runs on it.
+    unsafe { kc_cache_free(cache) };
+}
+
+#[test]
+fn every_int_has_a_status_name() {
+    let name = |code: c_int| {
+        // SAFETY: kc_status_name returns a static C string for any int.
+        unsafe { CStr::from_ptr(kc_status_name(code)) }
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(name(0), "KC_OK");
+    assert_eq!(name(kc_status::KC_ERR_BACKEND as c_int), "KC_ERR_BACKEND");
+    for code in [-1, 14, 255, c_int::MIN, c_int::MAX] {
+        assert_eq!(name(code), "KC_UNKNOWN_STATUS");
+    }
+}

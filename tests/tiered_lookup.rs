@@ -1,0 +1,225 @@
+//! The tiered lookup: L1 → L2 → build, with write-back, for a caller-defined backend whose
+//! "live value" is a String and whose serialized form is its UTF-8 bytes.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::key::{Key, KeyBuilder};
+use kcache::memory::{MemoryCache, Options};
+use kcache::tiered::TieredCache;
+use kcache::{BuildError, Error};
+
+type Cache = TieredCache<Vec<u8>, String>;
+
+fn l2_key(source: &str) -> Key {
+    KeyBuilder::new()
+        .backend("strings")
+        .source(source)
+        .finish()
+        .unwrap()
+}
+
+fn disk(dir: &Path) -> Arc<DiskCache> {
+    let mut config = DiskConfig::in_dir(dir);
+    config.durability = Durability::Relaxed;
+    Arc::new(DiskCache::open(config).unwrap())
+}
+
+fn tiered(disk: Option<Arc<DiskCache>>) -> Cache {
+    let memory = Arc::new(MemoryCache::new(Options::default(), |_v: String| Ok(())));
+    TieredCache::new(memory, disk)
+}
+
+fn load(bytes: &[u8]) -> Result<(String, u64), BuildError> {
+    String::from_utf8(bytes.to_vec())
+        .map(|s| (s, bytes.len() as u64))
+        .map_err(|_| BuildError::new(1, "not UTF-8"))
+}
+
+fn serialize(value: &String) -> Result<Vec<u8>, BuildError> {
+    Ok(value.as_bytes().to_vec())
+}
+
+fn lookup(cache: &Cache, source: &str, builds: &AtomicUsize) -> kcache::Result<String> {
+    cache
+        .find_or_build(
+            source.as_bytes(),
+            None,
+            &l2_key(source),
+            load,
+            || {
+                builds.fetch_add(1, Ordering::SeqCst);
+                Ok((format!("compiled({source})"), 1))
+            },
+            serialize,
+        )
+        .map(|lease| lease.value().clone())
+}
+
+#[test]
+fn a_fresh_memory_tier_gets_the_value_from_disk_without_building() {
+    let tmp = tempfile::tempdir().unwrap();
+    let builds = AtomicUsize::new(0);
+    let first = tiered(Some(disk(tmp.path())));
+    assert_eq!(lookup(&first, "k", &builds).unwrap(), "compiled(k)");
+    assert_eq!(lookup(&first, "k", &builds).unwrap(), "compiled(k)");
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
+    let s = first.stats();
+    assert_eq!(
+        (s.builds, s.write_backs, s.disk_misses, s.disk_hits),
+        (1, 1, 1, 0)
+    );
+
+    let second = tiered(Some(disk(tmp.path())));
+    assert_eq!(lookup(&second, "k", &builds).unwrap(), "compiled(k)");
+    assert_eq!(
+        builds.load(Ordering::SeqCst),
+        1,
+        "built again despite the disk entry"
+    );
+    let s = second.stats();
+    assert_eq!((s.builds, s.disk_hits, s.write_backs), (0, 1, 0));
+    assert_eq!(second.memory().stats().misses, 1);
+    assert_eq!(second.disk().unwrap().stats().hits, 1);
+}
+
+/// Runs inside a child process only; a no-op in the normal test run.
+#[test]
+fn child_role() {
+    let Ok(dir) = std::env::var("KCACHE_TEST_DIR") else {
+        return;
+    };
+    let builds = AtomicUsize::new(0);
+    let cache = tiered(Some(disk(Path::new(&dir))));
+    let value = lookup(&cache, "shared", &builds).unwrap();
+    println!("VALUE={value} BUILDS={}", builds.load(Ordering::SeqCst));
+    std::process::exit(0);
+}
+
+#[test]
+fn a_second_process_gets_the_value_from_disk_without_building() {
+    let tmp = tempfile::tempdir().unwrap();
+    let builds = AtomicUsize::new(0);
+    lookup(&tiered(Some(disk(tmp.path()))), "shared", &builds).unwrap();
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
+        .env("KCACHE_TEST_DIR", tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("VALUE=compiled(shared) BUILDS=0"), "{text}");
+}
+
+#[test]
+fn concurrent_misses_read_the_disk_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let builds = AtomicUsize::new(0);
+    lookup(&tiered(Some(disk(tmp.path()))), "hot", &builds).unwrap();
+    let cache = Arc::new(tiered(Some(disk(tmp.path()))));
+    let loads = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let (cache, loads, barrier) = (cache.clone(), loads.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let lease = cache
+                    .find_or_build(
+                        b"hot".as_slice(),
+                        None,
+                        &l2_key("hot"),
+                        |bytes| {
+                            loads.fetch_add(1, Ordering::SeqCst);
+                            // Long enough that the other threads arrive during the flight.
+                            std::thread::sleep(Duration::from_millis(50));
+                            load(bytes)
+                        },
+                        || panic!("must not build: the disk has the entry"),
+                        serialize,
+                    )
+                    .unwrap();
+                lease.value().clone()
+            })
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap(), "compiled(hot)");
+    }
+    assert_eq!(loads.load(Ordering::SeqCst), 1);
+    assert_eq!(cache.disk().unwrap().stats().hits, 1);
+    assert_eq!(cache.stats().disk_hits, 1);
+}
+
+#[test]
+fn an_entry_that_does_not_load_is_removed_and_rebuilt() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = disk(tmp.path());
+    // Verifies on disk, but is not something this backend can load.
+    d.put(&l2_key("bad"), &[0xff, 0xfe], Duration::ZERO)
+        .unwrap();
+    let cache = tiered(Some(d.clone()));
+    let builds = AtomicUsize::new(0);
+    assert_eq!(lookup(&cache, "bad", &builds).unwrap(), "compiled(bad)");
+    assert_eq!(builds.load(Ordering::SeqCst), 1);
+    let s = cache.stats();
+    assert_eq!((s.load_failures, s.builds, s.write_backs), (1, 1, 1));
+    assert_eq!(d.stats().load_failures, 1);
+    let rewritten = d.get(&l2_key("bad")).unwrap().unwrap();
+    assert_eq!(rewritten.payload(), b"compiled(bad)");
+}
+
+#[test]
+fn memory_only_without_a_disk() {
+    let cache = tiered(None);
+    let builds = AtomicUsize::new(0);
+    assert_eq!(lookup(&cache, "m", &builds).unwrap(), "compiled(m)");
+    assert_eq!(lookup(&cache, "m", &builds).unwrap(), "compiled(m)");
+    let s = cache.stats();
+    assert_eq!((s.builds, s.disk_misses, s.write_backs), (1, 1, 0));
+}
+
+#[test]
+fn build_failures_are_returned_and_nothing_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = disk(tmp.path());
+    let cache = tiered(Some(d.clone()));
+    let err = cache
+        .find_or_build(
+            b"f".as_slice(),
+            None,
+            &l2_key("f"),
+            load,
+            || Err(BuildError::new(42, "compiler error")),
+            serialize,
+        )
+        .unwrap_err();
+    assert_eq!(err, Error::Build(BuildError::new(42, "compiler error")));
+    assert_eq!(d.get(&l2_key("f")).unwrap(), None);
+    assert_eq!(cache.stats().write_backs, 0);
+}
+
+#[test]
+fn a_failed_write_back_is_counted_not_returned() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = disk(tmp.path());
+    let cache = tiered(Some(d.clone()));
+    let lease = cache
+        .find_or_build(
+            b"w".as_slice(),
+            None,
+            &l2_key("w"),
+            load,
+            || Ok(("value".to_string(), 1)),
+            |_| Err(BuildError::new(7, "cannot serialize")),
+        )
+        .unwrap();
+    assert_eq!(lease.value(), "value");
+    assert_eq!(cache.stats().write_back_failures, 1);
+    assert_eq!(d.get(&l2_key("w")).unwrap(), None);
+}
