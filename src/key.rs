@@ -366,6 +366,16 @@ mod tests {
         );
     }
 
+    /// A known answer: if this changes, the derivation changed, and entries written by
+    /// earlier versions would be misread as current. Bump `KEY_SCHEMA_VERSION` with it.
+    #[test]
+    fn derivation_is_stable() {
+        assert_eq!(
+            base().finish().unwrap().to_hex(),
+            "c95fe6b379560aae8fb86d6c73fcb69975bfd61002dabfbc77323a6e25e93845"
+        );
+    }
+
     #[test]
     fn hex_round_trip() {
         let key = base().finish().unwrap();

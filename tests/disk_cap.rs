@@ -195,3 +195,41 @@ fn gc_removes_old_schemas_corrupt_entries_and_old_temp_files_only() {
     }
     assert_eq!(disk.get(&key("good")).unwrap().unwrap().payload(), b"good");
 }
+
+#[test]
+fn threads_putting_and_reading_under_the_cap_keep_the_index_exact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let mut c = config(&dir);
+    c.max_size = Some(20_000);
+    let disk = std::sync::Arc::new(DiskCache::open(c).unwrap());
+    disk.usage();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let disk = disk.clone();
+            std::thread::spawn(move || {
+                for i in 0..150 {
+                    let k = key(&format!("{t}-{i}"));
+                    let len = 300 + (i * 53 + t * 17) % 1200;
+                    disk.put(&k, &vec![t as u8; len], Duration::ZERO).unwrap();
+                    let back = key(&format!("{t}-{}", i / 2));
+                    if let Some(entry) = disk.get(&back).unwrap() {
+                        assert!(entry.payload().iter().all(|&b| b == t as u8));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let on_disk = entry_bytes(&dir);
+    assert!(on_disk <= 20_000, "{on_disk}");
+    let s = disk.stats();
+    assert_eq!((s.integrity_rejects, s.io_errors), (0, 0));
+    assert_eq!(s.puts, 600);
+    assert!(s.evictions > 0);
+    let usage = disk.usage();
+    assert_eq!(usage.bytes, on_disk);
+    assert_eq!(usage.entries + s.evictions, 600);
+}

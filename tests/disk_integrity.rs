@@ -261,3 +261,27 @@ fn oversized_entry_is_refused() {
     disk.put(&k, &[0u8; 1024 - 104], Duration::ZERO).unwrap();
     assert_eq!(disk.get(&k).unwrap().unwrap().payload().len(), 1024 - 104);
 }
+
+#[test]
+fn file_layout_matches_the_documented_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let k = key("layout");
+    disk.put(&k, b"abc", Duration::from_nanos(0x0102)).unwrap();
+    let bytes = std::fs::read(disk.entry_path(&k)).unwrap();
+    assert_eq!(bytes.len(), 72 + 3 + 32);
+    assert_eq!(&bytes[0..8], b"\x89KCACHE\n");
+    assert_eq!(&bytes[8..10], &[1, 0]); // format version 1
+    assert_eq!(bytes[10], ALG_BLAKE3);
+    assert_eq!(bytes[11], 0);
+    assert_eq!(&bytes[12..16], &KEY_SCHEMA_VERSION.to_le_bytes());
+    assert_eq!(&bytes[16..24], &[0; 8]); // no operator key
+    assert_eq!(&bytes[24..56], k.as_bytes());
+    assert_eq!(&bytes[56..64], &3u64.to_le_bytes());
+    assert_eq!(&bytes[64..72], &0x0102u64.to_le_bytes());
+    assert_eq!(&bytes[72..75], b"abc");
+    assert_eq!(&bytes[75..], blake3::hash(&bytes[..75]).as_bytes());
+    let name = disk.entry_path(&k);
+    let name = name.file_name().unwrap().to_string_lossy();
+    assert_eq!(name, format!("0000000000000000-{}.kce", k.to_hex()));
+}
