@@ -3,16 +3,14 @@
 //! lease), on the same cache type, keys and values. Criterion measures each; the closing line
 //! prints their ratio from back-to-back runs, so machine speed cancels out.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 use std::hint::black_box;
 use std::ptr;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use kcache::ffi::{
-    KC_NO_DEVICE, RawValue, kc_cache, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
-    kc_cache_options_default, kc_lease_release, kc_lease_value, kc_status,
-};
+use kcache::ffi::RawValue;
+use kcache::ffi::testing::CCache;
 use kcache::memory::{MemoryCache, Options};
 
 const KEYS: usize = 1_000;
@@ -24,30 +22,15 @@ fn keys() -> Vec<Vec<u8>> {
         .collect()
 }
 
-unsafe extern "C" fn build(
-    ctx: *mut c_void,
-    _key: *const u8,
-    _key_len: usize,
-    out_value: *mut *mut c_void,
-    _out_weight: *mut u64,
-) -> c_int {
-    // SAFETY: kcache passes a writable out-pointer.
-    unsafe { out_value.write(ctx) };
-    0
-}
-
 /// The two ways in, filled with the same keys.
 struct Caches {
-    c: *mut kc_cache,
+    c: CCache,
     rust: MemoryCache<Vec<u8>, RawValue>,
 }
 
 impl Caches {
     fn new(keys: &[Vec<u8>]) -> Self {
-        let mut c = ptr::null_mut();
-        // SAFETY: a whole options struct and a writable out-pointer.
-        let status = unsafe { kc_cache_new(&kc_cache_options_default(), &mut c) };
-        assert_eq!(status, kc_status::KC_OK);
+        let c = CCache::new().unwrap();
         let rust = MemoryCache::new(Options::default(), |_| Ok(()));
         let caches = Caches { c, rust };
         for key in keys {
@@ -62,23 +45,7 @@ impl Caches {
     }
 
     fn c_hit(&self, key: &[u8], ctx: *mut c_void) -> *mut c_void {
-        let mut lease = ptr::null_mut();
-        // SAFETY: live cache, a key slice, a writable out-pointer; the lease is released once.
-        unsafe {
-            let status = kc_cache_find_or_build(
-                self.c,
-                key.as_ptr(),
-                key.len(),
-                KC_NO_DEVICE,
-                Some(build),
-                ctx,
-                &mut lease,
-            );
-            debug_assert_eq!(status, kc_status::KC_OK);
-            let value = kc_lease_value(lease);
-            kc_lease_release(lease);
-            value
-        }
+        self.c.find_or_build(key, RawValue(ctx)).0
     }
 
     fn rust_hit(&self, key: &[u8]) -> *mut c_void {
@@ -87,13 +54,6 @@ impl Caches {
             .find_or_build(key, None, || unreachable!("all hits"))
             .unwrap();
         lease.0
-    }
-}
-
-impl Drop for Caches {
-    fn drop(&mut self) {
-        // SAFETY: the cache is live and this is its last use.
-        unsafe { kc_cache_free(self.c) };
     }
 }
 

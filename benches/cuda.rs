@@ -12,15 +12,16 @@ mod cuda_support;
 
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use cuda_support::{FakeDriver, SAXPY_PTX};
+use cuda_support::FakeDriver;
+use kcache::backend::cuda::testing::{PrimaryContext, SAXPY_PTX};
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions};
 
 struct Setup {
-    // Kept alive for the cache's driver and the context.
+    // Kept alive for the cache's driver.
     _fake: FakeDriver,
     cache: CudaCache,
     context: Option<Context>,
@@ -29,14 +30,16 @@ struct Setup {
 
 fn setup() -> Setup {
     let fake = FakeDriver::new();
+    let driver = fake.driver();
     let cache = CudaCache::new(CudaOptions {
-        driver: Some(fake.driver()),
+        driver: Some(Arc::clone(&driver)),
         ..CudaOptions::default()
     })
     .unwrap();
-    let raw: CUcontext = fake.create_context(0);
-    // SAFETY: a live context of the fake driver, never destroyed while the cache lives.
-    let context = unsafe { Context::from_raw(raw) };
+    // Never released: the context outlives every cache of the run.
+    PrimaryContext::bind(&driver, driver.device(0).unwrap()).unwrap();
+    let context = cache.current_context().unwrap();
+    let raw: CUcontext = context.unwrap().raw();
     let module = cache
         .module(context, SAXPY_PTX.as_bytes(), &[])
         .unwrap()

@@ -14,22 +14,15 @@
 //! Prints `RESULT <name> <milliseconds>` lines. Exit status 2 means no usable CUDA driver,
 //! 3 no NVRTC library (for `nvrtc`).
 
-use std::ffi::c_void;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kcache::Error;
-use kcache::backend::cuda::driver::CUdeviceptr;
-use kcache::backend::cuda::{CUfunction, CudaCache, CudaOptions, Driver};
+use kcache::backend::cuda::testing::{PrimaryContext, Saxpy};
+use kcache::backend::cuda::{CudaCache, CudaOptions, Driver};
 use kcache::disk::{DiskCache, DiskConfig};
 
-const PTX: &str = include_str!("../c-tests/cuda/kernels/saxpy.ptx");
-/// The same kernel as `PTX`, as CUDA C++.
-const CUDA_SOURCE: &str = "extern \"C\" __global__ void saxpy(unsigned n, float a, \
-                           const float *x, float *y) {\n\
-                           unsigned i = blockIdx.x * blockDim.x + threadIdx.x;\n\
-                           if (i < n) y[i] = a * x[i] + y[i];\n}\n";
 const L1_ROUNDS: u32 = 10_000;
 
 fn main() -> ExitCode {
@@ -67,34 +60,24 @@ fn run(args: &[String]) -> Result<(), Error> {
         driver.device_name(device)?,
         driver.version()
     );
-    let context = driver.retain_primary_context(device)?;
-    // SAFETY: a primary context just retained, released below after every use.
-    unsafe { driver.set_current_context(context) }?;
+    let context = PrimaryContext::bind(&driver, device)?;
     let outcome = match mode.as_str() {
         "jit" => run_jit(&driver),
         "kcache" => run_kcache(&driver, false, args.get(1).ok_or_else(usage)?),
         "nvrtc" => run_kcache(&driver, true, args.get(1).ok_or_else(usage)?),
         _ => Err(usage()),
     };
-    // SAFETY: unbinds the context before its release.
-    let unbound = unsafe { driver.set_current_context(std::ptr::null_mut()) };
-    let released = driver.release_primary_context(device);
+    let released = context.release();
     outcome?;
-    unbound?;
     released
 }
 
 fn run_jit(driver: &Driver) -> Result<(), Error> {
-    let mut image = PTX.as_bytes().to_vec();
-    image.push(0);
     let start = Instant::now();
-    let module = driver.load_module(&image)?;
+    let saxpy = Saxpy::load(driver)?;
     println!("RESULT jit_load {:.3}", ms(start));
-    // SAFETY: the module was just loaded in the current context.
-    let saxpy = unsafe { driver.function(module, "saxpy") }?.ok_or(Error::NotFound)?;
-    let checked = run_saxpy(driver, saxpy);
-    // SAFETY: loaded above in the current context; nothing uses it afterwards.
-    unsafe { driver.unload_module(module) }?;
+    let checked = run_saxpy(&saxpy);
+    saxpy.unload()?;
     checked
 }
 
@@ -105,13 +88,7 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
         driver: Some(Arc::clone(driver)),
         ..CudaOptions::default()
     })?;
-    let lookup = || {
-        if nvrtc {
-            cache.module_from_cuda(None, CUDA_SOURCE, &[], &[])
-        } else {
-            cache.module(None, PTX.as_bytes(), &[])
-        }
-    };
+    let lookup = || Saxpy::cached(&cache, nvrtc);
     if nvrtc {
         let found = cache.nvrtc()?;
         println!(
@@ -140,12 +117,12 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
         )));
     }
     println!("RESULT {prefix}_{source} {first:.3}");
-    run_saxpy(driver, lease.function("saxpy")?)?;
+    run_saxpy(&lease)?;
 
     let start = Instant::now();
     for _ in 0..L1_ROUNDS {
         let hit = lookup()?;
-        if hit.raw() != lease.raw() {
+        if hit.module() != lease.module() {
             return Err(Error::Backend(
                 "a memory hit returned another module".into(),
             ));
@@ -166,24 +143,12 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
 }
 
 /// y = a * x + y on 2^20 floats, compared exactly with the host's fused multiply-add.
-fn run_saxpy(driver: &Driver, saxpy: CUfunction) -> Result<(), Error> {
+fn run_saxpy(saxpy: &Saxpy) -> Result<(), Error> {
     let n: u32 = 1 << 20;
     let a: f32 = 2.5;
     let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
     let y: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + 1.0).collect();
-    let bytes = n as usize * 4;
-    let dx = driver.mem_alloc(bytes)?;
-    let out = driver.mem_alloc(bytes).and_then(|dy| {
-        let out = launch(driver, saxpy, n, a, (dx, &x), (dy, &y));
-        // SAFETY: allocated above, freed once.
-        let freed = unsafe { driver.mem_free(dy) };
-        let out = out?;
-        freed.map(|()| out)
-    });
-    // SAFETY: allocated above, freed once.
-    let freed = unsafe { driver.mem_free(dx) };
-    let out = out?;
-    freed?;
+    let out = saxpy.run(a, &x, &y)?;
     let wrong = (0..n as usize)
         .filter(|&i| out[i] != a.mul_add(x[i], y[i]))
         .count();
@@ -194,37 +159,4 @@ fn run_saxpy(driver: &Driver, saxpy: CUfunction) -> Result<(), Error> {
     }
     println!("saxpy: {n} results correct");
     Ok(())
-}
-
-/// Copies `x` and `y` to their device buffers, runs the kernel, and returns the new `y`.
-fn launch(
-    driver: &Driver,
-    saxpy: CUfunction,
-    n: u32,
-    a: f32,
-    (dx, x): (CUdeviceptr, &[f32]),
-    (dy, y): (CUdeviceptr, &[f32]),
-) -> Result<Vec<f32>, Error> {
-    let to_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_ne_bytes()).collect() };
-    let mut out = vec![0u8; y.len() * 4];
-    // SAFETY: `dx` and `dy` hold `4 * n` bytes each; the kernel's parameters are
-    // (u32 n, f32 a, f32 *x, f32 *y), passed as pointers to locals of those types that outlive
-    // the synchronous launch.
-    unsafe {
-        driver.copy_to_device(dx, &to_bytes(x))?;
-        driver.copy_to_device(dy, &to_bytes(y))?;
-        let (mut n_arg, mut a_arg, mut x_arg, mut y_arg) = (n, a, dx, dy);
-        let mut params: [*mut c_void; 4] = [
-            (&raw mut n_arg).cast(),
-            (&raw mut a_arg).cast(),
-            (&raw mut x_arg).cast(),
-            (&raw mut y_arg).cast(),
-        ];
-        driver.launch_and_wait(saxpy, [n.div_ceil(256), 1, 1], [256, 1, 1], &mut params)?;
-        driver.copy_from_device(&mut out, dy)?;
-    }
-    Ok(out
-        .chunks_exact(4)
-        .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
 }

@@ -1,10 +1,12 @@
 //! L1 → L2 → build for any backend, including ones kcache knows nothing about.
 //!
-//! A backend supplies three callbacks: `build` (compile from scratch), `serialize` (live value
-//! → bytes for the disk) and `load` (bytes → live value). The L1 key and the L2 key are
-//! separate because they answer different questions: L1 is keyed by what identifies a live
-//! value in this process (often live handles such as a context pointer), L2 by content that
-//! means the same thing in every process (a [`Key`] from [`crate::key::KeyBuilder`]).
+//! A backend supplies four callbacks: `l2_key` (the content key), `build` (compile from
+//! scratch), `serialize` (live value → bytes for the disk) and `load` (bytes → live value).
+//! The L1 key and the L2 key are separate because they answer different questions: L1 is keyed
+//! by what identifies a live value in this process (often live handles such as a context
+//! pointer), L2 by content that means the same thing in every process (a [`Key`] from
+//! [`crate::key::KeyBuilder`]). The L2 key hashes the whole input (a kernel's source, say), so
+//! it is only made on an L1 miss.
 //!
 //! The disk read happens inside the memory tier's build step, so its single-flight covers it:
 //! concurrent misses on one key read the disk (or compile) once. The write-back after a build
@@ -17,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::disk::DiskCache;
-use crate::error::{BuildError, DeviceId, Result};
+use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::memory::{Lease, MemoryCache};
 
@@ -31,7 +33,8 @@ pub struct TieredCache<K, V> {
 #[derive(Default)]
 struct Counters {
     disk_hits: AtomicU64,
-    disk_misses: AtomicU64,
+    disk_absent: AtomicU64,
+    disk_errors: AtomicU64,
     load_failures: AtomicU64,
     builds: AtomicU64,
     write_backs: AtomicU64,
@@ -45,6 +48,13 @@ pub struct TieredStats {
     pub disk_hits: u64,
     /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
     pub disk_misses: u64,
+    /// Of those, the ones where the disk tier had no entry for the key, or only a corrupt one
+    /// (which it removed).
+    pub disk_absent: u64,
+    /// Disk reads that failed, L2 keys that could not be made, and refused entries that could
+    /// not be removed; each lookup went on without the disk. Failed writes are
+    /// `write_back_failures`.
+    pub disk_errors: u64,
     /// Disk entries that `load` refused; each was removed and the value built instead.
     pub load_failures: u64,
     /// Calls to `build`.
@@ -87,7 +97,10 @@ where
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         TieredStats {
             disk_hits: get(&c.disk_hits),
-            disk_misses: get(&c.disk_misses),
+            // Every L1 miss the disk does not answer is built.
+            disk_misses: get(&c.builds),
+            disk_absent: get(&c.disk_absent),
+            disk_errors: get(&c.disk_errors),
             load_failures: get(&c.load_failures),
             builds: get(&c.builds),
             write_backs: get(&c.write_backs),
@@ -96,14 +109,16 @@ where
     }
 
     /// Returns a lease on the value for `l1_key`: from memory; else loaded from the disk
-    /// entry for `l2_key`; else built and written back to disk. `load` and `build` return
-    /// the value and its L1 weight. A disk entry that `load` refuses is removed and the value
-    /// built instead; a failed write-back is counted, not returned.
+    /// entry for the key `l2_key` makes; else built and written back to disk. `l2_key` runs
+    /// only on an L1 miss with a disk tier, so a memory hit never pays for hashing the
+    /// content; a key it cannot make leaves that lookup without the disk. `load` and `build`
+    /// return the value and its L1 weight. A disk entry that `load` refuses is removed and the
+    /// value built instead; a failed write-back is counted, not returned.
     pub fn find_or_build<Q>(
         &self,
         l1_key: &Q,
         device: Option<DeviceId>,
-        l2_key: &Key,
+        l2_key: impl FnOnce() -> Result<Key>,
         load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
         build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
         serialize: impl FnOnce(&V) -> std::result::Result<Vec<u8>, BuildError>,
@@ -112,21 +127,22 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut built: Option<Duration> = None;
+        let mut built: Option<(Duration, Key)> = None;
         let lease = self.memory.find_or_build(l1_key, device, || {
-            if let Some(value) = self.load_from_disk(l2_key, load) {
+            let key = self.disk_key(l2_key);
+            if let Some(value) = key.as_ref().and_then(|key| self.load_from_disk(key, load)) {
                 return Ok(value);
             }
             bump(&self.counters.builds);
             let started = Instant::now();
             let value = build()?;
-            built = Some(started.elapsed());
+            built = key.map(|key| (started.elapsed(), key));
             Ok(value)
         })?;
-        if let (Some(build_time), Some(disk)) = (built, &self.disk) {
+        if let (Some((build_time, key)), Some(disk)) = (built, &self.disk) {
             let written = serialize(lease.value())
                 .ok()
-                .and_then(|bytes| disk.put(l2_key, &bytes, build_time).ok());
+                .and_then(|bytes| disk.put(&key, &bytes, build_time).ok());
             match written {
                 Some(()) => bump(&self.counters.write_backs),
                 None => bump(&self.counters.write_back_failures),
@@ -135,18 +151,33 @@ where
         Ok(lease)
     }
 
+    /// The L2 key, when there is a disk to use it with.
+    fn disk_key(&self, l2_key: impl FnOnce() -> Result<Key>) -> Option<Key> {
+        self.disk.as_ref()?;
+        let key = l2_key().ok();
+        if key.is_none() {
+            bump(&self.counters.disk_errors);
+        }
+        key
+    }
+
     fn load_from_disk(
         &self,
         l2_key: &Key,
         load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
     ) -> Option<(V, u64)> {
-        let entry = self
-            .disk
-            .as_ref()
-            .and_then(|d| d.get(l2_key).ok().flatten());
-        let Some(entry) = entry else {
-            bump(&self.counters.disk_misses);
-            return None;
+        let disk = self.disk.as_ref()?;
+        let entry = match disk.get(l2_key) {
+            Ok(Some(entry)) => entry,
+            // A corrupt entry was removed by the disk tier: as good as absent.
+            Ok(None) | Err(Error::Integrity(_)) => {
+                bump(&self.counters.disk_absent);
+                return None;
+            }
+            Err(_) => {
+                bump(&self.counters.disk_errors);
+                return None;
+            }
         };
         match load(entry.payload()) {
             Ok(value) => {
@@ -155,10 +186,9 @@ where
             }
             Err(_) => {
                 bump(&self.counters.load_failures);
-                bump(&self.counters.disk_misses);
-                if let Some(disk) = &self.disk {
-                    // Best effort: a rebuild overwrites the entry anyway.
-                    let _ = disk.discard_unloadable(l2_key);
+                // A rebuild overwrites the entry anyway; this only counts as a disk error.
+                if disk.discard_unloadable(l2_key).is_err() {
+                    bump(&self.counters.disk_errors);
                 }
                 None
             }

@@ -307,6 +307,50 @@ fn evict_device_bumps_epoch_and_unlinks_only_that_device() {
 }
 
 #[test]
+fn evict_devices_unlinks_every_listed_device_and_returns_the_first_error() {
+    let (c, ledger) = cache();
+    let entries = [("a", 1, Some(1)), ("b", 2, Some(2)), ("c", 3, Some(3))];
+    for (key, value, device) in entries
+        .into_iter()
+        .chain([("d", 4, Some(1)), ("e", 5, None)])
+    {
+        c.find_or_build(key, device, ok(value)).unwrap();
+    }
+    ledger.fail_on.lock().unwrap().extend([1, 3]);
+    let evicted = c.evict_devices([3, 1, 9, 1]);
+    assert!(
+        matches!(&evicted, Err(Error::Destroy(e)) if e.code == 7),
+        "{evicted:?}"
+    );
+    assert_eq!(ledger.destroyed(), vec![1, 3, 4], "every victim attempted");
+    assert_eq!(c.len(), 2);
+    let s = c.stats();
+    assert_eq!(
+        (s.device_evictions, s.destroys, s.destroy_errors),
+        (3, 3, 2)
+    );
+    assert_eq!(c.evict_devices([2]), Ok(1));
+    assert_eq!(c.evict_devices(Vec::new()), Ok(0));
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn evict_devices_discards_builds_in_flight_for_any_listed_device() {
+    let (c, ledger) = cache();
+    let (built, waited) = straddle(&c, Some(3), || {
+        assert_eq!(c.evict_devices([2, 3]), Ok(0));
+    });
+    assert_eq!(built, Err(Error::DeviceDestroyed(3)));
+    assert_eq!(waited, Err(Error::DeviceDestroyed(3)));
+    assert_eq!(ledger.destroyed(), vec![77]);
+    assert_eq!(c.stats().discarded, 1);
+    let (built, _) = straddle(&c, Some(3), || {
+        c.evict_devices([2, 4]).unwrap();
+    });
+    assert_eq!(built, Ok(77), "other devices' evictions leave it alone");
+}
+
+#[test]
 fn clear_waits_for_leases_before_destroying() {
     let (c, ledger) = cache();
     let lease = c.find_or_build("k", None, ok(5)).unwrap();
@@ -523,4 +567,31 @@ fn capacity_eviction_of_leased_entry_defers_destroy() {
     assert!(ledger.destroyed().is_empty());
     drop(a);
     assert_eq!(ledger.destroyed(), vec![1]);
+}
+
+#[test]
+fn hits_are_counted_exactly_across_threads_that_exit() {
+    let (c, _) = cache();
+    c.find_or_build("k", None, ok(1)).unwrap();
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let c = c.clone();
+            thread::spawn(move || {
+                for _ in 0..1_000 {
+                    assert_eq!(*c.find_or_build("k", None, ok(2)).unwrap(), 1);
+                }
+                assert!(c.get("absent").is_none());
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (4_000, 1 + 4));
+    // A second cache on the same threads keeps its own counts.
+    let (other, _) = cache();
+    other.find_or_build("k", None, ok(1)).unwrap();
+    assert_eq!(other.stats().misses, 1);
+    assert_eq!(c.stats().misses, 5);
 }

@@ -49,7 +49,7 @@ fn lookup(cache: &Cache, source: &str, builds: &AtomicUsize) -> kcache::Result<S
         .find_or_build(
             source.as_bytes(),
             None,
-            &l2_key(source),
+            || Ok(l2_key(source)),
             load,
             || {
                 builds.fetch_add(1, Ordering::SeqCst);
@@ -133,7 +133,7 @@ fn concurrent_misses_read_the_disk_once() {
                     .find_or_build(
                         b"hot".as_slice(),
                         None,
-                        &l2_key("hot"),
+                        || Ok(l2_key("hot")),
                         |bytes| {
                             loads.fetch_add(1, Ordering::SeqCst);
                             // Long enough that the other threads arrive during the flight.
@@ -193,7 +193,7 @@ fn build_failures_are_returned_and_nothing_is_written() {
         .find_or_build(
             b"f".as_slice(),
             None,
-            &l2_key("f"),
+            || Ok(l2_key("f")),
             load,
             || Err(BuildError::new(42, "compiler error")),
             serialize,
@@ -213,7 +213,7 @@ fn a_failed_write_back_is_counted_not_returned() {
         .find_or_build(
             b"w".as_slice(),
             None,
-            &l2_key("w"),
+            || Ok(l2_key("w")),
             load,
             || Ok(("value".to_string(), 1)),
             |_| Err(BuildError::new(7, "cannot serialize")),
@@ -222,4 +222,68 @@ fn a_failed_write_back_is_counted_not_returned() {
     assert_eq!(lease.value(), "value");
     assert_eq!(cache.stats().write_back_failures, 1);
     assert_eq!(d.get(&l2_key("w")).unwrap(), None);
+}
+
+#[test]
+fn the_l2_key_is_made_only_on_an_l1_miss() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tiered(Some(disk(tmp.path())));
+    let keys_made = AtomicUsize::new(0);
+    for _ in 0..3 {
+        let lease = cache
+            .find_or_build(
+                b"lazy".as_slice(),
+                None,
+                || {
+                    keys_made.fetch_add(1, Ordering::SeqCst);
+                    Ok(l2_key("lazy"))
+                },
+                load,
+                || Ok(("value".to_string(), 1)),
+                serialize,
+            )
+            .unwrap();
+        assert_eq!(lease.value(), "value");
+    }
+    assert_eq!(keys_made.load(Ordering::SeqCst), 1, "hits must not hash");
+    assert_eq!(cache.memory().stats().hits, 2);
+    let s = cache.stats();
+    assert_eq!((s.disk_absent, s.builds, s.write_backs), (1, 1, 1));
+
+    // Without a disk the key is never needed.
+    let memory_only = tiered(None);
+    memory_only
+        .find_or_build(
+            b"lazy".as_slice(),
+            None,
+            || panic!("no disk, no L2 key"),
+            load,
+            || Ok(("value".to_string(), 1)),
+            serialize,
+        )
+        .unwrap();
+}
+
+#[test]
+fn a_key_that_cannot_be_made_leaves_the_lookup_without_the_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = disk(tmp.path());
+    let cache = tiered(Some(d.clone()));
+    let lease = cache
+        .find_or_build(
+            b"nokey".as_slice(),
+            None,
+            || Err(Error::InvalidArgument("no identity".into())),
+            |_| panic!("nothing to load without a key"),
+            || Ok(("value".to_string(), 1)),
+            serialize,
+        )
+        .unwrap();
+    assert_eq!(lease.value(), "value");
+    let s = cache.stats();
+    assert_eq!(
+        (s.disk_errors, s.disk_misses, s.builds, s.write_backs),
+        (1, 1, 1, 0)
+    );
+    assert_eq!(d.stats().puts, 0);
 }

@@ -145,7 +145,6 @@ cmake -DLIBRARY="$WORK/stripped/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmak
   fail "stripped library check"
 ! file "$WORK/stripped/lib/$REALNAME" | grep -q 'with debug_info' || fail "--strip left debug info"
 pass "cmake --install --strip: $(stat -c %s "$WORK/stripped/lib/$REALNAME") bytes instead of $(stat -c %s "$P/lib/$REALNAME"), exports intact"
-rm -rf "$WORK/stripped"
 
 step "pkg-config metadata"
 export PKG_CONFIG_PATH="$P/lib/pkgconfig"
@@ -180,6 +179,8 @@ run_cmake_consumer cmake-static "$P" static
 run_cmake_consumer cmake-cxx "$P" shared
 run_make_consumer make-shared "$P" shared
 run_make_consumer make-static "$P" static
+run_make_consumer make-static "$WORK/stripped" static "-stripped"
+rm -rf "$WORK/stripped"
 
 step "relocated prefix"
 mv "$P" "$WORK/moved"

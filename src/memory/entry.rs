@@ -102,79 +102,55 @@ impl<K, V> Drop for Entry<K, V> {
 /// destroyed, even if the entry has been cleared or evicted meanwhile. Dropping the lease
 /// releases it; cloning takes another.
 pub struct Lease<K, V> {
-    /// `None` only after [`Lease::into_arc`] handed the reference on.
-    entry: Option<Arc<Entry<K, V>>>,
+    entry: Arc<Entry<K, V>>,
 }
 
 impl<K, V> Lease<K, V> {
     pub(super) fn new(entry: Arc<Entry<K, V>>) -> Self {
-        entry
-            .shared
-            .shard_of(entry.hash)
-            .leases
-            .fetch_add(1, Ordering::Relaxed);
-        Self { entry: Some(entry) }
+        Self { entry }
     }
 
     pub fn entry(&self) -> &Entry<K, V> {
-        self.entry
-            .as_ref()
-            .expect("a lease holds its entry until consumed")
+        &self.entry
     }
 
     pub fn key(&self) -> &K {
-        self.entry().key()
+        self.entry.key()
     }
 
     pub fn value(&self) -> &V {
-        self.entry().value()
+        self.entry.value()
     }
 
     pub fn weight(&self) -> u64 {
-        self.entry().weight()
+        self.entry.weight()
     }
 
     pub fn device(&self) -> Option<DeviceId> {
-        self.entry().device()
+        self.entry.device()
     }
 
     pub fn build_time(&self) -> Duration {
-        self.entry().build_time()
+        self.entry.build_time()
     }
 
     /// Turns the lease into its entry's reference count, for callers that must carry it as a
     /// raw pointer (the C ABI). The lease stays outstanding until [`Lease::from_arc`] gives it
-    /// back and the result is dropped.
-    pub fn into_arc(mut self) -> Arc<Entry<K, V>> {
+    /// back and the result is dropped. A lease *is* one strong reference: the statistics count
+    /// outstanding leases from the reference counts, so a hit and a release touch no counter.
+    pub fn into_arc(self) -> Arc<Entry<K, V>> {
         self.entry
-            .take()
-            .expect("a lease holds its entry until consumed")
     }
 
-    /// Reverses [`Lease::into_arc`]. Passing an `Arc` obtained any other way miscounts the
-    /// outstanding-lease statistic (nothing worse: the entry itself stays sound).
+    /// Reverses [`Lease::into_arc`].
     pub fn from_arc(entry: Arc<Entry<K, V>>) -> Self {
-        Self { entry: Some(entry) }
+        Self { entry }
     }
 }
 
 impl<K, V> Clone for Lease<K, V> {
     fn clone(&self) -> Self {
-        Self::new(Arc::clone(
-            self.entry.as_ref().expect("a lease holds its entry"),
-        ))
-    }
-}
-
-impl<K, V> Drop for Lease<K, V> {
-    fn drop(&mut self) {
-        if let Some(entry) = self.entry.take() {
-            entry
-                .shared
-                .shard_of(entry.hash)
-                .leases
-                .fetch_sub(1, Ordering::Relaxed);
-        }
+        Self::new(Arc::clone(&self.entry))
     }
 }
 

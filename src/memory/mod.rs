@@ -9,14 +9,16 @@
 //!   eviction and dropping the cache unlink entries at once, but a value is destroyed only when
 //!   its last lease is released, on the releasing thread. Destroy callbacks never run under an
 //!   internal lock, so they may call back into the cache.
-//! - **Device epochs**: `evict_device(d)` bumps `d`'s epoch; a build for `d` that started before
-//!   the bump is destroyed on completion and reported as [`Error::DeviceDestroyed`].
+//! - **Device epochs**: `evict_device(d)` (or `evict_devices`) bumps `d`'s epoch; a build for `d`
+//!   that started before the bump is destroyed on completion and reported as
+//!   [`Error::DeviceDestroyed`].
 //! - **Clear generations**: on a cache built with `invalidated_by_clear` (its values borrow from
 //!   something a clear releases), a build that straddles a `clear` is destroyed and reported as
 //!   [`Error::CacheCleared`]. An owning cache installs it.
 //! - **Caps**: an optional entry-count and weight cap, enforced after each install by a CLOCK
 //!   policy (see `policy.rs`). One entry heavier than the whole cap is admitted alone.
-//! - **Hit path**: one shard read lock, no allocation, no global lock, lookup by borrowed key.
+//! - **Hit path**: one shard read lock, no allocation, no global lock, no shared counter,
+//!   lookup by borrowed key.
 //!
 //! A build that looks up its own key gets [`Error::Reentrant`]; a build may look up or build
 //! any other key. A cycle across threads (A's build waits for B, B's build waits for A) is not
@@ -28,6 +30,7 @@ mod policy;
 mod shared;
 mod stats;
 mod sync;
+mod tally;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -47,7 +50,7 @@ use sync::{AtomicU64, Mutex, Ordering};
 
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
-/// Power of two; the shard index comes from the top six bits of the key's hash.
+/// Power of two: the shard index is a mask of the key's hash.
 #[cfg(not(feature = "shuttle"))]
 const SHARDS: usize = 64;
 /// Fewer shards keep the model checker's schedules short enough to explore.
@@ -165,7 +168,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             Slot::hash,
         );
         drop(table);
-        shard.misses.fetch_add(1, Ordering::Relaxed);
+        self.shared.tally.miss();
 
         let mut guard = FlightGuard {
             cache: self,
@@ -209,7 +212,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         if let Some(Slot::Ready(entry)) = table.find(hash, |slot| slot.key().borrow() == key) {
             return Some(self.hit(entry));
         }
-        shard.misses.fetch_add(1, Ordering::Relaxed);
+        self.shared.tally.miss();
         None
     }
 
@@ -240,8 +243,30 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     /// for it already in flight are discarded. Values are destroyed now unless leased. Every
     /// victim is attempted; the first destroy failure is returned. Returns the unlinked count.
     pub fn evict_device(&self, device: DeviceId) -> Result<usize> {
-        *self.epochs.lock().entry(device).or_insert(0) += 1;
-        let victims = self.unlink_where(|entry| entry.device() == Some(device));
+        self.evict_devices([device])
+    }
+
+    /// [`MemoryCache::evict_device`] for several devices at once: every epoch is bumped before
+    /// one sweep over the shards unlinks the entries of all of them. Every victim is attempted;
+    /// the first destroy failure is returned. Returns the unlinked count.
+    pub fn evict_devices(&self, devices: impl IntoIterator<Item = DeviceId>) -> Result<usize> {
+        let mut devices: Vec<DeviceId> = devices.into_iter().collect();
+        devices.sort_unstable();
+        devices.dedup();
+        if devices.is_empty() {
+            return Ok(0);
+        }
+        {
+            let mut epochs = self.epochs.lock();
+            for &device in &devices {
+                *epochs.entry(device).or_insert(0) += 1;
+            }
+        }
+        let victims = self.unlink_where(|entry| {
+            entry
+                .device()
+                .is_some_and(|d| devices.binary_search(&d).is_ok())
+        });
         self.shared
             .counters
             .device_evictions
@@ -286,22 +311,14 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             weight: load(&c.weight),
             ..Stats::default()
         };
-        let mut leases = 0i64;
-        for shard in self.shared.shards.iter() {
-            stats.hits += shard.hits.load(Ordering::Relaxed);
-            stats.misses += shard.misses.load(Ordering::Relaxed);
-            leases += shard.leases.load(Ordering::Relaxed);
-        }
-        stats.leases = leases.max(0) as u64;
+        (stats.hits, stats.misses) = self.shared.tally.totals();
+        stats.leases = self.shared.outstanding_leases();
         stats
     }
 
     fn hit(&self, entry: &Arc<Entry<K, V>>) -> Lease<K, V> {
         entry.touch();
-        self.shared
-            .shard_of(entry.hash)
-            .hits
-            .fetch_add(1, Ordering::Relaxed);
+        self.shared.tally.hit();
         Lease::new(Arc::clone(entry))
     }
 
@@ -440,9 +457,10 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         }
     }
 
-    /// Bookkeeping for an entry just removed from the table (the caller holds its shard lock).
-    fn unlinked(&self, entry: &Entry<K, V>) {
+    /// Bookkeeping for an entry just removed from the table.
+    fn unlinked(&self, entry: &Arc<Entry<K, V>>) {
         entry.linked.store(false, Ordering::Release);
+        self.shared.detach(entry);
         let c = &self.shared.counters;
         c.entries.fetch_sub(1, Ordering::Relaxed);
         c.weight.fetch_sub(entry.weight(), Ordering::Relaxed);

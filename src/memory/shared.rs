@@ -1,13 +1,14 @@
 //! State shared by the cache and every entry that may outlive it: the sharded table, the
 //! destroy callback and the counters.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use hashbrown::HashTable;
 
 use super::entry::Entry;
 use super::flight::Flight;
-use super::sync::{AtomicI64, AtomicU64, Ordering, RwLock};
+use super::sync::{AtomicU64, Mutex, Ordering, RwLock};
+use super::tally::Tally;
 use crate::DestroyError;
 
 pub(super) type DestroyFn<V> = Box<dyn Fn(V) -> Result<(), DestroyError> + Send + Sync>;
@@ -39,23 +40,17 @@ impl<K, V> Slot<K, V> {
     }
 }
 
-/// One lock's worth of the table plus the counters its hits touch, on their own cache lines so
-/// that threads working on different shards never write the same line.
+/// One lock's worth of the table, on its own cache lines so that threads working on different
+/// shards never write the same line.
 #[repr(align(128))]
 pub(super) struct Shard<K, V> {
     pub(super) table: RwLock<HashTable<Slot<K, V>>>,
-    pub(super) hits: AtomicU64,
-    pub(super) misses: AtomicU64,
-    pub(super) leases: AtomicI64,
 }
 
 impl<K, V> Shard<K, V> {
     fn new() -> Self {
         Self {
             table: RwLock::new(HashTable::new()),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            leases: AtomicI64::new(0),
         }
     }
 }
@@ -85,6 +80,18 @@ pub(super) struct Shared<K, V> {
     destroy: DestroyFn<V>,
     on_destroy_error: Option<ErrorHook>,
     pub(super) counters: Counters,
+    pub(super) tally: Tally,
+    /// Entries unlinked from the table that may still be leased. Leases are plain strong
+    /// references (so hits and releases touch no counter); the statistics find them here and
+    /// in the table.
+    detached: Mutex<Detached<K, V>>,
+}
+
+struct Detached<K, V> {
+    entries: Vec<Weak<Entry<K, V>>>,
+    /// Length after the last pruning: prune again once it has doubled, so pushes stay O(1)
+    /// amortized and dead weak references cannot pile up.
+    pruned_len: usize,
 }
 
 impl<K, V> Shared<K, V> {
@@ -98,12 +105,48 @@ impl<K, V> Shared<K, V> {
             destroy,
             on_destroy_error,
             counters: Counters::default(),
+            tally: Tally::new(),
+            detached: Mutex::new(Detached {
+                entries: Vec::new(),
+                pruned_len: 0,
+            }),
         }
     }
 
+    pub(super) fn detach(&self, entry: &Arc<Entry<K, V>>) {
+        let mut detached = self.detached.lock();
+        if detached.entries.len() >= 2 * detached.pruned_len.max(32) {
+            detached.entries.retain(|weak| weak.strong_count() > 0);
+            detached.pruned_len = detached.entries.len();
+        }
+        detached.entries.push(Arc::downgrade(entry));
+    }
+
+    /// Leases outstanding: every strong reference to an entry but the table's own. Exact when
+    /// no call is in progress; transient references held inside a call count meanwhile.
+    pub(super) fn outstanding_leases(&self) -> u64 {
+        let mut leases = 0;
+        for shard in self.shards.iter() {
+            for slot in shard.table.read().iter() {
+                if let Slot::Ready(entry) = slot {
+                    leases += Arc::strong_count(entry) - 1;
+                }
+            }
+        }
+        let detached = self.detached.lock();
+        leases += detached
+            .entries
+            .iter()
+            .map(Weak::strong_count)
+            .sum::<usize>();
+        leases as u64
+    }
+
     pub(super) fn shard_of(&self, hash: u64) -> &Shard<K, V> {
-        // The table uses the low bits of the hash; the shard the high ones.
-        let index = (hash >> 58) as usize & (self.shards.len() - 1);
+        // The table takes its bucket index from the low bits and its 7-bit tag from the top
+        // ones; the shard must use neither, or every key in a shard would share a tag and each
+        // probe would compare keys.
+        let index = (hash >> 32) as usize & (self.shards.len() - 1);
         &self.shards[index]
     }
 

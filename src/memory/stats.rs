@@ -18,7 +18,7 @@ pub struct Stats {
     pub discarded: u64,
     /// Entries unlinked to respect the entry-count or weight cap.
     pub capacity_evictions: u64,
-    /// Entries unlinked by `evict_device`.
+    /// Entries unlinked by `evict_device` / `evict_devices`.
     pub device_evictions: u64,
     /// Calls to `clear`.
     pub clears: u64,

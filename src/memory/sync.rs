@@ -4,7 +4,7 @@
 #[cfg(not(feature = "shuttle"))]
 mod imp {
     pub use parking_lot::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
-    pub use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+    pub use std::sync::atomic::{AtomicBool, AtomicU64};
     pub use std::thread::ThreadId;
 
     pub fn current_thread() -> ThreadId {
@@ -54,7 +54,7 @@ mod imp {
 
 #[cfg(feature = "shuttle")]
 mod imp {
-    pub use shuttle::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+    pub use shuttle::sync::atomic::{AtomicBool, AtomicU64};
     pub use shuttle::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
     pub use shuttle::thread::ThreadId;
     use std::sync::PoisonError;

@@ -3,20 +3,18 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::c_uint;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
-
-use parking_lot::RwLock;
 
 use super::driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
 use super::nvrtc::Nvrtc;
+use crate::backend::registry::{Registration, Registry};
 use crate::disk::DiskCache;
 use crate::error::{BuildError, DestroyError, DeviceId, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Lease, MemoryCache};
+use crate::tiered::TieredCache;
 
 /// A CUDA context the caller owns. kcache never creates or destroys contexts; it only makes
 /// the caller's current for a moment (push/pop) when it links, loads or unloads a module.
@@ -199,26 +197,22 @@ enum Input<'a> {
     },
 }
 
-/// A context the cache has seen, under the number the memory tier evicts by. A context
-/// evicted and then used again (or a new context at a reused address) gets a new number, so
-/// it can never hit the old context's modules.
-struct Registered {
-    id: DeviceId,
-    context: usize,
+/// What the cache learns about a context when it first sees it. A context evicted and then
+/// used again (or a new context at a reused address) is registered anew, under a new number,
+/// so it can never hit the old context's modules.
+struct ContextInfo {
     device: CUdevice,
     device_name: String,
     capability: (i32, i32),
 }
 
+/// A context, by address, under the number the memory tier evicts by.
+type Registered = Registration<usize, ContextInfo>;
+
 #[derive(Default)]
 struct Counters {
     links: AtomicU64,
     link_failures: AtomicU64,
-    cubin_loads: AtomicU64,
-    cubins_rejected: AtomicU64,
-    disk_hits: AtomicU64,
-    disk_misses: AtomicU64,
-    disk_errors: AtomicU64,
     nvrtc_compiles: AtomicU64,
     nvrtc_failures: AtomicU64,
 }
@@ -258,10 +252,8 @@ thread_local! {
 /// are unloaded then, with their context current, or when the last lease on each drops.
 pub struct CudaCache {
     driver: Arc<Driver>,
-    memory: MemoryCache<Vec<u8>, Module>,
-    disk: Option<Arc<DiskCache>>,
-    contexts: RwLock<HashMap<usize, Arc<Registered>>>,
-    next_id: AtomicI64,
+    tiered: TieredCache<Vec<u8>, Module>,
+    contexts: Registry<usize, ContextInfo>,
     counters: Counters,
     nvrtc: OnceLock<Result<Arc<Nvrtc>>>,
 }
@@ -273,12 +265,11 @@ impl CudaCache {
             Some(driver) => driver,
             None => Arc::new(Driver::load()?),
         };
+        let memory = Arc::new(MemoryCache::new(options.memory, Module::unload));
         Ok(CudaCache {
             driver,
-            memory: MemoryCache::new(options.memory, Module::unload),
-            disk: options.disk,
-            contexts: RwLock::new(HashMap::new()),
-            next_id: AtomicI64::new(0),
+            tiered: TieredCache::new(memory, options.disk),
+            contexts: Registry::default(),
             counters: Counters::default(),
             nvrtc: match options.nvrtc {
                 Some(nvrtc) => OnceLock::from(Ok(nvrtc)),
@@ -308,33 +299,28 @@ impl CudaCache {
     }
 
     fn register(&self, context: Context) -> Result<Arc<Registered>> {
-        let address = context.raw() as usize;
-        if let Some(registered) = self.contexts.read().get(&address) {
-            return Ok(Arc::clone(registered));
-        }
-        // Queried outside the lock: these are driver calls.
-        // SAFETY: `Context` guarantees a live context.
-        let (device, device_name, capability) = unsafe {
-            self.driver.with_context(context.raw(), || {
-                let device = self.driver.current_device()?;
-                Ok::<_, Error>((
-                    device,
-                    self.driver.device_name(device)?,
-                    self.driver.compute_capability(device)?,
-                ))
-            })
-        }??;
-        let mut contexts = self.contexts.write();
-        let registered = contexts.entry(address).or_insert_with(|| {
-            Arc::new(Registered {
-                id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                context: address,
+        self.contexts.get_or_register(context.raw() as usize, || {
+            // SAFETY: `Context` guarantees a live context.
+            let (device, device_name, capability) = unsafe {
+                self.driver.with_context(context.raw(), || {
+                    let device = self.driver.current_device()?;
+                    Ok::<_, Error>((
+                        device,
+                        self.driver.device_name(device)?,
+                        self.driver.compute_capability(device)?,
+                    ))
+                })
+            }??;
+            Ok(ContextInfo {
                 device,
                 device_name,
                 capability,
             })
-        });
-        Ok(Arc::clone(registered))
+        })
+    }
+
+    fn memory(&self) -> &MemoryCache<Vec<u8>, Module> {
+        self.tiered.memory()
     }
 
     /// The module for `ptx` linked with `options` in `context` (`None`: the calling thread's
@@ -400,44 +386,62 @@ impl CudaCache {
         check_unique(options)?;
         let registered = self.register(context)?;
         let mut key = KEY_BUFFER.take();
-        memory_key(&mut key, registered.id, input, options);
-        let mut built = false;
-        let result = self
-            .memory
-            .find_or_build(&key[..], Some(registered.id), || {
-                built = true;
-                self.build(&registered, input, options)
-            });
+        memory_key(&mut key, registered.id(), input, options);
+        // The cubin a link produced, for the write-back: a loaded module cannot give it back.
+        let linked = Cell::new(None);
+        let result = self.tiered.find_or_build(
+            &key[..],
+            Some(registered.id()),
+            || disk_key(registered.info(), self.driver.version(), input, options),
+            |cubin| {
+                // The cubin passed the integrity check, so a refusal is the driver's own (a
+                // driver build with the same version number, a changed GPU mode): the disk
+                // tier drops it and the PTX is linked again.
+                let raw = self.in_context(&registered, || {
+                    self.driver.load_image(cubin).map_err(|code| {
+                        BuildError::new(
+                            code,
+                            format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
+                        )
+                    })
+                })?;
+                Ok((self.wrap(&registered, raw), cubin.len() as u64))
+            },
+            || {
+                let (raw, cubin) =
+                    self.in_context(&registered, || self.link(&registered, input, options))?;
+                let weight = cubin.len() as u64;
+                linked.set(Some(cubin));
+                Ok((self.wrap(&registered, raw), weight))
+            },
+            |_| {
+                linked
+                    .take()
+                    .ok_or_else(|| BuildError::new(-1, "no cubin was linked"))
+            },
+        );
         KEY_BUFFER.set(key);
-        let lease = result?;
-        if built && !self.is_registered(&registered) {
-            // The context was evicted between registration and install, so that eviction may
-            // have missed this entry: unlink it here (see `evict`).
-            self.memory.remove(lease.key().as_slice())?;
-            return Err(Error::DeviceDestroyed(registered.id));
+        registered.confirm(self.memory(), result?)
+    }
+
+    fn wrap(&self, registered: &Registered, raw: CUmodule) -> Module {
+        Module {
+            raw,
+            context: registered.handle() as CUcontext,
+            driver: Arc::clone(&self.driver),
         }
-        Ok(lease)
     }
 
-    fn is_registered(&self, registered: &Registered) -> bool {
-        self.contexts.read().get(&registered.context).map(|r| r.id) == Some(registered.id)
-    }
-
-    fn build(
+    /// Runs `f` with the registered context current.
+    fn in_context<T>(
         &self,
         registered: &Registered,
-        input: Input<'_>,
-        options: &[JitOption],
-    ) -> std::result::Result<(Module, u64), BuildError> {
-        let context = registered.context as CUcontext;
+        f: impl FnOnce() -> std::result::Result<T, BuildError>,
+    ) -> std::result::Result<T, BuildError> {
+        let context = registered.handle() as CUcontext;
         // SAFETY: the context was wrapped in a `Context` by the caller of `module`.
-        let scoped = unsafe {
-            self.driver.scoped(context, || {
-                self.build_in_context(registered, input, options)
-            })
-        };
-        match scoped {
-            Ok(built) => built,
+        match unsafe { self.driver.scoped(context, f) } {
+            Ok(done) => done,
             Err((what, code)) => Err(BuildError::new(
                 code,
                 format!("{what} failed: {}", self.driver.describe(code)),
@@ -445,51 +449,14 @@ impl CudaCache {
         }
     }
 
-    /// Runs with the module's context current.
-    fn build_in_context(
+    /// Compiles CUDA C++ to PTX if need be, links the PTX into a cubin and loads that; runs
+    /// with the module's context current. Returns the module and the cubin.
+    fn link(
         &self,
         registered: &Registered,
         input: Input<'_>,
         options: &[JitOption],
-    ) -> std::result::Result<(Module, u64), BuildError> {
-        let disk_key = match &self.disk {
-            Some(_) => Some(
-                disk_key(registered, self.driver.version(), input, options)
-                    .map_err(|e| BuildError::new(-1, e.to_string()))?,
-            ),
-            None => None,
-        };
-        let module = |raw| Module {
-            raw,
-            context: registered.context as CUcontext,
-            driver: Arc::clone(&self.driver),
-        };
-        if let (Some(disk), Some(disk_key)) = (&self.disk, &disk_key) {
-            match disk.get(disk_key) {
-                Ok(Some(entry)) => {
-                    self.bump(&self.counters.disk_hits);
-                    let cubin = entry.payload();
-                    match self.driver.load_image(cubin) {
-                        Ok(raw) => {
-                            self.bump(&self.counters.cubin_loads);
-                            return Ok((module(raw), cubin.len() as u64));
-                        }
-                        Err(_) => {
-                            // The cubin passed the integrity check, so the driver itself
-                            // refuses it (a driver build with the same version number, a
-                            // changed GPU mode): drop it and link the PTX again.
-                            self.bump(&self.counters.cubins_rejected);
-                            if disk.remove(disk_key).is_err() {
-                                self.bump(&self.counters.disk_errors);
-                            }
-                        }
-                    }
-                }
-                Ok(None) => self.bump(&self.counters.disk_misses),
-                Err(_) => self.bump(&self.counters.disk_errors),
-            }
-        }
-        let start = Instant::now();
+    ) -> std::result::Result<(CUmodule, Vec<u8>), BuildError> {
         let ptx = match input {
             Input::Ptx(ptx) => Cow::Borrowed(ptx),
             Input::Cuda {
@@ -498,9 +465,10 @@ impl CudaCache {
                 nvrtc,
             } => {
                 self.bump(&self.counters.nvrtc_compiles);
-                let ptx = compile_cuda(nvrtc, registered, source, options).inspect_err(|_| {
-                    self.bump(&self.counters.nvrtc_failures);
-                })?;
+                let ptx =
+                    compile_cuda(nvrtc, registered.info(), source, options).inspect_err(|_| {
+                        self.bump(&self.counters.nvrtc_failures);
+                    })?;
                 Cow::Owned(ptx)
             }
         };
@@ -519,17 +487,11 @@ impl CudaCache {
                 self.bump(&self.counters.link_failures);
                 BuildError::new(code, log)
             })?;
-        let link_time = start.elapsed();
-        if let (Some(disk), Some(disk_key)) = (&self.disk, &disk_key) {
-            if disk.put(disk_key, &cubin, link_time).is_err() {
-                self.bump(&self.counters.disk_errors);
-            }
-        }
         let raw = self
             .driver
             .load_image(&cubin)
             .map_err(|code| self.load_error(code))?;
-        Ok((module(raw), cubin.len() as u64))
+        Ok((raw, cubin))
     }
 
     fn load_error(&self, code: CUresult) -> BuildError {
@@ -550,72 +512,45 @@ impl CudaCache {
     /// or when its last lease drops. Call it before destroying the context. Returns how many
     /// were unlinked.
     pub fn evict_context(&self, context: CUcontext) -> Result<usize> {
-        self.evict(|r| r.context == context as usize)
+        let context = context as usize;
+        self.contexts
+            .evict(self.memory(), |r| r.handle() == context)
     }
 
     /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): for a
     /// primary-context reset or a device going away.
     pub fn evict_device(&self, device: CUdevice) -> Result<usize> {
-        self.evict(|r| r.device == device)
-    }
-
-    fn evict(&self, matches: impl Fn(&Registered) -> bool) -> Result<usize> {
-        // Registrations go first, entries second: a build racing with this either installs
-        // before `evict_device` runs (and is unlinked by it) or finds its registration gone
-        // afterwards (and unlinks itself in `module`).
-        let victims: Vec<Arc<Registered>> = {
-            let mut contexts = self.contexts.write();
-            let addresses: Vec<usize> = contexts
-                .values()
-                .filter(|r| matches(r))
-                .map(|r| r.context)
-                .collect();
-            addresses
-                .iter()
-                .filter_map(|a| contexts.remove(a))
-                .collect()
-        };
-        let mut unlinked = 0;
-        let mut first_error = None;
-        for victim in victims {
-            match self.memory.evict_device(victim.id) {
-                Ok(n) => unlinked += n,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(unlinked),
-        }
+        self.contexts
+            .evict(self.memory(), |r| r.info().device == device)
     }
 
     /// Unlinks every module; each is unloaded when its last lease drops.
     pub fn clear(&self) -> Result<usize> {
-        self.memory.clear()
+        self.memory().clear()
     }
 
     pub fn len(&self) -> usize {
-        self.memory.len()
+        self.memory().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory.is_empty()
+        self.memory().is_empty()
     }
 
     pub fn stats(&self) -> CudaStats {
         let c = &self.counters;
         let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let tiers = self.tiered.stats();
         CudaStats {
-            memory: self.memory.stats(),
+            memory: self.memory().stats(),
             links: get(&c.links),
             link_failures: get(&c.link_failures),
-            cubin_loads: get(&c.cubin_loads),
-            cubins_rejected: get(&c.cubins_rejected),
-            disk_hits: get(&c.disk_hits),
-            disk_misses: get(&c.disk_misses),
-            disk_errors: get(&c.disk_errors),
+            cubin_loads: tiers.disk_hits,
+            cubins_rejected: tiers.load_failures,
+            // A cubin the driver refused was still found on disk.
+            disk_hits: tiers.disk_hits + tiers.load_failures,
+            disk_misses: tiers.disk_absent,
+            disk_errors: tiers.disk_errors + tiers.write_back_failures,
             nvrtc_compiles: get(&c.nvrtc_compiles),
             nvrtc_failures: get(&c.nvrtc_failures),
         }
@@ -638,7 +573,7 @@ fn check_unique(options: &[JitOption]) -> Result<()> {
 /// Runs NVRTC for the context's device unless the options pick an architecture.
 fn compile_cuda(
     nvrtc: &Nvrtc,
-    registered: &Registered,
+    context: &ContextInfo,
     source: &str,
     options: &[&str],
 ) -> std::result::Result<Vec<u8>, BuildError> {
@@ -648,7 +583,7 @@ fn compile_cuda(
     let arch;
     let mut all: Vec<&str> = options.to_vec();
     if !picks_arch {
-        let (major, minor) = registered.capability;
+        let (major, minor) = context.capability;
         arch = format!("--gpu-architecture=compute_{major}{minor}");
         all.push(&arch);
     }
@@ -696,7 +631,7 @@ fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
 /// built from, but no handle, so it holds across processes and contexts. NVRTC options keep
 /// their order: `-I` search order and repeated `-D` depend on it.
 fn disk_key(
-    registered: &Registered,
+    context: &ContextInfo,
     driver_version: i32,
     input: Input<'_>,
     options: &[JitOption],
@@ -704,11 +639,11 @@ fn disk_key(
     let mut builder = KeyBuilder::new();
     builder
         .backend("cuda")
-        .device_name(&registered.device_name)
+        .device_name(&context.device_name)
         .driver_version(driver_version.to_string())
         .extra(
             "compute_capability",
-            format!("{}.{}", registered.capability.0, registered.capability.1),
+            format!("{}.{}", context.capability.0, context.capability.1),
         );
     match input {
         Input::Ptx(ptx) => {

@@ -2,42 +2,22 @@
 //! `cl_program` out, through a lease on the memory tier, with program binaries on disk.
 
 use std::cell::Cell;
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-use parking_lot::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
+use crate::backend::registry::Registry;
 use crate::disk::DiskCache;
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Lease, MemoryCache};
+use crate::tiered::TieredCache;
 
 /// What a lookup returns: the program stays alive (and retained by the cache) while any lease
 /// on it is held, even across eviction.
 pub type ProgramLease = Lease<Vec<u8>, Program>;
-
-/// The caller's (context, device) pair under the number the memory tier evicts by.
-struct Registered {
-    id: DeviceId,
-    context: usize,
-    device: usize,
-    identity: DeviceIdentity,
-}
-
-#[derive(Default)]
-struct Counters {
-    source_builds: AtomicU64,
-    binary_loads: AtomicU64,
-    binaries_rejected: AtomicU64,
-    disk_hits: AtomicU64,
-    disk_misses: AtomicU64,
-    disk_errors: AtomicU64,
-}
 
 /// Counters of an [`OpenClCache`]: the memory tier's plus where each built program came from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,9 +35,6 @@ pub struct OpenClStats {
     pub disk_errors: u64,
 }
 
-/// A compiled program's binary on its way to disk: key, bytes, compile time.
-type WriteBack = (Key, Vec<u8>, Duration);
-
 thread_local! {
     /// The memory-tier key is assembled here so that a hit allocates nothing.
     static KEY_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
@@ -67,11 +44,11 @@ thread_local! {
 /// enough: it serves every context and device, from any number of threads.
 pub struct OpenClCache {
     api: &'static Api,
-    memory: MemoryCache<Vec<u8>, Program>,
-    disk: Option<Arc<DiskCache>>,
-    devices: RwLock<HashMap<(usize, usize), Arc<Registered>>>,
-    next_device: AtomicI64,
-    counters: Counters,
+    tiered: TieredCache<Vec<u8>, Program>,
+    /// The caller's (context, device) pairs by address, with what the disk key needs of each
+    /// device.
+    devices: Registry<(usize, usize), DeviceIdentity>,
+    source_builds: AtomicU64,
 }
 
 impl OpenClCache {
@@ -79,34 +56,17 @@ impl OpenClCache {
     /// with [`Error::Unavailable`] when no OpenCL library can be loaded.
     pub fn new(memory: memory::Options, disk: Option<Arc<DiskCache>>) -> Result<OpenClCache> {
         let api = Api::get()?;
-        let memory = MemoryCache::new(memory, Program::release);
+        let memory = Arc::new(MemoryCache::new(memory, Program::release));
         Ok(OpenClCache {
             api,
-            memory,
-            disk,
-            devices: RwLock::new(HashMap::new()),
-            next_device: AtomicI64::new(0),
-            counters: Counters::default(),
+            tiered: TieredCache::new(memory, disk),
+            devices: Registry::default(),
+            source_builds: AtomicU64::new(0),
         })
     }
 
-    fn register(&self, context: ContextRef<'_>, device: Device) -> Result<Arc<Registered>> {
-        let pair = (context.raw() as usize, device.raw() as usize);
-        if let Some(registered) = self.devices.read().get(&pair) {
-            return Ok(Arc::clone(registered));
-        }
-        // Queried outside the lock: it calls into the driver.
-        let identity = DeviceIdentity::query(self.api, device)?;
-        let mut devices = self.devices.write();
-        let registered = devices.entry(pair).or_insert_with(|| {
-            Arc::new(Registered {
-                id: self.next_device.fetch_add(1, Ordering::Relaxed),
-                context: pair.0,
-                device: pair.1,
-                identity,
-            })
-        });
-        Ok(Arc::clone(registered))
+    fn memory(&self) -> &MemoryCache<Vec<u8>, Program> {
+        self.tiered.memory()
     }
 
     /// The built program for `sources` (concatenated in order, as `clCreateProgramWithSource`
@@ -128,205 +88,115 @@ impl OpenClCache {
                 "the context and the device must not be null".into(),
             ));
         }
-        let registered = self.register(context, device)?;
+        let pair = (context.raw() as usize, device.raw() as usize);
+        let registered = self
+            .devices
+            .get_or_register(pair, || DeviceIdentity::query(self.api, device))?;
         let mut key = KEY_BUFFER.take();
-        memory_key(&mut key, registered.id, sources, options);
-        // Set by the build step when the program was compiled and its binary should go to
-        // disk: written after the flight, so that waiters do not wait for the write's fsync.
-        let mut built = None;
-        let result = self
-            .memory
-            .find_or_build(&key[..], Some(registered.id), || {
-                let (program, weight, write_back) =
-                    self.build(&registered, context, device, sources, options)?;
-                built = Some(write_back);
-                Ok((program, weight))
-            });
+        memory_key(&mut key, registered.id(), sources, options);
+        // A source build hands its binary to the write-back here, so the driver is asked once.
+        let binary = Cell::new(None);
+        let result = self.tiered.find_or_build(
+            &key[..],
+            Some(registered.id()),
+            || disk_key(registered.info(), sources, options),
+            |stored| {
+                let program = runtime::build_from_binary(
+                    self.api,
+                    context,
+                    device,
+                    stored,
+                    &options_cstring(options)?,
+                )?;
+                Ok((program, stored.len() as u64))
+            },
+            || self.build(context, device, sources, options, &binary),
+            |_| {
+                binary
+                    .take()
+                    .ok_or_else(|| BuildError::new(0, "the driver gave no program binary"))
+            },
+        );
         KEY_BUFFER.set(key);
-        let lease = result?;
-        let Some(write_back) = built else {
-            return Ok(lease);
-        };
-        let still_registered = {
-            let devices = self.devices.read();
-            devices
-                .get(&(registered.context, registered.device))
-                .map(|r| r.id)
-                == Some(registered.id)
-        };
-        if !still_registered {
-            // The pair was evicted between the registry lookup and the install, so that
-            // eviction may have missed this entry: unlink it ourselves (see `evict`).
-            self.memory.remove(lease.key().as_slice())?;
-            return Err(Error::DeviceDestroyed(registered.id));
-        }
-        if let (Some(disk), Some((key, binary, build_time))) = (&self.disk, write_back) {
-            if disk.put(&key, &binary, build_time).is_err() {
-                self.bump(&self.counters.disk_errors);
-            }
-        }
-        Ok(lease)
+        registered.confirm(self.memory(), result?)
     }
 
-    /// The program from a disk binary, else compiled from source; with a compiled program
-    /// comes what to write to disk once it is installed.
+    /// Compiles from source; the binary, when the driver gives it, goes to `binary`.
     fn build(
         &self,
-        registered: &Registered,
         context: ContextRef<'_>,
         device: Device,
         sources: &[&str],
         options: &str,
-    ) -> std::result::Result<(Program, u64, Option<WriteBack>), BuildError> {
-        let options_c = runtime::options_cstring(options)
-            .map_err(|e| BuildError::new(CL_INVALID_BUILD_OPTIONS, e.to_string()))?;
-        let disk = self.disk.as_ref().and_then(|disk| {
-            match disk_key(&registered.identity, sources, options) {
-                Ok(key) => Some((disk, key)),
-                Err(_) => {
-                    self.bump(&self.counters.disk_errors);
-                    None
-                }
+        binary: &Cell<Option<Vec<u8>>>,
+    ) -> std::result::Result<(Program, u64), BuildError> {
+        let program = runtime::build_from_source(
+            self.api,
+            context,
+            device,
+            sources,
+            &options_cstring(options)?,
+        )?;
+        self.source_builds.fetch_add(1, Ordering::Relaxed);
+        // The program works without its binary; only the disk tier misses out.
+        let weight = match program.binary() {
+            Ok(bytes) => {
+                let weight = bytes.len() as u64;
+                binary.set(Some(bytes));
+                weight
             }
-        });
-        if let Some((disk, key)) = &disk {
-            if let Some((program, weight)) =
-                self.load_binary(disk, key, context, device, &options_c)
-            {
-                return Ok((program, weight, None));
-            }
-        }
-        let start = Instant::now();
-        let program = runtime::build_from_source(self.api, context, device, sources, &options_c)?;
-        let build_time = start.elapsed();
-        self.bump(&self.counters.source_builds);
-        match program.binary() {
-            Ok(binary) => {
-                let weight = binary.len() as u64;
-                let write_back = disk.map(|(_, key)| (key, binary, build_time));
-                Ok((program, weight, write_back))
-            }
-            // The program works without its binary; only the disk tier misses out.
-            Err(_) => {
-                self.bump(&self.counters.disk_errors);
-                Ok((program, 0, None))
-            }
-        }
-    }
-
-    /// The program from the disk binary under `key`, if there is one the driver accepts. A
-    /// binary that passed the integrity check but that the driver refuses is stale (a driver
-    /// rebuilt under the same version string, say): it is removed so that the source build
-    /// that follows replaces it.
-    fn load_binary(
-        &self,
-        disk: &DiskCache,
-        key: &Key,
-        context: ContextRef<'_>,
-        device: Device,
-        options: &CString,
-    ) -> Option<(Program, u64)> {
-        let binary = match disk.get(key) {
-            Ok(Some(entry)) => entry.into_payload(),
-            // A corrupt entry has been removed by the disk tier: a miss like an absent one.
-            Ok(None) | Err(Error::Integrity(_)) => {
-                self.bump(&self.counters.disk_misses);
-                return None;
-            }
-            Err(_) => {
-                self.bump(&self.counters.disk_errors);
-                return None;
-            }
+            Err(_) => 0,
         };
-        self.bump(&self.counters.disk_hits);
-        match runtime::build_from_binary(self.api, context, device, &binary, options) {
-            Ok(program) => {
-                self.bump(&self.counters.binary_loads);
-                Some((program, binary.len() as u64))
-            }
-            Err(_) => {
-                self.bump(&self.counters.binaries_rejected);
-                if disk.discard_unloadable(key).is_err() {
-                    self.bump(&self.counters.disk_errors);
-                }
-                None
-            }
-        }
-    }
-
-    fn bump(&self, counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+        Ok((program, weight))
     }
 
     /// Unlinks every program built for `device`, in any context. Each is released when its last
     /// lease is. Returns how many were unlinked.
     pub fn evict_device(&self, device: Device) -> Result<usize> {
-        self.evict(|r| r.device == device.raw() as usize)
+        let device = device.raw() as usize;
+        self.devices
+            .evict(self.memory(), |r| r.handle().1 == device)
     }
 
     /// Unlinks every program of `context`, on any device. Call it before releasing the context.
     pub fn evict_context(&self, context: cl_context) -> Result<usize> {
-        self.evict(|r| r.context == context as usize)
-    }
-
-    fn evict(&self, matches: impl Fn(&Registered) -> bool) -> Result<usize> {
-        // Rows leave the registry before their entries are evicted; a build racing with this
-        // either installs before `evict_device` runs (and is unlinked by it) or finds its row
-        // gone afterwards (and unlinks itself in `get_or_build`).
-        let victims: Vec<Arc<Registered>> = {
-            let mut devices = self.devices.write();
-            let keys: Vec<(usize, usize)> = devices
-                .iter()
-                .filter(|(_, r)| matches(r))
-                .map(|(pair, _)| *pair)
-                .collect();
-            keys.iter()
-                .filter_map(|pair| devices.remove(pair))
-                .collect()
-        };
-        let mut unlinked = 0;
-        let mut first_error = None;
-        for victim in victims {
-            match self.memory.evict_device(victim.id) {
-                Ok(n) => unlinked += n,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(unlinked),
-        }
+        let context = context as usize;
+        self.devices
+            .evict(self.memory(), |r| r.handle().0 == context)
     }
 
     /// Unlinks every program; each is released when its last lease is.
     pub fn clear(&self) -> Result<usize> {
-        self.memory.clear()
+        self.memory().clear()
     }
 
     /// Programs in memory now.
     pub fn len(&self) -> usize {
-        self.memory.len()
+        self.memory().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory.is_empty()
+        self.memory().is_empty()
     }
 
     pub fn stats(&self) -> OpenClStats {
-        let c = &self.counters;
-        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
+        let tiers = self.tiered.stats();
         OpenClStats {
-            memory: self.memory.stats(),
-            source_builds: get(&c.source_builds),
-            binary_loads: get(&c.binary_loads),
-            binaries_rejected: get(&c.binaries_rejected),
-            disk_hits: get(&c.disk_hits),
-            disk_misses: get(&c.disk_misses),
-            disk_errors: get(&c.disk_errors),
+            memory: self.memory().stats(),
+            source_builds: self.source_builds.load(Ordering::Relaxed),
+            binary_loads: tiers.disk_hits,
+            binaries_rejected: tiers.load_failures,
+            // A binary the driver refused was still found on disk.
+            disk_hits: tiers.disk_hits + tiers.load_failures,
+            disk_misses: tiers.disk_absent,
+            disk_errors: tiers.disk_errors + tiers.write_back_failures,
         }
     }
+}
+
+fn options_cstring(options: &str) -> std::result::Result<CString, BuildError> {
+    runtime::options_cstring(options)
+        .map_err(|e| BuildError::new(CL_INVALID_BUILD_OPTIONS, e.to_string()))
 }
 
 /// The memory-tier key: the registered pair's number stands for (context, device), then the

@@ -1,18 +1,16 @@
 //! CUDA C++ source through NVRTC, then the same link/load/cache path as PTX.
 //!
-//! No GPU and no CUDA toolkit are available in CI: `cuda_support` builds two test libraries
+//! No GPU and no CUDA toolkit are available in CI: `support` builds two test libraries
 //! that stand in for the real ones, `c-tests/cuda/fake_cuda.c` for the driver
 //! (`libcuda.so.1`) and `c-tests/cuda/fake_nvrtc.c` for NVRTC (`libnvrtc.so`).
-
-mod cuda_support;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use cuda_support::{FakeDriver, FakeNvrtc};
-use kcache::Error;
-use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
-use kcache::disk::{DiskCache, DiskConfig};
+use super::support::{FakeDriver, FakeNvrtc};
+use crate::Error;
+use crate::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
+use crate::disk::{DiskCache, DiskConfig};
 
 const SOURCE: &str = "extern \"C\" __global__ void scale(float *x, float a) {\n\
                       x[threadIdx.x] *= a;\n}\n";

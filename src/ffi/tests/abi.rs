@@ -6,7 +6,7 @@ use std::ffi::{CStr, c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr;
 
-use kcache::ffi::{
+use crate::ffi::{
     KC_NO_DEVICE, kc_cache, kc_cache_clear, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
     kc_cache_options, kc_cache_options_default, kc_cache_stats, kc_lease, kc_lease_release,
     kc_lease_value, kc_status, kc_status_name,

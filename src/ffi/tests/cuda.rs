@@ -1,17 +1,16 @@
 //! The `kc_cuda_*` C API, called as C would call it.
 //!
-//! No GPU is available in CI: `cuda_support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
-//! test library that stands in for the real driver (`libcuda.so.1`); the cache is pointed at
-//! it through `kc_cuda_options.driver_library`.
-
-mod cuda_support;
+//! No GPU is available in CI: the CUDA backend's test `FakeDriver` builds
+//! `c-tests/cuda/fake_cuda.c`, a test library that stands in for the real driver
+//! (`libcuda.so.1`); the cache is pointed at it through `kc_cuda_options.driver_library`.
 
 use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 
-use cuda_support::{FakeDriver, SAXPY_PTX};
-use kcache::ffi::cuda::*;
-use kcache::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
+use crate::backend::cuda::testing::SAXPY_PTX;
+use crate::backend::cuda::tests::support::{FakeDriver, FakeNvrtc};
+use crate::ffi::cuda::*;
+use crate::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
 
 fn last_error() -> String {
     // SAFETY: never NULL, valid until the next kcache call on this thread.
@@ -219,7 +218,7 @@ fn no_driver_is_unavailable() {
 #[test]
 fn cuda_source_through_nvrtc() {
     // `fake_nvrtc.c` stands in for NVRTC: no CUDA toolkit is installed in CI.
-    let (fake, nvrtc) = (FakeDriver::new(), cuda_support::FakeNvrtc::new());
+    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
     let library = CString::new(fake.path().to_str().unwrap()).unwrap();
     let nvrtc_library = CString::new(nvrtc.path().to_str().unwrap()).unwrap();
     let mut opts = kc_cuda_options_default();

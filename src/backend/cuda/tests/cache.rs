@@ -1,20 +1,20 @@
 //! The CUDA module cache against the test driver library.
 //!
-//! No GPU is available in CI: `cuda_support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
+//! No GPU is available in CI: `support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
 //! library that stands in for the real driver (`libcuda.so.1`), counts every call and checks
 //! the context binding. What these tests assert is what kcache asks of the driver: how many
 //! links, loads and unloads, and in which context.
 
-mod cuda_support;
-
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 
-use cuda_support::{FakeDriver, Handle, SAXPY_PTX};
-use kcache::Error;
-use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use kcache::disk::{DiskCache, DiskConfig};
 use tempfile::TempDir;
+
+use super::support::{FakeDriver, Handle};
+use crate::Error;
+use crate::backend::cuda::testing::SAXPY_PTX;
+use crate::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
+use crate::disk::{DiskCache, DiskConfig};
 
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; every test evicts or drops its cache before it
@@ -159,13 +159,13 @@ fn warm_start_child() {
 }
 
 fn run_child(fake: &FakeDriver, dir: &std::path::Path) -> String {
+    // Test names are module paths without the crate's name.
+    let name = format!(
+        "{}::warm_start_child",
+        module_path!().split_once("::").unwrap().1
+    );
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "warm_start_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, dir)
         .env("KCACHE_CUDA_LIBRARY", fake.path())
         .output()

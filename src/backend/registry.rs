@@ -1,0 +1,124 @@
+//! Caller-owned handles (an OpenCL (context, device) pair, a CUDA context) under the
+//! [`DeviceId`] the memory tier records and evicts their entries by.
+//!
+//! A handle gets a fresh number each time it is registered: a context that was evicted and is
+//! used again, or a new context at a reused address, can never hit the old one's entries.
+//!
+//! Eviction takes the rows out of the registry first and evicts their numbers second. A lookup
+//! racing with it either installs before the memory tier's sweep (and is unlinked by it), or
+//! starts its build after the epoch bump, installs, and then finds its row marked evicted in
+//! [`Registration::confirm`], which unlinks the entry itself.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use parking_lot::RwLock;
+
+use crate::error::{DeviceId, Error, Result};
+use crate::memory::{Lease, MemoryCache};
+
+/// One registered handle and what the backend learned about it when it was registered.
+pub struct Registration<H, T> {
+    id: DeviceId,
+    handle: H,
+    info: T,
+    evicted: AtomicBool,
+}
+
+impl<H: Copy, T> Registration<H, T> {
+    /// The number the memory tier knows this registration by.
+    pub fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    pub fn handle(&self) -> H {
+        self.handle
+    }
+
+    pub fn info(&self) -> &T {
+        &self.info
+    }
+
+    /// Passes a lookup's lease through unless this registration was evicted meanwhile: then
+    /// the eviction may have swept before the entry was installed, so it is unlinked here (and
+    /// destroyed with the lease) and the lookup fails with [`Error::DeviceDestroyed`].
+    pub fn confirm<K, V>(
+        &self,
+        memory: &MemoryCache<K, V>,
+        lease: Lease<K, V>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Hash + Eq,
+    {
+        if !self.evicted.load(Ordering::Acquire) {
+            return Ok(lease);
+        }
+        memory.remove(lease.key())?;
+        Err(Error::DeviceDestroyed(self.id))
+    }
+}
+
+/// The registrations of one backend cache.
+pub struct Registry<H, T> {
+    rows: RwLock<HashMap<H, Arc<Registration<H, T>>>>,
+    next_id: AtomicI64,
+}
+
+impl<H: Hash + Eq + Copy, T> Default for Registry<H, T> {
+    fn default() -> Self {
+        Registry {
+            rows: RwLock::new(HashMap::new()),
+            next_id: AtomicI64::new(0),
+        }
+    }
+}
+
+impl<H: Hash + Eq + Copy, T> Registry<H, T> {
+    /// The registration of `handle`; on first sight `describe` queries what the backend keeps
+    /// about it. `describe` runs outside the lock (it calls into the driver), so two threads
+    /// may both run it; one result is kept.
+    pub fn get_or_register(
+        &self,
+        handle: H,
+        describe: impl FnOnce() -> Result<T>,
+    ) -> Result<Arc<Registration<H, T>>> {
+        if let Some(row) = self.rows.read().get(&handle) {
+            return Ok(Arc::clone(row));
+        }
+        let info = describe()?;
+        let mut rows = self.rows.write();
+        let row = rows.entry(handle).or_insert_with(|| {
+            Arc::new(Registration {
+                id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                handle,
+                info,
+                evicted: AtomicBool::new(false),
+            })
+        });
+        Ok(Arc::clone(row))
+    }
+
+    /// Unregisters every registration `doomed` picks and evicts all their entries from
+    /// `memory` in one sweep; see [`MemoryCache::evict_devices`] for what that returns.
+    pub fn evict<K, V>(
+        &self,
+        memory: &MemoryCache<K, V>,
+        doomed: impl Fn(&Registration<H, T>) -> bool,
+    ) -> Result<usize>
+    where
+        K: Hash + Eq,
+    {
+        let mut ids = Vec::new();
+        self.rows.write().retain(|_, row| {
+            if !doomed(row) {
+                return true;
+            }
+            row.evicted.store(true, Ordering::Release);
+            ids.push(row.id);
+            false
+        });
+        memory.evict_devices(ids)
+    }
+}

@@ -1,0 +1,70 @@
+//! A `kc_cache` driven through its exported functions as a C caller drives it, for the C ABI
+//! benchmark. Not part of the supported API.
+
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+use super::cache::{
+    KC_NO_DEVICE, RawValue, kc_cache, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
+    kc_cache_options_default, kc_lease_release, kc_lease_value,
+};
+use super::status::kc_status;
+
+/// Builds the value `ctx`.
+unsafe extern "C" fn build(
+    ctx: *mut c_void,
+    _key: *const u8,
+    _key_len: usize,
+    out_value: *mut *mut c_void,
+    _out_weight: *mut u64,
+) -> c_int {
+    // SAFETY: kcache passes a writable out-pointer.
+    unsafe { out_value.write(ctx) };
+    0
+}
+
+/// A cache with the default options, freed on drop.
+pub struct CCache(*mut kc_cache);
+
+impl CCache {
+    pub fn new() -> Result<CCache, kc_status> {
+        let mut cache = ptr::null_mut();
+        // SAFETY: a whole options struct and a writable out-pointer.
+        match unsafe { kc_cache_new(&kc_cache_options_default(), &mut cache) } {
+            kc_status::KC_OK => Ok(CCache(cache)),
+            status => Err(status),
+        }
+    }
+
+    /// `kc_cache_find_or_build` (building `value` on a miss), `kc_lease_value` and
+    /// `kc_lease_release`: the value stored for `key`, NULL on failure. Inlined, so the calls
+    /// into the library are made from the caller's crate, as a C caller makes them.
+    #[inline]
+    pub fn find_or_build(&self, key: &[u8], value: RawValue) -> RawValue {
+        let mut lease = ptr::null_mut();
+        // SAFETY: a live cache, a key slice, a writable out-pointer; values are opaque, never
+        // dereferenced; the lease (NULL on failure, which both calls accept) is released once.
+        unsafe {
+            let status = kc_cache_find_or_build(
+                self.0,
+                key.as_ptr(),
+                key.len(),
+                KC_NO_DEVICE,
+                Some(build),
+                value.0,
+                &mut lease,
+            );
+            debug_assert_eq!(status, kc_status::KC_OK);
+            let value = RawValue(kc_lease_value(lease));
+            kc_lease_release(lease);
+            value
+        }
+    }
+}
+
+impl Drop for CCache {
+    fn drop(&mut self) {
+        // SAFETY: the cache is live and this is its last use.
+        unsafe { kc_cache_free(self.0) };
+    }
+}
