@@ -23,6 +23,18 @@
 //! A build that looks up its own key gets [`Error::Reentrant`]; a build may look up or build
 //! any other key. A cycle across threads (A's build waits for B, B's build waits for A) is not
 //! detected and deadlocks, as it would with any single-flight cache.
+//!
+//! ```
+//! use kcache::memory::{MemoryCache, Options};
+//!
+//! let cache: MemoryCache<Vec<u8>, u64> = MemoryCache::new(
+//!     Options { max_entries: Some(1024), ..Options::default() },
+//!     |module| { /* release the driver handle */ let _ = module; Ok(()) },
+//! );
+//! let lease = cache.find_or_build(b"saxpy".as_slice(), Some(0), || Ok((42, 4096)))?;
+//! assert_eq!(*lease, 42);             // the value stays alive while the lease does
+//! # Ok::<(), kcache::Error>(())
+//! ```
 
 mod entry;
 mod flight;
