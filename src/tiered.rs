@@ -30,8 +30,9 @@ pub struct TieredCache<K, V> {
     counters: Counters,
 }
 
+/// What the tiers did, as [`TieredStats`] reports it.
 #[derive(Default)]
-struct Counters {
+pub(crate) struct Counters {
     disk_hits: AtomicU64,
     disk_absent: AtomicU64,
     disk_errors: AtomicU64,
@@ -127,10 +128,47 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        let tiers = Tiers {
+            memory: &self.memory,
+            disk: self.disk.as_deref(),
+            counters: &self.counters,
+        };
+        tiers.find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
+    }
+}
+
+/// The tiered rules over borrowed tiers: a [`TieredCache`] lends its own; the C ABI, whose
+/// caller pairs a memory tier with a disk tier on each lookup, lends those.
+pub(crate) struct Tiers<'a, K, V> {
+    pub memory: &'a MemoryCache<K, V>,
+    pub disk: Option<&'a DiskCache>,
+    pub counters: &'a Counters,
+}
+
+impl<K, V> Tiers<'_, K, V>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    V: Send + Sync + 'static,
+{
+    /// As [`TieredCache::find_or_build`]; without `load` the disk is written but never read.
+    pub fn find_or_build<Q>(
+        &self,
+        l1_key: &Q,
+        device: Option<DeviceId>,
+        l2_key: impl FnOnce() -> Result<Key>,
+        load: Option<impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>>,
+        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+        serialize: impl FnOnce(&V) -> std::result::Result<Vec<u8>, BuildError>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let mut built: Option<(Duration, Key)> = None;
         let lease = self.memory.find_or_build(l1_key, device, || {
             let key = self.disk_key(l2_key);
-            if let Some(value) = key.as_ref().and_then(|key| self.load_from_disk(key, load)) {
+            let loaded = key.as_ref().zip(load);
+            if let Some(value) = loaded.and_then(|(key, load)| self.load_from_disk(key, load)) {
                 return Ok(value);
             }
             bump(&self.counters.builds);
@@ -139,7 +177,7 @@ where
             built = key.map(|key| (started.elapsed(), key));
             Ok(value)
         })?;
-        if let (Some((build_time, key)), Some(disk)) = (built, &self.disk) {
+        if let (Some((build_time, key)), Some(disk)) = (built, self.disk) {
             let written = serialize(lease.value())
                 .ok()
                 .and_then(|bytes| disk.put(&key, &bytes, build_time).ok());
@@ -153,7 +191,7 @@ where
 
     /// The L2 key, when there is a disk to use it with.
     fn disk_key(&self, l2_key: impl FnOnce() -> Result<Key>) -> Option<Key> {
-        self.disk.as_ref()?;
+        self.disk?;
         let key = l2_key().ok();
         if key.is_none() {
             bump(&self.counters.disk_errors);
@@ -166,7 +204,7 @@ where
         l2_key: &Key,
         load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
     ) -> Option<(V, u64)> {
-        let disk = self.disk.as_ref()?;
+        let disk = self.disk?;
         let entry = match disk.get(l2_key) {
             Ok(Some(entry)) => entry,
             // A corrupt entry was removed by the disk tier: as good as absent.

@@ -278,6 +278,21 @@ static void test_tiered(void) {
   CHECK_STATUS(kc_tiered_find_or_build(mem, KEY("y"), KC_NO_DEVICE, disk, l2, &no_build, &lease),
                KC_ERR_INVALID_ARGUMENT);
   kc_cache_free(mem);
+
+  /* Without `load` the disk is written but never read: a fresh memory tier builds again. */
+  kc_cache *write_only = new_cache();
+  uint64_t hits = disk_stats(disk).hits, puts = disk_stats(disk).puts;
+  kc_tiered_callbacks no_load = {sizeof no_load, build_fn, NULL, serialize_fn, &b};
+  make_key("tiered", l2);
+  CHECK_STATUS(kc_tiered_find_or_build(write_only, KEY("value-of-tiered"), KC_NO_DEVICE, disk, l2,
+                                       &no_load, &lease),
+               KC_OK);
+  CHECK(strcmp(kc_lease_value(lease), "value-of-tiered") == 0);
+  kc_lease_release(lease);
+  CHECK(b.builds == 4 && b.loads == 2 && b.serializes == 3);
+  CHECK_U64(disk_stats(disk).hits, hits);
+  CHECK_U64(disk_stats(disk).puts, puts + 1);
+  kc_cache_free(write_only);
   kc_disk_close(disk);
 }
 

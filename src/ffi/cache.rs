@@ -10,6 +10,10 @@ use std::mem::{ManuallyDrop, offset_of, size_of};
 use std::ptr;
 use std::sync::Arc;
 
+use super::args::{
+    LeaseHandle, free_boxed, lease_entry_or_null, lease_into_raw, live, release_lease, write_boxed,
+    write_sized,
+};
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::memory::{Entry, Lease, MemoryCache, Options, Stats};
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
@@ -35,7 +39,7 @@ unsafe impl Send for Context {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for Context {}
 
-type RawCache = MemoryCache<Vec<u8>, RawValue>;
+pub(super) type RawCache = MemoryCache<Vec<u8>, RawValue>;
 type RawEntry = Entry<Vec<u8>, RawValue>;
 type RawLease = Lease<Vec<u8>, RawValue>;
 
@@ -90,6 +94,11 @@ pub struct kc_cache {
 /// `kc_lease_release`, from any thread. A lease may be read from several threads at once.
 pub struct kc_lease {
     _opaque: [u8; 0],
+}
+
+impl LeaseHandle for kc_lease {
+    type Key = Vec<u8>;
+    type Value = RawValue;
 }
 
 /// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
@@ -163,8 +172,6 @@ pub struct kc_cache_stats {
     /// Leases not yet released.
     pub leases: u64,
 }
-
-const STATS_MIN_SIZE: usize = size_of::<kc_cache_stats>();
 
 impl From<Stats> for kc_cache_stats {
     /// The C form of a memory tier's counters, `struct_size` set to the whole struct.
@@ -240,7 +247,7 @@ unsafe fn read_options(opts: *const kc_cache_options) -> Result<kc_cache_options
     Ok(unsafe { ptr::read_unaligned(image.as_ptr().cast::<kc_cache_options>()) })
 }
 
-fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
+pub(super) fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
     match device_id {
         KC_NO_DEVICE => Ok(None),
         id if id >= 0 => Ok(Some(id)),
@@ -250,17 +257,37 @@ fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
     }
 }
 
-fn lease_ptr(lease: RawLease) -> *mut kc_lease {
-    Arc::into_raw(lease.into_arc()).cast_mut().cast()
-}
-
-/// Borrows the entry behind a lease pointer.
+/// The memory tier behind a cache pointer.
 ///
 /// # Safety
-/// `lease` must come from this module and not be released yet.
-unsafe fn entry<'a>(lease: *const kc_lease) -> &'a RawEntry {
-    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
-    unsafe { &*lease.cast::<RawEntry>() }
+/// `cache` must be NULL or a live cache.
+pub(super) unsafe fn raw_cache<'a>(cache: *const kc_cache) -> Result<&'a RawCache> {
+    // SAFETY: NULL or a live cache by contract; only shared access is needed.
+    Ok(&unsafe { live(cache, "cache") }?.inner)
+}
+
+/// Runs a C callback that makes a value (`kc_build_fn`, `kc_load_fn`) from `len` bytes at
+/// `bytes`; `what` names it in the failure's message.
+///
+/// # Safety
+/// `make` must be callable with `ctx` and the bytes as its contract describes.
+pub(super) unsafe fn make_value(
+    make: unsafe extern "C" fn(*mut c_void, *const u8, usize, *mut *mut c_void, *mut u64) -> c_int,
+    ctx: *mut c_void,
+    bytes: *const u8,
+    len: usize,
+    what: &str,
+) -> std::result::Result<(RawValue, u64), BuildError> {
+    let mut value = ptr::null_mut();
+    let mut weight = 0u64;
+    // SAFETY: callable by the caller's contract; the out-pointers are live locals.
+    match unsafe { make(ctx, bytes, len, &mut value, &mut weight) } {
+        0 => Ok((RawValue(value), weight)),
+        code => Err(BuildError::new(
+            code,
+            format!("the {what} callback returned {code}"),
+        )),
+    }
 }
 
 /// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
@@ -312,9 +339,8 @@ pub unsafe extern "C" fn kc_cache_new(
                 )),
             }
         });
-        let cache = Box::into_raw(Box::new(kc_cache { inner }));
         // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { out_cache.write(cache) };
+        unsafe { write_boxed(out_cache, kc_cache { inner }) };
         Ok(())
     })
 }
@@ -327,12 +353,8 @@ pub unsafe extern "C" fn kc_cache_new(
 /// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
-    guard_value((), || {
-        if !cache.is_null() {
-            // SAFETY: the caller hands over the cache it got from `kc_cache_new`.
-            drop(unsafe { Box::from_raw(cache) });
-        }
-    });
+    // SAFETY: the caller hands over the cache it got from `kc_cache_new`, or NULL.
+    guard_value((), || unsafe { free_boxed(cache) });
 }
 
 /// Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
@@ -357,29 +379,20 @@ pub unsafe extern "C" fn kc_cache_find_or_build(
     out_lease: *mut *mut kc_lease,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract.
+        let cache = unsafe { raw_cache(cache) }?;
         // SAFETY: checked non-NULL as the caller promised a readable key.
         let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
         let device = device_of(device_id)?;
         let build = build.ok_or_else(|| Error::InvalidArgument("build is NULL".into()))?;
         non_null(out_lease, "out_lease")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         let lease = cache.find_or_build(key_bytes, device, || {
-            let mut value = ptr::null_mut();
-            let mut weight = 0u64;
             // SAFETY: the caller promised `build` is callable with `build_ctx`; the key is
-            // the caller's own, the out-pointers are live locals.
-            match unsafe { build(build_ctx, key, key_len, &mut value, &mut weight) } {
-                0 => Ok((RawValue(value), weight)),
-                code => Err(BuildError::new(
-                    code,
-                    format!("the build callback returned {code}"),
-                )),
-            }
+            // the caller's own.
+            unsafe { make_value(build, build_ctx, key, key_len, "build") }
         })?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(lease_ptr(lease)) };
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
 }
@@ -398,15 +411,14 @@ pub unsafe extern "C" fn kc_cache_get(
     out_lease: *mut *mut kc_lease,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract.
+        let cache = unsafe { raw_cache(cache) }?;
         // SAFETY: checked non-NULL as the caller promised a readable key.
         let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
         non_null(out_lease, "out_lease")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         let lease = cache.get(key_bytes).ok_or(Error::NotFound)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(lease_ptr(lease)) };
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
 }
@@ -425,11 +437,10 @@ pub unsafe extern "C" fn kc_cache_remove(
     key_len: usize,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract.
+        let cache = unsafe { raw_cache(cache) }?;
         // SAFETY: checked non-NULL as the caller promised a readable key.
         let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         if cache.remove(key_bytes)? {
             Ok(())
         } else {
@@ -446,12 +457,8 @@ pub unsafe extern "C" fn kc_cache_remove(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
     guard_value(ptr::null_mut(), || {
-        if lease.is_null() {
-            null_argument("lease");
-            return ptr::null_mut();
-        }
-        // SAFETY: a live lease by contract.
-        unsafe { entry(lease) }.value().0
+        // SAFETY: NULL or a live lease by contract.
+        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().0)
     })
 }
 
@@ -462,12 +469,8 @@ pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_weight(lease: *const kc_lease) -> u64 {
     guard_value(0, || {
-        if lease.is_null() {
-            null_argument("lease");
-            return 0;
-        }
-        // SAFETY: a live lease by contract.
-        unsafe { entry(lease) }.weight()
+        // SAFETY: NULL or a live lease by contract.
+        unsafe { lease_entry_or_null(lease) }.map_or(0, RawEntry::weight)
     })
 }
 
@@ -487,7 +490,7 @@ pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease
         let borrowed = ManuallyDrop::new(RawLease::from_arc(unsafe {
             Arc::from_raw(lease.cast::<RawEntry>())
         }));
-        lease_ptr(RawLease::clone(&borrowed))
+        lease_into_raw(RawLease::clone(&borrowed))
     })
 }
 
@@ -498,14 +501,8 @@ pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease
 /// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
-    guard_value((), || {
-        if !lease.is_null() {
-            // SAFETY: the caller hands back the reference it owns.
-            drop(RawLease::from_arc(unsafe {
-                Arc::from_raw(lease.cast_const().cast::<RawEntry>())
-            }));
-        }
-    });
+    // SAFETY: the caller hands back a lease it owns, or NULL.
+    guard_value((), || unsafe { release_lease(lease) });
 }
 
 /// Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
@@ -518,14 +515,14 @@ pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: i64) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract.
+        let cache = unsafe { raw_cache(cache) }?;
         let Some(device) = device_of(device_id)? else {
             return Err(Error::InvalidArgument(
                 "device_id is KC_NO_DEVICE, which names no device".into(),
             ));
         };
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        unsafe { &(*cache).inner }.evict_device(device)?;
+        cache.evict_device(device)?;
         Ok(())
     })
 }
@@ -539,9 +536,8 @@ pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        unsafe { &(*cache).inner }.clear()?;
+        // SAFETY: NULL or a live cache by contract.
+        unsafe { raw_cache(cache) }?.clear()?;
         Ok(())
     })
 }
@@ -572,31 +568,13 @@ pub unsafe extern "C" fn kc_cache_stats(
     out: *mut kc_cache_stats,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract.
+        let stats: kc_cache_stats = unsafe { raw_cache(cache) }?.stats().into();
         non_null(out, "out")?;
-        // SAFETY: `struct_size` is the first field of every version of the struct.
-        let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
-        if given < STATS_MIN_SIZE {
-            return Err(Error::InvalidArgument(format!(
-                "out->struct_size is {given}, the smallest known kc_cache_statistics is \
-                 {STATS_MIN_SIZE} bytes"
-            )));
-        }
-        let written = given.min(size_of::<kc_cache_stats>());
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let stats = kc_cache_stats {
-            struct_size: written,
-            ..unsafe { &(*cache).inner }.stats().into()
-        };
-        // SAFETY: `out` has `given >= written` writable bytes by contract; `stats` is a local
-        // of at least `written` bytes with no padding.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                ptr::from_ref(&stats).cast::<u8>(),
-                out.cast::<u8>(),
-                written,
-            )
-        };
-        Ok(())
+        // The first published layout is the whole struct: every field is known from the start.
+        let min = size_of::<kc_cache_stats>();
+        // SAFETY: `out` has `out->struct_size` writable bytes by contract; the struct has no
+        // padding.
+        unsafe { write_sized(out, stats, "out", "kc_cache_statistics", min) }
     })
 }

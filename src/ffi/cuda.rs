@@ -30,18 +30,18 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
+use super::args::{
+    LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry, lease_entry_or_null,
+    lease_into_raw, live, optional_path, read_sized, release_lease, write_boxed, write_optional,
+    write_sized,
+};
 use super::cache::kc_cache_stats;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::backend::cuda::{
-    Context, CudaCache, CudaOptions, Driver, JitOption, Module, ModuleLease, Nvrtc,
-};
-use crate::disk::{DiskCache, DiskConfig};
+use crate::backend::cuda::{Context, CudaCache, CudaOptions, Driver, JitOption, Module, Nvrtc};
 use crate::error::Error;
-use crate::memory::{self, Entry};
 
 /// A CUDA module cache. Create with `kc_cuda_cache_new`, free with `kc_cuda_cache_free`.
 pub struct kc_cuda_cache {
@@ -52,6 +52,11 @@ pub struct kc_cuda_cache {
 /// it is evicted meanwhile.
 pub struct kc_cuda_lease {
     _opaque: [u8; 0],
+}
+
+impl LeaseHandle for kc_cuda_lease {
+    type Key = Vec<u8>;
+    type Value = Module;
 }
 
 /// How a CUDA cache behaves. Start from `kc_cuda_options_default()`.
@@ -132,21 +137,6 @@ pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
     }
 }
 
-/// A C string argument as a path; NULL is `None`.
-///
-/// # Safety
-/// `text` must be NULL or a C string.
-unsafe fn optional_path(text: *const c_char, name: &str) -> Result<Option<PathBuf>, Error> {
-    if text.is_null() {
-        return Ok(None);
-    }
-    // SAFETY: a non-NULL argument is a C string by contract.
-    let text = unsafe { CStr::from_ptr(text) }
-        .to_str()
-        .map_err(|_| Error::InvalidArgument(format!("{name} is not valid UTF-8")))?;
-    Ok(Some(PathBuf::from(text)))
-}
-
 /// Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
 /// `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
 /// GPU): `KC_ERR_UNAVAILABLE`. A disk directory that is not owned by the user or that others
@@ -164,16 +154,8 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
     guard(|| {
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
-        // SAFETY: `struct_size` is the first field of every version of the struct.
-        let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
-        if given < size_of::<kc_cuda_options>() {
-            return Err(Error::InvalidArgument(format!(
-                "opts->struct_size is {given}, kc_cuda_options is {} bytes",
-                size_of::<kc_cuda_options>()
-            )));
-        }
-        // SAFETY: `opts` points to at least a whole struct of this version.
-        let opts = unsafe { ptr::read_unaligned(opts) };
+        // SAFETY: `opts` points to a struct starting with its size by contract.
+        let opts = unsafe { read_sized(opts, "opts", "kc_cuda_options") }?;
         // SAFETY: C strings or NULL by contract.
         let library = unsafe { optional_path(opts.driver_library, "driver_library") }?;
         let driver = match library {
@@ -187,42 +169,25 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
             Some(path) => Some(Arc::new(Nvrtc::load_from(&path)?)),
             None => None,
         };
-        let disk = if opts.use_disk {
-            // SAFETY: C string or NULL by contract.
-            open_disk(unsafe { optional_path(opts.disk_dir, "disk_dir") }?)?
-        } else {
-            None
-        };
+        // SAFETY: `disk_dir` is NULL or a C string by contract.
+        let (memory, disk) = unsafe {
+            backend_tiers(
+                opts.max_entries,
+                opts.max_weight,
+                opts.use_disk,
+                opts.disk_dir,
+            )
+        }?;
         let inner = CudaCache::new(CudaOptions {
-            memory: memory::Options {
-                max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
-                max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
-                ..memory::Options::default()
-            },
+            memory,
             disk,
             driver: Some(Arc::new(driver)),
             nvrtc,
         })?;
-        let cache = Box::into_raw(Box::new(kc_cuda_cache { inner }));
         // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { out_cache.write(cache) };
+        unsafe { write_boxed(out_cache, kc_cuda_cache { inner }) };
         Ok(())
     })
-}
-
-/// The disk tier at `dir` (else the default location), with the environment's size cap,
-/// operator key and `KCACHE_DISABLE`. Disabled, no home directory, or an untrusted directory
-/// (warned about once per process): no disk tier, the cache works from memory.
-fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>, Error> {
-    let config = DiskConfig {
-        dir,
-        ..DiskConfig::from_env()
-    };
-    match DiskCache::open(config) {
-        Ok(disk) => Ok(Some(Arc::new(disk))),
-        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 /// Frees the cache: modules no lease holds are unloaded now (each with its context current),
@@ -234,12 +199,8 @@ fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>, Error> {
 /// of its modules must still be live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
-    guard_value((), || {
-        if !cache.is_null() {
-            // SAFETY: the caller hands over the cache it got from `kc_cuda_cache_new`.
-            drop(unsafe { Box::from_raw(cache) });
-        }
-    })
+    // SAFETY: the caller hands over the cache it got from `kc_cuda_cache_new`, or NULL.
+    guard_value((), || unsafe { free_boxed(cache) })
 }
 
 /// The module for `ptx` linked with `options` in `context` (NULL: the calling thread's current
@@ -267,7 +228,8 @@ pub unsafe extern "C" fn kc_cuda_get_module(
     out_lease: *mut *mut kc_cuda_lease,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let cache = &unsafe { live(cache, "cache") }?.inner;
         non_null(ptx, "ptx")?;
         non_null(out_lease, "out_lease")?;
         let ptx = if ptx_len == 0 {
@@ -281,12 +243,9 @@ pub unsafe extern "C" fn kc_cuda_get_module(
         let options = unsafe { jit_options(options, option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         let lease = cache.module(context, ptx, &options)?;
-        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
         // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(raw) };
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
 }
@@ -299,12 +258,8 @@ unsafe fn jit_options(
     options: *const kc_cuda_jit_option,
     count: usize,
 ) -> Result<Vec<JitOption>, Error> {
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    non_null(options, "options")?;
     // SAFETY: `count` entries by contract.
-    let raw = unsafe { std::slice::from_raw_parts(options, count) };
+    let raw = unsafe { elements(options, count, "options") }?;
     raw.iter()
         .map(|o| JitOption::from_raw(o.option, o.value))
         .collect()
@@ -336,7 +291,8 @@ pub unsafe extern "C" fn kc_cuda_get_module_cuda(
     out_lease: *mut *mut kc_cuda_lease,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let cache = &unsafe { live(cache, "cache") }?.inner;
         non_null(source, "source")?;
         non_null(out_lease, "out_lease")?;
         let source = if source_len == 0 {
@@ -348,41 +304,23 @@ pub unsafe extern "C" fn kc_cuda_get_module_cuda(
         };
         let source = std::str::from_utf8(source)
             .map_err(|_| Error::InvalidArgument("source is not valid UTF-8".into()))?;
-        let mut options = Vec::with_capacity(nvrtc_option_count);
-        if nvrtc_option_count > 0 {
-            non_null(nvrtc_options, "nvrtc_options")?;
-            // SAFETY: `nvrtc_option_count` pointers by contract.
-            let pointers = unsafe { std::slice::from_raw_parts(nvrtc_options, nvrtc_option_count) };
-            for &pointer in pointers {
-                non_null(pointer, "nvrtc_options[i]")?;
-                // SAFETY: each entry is a C string by contract.
-                let option = unsafe { CStr::from_ptr(pointer) }.to_str().map_err(|_| {
-                    Error::InvalidArgument("an NVRTC option is not valid UTF-8".into())
-                })?;
-                options.push(option);
-            }
+        // SAFETY: `nvrtc_option_count` pointers by contract.
+        let pointers = unsafe { elements(nvrtc_options, nvrtc_option_count, "nvrtc_options") }?;
+        let mut options = Vec::with_capacity(pointers.len());
+        for &pointer in pointers {
+            non_null(pointer, "nvrtc_options[i]")?;
+            // SAFETY: each entry is a C string by contract.
+            options.push(unsafe { c_str(pointer, "nvrtc_options[i]") }?);
         }
         // SAFETY: `jit_option_count` entries by contract.
         let jit = unsafe { self::jit_options(jit_options, jit_option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         let lease = cache.module_from_cuda(context, source, &options, &jit)?;
-        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
         // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(raw) };
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
-}
-
-/// Borrows the entry behind a lease pointer.
-///
-/// # Safety
-/// `lease` must come from `kc_cuda_get_module` and not be released yet.
-unsafe fn entry<'a>(lease: *const kc_cuda_lease) -> &'a Entry<Vec<u8>, Module> {
-    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
-    unsafe { &*lease.cast::<Entry<Vec<u8>, Module>>() }
 }
 
 /// The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
@@ -392,12 +330,8 @@ unsafe fn entry<'a>(lease: *const kc_cuda_lease) -> &'a Entry<Vec<u8>, Module> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *mut c_void {
     guard_value(ptr::null_mut(), || {
-        if lease.is_null() {
-            null_argument("lease");
-            return ptr::null_mut();
-        }
-        // SAFETY: a live lease by contract.
-        unsafe { entry(lease) }.value().raw()
+        // SAFETY: NULL or a live lease by contract.
+        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().raw())
     })
 }
 
@@ -409,12 +343,8 @@ pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *m
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *mut c_void {
     guard_value(ptr::null_mut(), || {
-        if lease.is_null() {
-            null_argument("lease");
-            return ptr::null_mut();
-        }
-        // SAFETY: a live lease by contract.
-        unsafe { entry(lease) }.value().context()
+        // SAFETY: NULL or a live lease by contract.
+        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().context())
     })
 }
 
@@ -434,11 +364,9 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
         non_null(name, "name")?;
         non_null(out_function, "out_function")?;
         // SAFETY: a C string by contract.
-        let name = unsafe { CStr::from_ptr(name) }
-            .to_str()
-            .map_err(|_| Error::InvalidArgument("name is not valid UTF-8".into()))?;
+        let name = unsafe { c_str(name, "name") }?;
         // SAFETY: a live lease by contract.
-        let function = unsafe { entry(lease) }.value().function(name)?;
+        let function = unsafe { lease_entry(lease) }.value().function(name)?;
         // SAFETY: `out_function` is non-NULL and writable by contract.
         unsafe { out_function.write(function) };
         Ok(())
@@ -452,21 +380,8 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
 /// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
-    guard_value((), || {
-        if !lease.is_null() {
-            // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
-            let entry =
-                unsafe { Arc::from_raw(lease.cast_const().cast::<Entry<Vec<u8>, Module>>()) };
-            drop(ModuleLease::from_arc(entry));
-        }
-    })
-}
-
-fn write_count(out_count: *mut usize, count: usize) {
-    if !out_count.is_null() {
-        // SAFETY: a non-NULL `out_count` is writable by contract.
-        unsafe { out_count.write(count) };
-    }
+    // SAFETY: the caller hands back a lease it owns, or NULL.
+    guard_value((), || unsafe { release_lease(lease) })
 }
 
 /// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
@@ -483,10 +398,12 @@ pub unsafe extern "C" fn kc_cuda_evict_context(
     out_count: *mut usize,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let count = unsafe { &(*cache).inner }.evict_context(context)?;
-        write_count(out_count, count);
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let count = unsafe { live(cache, "cache") }?
+            .inner
+            .evict_context(context)?;
+        // SAFETY: NULL or writable by contract.
+        unsafe { write_optional(out_count, count) };
         Ok(())
     })
 }
@@ -503,10 +420,12 @@ pub unsafe extern "C" fn kc_cuda_evict_device(
     out_count: *mut usize,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let count = unsafe { &(*cache).inner }.evict_device(device)?;
-        write_count(out_count, count);
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let count = unsafe { live(cache, "cache") }?
+            .inner
+            .evict_device(device)?;
+        // SAFETY: NULL or writable by contract.
+        unsafe { write_optional(out_count, count) };
         Ok(())
     })
 }
@@ -518,9 +437,8 @@ pub unsafe extern "C" fn kc_cuda_evict_device(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_clear(cache: *mut kc_cuda_cache) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        unsafe { &(*cache).inner }.clear().map(drop)
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
     })
 }
 
@@ -550,38 +468,12 @@ pub unsafe extern "C" fn kc_cuda_stats(
     out: *mut kc_cuda_stats,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let s = unsafe { live(cache, "cache") }?.inner.stats();
         non_null(out, "out")?;
-        // SAFETY: `struct_size` is the first field.
-        let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
-        if given < size_of::<kc_cuda_stats>() {
-            return Err(Error::InvalidArgument(format!(
-                "out->struct_size is {given}, kc_cuda_statistics is {} bytes",
-                size_of::<kc_cuda_stats>()
-            )));
-        }
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let s = unsafe { &(*cache).inner }.stats();
-        let m = s.memory;
         let stats = kc_cuda_stats {
             struct_size: size_of::<kc_cuda_stats>(),
-            memory: kc_cache_stats {
-                struct_size: size_of::<kc_cache_stats>(),
-                hits: m.hits,
-                misses: m.misses,
-                builds: m.builds,
-                build_failures: m.build_failures,
-                waits: m.waits,
-                discarded: m.discarded,
-                capacity_evictions: m.capacity_evictions,
-                device_evictions: m.device_evictions,
-                clears: m.clears,
-                destroys: m.destroys,
-                destroy_errors: m.destroy_errors,
-                entries: m.entries,
-                weight: m.weight,
-                leases: m.leases,
-            },
+            memory: s.memory.into(),
             links: s.links,
             link_failures: s.link_failures,
             cubin_loads: s.cubin_loads,
@@ -592,8 +484,8 @@ pub unsafe extern "C" fn kc_cuda_stats(
             nvrtc_compiles: s.nvrtc_compiles,
             nvrtc_failures: s.nvrtc_failures,
         };
-        // SAFETY: `out` is non-NULL and holds at least a whole struct, checked above.
-        unsafe { ptr::write_unaligned(out, stats) };
-        Ok(())
+        let size = size_of::<kc_cuda_stats>();
+        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
+        unsafe { write_sized(out, stats, "out", "kc_cuda_statistics", size) }
     })
 }

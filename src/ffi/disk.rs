@@ -6,20 +6,22 @@
 // The C names are the contract.
 #![allow(non_camel_case_types)]
 
-use std::any::Any;
 use std::ffi::{CStr, OsStr, c_char, c_int, c_void};
 use std::mem::size_of;
 use std::os::unix::ffi::OsStrExt;
-use std::panic::{self, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::ptr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::cache::{kc_build_fn, kc_cache, kc_cache_find_or_build, kc_lease, kc_lease_value};
+use super::args::{
+    free_boxed, lease_into_raw, live, read_sized, struct_size, write_boxed, write_sized,
+};
+use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, kc_lease, make_value, raw_cache};
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::disk::{DiskCache, DiskConfig, Durability, Entry, OperatorKey};
 use crate::key::{Field, KEY_LEN, Key, KeyBuilder};
-use crate::{Error, Result};
+use crate::tiered::{Counters, Tiers};
+use crate::{BuildError, Error, Result};
 
 /// Length of a cache key in bytes.
 pub const KC_KEY_LEN: usize = 32;
@@ -219,26 +221,8 @@ unsafe fn key_arg(key: *const u8) -> Result<Key> {
     }))
 }
 
-/// Writes `value` (whose first field is its `struct_size`) into the caller's struct of
-/// `out->struct_size` bytes, truncated to what both sides know.
-///
-/// # Safety
-/// `out` must be non-NULL and point to a writable struct of at least its `struct_size` bytes.
-unsafe fn write_sized<T: Copy>(out: *mut T, value: T, name: &str) -> Result<()> {
-    // SAFETY: `struct_size` is the first field of every version of the struct.
-    let given = unsafe { out.cast::<usize>().read_unaligned() };
-    if given < size_of::<usize>() {
-        return Err(invalid(format!("{name}->struct_size {given} is too small")));
-    }
-    let n = given.min(size_of::<T>());
-    // SAFETY: `value` is a plain `repr(C)` struct of `size_of::<T>()` bytes and `out` has at
-    // least `given` writable bytes; the regions are distinct.
-    unsafe {
-        ptr::copy_nonoverlapping((&raw const value).cast::<u8>(), out.cast::<u8>(), n);
-        out.cast::<usize>().write_unaligned(n);
-    }
-    Ok(())
-}
+/// Counters and reports are written truncated to any caller's size that holds `struct_size`.
+const OUT_MIN_SIZE: usize = size_of::<usize>();
 
 // ---------------------------------------------------------------------------------------
 // Keys
@@ -251,11 +235,11 @@ unsafe fn write_sized<T: Copy>(out: *mut T, value: T, name: &str) -> Result<()> 
 pub unsafe extern "C" fn kc_key_builder_new(out_builder: *mut *mut kc_key_builder) -> kc_status {
     guard(|| {
         non_null(out_builder, "out_builder")?;
-        let builder = Box::into_raw(Box::new(kc_key_builder {
+        let builder = kc_key_builder {
             inner: KeyBuilder::new(),
-        }));
+        };
         // SAFETY: non-NULL and writable by contract.
-        unsafe { out_builder.write(builder) };
+        unsafe { write_boxed(out_builder, builder) };
         Ok(())
     })
 }
@@ -297,18 +281,11 @@ pub unsafe extern "C" fn kc_key_builder_option(
     value: *const u8,
     value_len: usize,
 ) -> kc_status {
-    guard(|| {
-        non_null(builder, "builder")?;
-        // SAFETY: the caller promises readable bytes of the given lengths.
-        let (name, value) = unsafe {
-            (
-                byte_slice(name, name_len, "name")?,
-                byte_slice(value, value_len, "value")?,
-            )
-        };
-        // SAFETY: a live builder, used by one thread at a time by contract.
-        unsafe { (*builder).inner.option(name, value) };
-        Ok(())
+    // SAFETY: forwarded from the caller's contract.
+    guard(|| unsafe {
+        add_named(builder, name, name_len, value, value_len, |b, n, v| {
+            b.option(n, v);
+        })
     })
 }
 
@@ -325,19 +302,38 @@ pub unsafe extern "C" fn kc_key_builder_extra(
     value: *const u8,
     value_len: usize,
 ) -> kc_status {
-    guard(|| {
-        non_null(builder, "builder")?;
-        // SAFETY: the caller promises readable bytes of the given lengths.
-        let (name, value) = unsafe {
-            (
-                byte_slice(name, name_len, "name")?,
-                byte_slice(value, value_len, "value")?,
-            )
-        };
-        // SAFETY: a live builder, used by one thread at a time by contract.
-        unsafe { (*builder).inner.extra(name, value) };
-        Ok(())
+    // SAFETY: forwarded from the caller's contract.
+    guard(|| unsafe {
+        add_named(builder, name, name_len, value, value_len, |b, n, v| {
+            b.extra(n, v);
+        })
     })
+}
+
+/// Adds a named input (an option or an extra) to a builder.
+///
+/// # Safety
+/// `builder` must be NULL or a live builder; `name`/`value` must point to their lengths in
+/// bytes.
+unsafe fn add_named(
+    builder: *mut kc_key_builder,
+    name: *const u8,
+    name_len: usize,
+    value: *const u8,
+    value_len: usize,
+    add: impl FnOnce(&mut KeyBuilder, &[u8], &[u8]),
+) -> Result<()> {
+    non_null(builder, "builder")?;
+    // SAFETY: the caller promises readable bytes of the given lengths.
+    let (name, value) = unsafe {
+        (
+            byte_slice(name, name_len, "name")?,
+            byte_slice(value, value_len, "value")?,
+        )
+    };
+    // SAFETY: a live builder, used by one thread at a time by contract.
+    add(unsafe { &mut (*builder).inner }, name, value);
+    Ok(())
 }
 
 /// Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
@@ -367,12 +363,8 @@ pub unsafe extern "C" fn kc_key_builder_finish(
 /// `builder` must be NULL or a builder not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_free(builder: *mut kc_key_builder) {
-    guard_value((), || {
-        if !builder.is_null() {
-            // SAFETY: the caller hands back the builder from `kc_key_builder_new`.
-            drop(unsafe { Box::from_raw(builder) });
-        }
-    });
+    // SAFETY: the caller hands back the builder from `kc_key_builder_new`, or NULL.
+    guard_value((), || unsafe { free_boxed(builder) });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -395,14 +387,9 @@ pub extern "C" fn kc_disk_options_default() -> kc_disk_options {
 /// # Safety
 /// `opts` must be non-NULL and point to `opts->struct_size` readable bytes.
 unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> {
-    // SAFETY: `struct_size` is the first field.
-    let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
-    if given < size_of::<kc_disk_options>() {
-        return Err(invalid(format!(
-            "opts->struct_size is {given}, kc_disk_options is {} bytes",
-            size_of::<kc_disk_options>()
-        )));
-    }
+    let size = size_of::<kc_disk_options>();
+    // SAFETY: non-NULL and readable by the caller's contract.
+    unsafe { struct_size(opts, "opts", "kc_disk_options", size) }?;
     // SAFETY: the whole known struct is readable (checked above). The bools are read as
     // bytes: C may have stored any value in them.
     let (dir, max_size, key, key_len, relaxed, ignore_env) = unsafe {
@@ -458,9 +445,8 @@ pub unsafe extern "C" fn kc_disk_open(
             unsafe { read_disk_options(opts) }?
         };
         let inner = DiskCache::open(config)?;
-        let disk = Box::into_raw(Box::new(kc_disk { inner }));
         // SAFETY: non-NULL and writable by contract.
-        unsafe { out_disk.write(disk) };
+        unsafe { write_boxed(out_disk, kc_disk { inner }) };
         Ok(())
     })
 }
@@ -471,20 +457,15 @@ pub unsafe extern "C" fn kc_disk_open(
 /// `disk` must be NULL or from `kc_disk_open`, not yet closed, with no call on it running.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_disk_close(disk: *mut kc_disk) {
-    guard_value((), || {
-        if !disk.is_null() {
-            // SAFETY: the caller hands back the disk from `kc_disk_open`.
-            drop(unsafe { Box::from_raw(disk) });
-        }
-    });
+    // SAFETY: the caller hands back the disk from `kc_disk_open`, or NULL.
+    guard_value((), || unsafe { free_boxed(disk) });
 }
 
 /// # Safety
 /// `disk` must be non-NULL and live.
 unsafe fn disk_ref<'a>(disk: *const kc_disk) -> Result<&'a DiskCache> {
-    non_null(disk, "disk")?;
-    // SAFETY: a live disk; all its methods take `&self`.
-    Ok(unsafe { &(*disk).inner })
+    // SAFETY: NULL or a live disk by contract; all its methods take `&self`.
+    Ok(&unsafe { live(disk, "disk") }?.inner)
 }
 
 /// Writes the entry for `key` (atomically: readers see the old entry or the new one).
@@ -629,7 +610,15 @@ pub unsafe extern "C" fn kc_disk_gc(
                 bytes_freed: r.bytes_freed,
             };
             // SAFETY: non-NULL; its size is the caller's promise.
-            unsafe { write_sized(out_report, report, "out_report") }?;
+            unsafe {
+                write_sized(
+                    out_report,
+                    report,
+                    "out_report",
+                    "kc_disk_gc_report",
+                    OUT_MIN_SIZE,
+                )
+            }?;
         }
         Ok(())
     })
@@ -665,7 +654,7 @@ pub unsafe extern "C" fn kc_disk_stats(
             bytes: s.bytes,
         };
         // SAFETY: non-NULL; its size is the caller's promise.
-        unsafe { write_sized(out, stats, "out") }
+        unsafe { write_sized(out, stats, "out", "kc_disk_statistics", OUT_MIN_SIZE) }
     })
 }
 
@@ -691,95 +680,39 @@ pub unsafe extern "C" fn kc_disk_fingerprint(disk: *const kc_disk, out: *mut u8)
 // ---------------------------------------------------------------------------------------
 // Tiered lookup
 
-type BuildFn =
-    unsafe extern "C" fn(*mut c_void, *const u8, usize, *mut *mut c_void, *mut u64) -> c_int;
-
-/// What the build trampoline needs; lives on `kc_tiered_find_or_build`'s stack for the call.
-struct TieredBuild<'a> {
-    disk: Option<&'a DiskCache>,
-    l2_key: Key,
-    callbacks: kc_tiered_callbacks,
-    build: BuildFn,
-    built: Option<Duration>,
-    panic: Option<Box<dyn Any + Send>>,
-}
-
-/// Returned to the memory tier when the trampoline panicked; the panic is re-raised after.
-const TRAMPOLINE_PANICKED: c_int = c_int::MIN;
-
-/// The build callback handed to `kc_cache_find_or_build`: disk first, then the caller's build.
-unsafe extern "C" fn tiered_build(
-    ctx: *mut c_void,
-    key: *const u8,
-    key_len: usize,
-    out_value: *mut *mut c_void,
-    out_weight: *mut u64,
-) -> c_int {
-    // SAFETY: `ctx` is the `TieredBuild` that `kc_tiered_find_or_build` passed for this
-    // synchronous call; nothing else touches it meanwhile.
-    let t = unsafe { &mut *ctx.cast::<TieredBuild<'_>>() };
-    let result = panic::catch_unwind(AssertUnwindSafe(|| {
-        let cb = t.callbacks;
-        let stored = match (t.disk, cb.load) {
-            (Some(disk), Some(load)) => disk.get(&t.l2_key).ok().flatten().map(|e| (disk, load, e)),
-            _ => None,
-        };
-        if let Some((disk, load, entry)) = stored {
-            let payload = entry.payload();
-            // SAFETY: the caller promised a callable `load` for `ctx`; the payload and
-            // out-pointers are live for the call.
-            let rc = unsafe {
-                load(
-                    cb.ctx,
-                    payload.as_ptr(),
-                    payload.len(),
-                    out_value,
-                    out_weight,
-                )
-            };
-            if rc == 0 {
-                return 0;
-            }
-            // Best effort: the rebuild below overwrites the entry anyway.
-            let _ = disk.discard_unloadable(&t.l2_key);
-        }
-        let started = Instant::now();
-        // SAFETY: the caller promised a callable `build` for `ctx`; the arguments are the
-        // ones the memory tier passed in.
-        let rc = unsafe { (t.build)(cb.ctx, key, key_len, out_value, out_weight) };
-        if rc == 0 {
-            t.built = Some(started.elapsed());
-        }
-        rc
-    }));
-    result.unwrap_or_else(|payload| {
-        t.panic = Some(payload);
-        TRAMPOLINE_PANICKED
-    })
-}
-
-/// Serializes a just-built value with the caller's two-call `serialize`.
+/// Serializes a just-built value with the caller's two-call `serialize`; without one, or when
+/// it fails, nothing is written back.
 ///
 /// # Safety
-/// `serialize` must be callable with `ctx` and `value`.
+/// `serialize` must be NULL or callable with `ctx` and `value`.
 unsafe fn serialize_value(
-    serialize: unsafe extern "C" fn(*mut c_void, *mut c_void, *mut u8, *mut usize) -> c_int,
+    serialize: kc_serialize_fn,
     ctx: *mut c_void,
     value: *mut c_void,
-) -> Option<Vec<u8>> {
+) -> std::result::Result<Vec<u8>, BuildError> {
+    let serialize = serialize.ok_or_else(|| BuildError::new(0, "no serialize callback"))?;
+    let failed = |code| BuildError::new(code, format!("the serialize callback returned {code}"));
     let mut len = 0usize;
     // SAFETY: the caller's contract; `len` is a live local.
-    if unsafe { serialize(ctx, value, ptr::null_mut(), &mut len) } != 0 {
-        return None;
+    match unsafe { serialize(ctx, value, ptr::null_mut(), &mut len) } {
+        0 => {}
+        code => return Err(failed(code)),
     }
     let mut buf = vec![0u8; len];
     let mut written = len;
     // SAFETY: `buf` has `len` writable bytes, as the callback was told.
-    if unsafe { serialize(ctx, value, buf.as_mut_ptr(), &mut written) } != 0 || written > len {
-        return None;
+    match unsafe { serialize(ctx, value, buf.as_mut_ptr(), &mut written) } {
+        0 if written <= len => {}
+        0 => {
+            return Err(BuildError::new(
+                0,
+                "the serialize callback overran its buffer",
+            ));
+        }
+        code => return Err(failed(code)),
     }
     buf.truncate(written);
-    Some(buf)
+    Ok(buf)
 }
 
 /// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
@@ -804,22 +737,14 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
     callbacks: *const kc_tiered_callbacks,
     out_lease: *mut *mut kc_lease,
 ) -> kc_status {
-    let mut prepared = None;
-    let status = guard(|| {
-        non_null(cache, "cache")?;
+    guard(|| {
+        // SAFETY: NULL or a live cache by contract.
+        let memory = unsafe { raw_cache(cache) }?;
         non_null(callbacks, "callbacks")?;
         non_null(out_lease, "out_lease")?;
-        // SAFETY: non-NULL; `struct_size` is the first field.
-        let given = unsafe { ptr::addr_of!((*callbacks).struct_size).read_unaligned() };
-        if given < size_of::<kc_tiered_callbacks>() {
-            return Err(invalid(format!(
-                "callbacks->struct_size is {given}, kc_tiered_callbacks is {} bytes",
-                size_of::<kc_tiered_callbacks>()
-            )));
-        }
-        // SAFETY: the whole known struct is readable; every field is valid for any bits
-        // (sizes, optional function pointers, a raw pointer).
-        let cb = unsafe { callbacks.read_unaligned() };
+        // SAFETY: non-NULL and readable for its `struct_size` by contract; every field is
+        // valid for any bits (sizes, optional function pointers, a raw pointer).
+        let cb = unsafe { read_sized(callbacks, "callbacks", "kc_tiered_callbacks") }?;
         let build = cb
             .build
             .ok_or_else(|| invalid("callbacks->build is NULL"))?;
@@ -831,54 +756,35 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
             // SAFETY: non-NULL and live by contract.
             Some(unsafe { disk_ref(disk) }?)
         };
-        prepared = Some(TieredBuild {
-            disk,
-            l2_key,
-            callbacks: cb,
-            build,
-            built: None,
-            panic: None,
-        });
-        Ok(())
-    });
-    let Some(mut t) = prepared.filter(|_| status == kc_status::KC_OK) else {
-        return status;
-    };
-    let mut lease = ptr::null_mut();
-    // SAFETY: the caller's pointers are forwarded unchanged (checked by the callee); the
-    // trampoline receives `t`, which outlives this synchronous call.
-    let status = unsafe {
-        kc_cache_find_or_build(
-            cache,
-            l1_key,
-            l1_key_len,
-            device_id,
-            Some(tiered_build),
-            (&raw mut t).cast(),
-            &mut lease,
-        )
-    };
-    if let Some(payload) = t.panic.take() {
-        // Reported like any other panic: KC_ERR_PANIC with its message.
-        return guard(|| panic::resume_unwind(payload));
-    }
-    if status != kc_status::KC_OK {
-        // Status and message were recorded by the memory tier.
-        return status;
-    }
-    guard(|| {
-        let cb = t.callbacks;
-        if let (Some(build_time), Some(disk), Some(serialize)) = (t.built, t.disk, cb.serialize) {
-            // SAFETY: `lease` is the live lease just returned.
-            let value = unsafe { kc_lease_value(lease) };
-            // SAFETY: the caller promised a callable `serialize` for `ctx`.
-            if let Some(bytes) = unsafe { serialize_value(serialize, cb.ctx, value) } {
-                // A failed write-back costs a rebuild later, not this lookup.
-                let _ = disk.put(&t.l2_key, &bytes, build_time);
+        // SAFETY: the caller promises `l1_key_len` readable bytes.
+        let key = unsafe { byte_slice(l1_key, l1_key_len, "key") }?;
+        let device = device_of(device_id)?;
+        let ctx = cb.ctx;
+        let load = cb.load.map(|load| {
+            move |bytes: &[u8]| {
+                // SAFETY: the caller promised a callable `load` for `ctx`; the payload is
+                // live for the call.
+                unsafe { make_value(load, ctx, bytes.as_ptr(), bytes.len(), "load") }
             }
-        }
-        // SAFETY: non-NULL (checked above) and writable by contract.
-        unsafe { out_lease.write(lease) };
+        });
+        let tiers = Tiers {
+            memory,
+            disk,
+            // The C API reports what the tiers did through their own counters.
+            counters: &Counters::default(),
+        };
+        let lease = tiers.find_or_build(
+            key,
+            device,
+            || Ok(l2_key),
+            load,
+            // SAFETY: the caller promised a callable `build` for `ctx`; the key is its own.
+            || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
+            // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
+            |value: &RawValue| unsafe { serialize_value(cb.serialize, ctx, value.0) },
+        )?;
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
 }

@@ -12,6 +12,7 @@
 //!   accept NULL.
 //! - Out-parameters are written only on success.
 
+mod args;
 pub mod cache;
 pub mod cuda;
 pub mod disk;

@@ -32,16 +32,16 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_void};
-use std::path::PathBuf;
 use std::ptr;
-use std::sync::Arc;
 
+use super::args::{
+    LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw,
+    live, read_sized, release_lease, write_boxed, write_optional, write_sized,
+};
 use super::cache::kc_cache_stats;
-use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::backend::opencl::{ContextRef, Device, OpenClCache, Program, ProgramLease};
-use crate::disk::{DiskCache, DiskConfig};
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
+use crate::backend::opencl::{ContextRef, Device, OpenClCache, Program};
 use crate::error::Error;
-use crate::memory::{self, Entry};
 
 /// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
 pub struct kc_opencl_cache {
@@ -52,6 +52,11 @@ pub struct kc_opencl_cache {
 /// `kc_opencl_lease_release`, even if it is evicted meanwhile.
 pub struct kc_opencl_lease {
     _opaque: [u8; 0],
+}
+
+impl LeaseHandle for kc_opencl_lease {
+    type Key = Vec<u8>;
+    type Value = Program;
 }
 
 /// How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
@@ -106,21 +111,6 @@ pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
     }
 }
 
-/// The disk tier at `dir` (else the default location), with the environment's size cap,
-/// operator key and `KCACHE_DISABLE`. Disabled, no home directory, or an untrusted directory
-/// (warned about once per process): no disk tier, the cache works from memory.
-fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>, Error> {
-    let config = DiskConfig {
-        dir,
-        ..DiskConfig::from_env()
-    };
-    match DiskCache::open(config) {
-        Ok(disk) => Ok(Some(Arc::new(disk))),
-        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 /// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
 /// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. A disk
 /// directory that is not owned by the user or that others may write is not used (the cache
@@ -137,40 +127,20 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
     guard(|| {
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
-        // SAFETY: `struct_size` is the first field of every version of the struct.
-        let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
-        if given < size_of::<kc_opencl_options>() {
-            return Err(Error::InvalidArgument(format!(
-                "opts->struct_size is {given}, kc_opencl_options is {} bytes",
-                size_of::<kc_opencl_options>()
-            )));
-        }
-        // SAFETY: `opts` points to at least a whole struct of this version.
-        let opts = unsafe { ptr::read_unaligned(opts) };
-        let disk = if opts.use_disk {
-            let dir = if opts.disk_dir.is_null() {
-                None
-            } else {
-                // SAFETY: a non-NULL `disk_dir` is a C string by contract.
-                let text = unsafe { CStr::from_ptr(opts.disk_dir) };
-                let text = text
-                    .to_str()
-                    .map_err(|_| Error::InvalidArgument("disk_dir is not valid UTF-8".into()))?;
-                Some(PathBuf::from(text))
-            };
-            open_disk(dir)?
-        } else {
-            None
-        };
-        let memory = memory::Options {
-            max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
-            max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
-            ..memory::Options::default()
-        };
+        // SAFETY: `opts` points to a struct starting with its size by contract.
+        let opts = unsafe { read_sized(opts, "opts", "kc_opencl_options") }?;
+        // SAFETY: `disk_dir` is NULL or a C string by contract.
+        let (memory, disk) = unsafe {
+            backend_tiers(
+                opts.max_entries,
+                opts.max_weight,
+                opts.use_disk,
+                opts.disk_dir,
+            )
+        }?;
         let inner = OpenClCache::new(memory, disk)?;
-        let cache = Box::into_raw(Box::new(kc_opencl_cache { inner }));
         // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { out_cache.write(cache) };
+        unsafe { write_boxed(out_cache, kc_opencl_cache { inner }) };
         Ok(())
     })
 }
@@ -183,12 +153,8 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
 /// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
-    guard_value((), || {
-        if !cache.is_null() {
-            // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`.
-            drop(unsafe { Box::from_raw(cache) });
-        }
-    })
+    // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`, or NULL.
+    guard_value((), || unsafe { free_boxed(cache) })
 }
 
 /// The built program for `sources` and `options` on `device` in `context`: from memory, else
@@ -218,21 +184,21 @@ pub unsafe extern "C" fn kc_opencl_get_program(
     out_lease: *mut *mut kc_opencl_lease,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let cache = &unsafe { live(cache, "cache") }?.inner;
         non_null(context, "context")?;
         non_null(device, "device")?;
         non_null(out_lease, "out_lease")?;
         if count == 0 {
             return Err(Error::InvalidArgument("count is 0: no source".into()));
         }
-        non_null(sources, "sources")?;
         // SAFETY: `sources` holds `count` pointers by contract.
-        let pointers = unsafe { std::slice::from_raw_parts(sources, count) };
+        let pointers = unsafe { elements(sources, count, "sources") }?;
         let lengths = if lengths.is_null() {
             None
         } else {
             // SAFETY: a non-NULL `lengths` holds `count` sizes by contract.
-            Some(unsafe { std::slice::from_raw_parts(lengths, count) })
+            Some(unsafe { elements(lengths, count, "lengths") }?)
         };
         let mut texts = Vec::with_capacity(count);
         for (i, &pointer) in pointers.iter().enumerate() {
@@ -255,32 +221,18 @@ pub unsafe extern "C" fn kc_opencl_get_program(
             ""
         } else {
             // SAFETY: a non-NULL `options` is a C string by contract.
-            unsafe { CStr::from_ptr(options) }
-                .to_str()
-                .map_err(|_| Error::InvalidArgument("options is not valid UTF-8".into()))?
+            unsafe { c_str(options, "options") }?
         };
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         // SAFETY: the caller passes a live context and one of its devices, which stay live
         // during the call; the cache keeps no borrow of the context beyond it (programs hold
         // their own reference to it).
         let (context, device) =
             unsafe { (ContextRef::from_raw(context), Device::from_raw(device)) };
         let lease = cache.get_or_build(context, device, &texts, options)?;
-        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
         // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(raw) };
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
-}
-
-/// Borrows the entry behind a lease pointer.
-///
-/// # Safety
-/// `lease` must come from `kc_opencl_get_program` and not be released yet.
-unsafe fn entry<'a>(lease: *const kc_opencl_lease) -> &'a Entry<Vec<u8>, Program> {
-    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
-    unsafe { &*lease.cast::<Entry<Vec<u8>, Program>>() }
 }
 
 /// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
@@ -290,12 +242,8 @@ unsafe fn entry<'a>(lease: *const kc_opencl_lease) -> &'a Entry<Vec<u8>, Program
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) -> *mut c_void {
     guard_value(ptr::null_mut(), || {
-        if lease.is_null() {
-            null_argument("lease");
-            return ptr::null_mut();
-        }
-        // SAFETY: a live lease by contract.
-        unsafe { entry(lease) }.value().raw()
+        // SAFETY: NULL or a live lease by contract.
+        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().raw())
     })
 }
 
@@ -306,21 +254,8 @@ pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) 
 /// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
-    guard_value((), || {
-        if !lease.is_null() {
-            // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
-            let entry =
-                unsafe { Arc::from_raw(lease.cast_const().cast::<Entry<Vec<u8>, Program>>()) };
-            drop(ProgramLease::from_arc(entry));
-        }
-    })
-}
-
-fn write_count(out_count: *mut usize, count: usize) {
-    if !out_count.is_null() {
-        // SAFETY: a non-NULL `out_count` is writable by contract.
-        unsafe { out_count.write(count) };
-    }
+    // SAFETY: the caller hands back a lease it owns, or NULL.
+    guard_value((), || unsafe { release_lease(lease) })
 }
 
 /// Unlinks every program built for `device`, in every context; each is released now, or when
@@ -336,12 +271,12 @@ pub unsafe extern "C" fn kc_opencl_evict_device(
     out_count: *mut usize,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let cache = &unsafe { live(cache, "cache") }?.inner;
         // SAFETY: eviction only compares the handle with the ones lookups registered.
-        let device = unsafe { Device::from_raw(device) };
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let count = unsafe { &(*cache).inner }.evict_device(device)?;
-        write_count(out_count, count);
+        let count = cache.evict_device(unsafe { Device::from_raw(device) })?;
+        // SAFETY: NULL or writable by contract.
+        unsafe { write_optional(out_count, count) };
         Ok(())
     })
 }
@@ -359,10 +294,12 @@ pub unsafe extern "C" fn kc_opencl_evict_context(
     out_count: *mut usize,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let count = unsafe { &(*cache).inner }.evict_context(context)?;
-        write_count(out_count, count);
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let count = unsafe { live(cache, "cache") }?
+            .inner
+            .evict_context(context)?;
+        // SAFETY: NULL or writable by contract.
+        unsafe { write_optional(out_count, count) };
         Ok(())
     })
 }
@@ -374,9 +311,8 @@ pub unsafe extern "C" fn kc_opencl_evict_context(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_clear(cache: *mut kc_opencl_cache) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        unsafe { &(*cache).inner }.clear().map(drop)
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
     })
 }
 
@@ -390,38 +326,12 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
     out: *mut kc_opencl_stats,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let s = unsafe { live(cache, "cache") }?.inner.stats();
         non_null(out, "out")?;
-        // SAFETY: `struct_size` is the first field.
-        let given = unsafe { ptr::addr_of!((*out).struct_size).read_unaligned() };
-        if given < size_of::<kc_opencl_stats>() {
-            return Err(Error::InvalidArgument(format!(
-                "out->struct_size is {given}, kc_opencl_stats is {} bytes",
-                size_of::<kc_opencl_stats>()
-            )));
-        }
-        // SAFETY: `cache` is a live cache; only shared access is needed.
-        let s = unsafe { &(*cache).inner }.stats();
-        let m = s.memory;
         let stats = kc_opencl_stats {
             struct_size: size_of::<kc_opencl_stats>(),
-            memory: kc_cache_stats {
-                struct_size: size_of::<kc_cache_stats>(),
-                hits: m.hits,
-                misses: m.misses,
-                builds: m.builds,
-                build_failures: m.build_failures,
-                waits: m.waits,
-                discarded: m.discarded,
-                capacity_evictions: m.capacity_evictions,
-                device_evictions: m.device_evictions,
-                clears: m.clears,
-                destroys: m.destroys,
-                destroy_errors: m.destroy_errors,
-                entries: m.entries,
-                weight: m.weight,
-                leases: m.leases,
-            },
+            memory: s.memory.into(),
             source_builds: s.source_builds,
             binary_loads: s.binary_loads,
             binaries_rejected: s.binaries_rejected,
@@ -429,9 +339,9 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
             disk_misses: s.disk_misses,
             disk_errors: s.disk_errors,
         };
-        // SAFETY: `out` points to a writable struct of at least this size by contract.
-        unsafe { out.cast::<kc_opencl_stats>().write_unaligned(stats) };
-        Ok(())
+        let size = size_of::<kc_opencl_stats>();
+        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
+        unsafe { write_sized(out, stats, "out", "kc_opencl_stats", size) }
     })
 }
 

@@ -6,24 +6,22 @@
 // The C names are the contract.
 #![allow(non_camel_case_types)]
 
-use std::ffi::{CStr, c_char, c_void};
+use std::ffi::{c_char, c_void};
 use std::mem::size_of;
-use std::path::PathBuf;
 use std::ptr;
-use std::sync::Arc;
 
 use ash::vk::{self, Handle};
 
-use super::cache::kc_cache_stats;
-use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, Pipeline, PipelineKey, PipelineLease, PipelineSpec,
-    PushConstantRange, SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions,
-    words_from_bytes,
+use super::args::{
+    LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw,
+    live, read_sized, release_lease, write_boxed, write_optional, write_sized,
 };
-use crate::disk::{DiskCache, DiskConfig};
-use crate::error::{Error, Result};
-use crate::memory::{self, Entry};
+use super::cache::kc_cache_stats;
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
+use crate::backend::vulkan::{
+    DescriptorBinding, LayoutDesc, Pipeline, PipelineKey, PipelineSpec, PushConstantRange,
+    SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
+};
 
 /// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
 /// `kc_vulkan_cache_free`.
@@ -47,6 +45,11 @@ pub struct kc_vulkan_spec {
 /// until `kc_vulkan_lease_release`, even if the pipeline is evicted meanwhile.
 pub struct kc_vulkan_lease {
     _opaque: [u8; 0],
+}
+
+impl LeaseHandle for kc_vulkan_lease {
+    type Key = PipelineKey;
+    type Value = Pipeline;
 }
 
 /// `PFN_vkVoidFunction` without `vulkan.h`.
@@ -164,36 +167,6 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
     }
 }
 
-/// Reads a caller's struct whose first field is its size, refusing older, shorter layouts.
-///
-/// # Safety
-/// `p` must point to a readable struct that starts with a `size_t` holding its size.
-unsafe fn read_sized<T: Copy>(p: *const T, name: &str) -> Result<T> {
-    // SAFETY: `struct_size` is the first field of every version of these structs.
-    let given = unsafe { p.cast::<usize>().read_unaligned() };
-    if given < size_of::<T>() {
-        return Err(Error::InvalidArgument(format!(
-            "{name}->struct_size is {given}, the struct is {} bytes",
-            size_of::<T>()
-        )));
-    }
-    // SAFETY: `p` points to at least a whole struct of this version.
-    Ok(unsafe { p.read_unaligned() })
-}
-
-/// The disk tier at `dir` (else the default location). Disabled or untrusted: memory only.
-fn open_disk(dir: Option<PathBuf>) -> Result<Option<Arc<DiskCache>>> {
-    let config = DiskConfig {
-        dir,
-        ..DiskConfig::from_env()
-    };
-    match DiskCache::open(config) {
-        Ok(disk) => Ok(Some(Arc::new(disk))),
-        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 /// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
 /// untrusted disk directory is not used (the cache works from memory); one that cannot be
 /// created is `KC_ERR_IO`.
@@ -211,7 +184,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
         // SAFETY: `opts` points to a struct starting with its size by contract.
-        let opts = unsafe { read_sized(opts, "opts") }?;
+        let opts = unsafe { read_sized(opts, "opts", "kc_vulkan_options") }?;
         let vulkan = match opts.get_instance_proc_addr {
             None => Vulkan::load()?,
             Some(f) => {
@@ -223,33 +196,18 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
                 unsafe { Vulkan::from_get_instance_proc_addr(f) }
             }
         };
-        let disk = if opts.use_disk {
-            let dir = if opts.disk_dir.is_null() {
-                None
-            } else {
-                // SAFETY: a non-NULL `disk_dir` is a C string by contract.
-                let text = unsafe { CStr::from_ptr(opts.disk_dir) }
-                    .to_str()
-                    .map_err(|_| Error::InvalidArgument("disk_dir is not valid UTF-8".into()))?;
-                Some(PathBuf::from(text))
-            };
-            open_disk(dir)?
-        } else {
-            None
-        };
-        let options = VulkanOptions {
-            memory: memory::Options {
-                max_entries: (opts.max_entries != 0).then_some(opts.max_entries),
-                max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
-                ..memory::Options::default()
-            },
-            disk,
-        };
-        let cache = Box::new(kc_vulkan_cache {
-            inner: VulkanCache::new(vulkan, options),
-        });
+        // SAFETY: `disk_dir` is NULL or a C string by contract.
+        let (memory, disk) = unsafe {
+            backend_tiers(
+                opts.max_entries,
+                opts.max_weight,
+                opts.use_disk,
+                opts.disk_dir,
+            )
+        }?;
+        let inner = VulkanCache::new(vulkan, VulkanOptions { memory, disk });
         // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { out_cache.write(Box::into_raw(cache)) };
+        unsafe { write_boxed(out_cache, kc_vulkan_cache { inner }) };
         Ok(())
     })
 }
@@ -265,12 +223,8 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
 /// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
-    guard_value((), || {
-        if !cache.is_null() {
-            // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`.
-            drop(unsafe { Box::from_raw(cache) });
-        }
-    })
+    // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`, or NULL.
+    guard_value((), || unsafe { free_boxed(cache) })
 }
 
 /// Registers the caller's device with the cache: kcache reads its properties, creates its
@@ -291,13 +245,12 @@ pub unsafe extern "C" fn kc_vulkan_register_device(
     out_device: *mut *mut kc_vulkan_device,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let cache = &unsafe { live(cache, "cache") }?.inner;
         non_null(instance, "instance")?;
         non_null(physical_device, "physical_device")?;
         non_null(device, "device")?;
         non_null(out_device, "out_device")?;
-        // SAFETY: a live cache by contract; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
         // SAFETY: the handles' validity is the caller's contract, forwarded.
         let registered = unsafe {
             cache.register_device(
@@ -306,9 +259,8 @@ pub unsafe extern "C" fn kc_vulkan_register_device(
                 vk::Device::from_raw(device as u64),
             )
         }?;
-        let handle = Box::into_raw(Box::new(kc_vulkan_device { inner: registered }));
         // SAFETY: `out_device` is non-NULL and writable by contract.
-        unsafe { out_device.write(handle) };
+        unsafe { write_boxed(out_device, kc_vulkan_device { inner: registered }) };
         Ok(())
     })
 }
@@ -338,14 +290,11 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
         if device.is_retired() {
             return Ok(());
         }
-        non_null(cache, "cache")?;
-        // SAFETY: a live cache by contract; only shared access is needed.
-        let cache = unsafe { &(*cache).inner };
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let cache = &unsafe { live(cache, "cache") }?.inner;
         let still_leased = cache.unregister_device(&device)?;
-        if !out_still_leased.is_null() {
-            // SAFETY: a non-NULL `out_still_leased` is writable by contract.
-            unsafe { out_still_leased.write(still_leased) };
-        }
+        // SAFETY: NULL or writable by contract.
+        unsafe { write_optional(out_still_leased, still_leased) };
         Ok(())
     })
 }
@@ -363,35 +312,14 @@ pub unsafe extern "C" fn kc_vulkan_flush(
     out_written: *mut bool,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        non_null(device, "device")?;
-        // SAFETY: live objects by contract; only shared access is needed.
-        let (cache, device) = unsafe { (&(*cache).inner, &(*device).inner) };
+        // SAFETY: NULL or live objects by contract; only shared access is needed.
+        let (cache, device) = unsafe { (live(cache, "cache")?, live(device, "device")?) };
+        let (cache, device) = (&cache.inner, &device.inner);
         let written = cache.flush(device)?;
-        if !out_written.is_null() {
-            // SAFETY: a non-NULL `out_written` is writable by contract.
-            unsafe { out_written.write(written) };
-        }
+        // SAFETY: NULL or writable by contract.
+        unsafe { write_optional(out_written, written) };
         Ok(())
     })
-}
-
-/// Borrows `count` elements at `ptr` (NULL allowed when `count` is 0).
-///
-/// # Safety
-/// When `count > 0`, `ptr` must be NULL or point to `count` readable elements.
-unsafe fn elements<'a, T>(ptr: *const T, count: usize, name: &str) -> Result<&'a [T]> {
-    if count == 0 {
-        return Ok(&[]);
-    }
-    non_null(ptr, name)?;
-    if count > isize::MAX as usize / size_of::<T>() {
-        return Err(Error::InvalidArgument(format!(
-            "{name}: count {count} is too large"
-        )));
-    }
-    // SAFETY: non-NULL, `count` readable elements by contract, size checked above.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, count) })
 }
 
 fn layout_of(bindings: &[kc_vulkan_binding], offset: u32, size: u32) -> LayoutDesc {
@@ -431,7 +359,7 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
         non_null(desc, "desc")?;
         non_null(out_spec, "out_spec")?;
         // SAFETY: `desc` points to a struct starting with its size by contract.
-        let desc = unsafe { read_sized(desc, "desc") }?;
+        let desc = unsafe { read_sized(desc, "desc", "kc_vulkan_pipeline_desc") }?;
         // SAFETY: `code_size` readable bytes at `code` by contract.
         let bytes = unsafe { byte_slice(desc.code.cast(), desc.code_size, "code") }?;
         let words = words_from_bytes(bytes)?;
@@ -439,9 +367,7 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
             "main"
         } else {
             // SAFETY: a non-NULL `entry_point` is a C string by contract.
-            unsafe { CStr::from_ptr(desc.entry_point) }
-                .to_str()
-                .map_err(|_| Error::InvalidArgument("entry_point is not valid UTF-8".into()))?
+            unsafe { c_str(desc.entry_point, "entry_point") }?
         };
         // SAFETY: `constant_count` elements at `constants` by contract.
         let raw_constants = unsafe { elements(desc.constants, desc.constant_count, "constants") }?;
@@ -458,9 +384,8 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
         let bindings = unsafe { elements(desc.bindings, desc.binding_count, "bindings") }?;
         let layout = layout_of(bindings, desc.push_constant_offset, desc.push_constant_size);
         let spec = PipelineSpec::new(&words, entry, &constants, &layout)?;
-        let handle = Box::into_raw(Box::new(kc_vulkan_spec { inner: spec }));
         // SAFETY: `out_spec` is non-NULL and writable by contract.
-        unsafe { out_spec.write(handle) };
+        unsafe { write_boxed(out_spec, kc_vulkan_spec { inner: spec }) };
         Ok(())
     })
 }
@@ -471,12 +396,8 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
 /// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
-    guard_value((), || {
-        if !spec.is_null() {
-            // SAFETY: the caller hands over the description it got from `kc_vulkan_spec_new`.
-            drop(unsafe { Box::from_raw(spec) });
-        }
-    })
+    // SAFETY: the caller hands over the description it got from `kc_vulkan_spec_new`, or NULL.
+    guard_value((), || unsafe { free_boxed(spec) })
 }
 
 /// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
@@ -496,16 +417,18 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
     out_lease: *mut *mut kc_vulkan_lease,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
-        non_null(device, "device")?;
-        non_null(spec, "spec")?;
+        // SAFETY: NULL or live objects by contract; only shared access is needed.
+        let (cache, device, spec) = unsafe {
+            (
+                live(cache, "cache")?,
+                live(device, "device")?,
+                live(spec, "spec")?,
+            )
+        };
         non_null(out_lease, "out_lease")?;
-        // SAFETY: live objects by contract; only shared access is needed.
-        let (cache, device, spec) = unsafe { (&(*cache).inner, &(*device).inner, &(*spec).inner) };
-        let lease = cache.pipeline(device, spec)?;
-        let raw = Arc::into_raw(lease.into_arc()).cast_mut().cast();
+        let lease = cache.inner.pipeline(&device.inner, &spec.inner)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(raw) };
+        unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
 }
@@ -515,12 +438,8 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
 /// # Safety
 /// `lease` must be NULL or a lease from `kc_vulkan_get_pipeline` not yet released.
 unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
-    if lease.is_null() {
-        null_argument("lease");
-        return None;
-    }
-    // SAFETY: a lease pointer is `Arc::into_raw` of its entry, alive until released.
-    Some(unsafe { &*lease.cast::<Entry<PipelineKey, Pipeline>>() }.value())
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { lease_entry_or_null(lease) }.map(|entry| entry.value())
 }
 
 /// The leased `VkPipeline`; 0 if `lease` is NULL.
@@ -584,14 +503,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_l
 /// pipeline must no longer be executing if this may be its last release.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
-    guard_value((), || {
-        if !lease.is_null() {
-            // SAFETY: the caller hands back the reference it owns, made by `Arc::into_raw`.
-            let entry =
-                unsafe { Arc::from_raw(lease.cast_const().cast::<Entry<PipelineKey, Pipeline>>()) };
-            drop(PipelineLease::from_arc(entry));
-        }
-    })
+    // SAFETY: the caller hands back a lease it owns, or NULL.
+    guard_value((), || unsafe { release_lease(lease) })
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
@@ -604,32 +517,12 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     out: *mut kc_vulkan_stats,
 ) -> kc_status {
     guard(|| {
-        non_null(cache, "cache")?;
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let s = unsafe { live(cache, "cache") }?.inner.stats();
         non_null(out, "out")?;
-        // SAFETY: `out` points to a struct starting with its size by contract.
-        unsafe { read_sized(out.cast_const(), "out") }?;
-        // SAFETY: a live cache by contract; only shared access is needed.
-        let s = unsafe { &(*cache).inner }.stats();
-        let m = s.memory;
         let stats = kc_vulkan_stats {
             struct_size: size_of::<kc_vulkan_stats>(),
-            memory: kc_cache_stats {
-                struct_size: size_of::<kc_cache_stats>(),
-                hits: m.hits,
-                misses: m.misses,
-                builds: m.builds,
-                build_failures: m.build_failures,
-                waits: m.waits,
-                discarded: m.discarded,
-                capacity_evictions: m.capacity_evictions,
-                device_evictions: m.device_evictions,
-                clears: m.clears,
-                destroys: m.destroys,
-                destroy_errors: m.destroy_errors,
-                entries: m.entries,
-                weight: m.weight,
-                leases: m.leases,
-            },
+            memory: s.memory.into(),
             pipelines_created: s.pipelines_created,
             pipelines_destroyed: s.pipelines_destroyed,
             layouts_created: s.layouts_created,
@@ -640,9 +533,9 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
             cache_data_merged: s.cache_data_merged,
             disk_errors: s.disk_errors,
         };
-        // SAFETY: `out` points to a writable struct of at least this size by contract.
-        unsafe { out.write_unaligned(stats) };
-        Ok(())
+        let size = size_of::<kc_vulkan_stats>();
+        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
+        unsafe { write_sized(out, stats, "out", "kc_vulkan_stats", size) }
     })
 }
 
