@@ -2,6 +2,7 @@
 
 /// Counters of one cache since it was created. Each field is read atomically but the
 /// snapshot as a whole is not: under concurrent use, fields may be a few operations apart.
+/// Taking one visits every shard, so it costs in proportion to the number of entries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
     /// Lookups answered from a ready entry.
@@ -30,6 +31,8 @@ pub struct Stats {
     pub entries: u64,
     /// Total weight of the linked entries.
     pub weight: u64,
-    /// Leases not yet released, on linked and unlinked entries alike.
+    /// Leases not yet released, on linked and unlinked entries alike. Counted from the entries'
+    /// reference counts when the snapshot is taken (hits touch no counter for it), so it is
+    /// exact whenever no other cache call is in progress.
     pub leases: u64,
 }
