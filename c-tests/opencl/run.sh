@@ -1,45 +1,25 @@
-#!/bin/sh
-# Builds the OpenCL C example and test against target/debug/libkcache.so (or LIB_DIR) and runs
-# them on the system's OpenCL implementation (PoCL in CI), once plain and once with
+#!/usr/bin/env bash
+# Builds the OpenCL C example and test against the debug libkcache.so (built first) or LIB_DIR
+# and runs them on the system's OpenCL implementation (PoCL in CI), once plain and once with
 # AddressSanitizer + UndefinedBehaviorSanitizer on the C side.
 # Usage: c-tests/opencl/run.sh [LIB_DIR]
-set -eu
-root=$(cd "$(dirname "$0")/../.." && pwd)
-if [ $# -eq 0 ]; then
-  (cd "$root" && cargo build --quiet --lib)
-fi
-lib_dir=${1:-${CARGO_TARGET_DIR:-$root/target}/debug}
-build=$root/target/c-tests/opencl
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
-# Cargo names the library libkcache.so; programs linked against it ask for its SONAME.
-stage=$build/lib
-mkdir -p "$stage"
-ln -sf "$lib_dir/libkcache.so" "$stage/libkcache.so"
-soname=$(objdump -p "$lib_dir/libkcache.so" | awk '$1 == "SONAME" { print $2 }')
-[ -z "$soname" ] || ln -sf "$lib_dir/libkcache.so" "$stage/$soname"
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
 # PoCL's own kernel cache would make the cold path look warm; keep it out of the picture.
 export POCL_KERNEL_CACHE=0
-export LSAN_OPTIONS="suppressions=$root/c-tests/opencl/lsan.supp:print_suppressions=0"
+KC_LSAN_SUPPRESSIONS="$KC_ROOT/c-tests/opencl/lsan.supp"
 
-for config in plain sanitize; do
-  echo "== OpenCL C tests: $config"
-  sanitize=OFF
-  [ "$config" = plain ] || sanitize=ON
-  cmake -S "$root/c-tests/opencl" -B "$build/$config" -DKCACHE_LIB_DIR="$stage" \
-    -DKCACHE_SANITIZE=$sanitize >/dev/null
-  cmake --build "$build/$config" >/dev/null
-  bin=$build/$config
-
+kc_library debug "${1:-}"
+kc_run() {
+  local bin=$1 variant=$2
   # The test compiles a broken kernel on purpose: PoCL prints "1 error generated." for it.
-  "$bin/opencl_test" "$work/$config-test-cache"
+  "$bin/opencl_test" "$KC_WORK/$variant-test-cache"
   KCACHE_OPENCL_LIBRARY=/nonexistent/libOpenCL.so.1 "$bin/opencl_test" unavailable
   echo "opencl_test unavailable: ok"
 
   # The documented example: the first run compiles, the second loads the binary from disk.
-  "$bin/opencl_example" "$work/$config-example-cache"
-  "$bin/opencl_example" "$work/$config-example-cache" | tee "$work/second.txt"
-  grep -q "compiled from source: 0, loaded from disk: 1" "$work/second.txt"
-done
+  "$bin/opencl_example" "$KC_WORK/$variant-example-cache"
+  "$bin/opencl_example" "$KC_WORK/$variant-example-cache" | tee "$KC_WORK/$variant-second.txt"
+  grep -q "compiled from source: 0, loaded from disk: 1" "$KC_WORK/$variant-second.txt"
+}
+kc_suites "OpenCL C tests" c-tests/opencl opencl
