@@ -576,7 +576,11 @@ impl Driver {
     }
 
     /// `cuDevicePrimaryCtxRelease`, pairing [`Driver::retain_primary_context`].
-    pub fn release_primary_context(&self, device: CUdevice) -> Result<()> {
+    ///
+    /// # Safety
+    /// The caller must own a retain of this device's primary context, and nothing may use the
+    /// context (or a module or cache entry made in it) if this was its last retain.
+    pub unsafe fn release_primary_context(&self, device: CUdevice) -> Result<()> {
         let f = self.launch()?;
         // SAFETY: plain value argument.
         let status = unsafe { (f.primary_ctx_release)(device) };

@@ -56,7 +56,8 @@ pub fn build_test_library(name: &str, out_dir: &Path) -> PathBuf {
 }
 
 /// A device's primary context, retained and current on the calling thread until
-/// [`PrimaryContext::release`]; never released without it.
+/// [`PrimaryContext::release`]; never released without it. Drop every module and cache made in
+/// it before releasing.
 pub struct PrimaryContext {
     driver: Arc<Driver>,
     device: CUdevice,
@@ -77,7 +78,9 @@ impl PrimaryContext {
     pub fn release(self) -> Result<()> {
         // SAFETY: NULL binds no context.
         let unbound = unsafe { self.driver.set_current_context(std::ptr::null_mut()) };
-        let released = self.driver.release_primary_context(self.device);
+        // SAFETY: `bind` took the retain this gives back, and the context is no longer current
+        // here; whoever loaded modules in it has dropped them before releasing (documented).
+        let released = unsafe { self.driver.release_primary_context(self.device) };
         unbound.and(released)
     }
 }
