@@ -195,8 +195,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
 
         match built {
             Err(e) => {
-                let building = self.take_building(hash, &flight);
-                drop(building);
+                drop(self.take_building(hash, &flight));
                 bump(&self.shared.counters.build_failures);
                 let error = Error::Build(e);
                 flight.finish(Err(error.clone()));
@@ -224,6 +223,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         if let Some(Slot::Ready(entry)) = table.find(hash, |slot| slot.key().borrow() == key) {
             return Some(self.hit(entry));
         }
+        drop(table);
         self.shared.tally.miss();
         None
     }
