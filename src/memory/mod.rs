@@ -17,7 +17,8 @@
 //!   [`Error::CacheCleared`]. An owning cache installs it.
 //! - **Caps**: an optional entry-count and weight cap, enforced after each install by a CLOCK
 //!   policy (see `policy.rs`). One entry heavier than the whole cap is admitted alone.
-//! - **Hit path**: one shard read lock, no allocation, no global lock, no shared counter,
+//! - **Hit path**: one shard read lock (sharded again per thread, so readers on different
+//!   threads write no common cache line), no allocation, no global lock, no shared counter,
 //!   lookup by borrowed key.
 //!
 //! A build that looks up its own key gets [`Error::Reentrant`]; a build may look up or build
@@ -143,21 +144,37 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        let shard = self.shared.shard_of(hash);
         let flight = {
-            let table = shard.table.read();
-            match table.find(hash, |slot| slot.key().borrow() == key) {
+            let table = self.shared.shard_of(hash).table.read();
+            match table.find(hash, |slot| slot.matches(hash, key)) {
                 Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
                 Some(Slot::Building { flight, .. }) => Some(Arc::clone(flight)),
                 None => None,
             }
         };
-        if let Some(flight) = flight {
-            return self.join(&flight);
+        match flight {
+            Some(flight) => self.join(&flight),
+            None => self.miss(key, hash, device, build),
         }
+    }
 
-        let mut table = shard.table.write();
-        match table.find(hash, |slot| slot.key().borrow() == key) {
+    /// The rest of [`MemoryCache::find_or_build`] after the read-locked lookup found nothing:
+    /// kept out of line so that the hit path stays small.
+    #[cold]
+    #[inline(never)]
+    fn miss<Q>(
+        &self,
+        key: &Q,
+        hash: u64,
+        device: Option<DeviceId>,
+        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let mut table = self.shared.shard_of(hash).table.write();
+        match table.find(hash, |slot| slot.matches(hash, key)) {
             Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
             Some(Slot::Building { flight, .. }) => {
                 let flight = Arc::clone(flight);
@@ -220,7 +237,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let hash = self.hasher.hash_one(key);
         let shard = self.shared.shard_of(hash);
         let table = shard.table.read();
-        if let Some(Slot::Ready(entry)) = table.find(hash, |slot| slot.key().borrow() == key) {
+        if let Some(Slot::Ready(entry)) = table.find(hash, |slot| slot.matches(hash, key)) {
             return Some(self.hit(entry));
         }
         drop(table);

@@ -32,6 +32,17 @@ impl<K, V> Slot<K, V> {
         }
     }
 
+    /// Whether this slot holds `key`, whose hash is `hash`. The full hash is compared first, so
+    /// a slot that only shares the table's 7-bit tag costs no visit to its key's bytes.
+    #[inline]
+    pub(super) fn matches<Q>(&self, hash: u64, key: &Q) -> bool
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
+        self.hash() == hash && self.key().borrow() == key
+    }
+
     pub(super) fn hash(&self) -> u64 {
         match self {
             Slot::Ready(entry) => entry.hash,

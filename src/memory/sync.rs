@@ -3,7 +3,10 @@
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {
-    pub use parking_lot::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
+    pub use crossbeam_utils::sync::{
+        ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
+    };
+    pub use parking_lot::MutexGuard;
     pub use std::sync::atomic::{AtomicBool, AtomicU64};
     pub use std::thread::ThreadId;
 
@@ -23,18 +26,25 @@ mod imp {
         }
     }
 
-    #[derive(Default)]
-    pub struct RwLock<T>(parking_lot::RwLock<T>);
+    /// The shard lock. A plain reader-writer lock makes every reader write its one lock word,
+    /// and on a shared hot set that cache line then travels between cores on every hit; a
+    /// sharded lock gives each thread a word of its own, at the price of a slower write lock
+    /// (misses and evictions only).
+    pub struct RwLock<T>(crossbeam_utils::sync::ShardedLock<T>);
 
     impl<T> RwLock<T> {
         pub fn new(value: T) -> Self {
-            Self(parking_lot::RwLock::new(value))
+            Self(crossbeam_utils::sync::ShardedLock::new(value))
         }
         pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0.read()
+            self.0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
         }
         pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            self.0.write()
+            self.0
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
         }
     }
 

@@ -39,6 +39,7 @@ impl Tally {
         }
     }
 
+    #[inline]
     pub(super) fn hit(&self) {
         self.count(|c| &c.hits);
     }
@@ -62,27 +63,41 @@ impl Tally {
             .fold(load(&self.shared), |(h, m), (dh, dm)| (h + dh, m + dm))
     }
 
+    #[inline]
     fn count(&self, field: impl Fn(&Counts) -> &AtomicU64) {
         let counted = SLOTS.try_with(|slots| {
-            if let Some((_, counts)) = slots.borrow().iter().find(|(id, _)| *id == self.id) {
+            let slots = slots.borrow();
+            let mine = slots.iter().find(|(id, _)| *id == self.id);
+            if let Some((_, counts)) = mine {
                 // Only this thread writes its slot: a plain load and store cannot lose a count.
                 let counter = field(counts);
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                return;
             }
-            let counts = Arc::new(Counts::default());
-            field(&counts).store(1, Ordering::Relaxed);
-            self.slots
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(Arc::clone(&counts));
-            let mut slots = slots.borrow_mut();
+            mine.is_some()
+        });
+        match counted {
+            Ok(true) => {}
+            Ok(false) => self.register(field),
+            Err(_) => {
+                field(&self.shared).fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// This thread's first count in this tally: give it a slot.
+    #[cold]
+    #[inline(never)]
+    fn register(&self, field: impl Fn(&Counts) -> &AtomicU64) {
+        let counts = Arc::new(Counts::default());
+        field(&counts).store(1, Ordering::Relaxed);
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::clone(&counts));
+        SLOTS.with_borrow_mut(|slots| {
             // Forget slots of tallies that are gone (their cache was dropped).
             slots.retain(|(_, c)| Arc::strong_count(c) > 1);
             slots.push((self.id, counts));
         });
-        if counted.is_err() {
-            field(&self.shared).fetch_add(1, Ordering::Relaxed);
-        }
     }
 }
