@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use kcache::memory::{MemoryCache, Options};
+use kcache::memory::{Eviction, MemoryCache, Options};
 
 const KEYS: usize = 10_000;
 const OPS_PER_THREAD: usize = 200_000;
@@ -211,11 +211,117 @@ fn ratios() {
     );
 }
 
+const EXPENSIVE: u64 = 20;
+const CHEAP: u64 = 60;
+const CAPACITY: usize = 24;
+
+/// A skewed trace: half the lookups go to 20 keys whose build takes 2 ms, half to 60 keys
+/// whose build is instant; within each group a few keys get most lookups.
+fn trace() -> Vec<u64> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..2_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+            let skewed = u * u * u;
+            if state & 1 == 0 {
+                (skewed * EXPENSIVE as f64) as u64
+            } else {
+                EXPENSIVE + (skewed * CHEAP as f64) as u64
+            }
+        })
+        .collect()
+}
+
+/// Replays the trace against a cache capped at `CAPACITY` entries and returns (builds of
+/// expensive keys, builds of cheap keys, time spent building).
+fn replay(eviction: Eviction) -> (u64, u64, Duration) {
+    let cache = MemoryCache::<u64, u64>::new(
+        Options {
+            max_entries: Some(CAPACITY as u64),
+            eviction,
+            ..Options::default()
+        },
+        |_| Ok(()),
+    );
+    let (mut expensive, mut cheap, mut spent) = (0, 0, Duration::ZERO);
+    for key in trace() {
+        cache
+            .find_or_build(&key, None, || {
+                let started = Instant::now();
+                if key < EXPENSIVE {
+                    expensive += 1;
+                    thread::sleep(Duration::from_millis(2));
+                } else {
+                    cheap += 1;
+                }
+                spent += started.elapsed();
+                Ok((key, 1))
+            })
+            .unwrap();
+    }
+    (expensive, cheap, spent)
+}
+
+/// The same trace through an exact least-recently-used list: (expensive misses, cheap misses).
+fn exact_lru() -> (u64, u64) {
+    let mut order: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+    let (mut expensive, mut cheap) = (0, 0);
+    for key in trace() {
+        if let Some(at) = order.iter().position(|&k| k == key) {
+            order.remove(at);
+        } else {
+            if key < EXPENSIVE {
+                expensive += 1;
+            } else {
+                cheap += 1;
+            }
+            if order.len() == CAPACITY {
+                order.pop_front();
+            }
+        }
+        order.push_back(key);
+    }
+    (expensive, cheap)
+}
+
+fn policies() {
+    let clock = replay(Eviction::Clock);
+    let aware = replay(Eviction::CostAware);
+    let (lru_expensive, lru_cheap) = exact_lru();
+    println!(
+        "\nEviction on a skewed trace (2,000 lookups, 80 keys, {CAPACITY} entries, 20 keys cost 2 ms)"
+    );
+    println!(
+        "{:<22} {:>17} {:>13} {:>16}",
+        "policy", "expensive builds", "cheap builds", "time building"
+    );
+    println!(
+        "{:<22} {lru_expensive:>17} {lru_cheap:>13} {:>13} ms",
+        "exact LRU (simulated)",
+        lru_expensive * 2
+    );
+    for (name, (e, c, t)) in [("kcache CLOCK", clock), ("kcache cost-aware", aware)] {
+        println!(
+            "{name:<22} {e:>17} {c:>13} {:>13.0} ms",
+            t.as_secs_f64() * 1e3
+        );
+    }
+    println!(
+        "time building, CLOCK / cost-aware: {:.2}x; expensive builds, exact LRU / cost-aware: {:.2}x",
+        clock.2.as_secs_f64() / aware.2.as_secs_f64(),
+        lru_expensive as f64 / aware.0 as f64
+    );
+}
+
 fn main() {
     benches();
     Criterion::default().configure_from_args().final_summary();
     // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
     if std::env::args().any(|a| a == "--bench") {
         ratios();
+        policies();
     }
 }

@@ -10,80 +10,36 @@
 //! The disk tier is not measured: lavapipe's `vkGetPipelineCacheData` holds only the header,
 //! so a warm start cannot be faster on it; that needs a driver that serializes pipelines.
 
+#[path = "../tests/vulkan_common/mod.rs"]
+mod vulkan_common;
+
 use std::hint::black_box;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ash::vk;
 use criterion::{Criterion, criterion_group};
 use kcache::backend::vulkan::testing::TestGpu;
-use kcache::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
-    VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
-};
-
-const SHADER: &str = r#"#version 450
-layout(local_size_x = 64) in;
-layout(constant_id = 0) const uint MUL = 1;
-layout(push_constant) uniform Push { uint add; } pc;
-layout(std430, set = 0, binding = 0) buffer Data { uint v[]; } data;
-void main() {
-    uint i = gl_GlobalInvocationID.x;
-    if (i < data.v.length()) {
-        data.v[i] = data.v[i] * MUL + pc.add;
-    }
-}
-"#;
-
-fn spirv() -> Vec<u32> {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (src, out) = (dir.path().join("s.comp"), dir.path().join("s.spv"));
-    std::fs::write(&src, SHADER).expect("write shader");
-    let ok = Command::new("glslangValidator")
-        .args(["-V", "--target-env", "vulkan1.0", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .output()
-        .expect("glslangValidator (glslang-tools)")
-        .status
-        .success();
-    assert!(ok, "glslangValidator failed");
-    words_from_bytes(&std::fs::read(&out).expect("read SPIR-V")).expect("whole words")
-}
-
-fn layout() -> LayoutDesc {
-    LayoutDesc {
-        sets: vec![vec![DescriptorBinding {
-            binding: 0,
-            descriptor_type: vk::DescriptorType::STORAGE_BUFFER,
-            count: 1,
-        }]],
-        push_constants: Some(PushConstantRange { offset: 0, size: 4 }),
-    }
-}
+use kcache::backend::vulkan::{PipelineSpec, VulkanCache, VulkanDevice, VulkanOptions};
+use vulkan_common::{spec, vulkan};
 
 struct Setup {
     gpu: Arc<TestGpu>,
     cache: VulkanCache,
     device: VulkanDevice,
-    words: Vec<u32>,
     spec: PipelineSpec,
 }
 
 fn setup() -> Setup {
-    let vulkan = Vulkan::load().expect("a Vulkan loader");
+    let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device"));
     let cache = VulkanCache::new(vulkan, VulkanOptions::default());
     let device = cache.register_owned_device(gpu.clone()).unwrap();
-    let words = spirv();
-    let spec = PipelineSpec::new(&words, "main", &[SpecConstant::u32(0, 3)], &layout()).unwrap();
+    let spec = spec(3);
     drop(cache.pipeline(&device, &spec).unwrap());
     Setup {
         gpu,
         cache,
         device,
-        words,
         spec,
     }
 }
@@ -93,8 +49,7 @@ fn hit(s: &Setup) {
 }
 
 fn spec_and_hit(s: &Setup) {
-    let spec = PipelineSpec::new(&s.words, "main", &[SpecConstant::u32(0, 3)], &layout()).unwrap();
-    black_box(s.cache.pipeline(&s.device, &spec).unwrap().pipeline());
+    black_box(s.cache.pipeline(&s.device, &spec(3)).unwrap().pipeline());
 }
 
 fn create(s: &Setup) {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use kcache::memory::{MemoryCache, Options};
+use kcache::memory::{Eviction, MemoryCache, Options};
 use kcache::{BuildError, DestroyError, Error};
 
 /// Records every destroyed value, and can be told to fail for some.
@@ -594,4 +594,60 @@ fn hits_are_counted_exactly_across_threads_that_exit() {
     other.find_or_build("k", None, ok(1)).unwrap();
     assert_eq!(other.stats().misses, 1);
     assert_eq!(c.stats().misses, 5);
+}
+
+/// A build that takes at least `ms` milliseconds (sleep never returns early).
+fn slow(v: u64, ms: u64) -> impl FnOnce() -> Result<(u64, u64), BuildError> {
+    move || {
+        thread::sleep(Duration::from_millis(ms));
+        Ok((v, 1))
+    }
+}
+
+#[test]
+fn cost_aware_eviction_keeps_the_expensive_entry() {
+    let (c, ledger) = cache_with(Options {
+        max_entries: Some(2),
+        ..Options::default()
+    });
+    c.find_or_build("expensive", None, slow(1, 12)).unwrap();
+    c.find_or_build("cheap", None, ok(2)).unwrap();
+    c.find_or_build("newest", None, ok(3)).unwrap();
+    assert_eq!(
+        ledger.destroyed(),
+        vec![2],
+        "the older but costlier entry stays"
+    );
+    assert!(c.get("expensive").is_some());
+}
+
+#[test]
+fn plain_clock_evicts_the_oldest_whatever_it_cost() {
+    let (c, ledger) = cache_with(Options {
+        max_entries: Some(2),
+        eviction: Eviction::Clock,
+        ..Options::default()
+    });
+    c.find_or_build("expensive", None, slow(1, 12)).unwrap();
+    c.find_or_build("cheap", None, ok(2)).unwrap();
+    c.find_or_build("newest", None, ok(3)).unwrap();
+    assert_eq!(ledger.destroyed(), vec![1]);
+}
+
+#[test]
+fn an_expensive_entry_goes_once_its_chances_are_spent() {
+    let (c, ledger) = cache_with(Options {
+        max_entries: Some(1),
+        ..Options::default()
+    });
+    // With a cap of one the newest entry always stays: the expensive entry's two chances
+    // (class 2, 10–100 ms) only make the hand pass it twice before it goes.
+    c.find_or_build("expensive", None, slow(1, 12)).unwrap();
+    c.find_or_build("a", None, ok(2)).unwrap();
+    assert_eq!(
+        ledger.destroyed(),
+        vec![1],
+        "a cap of one keeps only the newest"
+    );
+    assert_eq!(c.len(), 1);
 }

@@ -47,25 +47,36 @@ fn cache(ledger: &Arc<Ledger>, invalidated_by_clear: bool) -> Arc<MemoryCache<u3
     ))
 }
 
+/// Looks up key 1 from `threads` threads at once, each with a build that counts itself in the
+/// ledger and then returns `build()`; returns what each lookup got, in thread order.
+fn racing_lookups(
+    c: &Arc<MemoryCache<u32, u64>>,
+    ledger: &Arc<Ledger>,
+    threads: usize,
+    build: fn() -> Result<(u64, u64), BuildError>,
+) -> Vec<kcache::Result<u64>> {
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (c, l) = (Arc::clone(c), Arc::clone(ledger));
+            thread::spawn(move || {
+                c.find_or_build(&1, None, || {
+                    l.builds.fetch_add(1, Ordering::SeqCst);
+                    build()
+                })
+                .map(|lease| *lease)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 #[test]
 fn single_flight_builds_once() {
     explore(|| {
         let ledger = Arc::new(Ledger::default());
         let c = cache(&ledger, false);
-        let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let (c, l) = (Arc::clone(&c), Arc::clone(&ledger));
-                thread::spawn(move || {
-                    c.find_or_build(&1, None, || {
-                        l.builds.fetch_add(1, Ordering::SeqCst);
-                        Ok((10, 1))
-                    })
-                    .map(|lease| *lease)
-                })
-            })
-            .collect();
-        for h in handles {
-            assert_eq!(h.join().unwrap(), Ok(10));
+        for got in racing_lookups(&c, &ledger, 3, || Ok((10, 1))) {
+            assert_eq!(got, Ok(10));
         }
         assert_eq!(ledger.builds.load(Ordering::SeqCst), 1, "one build per key");
         assert_eq!(c.len(), 1);
@@ -79,23 +90,8 @@ fn single_flight_with_failing_builder() {
     explore(|| {
         let ledger = Arc::new(Ledger::default());
         let c = cache(&ledger, false);
-        let handles: Vec<_> = (0..3)
-            .map(|_| {
-                let (c, l) = (Arc::clone(&c), Arc::clone(&ledger));
-                thread::spawn(move || {
-                    c.find_or_build(&1, None, || {
-                        l.builds.fetch_add(1, Ordering::SeqCst);
-                        Err(BuildError::new(5, "no"))
-                    })
-                    .map(|lease| *lease)
-                })
-            })
-            .collect();
-        for h in handles {
-            assert_eq!(
-                h.join().unwrap(),
-                Err(Error::Build(BuildError::new(5, "no")))
-            );
+        for got in racing_lookups(&c, &ledger, 3, || Err(BuildError::new(5, "no"))) {
+            assert_eq!(got, Err(Error::Build(BuildError::new(5, "no"))));
         }
         let s = c.stats();
         let builds = ledger.builds.load(Ordering::SeqCst);

@@ -323,6 +323,7 @@ pub unsafe extern "C" fn kc_cache_new(
             max_weight: (opts.max_weight != 0).then_some(opts.max_weight),
             invalidated_by_clear: opts.invalidated_by_clear,
             on_destroy_error,
+            ..Options::default()
         };
         let inner = RawCache::new(options, move |value: RawValue| {
             let ctx = destroy_ctx;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::shared::Shared;
-use super::sync::{AtomicBool, Ordering};
+use super::sync::{AtomicBool, AtomicU8, Ordering};
 use crate::DeviceId;
 
 /// One cached value. Owned jointly by the cache table (while linked) and by every lease; the
@@ -18,8 +18,13 @@ pub struct Entry<K, V> {
     device: Option<DeviceId>,
     build_time: Duration,
     pub(super) hash: u64,
-    /// Set by hits, cleared by the capacity policy's clock hand: a second chance.
-    pub(super) referenced: AtomicBool,
+    /// Rounds the capacity policy's clock hand passes over this entry before evicting it:
+    /// starts at the entry's cost class, is raised to one more than that by a hit, and drops by
+    /// one each time the hand passes. With every class 0 this is CLOCK's second-chance bit.
+    pub(super) chances: AtomicU8,
+    /// 0 for builds under 1 ms, then one more per factor of ten (at most 3); always 0 unless
+    /// the cache is cost-aware.
+    cost_class: u8,
     /// False once unlinked from the table (clear, eviction, remove).
     pub(super) linked: AtomicBool,
     pub(super) shared: Arc<Shared<K, V>>,
@@ -35,6 +40,11 @@ impl<K, V> Entry<K, V> {
         hash: u64,
         shared: Arc<Shared<K, V>>,
     ) -> Self {
+        let cost_class = if shared.cost_aware {
+            cost_class(build_time)
+        } else {
+            0
+        };
         Self {
             key,
             value: Some(value),
@@ -42,7 +52,8 @@ impl<K, V> Entry<K, V> {
             device,
             build_time,
             hash,
-            referenced: AtomicBool::new(false),
+            chances: AtomicU8::new(cost_class),
+            cost_class,
             linked: AtomicBool::new(true),
             shared,
         }
@@ -72,9 +83,10 @@ impl<K, V> Entry<K, V> {
     }
 
     pub(super) fn touch(&self) {
-        // Read first: an already-set bit costs no cache-line write on the hit path.
-        if !self.referenced.load(Ordering::Relaxed) {
-            self.referenced.store(true, Ordering::Relaxed);
+        // Read first: an entry already topped up costs no cache-line write on the hit path.
+        let topped_up = self.cost_class + 1;
+        if self.chances.load(Ordering::Relaxed) < topped_up {
+            self.chances.store(topped_up, Ordering::Relaxed);
         }
     }
 
@@ -95,6 +107,19 @@ impl<K, V> Drop for Entry<K, V> {
                 self.shared.report_destroy_error(&e);
             }
         }
+    }
+}
+
+/// The most chances an entry can hold: the top cost class, plus one for a hit.
+pub(super) const MAX_CHANCES: u8 = 4;
+
+/// The cost class of a build: how many extra rounds of the clock hand its entry survives.
+fn cost_class(build_time: Duration) -> u8 {
+    match build_time.as_micros() {
+        0..1_000 => 0,
+        1_000..10_000 => 1,
+        10_000..100_000 => 2,
+        _ => 3,
     }
 }
 

@@ -16,7 +16,8 @@
 //!   something a clear releases), a build that straddles a `clear` is destroyed and reported as
 //!   [`Error::CacheCleared`]. An owning cache installs it.
 //! - **Caps**: an optional entry-count and weight cap, enforced after each install by a CLOCK
-//!   policy (see `policy.rs`). One entry heavier than the whole cap is admitted alone.
+//!   policy that by default weighs the recorded build time (see `policy.rs` and [`Eviction`]).
+//!   One entry heavier than the whole cap is admitted alone.
 //! - **Hit path**: one shard read lock (sharded again per thread, so readers on different
 //!   threads write no common cache line), no allocation, no global lock, no shared counter,
 //!   lookup by borrowed key.
@@ -83,6 +84,20 @@ pub struct Options {
     /// Called with destroy failures that have no caller to return to: destroys deferred to a
     /// lease release, capacity evictions, discarded builds, dropping the cache.
     pub on_destroy_error: Option<ErrorHook>,
+    /// Which entries a cap evicts first.
+    pub eviction: Eviction,
+}
+
+/// How a capped cache chooses what to evict.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Eviction {
+    /// CLOCK weighted by build cost: an entry whose build took 1–10 ms, 10–100 ms or longer
+    /// survives one, two or three more passes of the clock hand than a sub-millisecond one
+    /// used as recently. Among builds of one cost class it is plain CLOCK.
+    #[default]
+    CostAware,
+    /// Plain CLOCK (second chance): an approximation of least-recently-used.
+    Clock,
 }
 
 /// A concurrent cache of live values. Share it between threads behind an `Arc`.
@@ -119,6 +134,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
                 SHARDS,
                 Box::new(destroy),
                 options.on_destroy_error,
+                options.eviction == Eviction::CostAware,
             )),
             hasher: foldhash::fast::RandomState::default(),
             max_entries: options.max_entries,

@@ -1,11 +1,15 @@
 //! Which entries go when a cap is exceeded: CLOCK (second chance), an approximation of LRU
-//! that keeps hits free of any shared lock. Entries join the back of a queue when installed; the
-//! hand takes from the front, and an entry hit since the hand last passed it gets another round.
+//! that keeps hits free of any shared lock, made cost-aware. Entries join the back of a queue
+//! when installed; the hand takes from the front and evicts an entry with no chances left, else
+//! takes one chance and sends it round again. A hit restores an entry's chances; an entry
+//! whose build was expensive starts with more and regains more (see `Entry::chances`), so a
+//! kernel that took a second to compile outlives one that took a microsecond and was used as
+//! recently. When every build is cheap (or the cache is not cost-aware) this is plain CLOCK.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 
-use super::entry::Entry;
+use super::entry::{Entry, MAX_CHANCES};
 use super::sync::Ordering;
 
 pub(super) struct Clock<K, V> {
@@ -48,8 +52,9 @@ impl<K, V> Clock<K, V> {
             self.queue.retain(|weak| weak.strong_count() > 0);
         }
         self.queue.push_back(Arc::downgrade(newest));
-        // Two passes over the queue clear every second-chance bit, so this bounds the sweep.
-        let mut budget = 2 * self.queue.len() + 1;
+        // An entry holds at most MAX_CHANCES; that many passes over the queue plus one more
+        // use every chance up, so this bounds the sweep.
+        let mut budget = (MAX_CHANCES as usize + 1) * self.queue.len() + 1;
         while over(entries, weight) && budget > 0 {
             budget -= 1;
             let Some(weak) = self.queue.pop_front() else {
@@ -62,7 +67,11 @@ impl<K, V> Clock<K, V> {
                 sweep.touched.push(entry);
                 continue;
             }
-            if Arc::ptr_eq(&entry, newest) || entry.referenced.swap(false, Ordering::Relaxed) {
+            let chances = entry.chances.load(Ordering::Relaxed);
+            if Arc::ptr_eq(&entry, newest) || chances > 0 {
+                entry
+                    .chances
+                    .store(chances.saturating_sub(1), Ordering::Relaxed);
                 self.queue.push_back(weak);
                 sweep.touched.push(entry);
                 continue;

@@ -90,6 +90,8 @@ pub(super) struct Shared<K, V> {
     pub(super) shards: Box<[Shard<K, V>]>,
     destroy: DestroyFn<V>,
     on_destroy_error: Option<ErrorHook>,
+    /// Entries' eviction chances depend on their build time (see `policy.rs`).
+    pub(super) cost_aware: bool,
     pub(super) counters: Counters,
     pub(super) tally: Tally,
     /// Entries unlinked from the table that may still be leased. Leases are plain strong
@@ -110,11 +112,13 @@ impl<K, V> Shared<K, V> {
         shard_count: usize,
         destroy: DestroyFn<V>,
         on_destroy_error: Option<ErrorHook>,
+        cost_aware: bool,
     ) -> Self {
         Self {
             shards: (0..shard_count).map(|_| Shard::new()).collect(),
             destroy,
             on_destroy_error,
+            cost_aware,
             counters: Counters::default(),
             tally: Tally::new(),
             detached: Mutex::new(Detached {

@@ -7,7 +7,7 @@ mod imp {
         ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
     };
     pub use parking_lot::MutexGuard;
-    pub use std::sync::atomic::{AtomicBool, AtomicU64};
+    pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
     pub use std::thread::ThreadId;
 
     pub fn current_thread() -> ThreadId {
@@ -64,7 +64,7 @@ mod imp {
 
 #[cfg(feature = "shuttle")]
 mod imp {
-    pub use shuttle::sync::atomic::{AtomicBool, AtomicU64};
+    pub use shuttle::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
     pub use shuttle::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
     pub use shuttle::thread::ThreadId;
     use std::sync::PoisonError;

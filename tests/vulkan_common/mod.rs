@@ -1,5 +1,7 @@
-//! Shared by the Vulkan tests: a compute shader compiled at test time with `glslangValidator`,
-//! its layout, and the expected result of a dispatch.
+//! Shared by the Vulkan tests and benchmark: a compute shader compiled at test time with
+//! `glslangValidator`, its layout, and the expected result of a dispatch.
+
+#![allow(dead_code)] // Each target uses a different subset.
 
 use std::process::Command;
 use std::sync::OnceLock;

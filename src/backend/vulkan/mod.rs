@@ -363,6 +363,96 @@ fn digest(data: &[u8]) -> [u8; 32] {
     *blake3::hash(data).as_bytes()
 }
 
+/// Creates the descriptor-set layouts of `desc`, then the pipeline layout over them. Each set
+/// layout is pushed onto `set_layouts` as soon as it exists, so that the caller destroys what
+/// was made whatever the outcome. `error` turns the failing call's name and result into `E`.
+///
+/// # Safety
+/// `d` must be the function table of a live device.
+unsafe fn create_layouts<E>(
+    d: &ash::Device,
+    desc: &LayoutDesc,
+    set_layouts: &mut Vec<vk::DescriptorSetLayout>,
+    error: impl Fn(&'static str, vk::Result) -> E,
+) -> Result<vk::PipelineLayout, E> {
+    for set in &desc.sets {
+        let bindings: Vec<vk::DescriptorSetLayoutBinding> = set
+            .iter()
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b.binding)
+                    .descriptor_type(b.descriptor_type)
+                    .descriptor_count(b.count)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: live device (caller's contract); the create info outlives the call.
+        let set_layout = unsafe { d.create_descriptor_set_layout(&info, None) }
+            .map_err(|r| error("vkCreateDescriptorSetLayout", r))?;
+        set_layouts.push(set_layout);
+    }
+    let ranges: Vec<vk::PushConstantRange> = desc
+        .push_constants
+        .iter()
+        .map(|pc| vk::PushConstantRange {
+            stage_flags: vk::ShaderStageFlags::COMPUTE,
+            offset: pc.offset,
+            size: pc.size,
+        })
+        .collect();
+    let info = vk::PipelineLayoutCreateInfo::default()
+        .set_layouts(set_layouts)
+        .push_constant_ranges(&ranges);
+    // SAFETY: live device; the set layouts were just created from it.
+    unsafe { d.create_pipeline_layout(&info, None) }.map_err(|r| error("vkCreatePipelineLayout", r))
+}
+
+/// One `vkCreateComputePipelines` for `spec`'s entry point and specialization constants.
+///
+/// # Safety
+/// `d` must be the function table of a live device; `module`, `layout` and `cache` (or a null
+/// `cache`) must belong to it and stay alive across the call.
+unsafe fn create_pipeline(
+    d: &ash::Device,
+    cache: vk::PipelineCache,
+    spec: &PipelineSpec,
+    module: vk::ShaderModule,
+    layout: vk::PipelineLayout,
+) -> Result<vk::Pipeline, vk::Result> {
+    let mut data = Vec::new();
+    let entries: Vec<vk::SpecializationMapEntry> = spec
+        .specialization
+        .iter()
+        .map(|c| {
+            let entry = vk::SpecializationMapEntry {
+                constant_id: c.id,
+                offset: data.len() as u32,
+                size: c.value.len(),
+            };
+            data.extend_from_slice(&c.value);
+            entry
+        })
+        .collect();
+    let specialization = vk::SpecializationInfo::default()
+        .map_entries(&entries)
+        .data(&data);
+    let mut stage = vk::PipelineShaderStageCreateInfo::default()
+        .stage(vk::ShaderStageFlags::COMPUTE)
+        .module(module)
+        .name(&spec.entry_point);
+    if !entries.is_empty() {
+        stage = stage.specialization_info(&specialization);
+    }
+    let info = vk::ComputePipelineCreateInfo::default()
+        .stage(stage)
+        .layout(layout);
+    // SAFETY: forwarded from the caller's contract; the create info outlives the call.
+    unsafe { d.create_compute_pipelines(cache, &[info], None) }
+        .map(|pipelines| pipelines[0])
+        .map_err(|(_, r)| r)
+}
+
 impl VulkanCache {
     pub fn new(vulkan: Vulkan, options: VulkanOptions) -> Self {
         Self {
@@ -618,39 +708,10 @@ impl VulkanCache {
             set_layouts: Vec::with_capacity(desc.sets.len()),
             pipeline_layout: vk::PipelineLayout::null(),
         };
-        for set in &desc.sets {
-            let bindings: Vec<vk::DescriptorSetLayoutBinding> = set
-                .iter()
-                .map(|b| {
-                    vk::DescriptorSetLayoutBinding::default()
-                        .binding(b.binding)
-                        .descriptor_type(b.descriptor_type)
-                        .descriptor_count(b.count)
-                        .stage_flags(vk::ShaderStageFlags::COMPUTE)
-                })
-                .collect();
-            let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-            // SAFETY: live device; the bindings were validated by `PipelineSpec::new`. On
-            // failure, `layout`'s drop destroys what was created so far.
-            let set_layout = unsafe { d.create_descriptor_set_layout(&info, None) }
-                .map_err(|r| build_error("vkCreateDescriptorSetLayout", r))?;
-            layout.set_layouts.push(set_layout);
-        }
-        let ranges: Vec<vk::PushConstantRange> = desc
-            .push_constants
-            .iter()
-            .map(|pc| vk::PushConstantRange {
-                stage_flags: vk::ShaderStageFlags::COMPUTE,
-                offset: pc.offset,
-                size: pc.size,
-            })
-            .collect();
-        let info = vk::PipelineLayoutCreateInfo::default()
-            .set_layouts(&layout.set_layouts)
-            .push_constant_ranges(&ranges);
-        // SAFETY: live device; the set layouts were just created from it.
-        layout.pipeline_layout = unsafe { d.create_pipeline_layout(&info, None) }
-            .map_err(|r| build_error("vkCreatePipelineLayout", r))?;
+        // SAFETY: live device; the bindings were validated by `PipelineSpec::new`. On failure,
+        // `layout`'s drop destroys the set layouts created so far.
+        layout.pipeline_layout =
+            unsafe { create_layouts(d, desc, &mut layout.set_layouts, build_error) }?;
         self.counters
             .layouts_created
             .fetch_add(1, Ordering::Relaxed);
@@ -670,44 +731,16 @@ impl VulkanCache {
         // SAFETY: live device; the code passed the header, bounds and entry-point checks.
         let module = unsafe { d.create_shader_module(&module_info, None) }
             .map_err(|r| build_error("vkCreateShaderModule", r))?;
-
-        let mut data = Vec::new();
-        let entries: Vec<vk::SpecializationMapEntry> = spec
-            .specialization
-            .iter()
-            .map(|c| {
-                let entry = vk::SpecializationMapEntry {
-                    constant_id: c.id,
-                    offset: data.len() as u32,
-                    size: c.value.len(),
-                };
-                data.extend_from_slice(&c.value);
-                entry
-            })
-            .collect();
-        let specialization = vk::SpecializationInfo::default()
-            .map_entries(&entries)
-            .data(&data);
-        let mut stage = vk::PipelineShaderStageCreateInfo::default()
-            .stage(vk::ShaderStageFlags::COMPUTE)
-            .module(module)
-            .name(&spec.entry_point);
-        if !entries.is_empty() {
-            stage = stage.specialization_info(&specialization);
-        }
-        let info = vk::ComputePipelineCreateInfo::default()
-            .stage(stage)
-            .layout(layout.pipeline_layout);
         let started = Instant::now();
         let created = {
             let cache = state.pipeline_cache.read();
             // SAFETY: live device; module, layout and (possibly null) pipeline cache belong to
             // it, and the read lock keeps the pipeline cache alive across the call.
-            unsafe { d.create_compute_pipelines(*cache, &[info], None) }
+            unsafe { create_pipeline(d, *cache, spec, module, layout.pipeline_layout) }
         };
         let pipeline = match created {
-            Ok(p) => p[0],
-            Err((_, r)) => {
+            Ok(p) => p,
+            Err(r) => {
                 // SAFETY: the module was created above and nothing else refers to it.
                 unsafe { d.destroy_shader_module(module, None) };
                 return Err(build_error("vkCreateComputePipelines", r));

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 
 use ash::vk;
 
-use super::{DeviceOwner, Pipeline, PipelineSpec, Vulkan};
+use super::{DeviceOwner, Pipeline, PipelineSpec, Vulkan, create_layouts, create_pipeline};
 use crate::{Error, Result};
 
 fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
@@ -123,77 +123,24 @@ impl TestGpu {
     /// a cache hit in the benchmarks.
     pub fn create_pipeline_uncached(&self, spec: &PipelineSpec) -> Result<()> {
         let d = &self.device;
-        let desc = spec.layout();
         let mut set_layouts = Vec::new();
         let mut module = vk::ShaderModule::null();
         let mut layout = vk::PipelineLayout::null();
         let result = (|| {
-            for set in &desc.sets {
-                let bindings: Vec<_> = set
-                    .iter()
-                    .map(|b| {
-                        vk::DescriptorSetLayoutBinding::default()
-                            .binding(b.binding)
-                            .descriptor_type(b.descriptor_type)
-                            .descriptor_count(b.count)
-                            .stage_flags(vk::ShaderStageFlags::COMPUTE)
-                    })
-                    .collect();
-                let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-                // SAFETY: live device; the create info outlives the call.
-                set_layouts.push(
-                    unsafe { d.create_descriptor_set_layout(&info, None) }
-                        .map_err(vk_err("vkCreateDescriptorSetLayout"))?,
-                );
-            }
-            let ranges: Vec<_> = desc
-                .push_constants
-                .iter()
-                .map(|pc| vk::PushConstantRange {
-                    stage_flags: vk::ShaderStageFlags::COMPUTE,
-                    offset: pc.offset,
-                    size: pc.size,
+            // SAFETY: live device; the set layouts are destroyed below whatever the outcome.
+            layout = unsafe {
+                create_layouts(d, spec.layout(), &mut set_layouts, |what, r| {
+                    vk_err(what)(r)
                 })
-                .collect();
-            let info = vk::PipelineLayoutCreateInfo::default()
-                .set_layouts(&set_layouts)
-                .push_constant_ranges(&ranges);
-            // SAFETY: live device; the set layouts were created from it.
-            layout = unsafe { d.create_pipeline_layout(&info, None) }
-                .map_err(vk_err("vkCreatePipelineLayout"))?;
+            }?;
             let info = vk::ShaderModuleCreateInfo::default().code(&spec.spirv);
             // SAFETY: live device; `PipelineSpec` validated the code.
             module = unsafe { d.create_shader_module(&info, None) }
                 .map_err(vk_err("vkCreateShaderModule"))?;
-            let mut data = Vec::new();
-            let entries: Vec<_> = spec
-                .specialization
-                .iter()
-                .map(|c| {
-                    let e = vk::SpecializationMapEntry {
-                        constant_id: c.id,
-                        offset: data.len() as u32,
-                        size: c.value.len(),
-                    };
-                    data.extend_from_slice(&c.value);
-                    e
-                })
-                .collect();
-            let specialization = vk::SpecializationInfo::default()
-                .map_entries(&entries)
-                .data(&data);
-            let stage = vk::PipelineShaderStageCreateInfo::default()
-                .stage(vk::ShaderStageFlags::COMPUTE)
-                .module(module)
-                .name(&spec.entry_point)
-                .specialization_info(&specialization);
-            let info = vk::ComputePipelineCreateInfo::default()
-                .stage(stage)
-                .layout(layout);
-            // SAFETY: live device; module and layout were created from it.
+            // SAFETY: live device; module and layout were created from it; no pipeline cache.
             let pipeline =
-                unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) }
-                    .map_err(|(_, r)| vk_err("vkCreateComputePipelines")(r))?[0];
+                unsafe { create_pipeline(d, vk::PipelineCache::null(), spec, module, layout) }
+                    .map_err(vk_err("vkCreateComputePipelines"))?;
             // SAFETY: the pipeline was just created and is not in use.
             unsafe { d.destroy_pipeline(pipeline, None) };
             Ok(())

@@ -6,24 +6,11 @@ use std::ffi::{CStr, c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr;
 
+use crate::ffi::testing::CCache;
 use crate::ffi::{
-    KC_NO_DEVICE, kc_cache, kc_cache_clear, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
-    kc_cache_options, kc_cache_options_default, kc_cache_stats, kc_lease, kc_lease_release,
-    kc_lease_value, kc_status, kc_status_name,
+    KC_NO_DEVICE, RawValue, kc_cache_clear, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
+    kc_cache_options, kc_cache_options_default, kc_cache_stats, kc_status, kc_status_name,
 };
-
-/// Builds the value `ctx` with weight 1.
-unsafe extern "C" fn build_ctx(
-    ctx: *mut c_void,
-    _key: *const u8,
-    _key_len: usize,
-    out_value: *mut *mut c_void,
-    _out_weight: *mut u64,
-) -> c_int {
-    // SAFETY: kcache passes a writable out-pointer.
-    unsafe { out_value.write(ctx) };
-    0
-}
 
 /// Clears the cache it is building for (`ctx`), then builds a dummy value.
 unsafe extern "C" fn build_then_clear(
@@ -39,13 +26,6 @@ unsafe extern "C" fn build_then_clear(
         out_value.write(ptr::dangling_mut());
     }
     0
-}
-
-fn new_cache(opts: &kc_cache_options) -> *mut kc_cache {
-    let mut cache = ptr::null_mut();
-    // SAFETY: `opts` is a whole struct; `cache` is a writable local.
-    assert_eq!(unsafe { kc_cache_new(opts, &mut cache) }, kc_status::KC_OK);
-    cache
 }
 
 #[test]
@@ -70,50 +50,21 @@ fn struct_layouts_match_the_header() {
 
 #[test]
 fn a_hit_through_the_c_abi_allocates_nothing() {
-    let cache = new_cache(&kc_cache_options_default());
+    let cache = CCache::new().expect("kc_cache_new");
     let keys: Vec<Vec<u8>> = (0..64u32).map(|i| i.to_le_bytes().repeat(8)).collect();
+    // Each key's value is its own address: opaque to kcache, and checkable on a hit.
+    let value_of = |key: &Vec<u8>| RawValue(key.as_ptr().cast_mut().cast());
     for key in &keys {
-        let mut lease = ptr::null_mut();
-        // SAFETY: live cache, key slice, writable out-pointer; the callback ignores its key.
-        unsafe {
-            assert_eq!(
-                kc_cache_find_or_build(
-                    cache,
-                    key.as_ptr(),
-                    key.len(),
-                    KC_NO_DEVICE,
-                    Some(build_ctx),
-                    key.as_ptr().cast_mut().cast(),
-                    &mut lease,
-                ),
-                kc_status::KC_OK
-            );
-            kc_lease_release(lease);
-        }
+        assert_eq!(cache.find_or_build(key, value_of(key)).0, value_of(key).0);
     }
 
     let mut found = 0;
     let hits = allocation_counter::measure(|| {
         for _ in 0..10 {
             for key in &keys {
-                let mut lease: *mut kc_lease = ptr::null_mut();
-                // SAFETY: as above; every key is cached, so the callback does not run.
-                unsafe {
-                    let status = kc_cache_find_or_build(
-                        cache,
-                        key.as_ptr(),
-                        key.len(),
-                        KC_NO_DEVICE,
-                        Some(build_ctx),
-                        ptr::null_mut(),
-                        &mut lease,
-                    );
-                    if status == kc_status::KC_OK
-                        && kc_lease_value(lease) == key.as_ptr().cast_mut().cast()
-                    {
-                        found += 1;
-                    }
-                    kc_lease_release(lease);
+                // Every key is cached, so the NULL value the build would store is never built.
+                if cache.find_or_build(key, RawValue(ptr::null_mut())).0 == value_of(key).0 {
+                    found += 1;
                 }
             }
         }
@@ -124,8 +75,6 @@ fn a_hit_through_the_c_abi_allocates_nothing() {
         "hits allocated {} times",
         hits.count_total
     );
-    // SAFETY: the cache is live and no other call runs on it.
-    unsafe { kc_cache_free(cache) };
 }
 
 #[test]
