@@ -519,8 +519,11 @@ fn remove_returns_destroy_error() {
 
 #[test]
 fn entry_cap_evicts_least_recently_used() {
+    // Plain CLOCK: under cost-aware eviction a build preempted for over a millisecond would
+    // earn its entry an extra chance and change the order this test checks.
     let (c, ledger) = cache_with(Options {
         max_entries: Some(2),
+        eviction: Eviction::Clock,
         ..Options::default()
     });
     c.find_or_build("a", None, ok(1)).unwrap();
@@ -539,8 +542,10 @@ fn entry_cap_evicts_least_recently_used() {
 
 #[test]
 fn weight_cap_evicts_until_under_and_admits_oversized_alone() {
+    // Plain CLOCK, for the same reason as above.
     let (c, ledger) = cache_with(Options {
         max_weight: Some(100),
+        eviction: Eviction::Clock,
         ..Options::default()
     });
     c.find_or_build("a", None, || Ok((1, 40))).unwrap();
