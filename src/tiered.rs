@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::disk::DiskCache;
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
-use crate::memory::{Lease, MemoryCache};
+use crate::memory::{Built, Lease, MemoryCache};
 
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {
@@ -120,8 +120,8 @@ where
         l1_key: &Q,
         device: Option<DeviceId>,
         l2_key: impl FnOnce() -> Result<Key>,
-        load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
-        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+        load: impl FnOnce(&[u8]) -> Built<V>,
+        build: impl FnOnce() -> Built<V>,
         serialize: impl FnOnce(&V) -> std::result::Result<Vec<u8>, BuildError>,
     ) -> Result<Lease<K, V>>
     where
@@ -156,8 +156,8 @@ where
         l1_key: &Q,
         device: Option<DeviceId>,
         l2_key: impl FnOnce() -> Result<Key>,
-        load: Option<impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>>,
-        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+        load: Option<impl FnOnce(&[u8]) -> Built<V>>,
+        build: impl FnOnce() -> Built<V>,
         serialize: impl FnOnce(&V) -> std::result::Result<Vec<u8>, BuildError>,
     ) -> Result<Lease<K, V>>
     where
@@ -202,7 +202,7 @@ where
     fn load_from_disk(
         &self,
         l2_key: &Key,
-        load: impl FnOnce(&[u8]) -> std::result::Result<(V, u64), BuildError>,
+        load: impl FnOnce(&[u8]) -> Built<V>,
     ) -> Option<(V, u64)> {
         let disk = self.disk?;
         let entry = match disk.get(l2_key) {

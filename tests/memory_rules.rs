@@ -656,3 +656,14 @@ fn an_expensive_entry_goes_once_its_chances_are_spent() {
     );
     assert_eq!(c.len(), 1);
 }
+
+#[test]
+fn probe_counts_a_hit_but_leaves_the_miss_to_find_or_build() {
+    let (c, _) = cache();
+    assert!(c.probe("k").is_none());
+    assert_eq!(c.stats().misses, 0);
+    c.find_or_build("k", None, ok(7)).unwrap();
+    assert_eq!(*c.probe("k").unwrap(), 7);
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (1, 1));
+}

@@ -11,10 +11,10 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, PoisonError};
 
-use parking_lot::RwLock;
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::error::{DeviceId, Error, Result};
 use crate::memory::{Lease, MemoryCache};
@@ -62,20 +62,33 @@ impl<H: Copy, T> Registration<H, T> {
 
 /// The registrations of one backend cache.
 pub struct Registry<H, T> {
-    rows: RwLock<HashMap<H, Arc<Registration<H, T>>>>,
+    /// Read on every lookup, so sharded per thread like the memory tier's own locks.
+    rows: ShardedLock<HashMap<H, Arc<Registration<H, T>>>>,
     next_id: AtomicI64,
 }
 
 impl<H: Hash + Eq + Copy, T> Default for Registry<H, T> {
     fn default() -> Self {
         Registry {
-            rows: RwLock::new(HashMap::new()),
+            rows: ShardedLock::new(HashMap::new()),
             next_id: AtomicI64::new(0),
         }
     }
 }
 
 impl<H: Hash + Eq + Copy, T> Registry<H, T> {
+    /// The hit path: `probe` looks at `handle`'s registration under the read lock, without
+    /// taking a reference to it (which would be one more shared write per lookup); `None` when
+    /// `handle` is not registered. Eviction needs the write lock, so the registration `probe`
+    /// sees is not evicted while it runs. `probe` must not block.
+    pub fn probe<R>(
+        &self,
+        handle: H,
+        probe: impl FnOnce(&Registration<H, T>) -> Option<R>,
+    ) -> Option<R> {
+        self.read().get(&handle).and_then(|row| probe(row))
+    }
+
     /// The registration of `handle`; on first sight `describe` queries what the backend keeps
     /// about it. `describe` runs outside the lock (it calls into the driver), so two threads
     /// may both run it; one result is kept.
@@ -84,11 +97,11 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
         handle: H,
         describe: impl FnOnce() -> Result<T>,
     ) -> Result<Arc<Registration<H, T>>> {
-        if let Some(row) = self.rows.read().get(&handle) {
+        if let Some(row) = self.read().get(&handle) {
             return Ok(Arc::clone(row));
         }
         let info = describe()?;
-        let mut rows = self.rows.write();
+        let mut rows = self.write();
         let row = rows.entry(handle).or_insert_with(|| {
             Arc::new(Registration {
                 id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -98,6 +111,15 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
             })
         });
         Ok(Arc::clone(row))
+    }
+
+    fn read(&self) -> ShardedLockReadGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
+        // A panic under the lock leaves the map consistent: every change is one map call.
+        self.rows.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> ShardedLockWriteGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
+        self.rows.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Unregisters every registration `doomed` picks and evicts all their entries from
@@ -111,7 +133,7 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
         K: Hash + Eq,
     {
         let mut ids = Vec::new();
-        self.rows.write().retain(|_, row| {
+        self.write().retain(|_, row| {
             if !doomed(row) {
                 return true;
             }

@@ -71,6 +71,9 @@ const SHARDS: usize = 64;
 #[cfg(feature = "shuttle")]
 const SHARDS: usize = 4;
 
+/// What a build (or a load from another tier) returns: the value and its weight, or why not.
+pub type Built<V> = std::result::Result<(V, u64), BuildError>;
+
 /// How a [`MemoryCache`] behaves; fixed at creation.
 #[derive(Clone, Default)]
 pub struct Options {
@@ -153,7 +156,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         &self,
         key: &Q,
         device: Option<DeviceId>,
-        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+        build: impl FnOnce() -> Built<V>,
     ) -> Result<Lease<K, V>>
     where
         K: Borrow<Q>,
@@ -183,7 +186,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         key: &Q,
         hash: u64,
         device: Option<DeviceId>,
-        build: impl FnOnce() -> std::result::Result<(V, u64), BuildError>,
+        build: impl FnOnce() -> Built<V>,
     ) -> Result<Lease<K, V>>
     where
         K: Borrow<Q>,
@@ -250,15 +253,26 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
-        let shard = self.shared.shard_of(hash);
-        let table = shard.table.read();
-        if let Some(Slot::Ready(entry)) = table.find(hash, |slot| slot.matches(hash, key)) {
-            return Some(self.hit(entry));
+        let found = self.probe(key);
+        if found.is_none() {
+            self.shared.tally.miss();
         }
-        drop(table);
-        self.shared.tally.miss();
-        None
+        found
+    }
+
+    /// [`MemoryCache::get`] for a caller that follows a miss with
+    /// [`MemoryCache::find_or_build`], which counts the miss: a hit is counted, a miss is not.
+    pub fn probe<Q>(&self, key: &Q) -> Option<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.hasher.hash_one(key);
+        let table = self.shared.shard_of(hash).table.read();
+        match table.find(hash, |slot| slot.matches(hash, key)) {
+            Some(Slot::Ready(entry)) => Some(self.hit(entry)),
+            _ => None,
+        }
     }
 
     /// Unlinks the ready entry for `key`. Its value is destroyed now if no lease holds it,

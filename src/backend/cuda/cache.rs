@@ -384,8 +384,18 @@ impl CudaCache {
             })?,
         };
         check_unique(options)?;
-        let registered = self.register(context)?;
         let mut key = KEY_BUFFER.take();
+        // A hit touches neither the registration's reference count nor any other shared word.
+        let hit = self.contexts.probe(context.raw() as usize, |registered| {
+            memory_key(&mut key, registered.id(), input, options);
+            self.memory().probe(&key[..])
+        });
+        if let Some(lease) = hit {
+            KEY_BUFFER.set(key);
+            return Ok(lease);
+        }
+        // (An error here drops the key buffer: the next lookup just allocates a new one.)
+        let registered = self.register(context)?;
         memory_key(&mut key, registered.id(), input, options);
         // The cubin a link produced, for the write-back: a loaded module cannot give it back.
         let linked = Cell::new(None);

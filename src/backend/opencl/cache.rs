@@ -89,10 +89,20 @@ impl OpenClCache {
             ));
         }
         let pair = (context.raw() as usize, device.raw() as usize);
+        let mut key = KEY_BUFFER.take();
+        // A hit touches neither the registration's reference count nor any other shared word.
+        let hit = self.devices.probe(pair, |registered| {
+            memory_key(&mut key, registered.id(), sources, options);
+            self.memory().probe(&key[..])
+        });
+        if let Some(lease) = hit {
+            KEY_BUFFER.set(key);
+            return Ok(lease);
+        }
+        // (An error here drops the key buffer: the next lookup just allocates a new one.)
         let registered = self
             .devices
             .get_or_register(pair, || DeviceIdentity::query(self.api, device))?;
-        let mut key = KEY_BUFFER.take();
         memory_key(&mut key, registered.id(), sources, options);
         // A source build hands its binary to the write-back here, so the driver is asked once.
         let binary = Cell::new(None);

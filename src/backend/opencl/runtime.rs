@@ -234,35 +234,45 @@ impl Program {
     /// The driver's reference count (`CL_PROGRAM_REFERENCE_COUNT`): how many owners the
     /// program has, this one included. Meant for checks, as the specification says.
     pub fn reference_count(&self) -> Result<u32> {
-        let mut count: cl_uint = 0;
-        // SAFETY: the answer is one `cl_uint`, whose size is passed; the program is live.
+        // SAFETY: CL_PROGRAM_REFERENCE_COUNT answers one `cl_uint`.
+        unsafe {
+            self.scalar_info(
+                CL_PROGRAM_REFERENCE_COUNT,
+                "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)",
+            )
+        }
+    }
+
+    /// A `clGetProgramInfo` query whose answer is one plain value; `what` names it in errors.
+    ///
+    /// # Safety
+    /// `T` must be the type the specification gives for `param`'s answer.
+    unsafe fn scalar_info<T: Copy + Default>(&self, param: cl_uint, what: &str) -> Result<T> {
+        let mut value = T::default();
+        // SAFETY: the answer is one `T` (the caller's promise), whose size is passed; the
+        // program is live.
         let code = unsafe {
             (self.api.clGetProgramInfo)(
                 self.raw,
-                CL_PROGRAM_REFERENCE_COUNT,
-                size_of::<cl_uint>(),
-                (&raw mut count).cast(),
+                param,
+                size_of::<T>(),
+                (&raw mut value).cast(),
                 ptr::null_mut(),
             )
         };
-        check(code, "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)")?;
-        Ok(count)
+        check(code, what)?;
+        Ok(value)
     }
 
     /// The binary of a program built for exactly one device (`CL_PROGRAM_BINARIES`).
     pub fn binary(&self) -> Result<Vec<u8>> {
-        let mut size = 0usize;
         // SAFETY: the program has one device, so the answer is one `size_t`.
-        let code = unsafe {
-            (self.api.clGetProgramInfo)(
-                self.raw,
+        let size: usize = unsafe {
+            self.scalar_info(
                 CL_PROGRAM_BINARY_SIZES,
-                size_of::<usize>(),
-                (&raw mut size).cast(),
-                ptr::null_mut(),
+                "clGetProgramInfo(CL_PROGRAM_BINARY_SIZES)",
             )
-        };
-        check(code, "clGetProgramInfo(CL_PROGRAM_BINARY_SIZES)")?;
+        }?;
         if size == 0 {
             return Err(Error::Backend(
                 "the driver reported an empty program binary".into(),
