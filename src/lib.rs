@@ -10,6 +10,8 @@ pub mod backend;
 /// cbindgen:ignore
 pub mod disk;
 /// cbindgen:ignore
+pub mod env;
+/// cbindgen:ignore
 pub mod error;
 pub mod ffi;
 /// cbindgen:ignore

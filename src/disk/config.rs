@@ -135,7 +135,7 @@ impl DiskConfig {
     pub(crate) fn resolve(&self) -> Result<Resolved> {
         let env = |name: &str| {
             if self.read_env {
-                std::env::var_os(name).filter(|v| !v.is_empty())
+                crate::env::var_os(name).filter(|v| !v.is_empty())
             } else {
                 None
             }

@@ -165,7 +165,7 @@ unsafe fn symbol<T: Copy>(library: &Library, path: &Path, name: &str) -> Result<
 impl Driver {
     /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub fn load() -> Result<Self> {
-        match std::env::var_os(LIBRARY_ENV) {
+        match crate::env::var_os(LIBRARY_ENV) {
             Some(path) if !path.is_empty() => Self::load_from(Path::new(&path)),
             _ => Self::load_from(Path::new(DEFAULT_LIBRARY)),
         }

@@ -85,7 +85,7 @@ impl Nvrtc {
     /// Loads the library named by `KCACHE_NVRTC_LIBRARY`, else the first of
     /// [`DEFAULT_LIBRARIES`] that loads.
     pub fn load() -> Result<Self> {
-        if let Some(path) = std::env::var_os(LIBRARY_ENV).filter(|p| !p.is_empty()) {
+        if let Some(path) = crate::env::var_os(LIBRARY_ENV).filter(|p| !p.is_empty()) {
             return Self::load_from(Path::new(&path));
         }
         let mut reasons = Vec::new();

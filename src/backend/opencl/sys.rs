@@ -215,7 +215,7 @@ impl Api {
     pub fn get() -> Result<&'static Api> {
         static API: OnceLock<std::result::Result<Api, Error>> = OnceLock::new();
         API.get_or_init(|| {
-            let path = std::env::var_os("KCACHE_OPENCL_LIBRARY")
+            let path = crate::env::var_os("KCACHE_OPENCL_LIBRARY")
                 .filter(|p| !p.is_empty())
                 .unwrap_or_else(|| OsString::from(DEFAULT_LIBRARY));
             let api = Api::load(&path)?;

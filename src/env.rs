@@ -1,0 +1,72 @@
+//! The one place kcache reads its `KCACHE_*` environment (and the `XDG_CACHE_HOME` / `HOME`
+//! fallbacks of the cache directory).
+//!
+//! In a secure-execution process (setuid, setgid, or granted file capabilities: the kernel sets
+//! `AT_SECURE`), the environment belongs to the less privileged user who started it. A library
+//! path taken from there would run that user's code with the program's privileges, and a
+//! directory or key file would make the program trust that user's files. So, as the OpenCL ICD
+//! loader and the Vulkan loader do with `secure_getenv`, every variable read here is absent in
+//! such a process: only values the program passes explicitly count.
+
+use std::ffi::OsString;
+use std::sync::OnceLock;
+
+/// `AT_SECURE` in the auxiliary vector (`<elf.h>`).
+const AT_SECURE: u64 = 23;
+
+/// Whether this process runs in secure-execution mode. Decided once per process, from
+/// `/proc/self/auxv` (`AT_SECURE`) and from the real and effective user and group ids. A process
+/// that cannot read its own auxiliary vector (file capabilities make it non-dumpable, and
+/// `/proc/self` then belongs to root) is taken to be in that mode.
+pub fn secure_execution() -> bool {
+    static SECURE: OnceLock<bool> = OnceLock::new();
+    *SECURE.get_or_init(|| {
+        use rustix::process::{getegid, geteuid, getgid, getuid};
+        let ids_differ = getuid() != geteuid() || getgid() != getegid();
+        ids_differ || at_secure().unwrap_or(true)
+    })
+}
+
+/// Reads `AT_SECURE` from `/proc/self/auxv`: native-endian (type, value) pairs of machine
+/// words, ending with `AT_NULL`.
+fn at_secure() -> Option<bool> {
+    let auxv = std::fs::read("/proc/self/auxv").ok()?;
+    const WORD: usize = std::mem::size_of::<usize>();
+    for pair in auxv.chunks_exact(2 * WORD) {
+        let word = |bytes: &[u8]| {
+            let mut raw = [0u8; WORD];
+            raw.copy_from_slice(bytes);
+            usize::from_ne_bytes(raw) as u64
+        };
+        match word(&pair[..WORD]) {
+            0 => break,
+            AT_SECURE => return Some(word(&pair[WORD..]) != 0),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The value of `name`, or `None` when it is unset or the process is in secure-execution mode.
+/// An empty value is returned as it is: each caller decides what empty means for its variable.
+pub fn var_os(name: &str) -> Option<OsString> {
+    if secure_execution() {
+        None
+    } else {
+        std::env::var_os(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ordinary_test_process_is_not_secure() {
+        // The tests run without setuid bits or file capabilities: the auxiliary vector is
+        // readable and says so, so the environment is honoured.
+        assert_eq!(at_secure(), Some(false));
+        assert!(!secure_execution());
+        assert_eq!(var_os("PATH"), std::env::var_os("PATH"));
+    }
+}
