@@ -233,3 +233,126 @@ fn threads_putting_and_reading_under_the_cap_keep_the_index_exact() {
     assert_eq!(usage.bytes, on_disk);
     assert_eq!(usage.entries + s.evictions, 600);
 }
+
+/// Entry files in the directory and their total size, from a listing.
+fn listing(dir: &Path) -> (u64, u64) {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".kce"))
+        .fold((0, 0), |(n, b), e| (n + 1, b + e.metadata().unwrap().len()))
+}
+
+#[test]
+fn the_cap_holds_for_writes_made_while_the_opening_scan_runs() {
+    const CAP: u64 = 1 << 20;
+    const BIG: usize = (64 << 10) - 104; // 64 KiB on disk
+    for round in 0..3 {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cache");
+        let mut c = config(&dir);
+        c.max_size = Some(CAP);
+        {
+            // Many small entries: a scan that takes a while, well under the cap.
+            let disk = DiskCache::open(c.clone()).unwrap();
+            for i in 0..3000 {
+                disk.put(&key(&format!("small {i}")), &[1u8; 96], Duration::ZERO)
+                    .unwrap();
+            }
+        }
+        let disk = std::sync::Arc::new(DiskCache::open(c).unwrap());
+        let writers: Vec<_> = (0..3)
+            .map(|t| {
+                let disk = disk.clone();
+                std::thread::spawn(move || {
+                    for i in 0..6 {
+                        let k = key(&format!("big {t} {i}"));
+                        disk.put(&k, &vec![2u8; BIG], Duration::ZERO).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        // No waiting for the scan: the cap holds as soon as the writes have returned.
+        let (_, bytes) = listing(&dir);
+        assert!(bytes <= CAP, "round {round}: {bytes} bytes on disk");
+        disk.usage();
+        assert_eq!(listing(&dir), {
+            let s = disk.stats();
+            (s.entries, s.bytes)
+        });
+    }
+}
+
+#[test]
+fn the_index_matches_the_directory_after_concurrent_puts_gets_and_removes() {
+    for round in 0..24 {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cache");
+        let mut c = config(&dir);
+        // Small enough that puts evict and trigger rescans as well.
+        c.max_size = Some(12_000);
+        let disk = std::sync::Arc::new(DiskCache::open(c).unwrap());
+        disk.usage();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let disk = disk.clone();
+                std::thread::spawn(move || {
+                    for i in 0..300usize {
+                        // Few names, so that the threads collide on them.
+                        let k = key(&format!("shared {}", (i * 7 + t) % 6));
+                        match (i + t) % 3 {
+                            0 => {
+                                let len = 100 + (i * 131 + t * 29) % 1900;
+                                disk.put(&k, &vec![t as u8; len], Duration::ZERO).unwrap();
+                            }
+                            1 => {
+                                let _ = disk.get(&k).unwrap();
+                            }
+                            _ => {
+                                disk.remove(&k).unwrap();
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        disk.usage();
+        let s = disk.stats();
+        assert_eq!(
+            (s.entries, s.bytes),
+            listing(&dir),
+            "round {round}: the index differs from the directory"
+        );
+        assert_eq!((s.integrity_rejects, s.io_errors), (0, 0));
+    }
+}
+
+#[test]
+fn gc_removes_an_empty_directory_at_an_entry_name_and_reports_a_full_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let disk = DiskCache::open(config(&dir)).unwrap();
+    let empty = disk.entry_path(&key("empty dir"));
+    let full = disk.entry_path(&key("full dir"));
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("inside"), b"not ours").unwrap();
+    disk.put(&key("good"), b"good", Duration::ZERO).unwrap();
+
+    let report = disk.gc(&[], Duration::ZERO).unwrap();
+    assert_eq!(report.corrupt, 1);
+    assert_eq!(report.undeletable, 1);
+    assert_eq!(report.kept, 1);
+    assert!(!empty.exists());
+    assert!(full.join("inside").exists());
+    // A read refuses it too, and says it could not be removed.
+    assert!(disk.get(&key("full dir")).is_err());
+    assert!(full.join("inside").exists());
+    assert_eq!(disk.usage().entries, 1);
+}

@@ -285,3 +285,48 @@ fn file_layout_matches_the_documented_format() {
     let name = name.file_name().unwrap().to_string_lossy();
     assert_eq!(name, format!("0000000000000000-{}.kce", k.to_hex()));
 }
+
+#[test]
+fn sparse_entry_larger_than_memory_is_a_miss_and_is_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config = DiskConfig::in_dir(tmp.path().join("cache"));
+    config.max_size = Some(1 << 40);
+    config.durability = Durability::Relaxed;
+    let disk = DiskCache::open(config).unwrap();
+    let k = key("sparse");
+    let path = disk.entry_path(&k);
+    let plant = || {
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(100 << 30).unwrap();
+    };
+    plant();
+    assert!(matches!(disk.get(&k), Err(Error::Integrity(_))));
+    assert!(std::fs::symlink_metadata(&path).is_err());
+    assert_eq!(disk.stats().integrity_rejects, 1);
+    // gc classifies it without reading it either.
+    plant();
+    let report = disk.gc(&[], Duration::ZERO).unwrap();
+    assert_eq!(report.corrupt, 1);
+    assert!(std::fs::symlink_metadata(&path).is_err());
+}
+
+#[test]
+fn directory_at_an_entry_name_is_removed_by_a_read_and_by_a_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), None);
+    let k = key("dir");
+    let path = disk.entry_path(&k);
+    std::fs::create_dir(&path).unwrap();
+    assert!(matches!(disk.get(&k), Err(Error::Integrity(_))));
+    assert!(std::fs::symlink_metadata(&path).is_err());
+    assert_eq!(disk.get(&k).unwrap(), None);
+    disk.put(&k, b"after", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&k).unwrap().unwrap().payload(), b"after");
+
+    // A write finding a directory at its name removes it too.
+    let other = key("dir, written");
+    std::fs::create_dir(disk.entry_path(&other)).unwrap();
+    disk.put(&other, b"written", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&other).unwrap().unwrap().payload(), b"written");
+    assert_eq!(disk.stats().integrity_rejects, 2);
+}

@@ -8,16 +8,24 @@
 //! the cap (so other processes' writes are counted too), and otherwise updated in place by
 //! `put`, `remove` and reads. Before an entry is evicted its mtime is checked again, so an
 //! entry another process read since is kept.
+//!
+//! Every change this process makes to the directory's entry names (the rename that publishes
+//! a write, every unlink) happens under the index's lock together with the index update, so
+//! the index never disagrees with what this process did: with no other process writing, it is
+//! exact whenever no call is in flight. Only those single metadata calls are serialized; the
+//! data of a write and of a read, and the fsyncs, happen outside the lock.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Condvar, Mutex};
 use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
 
 use super::{Inner, Usage, bump, parse_entry_name};
 
@@ -103,13 +111,26 @@ pub(super) fn lstat_at(dir: &OwnedFd, name: &str) -> io::Result<Metadata> {
     std::fs::File::from(fd).metadata()
 }
 
+/// What [`Index::unlink`] found at the name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unlinked {
+    /// Removed (a file, or an empty directory).
+    Removed,
+    /// Nothing there any more.
+    Gone,
+    /// Another file than the expected one: a writer replaced it meanwhile; left alone.
+    Replaced,
+}
+
 impl Index {
-    pub(super) fn known_usage(&self) -> Usage {
+    /// What the index knows of the directory, and whether the opening scan has finished.
+    pub(super) fn known_usage(&self) -> (Usage, bool) {
         let s = self.state.lock();
-        Usage {
+        let usage = Usage {
             entries: s.files.len() as u64,
             bytes: s.total,
-        }
+        };
+        (usage, s.seeded)
     }
 
     pub(super) fn wait_seeded(&self) {
@@ -119,24 +140,52 @@ impl Index {
         }
     }
 
-    /// A put replaced or created `name`; evicts what the cap requires.
-    pub(super) fn record(inner: &Arc<Inner>, name: String, meta: &Metadata) {
+    /// Publishes a written temporary file `temp` (described by `meta`) under `name`: first
+    /// evicts what the cap requires to make room for it, then renames it into place and
+    /// records it, so the directory stays within the cap at every moment.
+    ///
+    /// A write waits for the opening scan: before it the index does not know what the
+    /// directory holds, so it could neither tell whether the cap allows the entry nor choose
+    /// what to evict. The scan takes milliseconds even for a full cache, and the entry's
+    /// bytes are already written while it runs.
+    ///
+    /// A directory found at `name` (which no write can replace) is removed when empty and
+    /// counted as an integrity reject.
+    pub(super) fn publish(
+        inner: &Arc<Inner>,
+        temp: &str,
+        name: &str,
+        meta: &Metadata,
+    ) -> io::Result<()> {
         let index = &inner.index;
         let rescan = {
             let mut s = index.state.lock();
-            let recency = meta.modified().map_or(0, nanos_since_epoch);
-            s.insert(name, meta.len(), recency);
-            s.written_since_scan += meta.len();
-            if s.seeded {
-                evict_over_cap(inner, &mut s);
+            while !s.seeded {
+                index.seeded.wait(&mut s);
             }
-            s.seeded && !s.scanning && s.written_since_scan > inner.max_size / 4
+            let size = meta.len();
+            evict_over_cap(inner, &mut s, Some((name, size)));
+            match rustix::fs::renameat(&inner.dir, temp, &inner.dir, name) {
+                Ok(()) => {}
+                Err(Errno::ISDIR) => {
+                    rustix::fs::unlinkat(&inner.dir, name, AtFlags::REMOVEDIR)?;
+                    bump(&inner.counters.integrity_rejects, 1);
+                    rustix::fs::renameat(&inner.dir, temp, &inner.dir, name)?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let recency = meta.modified().map_or(0, nanos_since_epoch);
+            s.insert(name.to_owned(), size, recency);
+            s.written_since_scan += size;
+            !s.scanning && s.written_since_scan > inner.max_size / 4
         };
         if rescan {
             start_scan(inner);
         }
+        Ok(())
     }
 
+    /// A read refreshed the mtime of `name`.
     pub(super) fn touch(&self, name: &str, recency: u64) {
         let mut s = self.state.lock();
         if let Some(size) = s.files.get(name).map(|t| t.size) {
@@ -144,16 +193,49 @@ impl Index {
         }
     }
 
-    pub(super) fn forget(&self, name: &str) {
-        self.state.lock().unlinked(name);
+    /// Removes what is at `name` and stops counting it: a file, or a directory if it is
+    /// empty. With `expected` (an inode number), only if the name still holds that inode, so
+    /// a file a writer put there since is kept.
+    pub(super) fn unlink(inner: &Inner, name: &str, expected: Option<u64>) -> io::Result<Unlinked> {
+        let mut s = inner.index.state.lock();
+        let outcome = match expected {
+            None => remove_name(inner, name),
+            Some(ino) => match lstat_at(&inner.dir, name) {
+                Ok(meta) if meta.ino() != ino => return Ok(Unlinked::Replaced),
+                Ok(_) => remove_name(inner, name),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Unlinked::Gone),
+                Err(e) => Err(e),
+            },
+        }?;
+        s.unlinked(name);
+        Ok(outcome)
     }
 }
 
-/// Evicts least recently used entries until the total fits the cap. Each victim costs one
-/// `lstat` and one `unlink`: no scan.
-fn evict_over_cap(inner: &Inner, s: &mut State) {
-    while s.total > inner.max_size {
-        let Some((recency, name)) = s.order.first().cloned() else {
+/// Unlinks `name`, or removes it as a directory when that is what it is.
+fn remove_name(inner: &Inner, name: &str) -> io::Result<Unlinked> {
+    let removed = match rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()) {
+        Err(Errno::ISDIR) => rustix::fs::unlinkat(&inner.dir, name, AtFlags::REMOVEDIR),
+        other => other,
+    };
+    match removed {
+        Ok(()) => Ok(Unlinked::Removed),
+        Err(Errno::NOENT) => Ok(Unlinked::Gone),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Evicts least recently used entries until the total fits the cap, with room for
+/// `incoming` (a name about to be written and its size; the name itself is replaced, not
+/// evicted). Each victim costs one `lstat` and one `unlink`: no scan.
+fn evict_over_cap(inner: &Inner, s: &mut State, incoming: Option<(&str, u64)>) {
+    let (keep, size) = incoming.unwrap_or(("", 0));
+    loop {
+        let replaced = s.files.get(keep).map_or(0, |t| t.size);
+        if s.total - replaced + size <= inner.max_size {
+            break;
+        }
+        let Some((recency, name)) = s.order.iter().find(|(_, n)| n != keep).cloned() else {
             break;
         };
         match lstat_at(&inner.dir, &name) {
@@ -164,8 +246,15 @@ fn evict_over_cap(inner: &Inner, s: &mut State) {
                     s.insert(name, meta.len(), actual);
                     continue;
                 }
-                if rustix::fs::unlinkat(&inner.dir, name.as_str(), AtFlags::empty()).is_ok() {
-                    bump(&inner.counters.evictions, 1);
+                match rustix::fs::unlinkat(&inner.dir, name.as_str(), AtFlags::empty()) {
+                    Ok(()) => bump(&inner.counters.evictions, 1),
+                    Err(Errno::NOENT) => {}
+                    Err(_) => {
+                        // Still there and still counted: the cap cannot be met by this
+                        // entry, and retrying it would only spin.
+                        bump(&inner.counters.io_errors, 1);
+                        break;
+                    }
                 }
             }
             // Gone, or no longer a regular file: only stop counting it.
@@ -234,7 +323,7 @@ fn scan(inner: &Inner, epoch: u64) {
     }
     s.seeded = true;
     s.written_since_scan = 0;
-    evict_over_cap(inner, &mut s);
+    evict_over_cap(inner, &mut s, None);
     drop(s);
     inner.index.seeded.notify_all();
 }

@@ -1,15 +1,18 @@
 //! Collection of what reads never clean up: temporaries of crashed writers, entries of other
 //! key schemas, entries of retired operator keys, and corrupt entries nobody asked for since.
-//! Only names of kcache's own two patterns are considered; anything else is left alone.
+//! Only names of kcache's own two patterns are considered; anything else is left alone. A
+//! directory at an entry name is removed if empty, and reported as undeletable otherwise.
 
-use std::fs::File;
-use std::io::Read;
+use std::fs::{File, Metadata};
+use std::io::{Read, Seek};
+use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 
-use super::evict::lstat_at;
+use super::evict::{Index, Unlinked, lstat_at};
 use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
+use super::store::read_bounded;
 use super::{DiskCache, Fingerprint, Inner, is_temp_name, parse_entry_name};
 use crate::error::{Error, Result};
 use crate::key::Key;
@@ -27,6 +30,9 @@ pub struct GcReport {
     pub corrupt: u64,
     pub kept: u64,
     pub bytes_freed: u64,
+    /// Files and directories that should have gone but could not be removed (a non-empty
+    /// directory at an entry name, a permission error, …): left in place.
+    pub undeletable: u64,
 }
 
 enum Verdict {
@@ -59,29 +65,28 @@ impl DiskCache {
                 let age = meta
                     .modified()
                     .map_or(Duration::MAX, |m| now.duration_since(m).unwrap_or_default());
-                if age >= temp_older_than && unlink(inner, name) {
-                    report.temp_files += 1;
-                    report.bytes_freed += meta.len();
+                if age >= temp_older_than {
+                    remove(inner, name, &meta, &mut report, |r| &mut r.temp_files);
                 }
                 continue;
             }
             let Some((fingerprint, key)) = parse_entry_name(name) else {
                 continue;
             };
-            let size = lstat_at(&inner.dir, name).map_or(0, |m| m.len());
-            let counter = match classify(inner, name, fingerprint, &key, retain) {
-                Verdict::Keep => {
-                    report.kept += 1;
-                    continue;
-                }
-                Verdict::StaleSchema => &mut report.stale_schema,
-                Verdict::StaleFingerprint => &mut report.stale_fingerprint,
-                Verdict::Corrupt => &mut report.corrupt,
+            let Ok(meta) = lstat_at(&inner.dir, name) else {
+                continue;
             };
-            if unlink(inner, name) {
-                *counter += 1;
-                report.bytes_freed += size;
-            }
+            let counter: fn(&mut GcReport) -> &mut u64 =
+                match classify(inner, name, &meta, fingerprint, &key, retain) {
+                    Verdict::Keep => {
+                        report.kept += 1;
+                        continue;
+                    }
+                    Verdict::StaleSchema => |r| &mut r.stale_schema,
+                    Verdict::StaleFingerprint => |r| &mut r.stale_fingerprint,
+                    Verdict::Corrupt => |r| &mut r.corrupt,
+                };
+            remove(inner, name, &meta, &mut report, counter);
         }
         Ok(report)
     }
@@ -102,14 +107,33 @@ impl DiskCache {
     }
 }
 
-fn unlink(inner: &Inner, name: &str) -> bool {
-    inner.index.forget(name);
-    rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
+/// Removes what `meta` describes at `name` (unless a writer replaced it since) and counts it
+/// under `counter`, or as undeletable.
+fn remove(
+    inner: &Inner,
+    name: &str,
+    meta: &Metadata,
+    report: &mut GcReport,
+    counter: fn(&mut GcReport) -> &mut u64,
+) {
+    match Index::unlink(inner, name, Some(meta.ino())) {
+        Ok(Unlinked::Removed) => {
+            *counter(report) += 1;
+            if meta.is_file() {
+                report.bytes_freed += meta.len();
+            }
+        }
+        Ok(Unlinked::Gone | Unlinked::Replaced) => {}
+        Err(_) => report.undeletable += 1,
+    }
 }
 
+/// Judges the entry at `name`, which `meta` (from `lstat`) describes. Anything but a regular
+/// file is corrupt; no file is read past the entry size limit.
 fn classify(
     inner: &Inner,
     name: &str,
+    meta: &Metadata,
     fingerprint: Fingerprint,
     key: &Key,
     retain: &[Fingerprint],
@@ -118,21 +142,24 @@ fn classify(
     if fingerprint != active && !retain.contains(&fingerprint) {
         return Verdict::StaleFingerprint;
     }
+    if !meta.is_file() || meta.len() < OVERHEAD {
+        return Verdict::Corrupt;
+    }
     let Ok(fd) = rustix::fs::openat(
         &inner.dir,
         name,
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     ) else {
-        // A symlink (ELOOP) is not an entry; an entry removed meanwhile is gone anyway.
-        return Verdict::Corrupt;
-    };
-    let mut file = File::from(fd);
-    let Ok(meta) = file.metadata() else {
+        // Replaced by something else (a symlink, …) or removed since the `lstat`: the next
+        // run judges what is there then.
         return Verdict::Keep;
     };
-    if !meta.is_file() || meta.len() < OVERHEAD {
-        return Verdict::Corrupt;
+    let mut file = File::from(fd);
+    match file.metadata() {
+        Ok(now) if now.ino() == meta.ino() => {}
+        // A writer replaced it since the `lstat`: the new file is not this one.
+        _ => return Verdict::Keep,
     }
     let mut head = [0u8; HEADER_LEN];
     if file.read_exact(&mut head).is_err() {
@@ -154,15 +181,16 @@ fn classify(
     if fingerprint != active {
         return Verdict::Keep;
     }
-    if meta.len() > inner.max_size {
-        // Unreadable under the current cap, so only taking space.
+    if meta.len() > inner.max_entry_size() {
+        // Unreadable under the current limit, so only taking space.
         return Verdict::Corrupt;
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    bytes.extend_from_slice(&head);
-    if file.read_to_end(&mut bytes).is_err() {
+    let Ok(bytes) = file
+        .rewind()
+        .and_then(|()| read_bounded(&mut file, meta.len()))
+    else {
         return Verdict::Corrupt;
-    }
+    };
     let expect = Expect {
         tagger: &inner.tagger,
         schema: inner.schema,

@@ -25,6 +25,7 @@ use std::time::Duration;
 pub use config::{DEFAULT_MAX_SIZE, DiskConfig, Durability, OperatorKey, parse_size};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
+pub use store::MAX_ENTRY_SIZE;
 
 use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
@@ -76,7 +77,9 @@ pub struct DiskStats {
     pub puts: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
-    /// Entries refused by a read (bad tag, wrong key, truncated, symlink, …) and removed.
+    /// Entries refused by a read (bad tag, wrong key, truncated, too large, symlink,
+    /// directory, …) and removed, and directories a write found at its entry's name and
+    /// removed.
     pub integrity_rejects: u64,
     pub io_errors: u64,
     /// Entries removed by the size cap.
@@ -86,9 +89,14 @@ pub struct DiskStats {
     /// Entries that verified but that the backend could not load (a driver update changed
     /// what it accepts, …), removed by `discard_unloadable`.
     pub load_failures: u64,
-    /// Entry files and their bytes, as far as the index knows (complete once seeded).
+    /// Entry files and their bytes, as far as the index knows: complete once
+    /// `scan_complete`, and then exact while no call is in flight and no other process
+    /// changes the directory.
     pub entries: u64,
     pub bytes: u64,
+    /// Whether the scan of the directory that `open` starts has finished
+    /// ([`DiskCache::wait_scan`] waits for it).
+    pub scan_complete: bool,
 }
 
 /// A verified entry. The payload is borrowed from the file's bytes, so a read copies once.
@@ -159,6 +167,12 @@ impl DiskCache {
         self.inner.max_size
     }
 
+    /// The largest entry file this cache writes or reads: the smaller of the size cap and
+    /// [`MAX_ENTRY_SIZE`]. A larger file at an entry name is refused and removed unread.
+    pub fn max_entry_size(&self) -> u64 {
+        self.inner.max_entry_size()
+    }
+
     /// Fingerprint of the operator key entries are written under (zero without a key).
     pub fn fingerprint(&self) -> Fingerprint {
         self.inner.tagger.fingerprint()
@@ -167,7 +181,7 @@ impl DiskCache {
     pub fn stats(&self) -> DiskStats {
         let c = &self.inner.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let usage = self.inner.index.known_usage();
+        let (usage, scan_complete) = self.inner.index.known_usage();
         DiskStats {
             hits: get(&c.hits),
             misses: get(&c.misses),
@@ -181,7 +195,15 @@ impl DiskCache {
             load_failures: get(&c.load_failures),
             entries: usage.entries,
             bytes: usage.bytes,
+            scan_complete,
         }
+    }
+
+    /// Waits for the scan of the directory that `open` starts (milliseconds even for a full
+    /// cache). Until it finishes, `stats` counts only what this handle wrote, and writes wait
+    /// for it; reads do not.
+    pub fn wait_scan(&self) {
+        self.inner.index.wait_seeded();
     }
 
     /// Entries and bytes in the directory. Waits for the background scan that seeds the size
@@ -189,7 +211,7 @@ impl DiskCache {
     /// a lookup path.
     pub fn usage(&self) -> Usage {
         self.inner.index.wait_seeded();
-        self.inner.index.known_usage()
+        self.inner.index.known_usage().0
     }
 }
 
@@ -201,6 +223,10 @@ const ENTRY_NAME_LEN: usize = 16 + 1 + 64 + ENTRY_SUFFIX.len();
 impl Inner {
     fn entry_name(&self, key: &Key) -> String {
         format!("{}-{}{ENTRY_SUFFIX}", self.fingerprint_hex, key.to_hex())
+    }
+
+    fn max_entry_size(&self) -> u64 {
+        self.max_size.min(MAX_ENTRY_SIZE)
     }
 }
 

@@ -5,21 +5,30 @@
 //! a reader opens either the previous complete entry or the new complete one, and a crash
 //! leaves at most a temporary file that `gc` collects. A read checks the whole entry before
 //! handing out a byte of it; anything wrong is a miss, counted, and the file is removed.
+//!
+//! No entry is larger than [`MAX_ENTRY_SIZE`] (or the cap, if smaller): a read refuses a
+//! larger file before allocating, and allocates fallibly, so a planted sparse file of any
+//! declared size is a miss, never an abort.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::evict::{Index, TOUCH_GRANULARITY, lstat_at, nanos_since_epoch};
+use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epoch};
 use super::format::{self, Expect, FORMAT_VERSION, Header, OVERHEAD};
 use super::{DiskCache, Durability, Entry, Inner, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
+
+/// Largest entry file (header, payload and tag) written or read, whatever the cap: a read
+/// holds a whole entry in memory, so this bounds what one read can allocate.
+pub const MAX_ENTRY_SIZE: u64 = 1 << 30;
 
 impl DiskCache {
     /// Reads and verifies the entry for `key`. `Ok(None)`: no entry. `Err(Integrity)`: an
@@ -50,14 +59,19 @@ impl DiskCache {
 
     /// Writes the entry for `key`, replacing any previous one. Concurrent writers of one key
     /// each write their own temporary file; the last rename wins and no reader sees a mix.
-    /// A payload larger than the size cap is refused with `InvalidArgument`.
+    /// Room is made (least recently used entries evicted) before the entry appears, so this
+    /// process's writes never take the directory over the cap; a write made right after
+    /// `open` waits for the opening scan to know what is there. An entry larger than
+    /// [`DiskCache::max_entry_size`] is refused with `InvalidArgument`. An empty directory
+    /// at the entry's name is removed (counted in `integrity_rejects`); a non-empty one makes
+    /// the write fail with `Io`.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
         let inner = &self.inner;
         let size = payload.len() as u64 + OVERHEAD;
-        if size > inner.max_size {
+        if size > inner.max_entry_size() {
             return Err(Error::InvalidArgument(format!(
-                "an entry of {size} bytes exceeds the size cap of {} bytes",
-                inner.max_size
+                "an entry of {size} bytes exceeds the entry size limit of {} bytes",
+                inner.max_entry_size()
             )));
         }
         let header = Header {
@@ -73,10 +87,9 @@ impl DiskCache {
         let tag = inner.tagger.tag(&[&header, payload]);
         let name = inner.entry_name(key);
         match write_entry(inner, &name, &[&header, payload, &tag]) {
-            Ok(meta) => {
+            Ok(()) => {
                 bump(&inner.counters.puts, 1);
                 bump(&inner.counters.bytes_written, size);
-                Index::record(inner, name, &meta);
                 Ok(())
             }
             Err(e) => {
@@ -90,7 +103,8 @@ impl DiskCache {
         }
     }
 
-    /// Removes the entry for `key`; `Ok(false)` when there was none.
+    /// Removes the entry for `key` (or an empty directory at its name); `Ok(false)` when
+    /// there was none.
     pub fn remove(&self, key: &Key) -> Result<bool> {
         let removed = self.unlink(key)?;
         if removed {
@@ -109,10 +123,8 @@ impl DiskCache {
     fn unlink(&self, key: &Key) -> Result<bool> {
         let inner = &self.inner;
         let name = inner.entry_name(key);
-        inner.index.forget(&name);
-        match rustix::fs::unlinkat(&inner.dir, name.as_str(), AtFlags::empty()) {
-            Ok(()) => Ok(true),
-            Err(Errno::NOENT) => Ok(false),
+        match Index::unlink(inner, &name, None) {
+            Ok(outcome) => Ok(outcome == Unlinked::Removed),
             Err(e) => {
                 bump(&inner.counters.io_errors, 1);
                 Err(Error::Io(format!("cannot remove {name}: {e}")))
@@ -131,21 +143,28 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     ) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Ok(None),
-        Err(Errno::LOOP) => return Err(reject(inner, name, None, "the entry is a symbolic link")),
+        Err(Errno::LOOP) => {
+            // The link itself, so that a file a writer renamed over it meanwhile is kept.
+            let ino = lstat_at(&inner.dir, name).ok().map(|m| m.ino());
+            return Err(reject(inner, name, ino, "the entry is a symbolic link"));
+        }
         Err(e) => return Err(Error::Io(format!("cannot open {name}: {e}"))),
     };
     let mut file = File::from(fd);
     let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(reject(inner, name, Some(meta.ino()), "a directory"));
+    }
     if !meta.is_file() {
         return Err(reject(inner, name, Some(meta.ino()), "not a regular file"));
     }
     let size = meta.len();
-    // Bounds before allocating: a valid entry is never larger than the cap.
-    if size < OVERHEAD || size > inner.max_size {
+    // Bounds before allocating: a valid entry is never larger than the entry size limit.
+    if size < OVERHEAD || size > inner.max_entry_size() {
         return Err(reject(inner, name, Some(meta.ino()), "size out of bounds"));
     }
-    let mut bytes = Vec::with_capacity(size as usize);
-    (&mut file).take(size + 1).read_to_end(&mut bytes)?;
+    let bytes =
+        read_bounded(&mut file, size).map_err(|e| Error::Io(format!("cannot read {name}: {e}")))?;
     if bytes.len() as u64 != size {
         return Err(reject(inner, name, Some(meta.ino()), "changed while read"));
     }
@@ -172,18 +191,26 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     }))
 }
 
-/// Removes a refused entry, unless the name now holds another file (a writer replaced it
-/// meanwhile), and returns the error for the caller.
+/// Reads a whole file of `size` bytes (as its metadata said), allocating fallibly: a file
+/// whose size cannot be allocated is an I/O error, not an abort. At most `size + 1` bytes are
+/// read, so a file that grew meanwhile shows as a length mismatch instead of being read on.
+pub(super) fn read_bounded(file: &mut File, size: u64) -> io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    usize::try_from(size)
+        .ok()
+        .and_then(|n| bytes.try_reserve_exact(n).ok())
+        .ok_or_else(|| io::Error::other(format!("cannot allocate {size} bytes")))?;
+    file.take(size + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Removes a refused entry (a file, or an empty directory), unless the name now holds another
+/// file (a writer replaced it meanwhile), and returns the error for the caller.
 fn reject(inner: &Inner, name: &str, ino: Option<u64>, reason: &str) -> Error {
-    let still_there = match lstat_at(&inner.dir, name) {
-        Ok(meta) => ino.is_none_or(|ino| meta.ino() == ino),
-        Err(_) => false,
-    };
-    if still_there {
-        let _ = rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty());
+    match ino.map(|ino| Index::unlink(inner, name, Some(ino))) {
+        Some(Err(e)) => Error::Integrity(format!("{name}: {reason}; cannot remove it: {e}")),
+        _ => Error::Integrity(format!("{name}: {reason}")),
     }
-    inner.index.forget(name);
-    Error::Integrity(format!("{name}: {reason}"))
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -199,29 +226,28 @@ fn temp_name(entry: &str) -> String {
     format!(".{entry}.{}.tmp", hex(&h.finalize().as_bytes()[..8]))
 }
 
-fn write_entry(inner: &Inner, name: &str, parts: &[&[u8]]) -> io::Result<std::fs::Metadata> {
+fn write_entry(inner: &Arc<Inner>, name: &str, parts: &[&[u8]]) -> io::Result<()> {
     let (temp, mut file) = create_temp(inner, name)?;
-    let written = (|| {
+    let sync = inner.durability == Durability::Sync;
+    let published = (|| {
         for part in parts {
             file.write_all(part)?;
         }
-        let sync = inner.durability == Durability::Sync;
         if sync {
             file.sync_data()?;
         }
         let meta = file.metadata()?;
-        rustix::fs::renameat(&inner.dir, temp.as_str(), &inner.dir, name)?;
-        if sync {
-            rustix::fs::fsync(&inner.dir)?;
-        }
-        Ok(meta)
+        Index::publish(inner, &temp, name, &meta)
     })();
-    if written.is_err() {
-        // After a failed rename the temporary is still there; after a failed directory
-        // fsync it is already gone and this is a no-op.
+    if published.is_err() {
+        // Not renamed: the temporary is still there.
         let _ = rustix::fs::unlinkat(&inner.dir, temp.as_str(), AtFlags::empty());
+        return published;
     }
-    written
+    if sync {
+        rustix::fs::fsync(&inner.dir)?;
+    }
+    Ok(())
 }
 
 fn create_temp(inner: &Inner, name: &str) -> io::Result<(String, File)> {
