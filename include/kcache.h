@@ -349,6 +349,9 @@ typedef struct kc_disk_gc_report {
   uint64_t kept;
   // Bytes removed.
   uint64_t bytes_freed;
+  // Files or directories that should have gone but could not be removed (a non-empty
+  // directory at an entry name, …): left in place.
+  uint64_t undeletable;
 } kc_disk_gc_report;
 
 // Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
@@ -377,10 +380,14 @@ typedef struct kc_disk_statistics {
   uint64_t removes;
   // Entries a tiered lookup's `load` refused, removed.
   uint64_t load_failures;
-  // Entry files in the directory, as far as this process knows.
+  // Entry files in the directory, as far as this process knows: complete once
+  // `scan_complete` is set.
   uint64_t entries;
   // Their total size in bytes.
   uint64_t bytes;
+  // Whether the scan of the directory that `kc_disk_open` starts has finished
+  // (`kc_disk_wait_scan` waits for it).
+  bool scan_complete;
 } kc_disk_statistics;
 
 // Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
@@ -915,6 +922,29 @@ enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statisti
 // # Safety
 // `disk` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
 enum kc_status kc_disk_fingerprint(const struct kc_disk *disk, uint8_t *out);
+
+// The distinct operator key fingerprints of the entries in the directory, in ascending
+// byte order: one per key generation that has entries there (all zero for unkeyed entries).
+// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
+// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
+// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
+// can make the second count larger, so compare it with `capacity`.
+//
+// # Safety
+// `disk` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
+// is 0); `out_count` writable.
+enum kc_status kc_disk_fingerprints(const struct kc_disk *disk,
+                                    uint8_t *out,
+                                    size_t capacity,
+                                    size_t *out_count);
+
+// Waits for the scan of the directory that `kc_disk_open` starts in the background
+// (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
+// this disk's own writes, and writes wait for it; reads do not.
+//
+// # Safety
+// `disk` live.
+enum kc_status kc_disk_wait_scan(const struct kc_disk *disk);
 
 // Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
 // entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with

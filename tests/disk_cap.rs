@@ -356,3 +356,20 @@ fn gc_removes_an_empty_directory_at_an_entry_name_and_reports_a_full_one() {
     assert!(full.join("inside").exists());
     assert_eq!(disk.usage().entries, 1);
 }
+
+#[test]
+fn stats_say_when_the_opening_scan_has_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let first = DiskCache::open(config(&dir)).unwrap();
+    for i in 0..5 {
+        first
+            .put(&key(&i.to_string()), &[0u8; ENTRY], Duration::ZERO)
+            .unwrap();
+    }
+    let disk = DiskCache::open(config(&dir)).unwrap();
+    disk.wait_scan();
+    let s = disk.stats();
+    assert!(s.scan_complete);
+    assert_eq!((s.entries, s.bytes), (5, 5_000));
+}

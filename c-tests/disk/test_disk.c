@@ -408,6 +408,127 @@ static void test_full_disk(void) {
   kc_disk_close(disk);
 }
 
+static kc_disk *open_keyed(const char *name, const char *operator_key) {
+  char dir[4096];
+  path_in(dir, sizeof dir, name);
+  kc_disk_options opts = kc_disk_options_default();
+  opts.dir = dir;
+  opts.ignore_env = true;
+  opts.relaxed_durability = true;
+  opts.key = (const uint8_t *)operator_key;
+  opts.key_len = strlen(operator_key);
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  return disk;
+}
+
+/* Two key generations in one directory: both fingerprints are listed, in byte order, and a
+ * buffer too small for them gets what fits and the full count. */
+static void test_fingerprints(void) {
+  kc_disk *old_gen = open_keyed("generations", "the old operator key, 32 bytes..");
+  kc_disk *new_gen = open_keyed("generations", "the new operator key, 32 bytes..");
+  uint8_t k[KC_KEY_LEN];
+  make_key("generation", k);
+  CHECK_STATUS(kc_disk_put(old_gen, k, KEY("old"), 0), KC_OK);
+  CHECK_STATUS(kc_disk_put(new_gen, k, KEY("new"), 0), KC_OK);
+  uint8_t fp_old[KC_FINGERPRINT_LEN], fp_new[KC_FINGERPRINT_LEN];
+  CHECK_STATUS(kc_disk_fingerprint(old_gen, fp_old), KC_OK);
+  CHECK_STATUS(kc_disk_fingerprint(new_gen, fp_new), KC_OK);
+  CHECK(memcmp(fp_old, fp_new, KC_FINGERPRINT_LEN) != 0);
+
+  size_t count = 99;
+  CHECK_STATUS(kc_disk_fingerprints(new_gen, NULL, 0, &count), KC_OK);
+  CHECK(count == 2);
+  uint8_t one[KC_FINGERPRINT_LEN];
+  count = 0;
+  CHECK_STATUS(kc_disk_fingerprints(new_gen, one, 1, &count), KC_OK);
+  CHECK(count == 2);
+  uint8_t all[4 * KC_FINGERPRINT_LEN];
+  memset(all, 0xee, sizeof all);
+  CHECK_STATUS(kc_disk_fingerprints(new_gen, all, 4, &count), KC_OK);
+  CHECK(count == 2);
+  int old_first = memcmp(fp_old, fp_new, KC_FINGERPRINT_LEN) < 0;
+  const uint8_t *first = old_first ? fp_old : fp_new, *second = old_first ? fp_new : fp_old;
+  CHECK(memcmp(all, first, KC_FINGERPRINT_LEN) == 0);
+  CHECK(memcmp(all + KC_FINGERPRINT_LEN, second, KC_FINGERPRINT_LEN) == 0);
+  CHECK(memcmp(one, first, KC_FINGERPRINT_LEN) == 0);
+  CHECK(all[2 * KC_FINGERPRINT_LEN] == 0xee); /* nothing past the count */
+
+  /* After gc without retaining the old generation, only the new one is left. */
+  CHECK_STATUS(kc_disk_gc(new_gen, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, NULL), KC_OK);
+  CHECK_STATUS(kc_disk_fingerprints(new_gen, all, 4, &count), KC_OK);
+  CHECK(count == 1);
+  CHECK(memcmp(all, fp_new, KC_FINGERPRINT_LEN) == 0);
+
+  CHECK_STATUS(kc_disk_fingerprints(NULL, all, 4, &count), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_fingerprints(new_gen, all, 4, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_fingerprints(new_gen, NULL, 1, &count), KC_ERR_INVALID_ARGUMENT);
+  kc_disk_close(old_gen);
+  kc_disk_close(new_gen);
+}
+
+/* The opening scan: once waited for, the statistics say so and count what was there. A
+ * directory at an entry name is removed by a read and by gc when empty, reported by gc when
+ * not. */
+static void test_scan_and_directories(void) {
+  kc_disk *first = open_disk("scanned");
+  uint8_t a[KC_KEY_LEN], b[KC_KEY_LEN];
+  make_key("scanned a", a);
+  make_key("scanned b", b);
+  CHECK_STATUS(kc_disk_put(first, a, KEY("a"), 0), KC_OK);
+  CHECK_STATUS(kc_disk_put(first, b, KEY("b"), 0), KC_OK);
+  kc_disk_close(first);
+
+  kc_disk *disk = open_disk("scanned");
+  CHECK_STATUS(kc_disk_wait_scan(disk), KC_OK);
+  kc_disk_statistics s = disk_stats(disk);
+  CHECK(s.scan_complete);
+  CHECK_U64(s.entries, 2);
+  CHECK_U64(s.bytes, 2 * (1 + 104));
+  CHECK_STATUS(kc_disk_wait_scan(NULL), KC_ERR_INVALID_ARGUMENT);
+
+  /* Unkeyed entries are named 0000000000000000-<key hex>.kce. */
+  uint8_t d[KC_KEY_LEN];
+  make_key("a directory", d);
+  char name[128] = "0000000000000000-";
+  for (int i = 0; i < KC_KEY_LEN; i++) {
+    snprintf(name + 17 + 2 * i, 3, "%02x", d[i]);
+  }
+  strcat(name, ".kce");
+  char dir[4096], path[8192], inside[8300];
+  path_in(dir, sizeof dir, "scanned");
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  snprintf(inside, sizeof inside, "%s/inside", path);
+
+  CHECK(mkdir(path, 0700) == 0);
+  kc_buffer buf;
+  CHECK_STATUS(kc_disk_get(disk, d, &buf), KC_ERR_INTEGRITY);
+  struct stat st;
+  CHECK(stat(path, &st) != 0);
+  CHECK_STATUS(kc_disk_get(disk, d, &buf), KC_ERR_NOT_FOUND);
+
+  CHECK(mkdir(path, 0700) == 0);
+  FILE *f = fopen(inside, "wb");
+  CHECK(f != NULL);
+  CHECK(fclose(f) == 0);
+  kc_disk_gc_report r;
+  memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, &r), KC_OK);
+  CHECK(r.struct_size == sizeof r);
+  CHECK_U64(r.undeletable, 1);
+  CHECK_U64(r.kept, 2);
+  CHECK(stat(inside, &st) == 0);
+  CHECK(remove(inside) == 0);
+  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, &r), KC_OK);
+  CHECK_U64(r.undeletable, 0);
+  CHECK_U64(r.corrupt, 1);
+  CHECK(stat(path, &st) != 0);
+  CHECK_STATUS(kc_disk_put(disk, d, KEY("a file now"), 0), KC_OK);
+  CHECK_U64(disk_stats(disk).entries, 3);
+  kc_disk_close(disk);
+}
+
 int main(int argc, char **argv) {
   CHECK(argc == 2);
   work = argv[1];
@@ -417,6 +538,8 @@ int main(int argc, char **argv) {
   test_tiered();
   test_null_sweep();
   test_full_disk();
+  test_fingerprints();
+  test_scan_and_directories();
   printf("test_disk: ok\n");
   return 0;
 }

@@ -124,10 +124,14 @@ pub struct kc_disk_statistics {
     pub removes: u64,
     /// Entries a tiered lookup's `load` refused, removed.
     pub load_failures: u64,
-    /// Entry files in the directory, as far as this process knows.
+    /// Entry files in the directory, as far as this process knows: complete once
+    /// `scan_complete` is set.
     pub entries: u64,
     /// Their total size in bytes.
     pub bytes: u64,
+    /// Whether the scan of the directory that `kc_disk_open` starts has finished
+    /// (`kc_disk_wait_scan` waits for it).
+    pub scan_complete: bool,
 }
 
 /// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
@@ -149,6 +153,9 @@ pub struct kc_disk_gc_report {
     pub kept: u64,
     /// Bytes removed.
     pub bytes_freed: u64,
+    /// Files or directories that should have gone but could not be removed (a non-empty
+    /// directory at an entry name, …): left in place.
+    pub undeletable: u64,
 }
 
 /// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
@@ -608,6 +615,7 @@ pub unsafe extern "C" fn kc_disk_gc(
                 corrupt: r.corrupt,
                 kept: r.kept,
                 bytes_freed: r.bytes_freed,
+                undeletable: r.undeletable,
             };
             // SAFETY: non-NULL; its size is the caller's promise.
             unsafe {
@@ -652,6 +660,7 @@ pub unsafe extern "C" fn kc_disk_stats(
             load_failures: s.load_failures,
             entries: s.entries,
             bytes: s.bytes,
+            scan_complete: s.scan_complete,
         };
         // SAFETY: non-NULL; its size is the caller's promise.
         unsafe { write_sized(out, stats, "out", "kc_disk_statistics", OUT_MIN_SIZE) }
@@ -673,6 +682,59 @@ pub unsafe extern "C" fn kc_disk_fingerprint(disk: *const kc_disk, out: *mut u8)
         let fp = disk.fingerprint();
         // SAFETY: `out` has `KC_FINGERPRINT_LEN` writable bytes by contract.
         unsafe { ptr::copy_nonoverlapping(fp.as_ptr(), out, KC_FINGERPRINT_LEN) };
+        Ok(())
+    })
+}
+
+/// The distinct operator key fingerprints of the entries in the directory, in ascending
+/// byte order: one per key generation that has entries there (all zero for unkeyed entries).
+/// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
+/// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
+/// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
+/// can make the second count larger, so compare it with `capacity`.
+///
+/// # Safety
+/// `disk` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
+/// is 0); `out_count` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_fingerprints(
+    disk: *const kc_disk,
+    out: *mut u8,
+    capacity: usize,
+    out_count: *mut usize,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { disk_ref(disk) }?;
+        non_null(out_count, "out_count")?;
+        if capacity > 0 {
+            non_null(out, "out")?;
+        }
+        let found = disk.fingerprints()?;
+        let n = found.len().min(capacity);
+        if n > 0 {
+            let bytes = found.as_flattened();
+            // SAFETY: `out` is non-NULL with `capacity * KC_FINGERPRINT_LEN` writable bytes by
+            // contract, and `n <= capacity`.
+            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), out, n * KC_FINGERPRINT_LEN) };
+        }
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out_count.write(found.len()) };
+        Ok(())
+    })
+}
+
+/// Waits for the scan of the directory that `kc_disk_open` starts in the background
+/// (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
+/// this disk's own writes, and writes wait for it; reads do not.
+///
+/// # Safety
+/// `disk` live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_wait_scan(disk: *const kc_disk) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { disk_ref(disk) }?.wait_scan();
         Ok(())
     })
 }
