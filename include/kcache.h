@@ -270,10 +270,47 @@ typedef struct kc_cuda_jit_option {
   uint32_t value;
 } kc_cuda_jit_option;
 
+// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
+// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
+// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+typedef struct kc_disk_statistics {
+  // In: size of the caller's struct. Out: bytes written.
+  size_t struct_size;
+  // Reads that returned a verified entry.
+  uint64_t hits;
+  // Reads that returned none: absent, rejected or failed.
+  uint64_t misses;
+  // Entries written.
+  uint64_t puts;
+  // Bytes of entries read.
+  uint64_t bytes_read;
+  // Bytes of entries written.
+  uint64_t bytes_written;
+  // Entries that failed verification and were removed.
+  uint64_t integrity_rejects;
+  // Failed reads and writes.
+  uint64_t io_errors;
+  // Entries removed by the size cap.
+  uint64_t evictions;
+  // Entries removed by `kc_disk_remove`.
+  uint64_t removes;
+  // Entries a tiered lookup's `load` refused, removed.
+  uint64_t load_failures;
+  // Entry files in the directory, as far as this process knows: complete once
+  // `scan_complete` is set.
+  uint64_t entries;
+  // Their total size in bytes.
+  uint64_t bytes;
+  // Whether the scan of the directory that `kc_disk_open` starts has finished
+  // (`kc_disk_wait_scan` waits for it).
+  bool scan_complete;
+} kc_disk_statistics;
+
 // Counters of a CUDA cache (`kc_cuda_statistics` in C, where the name `kc_cuda_stats`
 // belongs to the function). Set `struct_size` to `sizeof(kc_cuda_statistics)` first.
 typedef struct kc_cuda_statistics {
-  // In: size of the caller's struct; it must be at least `sizeof(kc_cuda_statistics)`.
+  // In: size of the caller's struct: `sizeof(kc_cuda_statistics)`, or the smaller size of
+  // an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -295,6 +332,10 @@ typedef struct kc_cuda_statistics {
   uint64_t nvrtc_compiles;
   // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
   uint64_t nvrtc_failures;
+  // The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
+  // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
+  // caches counts for all of them.
+  struct kc_disk_statistics disk;
 } kc_cuda_statistics;
 
 // How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
@@ -354,42 +395,6 @@ typedef struct kc_disk_gc_report {
   uint64_t undeletable;
 } kc_disk_gc_report;
 
-// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
-// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
-// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
-typedef struct kc_disk_statistics {
-  // In: size of the caller's struct. Out: bytes written.
-  size_t struct_size;
-  // Reads that returned a verified entry.
-  uint64_t hits;
-  // Reads that returned none: absent, rejected or failed.
-  uint64_t misses;
-  // Entries written.
-  uint64_t puts;
-  // Bytes of entries read.
-  uint64_t bytes_read;
-  // Bytes of entries written.
-  uint64_t bytes_written;
-  // Entries that failed verification and were removed.
-  uint64_t integrity_rejects;
-  // Failed reads and writes.
-  uint64_t io_errors;
-  // Entries removed by the size cap.
-  uint64_t evictions;
-  // Entries removed by `kc_disk_remove`.
-  uint64_t removes;
-  // Entries a tiered lookup's `load` refused, removed.
-  uint64_t load_failures;
-  // Entry files in the directory, as far as this process knows: complete once
-  // `scan_complete` is set.
-  uint64_t entries;
-  // Their total size in bytes.
-  uint64_t bytes;
-  // Whether the scan of the directory that `kc_disk_open` starts has finished
-  // (`kc_disk_wait_scan` waits for it).
-  bool scan_complete;
-} kc_disk_statistics;
-
 // Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
 // the value and its weight, return 0; non-zero: the entry is removed and the value built).
 typedef int (*kc_load_fn)(void *ctx,
@@ -434,7 +439,8 @@ typedef struct kc_opencl_options {
 
 // Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
 typedef struct kc_opencl_stats {
-  // In: size of the caller's struct; it must be at least `sizeof(kc_opencl_stats)`.
+  // In: size of the caller's struct: `sizeof(kc_opencl_stats)`, or the smaller size of an
+  // older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -450,6 +456,10 @@ typedef struct kc_opencl_stats {
   uint64_t disk_misses;
   // Disk reads or writes that failed (the lookup went on without the disk).
   uint64_t disk_errors;
+  // The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
+  // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
+  // caches counts for all of them.
+  struct kc_disk_statistics disk;
 } kc_opencl_stats;
 
 // `PFN_vkVoidFunction` without `vulkan.h`.
@@ -519,7 +529,8 @@ typedef struct kc_vulkan_pipeline_desc {
 
 // Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_stats)` first.
 typedef struct kc_vulkan_stats {
-  // In: size of the caller's struct; it must be at least `sizeof(kc_vulkan_stats)`.
+  // In: size of the caller's struct: `sizeof(kc_vulkan_stats)`, or the smaller size of an
+  // older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -541,6 +552,10 @@ typedef struct kc_vulkan_stats {
   uint64_t cache_data_merged;
   // Disk reads or writes that failed (a failed write is also returned by the flushing call).
   uint64_t disk_errors;
+  // The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
+  // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
+  // caches counts for all of them.
+  struct kc_disk_statistics disk;
 } kc_vulkan_stats;
 
 #ifdef __cplusplus

@@ -9,7 +9,8 @@ use std::sync::{Arc, Barrier};
 use kcache::Error;
 use kcache::backend::opencl::runtime::{Context, KernelArg};
 use kcache::backend::opencl::sys::CL_BUILD_PROGRAM_FAILURE;
-use kcache::backend::opencl::{OpenClCache, OpenClStats, Program};
+use kcache::backend::opencl::{OpenClCache, OpenClStats, Program, program_disk_key};
+use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 
 mod opencl_common;
 use opencl_common::{cache_with_disk, memory_only_cache, poison_disk_entry};
@@ -360,4 +361,37 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
         .unwrap();
     assert!(y.iter().all(|v| *v == 1.5));
     assert_eq!(stats(&cache).source_builds, 2);
+}
+
+#[test]
+fn a_tampered_binary_shows_in_the_disk_tier_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let context = Context::first_device().unwrap();
+    let source = saxpy("tampered-binary");
+    {
+        let cold = cache_with_disk(dir.path());
+        cold.get_or_build(context.context(), context.device(), &[&source], "")
+            .unwrap();
+        let s = stats(&cold);
+        assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
+    }
+    let disk = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+    let key = program_disk_key(context.device(), &[&source], "").unwrap();
+    let path = disk.entry_path(&key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[80] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let fresh = cache_with_disk(dir.path());
+    let lease = fresh
+        .get_or_build(context.context(), context.device(), &[&source], "")
+        .unwrap();
+    check_saxpy(&context, lease.value());
+    let s = stats(&fresh);
+    // The backend's own view: no binary, built from source.
+    assert_eq!((s.disk_misses, s.binary_loads, s.source_builds), (1, 0, 1));
+    // The disk tier's: a rejected entry, then the rebuilt binary written back.
+    assert_eq!(s.disk.integrity_rejects, 1);
+    assert_eq!((s.disk.hits, s.disk.misses, s.disk.puts), (0, 1, 1));
+    assert_eq!(stats(&memory_only_cache()).disk, DiskStats::default());
 }

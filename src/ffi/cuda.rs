@@ -30,6 +30,7 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::mem::offset_of;
 use std::ptr;
 use std::sync::Arc;
 
@@ -39,6 +40,7 @@ use super::args::{
     write_sized,
 };
 use super::cache::kc_cache_stats;
+use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::backend::cuda::{Context, CudaCache, CudaOptions, Driver, JitOption, Module, Nvrtc};
 use crate::error::Error;
@@ -98,7 +100,8 @@ pub struct kc_cuda_jit_option {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_stats {
-    /// In: size of the caller's struct; it must be at least `sizeof(kc_cuda_statistics)`.
+    /// In: size of the caller's struct: `sizeof(kc_cuda_statistics)`, or the smaller size of
+    /// an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -120,6 +123,10 @@ pub struct kc_cuda_stats {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
     pub nvrtc_failures: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
+    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
+    /// caches counts for all of them.
+    pub disk: kc_disk_statistics,
 }
 
 /// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
@@ -483,8 +490,10 @@ pub unsafe extern "C" fn kc_cuda_stats(
             disk_errors: s.disk_errors,
             nvrtc_compiles: s.nvrtc_compiles,
             nvrtc_failures: s.nvrtc_failures,
+            disk: s.disk.into(),
         };
-        let size = size_of::<kc_cuda_stats>();
+        // Callers compiled before `disk` was appended get the fields they know.
+        let size = offset_of!(kc_cuda_stats, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_cuda_statistics", size) }
     })

@@ -18,7 +18,7 @@ use super::args::{
 };
 use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, kc_lease, make_value, raw_cache};
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::disk::{DiskCache, DiskConfig, Durability, Entry, OperatorKey};
+use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability, Entry, OperatorKey};
 use crate::key::{Field, KEY_LEN, Key, KeyBuilder};
 use crate::tiered::{Counters, Tiers};
 use crate::{BuildError, Error, Result};
@@ -132,6 +132,28 @@ pub struct kc_disk_statistics {
     /// Whether the scan of the directory that `kc_disk_open` starts has finished
     /// (`kc_disk_wait_scan` waits for it).
     pub scan_complete: bool,
+}
+
+impl From<DiskStats> for kc_disk_statistics {
+    /// The C form of a disk tier's counters, `struct_size` set to the whole struct.
+    fn from(s: DiskStats) -> Self {
+        kc_disk_statistics {
+            struct_size: size_of::<kc_disk_statistics>(),
+            hits: s.hits,
+            misses: s.misses,
+            puts: s.puts,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            integrity_rejects: s.integrity_rejects,
+            io_errors: s.io_errors,
+            evictions: s.evictions,
+            removes: s.removes,
+            load_failures: s.load_failures,
+            entries: s.entries,
+            bytes: s.bytes,
+            scan_complete: s.scan_complete,
+        }
+    }
 }
 
 /// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
@@ -645,23 +667,7 @@ pub unsafe extern "C" fn kc_disk_stats(
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
         let disk = unsafe { disk_ref(disk) }?;
         non_null(out, "out")?;
-        let s = disk.stats();
-        let stats = kc_disk_statistics {
-            struct_size: size_of::<kc_disk_statistics>(),
-            hits: s.hits,
-            misses: s.misses,
-            puts: s.puts,
-            bytes_read: s.bytes_read,
-            bytes_written: s.bytes_written,
-            integrity_rejects: s.integrity_rejects,
-            io_errors: s.io_errors,
-            evictions: s.evictions,
-            removes: s.removes,
-            load_failures: s.load_failures,
-            entries: s.entries,
-            bytes: s.bytes,
-            scan_complete: s.scan_complete,
-        };
+        let stats = kc_disk_statistics::from(disk.stats());
         // SAFETY: non-NULL; its size is the caller's promise.
         unsafe { write_sized(out, stats, "out", "kc_disk_statistics", OUT_MIN_SIZE) }
     })

@@ -32,6 +32,7 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_void};
+use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
@@ -39,6 +40,7 @@ use super::args::{
     live, read_sized, release_lease, write_boxed, write_optional, write_sized,
 };
 use super::cache::kc_cache_stats;
+use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::opencl::{ContextRef, Device, OpenClCache, Program};
 use crate::error::Error;
@@ -80,7 +82,8 @@ pub struct kc_opencl_options {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_opencl_stats {
-    /// In: size of the caller's struct; it must be at least `sizeof(kc_opencl_stats)`.
+    /// In: size of the caller's struct: `sizeof(kc_opencl_stats)`, or the smaller size of an
+    /// older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -96,6 +99,10 @@ pub struct kc_opencl_stats {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
+    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
+    /// caches counts for all of them.
+    pub disk: kc_disk_statistics,
 }
 
 /// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
@@ -338,8 +345,10 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
             disk_hits: s.disk_hits,
             disk_misses: s.disk_misses,
             disk_errors: s.disk_errors,
+            disk: s.disk.into(),
         };
-        let size = size_of::<kc_opencl_stats>();
+        // Callers compiled before `disk` was appended get the fields they know.
+        let size = offset_of!(kc_opencl_stats, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_opencl_stats", size) }
     })

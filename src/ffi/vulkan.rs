@@ -7,7 +7,7 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, c_void};
-use std::mem::size_of;
+use std::mem::{offset_of, size_of};
 use std::ptr;
 
 use ash::vk::{self, Handle};
@@ -17,6 +17,7 @@ use super::args::{
     live, read_sized, release_lease, write_boxed, write_optional, write_sized,
 };
 use super::cache::kc_cache_stats;
+use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::vulkan::{
     DescriptorBinding, LayoutDesc, Pipeline, PipelineKey, PipelineSpec, PushConstantRange,
@@ -130,7 +131,8 @@ pub struct kc_vulkan_pipeline_desc {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_vulkan_stats {
-    /// In: size of the caller's struct; it must be at least `sizeof(kc_vulkan_stats)`.
+    /// In: size of the caller's struct: `sizeof(kc_vulkan_stats)`, or the smaller size of an
+    /// older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -152,6 +154,10 @@ pub struct kc_vulkan_stats {
     pub cache_data_merged: u64,
     /// Disk reads or writes that failed (a failed write is also returned by the flushing call).
     pub disk_errors: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
+    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
+    /// caches counts for all of them.
+    pub disk: kc_disk_statistics,
 }
 
 /// Memory only, unbounded, with the system's Vulkan loader.
@@ -532,8 +538,10 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
             cache_data_written: s.cache_data_written,
             cache_data_merged: s.cache_data_merged,
             disk_errors: s.disk_errors,
+            disk: s.disk.into(),
         };
-        let size = size_of::<kc_vulkan_stats>();
+        // Callers compiled before `disk` was appended get the fields they know.
+        let size = offset_of!(kc_vulkan_stats, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_vulkan_stats", size) }
     })

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use super::driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
 use super::nvrtc::Nvrtc;
 use crate::backend::registry::{Registration, Registry};
-use crate::disk::DiskCache;
+use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, DestroyError, DeviceId, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Lease, MemoryCache};
@@ -237,6 +237,9 @@ pub struct CudaStats {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed; the caller got [`Error::Build`].
     pub nvrtc_failures: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
+    /// all zero without a disk tier. A disk tier shared with other caches counts for all.
+    pub disk: DiskStats,
 }
 
 thread_local! {
@@ -563,6 +566,7 @@ impl CudaCache {
             disk_errors: tiers.disk_errors + tiers.write_back_failures,
             nvrtc_compiles: get(&c.nvrtc_compiles),
             nvrtc_failures: get(&c.nvrtc_failures),
+            disk: self.tiered.disk().map(|d| d.stats()).unwrap_or_default(),
         }
     }
 }

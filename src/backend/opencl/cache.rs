@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::registry::Registry;
-use crate::disk::DiskCache;
+use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Lease, MemoryCache};
@@ -33,6 +33,9 @@ pub struct OpenClStats {
     pub disk_misses: u64,
     /// Disk reads or writes that failed; the lookup went on without the disk.
     pub disk_errors: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
+    /// all zero without a disk tier. A disk tier shared with other caches counts for all.
+    pub disk: DiskStats,
 }
 
 thread_local! {
@@ -200,6 +203,7 @@ impl OpenClCache {
             disk_hits: tiers.disk_hits + tiers.load_failures,
             disk_misses: tiers.disk_absent,
             disk_errors: tiers.disk_errors + tiers.write_back_failures,
+            disk: self.tiered.disk().map(|d| d.stats()).unwrap_or_default(),
         }
     }
 }

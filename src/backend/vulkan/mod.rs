@@ -41,7 +41,7 @@ pub use header::{CacheIdentity, HEADER_LEN, HeaderMismatch, check as check_cache
 pub use spec::{DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant};
 pub use spirv::words_from_bytes;
 
-use crate::disk::DiskCache;
+use crate::disk::{DiskCache, DiskStats};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{Lease, MemoryCache, Options};
 use crate::{BuildError, DeviceId, Error, Result};
@@ -145,6 +145,9 @@ pub struct VulkanStats {
     /// Disk reads or writes that failed. A failed read at registration starts the device's
     /// pipeline cache empty; a failed write is returned by the call that flushed.
     pub disk_errors: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
+    /// all zero without a disk tier. A disk tier shared with other caches counts for all.
+    pub disk: DiskStats,
 }
 
 /// Function table of one `VkDevice`, shared by everything that must outlive its registration.
@@ -909,6 +912,7 @@ impl VulkanCache {
             cache_data_written: get(&c.data_written),
             cache_data_merged: get(&c.data_merged),
             disk_errors: get(&c.disk_errors),
+            disk: self.disk.as_ref().map(|d| d.stats()).unwrap_or_default(),
         }
     }
 }

@@ -14,7 +14,7 @@ use super::support::{FakeDriver, Handle};
 use crate::Error;
 use crate::backend::cuda::testing::SAXPY_PTX;
 use crate::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use crate::disk::{DiskCache, DiskConfig};
+use crate::disk::{DiskCache, DiskConfig, DiskStats};
 
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; every test evicts or drops its cache before it
@@ -460,4 +460,34 @@ fn a_module_linked_while_its_context_is_evicted_is_discarded_and_unloaded() {
     );
     assert_eq!(fake.counter("unload_wrong_context"), 0);
     assert!(cache.is_empty());
+}
+
+#[test]
+fn a_tampered_cubin_shows_in_the_disk_tier_counters() {
+    let fake = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = fake.create_context(0);
+    {
+        let cold = cache(&fake, Some(disk(&dir)));
+        cold.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+        let s = cold.stats();
+        assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
+    }
+    let entries: Vec<_> = std::fs::read_dir(dir.path().join("l2"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "kce"))
+        .collect();
+    assert_eq!(entries.len(), 1);
+    let mut bytes = std::fs::read(&entries[0]).unwrap();
+    bytes[80] ^= 0x01;
+    std::fs::write(&entries[0], &bytes).unwrap();
+
+    let warm = cache(&fake, Some(disk(&dir)));
+    warm.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let s = warm.stats();
+    assert_eq!((s.links, s.disk_misses, s.cubin_loads), (1, 1, 0));
+    assert_eq!(s.disk.integrity_rejects, 1);
+    assert_eq!((s.disk.hits, s.disk.misses, s.disk.puts), (0, 1, 1));
+    assert_eq!(cache(&fake, None).stats().disk, DiskStats::default());
 }
