@@ -46,8 +46,10 @@ impl DiskCache {
     /// Sweeps the directory. Entries whose key fingerprint is neither this cache's nor in
     /// `retain` are removed (after a key rotation, pass the fingerprints still in use by
     /// other processes, or nothing). Entries of this cache's key are fully verified; entries
-    /// of retained foreign keys can only be checked for structure. Temporary files older than
-    /// `temp_older_than` are removed.
+    /// of retained foreign keys can only be checked for structure; no file is read past
+    /// [`DiskCache::max_entry_size`]. Anything at an entry name but a regular file is corrupt
+    /// (an empty directory is removed; a non-empty one is counted in `undeletable`).
+    /// Temporary files older than `temp_older_than` are removed.
     pub fn gc(&self, retain: &[Fingerprint], temp_older_than: Duration) -> Result<GcReport> {
         let inner = &self.inner;
         let dir = rustix::fs::Dir::read_from(&inner.dir)
@@ -91,8 +93,9 @@ impl DiskCache {
         Ok(report)
     }
 
-    /// The distinct key fingerprints of the entries in the directory: one per operator key
-    /// generation that has written entries (all zero for unkeyed entries).
+    /// The distinct key fingerprints of the entries in the directory, in ascending byte order:
+    /// one per operator key generation that has written entries (all zero for unkeyed
+    /// entries).
     pub fn fingerprints(&self) -> Result<Vec<Fingerprint>> {
         let inner = &self.inner;
         let dir = rustix::fs::Dir::read_from(&inner.dir)

@@ -32,8 +32,10 @@ pub const MAX_ENTRY_SIZE: u64 = 1 << 30;
 
 impl DiskCache {
     /// Reads and verifies the entry for `key`. `Ok(None)`: no entry. `Err(Integrity)`: an
-    /// entry was there but failed verification and has been removed. `Err(Io)`: it could not
-    /// be read. All three count as misses.
+    /// entry was there but failed verification (bad content, larger than
+    /// [`DiskCache::max_entry_size`], not a regular file) and has been removed, unless it is
+    /// a non-empty directory, which is left in place. `Err(Io)`: it could not be read (or
+    /// its size could not be allocated). All three count as misses.
     pub fn get(&self, key: &Key) -> Result<Option<Entry>> {
         let inner = &self.inner;
         let name = inner.entry_name(key);
