@@ -218,3 +218,25 @@ fn foreign_or_corrupt_blobs_are_rejected_before_the_driver() {
         check_cache_header(&replaced, &identity).unwrap();
     }
 }
+
+#[test]
+fn a_tampered_blob_shows_in_the_disk_tier_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = {
+        let (gpu, disk, cache, device) = fresh(dir.path());
+        build_and_dispatch(&gpu, &cache, &device, 5);
+        assert!(cache.flush(&device).unwrap());
+        let s = cache.stats();
+        assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
+        disk.entry_path(&device.pipeline_cache_key())
+    };
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[80] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let (_gpu, _disk, cache, _device) = fresh(dir.path());
+    let s = cache.stats();
+    assert_eq!(s.cache_data_missing, 1);
+    assert_eq!(s.disk.integrity_rejects, 1);
+    assert_eq!((s.disk.hits, s.disk.misses), (0, 1));
+}
