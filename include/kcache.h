@@ -286,7 +286,8 @@ typedef struct kc_disk_statistics {
   uint64_t bytes_read;
   // Bytes of entries written.
   uint64_t bytes_written;
-  // Entries that failed verification and were removed.
+  // Entries that failed verification (bad content, too large, not a regular file) and
+  // were removed, and directories a write found at its entry's name and removed.
   uint64_t integrity_rejects;
   // Failed reads and writes.
   uint64_t io_errors;
@@ -880,7 +881,9 @@ void kc_disk_close(struct kc_disk *disk);
 
 // Writes the entry for `key` (atomically: readers see the old entry or the new one).
 // `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-// `KC_ERR_INVALID_ARGUMENT` when the entry is larger than the size cap.
+// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
+// of the size cap and 1 GiB. Right after `kc_disk_open` the write waits for the directory
+// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
 //
 // # Safety
 // `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
@@ -892,7 +895,8 @@ enum kc_status kc_disk_put(struct kc_disk *disk,
 
 // Reads and verifies the entry for `key` into `*out` (written on success only; free it
 // with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
-// failed verification and was removed), `KC_ERR_IO`.
+// failed verification, was larger than the per-entry limit or was not a regular file, and
+// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
 //
 // # Safety
 // `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.

@@ -114,7 +114,8 @@ pub struct kc_disk_statistics {
     pub bytes_read: u64,
     /// Bytes of entries written.
     pub bytes_written: u64,
-    /// Entries that failed verification and were removed.
+    /// Entries that failed verification (bad content, too large, not a regular file) and
+    /// were removed, and directories a write found at its entry's name and removed.
     pub integrity_rejects: u64,
     /// Failed reads and writes.
     pub io_errors: u64,
@@ -499,7 +500,9 @@ unsafe fn disk_ref<'a>(disk: *const kc_disk) -> Result<&'a DiskCache> {
 
 /// Writes the entry for `key` (atomically: readers see the old entry or the new one).
 /// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-/// `KC_ERR_INVALID_ARGUMENT` when the entry is larger than the size cap.
+/// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
+/// of the size cap and 1 GiB. Right after `kc_disk_open` the write waits for the directory
+/// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
 ///
 /// # Safety
 /// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
@@ -526,7 +529,8 @@ pub unsafe extern "C" fn kc_disk_put(
 
 /// Reads and verifies the entry for `key` into `*out` (written on success only; free it
 /// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
-/// failed verification and was removed), `KC_ERR_IO`.
+/// failed verification, was larger than the per-entry limit or was not a regular file, and
+/// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
 ///
 /// # Safety
 /// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
