@@ -62,9 +62,11 @@ fn total_stays_under_the_cap_plus_one_entry() {
 fn least_recently_read_entry_goes_first() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
-    let mut c = config(&dir);
-    c.max_size = Some(4_500);
-    let disk = DiskCache::open(c.clone()).unwrap();
+    let capped = || DiskConfig {
+        max_size: Some(4_500),
+        ..config(&dir)
+    };
+    let disk = DiskCache::open(capped()).unwrap();
     disk.usage();
     for name in ["a", "b", "c", "d"] {
         disk.put(&key(name), &[1u8; ENTRY], Duration::ZERO).unwrap();
@@ -86,7 +88,7 @@ fn least_recently_read_entry_goes_first() {
 
     // Another process (here: a second handle with its own index) reads "c"; this handle's
     // index still thinks "c" is old, but eviction rechecks the file and keeps it.
-    let other = DiskCache::open(c).unwrap();
+    let other = DiskCache::open(capped()).unwrap();
     assert!(other.get(&key("c")).unwrap().is_some());
     disk.put(&key("f"), &[1u8; ENTRY], Duration::ZERO).unwrap();
     assert!(
