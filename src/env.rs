@@ -5,9 +5,10 @@
 //! `AT_SECURE`), the environment belongs to the less privileged user who started it. A library
 //! path taken from there would run that user's code with the program's privileges, and a
 //! directory or key file would make the program trust that user's files. So, as the OpenCL ICD
-//! loader and the Vulkan loader do with `secure_getenv`, every variable read through [`var_os`]
-//! is absent in such a process: only values the program passes explicitly count. The one
-//! exception is `KCACHE_DISABLE=1` ([`disk_disabled`]), which can only take the disk tier away.
+//! loader and the Vulkan loader do with `secure_getenv`, every variable read through
+//! [`var_os`](crate::env::var_os) is absent in such a process: only values the program passes
+//! explicitly count. The one exception is `KCACHE_DISABLE=1`
+//! ([`disk_disabled`](crate::env::disk_disabled)), which can only take the disk tier away.
 
 use std::ffi::OsString;
 use std::sync::OnceLock;
