@@ -250,8 +250,10 @@ typedef struct kc_cuda_options {
   uint64_t max_weight;
   // Keep linked cubins on disk so that later processes skip the PTX JIT.
   bool use_disk;
-  // The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-  // `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+  // The disk cache directory, an absolute path (relative or empty:
+  // `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+  // `$HOME/.cache/kcache`, none of which a secure-execution process reads.
+  // `KCACHE_DISABLE=1` turns the disk off whatever is set here.
   const char *disk_dir;
   // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
   const char *driver_library;
@@ -259,6 +261,16 @@ typedef struct kc_cuda_options {
   // `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
   // `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
   const char *nvrtc_library;
+  // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
+  // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
+  // file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+  // `KC_ERR_INVALID_ARGUMENT`.
+  const uint8_t *disk_key;
+  // Length of `disk_key`.
+  size_t disk_key_len;
+  // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
+  // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
+  bool disk_require_key;
 } kc_cuda_options;
 
 // One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -340,26 +352,38 @@ typedef struct kc_cuda_statistics {
 } kc_cuda_statistics;
 
 // How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
-// come from the environment unless `ignore_env` is set, then from the defaults.
+// come from the environment unless `ignore_env` is set, then from the defaults. In a
+// secure-execution process (setuid, setgid, file capabilities) the environment is not read
+// (`KCACHE_DISABLE=1` excepted): the tier then needs `dir`, and is keyed only by `key`.
+// The struct follows the `struct_size` rule of every growing struct (see
+// `docs/c-api-conventions.md`); `require_key` was appended to the first layout, which ended
+// at `ignore_env`.
 typedef struct kc_disk_options {
   // `sizeof(kc_disk_options)` as the caller compiled it.
   size_t struct_size;
-  // Cache directory (NUL-terminated); NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
-  // `$HOME/.cache/kcache`. Created mode 0700; refused unless owned by the effective user
-  // and not writable by group or others.
+  // Cache directory (NUL-terminated), an absolute path: a relative or empty one is
+  // `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
+  // `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
+  // refused unless owned by the effective user and not writable by group or others.
   const char *dir;
   // Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
   uint64_t max_size;
-  // Operator key authenticating entries with HMAC-SHA256 (at least 16 bytes); NULL:
-  // the file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums.
+  // Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
+  // the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
+  // `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+  // `KC_ERR_INVALID_ARGUMENT`.
   const uint8_t *key;
   // Length of `key`.
   size_t key_len;
   // Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
   bool relaxed_durability;
   // Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
-  // included): `dir` must then be set.
+  // included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
   bool ignore_env;
+  // Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
+  // `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
+  // too.
+  bool require_key;
 } kc_disk_options;
 
 // A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
@@ -433,9 +457,21 @@ typedef struct kc_opencl_options {
   uint64_t max_weight;
   // Keep program binaries on disk so that later processes skip the compiler.
   bool use_disk;
-  // The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-  // `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+  // The disk cache directory, an absolute path (relative or empty:
+  // `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+  // `$HOME/.cache/kcache`, none of which a secure-execution process reads.
+  // `KCACHE_DISABLE=1` turns the disk off whatever is set here.
   const char *disk_dir;
+  // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
+  // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
+  // file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+  // `KC_ERR_INVALID_ARGUMENT`.
+  const uint8_t *disk_key;
+  // Length of `disk_key`.
+  size_t disk_key_len;
+  // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
+  // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
+  bool disk_require_key;
 } kc_opencl_options;
 
 // Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
@@ -480,12 +516,24 @@ typedef struct kc_vulkan_options {
   // Keep each device's `VkPipelineCache` data on disk, so that later processes start warm
   // (on drivers that serialize pipelines into it).
   bool use_disk;
-  // The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-  // `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+  // The disk cache directory, an absolute path (relative or empty:
+  // `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+  // `$HOME/.cache/kcache`, none of which a secure-execution process reads.
+  // `KCACHE_DISABLE=1` turns the disk off whatever is set here.
   const char *disk_dir;
   // The application's `vkGetInstanceProcAddr`; NULL: kcache loads `libvulkan.so.1`. The
   // caller's handles must come from the same loader.
   kc_vulkan_get_instance_proc_addr_fn get_instance_proc_addr;
+  // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
+  // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
+  // file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+  // `KC_ERR_INVALID_ARGUMENT`.
+  const uint8_t *disk_key;
+  // Length of `disk_key`.
+  size_t disk_key_len;
+  // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
+  // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
+  bool disk_require_key;
 } kc_vulkan_options;
 
 // A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
@@ -865,9 +913,12 @@ void kc_key_builder_free(struct kc_key_builder *builder);
 struct kc_disk_options kc_disk_options_default(void);
 
 // Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
-// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory), `KC_ERR_UNTRUSTED` (directory
-// not private to this user or a symlink; one warning per process on stderr),
-// `KC_ERR_INVALID_ARGUMENT`, `KC_ERR_IO`. A caller should then go on with memory only.
+// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory, a secure-execution process without
+// `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
+// this user or a symlink; no operator key while one is required; an unusable
+// `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
+// refusal that comes from the environment or the directory is also written once per process
+// on stderr. A caller should then go on with memory only.
 //
 // # Safety
 // `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.

@@ -1,15 +1,18 @@
 //! The one place kcache reads its `KCACHE_*` environment (and the `XDG_CACHE_HOME` / `HOME`
-//! fallbacks of the cache directory).
+//! fallbacks of the cache directory), and the one place it writes warnings.
 //!
 //! In a secure-execution process (setuid, setgid, or granted file capabilities: the kernel sets
 //! `AT_SECURE`), the environment belongs to the less privileged user who started it. A library
 //! path taken from there would run that user's code with the program's privileges, and a
 //! directory or key file would make the program trust that user's files. So, as the OpenCL ICD
-//! loader and the Vulkan loader do with `secure_getenv`, every variable read here is absent in
-//! such a process: only values the program passes explicitly count.
+//! loader and the Vulkan loader do with `secure_getenv`, every variable read through
+//! [`var_os`](crate::env::var_os) is absent in such a process: only values the program passes
+//! explicitly count. The one exception is `KCACHE_DISABLE=1`
+//! ([`disk_disabled`](crate::env::disk_disabled)), which can only take the disk tier away.
 
 use std::ffi::OsString;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `AT_SECURE` in the auxiliary vector (`<elf.h>`).
 const AT_SECURE: u64 = 23;
@@ -54,6 +57,41 @@ pub fn var_os(name: &str) -> Option<OsString> {
         None
     } else {
         std::env::var_os(name)
+    }
+}
+
+/// `KCACHE_DISABLE=1`: the disk tier is off. Read in secure-execution mode too, unlike every
+/// other variable: it names no file and no library and only removes the disk tier, so the user
+/// who started a setuid program gains nothing by setting it but a slower run of that program.
+pub fn disk_disabled() -> bool {
+    std::env::var_os("KCACHE_DISABLE").is_some_and(|v| v == "1")
+}
+
+/// What a warning is about. Each kind is written at most once per process: the cache keeps
+/// working (from memory, or without the ignored setting), so repeating it would only be noise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Warning {
+    /// The cache directory is not private to the effective user: the disk tier is off.
+    UntrustedDirectory,
+    /// An operator key is required and none is configured: the disk tier is off.
+    KeyRequired,
+    /// `KCACHE_DIR` is a relative path: ignored.
+    RelativeDir,
+    /// `KCACHE_MAX_SIZE` is not a size: the disk tier is off.
+    MaxSize,
+    /// `KCACHE_KEY_FILE` is empty, relative, missing or unusable: the disk tier is off.
+    KeyFile,
+    /// `KCACHE_REQUIRE_KEY` is neither `0` nor `1`: taken as `1`.
+    RequireKey,
+}
+
+const WARNING_KINDS: usize = Warning::RequireKey as usize + 1;
+
+/// Writes `kcache: <message>` on stderr, unless a warning of this kind was written already.
+pub(crate) fn warn_once(kind: Warning, message: impl FnOnce() -> String) {
+    static WARNED: [AtomicBool; WARNING_KINDS] = [const { AtomicBool::new(false) }; WARNING_KINDS];
+    if !WARNED[kind as usize].swap(true, Ordering::Relaxed) {
+        eprintln!("kcache: {}", message());
     }
 }
 

@@ -62,9 +62,11 @@ fn total_stays_under_the_cap_plus_one_entry() {
 fn least_recently_read_entry_goes_first() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
-    let mut c = config(&dir);
-    c.max_size = Some(4_500);
-    let disk = DiskCache::open(c.clone()).unwrap();
+    let capped = || DiskConfig {
+        max_size: Some(4_500),
+        ..config(&dir)
+    };
+    let disk = DiskCache::open(capped()).unwrap();
     disk.usage();
     for name in ["a", "b", "c", "d"] {
         disk.put(&key(name), &[1u8; ENTRY], Duration::ZERO).unwrap();
@@ -86,7 +88,7 @@ fn least_recently_read_entry_goes_first() {
 
     // Another process (here: a second handle with its own index) reads "c"; this handle's
     // index still thinks "c" is old, but eviction rechecks the file and keeps it.
-    let other = DiskCache::open(c).unwrap();
+    let other = DiskCache::open(capped()).unwrap();
     assert!(other.get(&key("c")).unwrap().is_some());
     disk.put(&key("f"), &[1u8; ENTRY], Duration::ZERO).unwrap();
     assert!(
@@ -250,17 +252,19 @@ fn the_cap_holds_for_writes_made_while_the_opening_scan_runs() {
     for round in 0..3 {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("cache");
-        let mut c = config(&dir);
-        c.max_size = Some(CAP);
+        let capped = || DiskConfig {
+            max_size: Some(CAP),
+            ..config(&dir)
+        };
         {
             // Many small entries: a scan that takes a while, well under the cap.
-            let disk = DiskCache::open(c.clone()).unwrap();
+            let disk = DiskCache::open(capped()).unwrap();
             for i in 0..3000 {
                 disk.put(&key(&format!("small {i}")), &[1u8; 96], Duration::ZERO)
                     .unwrap();
             }
         }
-        let disk = std::sync::Arc::new(DiskCache::open(c).unwrap());
+        let disk = std::sync::Arc::new(DiskCache::open(capped()).unwrap());
         let writers: Vec<_> = (0..3)
             .map(|t| {
                 let disk = disk.clone();

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use kcache::Error;
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
 use kcache::key::KeyBuilder;
 
 fn open(dir: &Path) -> kcache::Result<DiskCache> {
@@ -87,6 +87,7 @@ fn child(role: &str, envs: &[(&str, &Path)]) -> Output {
         "KCACHE_DISABLE",
         "KCACHE_MAX_SIZE",
         "KCACHE_KEY_FILE",
+        "KCACHE_REQUIRE_KEY",
         "XDG_CACHE_HOME",
         "HOME",
     ] {
@@ -143,6 +144,19 @@ fn child_role() {
         "bad-key-file" => {
             let r = DiskCache::open(DiskConfig::from_env());
             assert!(matches!(r, Err(Error::Untrusted(_))), "{:?}", r.err());
+        }
+        "open-three-times" => {
+            for _ in 0..3 {
+                match DiskCache::open(DiskConfig::from_env()) {
+                    Ok(disk) => println!("OPEN=ok {}", disk.path().display()),
+                    Err(e) => println!("OPEN={e:?}"),
+                }
+            }
+        }
+        "umask" => {
+            let mask = u32::from_str_radix(&std::env::var("TEST_UMASK").unwrap(), 8).unwrap();
+            rustix::process::umask(rustix::fs::Mode::from_raw_mode(mask));
+            open(&dir("TEST_BASE").join("a/b/cache")).unwrap();
         }
         other => panic!("unknown role {other}"),
     }
@@ -250,4 +264,177 @@ fn trusted_directory_survives_its_path_being_swapped() {
     disk.put(&k, b"v", Duration::ZERO).unwrap();
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
     assert_eq!(disk.get(&k).unwrap().unwrap().payload(), b"v");
+}
+
+#[test]
+fn every_created_directory_is_private_whatever_the_umask() {
+    // A umask of 000 must not leave world-writable parents, nor one of 277 an unwritable cache.
+    for mask in ["000", "277"] {
+        let tmp = tempfile::tempdir().unwrap();
+        child(
+            "umask",
+            &[("TEST_BASE", tmp.path()), ("TEST_UMASK", Path::new(mask))],
+        );
+        for sub in ["a", "a/b", "a/b/cache"] {
+            let mode = std::fs::metadata(tmp.path().join(sub)).unwrap().mode() & 0o7777;
+            assert_eq!(mode, 0o700, "{sub} under umask {mask}");
+        }
+    }
+}
+
+#[test]
+fn existing_parents_keep_their_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let parent = tmp.path().join("shared");
+    std::fs::create_dir(&parent).unwrap();
+    chmod(&parent, 0o755);
+    open(&parent.join("cache")).unwrap();
+    assert_eq!(std::fs::metadata(&parent).unwrap().mode() & 0o7777, 0o755);
+}
+
+#[test]
+fn relative_or_empty_directories_are_refused() {
+    // Resolved against the working directory, the cache would land wherever the process runs.
+    let name = format!("kcache-relative-{}", std::process::id());
+    let r = open(Path::new(&name).join("cache").as_path());
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{:?}", r.err());
+    assert!(!Path::new(&name).exists());
+    let r = open(Path::new(""));
+    assert!(matches!(r, Err(Error::InvalidArgument(_))), "{:?}", r.err());
+}
+
+/// Runs `open-three-times` with `envs` and returns the outcome of each open (what follows
+/// `OPEN=`) and the child's stderr.
+fn open_three_times(envs: &[(&str, &Path)]) -> (Vec<String>, String) {
+    let out = child("open-three-times", envs);
+    let opens = lines(&out)
+        .lines()
+        .filter_map(|l| l.split_once("OPEN=").map(|(_, outcome)| outcome.to_owned()))
+        .collect();
+    (opens, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// How many of `opens` start with `prefix`.
+fn opened(opens: &[String], prefix: &str) -> usize {
+    opens.iter().filter(|o| o.starts_with(prefix)).count()
+}
+
+fn count(haystack: &str, line: &str) -> usize {
+    haystack.lines().filter(|l| *l == line).count()
+}
+
+#[test]
+fn relative_kcache_dir_is_ignored_with_one_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let (stdout, stderr) =
+        open_three_times(&[("KCACHE_DIR", Path::new("relative/cache")), ("HOME", &home)]);
+    let expected = format!("ok {}", home.join(".cache/kcache").display());
+    assert_eq!(opened(&stdout, &expected), 3, "{stdout:?}");
+    let warning = r#"kcache: KCACHE_DIR="relative/cache" is a relative path: ignored"#;
+    assert_eq!(count(&stderr, warning), 1, "{stderr}");
+}
+
+#[test]
+fn bad_max_size_turns_the_tier_off_with_one_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (stdout, stderr) = open_three_times(&[
+        ("KCACHE_DIR", tmp.path()),
+        ("KCACHE_MAX_SIZE", Path::new("lots")),
+    ]);
+    assert_eq!(opened(&stdout, "Unavailable("), 3, "{stdout:?}");
+    let warning = r#"kcache: KCACHE_MAX_SIZE="lots" is not a positive size (bytes, or with a K/M/G/T suffix): the disk tier is off"#;
+    assert_eq!(count(&stderr, warning), 1, "{stderr}");
+}
+
+/// With `key_file` as `KCACHE_KEY_FILE` the tier is refused three times as untrusted, with
+/// exactly one warning, which names the variable and `reason`.
+fn assert_key_file_refused(key_file: &Path, reason: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (stdout, stderr) =
+        open_three_times(&[("KCACHE_DIR", tmp.path()), ("KCACHE_KEY_FILE", key_file)]);
+    assert_eq!(opened(&stdout, "Untrusted("), 3, "{stdout:?}");
+    let prefix = format!("kcache: KCACHE_KEY_FILE={:?}: ", key_file.as_os_str());
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.starts_with(&prefix)).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains(reason), "{stderr}");
+    assert!(warnings[0].ends_with(": the disk tier is off"), "{stderr}");
+}
+
+#[test]
+fn unusable_key_files_turn_the_tier_off_with_one_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Empty is not "unset": a variable that failed to expand must not drop the key silently.
+    assert_key_file_refused(Path::new(""), "set but empty");
+    assert_key_file_refused(Path::new("relative/key"), "relative path");
+    assert_key_file_refused(&tmp.path().join("missing"), "cannot open");
+    let readable = tmp.path().join("readable");
+    std::fs::write(&readable, [7u8; 32]).unwrap();
+    chmod(&readable, 0o640);
+    assert_key_file_refused(&readable, "gives group or others access");
+}
+
+#[test]
+fn required_key_from_the_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    for value in ["1", "yes"] {
+        let dir = tmp.path().join(format!("required-{value}"));
+        let (stdout, stderr) = open_three_times(&[
+            ("KCACHE_DIR", &dir),
+            ("KCACHE_REQUIRE_KEY", Path::new(value)),
+        ]);
+        assert_eq!(opened(&stdout, "Untrusted("), 3, "{stdout:?}");
+        let warning = "kcache: disk tier disabled: an operator key is required (require_key or \
+                       KCACHE_REQUIRE_KEY=1) and none is configured";
+        assert_eq!(count(&stderr, warning), 1, "{stderr}");
+        // Refused before anything is created.
+        assert!(!dir.exists());
+    }
+    let stderr = open_three_times(&[
+        ("KCACHE_DIR", tmp.path()),
+        ("KCACHE_REQUIRE_KEY", Path::new("yes")),
+    ])
+    .1;
+    assert_eq!(
+        count(
+            &stderr,
+            r#"kcache: KCACHE_REQUIRE_KEY="yes" is neither 0 nor 1: taken as 1"#
+        ),
+        1,
+        "{stderr}"
+    );
+    let key_file = tmp.path().join("key");
+    std::fs::write(&key_file, [7u8; 32]).unwrap();
+    chmod(&key_file, 0o600);
+    let (stdout, _) = open_three_times(&[
+        ("KCACHE_DIR", tmp.path()),
+        ("KCACHE_REQUIRE_KEY", Path::new("1")),
+        ("KCACHE_KEY_FILE", &key_file),
+    ]);
+    assert_eq!(
+        opened(&stdout, &format!("ok {}", tmp.path().display())),
+        3,
+        "{stdout:?}"
+    );
+}
+
+#[test]
+fn required_key_in_the_configuration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let config = DiskConfig {
+        require_key: true,
+        ..DiskConfig::in_dir(&dir)
+    };
+    match DiskCache::open(config) {
+        Err(Error::Untrusted(m)) => assert!(m.contains("operator key is required"), "{m}"),
+        other => panic!("{:?}", other.err()),
+    }
+    assert!(!dir.exists());
+    let config = DiskConfig {
+        require_key: true,
+        key: Some(OperatorKey::new([7u8; 16]).unwrap()),
+        ..DiskConfig::in_dir(&dir)
+    };
+    assert_ne!(DiskCache::open(config).unwrap().fingerprint(), [0; 8]);
 }

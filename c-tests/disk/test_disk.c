@@ -2,11 +2,13 @@
  * Usage: kc_test_disk WORK_DIR (an empty private directory; the test makes its caches in it). */
 #include <dirent.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../harness.h"
 
@@ -173,6 +175,8 @@ static void test_keyed_and_untrusted(void) {
   CHECK(strstr(kc_last_error_message(), "writable by group or others") != NULL);
 }
 
+#define CHECK_NAMES(arg) CHECK(strstr(kc_last_error_message(), arg) != NULL)
+
 /* A backend whose live value is a heap string and whose serialized form is its bytes. */
 typedef struct backend {
   int builds, loads, serializes, refuse_load;
@@ -296,7 +300,211 @@ static void test_tiered(void) {
   kc_disk_close(disk);
 }
 
-#define CHECK_NAMES(arg) CHECK(strstr(kc_last_error_message(), arg) != NULL)
+static int exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+static kc_disk_options options_in(const char *dir) {
+  kc_disk_options opts = kc_disk_options_default();
+  opts.dir = dir;
+  opts.ignore_env = true;
+  opts.relaxed_durability = true;
+  return opts;
+}
+
+/* Arguments that used to be accepted (a NULL key with a length opened unkeyed; a relative
+ * directory landed in the working directory) are refused, and nothing is created. */
+static void test_disk_arguments(void) {
+  char dir[4096];
+  path_in(dir, sizeof dir, "arguments");
+  kc_disk *disk = NULL;
+  kc_disk_options opts = options_in(dir);
+  opts.key_len = 32;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("opts->key");
+
+  opts = options_in(NULL);
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("ignore_env");
+
+  opts = options_in("");
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("empty");
+  opts.ignore_env = false;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+
+  opts = options_in("kc-relative-cache/dir");
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("relative");
+  opts.ignore_env = false;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK(!exists("kc-relative-cache"));
+
+  CHECK(disk == NULL);
+  CHECK(!exists(dir));
+}
+
+/* require_key: no key is KC_ERR_UNTRUSTED with the reason, before anything is created. */
+static void test_require_key(void) {
+  static const uint8_t operator_key[] = "an operator key of 32 bytes!!!!";
+  char dir[4096];
+  path_in(dir, sizeof dir, "required");
+  kc_disk *disk = NULL;
+  kc_disk_options opts = options_in(dir);
+  opts.require_key = true;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_UNTRUSTED);
+  CHECK_NAMES("operator key is required");
+  CHECK(disk == NULL && !exists(dir));
+  opts.key = operator_key;
+  opts.key_len = sizeof operator_key - 1;
+  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  kc_disk_close(disk);
+}
+
+/* Every directory kcache creates is 0700, even under a umask that would widen or narrow it. */
+static void test_private_directories(void) {
+  static const mode_t masks[] = {0, 0277};
+  for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
+    char base[2048], dir[4096], sub[4096];
+    int n = snprintf(base, sizeof base, "%s/umask%o", work, (unsigned)masks[m]);
+    CHECK(n > 0 && (size_t)n < sizeof base);
+    snprintf(dir, sizeof dir, "%s/a/b/cache", base);
+    mode_t old = umask(masks[m]);
+    kc_disk *disk = NULL;
+    kc_disk_options opts = options_in(dir);
+    CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+    umask(old);
+    kc_disk_close(disk);
+    const char *parts[] = {"", "/a", "/a/b", "/a/b/cache"};
+    for (size_t i = 0; i < 4; i++) {
+      struct stat st;
+      snprintf(sub, sizeof sub, "%s%s", base, parts[i]);
+      CHECK(stat(sub, &st) == 0);
+      CHECK((st.st_mode & 07777) == 0700);
+    }
+  }
+}
+
+/* One struct_size rule for every growing struct: a newer caller's larger struct is accepted
+ * when the bytes this library does not know are zero and refused otherwise; an older caller's
+ * shorter struct gets defaults for the fields it lacks; a struct shorter than the first
+ * layout is refused. */
+typedef struct {
+  kc_disk_options known;
+  uint64_t newer_field;
+} newer_disk_options;
+
+typedef struct {
+  kc_cache_options known;
+  uint64_t newer_field;
+} newer_cache_options;
+
+typedef struct {
+  kc_tiered_callbacks known;
+  uint64_t newer_field;
+} newer_callbacks;
+
+typedef struct {
+  kc_opencl_options known;
+  uint64_t newer_field;
+} newer_opencl_options;
+
+static void test_struct_size_rule(void) {
+  char dir[4096];
+  path_in(dir, sizeof dir, "struct-size");
+  kc_disk *disk = NULL;
+
+  newer_disk_options disk_opts;
+  memset(&disk_opts, 0, sizeof disk_opts);
+  disk_opts.known = options_in(dir);
+  disk_opts.known.struct_size = sizeof disk_opts;
+  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_OK);
+  kc_disk_close(disk);
+  disk_opts.newer_field = 1;
+  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("beyond");
+  /* The first layout ended at ignore_env: require_key past it is not read. */
+  disk_opts.known.struct_size = offsetof(kc_disk_options, require_key);
+  disk_opts.known.require_key = true;
+  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_OK);
+  kc_disk_close(disk);
+  disk_opts.known.struct_size = offsetof(kc_disk_options, ignore_env);
+  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("struct_size");
+
+  kc_cache *cache = NULL;
+  newer_cache_options cache_opts;
+  memset(&cache_opts, 0, sizeof cache_opts);
+  cache_opts.known = kc_cache_options_default();
+  cache_opts.known.struct_size = sizeof cache_opts;
+  cache_opts.known.destroy = free_value;
+  CHECK_STATUS(kc_cache_new(&cache_opts.known, &cache), KC_OK);
+  cache_opts.newer_field = 1;
+  kc_cache *refused = NULL;
+  CHECK_STATUS(kc_cache_new(&cache_opts.known, &refused), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("beyond");
+
+  backend b = {0, 0, 0, 0};
+  uint8_t l2[KC_KEY_LEN];
+  make_key("struct-size", l2);
+  newer_callbacks cb;
+  memset(&cb, 0, sizeof cb);
+  cb.known.struct_size = sizeof cb;
+  cb.known.build = build_fn;
+  cb.known.ctx = &b;
+  kc_lease *lease = NULL;
+  cb.newer_field = 1;
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("s"), KC_NO_DEVICE, NULL, l2, &cb.known, &lease),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("beyond");
+  CHECK(b.builds == 0);
+  cb.newer_field = 0;
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("s"), KC_NO_DEVICE, NULL, l2, &cb.known, &lease),
+               KC_OK);
+  kc_lease_release(lease);
+  CHECK(b.builds == 1);
+  kc_cache_free(cache);
+
+  /* The backends' options too; they are read before any OpenCL library is loaded. */
+  kc_opencl_cache *cl = NULL;
+  newer_opencl_options cl_opts;
+  memset(&cl_opts, 0, sizeof cl_opts);
+  cl_opts.known = kc_opencl_options_default();
+  cl_opts.known.struct_size = sizeof cl_opts;
+  cl_opts.newer_field = 1;
+  CHECK_STATUS(kc_opencl_cache_new(&cl_opts.known, &cl), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("beyond");
+  cl_opts.known.struct_size = offsetof(kc_opencl_options, disk_dir);
+  CHECK_STATUS(kc_opencl_cache_new(&cl_opts.known, &cl), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("struct_size");
+  CHECK(cl == NULL);
+}
+
+/* The backends' disk arguments follow the kc_disk_options rules. */
+static void test_backend_disk_arguments(void) {
+  kc_opencl_cache *cl = NULL;
+  kc_opencl_options opts = kc_opencl_options_default();
+  opts.use_disk = true;
+  opts.disk_dir = "kc-relative-cache/dir";
+  CHECK_STATUS(kc_opencl_cache_new(&opts, &cl), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("relative");
+  CHECK(!exists("kc-relative-cache"));
+  opts.disk_dir = "";
+  CHECK_STATUS(kc_opencl_cache_new(&opts, &cl), KC_ERR_INVALID_ARGUMENT);
+  char dir[4096];
+  path_in(dir, sizeof dir, "backend");
+  opts.disk_dir = dir;
+  opts.disk_key_len = 32;
+  CHECK_STATUS(kc_opencl_cache_new(&opts, &cl), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("disk_key");
+  CHECK(cl == NULL && !exists(dir));
+
+  kc_cuda_options cuda = kc_cuda_options_default();
+  CHECK(cuda.disk_key == NULL && cuda.disk_key_len == 0 && !cuda.disk_require_key);
+  kc_vulkan_options vk = kc_vulkan_options_default();
+  CHECK(vk.disk_key == NULL && vk.disk_key_len == 0 && !vk.disk_require_key);
+}
 
 /* Every pointer argument NULL in turn: KC_ERR_INVALID_ARGUMENT naming it, no crash, and
  * out-parameters untouched. */
@@ -536,6 +744,11 @@ int main(int argc, char **argv) {
   test_disk();
   test_keyed_and_untrusted();
   test_tiered();
+  test_disk_arguments();
+  test_require_key();
+  test_private_directories();
+  test_struct_size_rule();
+  test_backend_disk_arguments();
   test_null_sweep();
   test_full_disk();
   test_fingerprints();

@@ -1,11 +1,16 @@
 //! Disk tier configuration: explicit values first, then the environment, then defaults.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{Mode, OFlags};
+use zeroize::ZeroizeOnDrop;
+
+use crate::env::Warning;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
 
@@ -14,7 +19,8 @@ pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
 
 /// Operator keys shorter than this are refused: a short HMAC key is guessable.
 pub const MIN_OPERATOR_KEY_LEN: usize = 16;
-const MAX_OPERATOR_KEY_LEN: usize = 4096;
+/// Operator keys longer than this are refused; it also bounds what reading a key file reads.
+pub const MAX_OPERATOR_KEY_LEN: usize = 4096;
 
 /// Whether a write is flushed to stable storage before `put` returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,47 +35,102 @@ pub enum Durability {
 }
 
 /// The secret that authenticates entries with HMAC-SHA256. Anyone holding it can forge
-/// entries, so it belongs in a file only the cache's user can read.
-#[derive(Clone, PartialEq, Eq)]
+/// entries, so it belongs in a file only the cache's user can read. Its bytes are wiped when
+/// it is dropped, and it cannot be cloned, so no copy outlives it unnoticed.
+#[derive(ZeroizeOnDrop)]
 pub struct OperatorKey(Vec<u8>);
 
 impl OperatorKey {
-    /// At least [`MIN_OPERATOR_KEY_LEN`] bytes, used exactly as given.
+    /// [`MIN_OPERATOR_KEY_LEN`] to [`MAX_OPERATOR_KEY_LEN`] bytes, used exactly as given. A
+    /// refused key is wiped too.
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<Self> {
-        let bytes = bytes.into();
-        if bytes.len() < MIN_OPERATOR_KEY_LEN || bytes.len() > MAX_OPERATOR_KEY_LEN {
+        OperatorKey(bytes.into()).checked()
+    }
+
+    fn checked(self) -> Result<Self> {
+        let len = self.0.len();
+        if !(MIN_OPERATOR_KEY_LEN..=MAX_OPERATOR_KEY_LEN).contains(&len) {
             return Err(Error::InvalidArgument(format!(
-                "an operator key must be {MIN_OPERATOR_KEY_LEN} to {MAX_OPERATOR_KEY_LEN} bytes, got {}",
-                bytes.len()
+                "an operator key must be {MIN_OPERATOR_KEY_LEN} to {MAX_OPERATOR_KEY_LEN} bytes, got {len}"
             )));
         }
-        Ok(OperatorKey(bytes))
+        Ok(self)
     }
 
     /// Reads the key from a file: its whole content, byte for byte (a trailing newline is
-    /// part of the key). A file that group or others may write is refused, since whoever can
-    /// replace the key can forge entries.
+    /// part of the key). The path must be absolute; symbolic links are followed (secrets are
+    /// often mounted that way), and what they lead to must be a regular file owned by the
+    /// effective user or root that grants group and others no permission at all: whoever can
+    /// read the key can forge entries, and whoever can replace it can make kcache trust their
+    /// entries. Those checks are made on the opened file, which is opened without blocking (a
+    /// FIFO is refused rather than waited on). The key is read into one buffer sized from the
+    /// file, never reallocated, and wiped when refused.
+    ///
+    /// Errors: `InvalidArgument` (relative path, wrong length), `Io` (cannot open or read),
+    /// `Untrusted` (not a regular file, wrong owner, group or other permissions).
     pub fn from_file(path: &Path) -> Result<Self> {
-        let mut file = File::open(path)
-            .map_err(|e| Error::Io(format!("cannot open key file {}: {e}", path.display())))?;
+        if !path.is_absolute() {
+            return Err(Error::InvalidArgument(format!(
+                "key file {} is a relative path",
+                path.display()
+            )));
+        }
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::Io(format!("cannot open key file {}: {e}", path.display())))?;
+        let file = File::from(fd);
         let meta = file.metadata()?;
+        let untrusted =
+            |why: String| Error::Untrusted(format!("key file {}: {why}", path.display()));
         if !meta.is_file() {
-            return Err(Error::Untrusted(format!(
-                "key file {} is not a regular file",
+            return Err(untrusted("not a regular file".into()));
+        }
+        let euid = rustix::process::geteuid().as_raw();
+        if meta.uid() != euid && meta.uid() != 0 {
+            return Err(untrusted(format!(
+                "owned by uid {}, neither the effective user {euid} nor root",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(untrusted(format!(
+                "mode {:o} gives group or others access",
+                meta.mode() & 0o7777
+            )));
+        }
+        // One byte more than the file (or the longest key) tells a longer file apart without
+        // ever growing the buffer, which would leave a copy of the key behind.
+        let capacity = usize::try_from(meta.len())
+            .unwrap_or(usize::MAX)
+            .min(MAX_OPERATOR_KEY_LEN)
+            + 1;
+        let mut key = OperatorKey(vec![0u8; capacity]);
+        let mut filled = 0;
+        let mut limited = file.take(capacity as u64);
+        while filled < capacity {
+            match limited.read(&mut key.0[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::Io(format!(
+                        "cannot read key file {}: {e}",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        if filled == capacity {
+            return Err(Error::InvalidArgument(format!(
+                "key file {} is longer than {MAX_OPERATOR_KEY_LEN} bytes or grew while read",
                 path.display()
             )));
         }
-        if meta.mode() & 0o022 != 0 {
-            return Err(Error::Untrusted(format!(
-                "key file {} is writable by group or others",
-                path.display()
-            )));
-        }
-        let mut bytes = Vec::new();
-        file.by_ref()
-            .take(MAX_OPERATOR_KEY_LEN as u64 + 1)
-            .read_to_end(&mut bytes)?;
-        OperatorKey::new(bytes)
+        key.0.truncate(filled);
+        key.checked()
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -86,18 +147,34 @@ impl fmt::Debug for OperatorKey {
 /// How to open a disk tier. Fields left `None` are taken from the environment when
 /// `read_env` is set (the default), else from the defaults.
 ///
-/// | field      | environment                                              | default          |
-/// |------------|----------------------------------------------------------|------------------|
-/// | `dir`      | `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache` | none: error |
-/// | `max_size` | `KCACHE_MAX_SIZE` (bytes, or with a K/M/G/T suffix)      | 1 GiB            |
-/// | `key`      | `KCACHE_KEY_FILE`                                        | none: BLAKE3     |
+/// | field         | environment                                                   | default      |
+/// |---------------|---------------------------------------------------------------|--------------|
+/// | `dir`         | `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache` | none: error  |
+/// | `max_size`    | `KCACHE_MAX_SIZE` (bytes, or with a K/M/G/T suffix)           | 1 GiB        |
+/// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
+/// | `require_key` | `KCACHE_REQUIRE_KEY=1` (either one requires a key)            | not required |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
-#[derive(Clone, Debug)]
+///
+/// Environment values kcache cannot use are reported once per process on stderr: a relative
+/// `KCACHE_DIR` is ignored; an invalid `KCACHE_MAX_SIZE` or an empty, relative, missing or
+/// unusable `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`) rather than
+/// falling back to a cap or to unkeyed entries the operator did not ask for.
+///
+/// In a secure-execution process (setuid, setgid, file capabilities) no variable but
+/// `KCACHE_DISABLE` is read (see [`crate::env`]): the tier is off unless `dir` is set, and
+/// entries are keyed only by an explicit `key`.
+#[derive(Debug)]
 pub struct DiskConfig {
+    /// An absolute path; a relative or empty one is refused (`InvalidArgument`) rather than
+    /// resolved against whatever the working directory happens to be.
     pub dir: Option<PathBuf>,
+    /// Positive; `Some(0)` is refused.
     pub max_size: Option<u64>,
     pub key: Option<OperatorKey>,
+    /// Refuse to open (`Untrusted`) without an operator key, instead of writing unkeyed
+    /// entries that anyone who can write the directory can forge.
+    pub require_key: bool,
     pub durability: Durability,
     /// Entries record the key schema they were written under; `gc` removes other schemas.
     pub key_schema: u32,
@@ -110,6 +187,7 @@ impl Default for DiskConfig {
             dir: None,
             max_size: None,
             key: None,
+            require_key: false,
             durability: Durability::Sync,
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
@@ -117,13 +195,17 @@ impl Default for DiskConfig {
     }
 }
 
+/// Why a secure-execution process has no disk tier by default.
+const SECURE_NEEDS_DIR: &str =
+    "secure-execution process: the disk tier needs an explicit directory";
+
 impl DiskConfig {
     /// Everything from the environment.
     pub fn from_env() -> Self {
         Self::default()
     }
 
-    /// A cache in `dir`, ignoring the environment entirely (tests, embedded uses).
+    /// A cache in `dir` (absolute), ignoring the environment entirely (tests, embedded uses).
     pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
         DiskConfig {
             dir: Some(dir.into()),
@@ -132,38 +214,69 @@ impl DiskConfig {
         }
     }
 
-    pub(crate) fn resolve(&self) -> Result<Resolved> {
+    pub(crate) fn resolve(self) -> Result<Resolved> {
+        let read_env = self.read_env;
         let env = |name: &str| {
-            if self.read_env {
-                crate::env::var_os(name).filter(|v| !v.is_empty())
+            if read_env {
+                crate::env::var_os(name)
             } else {
                 None
             }
         };
-        if env("KCACHE_DISABLE").is_some_and(|v| v == "1") {
+        let non_empty = |name: &str| env(name).filter(|v| !v.is_empty());
+        if read_env && crate::env::disk_disabled() {
             return Err(Error::Unavailable(
                 "the disk tier is disabled by KCACHE_DISABLE=1".into(),
             ));
         }
-        let dir = match &self.dir {
-            Some(dir) => dir.clone(),
-            None => default_dir(env("KCACHE_DIR"), env("XDG_CACHE_HOME"), env("HOME"))?,
+        let dir = match self.dir {
+            Some(dir) if dir.as_os_str().is_empty() => {
+                return Err(Error::InvalidArgument(
+                    "the cache directory is an empty path".into(),
+                ));
+            }
+            Some(dir) if !dir.is_absolute() => {
+                return Err(Error::InvalidArgument(format!(
+                    "the cache directory {} is a relative path",
+                    dir.display()
+                )));
+            }
+            Some(dir) => dir,
+            None if read_env && crate::env::secure_execution() => {
+                return Err(Error::Unavailable(SECURE_NEEDS_DIR.into()));
+            }
+            None => default_dir(
+                non_empty("KCACHE_DIR"),
+                non_empty("XDG_CACHE_HOME"),
+                non_empty("HOME"),
+            )?,
         };
-        let max_size = match (self.max_size, env("KCACHE_MAX_SIZE")) {
+        let max_size = match (self.max_size, non_empty("KCACHE_MAX_SIZE")) {
+            (Some(0), _) => {
+                return Err(Error::InvalidArgument(
+                    "the size cap must be positive".into(),
+                ));
+            }
             (Some(size), _) => size,
-            (None, Some(text)) => parse_size(&text.to_string_lossy())?,
+            (None, Some(text)) => env_max_size(&text)?,
             (None, None) => DEFAULT_MAX_SIZE,
         };
-        if max_size == 0 {
-            return Err(Error::InvalidArgument(
-                "the size cap must be positive".into(),
-            ));
-        }
-        let key = match (&self.key, env("KCACHE_KEY_FILE")) {
-            (Some(key), _) => Some(key.clone()),
-            (None, Some(path)) => Some(OperatorKey::from_file(Path::new(&path))?),
+        // An empty KCACHE_KEY_FILE is a mistake to report, not "unset": it usually comes from
+        // a variable that failed to expand, and ignoring it would silently drop the key.
+        let key = match (self.key, env("KCACHE_KEY_FILE")) {
+            (Some(key), _) => Some(key),
+            (None, Some(path)) => Some(env_key_file(&path)?),
             (None, None) => None,
         };
+        let require_key = self.require_key || env_require_key(env("KCACHE_REQUIRE_KEY"));
+        if require_key && key.is_none() {
+            let detail = "an operator key is required (require_key or KCACHE_REQUIRE_KEY=1) \
+                          and none is configured";
+            crate::env::warn_once(Warning::KeyRequired, || {
+                format!("disk tier disabled: {detail}")
+            });
+            return Err(Error::Untrusted(detail.into()));
+        }
         Ok(Resolved {
             dir,
             max_size,
@@ -182,17 +295,75 @@ pub(crate) struct Resolved {
     pub key_schema: u32,
 }
 
+/// `KCACHE_MAX_SIZE`: a value that is not a positive size turns the tier off, since the
+/// operator meant some cap and kcache cannot tell which.
+fn env_max_size(text: &OsString) -> Result<u64> {
+    let text = text.to_string_lossy();
+    match parse_size(&text) {
+        Ok(size) if size > 0 => Ok(size),
+        _ => {
+            let detail = format!(
+                "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a K/M/G/T \
+                 suffix): the disk tier is off"
+            );
+            crate::env::warn_once(Warning::MaxSize, || detail.clone());
+            Err(Error::Unavailable(detail))
+        }
+    }
+}
+
+/// `KCACHE_KEY_FILE`: any problem turns the tier off (`Untrusted`) rather than falling back
+/// to unkeyed entries the operator did not ask for.
+fn env_key_file(path: &OsString) -> Result<OperatorKey> {
+    let refuse = |why: String| {
+        let detail = format!("KCACHE_KEY_FILE={path:?}: {why}: the disk tier is off");
+        crate::env::warn_once(Warning::KeyFile, || detail.clone());
+        Error::Untrusted(detail)
+    };
+    if path.is_empty() {
+        return Err(refuse("set but empty".into()));
+    }
+    OperatorKey::from_file(Path::new(path)).map_err(|e| {
+        refuse(match e {
+            Error::InvalidArgument(m) | Error::Io(m) | Error::Untrusted(m) => m,
+            other => other.to_string(),
+        })
+    })
+}
+
+/// `KCACHE_REQUIRE_KEY`: unset, empty or `0` require nothing, `1` requires a key. Anything
+/// else is taken as `1`: someone meant to turn the requirement on.
+fn env_require_key(value: Option<OsString>) -> bool {
+    match value {
+        None => false,
+        Some(v) if v.is_empty() || v == "0" => false,
+        Some(v) if v == "1" => true,
+        Some(v) => {
+            crate::env::warn_once(Warning::RequireKey, || {
+                format!("KCACHE_REQUIRE_KEY={v:?} is neither 0 nor 1: taken as 1")
+            });
+            true
+        }
+    }
+}
+
 /// `KCACHE_DIR` > `$XDG_CACHE_HOME/kcache` > `$HOME/.cache/kcache`. Relative paths are
 /// ignored (the XDG rule) so the cache never lands wherever the process happens to run, and
-/// there is deliberately no fallback to a shared temporary directory.
+/// there is deliberately no fallback to a shared temporary directory. A relative `KCACHE_DIR`,
+/// which is kcache's own variable, is reported once per process.
 fn default_dir(
-    kcache_dir: Option<std::ffi::OsString>,
-    xdg: Option<std::ffi::OsString>,
-    home: Option<std::ffi::OsString>,
+    kcache_dir: Option<OsString>,
+    xdg: Option<OsString>,
+    home: Option<OsString>,
 ) -> Result<PathBuf> {
-    let absolute = |v: Option<std::ffi::OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
-    if let Some(dir) = absolute(kcache_dir) {
-        return Ok(dir);
+    let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(dir) = kcache_dir.map(PathBuf::from) {
+        if dir.is_absolute() {
+            return Ok(dir);
+        }
+        crate::env::warn_once(Warning::RelativeDir, || {
+            format!("KCACHE_DIR={dir:?} is a relative path: ignored")
+        });
     }
     if let Some(xdg) = absolute(xdg) {
         return Ok(xdg.join("kcache"));
@@ -248,7 +419,7 @@ mod tests {
 
     #[test]
     fn dir_precedence() {
-        let s = |v: &str| Some(std::ffi::OsString::from(v));
+        let s = |v: &str| Some(OsString::from(v));
         assert_eq!(
             default_dir(s("/a"), s("/x"), s("/h")).unwrap(),
             PathBuf::from("/a")

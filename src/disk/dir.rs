@@ -6,29 +6,28 @@
 //! relative to the directory descriptor opened here, so renaming or replacing the path later
 //! cannot redirect reads and writes.
 
-use std::fs::DirBuilder;
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path};
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::io::Errno;
 
+use crate::env::{Warning, warn_once};
 use crate::error::{Error, Result};
 
-static WARNED: AtomicBool = AtomicBool::new(false);
-
-/// One line on stderr per process, however many caches are refused: the memory tier keeps
-/// working, so repeating it would only be noise.
+/// Refuses the directory with one warning per process, however many caches are refused: the
+/// memory tier keeps working, so repeating it would only be noise.
 pub(crate) fn warn_untrusted(detail: &str) {
-    if !WARNED.swap(true, Ordering::Relaxed) {
-        eprintln!("kcache: disk tier disabled: {detail}");
-    }
+    warn_once(Warning::UntrustedDirectory, || {
+        format!("disk tier disabled: {detail}")
+    });
 }
 
-/// Creates the directory (mode 0700) if missing, opens it without following a final symlink
-/// and checks ownership and permissions on the opened descriptor.
+/// Creates the directory if missing, opens it without following a final symlink and checks
+/// ownership and permissions on the opened descriptor.
 pub(crate) fn open_trusted(path: &Path) -> Result<OwnedFd> {
     match open_checked(path) {
         Err(Error::Untrusted(detail)) => {
@@ -39,27 +38,84 @@ pub(crate) fn open_trusted(path: &Path) -> Result<OwnedFd> {
     }
 }
 
-fn open_checked(path: &Path) -> Result<OwnedFd> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| io_error("create", parent, e))?;
+/// The private mode of every directory kcache creates.
+const PRIVATE: u32 = 0o700;
+
+/// Creates the directory `name` in `parent` unless it exists. A directory kcache creates gets
+/// mode 0700 exactly, whatever the umask: `mkdir` only ever removes bits from the mode it is
+/// given, so a permissive umask cannot widen it, and the `chmod` undoes a restrictive one.
+/// An existing directory is left as it is (another process may have just created it).
+fn create_private(parent: &OwnedFd, name: &OsStr, path: &Path) -> Result<()> {
+    match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(PRIVATE)) {
+        Ok(()) => rustix::fs::chmodat(parent, name, Mode::from_raw_mode(PRIVATE), AtFlags::empty())
+            .map_err(|e| io_error("set the mode of", path, e.into())),
+        Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(io_error("create", path, e.into())),
     }
-    match DirBuilder::new().mode(0o700).create(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(io_error("create", path, e)),
+}
+
+/// Opens (`O_PATH`: search permission is enough) the directory `name` in `parent`, first
+/// creating it private when missing. Existing directories may be reached through symlinks (a
+/// `~/.cache` linked elsewhere); only the cache directory itself must not be one.
+fn open_or_create(parent: &OwnedFd, name: &OsStr, path: &Path) -> Result<OwnedFd> {
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+        Err(Errno::NOENT) => create_private(parent, name, path)?,
+        other => return other.map_err(|e| io_error("open", path, e.into())),
     }
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+    rustix::fs::openat(parent, name, flags, Mode::empty())
+        .map_err(|e| io_error("open", path, e.into()))
+}
+
+/// The parent of the cache directory, each missing component created private (see
+/// [`open_or_create`]). `create_dir_all` is not used: it creates parents with the umask's
+/// mode, which a umask of 000 makes world-writable.
+fn open_parent(path: &Path) -> Result<OwnedFd> {
+    let root = Path::new("/");
+    let mut dir = rustix::fs::open(
+        root,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| match e {
-        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => Error::Untrusted(format!(
+    .map_err(|e| io_error("open", root, e.into()))?;
+    let mut walked = root.to_path_buf();
+    for component in path.components() {
+        let name = match component {
+            Component::RootDir | Component::CurDir => continue,
+            Component::ParentDir => OsStr::new(".."),
+            Component::Normal(name) => name,
+            Component::Prefix(_) => unreachable!("no path prefixes on Unix"),
+        };
+        walked.push(name);
+        dir = open_or_create(&dir, name, &walked)?;
+    }
+    Ok(dir)
+}
+
+fn open_checked(path: &Path) -> Result<OwnedFd> {
+    if !path.is_absolute() {
+        return Err(Error::InvalidArgument(format!(
+            "the cache directory {} is a relative path",
+            path.display()
+        )));
+    }
+    let denied = |e: Errno| match e {
+        Errno::LOOP | Errno::NOTDIR => Error::Untrusted(format!(
             "{} is a symbolic link or not a directory",
             path.display()
         )),
         e => io_error("open", path, e.into()),
-    })?;
+    };
+    let read_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => {
+            let parent = open_parent(parent)?;
+            create_private(&parent, name, path)?;
+            rustix::fs::openat(&parent, name, read_flags, Mode::empty()).map_err(denied)?
+        }
+        // `/` or a path ending in `..`: nothing to create.
+        _ => rustix::fs::open(path, read_flags, Mode::empty()).map_err(denied)?,
+    };
     let file = std::fs::File::from(fd);
     let meta = file.metadata()?;
     let euid = rustix::process::geteuid().as_raw();

@@ -2,14 +2,15 @@
 //! carried as raw reference counts, `struct_size`-prefixed structs, optional out-parameters,
 //! C strings and arrays, and the memory and disk tiers that every backend's options describe.
 
-use std::ffi::{CStr, c_char};
+use std::ffi::{CStr, OsStr, c_char};
 use std::mem::size_of;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
-use super::status::{non_null, null_argument};
-use crate::disk::{DiskCache, DiskConfig};
+use super::status::{byte_slice, non_null, null_argument};
+use crate::disk::{DiskCache, DiskConfig, OperatorKey};
 use crate::memory::{self, Entry, Lease};
 use crate::{Error, Result};
 
@@ -106,6 +107,13 @@ pub unsafe fn release_lease<H: LeaseHandle>(lease: *mut H) {
     }
 }
 
+// Structs that start with `size_t struct_size` follow one rule, described in
+// docs/c-api-conventions.md: a size below the first published layout is refused; inputs are
+// read up to what both sides know, with defaults past an older caller's struct and zero
+// required past the fields this library knows; outputs are written up to what both sides know.
+// [`struct_size`] checks the size, [`read_sized`] and [`read_grown`] read inputs, and
+// [`write_sized`] writes outputs.
+
 /// Checks the `struct_size` a caller set in a struct of type `T` (called `c_name` in C)
 /// against the smallest size this library accepts, and returns it.
 ///
@@ -122,17 +130,75 @@ pub unsafe fn struct_size<T>(p: *const T, name: &str, c_name: &str, min: usize) 
     Ok(given)
 }
 
-/// Reads a caller's struct that starts with its size, refusing older, shorter layouts; the
-/// bytes of a newer, longer one past this version's fields are not read.
+/// The bytes of a caller's input struct that this library knows (at most `size_of::<T>()`),
+/// after checking the size and that every byte past them is zero.
 ///
 /// # Safety
-/// `p` must be non-NULL and point to a readable struct that starts with a `size_t` holding
-/// its size, every field of which is valid for the bits C stored in it.
+/// `p` must be non-NULL and point to `p->struct_size` readable bytes.
+unsafe fn known_prefix<'a, T>(
+    p: *const T,
+    name: &str,
+    c_name: &str,
+    min: usize,
+) -> Result<&'a [u8]> {
+    // SAFETY: forwarded from the caller's contract.
+    let given = unsafe { struct_size(p, name, c_name, min) }?;
+    // SAFETY: the caller promises `given` readable bytes at `p`.
+    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), given) };
+    let (known, unknown) = bytes.split_at(given.min(size_of::<T>()));
+    if unknown.iter().any(|&b| b != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "{name} sets fields beyond the {} bytes of {c_name} this library knows",
+            size_of::<T>()
+        )));
+    }
+    Ok(known)
+}
+
+/// Reads a caller's input struct that has had one layout so far: an older, shorter one is
+/// refused, a newer, longer one is accepted if the bytes this library does not know are zero.
+///
+/// # Safety
+/// `p` must be non-NULL and point to `p->struct_size` readable bytes, every field of which is
+/// valid for the bits C stored in it (so `T` has no `bool`: see [`read_grown`]).
 pub unsafe fn read_sized<T: Copy>(p: *const T, name: &str, c_name: &str) -> Result<T> {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { struct_size(p, name, c_name, size_of::<T>()) }?;
+    unsafe { known_prefix(p, name, c_name, size_of::<T>()) }?;
     // SAFETY: `p` points to at least a whole struct of this version.
     Ok(unsafe { p.read_unaligned() })
+}
+
+/// Reads a caller's input struct of at least `min` bytes (its first published layout): the
+/// fields it has over `defaults`, with the `bool` fields at `bools` (byte offsets) read as
+/// "non-zero" since C may store any byte in one.
+///
+/// # Safety
+/// `p` must be non-NULL and point to `p->struct_size` readable bytes. Every field of `T` but
+/// those at `bools` must be valid for any bits (integers, raw pointers, optional function
+/// pointers), and `bools` must list every `bool` field.
+pub unsafe fn read_grown<T: Copy>(
+    p: *const T,
+    name: &str,
+    c_name: &str,
+    min: usize,
+    defaults: T,
+    bools: &[usize],
+) -> Result<T> {
+    // SAFETY: forwarded from the caller's contract.
+    let known = unsafe { known_prefix(p, name, c_name, min) }?;
+    let mut value = defaults;
+    let image = (&raw mut value).cast::<u8>();
+    // SAFETY: `known` holds at most `size_of::<T>()` bytes and `value` is a distinct local of
+    // that size. Then each listed bool byte (within `value`) is made 0 or 1, which makes the
+    // whole valid by the caller's contract.
+    unsafe {
+        ptr::copy_nonoverlapping(known.as_ptr(), image, known.len());
+        for &offset in bools {
+            let byte = image.add(offset);
+            byte.write(u8::from(byte.read() != 0));
+        }
+    }
+    Ok(value)
 }
 
 /// Writes `value` (a `repr(C)` struct whose first field is its size) into the caller's struct
@@ -203,36 +269,160 @@ pub unsafe fn elements<'a, T>(ptr: *const T, count: usize, name: &str) -> Result
     Ok(unsafe { std::slice::from_raw_parts(ptr, count) })
 }
 
-/// The memory and disk tiers that the options of every backend cache describe with the same
-/// four fields: the memory caps (0 = unlimited) and, when `use_disk` is set, the disk tier at
-/// `disk_dir` (NULL: the default location) with the environment's size cap, operator key and
-/// `KCACHE_DISABLE`. Disabled, no home directory, or an untrusted directory (warned about once
-/// per process): no disk tier, the cache works from memory.
+/// A C string argument naming a directory, as a path: NULL is `None`, the empty string is
+/// refused. Any bytes but NUL are allowed, as in any Unix path.
 ///
 /// # Safety
-/// `disk_dir` must be NULL or a C string.
+/// `dir` must be NULL or a C string.
+pub unsafe fn dir_arg(dir: *const c_char, name: &str) -> Result<Option<PathBuf>> {
+    if dir.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, hence a C string by the caller's contract.
+    let bytes = unsafe { CStr::from_ptr(dir) }.to_bytes();
+    if bytes.is_empty() {
+        return Err(Error::InvalidArgument(format!("{name} is an empty string")));
+    }
+    Ok(Some(PathBuf::from(OsStr::from_bytes(bytes))))
+}
+
+/// An operator key argument: NULL with `key_len` 0 is no key; NULL with a length is refused
+/// (it would otherwise silently open unkeyed). The bytes are copied once, into the key, which
+/// wipes them when dropped; nothing else holds a copy.
+///
+/// # Safety
+/// `key` must be NULL or point to `key_len` readable bytes.
+pub unsafe fn operator_key_arg(
+    key: *const u8,
+    key_len: usize,
+    name: &str,
+) -> Result<Option<OperatorKey>> {
+    if key.is_null() && key_len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the caller promises `key_len` readable bytes; NULL is refused inside.
+    let bytes = unsafe { byte_slice(key, key_len, name) }?;
+    OperatorKey::new(bytes).map(Some)
+}
+
+/// The disk tier a backend cache's options describe: `use_disk`, the directory (NULL: the
+/// default location), and the operator key (NULL: `KCACHE_KEY_FILE`) and `require_key`.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendDisk {
+    pub use_disk: bool,
+    pub dir: *const c_char,
+    pub key: *const u8,
+    pub key_len: usize,
+    pub require_key: bool,
+}
+
+/// The memory and disk tiers that the options of every backend cache describe with the same
+/// fields: the memory caps (0 = unlimited) and, when `use_disk` is set, the disk tier with the
+/// environment's defaults for what the options leave unset (see `DiskConfig`). Invalid
+/// arguments (an empty or relative directory, a key NULL with a length or of a wrong length)
+/// are errors. A tier that is off (`KCACHE_DISABLE=1`, no directory, a secure-execution process
+/// without an explicit directory) or refused (a directory not private to the user, no operator
+/// key while one is required, an unusable `KCACHE_KEY_FILE`; each warned about once per
+/// process) leaves the cache working from memory.
+///
+/// # Safety
+/// `disk.dir` must be NULL or a C string; `disk.key` NULL or `disk.key_len` readable bytes.
 pub unsafe fn backend_tiers(
     max_entries: u64,
     max_weight: u64,
-    use_disk: bool,
-    disk_dir: *const c_char,
+    disk: BackendDisk,
 ) -> Result<(memory::Options, Option<Arc<DiskCache>>)> {
     let memory = memory::Options {
         max_entries: (max_entries != 0).then_some(max_entries),
         max_weight: (max_weight != 0).then_some(max_weight),
         ..memory::Options::default()
     };
-    if !use_disk {
+    if !disk.use_disk {
         return Ok((memory, None));
     }
     let config = DiskConfig {
         // SAFETY: NULL or a C string by the caller's contract.
-        dir: unsafe { optional_path(disk_dir, "disk_dir") }?,
+        dir: unsafe { dir_arg(disk.dir, "disk_dir") }?,
+        // SAFETY: NULL or `key_len` readable bytes by the caller's contract.
+        key: unsafe { operator_key_arg(disk.key, disk.key_len, "disk_key") }?,
+        require_key: disk.require_key,
         ..DiskConfig::from_env()
     };
     match DiskCache::open(config) {
         Ok(disk) => Ok((memory, Some(Arc::new(disk)))),
         Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok((memory, None)),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStringExt;
+
+    use super::*;
+
+    fn disk(dir: &std::ffi::CStr, key: &[u8], require_key: bool) -> BackendDisk {
+        BackendDisk {
+            use_disk: true,
+            dir: dir.as_ptr(),
+            key: if key.is_empty() {
+                ptr::null()
+            } else {
+                key.as_ptr()
+            },
+            key_len: key.len(),
+            require_key,
+        }
+    }
+
+    #[test]
+    fn a_backend_that_requires_a_key_works_from_memory_without_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir =
+            std::ffi::CString::new(tmp.path().join("cache").into_os_string().into_vec()).unwrap();
+        // SAFETY: a C string and no key.
+        let (_, tier) = unsafe { backend_tiers(0, 0, disk(&dir, &[], true)) }.unwrap();
+        assert!(tier.is_none());
+        assert!(!tmp.path().join("cache").exists());
+        // SAFETY: a C string and a key of its length.
+        let (_, tier) = unsafe { backend_tiers(0, 0, disk(&dir, &[7; 16], true)) }.unwrap();
+        assert_ne!(tier.unwrap().fingerprint(), [0; 8]);
+    }
+
+    #[test]
+    fn read_grown_normalises_bools_and_defaults_missing_fields() {
+        #[repr(C)]
+        #[derive(Clone, Copy)]
+        struct Grown {
+            struct_size: usize,
+            flag: bool,
+            added: u64,
+        }
+        // What C may store: a bool byte of 2, and an older caller's size ending before `added`.
+        let mut raw = [0u8; size_of::<Grown>()];
+        let older = std::mem::offset_of!(Grown, added);
+        raw[..size_of::<usize>()].copy_from_slice(&older.to_ne_bytes());
+        raw[std::mem::offset_of!(Grown, flag)] = 2;
+        // Past the older caller's size: never read.
+        raw[older] = 0xff;
+        let defaults = Grown {
+            struct_size: 0,
+            flag: false,
+            added: 42,
+        };
+        // SAFETY: `raw` holds the struct's bytes; `flag` is the only bool.
+        let read = unsafe {
+            read_grown(
+                raw.as_ptr().cast::<Grown>(),
+                "g",
+                "grown",
+                std::mem::offset_of!(Grown, flag) + 1,
+                defaults,
+                &[std::mem::offset_of!(Grown, flag)],
+            )
+        }
+        .unwrap();
+        assert!(read.flag);
+        assert_eq!(read.added, 42);
     }
 }

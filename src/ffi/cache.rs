@@ -11,8 +11,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    LeaseHandle, free_boxed, lease_entry_or_null, lease_into_raw, live, release_lease, write_boxed,
-    write_sized,
+    LeaseHandle, free_boxed, lease_entry_or_null, lease_into_raw, live, read_grown, release_lease,
+    write_boxed, write_sized,
 };
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::memory::{Entry, Lease, MemoryCache, Options, Stats};
@@ -214,37 +214,23 @@ pub extern "C" fn kc_cache_options_default() -> kc_cache_options {
     DEFAULT_OPTIONS
 }
 
-/// Reads the caller's options: the first `struct_size` bytes, defaults after them. A larger
-/// struct than this library knows is accepted only if the unknown tail is all zero, so a
-/// request this library cannot honour is refused rather than ignored.
+/// Reads the caller's options by the `struct_size` rule (see `ffi::args`).
 ///
 /// # Safety
 /// `opts` must be non-NULL and point to `struct_size` readable bytes.
 unsafe fn read_options(opts: *const kc_cache_options) -> Result<kc_cache_options> {
-    // SAFETY: `struct_size` is the first field of every version of the struct.
-    let given = unsafe { ptr::addr_of!((*opts).struct_size).read_unaligned() };
-    if given < OPTIONS_MIN_SIZE {
-        return Err(Error::InvalidArgument(format!(
-            "opts->struct_size is {given}, the smallest known kc_cache_options is \
-             {OPTIONS_MIN_SIZE} bytes"
-        )));
+    // SAFETY: readable for its size by the caller's contract; every field but the bool is an
+    // integer, a raw pointer or an optional function pointer (zero is `None`).
+    unsafe {
+        read_grown(
+            opts,
+            "opts",
+            "kc_cache_options",
+            OPTIONS_MIN_SIZE,
+            DEFAULT_OPTIONS,
+            &[offset_of!(kc_cache_options, invalidated_by_clear)],
+        )
     }
-    let known = size_of::<kc_cache_options>();
-    // SAFETY: the caller promises `given` readable bytes at `opts`.
-    let bytes = unsafe { std::slice::from_raw_parts(opts.cast::<u8>(), given) };
-    if bytes[known.min(given)..].iter().any(|&b| b != 0) {
-        return Err(Error::InvalidArgument(format!(
-            "opts sets fields beyond the {known} bytes of kc_cache_options this library knows"
-        )));
-    }
-    let mut image = [0u8; size_of::<kc_cache_options>()];
-    image[..known.min(given)].copy_from_slice(&bytes[..known.min(given)]);
-    // C may store any byte in a `bool`; only 0 means false.
-    image[offset_of!(kc_cache_options, invalidated_by_clear)] =
-        u8::from(image[offset_of!(kc_cache_options, invalidated_by_clear)] != 0);
-    // SAFETY: every field is valid for any bytes once the bool is normalised: integers, raw
-    // pointers, and optional function pointers (zero is `None`).
-    Ok(unsafe { ptr::read_unaligned(image.as_ptr().cast::<kc_cache_options>()) })
 }
 
 pub(super) fn device_of(device_id: i64) -> Result<Option<DeviceId>> {

@@ -35,9 +35,9 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry, lease_entry_or_null,
-    lease_into_raw, live, optional_path, read_sized, release_lease, write_boxed, write_optional,
-    write_sized,
+    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry,
+    lease_entry_or_null, lease_into_raw, live, optional_path, read_grown, release_lease,
+    write_boxed, write_optional, write_sized,
 };
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
@@ -73,8 +73,10 @@ pub struct kc_cuda_options {
     pub max_weight: u64,
     /// Keep linked cubins on disk so that later processes skip the PTX JIT.
     pub use_disk: bool,
-    /// The disk cache directory; NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-    /// `$HOME/.cache/kcache`. `KCACHE_DISABLE=1` turns the disk off whatever is set here.
+    /// The disk cache directory, an absolute path (relative or empty:
+    /// `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
+    /// `$HOME/.cache/kcache`, none of which a secure-execution process reads.
+    /// `KCACHE_DISABLE=1` turns the disk off whatever is set here.
     pub disk_dir: *const c_char,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
@@ -82,7 +84,21 @@ pub struct kc_cuda_options {
     /// `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
     /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
     pub nvrtc_library: *const c_char,
+    /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
+    /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
+    /// file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+    /// `KC_ERR_INVALID_ARGUMENT`.
+    pub disk_key: *const u8,
+    /// Length of `disk_key`.
+    pub disk_key_len: usize,
+    /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
+    /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
+    pub disk_require_key: bool,
 }
+
+/// The first layout of `kc_cuda_options` ended before `disk_key`: callers compiled against it
+/// stay valid, and get no key and no key requirement (the environment's still apply).
+const OPTIONS_MIN_SIZE: usize = offset_of!(kc_cuda_options, disk_key);
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
 /// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
@@ -141,6 +157,9 @@ pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
         disk_dir: ptr::null(),
         driver_library: ptr::null(),
         nvrtc_library: ptr::null(),
+        disk_key: ptr::null(),
+        disk_key_len: 0,
+        disk_require_key: false,
     }
 }
 
@@ -161,8 +180,21 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
     guard(|| {
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` points to a struct starting with its size by contract.
-        let opts = unsafe { read_sized(opts, "opts", "kc_cuda_options") }?;
+        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
+        // listed bools is an integer, a raw pointer or an optional function pointer.
+        let opts = unsafe {
+            read_grown(
+                opts,
+                "opts",
+                "kc_cuda_options",
+                OPTIONS_MIN_SIZE,
+                kc_cuda_options_default(),
+                &[
+                    offset_of!(kc_cuda_options, use_disk),
+                    offset_of!(kc_cuda_options, disk_require_key),
+                ],
+            )
+        }?;
         // SAFETY: C strings or NULL by contract.
         let library = unsafe { optional_path(opts.driver_library, "driver_library") }?;
         let driver = match library {
@@ -181,8 +213,13 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
             backend_tiers(
                 opts.max_entries,
                 opts.max_weight,
-                opts.use_disk,
-                opts.disk_dir,
+                BackendDisk {
+                    use_disk: opts.use_disk,
+                    dir: opts.disk_dir,
+                    key: opts.disk_key,
+                    key_len: opts.disk_key_len,
+                    require_key: opts.disk_require_key,
+                },
             )
         }?;
         let inner = CudaCache::new(CudaOptions {

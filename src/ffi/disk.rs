@@ -6,19 +6,18 @@
 // The C names are the contract.
 #![allow(non_camel_case_types)]
 
-use std::ffi::{CStr, OsStr, c_char, c_int, c_void};
-use std::mem::size_of;
-use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::{offset_of, size_of};
 use std::ptr;
 use std::time::Duration;
 
 use super::args::{
-    free_boxed, lease_into_raw, live, read_sized, struct_size, write_boxed, write_sized,
+    dir_arg, free_boxed, lease_into_raw, live, operator_key_arg, read_grown, read_sized,
+    write_boxed, write_sized,
 };
 use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, kc_lease, make_value, raw_cache};
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability, Entry, OperatorKey};
+use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability, Entry};
 use crate::key::{Field, KEY_LEN, Key, KeyBuilder};
 use crate::tiered::{Counters, Tiers};
 use crate::{BuildError, Error, Result};
@@ -72,29 +71,45 @@ pub struct kc_disk {
 }
 
 /// How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
-/// come from the environment unless `ignore_env` is set, then from the defaults.
+/// come from the environment unless `ignore_env` is set, then from the defaults. In a
+/// secure-execution process (setuid, setgid, file capabilities) the environment is not read
+/// (`KCACHE_DISABLE=1` excepted): the tier then needs `dir`, and is keyed only by `key`.
+/// The struct follows the `struct_size` rule of every growing struct (see
+/// `docs/c-api-conventions.md`); `require_key` was appended to the first layout, which ended
+/// at `ignore_env`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_disk_options {
     /// `sizeof(kc_disk_options)` as the caller compiled it.
     pub struct_size: usize,
-    /// Cache directory (NUL-terminated); NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
-    /// `$HOME/.cache/kcache`. Created mode 0700; refused unless owned by the effective user
-    /// and not writable by group or others.
+    /// Cache directory (NUL-terminated), an absolute path: a relative or empty one is
+    /// `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
+    /// `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
+    /// refused unless owned by the effective user and not writable by group or others.
     pub dir: *const c_char,
     /// Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
     pub max_size: u64,
-    /// Operator key authenticating entries with HMAC-SHA256 (at least 16 bytes); NULL:
-    /// the file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums.
+    /// Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
+    /// the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
+    /// `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+    /// `KC_ERR_INVALID_ARGUMENT`.
     pub key: *const u8,
     /// Length of `key`.
     pub key_len: usize,
     /// Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
     pub relaxed_durability: bool,
     /// Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
-    /// included): `dir` must then be set.
+    /// included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
     pub ignore_env: bool,
+    /// Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
+    /// `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
+    /// too.
+    pub require_key: bool,
 }
+
+/// The first layout of `kc_disk_options` ended with `ignore_env`: callers compiled against it
+/// stay valid.
+const DISK_OPTIONS_MIN_SIZE: usize = offset_of!(kc_disk_options, ignore_env) + 1;
 
 /// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
 /// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
@@ -411,53 +426,59 @@ pub extern "C" fn kc_disk_options_default() -> kc_disk_options {
         key_len: 0,
         relaxed_durability: false,
         ignore_env: false,
+        require_key: false,
     }
 }
 
 /// # Safety
-/// `opts` must be non-NULL and point to `opts->struct_size` readable bytes.
+/// `opts` must be non-NULL and point to `opts->struct_size` readable bytes; `dir` NULL or a C
+/// string; `key` NULL or `key_len` readable bytes.
 unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> {
-    let size = size_of::<kc_disk_options>();
-    // SAFETY: non-NULL and readable by the caller's contract.
-    unsafe { struct_size(opts, "opts", "kc_disk_options", size) }?;
-    // SAFETY: the whole known struct is readable (checked above). The bools are read as
-    // bytes: C may have stored any value in them.
-    let (dir, max_size, key, key_len, relaxed, ignore_env) = unsafe {
-        (
-            ptr::addr_of!((*opts).dir).read_unaligned(),
-            ptr::addr_of!((*opts).max_size).read_unaligned(),
-            ptr::addr_of!((*opts).key).read_unaligned(),
-            ptr::addr_of!((*opts).key_len).read_unaligned(),
-            ptr::addr_of!((*opts).relaxed_durability)
-                .cast::<u8>()
-                .read()
-                != 0,
-            ptr::addr_of!((*opts).ignore_env).cast::<u8>().read() != 0,
+    // SAFETY: readable for its size by the caller's contract; the other fields are integers
+    // and raw pointers, valid for any bits.
+    let opts = unsafe {
+        read_grown(
+            opts,
+            "opts",
+            "kc_disk_options",
+            DISK_OPTIONS_MIN_SIZE,
+            kc_disk_options_default(),
+            &[
+                offset_of!(kc_disk_options, relaxed_durability),
+                offset_of!(kc_disk_options, ignore_env),
+                offset_of!(kc_disk_options, require_key),
+            ],
         )
-    };
-    let mut config = DiskConfig::from_env();
-    config.read_env = !ignore_env;
-    if !dir.is_null() {
-        // SAFETY: a non-NULL `dir` is a NUL-terminated string by contract.
-        let dir = unsafe { CStr::from_ptr(dir) };
-        config.dir = Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())));
+    }?;
+    if opts.ignore_env && opts.dir.is_null() {
+        return Err(invalid(
+            "opts->ignore_env is set and opts->dir is NULL: no cache directory",
+        ));
     }
-    config.max_size = (max_size != 0).then_some(max_size);
-    if !key.is_null() {
-        // SAFETY: the caller promises `key_len` readable bytes.
-        let key = unsafe { byte_slice(key, key_len, "key") }?;
-        config.key = Some(OperatorKey::new(key)?);
-    }
-    if relaxed {
-        config.durability = Durability::Relaxed;
-    }
-    Ok(config)
+    Ok(DiskConfig {
+        // SAFETY: NULL or a C string by contract.
+        dir: unsafe { dir_arg(opts.dir, "opts->dir") }?,
+        max_size: (opts.max_size != 0).then_some(opts.max_size),
+        // SAFETY: NULL or `key_len` readable bytes by contract.
+        key: unsafe { operator_key_arg(opts.key, opts.key_len, "opts->key") }?,
+        require_key: opts.require_key,
+        durability: if opts.relaxed_durability {
+            Durability::Relaxed
+        } else {
+            Durability::Sync
+        },
+        read_env: !opts.ignore_env,
+        ..DiskConfig::from_env()
+    })
 }
 
 /// Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
-/// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory), `KC_ERR_UNTRUSTED` (directory
-/// not private to this user or a symlink; one warning per process on stderr),
-/// `KC_ERR_INVALID_ARGUMENT`, `KC_ERR_IO`. A caller should then go on with memory only.
+/// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory, a secure-execution process without
+/// `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
+/// this user or a symlink; no operator key while one is required; an unusable
+/// `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
+/// refusal that comes from the environment or the directory is also written once per process
+/// on stderr. A caller should then go on with memory only.
 ///
 /// # Safety
 /// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.

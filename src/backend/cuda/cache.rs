@@ -177,7 +177,8 @@ pub type ModuleLease = Lease<Vec<u8>, Module>;
 #[derive(Default)]
 pub struct CudaOptions {
     pub memory: memory::Options,
-    /// `None`: memory only.
+    /// `None`: memory only. Its operator key and key requirement are those of the
+    /// [`DiskConfig`](crate::disk::DiskConfig) it was opened with.
     pub disk: Option<Arc<DiskCache>>,
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,

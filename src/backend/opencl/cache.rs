@@ -55,8 +55,9 @@ pub struct OpenClCache {
 }
 
 impl OpenClCache {
-    /// A cache whose L1 follows `memory` and whose L2 is `disk` (`None`: memory only). Fails
-    /// with [`Error::Unavailable`] when no OpenCL library can be loaded.
+    /// A cache whose L1 follows `memory` and whose L2 is `disk` (`None`: memory only), with
+    /// the operator key and key requirement of the [`DiskConfig`](crate::disk::DiskConfig) it
+    /// was opened with. Fails with [`Error::Unavailable`] when no OpenCL library can be loaded.
     pub fn new(memory: memory::Options, disk: Option<Arc<DiskCache>>) -> Result<OpenClCache> {
         let api = Api::get()?;
         let memory = Arc::new(MemoryCache::new(memory, Program::release));

@@ -314,7 +314,9 @@ impl VulkanDevice {
 pub struct VulkanOptions {
     /// Caps and hooks of the memory tier.
     pub memory: Options,
-    /// Where pipeline-cache data persists; `None` keeps everything in memory.
+    /// Where pipeline-cache data persists; `None` keeps everything in memory. Its operator
+    /// key and key requirement are those of the [`DiskConfig`](crate::disk::DiskConfig) it
+    /// was opened with.
     pub disk: Option<Arc<DiskCache>>,
 }
 

@@ -1,0 +1,118 @@
+//! `OperatorKey::from_file`: which files may hold the operator key. Whoever can read the key
+//! can forge entries and whoever can replace it can make kcache trust their entries, so only a
+//! regular file private to the effective user (or root) is accepted.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use kcache::Error;
+use kcache::disk::OperatorKey;
+use kcache::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
+
+fn key_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+#[test]
+fn a_private_regular_file_is_accepted_through_a_symlink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = key_file(tmp.path(), "key", &[7; 32], 0o600);
+    assert!(OperatorKey::from_file(&file).is_ok());
+    assert!(OperatorKey::from_file(&key_file(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok());
+    // Mounted secrets are usually symlinks into a private directory.
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    assert!(OperatorKey::from_file(&link).is_ok());
+}
+
+#[test]
+fn any_group_or_other_permission_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for mode in [0o640, 0o604, 0o610, 0o601, 0o620, 0o602, 0o644] {
+        let file = key_file(tmp.path(), &format!("m{mode:o}"), &[7; 32], mode);
+        match OperatorKey::from_file(&file) {
+            Err(Error::Untrusted(m)) => assert!(m.contains("group or others"), "{m}"),
+            other => panic!("mode {mode:o}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_file_of_another_user_is_refused() {
+    if !rustix::process::geteuid().is_root() {
+        // Only root can give a file away; root-owned files are accepted by design.
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let file = key_file(tmp.path(), "theirs", &[7; 32], 0o600);
+    std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+    match OperatorKey::from_file(&file) {
+        Err(Error::Untrusted(m)) => assert!(m.contains("owned by uid 65534"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_fifo_is_refused_without_waiting_for_a_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("fifo");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )
+    .unwrap();
+    // A blocking open would wait here forever: no process ever opens the FIFO for writing.
+    match OperatorKey::from_file(&fifo) {
+        Err(Error::Untrusted(m)) => assert!(m.contains("not a regular file"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn directories_and_relative_paths_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(matches!(
+        OperatorKey::from_file(&dir),
+        Err(Error::Untrusted(_))
+    ));
+    // Relative to whatever the working directory is: refused before anything is opened.
+    assert!(matches!(
+        OperatorKey::from_file(Path::new("Cargo.toml")),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn lengths() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (len, ok) in [
+        (0, false),
+        (MIN_OPERATOR_KEY_LEN - 1, false),
+        (MIN_OPERATOR_KEY_LEN, true),
+        (MAX_OPERATOR_KEY_LEN, true),
+        (MAX_OPERATOR_KEY_LEN + 1, false),
+        (1 << 20, false),
+    ] {
+        let file = key_file(tmp.path(), &format!("len{len}"), &vec![7u8; len], 0o600);
+        let r = OperatorKey::from_file(&file);
+        assert_eq!(r.is_ok(), ok, "{len} bytes: {r:?}");
+        if !ok {
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{len}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn the_key_is_wiped_on_drop() {
+    fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>() {}
+    wiped_on_drop::<OperatorKey>();
+}
