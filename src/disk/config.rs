@@ -47,6 +47,12 @@ impl OperatorKey {
         OperatorKey(bytes.into()).checked()
     }
 
+    /// A second wiped copy, for the one holder that must outlive the configuration (the
+    /// disk's tagger). Deliberately not `Clone`, so copies are made only here.
+    pub(crate) fn duplicate(&self) -> Self {
+        OperatorKey(self.0.clone())
+    }
+
     fn checked(self) -> Result<Self> {
         let len = self.0.len();
         if !(MIN_OPERATOR_KEY_LEN..=MAX_OPERATOR_KEY_LEN).contains(&len) {
