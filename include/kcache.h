@@ -804,7 +804,11 @@ enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
                                   size_t len);
 
 // Adds a build option (a flag has an empty value). Options are sorted by name, so their
-// order does not matter; the same name twice makes `kc_key_builder_finish` fail.
+// order does not matter; the same name twice makes `kc_key_builder_finish` fail. Sorting is
+// safe only for options whose effect does not depend on their position: each named once, none
+// overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
+// `-O2` with `-O0`, `-I` search paths, `-include`) go through
+// `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
 //
 // # Safety
 // `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
@@ -825,8 +829,31 @@ enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
                                     const uint8_t *value,
                                     size_t value_len);
 
+// Appends one command-line argument to the ordered options, hashed in the order given:
+// `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
+// ordered options is the same as before they existed.
+//
+// # Safety
+// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
+enum kc_status kc_key_builder_ordered_option(struct kc_key_builder *builder,
+                                             const uint8_t *argument,
+                                             size_t argument_len);
+
+// Adds a file the compiler reads besides the source (a header the source `#include`s, a
+// precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
+// reads files itself, so a header not added here can change without changing the key. Sorted
+// by name; the same name twice makes `kc_key_builder_finish` fail.
+//
+// # Safety
+// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
+enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
+                                         const uint8_t *name,
+                                         size_t name_len,
+                                         const uint8_t *contents,
+                                         size_t contents_len);
+
 // Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
-// `KC_ERR_INVALID_ARGUMENT` for a duplicate option or extra name.
+// `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
 //
 // # Safety
 // `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
