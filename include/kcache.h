@@ -755,7 +755,9 @@ void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 
 // Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
 // now (with `context` current), or when its last lease is released. `*out_count` (if not
-// NULL) receives how many were unlinked.
+// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
+// modules looked up with a NULL context are recorded under the context that was current,
+// so name that one (`cuCtxGetCurrent`).
 //
 // # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
@@ -1024,7 +1026,9 @@ void *kc_opencl_lease_program(const struct kc_opencl_lease *lease);
 void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 
 // Unlinks every program built for `device`, in every context; each is released now, or when
-// its last lease is. `*out_count` (if not NULL) receives how many were unlinked.
+// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
+// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
+// evict nothing).
 //
 // # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
@@ -1035,7 +1039,7 @@ enum kc_status kc_opencl_evict_device(struct kc_opencl_cache *cache,
 
 // Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 // released now, or when their last lease is. `*out_count` (if not NULL) receives how many
-// were unlinked.
+// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
 // As `kc_opencl_evict_device`.
@@ -1082,7 +1086,9 @@ const char *kc_version(void);
 // Memory only, unbounded, with the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);
 
-// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
+// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
+// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
+// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
 // untrusted disk directory is not used (the cache works from memory); one that cannot be
 // created is `KC_ERR_IO`.
 //

@@ -167,7 +167,9 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
     }
 }
 
-/// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
+/// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
+/// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
+/// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
 /// untrusted disk directory is not used (the cache works from memory); one that cannot be
 /// created is `KC_ERR_IO`.
 ///
@@ -193,7 +195,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
                 // optional function pointer, so the two types have one ABI.
                 let f: vk::PFN_vkGetInstanceProcAddr = unsafe { std::mem::transmute(f) };
                 // SAFETY: the caller vouches for the function by contract.
-                unsafe { Vulkan::from_get_instance_proc_addr(f) }
+                unsafe { Vulkan::from_get_instance_proc_addr(f) }?
             }
         };
         // SAFETY: `disk_dir` is NULL or a C string by contract.
