@@ -273,6 +273,24 @@ int main(int argc, char **argv) {
     desc.code = NULL;
     EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
 
+    /* A layout that does not cover the shader's storage buffer (lavapipe crashed creating such
+     * a pipeline), or gives it the wrong type, or too few push-constant bytes, is refused. */
+    desc = describe(code, size, &mul);
+    desc.bindings = NULL;
+    desc.binding_count = 0;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "set 0 binding 0") != NULL);
+    kc_vulkan_binding uniform = {0, 0, VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 1};
+    desc.bindings = &uniform;
+    desc.binding_count = 1;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "storage buffer") != NULL);
+    desc = describe(code, size, &mul);
+    desc.push_constant_size = 0;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "push") != NULL);
+    EXPECT(spec == NULL);
+
     /* Cold, then a memory hit: the same pipeline, both dispatched and checked. */
     desc = describe(code, size, &mul);
     REQUIRE(kc_vulkan_spec_new(&desc, &spec) == KC_OK);

@@ -345,9 +345,12 @@ fn layout_of(bindings: &[kc_vulkan_binding], offset: u32, size: u32) -> LayoutDe
 }
 
 /// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-/// GLCompute entry point of that name, unique specialization ids, a compute-usable layout)
-/// and digests it. A malformed one is `KC_ERR_INVALID_ARGUMENT` with the reason. Everything
-/// is copied: the description's memory may be reused afterwards.
+/// GLCompute entry point of that name, unique specialization ids, a compute-usable layout
+/// that covers every descriptor binding the entry point uses, with a compatible descriptor
+/// type and enough descriptors, and every push-constant byte it reads) and digests it. A
+/// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
+/// reaches the driver. Everything is copied: the description's memory may be reused
+/// afterwards.
 ///
 /// # Safety
 /// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts

@@ -23,6 +23,7 @@
 //!   after merging what another process stored in the meantime.
 
 mod header;
+mod reflect;
 mod spec;
 mod spirv;
 #[doc(hidden)]
