@@ -2,6 +2,14 @@
 //! (`[package.metadata.kcache] abi-version`), which is kept apart from the crate version: the crate
 //! version follows the Rust API, the ABI version follows `include/kcache.h`.
 //!
+//! Only when the CMake build asks for it, by setting `KCACHE_SONAME` to the name it installs
+//! (`libkcache.so.MAJOR`, checked here against `abi-version`). A plain `cargo build` leaves the
+//! SONAME out: cargo writes only `libkcache.so`, and a program linked against a library whose
+//! SONAME is `libkcache.so.1` asks the dynamic loader for that file, which cargo's output
+//! directory never has. Without a SONAME the program asks for `libkcache.so` and finds it through
+//! its rpath or `LD_LIBRARY_PATH`. The installed library, which CMake stages and names, keeps the
+//! SONAME that versioned installs need.
+//!
 //! Exports need no version script of ours: rustc links every cdylib with its own, which exports
 //! exactly the crate's `#[no_mangle]` functions and hides everything else, std included. GNU ld
 //! lets the exact names in that script win over any pattern in a second one, so a second script
@@ -23,8 +31,16 @@ fn main() {
     let abi = abi_version(&text).unwrap_or_else(|why| panic!("Cargo.toml: {why}"));
     let major = abi.split('.').next().expect("validated above");
 
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libkcache.so.{major}");
+    println!("cargo:rerun-if-env-changed=KCACHE_SONAME");
+    let soname = format!("libkcache.so.{major}");
+    match env::var("KCACHE_SONAME") {
+        Ok(asked) if asked == soname => {
+            if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+                println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
+            }
+        }
+        Ok(asked) => panic!("KCACHE_SONAME={asked}, but abi-version {abi} gives {soname}"),
+        Err(_) => {}
     }
 }
 

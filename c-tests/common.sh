@@ -6,6 +6,8 @@
 # Provides: KC_ROOT (the repository, also the working directory), KC_WORK (a private scratch
 # directory, removed on exit), kc_fail, kc_library, kc_check_readme_snippet, kc_suites.
 # Environment: KCACHE_INCLUDE_DIR (default include/), KCACHE_JOBS (default 2), CARGO_TARGET_DIR.
+# A script may set KC_LSAN_SUPPRESSIONS (a LeakSanitizer suppression file) and KC_LSAN_FULL_STACKS
+# (record complete allocation stacks) before kc_suites.
 set -euo pipefail
 
 KC_CALLER_DIR=$PWD
@@ -56,6 +58,13 @@ kc_variant() {
     export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
     if [[ -n "${KC_LSAN_SUPPRESSIONS:-}" ]]; then
       export LSAN_OPTIONS="suppressions=$KC_LSAN_SUPPRESSIONS:print_suppressions=0"
+    fi
+    if [[ -n "${KC_LSAN_FULL_STACKS:-}" ]]; then
+      # Suppressions match the frames of an allocation's stack. The default frame-pointer
+      # unwinder stops in the first library built without frame pointers, so only that
+      # library's name is there to match; the unwinder that reads unwind tables records every
+      # frame, at some cost per allocation, so a suppression can name a function.
+      ASAN_OPTIONS+=:fast_unwind_on_malloc=0
     fi
   fi
   if ! cmake -S "$project" -B "$build" -DKCACHE_LIB_DIR="$KC_LIB_DIR" \

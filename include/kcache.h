@@ -826,7 +826,9 @@ void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 
 // Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
 // now (with `context` current), or when its last lease is released. `*out_count` (if not
-// NULL) receives how many were unlinked.
+// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
+// modules looked up with a NULL context are recorded under the context that was current,
+// so name that one (`cuCtxGetCurrent`).
 //
 // # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
@@ -875,7 +877,11 @@ enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
                                   size_t len);
 
 // Adds a build option (a flag has an empty value). Options are sorted by name, so their
-// order does not matter; the same name twice makes `kc_key_builder_finish` fail.
+// order does not matter; the same name twice makes `kc_key_builder_finish` fail. Sorting is
+// safe only for options whose effect does not depend on their position: each named once, none
+// overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
+// `-O2` with `-O0`, `-I` search paths, `-include`) go through
+// `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
 //
 // # Safety
 // `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
@@ -896,8 +902,31 @@ enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
                                     const uint8_t *value,
                                     size_t value_len);
 
+// Appends one command-line argument to the ordered options, hashed in the order given:
+// `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
+// ordered options is the same as before they existed.
+//
+// # Safety
+// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
+enum kc_status kc_key_builder_ordered_option(struct kc_key_builder *builder,
+                                             const uint8_t *argument,
+                                             size_t argument_len);
+
+// Adds a file the compiler reads besides the source (a header the source `#include`s, a
+// precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
+// reads files itself, so a header not added here can change without changing the key. Sorted
+// by name; the same name twice makes `kc_key_builder_finish` fail.
+//
+// # Safety
+// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
+enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
+                                         const uint8_t *name,
+                                         size_t name_len,
+                                         const uint8_t *contents,
+                                         size_t contents_len);
+
 // Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
-// `KC_ERR_INVALID_ARGUMENT` for a duplicate option or extra name.
+// `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
 //
 // # Safety
 // `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
@@ -1097,7 +1126,9 @@ void *kc_opencl_lease_program(const struct kc_opencl_lease *lease);
 void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 
 // Unlinks every program built for `device`, in every context; each is released now, or when
-// its last lease is. `*out_count` (if not NULL) receives how many were unlinked.
+// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
+// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
+// evict nothing).
 //
 // # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
@@ -1108,7 +1139,7 @@ enum kc_status kc_opencl_evict_device(struct kc_opencl_cache *cache,
 
 // Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 // released now, or when their last lease is. `*out_count` (if not NULL) receives how many
-// were unlinked.
+// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
 // As `kc_opencl_evict_device`.
@@ -1155,7 +1186,9 @@ const char *kc_version(void);
 // Memory only, unbounded, with the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);
 
-// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
+// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
+// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
+// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
 // untrusted disk directory is not used (the cache works from memory); one that cannot be
 // created is `KC_ERR_IO`.
 //
@@ -1217,9 +1250,12 @@ enum kc_status kc_vulkan_flush(struct kc_vulkan_cache *cache,
                                bool *out_written);
 
 // Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-// GLCompute entry point of that name, unique specialization ids, a compute-usable layout)
-// and digests it. A malformed one is `KC_ERR_INVALID_ARGUMENT` with the reason. Everything
-// is copied: the description's memory may be reused afterwards.
+// GLCompute entry point of that name, unique specialization ids, a compute-usable layout
+// that covers every descriptor binding the entry point uses, with a compatible descriptor
+// type and enough descriptors, and every push-constant byte it reads) and digests it. A
+// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
+// reaches the driver. Everything is copied: the description's memory may be reused
+// afterwards.
 //
 // # Safety
 // `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts

@@ -8,7 +8,15 @@
 //!
 //! Build options and extra fields are name/value pairs sorted by name before hashing, so the
 //! order a caller adds them in does not matter; the same name twice is an error rather than a
-//! silent pick of one value.
+//! silent pick of one value. Options whose meaning depends on their position (`-DX=1 -UX`,
+//! `-O2 -O0`, include search paths) go through [`KeyBuilder::ordered_option`] instead, which
+//! keeps them in the order given.
+//!
+//! kcache never reads files: the contents of headers a source `#include`s (and of any other
+//! file the compiler reads) reach the key only through [`KeyBuilder::dependency`].
+//!
+//! Ordered options and dependencies enter the key only when some are given, so keys made
+//! without them are those of earlier versions under the same [`KEY_SCHEMA_VERSION`].
 
 use std::fmt;
 
@@ -101,6 +109,13 @@ const TAG_OPTION_NAME: u8 = 0x40;
 const TAG_OPTION_VALUE: u8 = 0x41;
 const TAG_EXTRA_NAME: u8 = 0x50;
 const TAG_EXTRA_VALUE: u8 = 0x51;
+const TAG_ORDERED_OPTION: u8 = 0x60;
+const TAG_DEPENDENCY_NAME: u8 = 0x70;
+const TAG_DEPENDENCY_VALUE: u8 = 0x71;
+// Markers of the sections that are hashed only when non-empty (after the options and extras,
+// whose counts fix where each section starts).
+const SECTION_ORDERED_OPTIONS: u8 = 1;
+const SECTION_DEPENDENCIES: u8 = 2;
 
 fn digest(tag: u8, bytes: &[u8]) -> [u8; 32] {
     let mut hasher = blake3::Hasher::new_derive_key(FIELD_CONTEXT);
@@ -115,6 +130,8 @@ pub struct KeyBuilder {
     fields: [Option<[u8; 32]>; FIELD_COUNT],
     options: Vec<(Vec<u8>, [u8; 32])>,
     extras: Vec<(Vec<u8>, [u8; 32])>,
+    ordered_options: Vec<[u8; 32]>,
+    dependencies: Vec<(Vec<u8>, [u8; 32])>,
 }
 
 impl KeyBuilder {
@@ -158,6 +175,14 @@ impl KeyBuilder {
 
     /// Adds a build option; a flag without a value uses an empty value. Adding the same name
     /// twice makes [`KeyBuilder::finish`] fail.
+    ///
+    /// Options are sorted by name before hashing, so `a` then `b` gives the key of `b` then
+    /// `a`. That is safe only for options whose effect does not depend on their position
+    /// relative to the others: each named once, none overriding or extending another (for
+    /// example `-cl-fast-relaxed-math`, or `-D` definitions of different macros when nothing
+    /// undefines them). Options that interact by position — `-DX=1` with `-UX`, `-O2` with
+    /// `-O0`, `-I` search paths, `-include` — must go through
+    /// [`KeyBuilder::ordered_option`]; when in doubt, pass the whole command line that way.
     pub fn option(&mut self, name: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> &mut Self {
         let name = name.as_ref().to_vec();
         self.options
@@ -171,6 +196,29 @@ impl KeyBuilder {
         let name = name.as_ref().to_vec();
         self.extras
             .push((name, digest(TAG_EXTRA_VALUE, value.as_ref())));
+        self
+    }
+
+    /// Appends one command-line argument (`-DX=1`, `-UX`, `-I`, `dir`, …) to the ordered
+    /// options: they are hashed in the order given, so `-DX=1 -UX` and `-UX -DX=1` give
+    /// different keys, as they compile differently. Repeats are allowed. Separate from
+    /// [`KeyBuilder::option`]: an argument given both ways counts twice.
+    pub fn ordered_option(&mut self, argument: impl AsRef<[u8]>) -> &mut Self {
+        self.ordered_options
+            .push(digest(TAG_ORDERED_OPTION, argument.as_ref()));
+        self
+    }
+
+    /// Adds an input the compiler reads besides the source: a header the source `#include`s,
+    /// a precompiled module, a library linked in. `name` identifies it (the include name or
+    /// path as the compiler resolves it), `contents` are its bytes. kcache never reads files
+    /// itself, so a header left out here can change without changing the key, and the cache
+    /// would hand out a binary built from the old header. Sorted by name like options; the
+    /// same name twice makes [`KeyBuilder::finish`] fail.
+    pub fn dependency(&mut self, name: impl AsRef<[u8]>, contents: impl AsRef<[u8]>) -> &mut Self {
+        let name = name.as_ref().to_vec();
+        self.dependencies
+            .push((name, digest(TAG_DEPENDENCY_VALUE, contents.as_ref())));
         self
     }
 
@@ -192,6 +240,23 @@ impl KeyBuilder {
         }
         hash_pairs(&mut hasher, &self.options, TAG_OPTION_NAME, "build option")?;
         hash_pairs(&mut hasher, &self.extras, TAG_EXTRA_NAME, "extra field")?;
+        // Hashed only when used, so that keys built without them keep their old value.
+        if !self.ordered_options.is_empty() {
+            hasher.update(&[SECTION_ORDERED_OPTIONS]);
+            hasher.update(&(self.ordered_options.len() as u64).to_le_bytes());
+            for argument in &self.ordered_options {
+                hasher.update(argument);
+            }
+        }
+        if !self.dependencies.is_empty() {
+            hasher.update(&[SECTION_DEPENDENCIES]);
+            hash_pairs(
+                &mut hasher,
+                &self.dependencies,
+                TAG_DEPENDENCY_NAME,
+                "dependency",
+            )?;
+        }
         Ok(Key(*hasher.finalize().as_bytes()))
     }
 }
@@ -344,6 +409,72 @@ mod tests {
         ];
         assert_ne!(keys[0], keys[1]);
         assert_ne!(keys[0], keys[2]);
+    }
+
+    #[test]
+    fn ordered_options_keep_their_order() {
+        let mut define_then_undefine = base();
+        define_then_undefine
+            .ordered_option("-DX=1")
+            .ordered_option("-UX");
+        let mut undefine_then_define = base();
+        undefine_then_define
+            .ordered_option("-UX")
+            .ordered_option("-DX=1");
+        let a = define_then_undefine.finish().unwrap();
+        let b = undefine_then_define.finish().unwrap();
+        assert_ne!(a, b);
+        // The sorted options cannot tell these apart: that is what the ordered ones are for.
+        let mut sorted_a = base();
+        sorted_a.option("-DX=1", "").option("-UX", "");
+        let mut sorted_b = base();
+        sorted_b.option("-UX", "").option("-DX=1", "");
+        assert_eq!(sorted_a.finish().unwrap(), sorted_b.finish().unwrap());
+        // Neither the sorted options nor the boundaries between arguments alias them.
+        assert_ne!(a, sorted_a.finish().unwrap());
+        let mut joined = base();
+        joined.ordered_option("-DX=1-UX");
+        assert_ne!(a, joined.finish().unwrap());
+        let mut repeated = base();
+        repeated.ordered_option("-UX").ordered_option("-UX");
+        let mut once = base();
+        once.ordered_option("-UX");
+        assert_ne!(repeated.finish().unwrap(), once.finish().unwrap());
+    }
+
+    #[test]
+    fn dependency_contents_change_the_key() {
+        let mut old_header = base();
+        old_header.dependency("defs.h", "#define N 4\n");
+        let mut new_header = base();
+        new_header.dependency("defs.h", "#define N 8\n");
+        let mut renamed = base();
+        renamed.dependency("other.h", "#define N 4\n");
+        let keys = [
+            base().finish().unwrap(),
+            old_header.finish().unwrap(),
+            new_header.finish().unwrap(),
+            renamed.finish().unwrap(),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // Sorted by name, and a dependency is not an extra of the same name.
+        let mut ab = base();
+        ab.dependency("a.h", "1").dependency("b.h", "2");
+        let mut ba = base();
+        ba.dependency("b.h", "2").dependency("a.h", "1");
+        assert_eq!(ab.finish().unwrap(), ba.finish().unwrap());
+        let mut extra = base();
+        extra.extra("defs.h", "#define N 4\n");
+        assert_ne!(extra.finish().unwrap(), keys[1]);
+        old_header.dependency("defs.h", "#define N 4\n");
+        assert!(matches!(
+            old_header.finish(),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]

@@ -28,8 +28,9 @@ if(NOT EXISTS "${KCACHE_SHARED_LIBRARY}" AND CMAKE_SOURCE_DIR STREQUAL CMAKE_CUR
   message(FATAL_ERROR "no ${KCACHE_SHARED_LIBRARY}: build it (cargo build --release --lib) or "
                       "set KCACHE_LIB_DIR to the directory holding it")
 endif()
-# The executables ask for the library by its SONAME (libkcache.so.MAJOR), which cargo's output
-# directory lacks: give it that name next to the tests.
+# A library with a SONAME (libkcache.so.MAJOR: built by the CMake project, which asks build.rs for
+# it) makes the executables ask for that name, which a directory holding only libkcache.so lacks:
+# give it that name next to the tests. A plain cargo build has no SONAME and needs nothing.
 set(KCACHE_TEST_RUNTIME_DIR "${KCACHE_LIB_DIR}")
 if(EXISTS "${KCACHE_SHARED_LIBRARY}" AND CMAKE_OBJDUMP)
   execute_process(COMMAND "${CMAKE_OBJDUMP}" -p "${KCACHE_SHARED_LIBRARY}"

@@ -67,6 +67,9 @@ static kc_cuda_statistics lookup(const char *driver, const char *disk_dir, void 
     CHECK(kc_cuda_lease_function(lease, "thrice", &function) == KC_ERR_NOT_FOUND);
     CHECK(kc_cuda_stats(cache, &stats) == KC_OK);
     CHECK(kc_cuda_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
+    /* A NULL context is refused, not taken as "evict nothing", and the count is left alone. */
+    CHECK(kc_cuda_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(evicted == 1);
     kc_cuda_lease_release(lease);
     kc_cuda_cache_free(cache);
     return stats;

@@ -76,6 +76,45 @@ static void test_keys(void) {
   kc_key_builder_free(NULL);
 }
 
+/* Key of a source compiled with the given ordered arguments and one #included header. */
+static void ordered_key(const char *first, const char *second, const char *header,
+                        uint8_t out[KC_KEY_LEN]) {
+  kc_key_builder *kb = NULL;
+  CHECK_STATUS(kc_key_builder_new(&kb), KC_OK);
+  CHECK_STATUS(kc_key_builder_set(kb, KC_KEY_SOURCE, KEY("#include \"defs.h\"")), KC_OK);
+  CHECK_STATUS(kc_key_builder_ordered_option(kb, (const uint8_t *)first, strlen(first)), KC_OK);
+  CHECK_STATUS(kc_key_builder_ordered_option(kb, (const uint8_t *)second, strlen(second)), KC_OK);
+  CHECK_STATUS(
+      kc_key_builder_dependency(kb, KEY("defs.h"), (const uint8_t *)header, strlen(header)),
+      KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, out), KC_OK);
+  kc_key_builder_free(kb);
+}
+
+static void test_ordered_options_and_dependencies(void) {
+  uint8_t a[KC_KEY_LEN], b[KC_KEY_LEN], c[KC_KEY_LEN], d[KC_KEY_LEN];
+  kc_key_builder *kb = NULL;
+  ordered_key("-DX=1", "-UX", "#define N 4", a);
+  ordered_key("-UX", "-DX=1", "#define N 4", b);
+  ordered_key("-DX=1", "-UX", "#define N 8", c);
+  ordered_key("-DX=1", "-UX", "#define N 4", d);
+  CHECK(memcmp(a, b, KC_KEY_LEN) != 0); /* the two orders compile differently */
+  CHECK(memcmp(a, c, KC_KEY_LEN) != 0); /* the header changed */
+  CHECK(memcmp(a, d, KC_KEY_LEN) == 0);
+
+  CHECK_STATUS(kc_key_builder_new(&kb), KC_OK);
+  CHECK_STATUS(kc_key_builder_ordered_option(kb, NULL, 0), KC_OK); /* an empty argument */
+  CHECK_STATUS(kc_key_builder_ordered_option(kb, NULL, 1), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_ordered_option(NULL, KEY("-UX")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_dependency(NULL, KEY("a.h"), KEY("")), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_dependency(kb, KEY("a.h"), NULL, 2), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_key_builder_dependency(kb, KEY("a.h"), KEY("1")), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, a), KC_OK);
+  CHECK_STATUS(kc_key_builder_dependency(kb, KEY("a.h"), KEY("2")), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(kb, a), KC_ERR_INVALID_ARGUMENT); /* duplicate name */
+  kc_key_builder_free(kb);
+}
+
 static void test_disk(void) {
   kc_disk *disk = open_disk("plain");
   uint8_t k[KC_KEY_LEN];
@@ -741,6 +780,7 @@ int main(int argc, char **argv) {
   CHECK(argc == 2);
   work = argv[1];
   test_keys();
+  test_ordered_options_and_dependencies();
   test_disk();
   test_keyed_and_untrusted();
   test_tiered();

@@ -132,6 +132,16 @@ int main(int argc, char **argv) {
     CHECK(kc_opencl_evict_device(cache, device, &evicted) == KC_OK && evicted == 0);
     clReleaseProgram((cl_program)program);
 
+    /* NULL handles are refused (they would evict nothing), and the count is left alone. */
+    evicted = 7;
+    CHECK(kc_opencl_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(kc_last_error_message(), "context") != NULL);
+    CHECK(kc_opencl_evict_device(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(kc_last_error_message(), "device") != NULL);
+    CHECK(kc_opencl_evict_context(NULL, context, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(kc_opencl_evict_device(NULL, device, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(evicted == 7);
+
     /* A compile error: the status, the OpenCL code and the log. */
     const char *broken = "__kernel void broken(__global float *x) { x[0] = not_declared; }";
     CHECK(kc_opencl_get_program(cache, context, device, &broken, NULL, 1, "", &lease) ==

@@ -8,6 +8,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 # PoCL's own kernel cache would make the cold path look warm; keep it out of the picture.
 export POCL_KERNEL_CACHE=0
 KC_LSAN_SUPPRESSIONS="$KC_ROOT/c-tests/opencl/lsan.supp"
+# The suppressions name a PoCL function, so the whole allocation stack must be recorded.
+KC_LSAN_FULL_STACKS=1
 
 kc_library debug "${1:-}"
 kc_run() {

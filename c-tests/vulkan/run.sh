@@ -4,6 +4,7 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer on the C side.
 # Usage: c-tests/vulkan/run.sh [LIB_DIR]
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
+KC_LSAN_SUPPRESSIONS="$KC_ROOT/c-tests/vulkan/lsan.supp"
 
 kc_check_readme_snippet c-tests/vulkan/example.c
 kc_library debug "${1:-}"

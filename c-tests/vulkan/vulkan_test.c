@@ -218,6 +218,12 @@ static void (*no_functions(void *instance, const char *name))(void) {
     return NULL;
 }
 
+/* Answers global commands (a NULL instance) like the real loader and nothing for an instance. */
+static void (*global_functions_only(void *instance, const char *name))(void) {
+    if (instance != NULL) return NULL;
+    return (void (*)(void))vkGetInstanceProcAddr(NULL, name);
+}
+
 int main(int argc, char **argv) {
     REQUIRE(argc == 3);
     size_t size;
@@ -267,6 +273,24 @@ int main(int argc, char **argv) {
     desc.code = NULL;
     EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
 
+    /* A layout that does not cover the shader's storage buffer (lavapipe crashed creating such
+     * a pipeline), or gives it the wrong type, or too few push-constant bytes, is refused. */
+    desc = describe(code, size, &mul);
+    desc.bindings = NULL;
+    desc.binding_count = 0;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "set 0 binding 0") != NULL);
+    kc_vulkan_binding uniform = {0, 0, VK_DESCRIPTOR_TYPE_UNIFORM_BUFFER, 1};
+    desc.bindings = &uniform;
+    desc.binding_count = 1;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "storage buffer") != NULL);
+    desc = describe(code, size, &mul);
+    desc.push_constant_size = 0;
+    EXPECT(kc_vulkan_spec_new(&desc, &spec) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "push") != NULL);
+    EXPECT(spec == NULL);
+
     /* Cold, then a memory hit: the same pipeline, both dispatched and checked. */
     desc = describe(code, size, &mul);
     REQUIRE(kc_vulkan_spec_new(&desc, &spec) == KC_OK);
@@ -305,10 +329,19 @@ int main(int argc, char **argv) {
     kc_vulkan_spec_free(spec);
     kc_vulkan_cache_free(cache);
 
-    /* A loader without the functions kcache needs is reported, not called. */
+    /* A function that resolves nothing is no loader: refused when the cache is created. */
     kc_vulkan_options empty = kc_vulkan_options_default();
     empty.get_instance_proc_addr = no_functions;
-    REQUIRE(kc_vulkan_cache_new(&empty, &cache) == KC_OK);
+    kc_vulkan_cache *untouched = (kc_vulkan_cache *)&empty;
+    EXPECT(kc_vulkan_cache_new(&empty, &untouched) == KC_ERR_UNAVAILABLE);
+    EXPECT(untouched == (kc_vulkan_cache *)&empty);
+    EXPECT(strstr(kc_last_error_message(), "vkCreateInstance") != NULL);
+
+    /* A loader that answers global commands but lacks the instance functions kcache needs is
+     * reported at registration, not called. */
+    kc_vulkan_options partial = kc_vulkan_options_default();
+    partial.get_instance_proc_addr = global_functions_only;
+    REQUIRE(kc_vulkan_cache_new(&partial, &cache) == KC_OK);
     dev = NULL;
     EXPECT(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &dev) ==
            KC_ERR_UNAVAILABLE);

@@ -430,7 +430,9 @@ pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
 
 /// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
 /// now (with `context` current), or when its last lease is released. `*out_count` (if not
-/// NULL) receives how many were unlinked.
+/// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
+/// modules looked up with a NULL context are recorded under the context that was current,
+/// so name that one (`cuCtxGetCurrent`).
 ///
 /// # Safety
 /// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
@@ -443,9 +445,9 @@ pub unsafe extern "C" fn kc_cuda_evict_context(
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let count = unsafe { live(cache, "cache") }?
-            .inner
-            .evict_context(context)?;
+        let cache = &unsafe { live(cache, "cache") }?.inner;
+        non_null(context, "context")?;
+        let count = cache.evict_context(context)?;
         // SAFETY: NULL or writable by contract.
         unsafe { write_optional(out_count, count) };
         Ok(())

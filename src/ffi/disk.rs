@@ -314,7 +314,11 @@ pub unsafe extern "C" fn kc_key_builder_set(
 }
 
 /// Adds a build option (a flag has an empty value). Options are sorted by name, so their
-/// order does not matter; the same name twice makes `kc_key_builder_finish` fail.
+/// order does not matter; the same name twice makes `kc_key_builder_finish` fail. Sorting is
+/// safe only for options whose effect does not depend on their position: each named once, none
+/// overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
+/// `-O2` with `-O0`, `-I` search paths, `-include`) go through
+/// `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
 ///
 /// # Safety
 /// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
@@ -355,7 +359,59 @@ pub unsafe extern "C" fn kc_key_builder_extra(
     })
 }
 
-/// Adds a named input (an option or an extra) to a builder.
+/// Appends one command-line argument to the ordered options, hashed in the order given:
+/// `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
+/// ordered options is the same as before they existed.
+///
+/// # Safety
+/// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_ordered_option(
+    builder: *mut kc_key_builder,
+    argument: *const u8,
+    argument_len: usize,
+) -> kc_status {
+    guard(|| {
+        non_null(builder, "builder")?;
+        // SAFETY: the caller promises `argument_len` readable bytes.
+        let argument = unsafe { byte_slice(argument, argument_len, "argument") }?;
+        // SAFETY: a live builder, used by one thread at a time by contract.
+        unsafe { (*builder).inner.ordered_option(argument) };
+        Ok(())
+    })
+}
+
+/// Adds a file the compiler reads besides the source (a header the source `#include`s, a
+/// precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
+/// reads files itself, so a header not added here can change without changing the key. Sorted
+/// by name; the same name twice makes `kc_key_builder_finish` fail.
+///
+/// # Safety
+/// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_key_builder_dependency(
+    builder: *mut kc_key_builder,
+    name: *const u8,
+    name_len: usize,
+    contents: *const u8,
+    contents_len: usize,
+) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    guard(|| unsafe {
+        add_named(
+            builder,
+            name,
+            name_len,
+            contents,
+            contents_len,
+            |b, n, v| {
+                b.dependency(n, v);
+            },
+        )
+    })
+}
+
+/// Adds a named input (an option, an extra or a dependency) to a builder.
 ///
 /// # Safety
 /// `builder` must be NULL or a live builder; `name`/`value` must point to their lengths in
@@ -382,7 +438,7 @@ unsafe fn add_named(
 }
 
 /// Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
-/// `KC_ERR_INVALID_ARGUMENT` for a duplicate option or extra name.
+/// `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
 ///
 /// # Safety
 /// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.

@@ -303,7 +303,9 @@ pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
 }
 
 /// Unlinks every program built for `device`, in every context; each is released now, or when
-/// its last lease is. `*out_count` (if not NULL) receives how many were unlinked.
+/// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
+/// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
+/// evict nothing).
 ///
 /// # Safety
 /// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
@@ -317,6 +319,7 @@ pub unsafe extern "C" fn kc_opencl_evict_device(
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         let cache = &unsafe { live(cache, "cache") }?.inner;
+        non_null(device, "device")?;
         // SAFETY: eviction only compares the handle with the ones lookups registered.
         let count = cache.evict_device(unsafe { Device::from_raw(device) })?;
         // SAFETY: NULL or writable by contract.
@@ -327,7 +330,7 @@ pub unsafe extern "C" fn kc_opencl_evict_device(
 
 /// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 /// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
-/// were unlinked.
+/// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// As `kc_opencl_evict_device`.
@@ -339,9 +342,9 @@ pub unsafe extern "C" fn kc_opencl_evict_context(
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let count = unsafe { live(cache, "cache") }?
-            .inner
-            .evict_context(context)?;
+        let cache = &unsafe { live(cache, "cache") }?.inner;
+        non_null(context, "context")?;
+        let count = cache.evict_context(context)?;
         // SAFETY: NULL or writable by contract.
         unsafe { write_optional(out_count, count) };
         Ok(())

@@ -193,7 +193,9 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
     }
 }
 
-/// Creates a Vulkan pipeline cache. Without a Vulkan loader: `KC_ERR_UNAVAILABLE`. An
+/// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
+/// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
+/// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
 /// untrusted disk directory is not used (the cache works from memory); one that cannot be
 /// created is `KC_ERR_IO`.
 ///
@@ -232,7 +234,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
                 // optional function pointer, so the two types have one ABI.
                 let f: vk::PFN_vkGetInstanceProcAddr = unsafe { std::mem::transmute(f) };
                 // SAFETY: the caller vouches for the function by contract.
-                unsafe { Vulkan::from_get_instance_proc_addr(f) }
+                unsafe { Vulkan::from_get_instance_proc_addr(f) }?
             }
         };
         // SAFETY: `disk_dir` is NULL or a C string by contract.
@@ -387,9 +389,12 @@ fn layout_of(bindings: &[kc_vulkan_binding], offset: u32, size: u32) -> LayoutDe
 }
 
 /// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-/// GLCompute entry point of that name, unique specialization ids, a compute-usable layout)
-/// and digests it. A malformed one is `KC_ERR_INVALID_ARGUMENT` with the reason. Everything
-/// is copied: the description's memory may be reused afterwards.
+/// GLCompute entry point of that name, unique specialization ids, a compute-usable layout
+/// that covers every descriptor binding the entry point uses, with a compatible descriptor
+/// type and enough descriptors, and every push-constant byte it reads) and digests it. A
+/// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
+/// reaches the driver. Everything is copied: the description's memory may be reused
+/// afterwards.
 ///
 /// # Safety
 /// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts

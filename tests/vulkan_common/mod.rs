@@ -32,24 +32,27 @@ pub const ELEMENTS: u32 = 256;
 /// SPIR-V of [`SHADER`], compiled once per test binary.
 pub fn spirv() -> &'static [u32] {
     static WORDS: OnceLock<Vec<u32>> = OnceLock::new();
-    WORDS.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let src = dir.path().join("scale.comp");
-        let out = dir.path().join("scale.spv");
-        std::fs::write(&src, SHADER).expect("write shader");
-        let status = Command::new("glslangValidator")
-            .args(["-V", "--target-env", "vulkan1.0", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .output()
-            .expect("glslangValidator (package glslang-tools) must be installed");
-        assert!(
-            status.status.success(),
-            "glslangValidator failed: {}",
-            String::from_utf8_lossy(&status.stdout)
-        );
-        words_from_bytes(&std::fs::read(&out).expect("read SPIR-V")).expect("whole words")
-    })
+    WORDS.get_or_init(|| compile(SHADER))
+}
+
+/// Compiles a GLSL compute shader to SPIR-V with `glslangValidator`.
+pub fn compile(glsl: &str) -> Vec<u32> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = dir.path().join("shader.comp");
+    let out = dir.path().join("shader.spv");
+    std::fs::write(&src, glsl).expect("write shader");
+    let status = Command::new("glslangValidator")
+        .args(["-V", "--target-env", "vulkan1.0", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("glslangValidator (package glslang-tools) must be installed");
+    assert!(
+        status.status.success(),
+        "glslangValidator failed: {}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    words_from_bytes(&std::fs::read(&out).expect("read SPIR-V")).expect("whole words")
 }
 
 pub fn layout() -> LayoutDesc {

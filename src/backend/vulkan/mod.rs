@@ -23,6 +23,7 @@
 //!   after merging what another process stored in the meantime.
 
 mod header;
+mod reflect;
 mod spec;
 mod spirv;
 #[doc(hidden)]
@@ -78,20 +79,33 @@ impl Vulkan {
     }
 
     /// Uses the caller's `vkGetInstanceProcAddr`, for runtimes that bring their own loader.
+    /// A function that does not resolve `vkCreateInstance` (a global command every loader
+    /// provides) is not a loader: [`Error::Unavailable`], here rather than at the first
+    /// registration.
     ///
     /// # Safety
     /// `get_instance_proc_addr` must behave as `vkGetInstanceProcAddr` and stay callable, with
     /// everything it returns, for as long as this value and every cache made from it live.
     pub unsafe fn from_get_instance_proc_addr(
         get_instance_proc_addr: vk::PFN_vkGetInstanceProcAddr,
-    ) -> Self {
+    ) -> Result<Self> {
+        let probe = c"vkCreateInstance";
+        // SAFETY: global commands are queried with a null instance (Vulkan spec,
+        // vkGetInstanceProcAddr); the function behaves as vkGetInstanceProcAddr by contract.
+        if unsafe { get_instance_proc_addr(vk::Instance::null(), probe.as_ptr()) }.is_none() {
+            return Err(Error::Unavailable(
+                "the given vkGetInstanceProcAddr does not resolve vkCreateInstance: \
+                 not a Vulkan loader"
+                    .into(),
+            ));
+        }
         // SAFETY: forwarded from the caller's contract.
         let entry = unsafe {
             ash::Entry::from_static_fn(ash::StaticFn {
                 get_instance_proc_addr,
             })
         };
-        Self { entry }
+        Ok(Self { entry })
     }
 }
 
@@ -950,4 +964,27 @@ fn pipeline_cache_key(
         .extra("deviceID", identity.device_id.to_le_bytes())
         .extra("pipelineCacheUUID", identity.pipeline_cache_uuid);
     k.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe extern "system" fn resolves_nothing(
+        _instance: vk::Instance,
+        _name: *const std::ffi::c_char,
+    ) -> vk::PFN_vkVoidFunction {
+        None
+    }
+
+    #[test]
+    fn a_get_instance_proc_addr_that_resolves_nothing_is_refused_at_once() {
+        // SAFETY: the function is callable for the whole test and answers every query.
+        let result = unsafe { Vulkan::from_get_instance_proc_addr(resolves_nothing) };
+        match result {
+            Err(Error::Unavailable(message)) => assert!(message.contains("vkCreateInstance")),
+            Err(e) => panic!("expected Unavailable, got {e:?}"),
+            Ok(_) => panic!("expected Unavailable, got a loader"),
+        }
+    }
 }

@@ -5,6 +5,7 @@ use std::ffi::CString;
 
 use ash::vk;
 
+use super::reflect::{self, Interface, PushConstants, Resource};
 use super::spirv;
 use crate::{Error, Result};
 
@@ -147,6 +148,75 @@ fn normalize_layout(layout: &LayoutDesc) -> Result<LayoutDesc> {
     })
 }
 
+impl Resource {
+    fn name(self) -> &'static str {
+        match self {
+            Resource::Sampler => "a sampler",
+            Resource::SampledImage => "a sampled image",
+            Resource::CombinedImageSampler => "a combined image sampler",
+            Resource::StorageImage => "a storage image",
+            Resource::Image => "an image",
+            Resource::UniformTexelBuffer => "a uniform texel buffer",
+            Resource::StorageTexelBuffer => "a storage texel buffer",
+            Resource::UniformBuffer => "a uniform buffer",
+            Resource::StorageBuffer => "a storage buffer",
+            Resource::Other => "a resource",
+        }
+    }
+}
+
+/// Refuses a layout that does not cover what the shader uses: a pipeline created with it is
+/// invalid, and drivers crash on some such pipelines rather than fail.
+fn check_covers(shader: &Interface, layout: &LayoutDesc) -> Result<()> {
+    for used in &shader.bindings {
+        let (set, binding) = (used.set, used.binding);
+        let Some(desc) = layout
+            .sets
+            .get(set as usize)
+            .and_then(|bindings| bindings.iter().find(|b| b.binding == binding))
+        else {
+            return Err(invalid(format!(
+                "the shader uses descriptor set {set} binding {binding} ({}), which the layout \
+                 does not describe",
+                used.resource.name()
+            )));
+        };
+        if !used.resource.accepts(desc.descriptor_type) {
+            return Err(invalid(format!(
+                "descriptor set {set} binding {binding} is {} in the shader; descriptor type {} \
+                 cannot back it",
+                used.resource.name(),
+                desc.descriptor_type.as_raw()
+            )));
+        }
+        if desc.count < used.count {
+            return Err(invalid(format!(
+                "descriptor set {set} binding {binding} is an array of {} in the shader; the \
+                 layout gives {} descriptors",
+                used.count, desc.count
+            )));
+        }
+    }
+    match (shader.push_constants, layout.push_constants) {
+        (None, _) | (Some(PushConstants::Unsized), Some(_)) => Ok(()),
+        (Some(_), None) => Err(invalid(
+            "the shader uses push constants; the layout has no push-constant range",
+        )),
+        (Some(PushConstants::Bytes(first, end)), Some(range)) => {
+            let range_end = range.offset.saturating_add(range.size);
+            if range.offset <= first && end <= range_end {
+                Ok(())
+            } else {
+                Err(invalid(format!(
+                    "the shader's push constants occupy bytes {first}..{end}; the layout's \
+                     push-constant range is {}..{range_end}",
+                    range.offset
+                )))
+            }
+        }
+    }
+}
+
 fn layout_digest(layout: &LayoutDesc) -> [u8; 32] {
     let mut d = Digest::new("kcache vulkan pipeline layout v1");
     d.u32(layout.sets.len() as u32);
@@ -179,8 +249,10 @@ impl std::fmt::Debug for PipelineSpec {
 
 impl PipelineSpec {
     /// Validates every part (SPIR-V header and bounds, a `GLCompute` entry point of that name,
-    /// unique specialization ids with 1/2/4/8-byte values, a compute-usable layout) and digests
-    /// the normalized content. Errors are [`Error::InvalidArgument`].
+    /// unique specialization ids with 1/2/4/8-byte values, a compute-usable layout that covers
+    /// every descriptor binding and push-constant byte the entry point uses) and digests the
+    /// normalized content. Errors are [`Error::InvalidArgument`]; the layout may describe more
+    /// than the shader uses.
     pub fn new(
         spirv: &[u32],
         entry_point: &str,
@@ -208,6 +280,7 @@ impl PipelineSpec {
             )));
         }
         let layout = normalize_layout(layout)?;
+        check_covers(&reflect::interface(spirv, entry_point)?, &layout)?;
         let layout_digest = layout_digest(&layout);
 
         let mut d = Digest::new("kcache vulkan compute pipeline v1");
