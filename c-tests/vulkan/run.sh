@@ -8,8 +8,23 @@ KC_LSAN_SUPPRESSIONS="$KC_ROOT/c-tests/vulkan/lsan.supp"
 
 kc_check_readme_snippet c-tests/vulkan/example.c
 kc_library debug "${1:-}"
+# In the sanitizer run, lavapipe is preloaded (after the ASan runtime, which must come first) so
+# that it stays mapped after vkDestroyInstance unloads it: the frames of a leak it reports then
+# keep their module name, which is what lsan.supp matches.
+kc_keep_driver_loaded() {
+  local icd lib asan
+  for icd in /usr/share/vulkan/icd.d/lvp_icd.*.json; do
+    lib=$(sed -n 's/.*"library_path": *"\([^"]*\)".*/\1/p' "$icd")
+    asan=$("${CC:-cc}" -print-file-name=libasan.so)
+    if [[ -f "$lib" && "$asan" == /* ]]; then
+      export LD_PRELOAD="$asan $lib"
+    fi
+    return
+  done
+}
 kc_run() {
   local bin=$1 variant=$2 out="$KC_WORK/$variant"
+  [[ "$variant" == sanitize ]] && kc_keep_driver_loaded
   "$bin/vulkan_test" "$out-test-cache" "$bin/scale.spv"
 
   # The documented example: the first process finds no pipeline-cache data on disk, the second
