@@ -1,4 +1,4 @@
-# The documentation's snippet check. In README.md and every docs/*.md, a line
+# The documentation's snippet check. In README.md and every docs/*.md, a line that is
 # "<!-- snippet: PATH -->" must be followed by a fenced block (``` with any language) whose
 # contents are the file PATH (from the repository root), byte for byte. Every marker of every
 # page is checked, whichever caller runs this.
@@ -14,13 +14,15 @@ file(GLOB pages RELATIVE "${ROOT}" "${ROOT}/docs/*.md")
 list(SORT pages)
 set(pages README.md ${pages})
 
-set(prefix "<!-- snippet: ")
+set(prefix "\n<!-- snippet: ")
 string(LENGTH "${prefix}" prefix_length)
 set(count 0)
 set(errors "")
 set(shown "")
 foreach(page IN LISTS pages)
   file(READ "${ROOT}/${page}" text)
+  # A marker starts a line; the newline put in front lets the first line be one.
+  string(PREPEND text "\n")
   while(TRUE)
     string(FIND "${text}" "${prefix}" at)
     if(at EQUAL -1)
@@ -69,7 +71,7 @@ endforeach()
 if(DEFINED SNIPPET AND NOT SNIPPET STREQUAL "")
   list(FIND shown "${SNIPPET}" found)
   if(found EQUAL -1)
-    string(APPEND errors "\n  no page shows ${SNIPPET} (a \"${prefix}${SNIPPET} -->\" line before its fence)")
+    string(APPEND errors "\n  no page shows ${SNIPPET} (a \"<!-- snippet: ${SNIPPET} -->\" line before its fence)")
   endif()
 endif()
 if(DEFINED MIN_COUNT AND count LESS MIN_COUNT)
