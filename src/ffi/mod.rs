@@ -18,11 +18,6 @@ pub mod cuda;
 pub mod disk;
 pub mod opencl;
 pub mod status;
-/// cbindgen:ignore
-#[doc(hidden)]
-pub mod testing;
-#[cfg(test)]
-mod tests;
 pub mod vulkan;
 
 pub use cache::*;

@@ -1,7 +1,7 @@
 //! The CUDA module cache against the test driver library.
 //!
-//! No GPU is available in CI: `support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
-//! library that stands in for the real driver (`libcuda.so.1`), counts every call and checks
+//! No GPU is available in CI: `kcache_testkit::cuda::FakeDriver` is a private copy of the
+//! test-kit's build of `c-tests/cuda/fake_cuda.c`, a library that stands in for the real driver (`libcuda.so.1`), counts every call and checks
 //! the context binding. What these tests assert is what kcache asks of the driver: how many
 //! links, loads and unloads, and in which context.
 
@@ -10,11 +10,11 @@ use std::sync::{Arc, Barrier};
 
 use tempfile::TempDir;
 
-use super::support::{FakeDriver, Handle};
-use crate::Error;
-use crate::backend::cuda::testing::SAXPY_PTX;
-use crate::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use crate::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache::Error;
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
+use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache_testkit::cuda::SAXPY_PTX;
+use kcache_testkit::cuda::{FakeDriver, Handle};
 
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; every test evicts or drops its cache before it
