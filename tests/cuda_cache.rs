@@ -159,13 +159,15 @@ fn warm_start_child() {
 }
 
 fn run_child(fake: &FakeDriver, dir: &std::path::Path) -> String {
-    // Test names are module paths without the crate's name.
-    let name = format!(
-        "{}::warm_start_child",
-        module_path!().split_once("::").unwrap().1
-    );
+    // Test names are module paths without the crate's name: at the top of an integration
+    // test, just the function's name.
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "warm_start_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, dir)
         .env("KCACHE_CUDA_LIBRARY", fake.path())
         .output()
