@@ -253,7 +253,8 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     drop(leases);
 
     // Another context is current on the evicting thread: kcache must switch to the owner.
-    fake.set_current(c1);
+    // SAFETY: made by `create_context` above, not destroyed yet.
+    unsafe { fake.set_current(c1) };
     assert_eq!(cache.evict_context(c0).unwrap(), 2);
     assert_eq!(
         fake.counter("module_unload"),
@@ -271,7 +272,8 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     assert_eq!(fake.counter("unload_invalid"), 0);
     assert_eq!(fake.counter("live_modules"), 0);
     assert_eq!(fake.current(), c1);
-    fake.set_current(std::ptr::null_mut());
+    // SAFETY: NULL unbinds.
+    unsafe { fake.set_current(std::ptr::null_mut()) };
 
     // An evicted context starts over: its modules are loaded again, not served stale.
     cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
@@ -279,8 +281,11 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     drop(cache);
     assert_eq!(fake.counter("module_unload"), 5);
     assert_eq!(fake.counter("unload_wrong_context"), 0);
-    fake.destroy_context(c0);
-    fake.destroy_context(c1);
+    // SAFETY: made by `create_context` above and destroyed once, after the cache is gone.
+    unsafe {
+        fake.destroy_context(c0);
+        fake.destroy_context(c1);
+    }
 }
 
 #[test]
@@ -412,7 +417,8 @@ fn the_current_context_is_used_when_none_is_given() {
         Err(Error::InvalidArgument(_))
     ));
     let c0 = fake.create_context(0);
-    fake.set_current(c0);
+    // SAFETY: made by `create_context` just above.
+    unsafe { fake.set_current(c0) };
     let lease = cache.module(None, SAXPY_PTX.as_bytes(), &[]).unwrap();
     assert_eq!(lease.context(), c0);
     assert_eq!(
@@ -423,7 +429,8 @@ fn the_current_context_is_used_when_none_is_given() {
     let same = cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
     assert_eq!(same.raw(), lease.raw());
     assert_eq!(fake.current(), c0);
-    fake.set_current(std::ptr::null_mut());
+    // SAFETY: NULL unbinds.
+    unsafe { fake.set_current(std::ptr::null_mut()) };
 }
 
 #[test]

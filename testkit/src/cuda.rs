@@ -149,13 +149,18 @@ impl FakeDriver {
         ctx
     }
 
-    pub fn destroy_context(&self, ctx: CUcontext) {
-        // SAFETY: a context of this library.
+    /// # Safety
+    /// `ctx` must be a context of this library that [`FakeDriver::create_context`] made; the
+    /// stand-in reads it to tell a live context from a destroyed one.
+    pub unsafe fn destroy_context(&self, ctx: CUcontext) {
+        // SAFETY: a context of this library (the caller's guarantee).
         assert_eq!(unsafe { self.sym::<FnCtx>("cuCtxDestroy_v2")(ctx) }, 0);
     }
 
-    pub fn set_current(&self, ctx: CUcontext) {
-        // SAFETY: NULL or a context of this library.
+    /// # Safety
+    /// `ctx` must be NULL or a context of this library that [`FakeDriver::create_context`] made.
+    pub unsafe fn set_current(&self, ctx: CUcontext) {
+        // SAFETY: NULL or a context of this library (the caller's guarantee).
         assert_eq!(unsafe { self.sym::<FnCtx>("cuCtxSetCurrent")(ctx) }, 0);
     }
 
