@@ -13,16 +13,11 @@
 //! - Out-parameters are written only on success.
 
 mod args;
-pub mod cache;
+mod cache;
 pub mod cuda;
 pub mod disk;
 pub mod opencl;
-pub mod status;
-/// cbindgen:ignore
-#[doc(hidden)]
-pub mod testing;
-#[cfg(test)]
-mod tests;
+mod status;
 pub mod vulkan;
 
 pub use cache::*;
