@@ -41,7 +41,7 @@ fn setup() -> Setup {
     let context = cache.current_context().unwrap();
     let raw: CUcontext = context.unwrap().raw();
     let module = cache
-        .module(context, SAXPY_PTX.as_bytes(), &[])
+        .find_or_build_ptx(context, SAXPY_PTX.as_bytes(), &[])
         .unwrap()
         .raw();
     let mut peer = HashMap::new();
@@ -63,7 +63,7 @@ fn peer_key(context: CUcontext) -> Vec<u8> {
 fn kcache_hit(s: &Setup) -> usize {
     let lease = s
         .cache
-        .module(s.context, black_box(SAXPY_PTX.as_bytes()), &[]);
+        .find_or_build_ptx(s.context, black_box(SAXPY_PTX.as_bytes()), &[]);
     lease.unwrap().raw() as usize
 }
 

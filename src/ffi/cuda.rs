@@ -287,7 +287,7 @@ pub unsafe extern "C" fn kc_cuda_get_module(
         let options = unsafe { jit_options(options, option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
-        let lease = cache.module(context, ptx, &options)?;
+        let lease = cache.find_or_build_ptx(context, ptx, &options)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
@@ -360,7 +360,7 @@ pub unsafe extern "C" fn kc_cuda_get_module_cuda(
         let jit = unsafe { self::jit_options(jit_options, jit_option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
-        let lease = cache.module_from_cuda(context, source, &options, &jit)?;
+        let lease = cache.find_or_build_source(context, source, &options, &jit)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())

@@ -42,7 +42,7 @@ use super::args::{
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::backend::opencl::{ContextRef, Device, OpenClCache, Program};
+use crate::backend::opencl::{ContextRef, Device, OpenClCache, OpenClOptions, Program};
 use crate::error::Error;
 
 /// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
@@ -182,7 +182,7 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
                 },
             )
         }?;
-        let inner = OpenClCache::new(memory, disk)?;
+        let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
         // SAFETY: `out_cache` is non-NULL and writable by contract.
         unsafe { write_boxed(out_cache, kc_opencl_cache { inner }) };
         Ok(())
@@ -272,7 +272,7 @@ pub unsafe extern "C" fn kc_opencl_get_program(
         // their own reference to it).
         let (context, device) =
             unsafe { (ContextRef::from_raw(context), Device::from_raw(device)) };
-        let lease = cache.get_or_build(context, device, &texts, options)?;
+        let lease = cache.find_or_build(context, device, &texts, options)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())

@@ -2,19 +2,17 @@
 //! out, through a lease on the memory tier, with the linked cubins on disk.
 
 use std::borrow::Cow;
-use std::cell::Cell;
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
 use super::nvrtc::Nvrtc;
-use crate::backend::registry::{Registration, Registry};
+use crate::backend::handle_cache::{Compiled, Destroy, HandleCache, Registered, Runtime};
 use crate::disk::{DiskCache, DiskStats};
-use crate::error::{BuildError, DestroyError, DeviceId, Error, Result};
+use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::{Key, KeyBuilder};
-use crate::memory::{self, Lease, MemoryCache};
-use crate::tiered::TieredCache;
+use crate::memory::{self, Built, Lease};
 
 /// A CUDA context the caller owns. kcache never creates or destroys contexts; it only makes
 /// the caller's current for a moment (push/pop) when it links, loads or unloads a module.
@@ -150,13 +148,15 @@ impl Module {
         found.ok_or(Error::NotFound)
     }
 
-    fn unload(self) -> std::result::Result<(), DestroyError> {
+    /// Unloads the module with its context current; a null `raw` was unloaded already.
+    fn unload(&mut self) -> std::result::Result<(), DestroyError> {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        if raw.is_null() {
+            return Ok(());
+        }
         // SAFETY: the module belongs to `self.context`, which the caller keeps alive until it
-        // has evicted it; this is the only unload of the module.
-        let unloaded = unsafe {
-            self.driver
-                .scoped(self.context, || self.driver.unload(self.raw))
-        };
+        // has evicted it; `raw` was taken out above, so this is the only unload of the module.
+        let unloaded = unsafe { self.driver.scoped(self.context, || self.driver.unload(raw)) };
         let (what, code) = match unloaded {
             Ok(0) => return Ok(()),
             Ok(code) => ("cuModuleUnload", code),
@@ -166,6 +166,20 @@ impl Module {
             code,
             format!("{what} failed: {}", self.driver.describe(code)),
         ))
+    }
+}
+
+/// The memory tier's way to give the module back, reporting what the driver said.
+impl Destroy for Module {
+    fn destroy(mut self) -> std::result::Result<(), DestroyError> {
+        self.unload()
+    }
+}
+
+/// A module dropped outside the cache (a build abandoned half-way) is unloaded all the same.
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.unload();
     }
 }
 
@@ -183,13 +197,13 @@ pub struct CudaOptions {
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,
     /// NVRTC already loaded; `None` loads it with [`Nvrtc::load`] on the first
-    /// [`CudaCache::module_from_cuda`].
+    /// [`CudaCache::find_or_build_source`].
     pub nvrtc: Option<Arc<Nvrtc>>,
 }
 
 /// What a module is built from.
 #[derive(Clone, Copy)]
-enum Input<'a> {
+enum Source<'a> {
     Ptx(&'a [u8]),
     Cuda {
         source: &'a str,
@@ -198,17 +212,22 @@ enum Input<'a> {
     },
 }
 
+/// One lookup: the context, what the module is built from and the JIT options.
+#[derive(Clone, Copy)]
+pub(crate) struct Input<'a> {
+    context: Context,
+    source: Source<'a>,
+    options: &'a [JitOption],
+}
+
 /// What the cache learns about a context when it first sees it. A context evicted and then
 /// used again (or a new context at a reused address) is registered anew, under a new number,
 /// so it can never hit the old context's modules.
-struct ContextInfo {
+pub(crate) struct ContextInfo {
     device: CUdevice,
     device_name: String,
     capability: (i32, i32),
 }
-
-/// A context, by address, under the number the memory tier evicts by.
-type Registered = Registration<usize, ContextInfo>;
 
 #[derive(Default)]
 struct Counters {
@@ -243,202 +262,99 @@ pub struct CudaStats {
     pub disk: DiskStats,
 }
 
-thread_local! {
-    /// The memory-tier key is assembled here so that a hit allocates nothing.
-    static KEY_BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
-}
-
-/// Cache of `CUmodule`s per (context, PTX, JIT options), backed by cubins on disk keyed by
-/// (device name, compute capability, driver version, options, PTX).
-///
-/// The caller owns its contexts. Before destroying one (or resetting a device's primary
-/// context), call [`CudaCache::evict_context`] (or [`CudaCache::evict_device`]): the modules
-/// are unloaded then, with their context current, or when the last lease on each drops.
-pub struct CudaCache {
+/// The driver calls of the cache: a context's device, PTX (or NVRTC) and link, cubin load.
+pub(crate) struct Cuda {
     driver: Arc<Driver>,
-    tiered: TieredCache<Vec<u8>, Module>,
-    contexts: Registry<usize, ContextInfo>,
     counters: Counters,
-    nvrtc: OnceLock<Result<Arc<Nvrtc>>>,
 }
 
-impl CudaCache {
-    /// Fails with [`Error::Unavailable`] when no driver is given and none can be loaded.
-    pub fn new(options: CudaOptions) -> Result<CudaCache> {
-        let driver = match options.driver {
-            Some(driver) => driver,
-            None => Arc::new(Driver::load()?),
-        };
-        let memory = Arc::new(MemoryCache::new(options.memory, Module::unload));
-        Ok(CudaCache {
-            driver,
-            tiered: TieredCache::new(memory, options.disk),
-            contexts: Registry::default(),
-            counters: Counters::default(),
-            nvrtc: match options.nvrtc {
-                Some(nvrtc) => OnceLock::from(Ok(nvrtc)),
-                None => OnceLock::new(),
-            },
-        })
-    }
+impl Runtime for Cuda {
+    /// The caller's context, by address.
+    type Handle = usize;
+    type Info = ContextInfo;
+    type Value = Module;
+    type Input<'a> = Input<'a>;
 
-    pub fn driver(&self) -> &Arc<Driver> {
-        &self.driver
-    }
-
-    /// NVRTC, loaded on first use; a failed load is remembered, not retried.
-    pub fn nvrtc(&self) -> Result<&Arc<Nvrtc>> {
-        self.nvrtc
-            .get_or_init(|| Nvrtc::load().map(Arc::new))
-            .as_ref()
-            .map_err(Clone::clone)
-    }
-
-    /// The calling thread's current context, `None` when there is none.
-    pub fn current_context(&self) -> Result<Option<Context>> {
-        let raw = self.driver.current_context()?;
-        // SAFETY: the driver reports it as current, hence live; the lifetime obligation is the
-        // caller's, as documented on the cache.
-        Ok(unsafe { Context::from_raw(raw) })
-    }
-
-    fn register(&self, context: Context) -> Result<Arc<Registered>> {
-        self.contexts.get_or_register(context.raw() as usize, || {
-            // SAFETY: `Context` guarantees a live context.
-            let (device, device_name, capability) = unsafe {
-                self.driver.with_context(context.raw(), || {
-                    let device = self.driver.current_device()?;
-                    Ok::<_, Error>((
-                        device,
-                        self.driver.device_name(device)?,
-                        self.driver.compute_capability(device)?,
-                    ))
-                })
-            }??;
-            Ok(ContextInfo {
-                device,
-                device_name,
-                capability,
+    fn describe(&self, input: Input<'_>) -> Result<ContextInfo> {
+        // SAFETY: `Context` guarantees a live context.
+        let (device, device_name, capability) = unsafe {
+            self.driver.with_context(input.context.raw(), || {
+                let device = self.driver.current_device()?;
+                Ok::<_, Error>((
+                    device,
+                    self.driver.device_name(device)?,
+                    self.driver.compute_capability(device)?,
+                ))
             })
+        }??;
+        Ok(ContextInfo {
+            device,
+            device_name,
+            capability,
         })
     }
 
-    fn memory(&self) -> &MemoryCache<Vec<u8>, Module> {
-        self.tiered.memory()
-    }
-
-    /// The module for `ptx` linked with `options` in `context` (`None`: the calling thread's
-    /// current context): from memory, else from a disk cubin, else linked from the PTX.
-    /// Concurrent callers of one missing module share one link.
-    ///
-    /// A PTX or link error is [`Error::Build`] with the `CUresult` as its code and the JIT
-    /// error log as its message. A module built for a context that is evicted concurrently
-    /// comes back as [`Error::DeviceDestroyed`].
-    pub fn module(
-        &self,
-        context: Option<Context>,
-        ptx: &[u8],
-        options: &[JitOption],
-    ) -> Result<ModuleLease> {
-        if ptx.is_empty() {
-            return Err(Error::InvalidArgument("the PTX is empty".into()));
-        }
-        self.lookup(context, Input::Ptx(ptx), options)
-    }
-
-    /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` and
-    /// linked with `jit_options`; otherwise as [`CudaCache::module`]. Unless the options name an
-    /// architecture (`-arch` / `--gpu-architecture`), the PTX targets the context's device.
-    /// The NVRTC version is part of the disk key. Kernels are looked up by their symbol name:
-    /// declare them `extern "C"` to keep it unmangled.
-    ///
-    /// No NVRTC library: [`Error::Unavailable`]. A compile error: [`Error::Build`] with the
-    /// `nvrtcResult` as its code and the compiler log as its message.
-    pub fn module_from_cuda(
-        &self,
-        context: Option<Context>,
-        source: &str,
-        nvrtc_options: &[&str],
-        jit_options: &[JitOption],
-    ) -> Result<ModuleLease> {
-        if source.is_empty() {
-            return Err(Error::InvalidArgument("the CUDA source is empty".into()));
-        }
-        let nvrtc = self.nvrtc()?;
-        let input = Input::Cuda {
-            source,
-            options: nvrtc_options,
-            nvrtc,
-        };
-        self.lookup(context, input, jit_options)
-    }
-
-    fn lookup(
-        &self,
-        context: Option<Context>,
-        input: Input<'_>,
-        options: &[JitOption],
-    ) -> Result<ModuleLease> {
-        let context = match context {
-            Some(context) => context,
-            None => self.current_context()?.ok_or_else(|| {
-                Error::InvalidArgument(
-                    "no CUDA context is current on this thread and none was given".into(),
-                )
-            })?,
-        };
-        check_unique(options)?;
-        let mut key = KEY_BUFFER.take();
-        // A hit touches neither the registration's reference count nor any other shared word.
-        let hit = self.contexts.probe(context.raw() as usize, |registered| {
-            memory_key(&mut key, registered.id(), input, options);
-            self.memory().probe(&key[..])
+    /// The kind of input, the JIT options in the caller's order (each a fixed 8 bytes, after a
+    /// count), for CUDA C++ the NVRTC options (each length-prefixed, after a count), then the
+    /// PTX or source text.
+    fn memory_key(key: &mut Vec<u8>, input: Input<'_>) {
+        key.push(match input.source {
+            Source::Ptx(_) => 0,
+            Source::Cuda { .. } => 1,
         });
-        if let Some(lease) = hit {
-            KEY_BUFFER.set(key);
-            return Ok(lease);
+        key.extend_from_slice(&(input.options.len() as u64).to_le_bytes());
+        for option in input.options {
+            let (o, v) = option.raw();
+            key.extend_from_slice(&o.to_le_bytes());
+            key.extend_from_slice(&v.to_le_bytes());
         }
-        // (An error here drops the key buffer: the next lookup just allocates a new one.)
-        let registered = self.register(context)?;
-        memory_key(&mut key, registered.id(), input, options);
-        // The cubin a link produced, for the write-back: a loaded module cannot give it back.
-        let linked = Cell::new(None);
-        let result = self.tiered.find_or_build(
-            &key[..],
-            Some(registered.id()),
-            || disk_key(registered.info(), self.driver.version(), input, options),
-            |cubin| {
-                // The cubin passed the integrity check, so a refusal is the driver's own (a
-                // driver build with the same version number, a changed GPU mode): the disk
-                // tier drops it and the PTX is linked again.
-                let raw = self.in_context(&registered, || {
-                    self.driver.load_image(cubin).map_err(|code| {
-                        BuildError::new(
-                            code,
-                            format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
-                        )
-                    })
-                })?;
-                Ok((self.wrap(&registered, raw), cubin.len() as u64))
-            },
-            || {
-                let (raw, cubin) =
-                    self.in_context(&registered, || self.link(&registered, input, options))?;
-                let weight = cubin.len() as u64;
-                linked.set(Some(cubin));
-                Ok((self.wrap(&registered, raw), weight))
-            },
-            |_| {
-                linked
-                    .take()
-                    .ok_or_else(|| BuildError::new(-1, "no cubin was linked"))
-            },
-        );
-        KEY_BUFFER.set(key);
-        registered.confirm(self.memory(), result?)
+        match input.source {
+            Source::Ptx(ptx) => key.extend_from_slice(ptx),
+            Source::Cuda {
+                source, options, ..
+            } => {
+                append_strings(key, options);
+                key.extend_from_slice(source.as_bytes());
+            }
+        }
     }
 
-    fn wrap(&self, registered: &Registered, raw: CUmodule) -> Module {
+    fn disk_key(&self, context: &ContextInfo, input: Input<'_>) -> Result<Key> {
+        disk_key(context, self.driver.version(), input)
+    }
+
+    fn load(&self, registered: &Registered<Self>, _: Input<'_>, cubin: &[u8]) -> Built<Module> {
+        // The cubin passed the integrity check, so a refusal is the driver's own (a driver
+        // build with the same version number, a changed GPU mode): the disk tier drops it and
+        // the PTX is linked again.
+        let raw = self.in_context(registered, || {
+            self.driver.load_image(cubin).map_err(|code| {
+                BuildError::new(
+                    code,
+                    format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
+                )
+            })
+        })?;
+        Ok((self.wrap(registered, raw), cubin.len() as u64))
+    }
+
+    fn build(
+        &self,
+        registered: &Registered<Self>,
+        input: Input<'_>,
+    ) -> std::result::Result<Compiled<Module>, BuildError> {
+        // A loaded module cannot give its cubin back: the link's is the one the disk keeps.
+        let (raw, cubin) = self.in_context(registered, || self.link(registered, input))?;
+        Ok(Compiled {
+            value: self.wrap(registered, raw),
+            weight: cubin.len() as u64,
+            bytes: Some(cubin),
+        })
+    }
+}
+
+impl Cuda {
+    fn wrap(&self, registered: &Registered<Self>, raw: CUmodule) -> Module {
         Module {
             raw,
             context: registered.handle() as CUcontext,
@@ -449,11 +365,11 @@ impl CudaCache {
     /// Runs `f` with the registered context current.
     fn in_context<T>(
         &self,
-        registered: &Registered,
+        registered: &Registered<Self>,
         f: impl FnOnce() -> std::result::Result<T, BuildError>,
     ) -> std::result::Result<T, BuildError> {
         let context = registered.handle() as CUcontext;
-        // SAFETY: the context was wrapped in a `Context` by the caller of `module`.
+        // SAFETY: the context was wrapped in a `Context` by the caller of the lookup.
         match unsafe { self.driver.scoped(context, f) } {
             Ok(done) => done,
             Err((what, code)) => Err(BuildError::new(
@@ -467,27 +383,27 @@ impl CudaCache {
     /// with the module's context current. Returns the module and the cubin.
     fn link(
         &self,
-        registered: &Registered,
+        registered: &Registered<Self>,
         input: Input<'_>,
-        options: &[JitOption],
     ) -> std::result::Result<(CUmodule, Vec<u8>), BuildError> {
-        let ptx = match input {
-            Input::Ptx(ptx) => Cow::Borrowed(ptx),
-            Input::Cuda {
+        let ptx = match input.source {
+            Source::Ptx(ptx) => Cow::Borrowed(ptx),
+            Source::Cuda {
                 source,
                 options,
                 nvrtc,
             } => {
-                self.bump(&self.counters.nvrtc_compiles);
+                bump(&self.counters.nvrtc_compiles);
                 let ptx =
                     compile_cuda(nvrtc, registered.info(), source, options).inspect_err(|_| {
-                        self.bump(&self.counters.nvrtc_failures);
+                        bump(&self.counters.nvrtc_failures);
                     })?;
                 Cow::Owned(ptx)
             }
         };
-        self.bump(&self.counters.links);
-        let raw_options: Vec<(c_uint, usize)> = options
+        bump(&self.counters.links);
+        let raw_options: Vec<(c_uint, usize)> = input
+            .options
             .iter()
             .map(|o| {
                 let (option, value) = o.raw();
@@ -498,7 +414,7 @@ impl CudaCache {
             .driver
             .link_ptx(&ptx, &raw_options)
             .map_err(|(code, log)| {
-                self.bump(&self.counters.link_failures);
+                bump(&self.counters.link_failures);
                 BuildError::new(code, log)
             })?;
         let raw = self
@@ -517,9 +433,130 @@ impl CudaCache {
             ),
         )
     }
+}
 
-    fn bump(&self, counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Cache of `CUmodule`s per (context, PTX, JIT options), backed by cubins on disk keyed by
+/// (device name, compute capability, driver version, options, PTX).
+///
+/// The caller owns its contexts. Before destroying one (or resetting a device's primary
+/// context), call [`CudaCache::evict_context`] (or [`CudaCache::evict_device`]): the modules
+/// are unloaded then, with their context current, or when the last lease on each drops.
+pub struct CudaCache {
+    cache: HandleCache<Cuda>,
+    nvrtc: OnceLock<Result<Arc<Nvrtc>>>,
+}
+
+impl CudaCache {
+    /// Fails with [`Error::Unavailable`] when no driver is given and none can be loaded.
+    pub fn new(options: CudaOptions) -> Result<CudaCache> {
+        let driver = match options.driver {
+            Some(driver) => driver,
+            None => Arc::new(Driver::load()?),
+        };
+        let runtime = Cuda {
+            driver,
+            counters: Counters::default(),
+        };
+        Ok(CudaCache {
+            cache: HandleCache::new(runtime, options.memory, options.disk),
+            nvrtc: match options.nvrtc {
+                Some(nvrtc) => OnceLock::from(Ok(nvrtc)),
+                None => OnceLock::new(),
+            },
+        })
+    }
+
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.cache.runtime().driver
+    }
+
+    /// NVRTC, loaded on first use; a failed load is remembered, not retried.
+    pub fn nvrtc(&self) -> Result<&Arc<Nvrtc>> {
+        self.nvrtc
+            .get_or_init(|| Nvrtc::load().map(Arc::new))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The calling thread's current context, `None` when there is none.
+    pub fn current_context(&self) -> Result<Option<Context>> {
+        let raw = self.driver().current_context()?;
+        // SAFETY: the driver reports it as current, hence live; the lifetime obligation is the
+        // caller's, as documented on the cache.
+        Ok(unsafe { Context::from_raw(raw) })
+    }
+
+    /// The module for `ptx` linked with `options` in `context` (`None`: the calling thread's
+    /// current context): from memory, else from a disk cubin, else linked from the PTX.
+    /// Concurrent callers of one missing module share one link.
+    ///
+    /// A PTX or link error is [`Error::Build`] with the `CUresult` as its code and the JIT
+    /// error log as its message. A module built for a context that is evicted concurrently
+    /// comes back as [`Error::DeviceDestroyed`].
+    pub fn find_or_build_ptx(
+        &self,
+        context: Option<Context>,
+        ptx: &[u8],
+        options: &[JitOption],
+    ) -> Result<ModuleLease> {
+        if ptx.is_empty() {
+            return Err(Error::InvalidArgument("the PTX is empty".into()));
+        }
+        self.lookup(context, Source::Ptx(ptx), options)
+    }
+
+    /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` and
+    /// linked with `jit_options`; otherwise as [`CudaCache::find_or_build_ptx`]. Unless the
+    /// options name an architecture (`-arch` / `--gpu-architecture`), the PTX targets the
+    /// context's device. The NVRTC version is part of the disk key. Kernels are looked up by
+    /// their symbol name: declare them `extern "C"` to keep it unmangled.
+    ///
+    /// No NVRTC library: [`Error::Unavailable`]. A compile error: [`Error::Build`] with the
+    /// `nvrtcResult` as its code and the compiler log as its message.
+    pub fn find_or_build_source(
+        &self,
+        context: Option<Context>,
+        source: &str,
+        nvrtc_options: &[&str],
+        jit_options: &[JitOption],
+    ) -> Result<ModuleLease> {
+        if source.is_empty() {
+            return Err(Error::InvalidArgument("the CUDA source is empty".into()));
+        }
+        let nvrtc = self.nvrtc()?;
+        let source = Source::Cuda {
+            source,
+            options: nvrtc_options,
+            nvrtc,
+        };
+        self.lookup(context, source, jit_options)
+    }
+
+    fn lookup(
+        &self,
+        context: Option<Context>,
+        source: Source<'_>,
+        options: &[JitOption],
+    ) -> Result<ModuleLease> {
+        let context = match context {
+            Some(context) => context,
+            None => self.current_context()?.ok_or_else(|| {
+                Error::InvalidArgument(
+                    "no CUDA context is current on this thread and none was given".into(),
+                )
+            })?,
+        };
+        check_unique(options)?;
+        let input = Input {
+            context,
+            source,
+            options,
+        };
+        self.cache.find_or_build(context.raw() as usize, input)
     }
 
     /// Unlinks every module loaded in `context`; each is unloaded (with `context` current) now,
@@ -527,47 +564,44 @@ impl CudaCache {
     /// were unlinked.
     pub fn evict_context(&self, context: CUcontext) -> Result<usize> {
         let context = context as usize;
-        self.contexts
-            .evict(self.memory(), |r| r.handle() == context)
+        self.cache.evict(|r| r.handle() == context)
     }
 
     /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): for a
     /// primary-context reset or a device going away.
     pub fn evict_device(&self, device: CUdevice) -> Result<usize> {
-        self.contexts
-            .evict(self.memory(), |r| r.info().device == device)
+        self.cache.evict(|r| r.info().device == device)
     }
 
     /// Unlinks every module; each is unloaded when its last lease drops.
     pub fn clear(&self) -> Result<usize> {
-        self.memory().clear()
+        self.cache.clear()
     }
 
     pub fn len(&self) -> usize {
-        self.memory().len()
+        self.cache.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.memory().is_empty()
+        self.cache.is_empty()
     }
 
     pub fn stats(&self) -> CudaStats {
-        let c = &self.counters;
+        let c = &self.cache.runtime().counters;
         let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let tiers = self.tiered.stats();
+        let tiers = self.cache.stats();
         CudaStats {
-            memory: self.memory().stats(),
+            memory: tiers.memory,
             links: get(&c.links),
             link_failures: get(&c.link_failures),
-            cubin_loads: tiers.disk_hits,
-            cubins_rejected: tiers.load_failures,
-            // A cubin the driver refused was still found on disk.
-            disk_hits: tiers.disk_hits + tiers.load_failures,
-            disk_misses: tiers.disk_absent,
-            disk_errors: tiers.disk_errors + tiers.write_back_failures,
+            cubin_loads: tiers.loads,
+            cubins_rejected: tiers.rejected,
+            disk_hits: tiers.disk_hits,
+            disk_misses: tiers.disk_misses,
+            disk_errors: tiers.disk_errors,
             nvrtc_compiles: get(&c.nvrtc_compiles),
             nvrtc_failures: get(&c.nvrtc_failures),
-            disk: self.tiered.disk().map(|d| d.stats()).unwrap_or_default(),
+            disk: tiers.disk,
         }
     }
 }
@@ -605,33 +639,6 @@ fn compile_cuda(
     nvrtc.compile(source, &all)
 }
 
-/// The memory-tier key: the context's registration number, the kind of input, the JIT options
-/// in the caller's order (each a fixed 8 bytes, after a count), for CUDA C++ the NVRTC options
-/// (each length-prefixed, after a count), then the PTX or source text.
-fn memory_key(key: &mut Vec<u8>, id: DeviceId, input: Input<'_>, options: &[JitOption]) {
-    key.clear();
-    key.extend_from_slice(&id.to_le_bytes());
-    key.push(match input {
-        Input::Ptx(_) => 0,
-        Input::Cuda { .. } => 1,
-    });
-    key.extend_from_slice(&(options.len() as u64).to_le_bytes());
-    for option in options {
-        let (o, v) = option.raw();
-        key.extend_from_slice(&o.to_le_bytes());
-        key.extend_from_slice(&v.to_le_bytes());
-    }
-    match input {
-        Input::Ptx(ptx) => key.extend_from_slice(ptx),
-        Input::Cuda {
-            source, options, ..
-        } => {
-            append_strings(key, options);
-            key.extend_from_slice(source.as_bytes());
-        }
-    }
-}
-
 /// A count, then each string length-prefixed: no two lists encode alike.
 fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
     out.extend_from_slice(&(strings.len() as u64).to_le_bytes());
@@ -645,12 +652,7 @@ fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
 /// version, which is also the PTX compiler's; for CUDA C++ the NVRTC version) and what it was
 /// built from, but no handle, so it holds across processes and contexts. NVRTC options keep
 /// their order: `-I` search order and repeated `-D` depend on it.
-fn disk_key(
-    context: &ContextInfo,
-    driver_version: i32,
-    input: Input<'_>,
-    options: &[JitOption],
-) -> Result<Key> {
+fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Result<Key> {
     let mut builder = KeyBuilder::new();
     builder
         .backend("cuda")
@@ -660,11 +662,11 @@ fn disk_key(
             "compute_capability",
             format!("{}.{}", context.capability.0, context.capability.1),
         );
-    match input {
-        Input::Ptx(ptx) => {
+    match input.source {
+        Source::Ptx(ptx) => {
             builder.extra("input", "ptx").source(ptx);
         }
-        Input::Cuda {
+        Source::Cuda {
             source,
             options,
             nvrtc,
@@ -679,7 +681,7 @@ fn disk_key(
                 .source(source);
         }
     }
-    for option in options {
+    for option in input.options {
         let (o, v) = option.raw();
         builder.option(o.to_string(), v.to_string());
     }
