@@ -32,10 +32,14 @@ struct Setup {
 fn setup() -> Setup {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device"));
-    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let cache = VulkanCache::new(VulkanOptions {
+        vulkan: Some(vulkan),
+        ..VulkanOptions::default()
+    })
+    .unwrap();
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     let spec = spec(3);
-    drop(cache.pipeline(&device, &spec).unwrap());
+    drop(cache.find_or_build(&device, &spec).unwrap());
     Setup {
         gpu,
         cache,
@@ -45,11 +49,21 @@ fn setup() -> Setup {
 }
 
 fn hit(s: &Setup) {
-    black_box(s.cache.pipeline(&s.device, &s.spec).unwrap().pipeline());
+    black_box(
+        s.cache
+            .find_or_build(&s.device, &s.spec)
+            .unwrap()
+            .pipeline(),
+    );
 }
 
 fn spec_and_hit(s: &Setup) {
-    black_box(s.cache.pipeline(&s.device, &spec(3)).unwrap().pipeline());
+    black_box(
+        s.cache
+            .find_or_build(&s.device, &spec(3))
+            .unwrap()
+            .pipeline(),
+    );
 }
 
 fn create(s: &Setup) {

@@ -199,7 +199,11 @@ void main() {
 fn layouts_that_cover_the_shader_build_and_run_on_lavapipe() {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
-    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let cache = VulkanCache::new(VulkanOptions {
+        vulkan: Some(vulkan),
+        ..VulkanOptions::default()
+    })
+    .unwrap();
     let device = cache.register_owned_device(gpu.clone()).unwrap();
 
     // A binding only a function the entry point never calls uses is not required.
@@ -220,7 +224,7 @@ void main() {
 "#,
     );
     let spec = accepted(&words, &layout());
-    let lease = cache.pipeline(&device, &spec).unwrap();
+    let lease = cache.find_or_build(&device, &spec).unwrap();
     let out = gpu
         .dispatch(&lease, &input(), &5u32.to_ne_bytes(), 4)
         .unwrap();
@@ -233,7 +237,7 @@ void main() {
         push_constants: push(0, 16),
     };
     let spec = accepted(spirv(), &wider);
-    let lease = cache.pipeline(&device, &spec).unwrap();
+    let lease = cache.find_or_build(&device, &spec).unwrap();
     let out = gpu
         .dispatch(&lease, &input(), &3u32.to_ne_bytes(), 4)
         .unwrap();

@@ -21,8 +21,8 @@ use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, Pipeline, PipelineKey, PipelineSpec, PushConstantRange,
-    SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
+    DescriptorBinding, LayoutDesc, Pipeline, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
+    VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
 };
 
 /// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
@@ -50,7 +50,7 @@ pub struct kc_vulkan_lease {
 }
 
 impl LeaseHandle for kc_vulkan_lease {
-    type Key = PipelineKey;
+    type Key = Vec<u8>;
     type Value = Pipeline;
 }
 
@@ -227,14 +227,14 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
             )
         }?;
         let vulkan = match opts.get_instance_proc_addr {
-            None => Vulkan::load()?,
+            None => None,
             Some(f) => {
                 // SAFETY: on every platform Vulkan supports here, `VKAPI_CALL` is the C calling
                 // convention, dispatchable handles are pointers and `PFN_vkVoidFunction` is an
                 // optional function pointer, so the two types have one ABI.
                 let f: vk::PFN_vkGetInstanceProcAddr = unsafe { std::mem::transmute(f) };
                 // SAFETY: the caller vouches for the function by contract.
-                unsafe { Vulkan::from_get_instance_proc_addr(f) }?
+                Some(unsafe { Vulkan::from_get_instance_proc_addr(f) }?)
             }
         };
         // SAFETY: `disk_dir` is NULL or a C string by contract.
@@ -251,7 +251,11 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
                 },
             )
         }?;
-        let inner = VulkanCache::new(vulkan, VulkanOptions { memory, disk });
+        let inner = VulkanCache::new(VulkanOptions {
+            memory,
+            disk,
+            vulkan,
+        })?;
         // SAFETY: `out_cache` is non-NULL and writable by contract.
         unsafe { write_boxed(out_cache, kc_vulkan_cache { inner }) };
         Ok(())
@@ -475,7 +479,7 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
             )
         };
         non_null(out_lease, "out_lease")?;
-        let lease = cache.inner.pipeline(&device.inner, &spec.inner)?;
+        let lease = cache.inner.find_or_build(&device.inner, &spec.inner)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
