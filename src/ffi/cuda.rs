@@ -16,14 +16,14 @@
 //!
 //! kc_cuda_jit_option jit[] = { { 0 /* CU_JIT_MAX_REGISTERS */, 32 } };
 //! kc_cuda_lease *lease;
-//! kc_status s = kc_cuda_get_module(cache, ctx, ptx_text, 0, jit, 1, &lease);
+//! kc_status s = kc_cuda_cache_find_or_build_ptx(cache, ctx, ptx_text, 0, jit, 1, &lease);
 //! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // the JIT log on BUILD_FAILED
 //! CUfunction saxpy;
 //! kc_cuda_lease_function(lease, "saxpy", (void **)&saxpy);
 //! cuLaunchKernel(saxpy, ...);                     // valid until the lease is released
 //! kc_cuda_lease_release(lease);
 //!
-//! kc_cuda_evict_context(cache, ctx, NULL);        // before cuCtxDestroy(ctx)
+//! kc_cuda_cache_evict_context(cache, ctx, NULL);        // before cuCtxDestroy(ctx)
 //! kc_cuda_cache_free(cache);
 //! ```
 
@@ -80,7 +80,7 @@ pub struct kc_cuda_options {
     pub disk_dir: *const c_char,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
-    /// The NVRTC library for `kc_cuda_get_module_cuda`; NULL: loaded on its first call from
+    /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first call from
     /// `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
     /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
     pub nvrtc_library: *const c_char,
@@ -111,12 +111,11 @@ pub struct kc_cuda_jit_option {
     pub value: u32,
 }
 
-/// Counters of a CUDA cache (`kc_cuda_statistics` in C, where the name `kc_cuda_stats`
-/// belongs to the function). Set `struct_size` to `sizeof(kc_cuda_statistics)` first.
+/// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct kc_cuda_stats {
-    /// In: size of the caller's struct: `sizeof(kc_cuda_statistics)`, or the smaller size of
+pub struct kc_cuda_cache_statistics {
+    /// In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
     /// an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
@@ -259,10 +258,10 @@ pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
 ///
 /// # Safety
 /// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-/// with `kc_cuda_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
+/// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
 /// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_get_module(
+pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
     cache: *mut kc_cuda_cache,
     context: *mut c_void,
     ptx: *const c_char,
@@ -310,7 +309,7 @@ unsafe fn jit_options(
 }
 
 /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-/// context's device unless they name an architecture), then as `kc_cuda_get_module`. Kernels
+/// context's device unless they name an architecture), then as `kc_cuda_cache_find_or_build_ptx`. Kernels
 /// are found by symbol name: declare them `extern "C"`.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
@@ -319,11 +318,11 @@ unsafe fn jit_options(
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
 ///
 /// # Safety
-/// As `kc_cuda_get_module`, with `source` in place of `ptx`, and `nvrtc_options` holding
+/// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options` holding
 /// `nvrtc_option_count` C strings.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)] // One C call; a struct would only move the same fields.
-pub unsafe extern "C" fn kc_cuda_get_module_cuda(
+pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
     cache: *mut kc_cuda_cache,
     context: *mut c_void,
     source: *const c_char,
@@ -438,7 +437,7 @@ pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
 /// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
 /// live when it has modules.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_evict_context(
+pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     cache: *mut kc_cuda_cache,
     context: *mut c_void,
     out_count: *mut usize,
@@ -458,9 +457,9 @@ pub unsafe extern "C" fn kc_cuda_evict_context(
 /// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
 ///
 /// # Safety
-/// As `kc_cuda_evict_context`.
+/// As `kc_cuda_cache_evict_context`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_evict_device(
+pub unsafe extern "C" fn kc_cuda_cache_evict_device(
     cache: *mut kc_cuda_cache,
     device: c_int,
     out_count: *mut usize,
@@ -481,7 +480,7 @@ pub unsafe extern "C" fn kc_cuda_evict_device(
 /// # Safety
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_clear(cache: *mut kc_cuda_cache) -> kc_status {
+pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         unsafe { live(cache, "cache") }?.inner.clear().map(drop)
@@ -507,18 +506,18 @@ pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_statistics`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_stats(
+pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
-    out: *mut kc_cuda_stats,
+    out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         let s = unsafe { live(cache, "cache") }?.inner.stats();
         non_null(out, "out")?;
-        let stats = kc_cuda_stats {
-            struct_size: size_of::<kc_cuda_stats>(),
+        let stats = kc_cuda_cache_statistics {
+            struct_size: size_of::<kc_cuda_cache_statistics>(),
             memory: s.memory.into(),
             links: s.links,
             link_failures: s.link_failures,
@@ -532,8 +531,16 @@ pub unsafe extern "C" fn kc_cuda_stats(
             disk: s.disk.into(),
         };
         // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_cuda_stats, disk);
+        let size = offset_of!(kc_cuda_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_cuda_statistics", size) }
+        unsafe { write_sized(out, stats, "out", "kc_cuda_cache_statistics", size) }
     })
+}
+
+/// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
+/// `libcuda.so.1`): `KC_OK`, or `KC_ERR_UNAVAILABLE` with the reason in
+/// `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_cuda_available() -> kc_status {
+    guard(|| crate::backend::cuda::Driver::load().map(drop))
 }

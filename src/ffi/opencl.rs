@@ -15,7 +15,7 @@
 //! const char *sources[] = { "__kernel void twice(__global float *x)"
 //!                           "{ x[get_global_id(0)] *= 2.0f; }" };
 //! kc_opencl_lease *lease;
-//! kc_status s = kc_opencl_get_program(cache, context, device, sources, NULL, 1, "", &lease);
+//! kc_status s = kc_opencl_cache_find_or_build(cache, context, device, sources, NULL, 1, "", &lease);
 //! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // a build log on BUILD_FAILED
 //! cl_program program = (cl_program)kc_opencl_lease_program(lease);
 //! cl_kernel kernel = clCreateKernel(program, "twice", &err);
@@ -23,7 +23,7 @@
 //! clReleaseKernel(kernel);
 //! kc_opencl_lease_release(lease);
 //!
-//! kc_opencl_evict_context(cache, context, NULL);  // before clReleaseContext(context)
+//! kc_opencl_cache_evict_context(cache, context, NULL);  // before clReleaseContext(context)
 //! kc_opencl_cache_free(cache);
 //! ```
 //!
@@ -94,11 +94,11 @@ pub struct kc_opencl_options {
 /// stay valid, and get no key and no key requirement (the environment's still apply).
 const OPTIONS_MIN_SIZE: usize = offset_of!(kc_opencl_options, disk_key);
 
-/// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
+/// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct kc_opencl_stats {
-    /// In: size of the caller's struct: `sizeof(kc_opencl_stats)`, or the smaller size of an
+pub struct kc_opencl_cache_statistics {
+    /// In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller size of an
     /// older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
@@ -217,7 +217,7 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 /// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
 /// `options` must be NULL or a C string; `out_lease` must be writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_get_program(
+pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     cache: *mut kc_opencl_cache,
     context: *mut c_void,
     device: *mut c_void,
@@ -311,7 +311,7 @@ pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
 /// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
 /// compared, never called: it may already be released.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_evict_device(
+pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     cache: *mut kc_opencl_cache,
     device: *mut c_void,
     out_count: *mut usize,
@@ -333,9 +333,9 @@ pub unsafe extern "C" fn kc_opencl_evict_device(
 /// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
-/// As `kc_opencl_evict_device`.
+/// As `kc_opencl_cache_evict_device`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_evict_context(
+pub unsafe extern "C" fn kc_opencl_cache_evict_context(
     cache: *mut kc_opencl_cache,
     context: *mut c_void,
     out_count: *mut usize,
@@ -356,7 +356,7 @@ pub unsafe extern "C" fn kc_opencl_evict_context(
 /// # Safety
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_clear(cache: *mut kc_opencl_cache) -> kc_status {
+pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         unsafe { live(cache, "cache") }?.inner.clear().map(drop)
@@ -366,18 +366,18 @@ pub unsafe extern "C" fn kc_opencl_clear(cache: *mut kc_opencl_cache) -> kc_stat
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_stats`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
-    out: *mut kc_opencl_stats,
+    out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         let s = unsafe { live(cache, "cache") }?.inner.stats();
         non_null(out, "out")?;
-        let stats = kc_opencl_stats {
-            struct_size: size_of::<kc_opencl_stats>(),
+        let stats = kc_opencl_cache_statistics {
+            struct_size: size_of::<kc_opencl_cache_statistics>(),
             memory: s.memory.into(),
             source_builds: s.source_builds,
             binary_loads: s.binary_loads,
@@ -388,9 +388,9 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
             disk: s.disk.into(),
         };
         // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_opencl_stats, disk);
+        let size = offset_of!(kc_opencl_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_opencl_stats", size) }
+        unsafe { write_sized(out, stats, "out", "kc_opencl_cache_statistics", size) }
     })
 }
 

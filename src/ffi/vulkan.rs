@@ -31,8 +31,8 @@ pub struct kc_vulkan_cache {
     inner: VulkanCache,
 }
 
-/// A `VkDevice` registered with a cache, from `kc_vulkan_register_device` until
-/// `kc_vulkan_unregister_device`.
+/// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` until
+/// `kc_vulkan_cache_unregister_device`.
 pub struct kc_vulkan_device {
     inner: VulkanDevice,
 }
@@ -144,11 +144,11 @@ pub struct kc_vulkan_pipeline_desc {
     pub push_constant_size: u32,
 }
 
-/// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_stats)` first.
+/// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct kc_vulkan_stats {
-    /// In: size of the caller's struct: `sizeof(kc_vulkan_stats)`, or the smaller size of an
+pub struct kc_vulkan_cache_statistics {
+    /// In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller size of an
     /// older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
@@ -266,7 +266,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
 /// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
 /// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
 /// the others at their last release. No other call on `cache` may run during or after this
-/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_unregister_device`
+/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
 /// afterwards, which then just frees them. NULL is a no-op.
 ///
 /// # Safety
@@ -287,7 +287,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
 /// outlive the registration and every lease of the device's pipelines; `out_device` must be
 /// writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_register_device(
+pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     cache: *mut kc_vulkan_cache,
     instance: *mut c_void,
     physical_device: *mut c_void,
@@ -326,7 +326,7 @@ pub unsafe extern "C" fn kc_vulkan_register_device(
 /// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 /// unregistered; `out_still_leased` must be NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_unregister_device(
+pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
     cache: *mut kc_vulkan_cache,
     device: *mut kc_vulkan_device,
     out_still_leased: *mut u64,
@@ -335,7 +335,7 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
         if device.is_null() {
             return Ok(());
         }
-        // SAFETY: the caller hands over the handle it got from `kc_vulkan_register_device`.
+        // SAFETY: the caller hands over the handle it got from `kc_vulkan_cache_register_device`.
         let device = unsafe { Box::from_raw(device) }.inner;
         if device.is_retired() {
             return Ok(());
@@ -349,6 +349,20 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
     })
 }
 
+/// Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
+/// released. Devices stay registered and their pipeline caches (and the data on disk) keep
+/// what the driver stored, so rebuilding is cheaper than the first build.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> kc_status {
+    guard(|| {
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
+    })
+}
+
 /// Writes the device's pipeline-cache data to disk now if pipelines were created since the
 /// last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
 /// says whether it wrote. Without a disk tier it writes nothing and succeeds.
@@ -356,7 +370,7 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
 /// # Safety
 /// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_flush(
+pub unsafe extern "C" fn kc_vulkan_cache_flush(
     cache: *mut kc_vulkan_cache,
     device: *const kc_vulkan_device,
     out_written: *mut bool,
@@ -463,7 +477,7 @@ pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
 /// `cache`, `device` and `spec` must be live, the device registered with this cache;
 /// `out_lease` must be writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_get_pipeline(
+pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     cache: *mut kc_vulkan_cache,
     device: *const kc_vulkan_device,
     spec: *const kc_vulkan_spec,
@@ -489,7 +503,7 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
 /// The pipeline behind a lease pointer, or `None` (recorded as a NULL argument).
 ///
 /// # Safety
-/// `lease` must be NULL or a lease from `kc_vulkan_get_pipeline` not yet released.
+/// `lease` must be NULL or a lease from `kc_vulkan_cache_find_or_build` not yet released.
 unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
     // SAFETY: forwarded from the caller's contract.
     unsafe { lease_entry_or_null(lease) }.map(|entry| entry.value())
@@ -563,18 +577,18 @@ pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_stats`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
-    out: *mut kc_vulkan_stats,
+    out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         let s = unsafe { live(cache, "cache") }?.inner.stats();
         non_null(out, "out")?;
-        let stats = kc_vulkan_stats {
-            struct_size: size_of::<kc_vulkan_stats>(),
+        let stats = kc_vulkan_cache_statistics {
+            struct_size: size_of::<kc_vulkan_cache_statistics>(),
             memory: s.memory.into(),
             pipelines_created: s.pipelines_created,
             pipelines_destroyed: s.pipelines_destroyed,
@@ -588,9 +602,9 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
             disk: s.disk.into(),
         };
         // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_vulkan_stats, disk);
+        let size = offset_of!(kc_vulkan_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_vulkan_stats", size) }
+        unsafe { write_sized(out, stats, "out", "kc_vulkan_cache_statistics", size) }
     })
 }
 
