@@ -1,9 +1,14 @@
 //! The Vulkan loader's entry points, through ash: `libvulkan.so.1` opened at run time, another
-//! loader by path, or a `vkGetInstanceProcAddr` the caller already has. A loader that cannot
+//! loader by path, or a `vkGetInstanceProcAddr` the caller already has. ash opens the library
+//! itself (it resolves the whole API lazily, through the loader), so only its errors take the
+//! shape of [`RuntimeLibrary`](crate::backend::library::RuntimeLibrary)'s: a loader that cannot
 //! be had is [`Error::Unavailable`], as for every backend's runtime.
+
+use std::path::Path;
 
 use ash::vk;
 
+use crate::backend::library::cannot_load;
 use crate::{Error, Result};
 
 /// The Vulkan loader's entry points.
@@ -17,11 +22,8 @@ impl Vulkan {
     pub fn load() -> Result<Self> {
         // SAFETY: opening the loader runs its library initialisers, which the loader supports
         // being opened at any time; the entry keeps the library loaded while it lives.
-        let entry = unsafe { ash::Entry::load() }.map_err(|e| {
-            Error::Unavailable(format!(
-                "cannot load the Vulkan loader (libvulkan.so.1): {e}"
-            ))
-        })?;
+        let entry = unsafe { ash::Entry::load() }
+            .map_err(|e| cannot_load("Vulkan loader", Path::new("libvulkan.so.1"), e))?;
         Ok(Self { entry })
     }
 
@@ -29,12 +31,8 @@ impl Vulkan {
     pub fn load_from(path: impl AsRef<std::ffi::OsStr>) -> Result<Self> {
         let path = path.as_ref();
         // SAFETY: as for `load`; the caller names a Vulkan loader.
-        let entry = unsafe { ash::Entry::load_from(path) }.map_err(|e| {
-            Error::Unavailable(format!(
-                "cannot load the Vulkan loader {}: {e}",
-                path.to_string_lossy()
-            ))
-        })?;
+        let entry = unsafe { ash::Entry::load_from(path) }
+            .map_err(|e| cannot_load("Vulkan loader", Path::new(path), e))?;
         Ok(Self { entry })
     }
 
