@@ -35,10 +35,10 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry,
-    lease_entry_or_null, lease_into_raw, live, optional_path, read_grown, release_lease,
-    write_boxed, write_optional, write_sized,
+    LeaseHandle, c_str, elements, free_boxed, lease_entry, lease_entry_or_null, lease_into_raw,
+    live, optional_path, release_lease, write_optional, write_sized,
 };
+use super::backend_common::{backend_handles, evict_by, new_cache, with_cache};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
@@ -96,9 +96,12 @@ pub struct kc_cuda_options {
     pub disk_require_key: bool,
 }
 
-/// The first layout of `kc_cuda_options` ended before `disk_key`: callers compiled against it
-/// stay valid, and get no key and no key requirement (the environment's still apply).
-const OPTIONS_MIN_SIZE: usize = offset_of!(kc_cuda_options, disk_key);
+backend_handles!(
+    kc_cuda_options,
+    kc_cuda_options_default,
+    kc_cuda_cache,
+    CudaCache
+);
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
 /// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
@@ -176,24 +179,7 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
     opts: *const kc_cuda_options,
     out_cache: *mut *mut kc_cuda_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
-        // listed bools is an integer, a raw pointer or an optional function pointer.
-        let opts = unsafe {
-            read_grown(
-                opts,
-                "opts",
-                "kc_cuda_options",
-                OPTIONS_MIN_SIZE,
-                kc_cuda_options_default(),
-                &[
-                    offset_of!(kc_cuda_options, use_disk),
-                    offset_of!(kc_cuda_options, disk_require_key),
-                ],
-            )
-        }?;
+    let make = |opts: &kc_cuda_options, memory, disk| {
         // SAFETY: C strings or NULL by contract.
         let library = unsafe { optional_path(opts.driver_library, "driver_library") }?;
         let driver = match library {
@@ -207,30 +193,16 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
             Some(path) => Some(Arc::new(Nvrtc::load_from(&path)?)),
             None => None,
         };
-        // SAFETY: `disk_dir` is NULL or a C string by contract.
-        let (memory, disk) = unsafe {
-            backend_tiers(
-                opts.max_entries,
-                opts.max_weight,
-                BackendDisk {
-                    use_disk: opts.use_disk,
-                    dir: opts.disk_dir,
-                    key: opts.disk_key,
-                    key_len: opts.disk_key_len,
-                    require_key: opts.disk_require_key,
-                },
-            )
-        }?;
         let inner = CudaCache::new(CudaOptions {
             memory,
             disk,
             driver: Some(Arc::new(driver)),
             nvrtc,
         })?;
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_cuda_cache { inner }) };
-        Ok(())
-    })
+        Ok(kc_cuda_cache { inner })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { new_cache(opts, out_cache, make) }
 }
 
 /// Frees the cache: modules no lease holds are unloaded now (each with its context current),
@@ -442,15 +414,9 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     context: *mut c_void,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(context, "context")?;
-        let count = cache.evict_context(context)?;
-        // SAFETY: NULL or writable by contract.
-        unsafe { write_optional(out_count, count) };
-        Ok(())
-    })
+    let evict = |cache: &CudaCache, context| cache.evict_context(context);
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { evict_by(cache, context, "context", out_count, evict) }
 }
 
 /// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
@@ -464,15 +430,14 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_device(
     device: c_int,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let count = unsafe { live(cache, "cache") }?
-            .inner
-            .evict_device(device)?;
+    let evict = |cache: &CudaCache| {
+        let count = cache.evict_device(device)?;
         // SAFETY: NULL or writable by contract.
         unsafe { write_optional(out_count, count) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, evict) }
 }
 
 /// Unlinks every module (the disk keeps its cubins).
@@ -481,10 +446,8 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_device(
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
 }
 
 /// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
@@ -512,9 +475,8 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
     out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let s = unsafe { live(cache, "cache") }?.inner.stats();
+    let fill = |cache: &CudaCache| {
+        let s = cache.stats();
         non_null(out, "out")?;
         let stats = kc_cuda_cache_statistics {
             struct_size: size_of::<kc_cuda_cache_statistics>(),
@@ -534,7 +496,9 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
         let size = offset_of!(kc_cuda_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_cuda_cache_statistics", size) }
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
 }
 
 /// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else

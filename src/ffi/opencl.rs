@@ -36,9 +36,10 @@ use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
-    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry_or_null,
-    lease_into_raw, live, read_grown, release_lease, write_boxed, write_optional, write_sized,
+    LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
+    release_lease, write_sized,
 };
+use super::backend_common::{backend_handles, evict_by, new_cache, with_cache};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
@@ -90,9 +91,12 @@ pub struct kc_opencl_options {
     pub disk_require_key: bool,
 }
 
-/// The first layout of `kc_opencl_options` ended before `disk_key`: callers compiled against it
-/// stay valid, and get no key and no key requirement (the environment's still apply).
-const OPTIONS_MIN_SIZE: usize = offset_of!(kc_opencl_options, disk_key);
+backend_handles!(
+    kc_opencl_options,
+    kc_opencl_options_default,
+    kc_opencl_cache,
+    OpenClCache
+);
 
 /// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
 #[repr(C)]
@@ -150,43 +154,13 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
     out_cache: *mut *mut kc_opencl_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
-        // listed bools is an integer, a raw pointer or an optional function pointer.
-        let opts = unsafe {
-            read_grown(
-                opts,
-                "opts",
-                "kc_opencl_options",
-                OPTIONS_MIN_SIZE,
-                kc_opencl_options_default(),
-                &[
-                    offset_of!(kc_opencl_options, use_disk),
-                    offset_of!(kc_opencl_options, disk_require_key),
-                ],
-            )
-        }?;
-        // SAFETY: `disk_dir` is NULL or a C string by contract.
-        let (memory, disk) = unsafe {
-            backend_tiers(
-                opts.max_entries,
-                opts.max_weight,
-                BackendDisk {
-                    use_disk: opts.use_disk,
-                    dir: opts.disk_dir,
-                    key: opts.disk_key,
-                    key_len: opts.disk_key_len,
-                    require_key: opts.disk_require_key,
-                },
-            )
-        }?;
-        let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_opencl_cache { inner }) };
-        Ok(())
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        new_cache(opts, out_cache, |_, memory, disk| {
+            let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
+            Ok(kc_opencl_cache { inner })
+        })
+    }
 }
 
 /// Frees the cache: programs no lease holds are released now, the others when their last
@@ -316,16 +290,12 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     device: *mut c_void,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(device, "device")?;
+    let evict = |cache: &OpenClCache, device| {
         // SAFETY: eviction only compares the handle with the ones lookups registered.
-        let count = cache.evict_device(unsafe { Device::from_raw(device) })?;
-        // SAFETY: NULL or writable by contract.
-        unsafe { write_optional(out_count, count) };
-        Ok(())
-    })
+        cache.evict_device(unsafe { Device::from_raw(device) })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { evict_by(cache, device, "device", out_count, evict) }
 }
 
 /// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
@@ -340,15 +310,9 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_context(
     context: *mut c_void,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(context, "context")?;
-        let count = cache.evict_context(context)?;
-        // SAFETY: NULL or writable by contract.
-        unsafe { write_optional(out_count, count) };
-        Ok(())
-    })
+    let evict = |cache: &OpenClCache, context| cache.evict_context(context);
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { evict_by(cache, context, "context", out_count, evict) }
 }
 
 /// Unlinks every program (the disk keeps its binaries).
@@ -357,10 +321,8 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_context(
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
@@ -372,9 +334,8 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let s = unsafe { live(cache, "cache") }?.inner.stats();
+    let fill = |cache: &OpenClCache| {
+        let s = cache.stats();
         non_null(out, "out")?;
         let stats = kc_opencl_cache_statistics {
             struct_size: size_of::<kc_opencl_cache_statistics>(),
@@ -391,7 +352,9 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
         let size = offset_of!(kc_opencl_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_opencl_cache_statistics", size) }
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
 }
 
 /// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the

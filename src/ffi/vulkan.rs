@@ -13,10 +13,10 @@ use std::ptr;
 use ash::vk::{self, Handle};
 
 use super::args::{
-    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry_or_null,
-    lease_into_raw, live, read_grown, read_sized, release_lease, write_boxed, write_optional,
-    write_sized,
+    LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
+    read_sized, release_lease, write_boxed, write_optional, write_sized,
 };
+use super::backend_common::{backend_handles, new_cache, with_cache};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
@@ -94,9 +94,12 @@ pub struct kc_vulkan_options {
     pub disk_require_key: bool,
 }
 
-/// The first layout of `kc_vulkan_options` ended before `disk_key`: callers compiled against it
-/// stay valid, and get no key and no key requirement (the environment's still apply).
-const OPTIONS_MIN_SIZE: usize = offset_of!(kc_vulkan_options, disk_key);
+backend_handles!(
+    kc_vulkan_options,
+    kc_vulkan_options_default,
+    kc_vulkan_cache,
+    VulkanCache
+);
 
 /// One descriptor binding of the pipeline layout, visible to the compute stage.
 #[repr(C)]
@@ -208,24 +211,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
     out_cache: *mut *mut kc_vulkan_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
-        // listed bools is an integer, a raw pointer or an optional function pointer.
-        let opts = unsafe {
-            read_grown(
-                opts,
-                "opts",
-                "kc_vulkan_options",
-                OPTIONS_MIN_SIZE,
-                kc_vulkan_options_default(),
-                &[
-                    offset_of!(kc_vulkan_options, use_disk),
-                    offset_of!(kc_vulkan_options, disk_require_key),
-                ],
-            )
-        }?;
+    let make = |opts: &kc_vulkan_options, memory, disk| {
         let vulkan = match opts.get_instance_proc_addr {
             None => None,
             Some(f) => {
@@ -237,29 +223,15 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
                 Some(unsafe { Vulkan::from_get_instance_proc_addr(f) }?)
             }
         };
-        // SAFETY: `disk_dir` is NULL or a C string by contract.
-        let (memory, disk) = unsafe {
-            backend_tiers(
-                opts.max_entries,
-                opts.max_weight,
-                BackendDisk {
-                    use_disk: opts.use_disk,
-                    dir: opts.disk_dir,
-                    key: opts.disk_key,
-                    key_len: opts.disk_key_len,
-                    require_key: opts.disk_require_key,
-                },
-            )
-        }?;
         let inner = VulkanCache::new(VulkanOptions {
             memory,
             disk,
             vulkan,
         })?;
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_vulkan_cache { inner }) };
-        Ok(())
-    })
+        Ok(kc_vulkan_cache { inner })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { new_cache(opts, out_cache, make) }
 }
 
 /// Frees the cache. Every device still registered has its pipeline-cache data written back
@@ -357,10 +329,8 @@ pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
 }
 
 /// Writes the device's pipeline-cache data to disk now if pipelines were created since the
@@ -583,9 +553,8 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let s = unsafe { live(cache, "cache") }?.inner.stats();
+    let fill = |cache: &VulkanCache| {
+        let s = cache.stats();
         non_null(out, "out")?;
         let stats = kc_vulkan_cache_statistics {
             struct_size: size_of::<kc_vulkan_cache_statistics>(),
@@ -605,7 +574,9 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
         let size = offset_of!(kc_vulkan_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_vulkan_cache_statistics", size) }
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
 }
 
 /// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
