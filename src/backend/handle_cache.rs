@@ -268,6 +268,28 @@ impl<R: Runtime> HandleCache<R> {
     }
 }
 
+/// The calls every backend cache (a struct whose skeleton is its `cache` field) answers the
+/// same way, written once for all of them.
+macro_rules! common_calls {
+    () => {
+        /// Unlinks every entry (the disk keeps its data); each is destroyed now, or when its
+        /// last lease is released. Returns how many were unlinked.
+        pub fn clear(&self) -> $crate::Result<usize> {
+            self.cache.clear()
+        }
+
+        /// Entries in memory now.
+        pub fn len(&self) -> usize {
+            self.cache.len()
+        }
+
+        pub fn is_empty(&self) -> bool {
+            self.cache.is_empty()
+        }
+    };
+}
+pub(crate) use common_calls;
+
 /// The memory key: the registration's number stands for the handle, then the runtime's part.
 fn memory_key<R: Runtime>(key: &mut Vec<u8>, registered: &Registered<R>, input: R::Input<'_>) {
     key.clear();

@@ -8,7 +8,9 @@ use std::sync::{Arc, OnceLock};
 
 use super::driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
 use super::nvrtc::Nvrtc;
-use crate::backend::handle_cache::{Compiled, Destroy, HandleCache, Registered, Runtime};
+use crate::backend::handle_cache::{
+    Compiled, Destroy, HandleCache, Registered, Runtime, common_calls,
+};
 use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::{Key, KeyBuilder};
@@ -573,18 +575,7 @@ impl CudaCache {
         self.cache.evict(|r| r.info().device == device)
     }
 
-    /// Unlinks every module; each is unloaded when its last lease drops.
-    pub fn clear(&self) -> Result<usize> {
-        self.cache.clear()
-    }
-
-    pub fn len(&self) -> usize {
-        self.cache.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-    }
+    common_calls!();
 
     pub fn stats(&self) -> CudaStats {
         let c = &self.cache.runtime().counters;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
-use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime};
+use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
 use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
@@ -181,19 +181,7 @@ impl OpenClCache {
         self.cache.evict(|r| r.handle().0 == context)
     }
 
-    /// Unlinks every program; each is released when its last lease is.
-    pub fn clear(&self) -> Result<usize> {
-        self.cache.clear()
-    }
-
-    /// Programs in memory now.
-    pub fn len(&self) -> usize {
-        self.cache.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-    }
+    common_calls!();
 
     pub fn stats(&self) -> OpenClStats {
         let tiers = self.cache.stats();

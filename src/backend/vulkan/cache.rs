@@ -14,7 +14,7 @@ use super::persistence;
 use super::pipeline::{self, Pipeline};
 use super::spec::PipelineSpec;
 use super::stats::{Counters, VulkanStats};
-use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime};
+use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
 use crate::disk::DiskCache;
 use crate::key::Key;
 use crate::memory::{Lease, Options};
@@ -279,20 +279,8 @@ impl VulkanCache {
         flushed.map(|_| ())
     }
 
-    /// Unlinks every pipeline of every device; each is destroyed now, or when its last lease
-    /// is released. The devices stay registered. Returns how many were unlinked.
-    pub fn clear(&self) -> Result<usize> {
-        self.cache.clear()
-    }
-
-    /// Pipelines in the memory tier, all devices together.
-    pub fn len(&self) -> usize {
-        self.cache.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
-    }
+    // `clear` leaves the devices registered, with their pipeline caches.
+    common_calls!();
 
     pub fn stats(&self) -> VulkanStats {
         let disk = self.disk.as_ref().map(|d| d.stats()).unwrap_or_default();
