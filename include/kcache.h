@@ -257,8 +257,8 @@ typedef struct kc_cuda_options {
   const char *disk_dir;
   // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
   const char *driver_library;
-  // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first call from
-  // `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
+  // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
+  // call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
   // `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
   const char *nvrtc_library;
   // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
@@ -475,8 +475,8 @@ typedef struct kc_opencl_options {
 
 // Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
 typedef struct kc_opencl_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller size of an
-  // older header's struct without `disk`. Out: bytes written.
+  // In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
+  // size of an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -577,8 +577,8 @@ typedef struct kc_vulkan_pipeline_desc {
 
 // Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
 typedef struct kc_vulkan_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller size of an
-  // older header's struct without `disk`. Out: bytes written.
+  // In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
+  // size of an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -773,8 +773,9 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                struct kc_cuda_lease **out_lease);
 
 // The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-// context's device unless they name an architecture), then as `kc_cuda_cache_find_or_build_ptx`. Kernels
-// are found by symbol name: declare them `extern "C"`.
+// context's device unless they name an architecture), then as
+// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+// `extern "C"`.
 //
 // `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
@@ -782,8 +783,8 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
 // `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
 //
 // # Safety
-// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options` holding
-// `nvrtc_option_count` C strings.
+// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
+// holding `nvrtc_option_count` C strings.
 enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
                                                   void *context,
                                                   const char *source,

@@ -108,12 +108,14 @@ int main(int argc, char **argv) {
     kc_opencl_cache_free(NULL);
 
     /* Cold, then a memory hit: the same program, compiled once. */
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, NULL, &lease) == KC_OK);
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, NULL, &lease) ==
+          KC_OK);
     void *program = kc_opencl_lease_program(lease);
     CHECK(program != NULL && run_add_one(context, queue, program));
     kc_opencl_lease *again = NULL;
     size_t length = strlen(SOURCE);
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, &length, 1, "", &again) == KC_OK);
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, &length, 1, "", &again) ==
+          KC_OK);
     CHECK(kc_opencl_lease_program(again) == program);
     kc_opencl_cache_statistics s = stats_of(cache);
     CHECK(s.source_builds == 1 && s.memory.hits == 1 && s.disk_misses == 1);
@@ -152,7 +154,8 @@ int main(int argc, char **argv) {
 
     /* A new cache on the same directory (as a new process would) loads the binary from disk. */
     CHECK(kc_opencl_cache_new(&opts, &cache) == KC_OK);
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) == KC_OK);
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) ==
+          KC_OK);
     CHECK(run_add_one(context, queue, kc_opencl_lease_program(lease)));
     s = stats_of(cache);
     CHECK(s.source_builds == 0 && s.binary_loads == 1 && s.disk_hits == 1);

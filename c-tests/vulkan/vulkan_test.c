@@ -246,7 +246,8 @@ int main(int argc, char **argv) {
     kc_vulkan_device *dev = NULL;
     EXPECT(kc_vulkan_cache_register_device(cache, g.instance, NULL, g.device, &dev) ==
            KC_ERR_INVALID_ARGUMENT);
-    REQUIRE(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &dev) == KC_OK);
+    REQUIRE(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &dev) ==
+            KC_OK);
     kc_vulkan_device *twice = NULL;
     EXPECT(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &twice) ==
            KC_ERR_INVALID_ARGUMENT);

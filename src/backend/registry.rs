@@ -1,5 +1,5 @@
-//! Caller-owned handles (an OpenCL (context, device) pair, a CUDA context) under the
-//! [`DeviceId`] the memory tier records and evicts their entries by.
+//! Caller-owned handles (an OpenCL (context, device) pair, a CUDA context, a `VkDevice`) under
+//! the [`DeviceId`] the memory tier records and evicts their entries by.
 //!
 //! A handle gets a fresh number each time it is registered: a context that was evicted and is
 //! used again, or a new context at a reused address, can never hit the old one's entries.
@@ -121,8 +121,8 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
         Ok(Arc::clone(row))
     }
 
-    /// Registers `handle` with `info`, which the caller prepared; `None` when `handle` is
-    /// registered already (`info` is handed back untouched for the caller to dispose of).
+    /// Registers `handle` with `info`, which the caller prepared; `Err(info)` when `handle` is
+    /// registered already, handed back untouched for the caller to dispose of.
     pub fn register(&self, handle: H, info: T) -> std::result::Result<Arc<Registration<H, T>>, T> {
         let mut rows = self.write();
         if rows.contains_key(&handle) {

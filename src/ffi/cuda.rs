@@ -80,8 +80,8 @@ pub struct kc_cuda_options {
     pub disk_dir: *const c_char,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
-    /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first call from
-    /// `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
+    /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
+    /// call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
     /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
     pub nvrtc_library: *const c_char,
     /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
@@ -281,8 +281,9 @@ unsafe fn jit_options(
 }
 
 /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-/// context's device unless they name an architecture), then as `kc_cuda_cache_find_or_build_ptx`. Kernels
-/// are found by symbol name: declare them `extern "C"`.
+/// context's device unless they name an architecture), then as
+/// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+/// `extern "C"`.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 /// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
@@ -290,8 +291,8 @@ unsafe fn jit_options(
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
 ///
 /// # Safety
-/// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options` holding
-/// `nvrtc_option_count` C strings.
+/// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
+/// holding `nvrtc_option_count` C strings.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)] // One C call; a struct would only move the same fields.
 pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(

@@ -15,7 +15,8 @@
 //! const char *sources[] = { "__kernel void twice(__global float *x)"
 //!                           "{ x[get_global_id(0)] *= 2.0f; }" };
 //! kc_opencl_lease *lease;
-//! kc_status s = kc_opencl_cache_find_or_build(cache, context, device, sources, NULL, 1, "", &lease);
+//! kc_status s =
+//!     kc_opencl_cache_find_or_build(cache, context, device, sources, NULL, 1, "", &lease);
 //! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // a build log on BUILD_FAILED
 //! cl_program program = (cl_program)kc_opencl_lease_program(lease);
 //! cl_kernel kernel = clCreateKernel(program, "twice", &err);
@@ -102,8 +103,8 @@ backend_handles!(
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_opencl_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller size of an
-    /// older header's struct without `disk`. Out: bytes written.
+    /// In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
+    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,

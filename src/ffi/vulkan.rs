@@ -151,8 +151,8 @@ pub struct kc_vulkan_pipeline_desc {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_vulkan_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller size of an
-    /// older header's struct without `disk`. Out: bytes written.
+    /// In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
+    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,

@@ -1,5 +1,6 @@
 //! NVRTC, CUDA's run-time compiler, resolved at run time: CUDA C++ source in, PTX out. Optional:
-//! kcache only loads it for [`CudaCache::find_or_build_source`](super::CudaCache::find_or_build_source).
+//! kcache only loads it for
+//! [`CudaCache::find_or_build_source`](super::CudaCache::find_or_build_source).
 
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::path::{Path, PathBuf};
