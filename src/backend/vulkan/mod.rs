@@ -1,15 +1,15 @@
 //! Vulkan: cached compute `VkPipeline`s, with the device's `VkPipelineCache` data on disk.
 //!
 //! - **Runtime.** [`Vulkan::load`] opens `libvulkan.so.1` at run time (no link dependency; a
-//!   machine without a loader gets [`Error::Unavailable`]), or
+//!   machine without a loader gets [`Error::Unavailable`](crate::Error::Unavailable)), or
 //!   [`Vulkan::from_get_instance_proc_addr`] uses a loader the caller already has.
 //! - **Devices.** The caller keeps owning its `VkInstance`, `VkPhysicalDevice` and `VkDevice`
 //!   and registers the device with [`VulkanCache::register_device`]. kcache creates one
 //!   `VkPipelineCache` per registered device, seeded from the disk tier, and
 //!   [`VulkanCache::unregister_device`] (device teardown) writes it back, destroys it and
 //!   evicts every pipeline of that device.
-//! - **Pipelines.** [`VulkanCache::find_or_build`] returns a lease on a compute pipeline built from
-//!   a [`PipelineSpec`]: SPIR-V, entry point, specialization constants and a layout
+//! - **Pipelines.** [`VulkanCache::find_or_build`] returns a lease on a compute pipeline built
+//!   from a [`PipelineSpec`]: SPIR-V, entry point, specialization constants and a layout
 //!   *described by content* ([`LayoutDesc`]). kcache creates the descriptor-set layouts and the
 //!   pipeline layout itself (once per device and description) so that no key depends on a
 //!   handle value and a key can never name a pipeline built against a different layout than the
