@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use kcache::backend::vulkan::testing::TestGpu;
-use kcache::backend::vulkan::{PipelineSpec, VulkanCache, VulkanDevice, VulkanOptions};
-use vulkan_common::{spec, vulkan};
+use kcache::backend::vulkan::{PipelineSpec, VulkanCache, VulkanDevice};
+use vulkan_common::{cache, spec, vulkan};
 
 struct Setup {
     gpu: Arc<TestGpu>,
@@ -32,11 +32,7 @@ struct Setup {
 fn setup() -> Setup {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device"));
-    let cache = VulkanCache::new(VulkanOptions {
-        vulkan: Some(vulkan),
-        ..VulkanOptions::default()
-    })
-    .unwrap();
+    let cache = cache(vulkan);
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     let spec = spec(3);
     drop(cache.find_or_build(&device, &spec).unwrap());

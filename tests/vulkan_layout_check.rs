@@ -11,10 +11,9 @@ use ash::vk;
 use kcache::Error;
 use kcache::backend::vulkan::testing::TestGpu;
 use kcache::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, VulkanCache,
-    VulkanOptions,
+    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant,
 };
-use vulkan_common::{compile, expected, input, layout, spirv, vulkan};
+use vulkan_common::{cache, compile, expected, input, layout, spirv, vulkan};
 
 fn binding(binding: u32, descriptor_type: vk::DescriptorType, count: u32) -> DescriptorBinding {
     DescriptorBinding {
@@ -199,11 +198,7 @@ void main() {
 fn layouts_that_cover_the_shader_build_and_run_on_lavapipe() {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
-    let cache = VulkanCache::new(VulkanOptions {
-        vulkan: Some(vulkan),
-        ..VulkanOptions::default()
-    })
-    .unwrap();
+    let cache = cache(vulkan);
     let device = cache.register_owned_device(gpu.clone()).unwrap();
 
     // A binding only a function the entry point never calls uses is not required.

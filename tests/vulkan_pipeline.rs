@@ -7,19 +7,13 @@ use std::sync::{Arc, Barrier};
 
 use kcache::Error;
 use kcache::backend::vulkan::testing::TestGpu;
-use kcache::backend::vulkan::{
-    PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions,
-};
-use vulkan_common::{expected, input, layout, spec, spirv, vulkan};
+use kcache::backend::vulkan::{PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice};
+use vulkan_common::{cache, expected, input, layout, spec, spirv, vulkan};
 
 fn setup() -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
-    let cache = VulkanCache::new(VulkanOptions {
-        vulkan: Some(vulkan),
-        ..VulkanOptions::default()
-    })
-    .unwrap();
+    let cache = cache(vulkan);
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     (gpu, cache, device)
 }
@@ -196,11 +190,7 @@ fn a_missing_loader_is_unavailable() {
 #[test]
 fn a_device_is_used_only_with_the_cache_it_is_registered_with() {
     let (_gpu, cache, device) = setup();
-    let other = VulkanCache::new(VulkanOptions {
-        vulkan: Some(vulkan()),
-        ..VulkanOptions::default()
-    })
-    .unwrap();
+    let other = vulkan_common::cache(vulkan());
     assert!(matches!(
         other.find_or_build(&device, &spec(2)),
         Err(Error::InvalidArgument(_))
