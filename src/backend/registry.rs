@@ -179,3 +179,51 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
         taken
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::BuildError;
+    use crate::memory::Options;
+
+    fn memory() -> MemoryCache<Vec<u8>, u32> {
+        MemoryCache::new(Options::default(), |_| Ok(()))
+    }
+
+    #[test]
+    fn a_handle_registered_twice_hands_the_second_description_back() {
+        let registry: Registry<u64, &str> = Registry::default();
+        let first = registry.register(7, "first").ok().unwrap();
+        assert_eq!(*first.info(), "first");
+        assert_eq!(registry.register(7, "second").err(), Some("second"));
+    }
+
+    #[test]
+    fn a_taken_registration_is_evicted_and_its_lookups_fail_as_device_destroyed() {
+        let registry: Registry<u64, ()> = Registry::default();
+        let memory = memory();
+        let row = registry.get_or_register(1, || Ok(())).unwrap();
+        let lease = memory
+            .find_or_build(b"k".as_slice(), Some(row.id()), || Ok((1, 1)))
+            .unwrap();
+        let taken = registry.take(|r| r.handle() == 1);
+        assert_eq!(taken.len(), 1);
+        assert!(row.is_evicted());
+        assert!(registry.probe(1, |_| Some(())).is_none());
+        // Installed after the sweep: unlinked by `confirm`.
+        assert!(matches!(
+            row.confirm(&memory, Ok(lease)),
+            Err(Error::DeviceDestroyed(id)) if id == row.id()
+        ));
+        assert_eq!(memory.len(), 0);
+        // A failed build for it says why the lookup failed: the device went away.
+        let failed = Err(Error::Build(BuildError::new(0, "unregistered")));
+        assert!(matches!(
+            row.confirm(&memory, failed),
+            Err(Error::DeviceDestroyed(_))
+        ));
+        // Registered again, the handle gets a fresh number.
+        let again = registry.get_or_register(1, || Ok(())).unwrap();
+        assert_ne!(again.id(), row.id());
+    }
+}
