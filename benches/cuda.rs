@@ -1,6 +1,6 @@
-//! The CUDA adapter's memory hit (`CudaCache::module` on a cached module) against its peer, a
-//! `Mutex<HashMap>` lookup of the same key bytes (context address + PTX), as a runtime without
-//! kcache would write it.
+//! The CUDA adapter's memory hit (`CudaCache::find_or_build_ptx` on a cached module) against
+//! its peer, a `Mutex<HashMap>` lookup of the same key bytes (context address + PTX), as a
+//! runtime without kcache would write it.
 //!
 //! No GPU is available in CI: the driver here is the test library `c-tests/cuda/fake_cuda.c`,
 //! which stands in for `libcuda.so.1`. A hit makes no driver call, so what is measured is
@@ -37,7 +37,7 @@ fn setup() -> Setup {
     let context = cache.current_context().unwrap();
     let raw: CUcontext = context.unwrap().raw();
     let module = cache
-        .module(context, SAXPY_PTX.as_bytes(), &[])
+        .find_or_build_ptx(context, SAXPY_PTX.as_bytes(), &[])
         .unwrap()
         .raw();
     let mut peer = HashMap::new();
@@ -59,7 +59,7 @@ fn peer_key(context: CUcontext) -> Vec<u8> {
 fn kcache_hit(s: &Setup) -> usize {
     let lease = s
         .cache
-        .module(s.context, black_box(SAXPY_PTX.as_bytes()), &[]);
+        .find_or_build_ptx(s.context, black_box(SAXPY_PTX.as_bytes()), &[]);
     lease.unwrap().raw() as usize
 }
 
@@ -74,7 +74,7 @@ fn peer_hit(s: &Setup, buf: &mut Vec<u8>) -> usize {
 fn hits(c: &mut Criterion) {
     let s = setup();
     let mut group = c.benchmark_group("cuda memory hit");
-    group.bench_function("kcache CudaCache::module", |b| b.iter(|| kcache_hit(&s)));
+    group.bench_function("kcache find_or_build_ptx", |b| b.iter(|| kcache_hit(&s)));
     let mut buf = Vec::new();
     group.bench_function("Mutex<HashMap> get", |b| b.iter(|| peer_hit(&s, &mut buf)));
     group.finish();
@@ -103,7 +103,7 @@ fn ratios() {
         "\nCUDA memory hit, {} bytes of PTX, one thread:",
         SAXPY_PTX.len()
     );
-    println!("  kcache CudaCache::module  {:>8.1?}", kcache);
+    println!("  kcache find_or_build_ptx  {:>8.1?}", kcache);
     println!("  Mutex<HashMap> get        {:>8.1?}", peer);
     println!(
         "  kcache / peer             {:>8.2}x",

@@ -17,11 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group};
-use kcache::backend::opencl::OpenClCache;
 use kcache::backend::opencl::runtime::{self, Context};
 use kcache::backend::opencl::sys::Api;
+use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache::memory::Options;
 
 const SOURCE: &str = r#"
 __kernel void nbody_step(__global float4 *pos, __global float4 *vel, float dt, int n) {
@@ -116,10 +115,14 @@ fn child(mode: Mode, iters: u64, dir: &Path) {
                 drop(program);
             }
             Mode::KcacheDisk => {
-                let cache = OpenClCache::new(Options::default(), Some(Arc::clone(&disk))).unwrap();
+                let cache = OpenClCache::new(OpenClOptions {
+                    disk: Some(Arc::clone(&disk)),
+                    ..OpenClOptions::default()
+                })
+                .unwrap();
                 let start = Instant::now();
                 let lease = cache
-                    .get_or_build(context.context(), device, &[SOURCE], "")
+                    .find_or_build(context.context(), device, &[SOURCE], "")
                     .unwrap();
                 total += start.elapsed();
                 assert_eq!(cache.stats().binary_loads, 1, "served from disk");
@@ -147,10 +150,14 @@ fn warm_dirs() -> Dirs {
     std::fs::create_dir(&dirs.pocl).unwrap();
     let context = Context::first_device().unwrap();
     let disk = DiskCache::open(DiskConfig::in_dir(&dirs.kcache)).unwrap();
-    let cache = OpenClCache::new(Options::default(), Some(Arc::new(disk))).unwrap();
+    let cache = OpenClCache::new(OpenClOptions {
+        disk: Some(Arc::new(disk)),
+        ..OpenClOptions::default()
+    })
+    .unwrap();
     drop(
         cache
-            .get_or_build(context.context(), context.device(), &[SOURCE], "")
+            .find_or_build(context.context(), context.device(), &[SOURCE], "")
             .unwrap(),
     );
     in_child(Mode::PoclHit, 1, &dirs);
@@ -190,7 +197,7 @@ impl MemoryHit {
     fn new() -> Self {
         let this = MemoryHit {
             context: Context::first_device().unwrap(),
-            cache: OpenClCache::new(Options::default(), None).unwrap(),
+            cache: OpenClCache::new(OpenClOptions::default()).unwrap(),
         };
         this.hit();
         this
@@ -199,7 +206,7 @@ impl MemoryHit {
     fn hit(&self) {
         let lease = self
             .cache
-            .get_or_build(self.context.context(), self.context.device(), &[SOURCE], "")
+            .find_or_build(self.context.context(), self.context.device(), &[SOURCE], "")
             .unwrap();
         black_box(lease.value().raw());
     }

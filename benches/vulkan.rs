@@ -18,11 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use kcache::backend::vulkan::{
-    LayoutDesc, PipelineSpec, SpecConstant, VulkanCache, VulkanDevice, VulkanOptions,
-};
+use kcache::backend::vulkan::{LayoutDesc, PipelineSpec, SpecConstant, VulkanCache, VulkanDevice};
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{layout, spec, spirv, vulkan};
+use vulkan_common::{cache, layout, spec, spirv, vulkan};
 
 struct Setup {
     gpu: Arc<TestGpu>,
@@ -37,10 +35,10 @@ struct Setup {
 fn setup() -> Setup {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new().expect("a Vulkan device"));
-    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let cache = cache(vulkan);
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     let spec = spec(3);
-    drop(cache.pipeline(&device, &spec).unwrap());
+    drop(cache.find_or_build(&device, &spec).unwrap());
     Setup {
         gpu,
         cache,
@@ -52,11 +50,21 @@ fn setup() -> Setup {
 }
 
 fn hit(s: &Setup) {
-    black_box(s.cache.pipeline(&s.device, &s.spec).unwrap().pipeline());
+    black_box(
+        s.cache
+            .find_or_build(&s.device, &s.spec)
+            .unwrap()
+            .pipeline(),
+    );
 }
 
 fn spec_and_hit(s: &Setup) {
-    black_box(s.cache.pipeline(&s.device, &spec(3)).unwrap().pipeline());
+    black_box(
+        s.cache
+            .find_or_build(&s.device, &spec(3))
+            .unwrap()
+            .pipeline(),
+    );
 }
 
 fn create(s: &Setup) {

@@ -15,9 +15,8 @@ use std::time::{Duration, Instant};
 
 use kcache::backend::opencl::runtime::{Context, DeviceIdentity};
 use kcache::backend::opencl::sys::Api;
-use kcache::backend::opencl::{OpenClCache, OpenClStats, Program};
+use kcache::backend::opencl::{OpenClCache, OpenClOptions, OpenClStats, Program};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache::memory::Options;
 use kcache_testkit::opencl::{KernelArg, run_kernel};
 
 const SOURCE: &str = r#"
@@ -58,7 +57,10 @@ fn main() -> ExitCode {
 
 fn open_cache(dir: &Path) -> Result<OpenClCache, Error> {
     let disk = DiskCache::open(DiskConfig::in_dir(dir))?;
-    Ok(OpenClCache::new(Options::default(), Some(Arc::new(disk)))?)
+    Ok(OpenClCache::new(OpenClOptions {
+        disk: Some(Arc::new(disk)),
+        ..OpenClOptions::default()
+    })?)
 }
 
 /// Runs the kernel on fixed inputs and compares every element with the CPU's product.
@@ -97,7 +99,7 @@ fn second_process(dir: &Path) -> Result<(), Error> {
     let context = Context::first_device()?;
     let cache = open_cache(dir)?;
     let start = Instant::now();
-    let lease = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
+    let lease = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
     let elapsed = start.elapsed();
     run_and_check(&context, lease.value())?;
     println!("time_ns={}", elapsed.as_nanos());
@@ -146,18 +148,18 @@ fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
 
     let cache = open_cache(&dir)?;
     let start = Instant::now();
-    let cold = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
+    let cold = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
     let cold_time = start.elapsed();
     run_and_check(&context, cold.value())?;
     drop(cold);
 
     let start = Instant::now();
     for _ in 0..HIT_LOOKUPS {
-        let hit = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
+        let hit = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
         std::hint::black_box(hit.value().raw());
     }
     let hit_time = start.elapsed() / HIT_LOOKUPS;
-    let hit = cache.get_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
+    let hit = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
     run_and_check(&context, hit.value())?;
     drop(hit);
     let first_stats = cache.stats();

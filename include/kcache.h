@@ -135,8 +135,8 @@ typedef struct kc_opencl_lease kc_opencl_lease;
 // `kc_vulkan_cache_free`.
 typedef struct kc_vulkan_cache kc_vulkan_cache;
 
-// A `VkDevice` registered with a cache, from `kc_vulkan_register_device` until
-// `kc_vulkan_unregister_device`.
+// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` until
+// `kc_vulkan_cache_unregister_device`.
 typedef struct kc_vulkan_device kc_vulkan_device;
 
 // A lease on a cached pipeline: the pipeline, its shader module and its layouts stay valid
@@ -257,8 +257,8 @@ typedef struct kc_cuda_options {
   const char *disk_dir;
   // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
   const char *driver_library;
-  // The NVRTC library for `kc_cuda_get_module_cuda`; NULL: loaded on its first call from
-  // `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
+  // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
+  // call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
   // `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
   const char *nvrtc_library;
   // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
@@ -319,10 +319,9 @@ typedef struct kc_disk_statistics {
   bool scan_complete;
 } kc_disk_statistics;
 
-// Counters of a CUDA cache (`kc_cuda_statistics` in C, where the name `kc_cuda_stats`
-// belongs to the function). Set `struct_size` to `sizeof(kc_cuda_statistics)` first.
-typedef struct kc_cuda_statistics {
-  // In: size of the caller's struct: `sizeof(kc_cuda_statistics)`, or the smaller size of
+// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
+typedef struct kc_cuda_cache_statistics {
+  // In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
   // an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
@@ -349,7 +348,7 @@ typedef struct kc_cuda_statistics {
   // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
   // caches counts for all of them.
   struct kc_disk_statistics disk;
-} kc_cuda_statistics;
+} kc_cuda_cache_statistics;
 
 // How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
 // come from the environment unless `ignore_env` is set, then from the defaults. In a
@@ -474,10 +473,10 @@ typedef struct kc_opencl_options {
   bool disk_require_key;
 } kc_opencl_options;
 
-// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
-typedef struct kc_opencl_stats {
-  // In: size of the caller's struct: `sizeof(kc_opencl_stats)`, or the smaller size of an
-  // older header's struct without `disk`. Out: bytes written.
+// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
+typedef struct kc_opencl_cache_statistics {
+  // In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
+  // size of an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -497,7 +496,7 @@ typedef struct kc_opencl_stats {
   // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
   // caches counts for all of them.
   struct kc_disk_statistics disk;
-} kc_opencl_stats;
+} kc_opencl_cache_statistics;
 
 // `PFN_vkVoidFunction` without `vulkan.h`.
 typedef void (*kc_vulkan_void_fn)(void);
@@ -576,10 +575,10 @@ typedef struct kc_vulkan_pipeline_desc {
   uint32_t push_constant_size;
 } kc_vulkan_pipeline_desc;
 
-// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_stats)` first.
-typedef struct kc_vulkan_stats {
-  // In: size of the caller's struct: `sizeof(kc_vulkan_stats)`, or the smaller size of an
-  // older header's struct without `disk`. Out: bytes written.
+// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
+typedef struct kc_vulkan_cache_statistics {
+  // In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
+  // size of an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -605,7 +604,7 @@ typedef struct kc_vulkan_stats {
   // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
   // caches counts for all of them.
   struct kc_disk_statistics disk;
-} kc_vulkan_stats;
+} kc_vulkan_cache_statistics;
 
 #ifdef __cplusplus
 extern "C" {
@@ -763,19 +762,20 @@ void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 //
 // # Safety
 // `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-// with `kc_cuda_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
+// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
 // NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
-enum kc_status kc_cuda_get_module(struct kc_cuda_cache *cache,
-                                  void *context,
-                                  const char *ptx,
-                                  size_t ptx_len,
-                                  const struct kc_cuda_jit_option *options,
-                                  size_t option_count,
-                                  struct kc_cuda_lease **out_lease);
+enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
+                                               void *context,
+                                               const char *ptx,
+                                               size_t ptx_len,
+                                               const struct kc_cuda_jit_option *options,
+                                               size_t option_count,
+                                               struct kc_cuda_lease **out_lease);
 
 // The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-// context's device unless they name an architecture), then as `kc_cuda_get_module`. Kernels
-// are found by symbol name: declare them `extern "C"`.
+// context's device unless they name an architecture), then as
+// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+// `extern "C"`.
 //
 // `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
@@ -783,17 +783,17 @@ enum kc_status kc_cuda_get_module(struct kc_cuda_cache *cache,
 // `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
 //
 // # Safety
-// As `kc_cuda_get_module`, with `source` in place of `ptx`, and `nvrtc_options` holding
-// `nvrtc_option_count` C strings.
-enum kc_status kc_cuda_get_module_cuda(struct kc_cuda_cache *cache,
-                                       void *context,
-                                       const char *source,
-                                       size_t source_len,
-                                       const char *const *nvrtc_options,
-                                       size_t nvrtc_option_count,
-                                       const struct kc_cuda_jit_option *jit_options,
-                                       size_t jit_option_count,
-                                       struct kc_cuda_lease **out_lease);
+// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
+// holding `nvrtc_option_count` C strings.
+enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
+                                                  void *context,
+                                                  const char *source,
+                                                  size_t source_len,
+                                                  const char *const *nvrtc_options,
+                                                  size_t nvrtc_option_count,
+                                                  const struct kc_cuda_jit_option *jit_options,
+                                                  size_t jit_option_count,
+                                                  struct kc_cuda_lease **out_lease);
 
 // The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
 //
@@ -833,20 +833,24 @@ void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 // # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
 // live when it has modules.
-enum kc_status kc_cuda_evict_context(struct kc_cuda_cache *cache, void *context, size_t *out_count);
+enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
+                                           void *context,
+                                           size_t *out_count);
 
 // Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
 // `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
 //
 // # Safety
-// As `kc_cuda_evict_context`.
-enum kc_status kc_cuda_evict_device(struct kc_cuda_cache *cache, int device, size_t *out_count);
+// As `kc_cuda_cache_evict_context`.
+enum kc_status kc_cuda_cache_evict_device(struct kc_cuda_cache *cache,
+                                          int device,
+                                          size_t *out_count);
 
 // Unlinks every module (the disk keeps its cubins).
 //
 // # Safety
 // `cache` must be a live cache.
-enum kc_status kc_cuda_clear(struct kc_cuda_cache *cache);
+enum kc_status kc_cuda_cache_clear(struct kc_cuda_cache *cache);
 
 // `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
 //
@@ -857,8 +861,14 @@ int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
 //
 // # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_cuda_statistics`.
-enum kc_status kc_cuda_stats(const struct kc_cuda_cache *cache, struct kc_cuda_statistics *out);
+// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
+enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
+                                   struct kc_cuda_cache_statistics *out);
+
+// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
+// `libcuda.so.1`): `KC_OK`, or `KC_ERR_UNAVAILABLE` with the reason in
+// `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
+enum kc_status kc_cuda_available(void);
 
 // Creates an empty key builder. `*out_builder` is written on success only.
 //
@@ -1103,14 +1113,14 @@ void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 // `context` and `device` must be live OpenCL handles, the device one of the context's;
 // `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
 // `options` must be NULL or a C string; `out_lease` must be writable.
-enum kc_status kc_opencl_get_program(struct kc_opencl_cache *cache,
-                                     void *context,
-                                     void *device,
-                                     const char *const *sources,
-                                     const size_t *lengths,
-                                     size_t count,
-                                     const char *options,
-                                     struct kc_opencl_lease **out_lease);
+enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
+                                             void *context,
+                                             void *device,
+                                             const char *const *sources,
+                                             const size_t *lengths,
+                                             size_t count,
+                                             const char *options,
+                                             struct kc_opencl_lease **out_lease);
 
 // The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
 //
@@ -1133,32 +1143,32 @@ void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 // # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
 // compared, never called: it may already be released.
-enum kc_status kc_opencl_evict_device(struct kc_opencl_cache *cache,
-                                      void *device,
-                                      size_t *out_count);
+enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
+                                            void *device,
+                                            size_t *out_count);
 
 // Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 // released now, or when their last lease is. `*out_count` (if not NULL) receives how many
 // were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
-// As `kc_opencl_evict_device`.
-enum kc_status kc_opencl_evict_context(struct kc_opencl_cache *cache,
-                                       void *context,
-                                       size_t *out_count);
+// As `kc_opencl_cache_evict_device`.
+enum kc_status kc_opencl_cache_evict_context(struct kc_opencl_cache *cache,
+                                             void *context,
+                                             size_t *out_count);
 
 // Unlinks every program (the disk keeps its binaries).
 //
 // # Safety
 // `cache` must be a live cache.
-enum kc_status kc_opencl_clear(struct kc_opencl_cache *cache);
+enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
 //
 // # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_opencl_stats`.
+// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
 enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
-                                     struct kc_opencl_stats *out);
+                                     struct kc_opencl_cache_statistics *out);
 
 // Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
 // reason in `kc_last_error_message()`.
@@ -1203,7 +1213,7 @@ enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
 // (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
 // free the cache before destroying those devices; pipelines no lease holds are destroyed now,
 // the others at their last release. No other call on `cache` may run during or after this
-// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_unregister_device`
+// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
 // afterwards, which then just frees them. NULL is a no-op.
 //
 // # Safety
@@ -1219,11 +1229,11 @@ void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 // instance, the device from the physical device), created through the cache's loader, and
 // outlive the registration and every lease of the device's pipelines; `out_device` must be
 // writable.
-enum kc_status kc_vulkan_register_device(struct kc_vulkan_cache *cache,
-                                         void *instance,
-                                         void *physical_device,
-                                         void *device,
-                                         struct kc_vulkan_device **out_device);
+enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
+                                               void *instance,
+                                               void *physical_device,
+                                               void *device,
+                                               struct kc_vulkan_device **out_device);
 
 // Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
 // destroys its `VkPipelineCache`, and evicts its pipelines (destroyed now, or at their last
@@ -1235,9 +1245,17 @@ enum kc_status kc_vulkan_register_device(struct kc_vulkan_cache *cache,
 // `cache` must be the live cache the device was registered with (or, once that cache is
 // freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 // unregistered; `out_still_leased` must be NULL or writable.
-enum kc_status kc_vulkan_unregister_device(struct kc_vulkan_cache *cache,
-                                           struct kc_vulkan_device *device,
-                                           uint64_t *out_still_leased);
+enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
+                                                 struct kc_vulkan_device *device,
+                                                 uint64_t *out_still_leased);
+
+// Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
+// released. Devices stay registered and their pipeline caches (and the data on disk) keep
+// what the driver stored, so rebuilding is cheaper than the first build.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 
 // Writes the device's pipeline-cache data to disk now if pipelines were created since the
 // last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
@@ -1245,9 +1263,9 @@ enum kc_status kc_vulkan_unregister_device(struct kc_vulkan_cache *cache,
 //
 // # Safety
 // `cache` and `device` must be live and belong together; `out_written` NULL or writable.
-enum kc_status kc_vulkan_flush(struct kc_vulkan_cache *cache,
-                               const struct kc_vulkan_device *device,
-                               bool *out_written);
+enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
+                                     const struct kc_vulkan_device *device,
+                                     bool *out_written);
 
 // Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
 // GLCompute entry point of that name, unique specialization ids, a compute-usable layout
@@ -1278,10 +1296,10 @@ void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
 // # Safety
 // `cache`, `device` and `spec` must be live, the device registered with this cache;
 // `out_lease` must be writable.
-enum kc_status kc_vulkan_get_pipeline(struct kc_vulkan_cache *cache,
-                                      const struct kc_vulkan_device *device,
-                                      const struct kc_vulkan_spec *spec,
-                                      struct kc_vulkan_lease **out_lease);
+enum kc_status kc_vulkan_cache_find_or_build(struct kc_vulkan_cache *cache,
+                                             const struct kc_vulkan_device *device,
+                                             const struct kc_vulkan_spec *spec,
+                                             struct kc_vulkan_lease **out_lease);
 
 // The leased `VkPipeline`; 0 if `lease` is NULL.
 //
@@ -1318,9 +1336,9 @@ void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
 //
 // # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_stats`.
+// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
-                                     struct kc_vulkan_stats *out);
+                                     struct kc_vulkan_cache_statistics *out);
 
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
 // with the reason in `kc_last_error_message()`.

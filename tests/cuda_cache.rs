@@ -46,7 +46,9 @@ fn cold_path_links_and_loads_once_then_hits() {
     let c0 = fake.create_context(0);
     let pops_before = fake.counter("ctx_pop"); // the one that unbound the new context
 
-    let lease = cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let lease = cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(fake.counter("link_create"), 1);
     assert_eq!(fake.counter("link_complete"), 1);
     assert_eq!(fake.counter("link_destroy"), 1);
@@ -60,7 +62,9 @@ fn cold_path_links_and_loads_once_then_hits() {
     assert!(!lease.function("saxpy").unwrap().is_null());
     assert!(matches!(lease.function("missing"), Err(Error::NotFound)));
 
-    let again = cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let again = cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(again.raw(), lease.raw());
     assert_eq!(fake.counter("link_create"), 1);
     assert_eq!(fake.counter("module_load"), 1);
@@ -87,7 +91,8 @@ fn warm_cache_in_the_same_process_loads_the_cubin_without_linking() {
     let c0 = fake.create_context(0);
     {
         let cold = cache(&fake, Some(disk(&dir)));
-        cold.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+        cold.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+            .unwrap();
     }
     assert_eq!(
         fake.counter("module_unload"),
@@ -95,7 +100,9 @@ fn warm_cache_in_the_same_process_loads_the_cubin_without_linking() {
         "dropping the cache unloads"
     );
     let warm = cache(&fake, Some(disk(&dir)));
-    let lease = warm.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let lease = warm
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert!(!lease.function("saxpy").unwrap().is_null());
     assert_eq!(
         fake.counter("link_create"),
@@ -141,7 +148,9 @@ fn warm_start_child() {
         *fake.get::<Counter>(b"fakecuda_counter").unwrap()
     };
     // The current context, as a caller that set one up would use it.
-    let lease = cache.module(None, SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let lease = cache
+        .find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(lease.context(), c0);
     assert!(!lease.function("saxpy").unwrap().is_null());
     let stats = cache.stats();
@@ -205,13 +214,15 @@ fn a_rejected_cubin_is_dropped_and_relinked() {
     let dir = tempfile::tempdir().unwrap();
     let c0 = fake.create_context(0);
     cache(&fake, Some(disk(&dir)))
-        .module(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
         .unwrap();
     assert_eq!(fake.counter("link_create"), 1);
 
     fake.reject_next_loads(1);
     let second = cache(&fake, Some(disk(&dir)));
-    let lease = second.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let lease = second
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert!(!lease.function("saxpy").unwrap().is_null());
     assert_eq!(fake.counter("module_load_rejected"), 1);
     assert_eq!(fake.counter("link_create"), 2, "relinked from the PTX");
@@ -230,7 +241,9 @@ fn a_rejected_cubin_is_dropped_and_relinked() {
 
     // The relinked cubin replaced the refused one.
     let third = cache(&fake, Some(disk(&dir)));
-    third.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    third
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(fake.counter("link_create"), 2);
     assert_eq!(third.stats().cubin_loads, 1);
 }
@@ -245,7 +258,11 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     let mut leases = Vec::new();
     for c in [c0, c1] {
         for ptx in ptxs {
-            leases.push(cache.module(ctx(c), ptx.as_bytes(), &[]).unwrap());
+            leases.push(
+                cache
+                    .find_or_build_ptx(ctx(c), ptx.as_bytes(), &[])
+                    .unwrap(),
+            );
         }
     }
     assert_eq!(fake.counter("module_load"), 4);
@@ -276,7 +293,9 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     unsafe { fake.set_current(std::ptr::null_mut()) };
 
     // An evicted context starts over: its modules are loaded again, not served stale.
-    cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(fake.counter("module_load"), 5);
     drop(cache);
     assert_eq!(fake.counter("module_unload"), 5);
@@ -305,7 +324,7 @@ fn eight_threads_on_one_cold_key_link_once() {
                 let context = c0; // the whole `Handle`, which is `Send`
                 barrier.wait();
                 let lease = cache
-                    .module(ctx(context.0), SAXPY_PTX.as_bytes(), &[])
+                    .find_or_build_ptx(ctx(context.0), SAXPY_PTX.as_bytes(), &[])
                     .unwrap();
                 Handle(lease.raw())
             })
@@ -334,19 +353,19 @@ fn jit_options_reach_the_linker_and_separate_entries() {
     let cache = cache(&fake, Some(disk(&dir)));
     let c0 = fake.create_context(0);
     let ptx = SAXPY_PTX.as_bytes();
-    let a = cache.module(ctx(c0), ptx, &[]).unwrap();
+    let a = cache.find_or_build_ptx(ctx(c0), ptx, &[]).unwrap();
     let b = cache
-        .module(ctx(c0), ptx, &[JitOption::MaxRegisters(32)])
+        .find_or_build_ptx(ctx(c0), ptx, &[JitOption::MaxRegisters(32)])
         .unwrap();
     assert_eq!(fake.counter("last_max_registers"), 32);
     assert_ne!(a.raw(), b.raw());
     let options = [JitOption::OptimizationLevel(3), JitOption::MaxRegisters(32)];
-    let c = cache.module(ctx(c0), ptx, &options).unwrap();
+    let c = cache.find_or_build_ptx(ctx(c0), ptx, &options).unwrap();
     assert_ne!(b.raw(), c.raw());
     assert_eq!(fake.counter("link_create"), 3);
     let twice = [JitOption::MaxRegisters(32), JitOption::MaxRegisters(64)];
     assert!(matches!(
-        cache.module(ctx(c0), ptx, &twice),
+        cache.find_or_build_ptx(ctx(c0), ptx, &twice),
         Err(Error::InvalidArgument(_))
     ));
     assert!(
@@ -366,15 +385,21 @@ fn a_device_of_another_capability_gets_its_own_cubin() {
     let cache = cache(&fake, Some(disk(&dir)));
     let c0 = fake.create_context(0); // compute capability 8.0
     let c1 = fake.create_context(1); // 9.0
-    cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
-    cache.module(ctx(c1), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    cache
+        .find_or_build_ptx(ctx(c1), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     // The fake refuses a cubin linked for another capability; none was offered.
     assert_eq!(fake.counter("module_load_failed"), 0);
     assert_eq!(fake.counter("link_create"), 2);
     assert_eq!(cache.stats().disk_misses, 2);
     // A second context on device 0 shares the disk cubin but not the module.
     let c2 = fake.create_context(0);
-    cache.module(ctx(c2), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    cache
+        .find_or_build_ptx(ctx(c2), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(fake.counter("link_create"), 2);
     assert_eq!(fake.counter("module_load"), 3);
 }
@@ -385,7 +410,7 @@ fn bad_ptx_is_a_build_error_with_the_jit_log() {
     let cache = cache(&fake, None);
     let c0 = fake.create_context(0);
     for _ in 0..2 {
-        match cache.module(ctx(c0), b"this is not PTX", &[]) {
+        match cache.find_or_build_ptx(ctx(c0), b"this is not PTX", &[]) {
             Err(Error::Build(e)) => {
                 assert_eq!(e.code, 218, "CUDA_ERROR_INVALID_PTX");
                 assert!(e.message.contains("ptxas fatal"), "{}", e.message);
@@ -403,7 +428,7 @@ fn bad_ptx_is_a_build_error_with_the_jit_log() {
     assert_eq!(cache.stats().link_failures, 2);
     assert!(cache.is_empty());
     assert!(matches!(
-        cache.module(ctx(c0), b"", &[]),
+        cache.find_or_build_ptx(ctx(c0), b"", &[]),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -413,20 +438,24 @@ fn the_current_context_is_used_when_none_is_given() {
     let fake = FakeDriver::new();
     let cache = cache(&fake, None);
     assert!(matches!(
-        cache.module(None, SAXPY_PTX.as_bytes(), &[]),
+        cache.find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[]),
         Err(Error::InvalidArgument(_))
     ));
     let c0 = fake.create_context(0);
     // SAFETY: made by `create_context` just above.
     unsafe { fake.set_current(c0) };
-    let lease = cache.module(None, SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let lease = cache
+        .find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(lease.context(), c0);
     assert_eq!(
         fake.counter("ctx_push"),
         0,
         "already current: no push needed"
     );
-    let same = cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    let same = cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     assert_eq!(same.raw(), lease.raw());
     assert_eq!(fake.current(), c0);
     // SAFETY: NULL unbinds.
@@ -444,7 +473,7 @@ fn a_module_linked_while_its_context_is_evicted_is_discarded_and_unloaded() {
         std::thread::spawn(move || {
             let context = c0;
             cache
-                .module(ctx(context.0), SAXPY_PTX.as_bytes(), &[])
+                .find_or_build_ptx(ctx(context.0), SAXPY_PTX.as_bytes(), &[])
                 .map(|lease| Handle(lease.raw()))
         })
     };
@@ -478,7 +507,8 @@ fn a_tampered_cubin_shows_in_the_disk_tier_counters() {
     let c0 = fake.create_context(0);
     {
         let cold = cache(&fake, Some(disk(&dir)));
-        cold.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+        cold.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+            .unwrap();
         let s = cold.stats();
         assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
     }
@@ -493,7 +523,8 @@ fn a_tampered_cubin_shows_in_the_disk_tier_counters() {
     std::fs::write(&entries[0], &bytes).unwrap();
 
     let warm = cache(&fake, Some(disk(&dir)));
-    warm.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
+    warm.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
     let s = warm.stats();
     assert_eq!((s.links, s.disk_misses, s.cubin_loads), (1, 1, 0));
     assert_eq!(s.disk.integrity_rejects, 1);

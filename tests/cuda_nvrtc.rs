@@ -37,7 +37,9 @@ fn cuda_source_is_compiled_for_the_device_once_then_cached() {
     let c0 = driver.create_context(0);
     let cache = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
 
-    let lease = cache.module_from_cuda(ctx(c0), SOURCE, &[], &[]).unwrap();
+    let lease = cache
+        .find_or_build_source(ctx(c0), SOURCE, &[], &[])
+        .unwrap();
     assert!(!lease.function("scale").unwrap().is_null());
     assert_eq!(nvrtc.compiles(), 1);
     assert_eq!(
@@ -47,22 +49,26 @@ fn cuda_source_is_compiled_for_the_device_once_then_cached() {
     );
     assert_eq!(driver.counter("link_complete"), 1);
 
-    let again = cache.module_from_cuda(ctx(c0), SOURCE, &[], &[]).unwrap();
+    let again = cache
+        .find_or_build_source(ctx(c0), SOURCE, &[], &[])
+        .unwrap();
     assert_eq!(again.raw(), lease.raw());
     assert_eq!(nvrtc.compiles(), 1);
 
     // The same text as PTX is another module: inputs of the two kinds never share an entry.
     assert!(matches!(
-        cache.module(ctx(c0), SOURCE.as_bytes(), &[]),
+        cache.find_or_build_ptx(ctx(c0), SOURCE.as_bytes(), &[]),
         Err(Error::Build(_))
     ));
 
     let c1 = driver.create_context(1);
-    cache.module_from_cuda(ctx(c1), SOURCE, &[], &[]).unwrap();
+    cache
+        .find_or_build_source(ctx(c1), SOURCE, &[], &[])
+        .unwrap();
     assert_eq!(nvrtc.last_arch(), "compute_90");
     // PTX for an older architecture is linked for the device, as the driver does.
     cache
-        .module_from_cuda(ctx(c1), SOURCE, &["-arch=compute_75"], &[])
+        .find_or_build_source(ctx(c1), SOURCE, &["-arch=compute_75"], &[])
         .unwrap();
     assert_eq!(
         nvrtc.last_arch(),
@@ -80,20 +86,20 @@ fn a_warm_start_skips_nvrtc_and_the_link_and_the_nvrtc_version_is_in_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let c0 = driver.create_context(0);
     cache(&driver, nvrtc.nvrtc(), Some(dir.path()))
-        .module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
+        .find_or_build_source(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
         .unwrap();
     assert_eq!((nvrtc.compiles(), driver.counter("link_complete")), (1, 1));
 
     let warm = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
     let lease = warm
-        .module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
+        .find_or_build_source(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
         .unwrap();
     assert!(!lease.function("scale").unwrap().is_null());
     assert_eq!((nvrtc.compiles(), driver.counter("link_complete")), (1, 1));
     assert_eq!(warm.stats().cubin_loads, 1);
 
     // Other options: another entry.
-    warm.module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=3"], &[])
+    warm.find_or_build_source(ctx(c0), SOURCE, &["-DSCALE=3"], &[])
         .unwrap();
     assert_eq!(nvrtc.compiles(), 2);
 
@@ -101,7 +107,7 @@ fn a_warm_start_skips_nvrtc_and_the_link_and_the_nvrtc_version_is_in_the_key() {
     nvrtc.set_version(12, 9);
     let upgraded = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
     upgraded
-        .module_from_cuda(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
+        .find_or_build_source(ctx(c0), SOURCE, &["-DSCALE=2"], &[])
         .unwrap();
     assert_eq!(nvrtc.compiles(), 3);
     assert_eq!(upgraded.stats().cubin_loads, 0);
@@ -112,7 +118,7 @@ fn a_compile_error_is_a_build_error_with_the_log() {
     let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
     let c0 = driver.create_context(0);
     let cache = cache(&driver, nvrtc.nvrtc(), None);
-    match cache.module_from_cuda(ctx(c0), "#error no\n", &[], &[]) {
+    match cache.find_or_build_source(ctx(c0), "#error no\n", &[], &[]) {
         Err(Error::Build(e)) => {
             assert_eq!(e.code, 6, "NVRTC_ERROR_COMPILATION");
             assert!(e.message.contains("#error directive"), "{}", e.message);

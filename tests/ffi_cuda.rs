@@ -42,14 +42,14 @@ fn new_cache(fake: &FakeDriver, disk: Option<&std::path::Path>) -> Cache {
     Cache(cache)
 }
 
-fn stats(cache: &Cache) -> kc_cuda_stats {
-    let mut out = kc_cuda_stats {
-        struct_size: size_of::<kc_cuda_stats>(),
-        ..kc_cuda_stats::default()
+fn stats(cache: &Cache) -> kc_cuda_cache_statistics {
+    let mut out = kc_cuda_cache_statistics {
+        struct_size: size_of::<kc_cuda_cache_statistics>(),
+        ..kc_cuda_cache_statistics::default()
     };
     // SAFETY: live cache, writable struct.
     assert_eq!(
-        unsafe { kc_cuda_stats(cache.0, &mut out) },
+        unsafe { kc_cuda_cache_stats(cache.0, &mut out) },
         kc_status::KC_OK
     );
     out
@@ -68,8 +68,9 @@ fn module_function_evict_release_through_the_c_api() {
     }];
     let mut lease = ptr::null_mut();
     // SAFETY: live cache and context, NUL-terminated PTX (length 0), one option.
-    let status =
-        unsafe { kc_cuda_get_module(cache.0, ctx, ptx.as_ptr(), 0, jit.as_ptr(), 1, &mut lease) };
+    let status = unsafe {
+        kc_cuda_cache_find_or_build_ptx(cache.0, ctx, ptx.as_ptr(), 0, jit.as_ptr(), 1, &mut lease)
+    };
     assert_eq!(status, kc_status::KC_OK, "{}", last_error());
     assert_eq!(fake.counter("last_max_registers"), 40);
 
@@ -94,7 +95,7 @@ fn module_function_evict_release_through_the_c_api() {
     let mut again = ptr::null_mut();
     // SAFETY: as above, explicit length.
     let status = unsafe {
-        kc_cuda_get_module(
+        kc_cuda_cache_find_or_build_ptx(
             cache.0,
             ctx,
             ptx.as_ptr(),
@@ -120,7 +121,7 @@ fn module_function_evict_release_through_the_c_api() {
 
     let mut count = 0usize;
     // SAFETY: live cache, writable count.
-    let status = unsafe { kc_cuda_evict_context(cache.0, ctx, &mut count) };
+    let status = unsafe { kc_cuda_cache_evict_context(cache.0, ctx, &mut count) };
     assert_eq!((status, count), (kc_status::KC_OK, 1));
     assert_eq!(fake.counter("module_unload"), 0, "still leased");
     // SAFETY: released once.
@@ -129,7 +130,7 @@ fn module_function_evict_release_through_the_c_api() {
     assert_eq!(fake.counter("unload_wrong_context"), 0);
     // SAFETY: live cache; NULL count is allowed.
     assert_eq!(
-        unsafe { kc_cuda_evict_device(cache.0, 0, ptr::null_mut()) },
+        unsafe { kc_cuda_cache_evict_device(cache.0, 0, ptr::null_mut()) },
         kc_status::KC_OK
     );
 }
@@ -143,7 +144,7 @@ fn failures_map_to_statuses() {
 
     // SAFETY: every call passes a live cache/context or deliberately NULL arguments.
     unsafe {
-        let status = kc_cuda_get_module(
+        let status = kc_cuda_cache_find_or_build_ptx(
             cache.0,
             ctx,
             c"not ptx".as_ptr(),
@@ -162,15 +163,39 @@ fn failures_map_to_statuses() {
             value: 0,
         }];
         let ptx = CString::new(SAXPY_PTX).unwrap();
-        let status = kc_cuda_get_module(cache.0, ctx, ptx.as_ptr(), 0, bad.as_ptr(), 1, &mut lease);
+        let status = kc_cuda_cache_find_or_build_ptx(
+            cache.0,
+            ctx,
+            ptx.as_ptr(),
+            0,
+            bad.as_ptr(),
+            1,
+            &mut lease,
+        );
         assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
-        let status = kc_cuda_get_module(cache.0, ctx, ptx.as_ptr(), 0, ptr::null(), 1, &mut lease);
+        let status = kc_cuda_cache_find_or_build_ptx(
+            cache.0,
+            ctx,
+            ptx.as_ptr(),
+            0,
+            ptr::null(),
+            1,
+            &mut lease,
+        );
         assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
-        let status = kc_cuda_get_module(cache.0, ctx, ptr::null(), 0, ptr::null(), 0, &mut lease);
+        let status = kc_cuda_cache_find_or_build_ptx(
+            cache.0,
+            ctx,
+            ptr::null(),
+            0,
+            ptr::null(),
+            0,
+            &mut lease,
+        );
         assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
         assert!(last_error().contains("ptx is NULL"), "{}", last_error());
         // No context given and none current.
-        let status = kc_cuda_get_module(
+        let status = kc_cuda_cache_find_or_build_ptx(
             cache.0,
             ptr::null_mut(),
             ptx.as_ptr(),
@@ -183,7 +208,7 @@ fn failures_map_to_statuses() {
         assert!(lease.is_null());
 
         assert_eq!(
-            kc_cuda_evict_context(ptr::null_mut(), ctx, ptr::null_mut()),
+            kc_cuda_cache_evict_context(ptr::null_mut(), ctx, ptr::null_mut()),
             kc_status::KC_ERR_INVALID_ARGUMENT
         );
         assert!(kc_cuda_lease_module(ptr::null()).is_null());
@@ -191,12 +216,12 @@ fn failures_map_to_statuses() {
         kc_cuda_lease_release(ptr::null_mut());
         kc_cuda_cache_free(ptr::null_mut());
 
-        let mut small = kc_cuda_stats {
+        let mut small = kc_cuda_cache_statistics {
             struct_size: 8,
-            ..kc_cuda_stats::default()
+            ..kc_cuda_cache_statistics::default()
         };
         assert_eq!(
-            kc_cuda_stats(cache.0, &mut small),
+            kc_cuda_cache_stats(cache.0, &mut small),
             kc_status::KC_ERR_INVALID_ARGUMENT
         );
     }
@@ -237,7 +262,7 @@ fn cuda_source_through_nvrtc() {
     let mut lease = ptr::null_mut();
     // SAFETY: live cache and context; NUL-terminated source; two option strings.
     unsafe {
-        let status = kc_cuda_get_module_cuda(
+        let status = kc_cuda_cache_find_or_build_source(
             cache.0,
             ctx,
             source.as_ptr(),
@@ -254,7 +279,7 @@ fn cuda_source_through_nvrtc() {
         assert_eq!(status, kc_status::KC_OK);
         kc_cuda_lease_release(lease);
 
-        let status = kc_cuda_get_module_cuda(
+        let status = kc_cuda_cache_find_or_build_source(
             cache.0,
             ctx,
             c"#error broken".as_ptr(),

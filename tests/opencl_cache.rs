@@ -57,7 +57,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
 
     let cache = cache_with_disk(dir.path());
     let cold = cache
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     check_saxpy(&context, cold.value());
     let s = stats(&cache);
@@ -65,7 +65,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
 
     let hit = cache
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     assert_eq!(hit.value().raw(), cold.value().raw());
     check_saxpy(&context, hit.value());
@@ -77,7 +77,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     // A new cache on the same directory stands for a new process: memory is empty.
     let fresh = cache_with_disk(dir.path());
     let from_disk = fresh
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     check_saxpy(&context, from_disk.value());
     let s = stats(&fresh);
@@ -88,7 +88,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     // while the memory tier keeps programs per context.
     let other = Context::new(context.device()).unwrap();
     let in_other = fresh
-        .get_or_build(other.context(), other.device(), &[&source], "")
+        .find_or_build(other.context(), other.device(), &[&source], "")
         .unwrap();
     assert_ne!(in_other.value().raw(), from_disk.value().raw());
     check_saxpy(&other, in_other.value());
@@ -104,15 +104,15 @@ fn options_and_source_split_are_part_of_the_key_the_way_the_driver_sees_them() {
     let source = saxpy("options");
     let (head, tail) = source.split_at(source.len() / 2);
     let whole = cache
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     // The driver concatenates source strings: the same text in two pieces is the same program.
     let split = cache
-        .get_or_build(context.context(), context.device(), &[head, tail], "")
+        .find_or_build(context.context(), context.device(), &[head, tail], "")
         .unwrap();
     assert_eq!(whole.value().raw(), split.value().raw());
     let optimised = cache
-        .get_or_build(
+        .find_or_build(
             context.context(),
             context.device(),
             &[&source],
@@ -133,7 +133,7 @@ fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
 
     let cache = cache_with_disk(dir.path());
     let lease = cache
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     check_saxpy(&context, lease.value());
     let s = stats(&cache);
@@ -148,7 +148,7 @@ fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
     // The rebuilt binary replaced the rejected one.
     let fresh = cache_with_disk(dir.path());
     let lease = fresh
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     check_saxpy(&context, lease.value());
     let s = stats(&fresh);
@@ -165,7 +165,7 @@ fn a_build_failure_carries_the_compiler_log_and_is_not_cached() {
     let broken = "__kernel void broken(__global float *y) { y[0] = undeclared_thing; }";
     for attempt in 1..=2u64 {
         let error = cache
-            .get_or_build(context.context(), context.device(), &[broken], "")
+            .find_or_build(context.context(), context.device(), &[broken], "")
             .unwrap_err();
         let Error::Build(build) = error else {
             panic!("expected a build error, got {error:?}")
@@ -188,7 +188,7 @@ fn build_and_pin(cache: &OpenClCache, context: &Context, tag: &str, count: usize
     (0..count)
         .map(|i| {
             let lease = cache
-                .get_or_build(
+                .find_or_build(
                     context.context(),
                     context.device(),
                     &[&saxpy(&format!("{tag}-{i}"))],
@@ -228,7 +228,7 @@ fn evicting_a_context_releases_each_of_its_programs_once() {
 
     // The context still works with the cache afterwards: a new program, built again.
     let again = cache
-        .get_or_build(
+        .find_or_build(
             first.context(),
             first.device(),
             &[&saxpy("evict-context-a-0")],
@@ -250,7 +250,7 @@ fn evicting_a_device_releases_its_programs_in_every_context_once() {
 
     // A lease held across the eviction keeps its program alive until it is released.
     let held = cache
-        .get_or_build(
+        .find_or_build(
             first.context(),
             first.device(),
             &[&saxpy("evict-device-a-0")],
@@ -286,7 +286,7 @@ fn eight_threads_on_one_cold_key_run_one_build() {
             std::thread::spawn(move || {
                 barrier.wait();
                 let lease = cache
-                    .get_or_build(context.context(), context.device(), &[&source], "")
+                    .find_or_build(context.context(), context.device(), &[&source], "")
                     .unwrap();
                 check_saxpy(&context, lease.value());
                 lease.value().raw() as usize
@@ -328,7 +328,7 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
     std::thread::scope(|s| {
         let building = s.spawn(|| {
             cache
-                .get_or_build(context.context(), context.device(), &[&source], &options)
+                .find_or_build(context.context(), context.device(), &[&source], &options)
                 .map(drop)
         });
         // Opening the pipe for writing returns once the compiler has opened it for reading.
@@ -354,7 +354,7 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
     std::fs::remove_file(&header).unwrap();
     std::fs::write(&header, "#define VALUE 1.5f\n").unwrap();
     let lease = cache
-        .get_or_build(context.context(), context.device(), &[&source], &options)
+        .find_or_build(context.context(), context.device(), &[&source], &options)
         .unwrap();
     let mut y = vec![0.0f32; 16];
     run_kernel(
@@ -376,7 +376,7 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
     let source = saxpy("tampered-binary");
     {
         let cold = cache_with_disk(dir.path());
-        cold.get_or_build(context.context(), context.device(), &[&source], "")
+        cold.find_or_build(context.context(), context.device(), &[&source], "")
             .unwrap();
         let s = stats(&cold);
         assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
@@ -390,7 +390,7 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
 
     let fresh = cache_with_disk(dir.path());
     let lease = fresh
-        .get_or_build(context.context(), context.device(), &[&source], "")
+        .find_or_build(context.context(), context.device(), &[&source], "")
         .unwrap();
     check_saxpy(&context, lease.value());
     let s = stats(&fresh);

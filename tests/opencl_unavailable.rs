@@ -6,12 +6,11 @@ use std::ffi::OsStr;
 use std::process::Command;
 
 use kcache::Error;
-use kcache::backend::opencl::OpenClCache;
 use kcache::backend::opencl::runtime::Context;
 use kcache::backend::opencl::sys::Api;
+use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::ffi::kc_status;
 use kcache::ffi::opencl::kc_opencl_available;
-use kcache::memory::Options;
 
 const MISSING: &str = "/nonexistent/libOpenCL.so.1";
 const CHILD: &str = "KCACHE_TEST_OPENCL_UNAVAILABLE_CHILD";
@@ -30,7 +29,7 @@ fn every_entry_point_is_unavailable_when_the_library_is_missing() {
         let unavailable = |r: Result<(), Error>| matches!(r, Err(Error::Unavailable(_)));
         assert!(unavailable(Api::get().map(drop)));
         assert!(unavailable(
-            OpenClCache::new(Options::default(), None).map(drop)
+            OpenClCache::new(OpenClOptions::default()).map(drop)
         ));
         assert!(unavailable(Context::first_device().map(drop)));
         assert_eq!(kc_opencl_available(), kc_status::KC_ERR_UNAVAILABLE);

@@ -25,19 +25,18 @@ fn fresh(dir: &Path) -> (Arc<TestGpu>, Arc<DiskCache>, VulkanCache, VulkanDevice
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
     let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
-    let cache = VulkanCache::new(
-        vulkan,
-        VulkanOptions {
-            disk: Some(disk.clone()),
-            ..VulkanOptions::default()
-        },
-    );
+    let cache = VulkanCache::new(VulkanOptions {
+        disk: Some(disk.clone()),
+        vulkan: Some(vulkan),
+        ..VulkanOptions::default()
+    })
+    .unwrap();
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     (gpu, disk, cache, device)
 }
 
 fn build_and_dispatch(gpu: &TestGpu, cache: &VulkanCache, device: &VulkanDevice, mul: u32) {
-    let lease = cache.pipeline(device, &spec(mul)).unwrap();
+    let lease = cache.find_or_build(device, &spec(mul)).unwrap();
     let out = gpu
         .dispatch(&lease, &input(), &9u32.to_ne_bytes(), 4)
         .unwrap();

@@ -10,11 +10,10 @@ use std::sync::Arc;
 use ash::vk;
 use kcache::Error;
 use kcache::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, VulkanCache,
-    VulkanOptions,
+    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant,
 };
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{compile, expected, input, layout, spirv, vulkan};
+use vulkan_common::{cache, compile, expected, input, layout, spirv, vulkan};
 
 fn binding(binding: u32, descriptor_type: vk::DescriptorType, count: u32) -> DescriptorBinding {
     DescriptorBinding {
@@ -199,7 +198,7 @@ void main() {
 fn layouts_that_cover_the_shader_build_and_run_on_lavapipe() {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
-    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let cache = cache(vulkan);
     let device = cache.register_owned_device(gpu.clone()).unwrap();
 
     // A binding only a function the entry point never calls uses is not required.
@@ -220,7 +219,7 @@ void main() {
 "#,
     );
     let spec = accepted(&words, &layout());
-    let lease = cache.pipeline(&device, &spec).unwrap();
+    let lease = cache.find_or_build(&device, &spec).unwrap();
     let out = gpu
         .dispatch(&lease, &input(), &5u32.to_ne_bytes(), 4)
         .unwrap();
@@ -233,7 +232,7 @@ void main() {
         push_constants: push(0, 16),
     };
     let spec = accepted(spirv(), &wider);
-    let lease = cache.pipeline(&device, &spec).unwrap();
+    let lease = cache.find_or_build(&device, &spec).unwrap();
     let out = gpu
         .dispatch(&lease, &input(), &3u32.to_ne_bytes(), 4)
         .unwrap();

@@ -6,16 +6,14 @@ mod vulkan_common;
 use std::sync::{Arc, Barrier};
 
 use kcache::Error;
-use kcache::backend::vulkan::{
-    PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions,
-};
+use kcache::backend::vulkan::{PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice};
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{expected, input, layout, spec, spirv, vulkan};
+use vulkan_common::{cache, expected, input, layout, spec, spirv, vulkan};
 
 fn setup() -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
-    let cache = VulkanCache::new(vulkan, VulkanOptions::default());
+    let cache = cache(vulkan);
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     (gpu, cache, device)
 }
@@ -25,7 +23,7 @@ fn cold_build_then_hit_each_dispatch_correctly() {
     let (gpu, cache, device) = setup();
     let triple = spec(3);
 
-    let cold = cache.pipeline(&device, &triple).unwrap();
+    let cold = cache.find_or_build(&device, &triple).unwrap();
     let s = cache.stats();
     assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
     assert_eq!(s.pipelines_created, 1);
@@ -34,7 +32,7 @@ fn cold_build_then_hit_each_dispatch_correctly() {
         .unwrap();
     assert_eq!(out, expected(3, 5));
 
-    let hit = cache.pipeline(&device, &triple).unwrap();
+    let hit = cache.find_or_build(&device, &triple).unwrap();
     let s = cache.stats();
     assert_eq!((s.memory.hits, s.memory.builds), (1, 1));
     assert_eq!(s.pipelines_created, 1);
@@ -45,7 +43,7 @@ fn cold_build_then_hit_each_dispatch_correctly() {
     assert_eq!(out, expected(3, 7));
 
     // Another specialization value is another pipeline; the layout is shared.
-    let quadruple = cache.pipeline(&device, &spec(4)).unwrap();
+    let quadruple = cache.find_or_build(&device, &spec(4)).unwrap();
     assert_ne!(quadruple.pipeline(), cold.pipeline());
     assert_eq!(quadruple.layout(), cold.layout());
     let out = gpu
@@ -90,9 +88,9 @@ fn malformed_spirv_is_a_clear_invalid_argument() {
 #[test]
 fn device_eviction_destroys_each_pipeline_exactly_once() {
     let (gpu, cache, device) = setup();
-    let held = cache.pipeline(&device, &spec(2)).unwrap();
-    drop(cache.pipeline(&device, &spec(3)).unwrap());
-    drop(cache.pipeline(&device, &spec(5)).unwrap());
+    let held = cache.find_or_build(&device, &spec(2)).unwrap();
+    drop(cache.find_or_build(&device, &spec(3)).unwrap());
+    drop(cache.find_or_build(&device, &spec(5)).unwrap());
     assert_eq!(device.live_pipelines(), 3);
 
     // Two idle pipelines go at once; the leased one survives until its release.
@@ -110,7 +108,7 @@ fn device_eviction_destroys_each_pipeline_exactly_once() {
 
     // The registration is gone: no new pipelines, no second teardown.
     assert!(matches!(
-        cache.pipeline(&device, &spec(2)),
+        cache.find_or_build(&device, &spec(2)),
         Err(Error::DeviceDestroyed(_))
     ));
     assert!(matches!(
@@ -133,7 +131,7 @@ fn eight_threads_on_one_cold_key_create_one_pipeline() {
                 (cache.clone(), device.clone(), spec.clone(), barrier.clone());
             std::thread::spawn(move || {
                 barrier.wait();
-                cache.pipeline(&device, &spec).map(|l| l.pipeline())
+                cache.find_or_build(&device, &spec).map(|l| l.pipeline())
             })
         })
         .collect();
@@ -147,7 +145,7 @@ fn eight_threads_on_one_cold_key_create_one_pipeline() {
     assert_eq!(s.pipelines_created, 1);
     assert_eq!(s.memory.hits + s.memory.waits + s.memory.misses, 8);
 
-    let lease = cache.pipeline(&device, &spec).unwrap();
+    let lease = cache.find_or_build(&device, &spec).unwrap();
     let out = gpu
         .dispatch(&lease, &input(), &2u32.to_ne_bytes(), 4)
         .unwrap();
@@ -163,7 +161,7 @@ fn layouts_and_limits_are_checked_against_the_device() {
     huge.push_constants.as_mut().unwrap().size = 1 << 20;
     let spec = PipelineSpec::new(spirv(), "main", &[SpecConstant::u32(0, 1)], &huge).unwrap();
     assert!(matches!(
-        cache.pipeline(&device, &spec),
+        cache.find_or_build(&device, &spec),
         Err(Error::InvalidArgument(_))
     ));
     // Set 0 covers the shader, so only the device's limit can refuse the other 999.
@@ -171,7 +169,7 @@ fn layouts_and_limits_are_checked_against_the_device() {
     too_many_sets.sets.resize(1000, Vec::new());
     let spec = PipelineSpec::new(spirv(), "main", &[], &too_many_sets).unwrap();
     assert!(matches!(
-        cache.pipeline(&device, &spec),
+        cache.find_or_build(&device, &spec),
         Err(Error::InvalidArgument(_))
     ));
     let again = cache.register_owned_device(gpu.clone());
@@ -192,9 +190,9 @@ fn a_missing_loader_is_unavailable() {
 #[test]
 fn a_device_is_used_only_with_the_cache_it_is_registered_with() {
     let (_gpu, cache, device) = setup();
-    let other = VulkanCache::new(vulkan(), VulkanOptions::default());
+    let other = vulkan_common::cache(vulkan());
     assert!(matches!(
-        other.pipeline(&device, &spec(2)),
+        other.find_or_build(&device, &spec(2)),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(

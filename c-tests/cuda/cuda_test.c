@@ -12,6 +12,8 @@
  * Usage: cuda_test FAKE_DRIVER_PATH DISK_DIR     the cold and warm paths
  *        cuda_test unavailable                   no driver: KC_ERR_UNAVAILABLE
  */
+#define _POSIX_C_SOURCE 200112L /* setenv */
+
 #include <kcache.h>
 
 #include <stdio.h>
@@ -49,8 +51,8 @@ static kc_cuda_cache *new_cache(const char *driver, const char *disk_dir) {
 }
 
 /* One lookup in a fresh cache; returns the statistics after it. */
-static kc_cuda_statistics lookup(const char *driver, const char *disk_dir, void *ctx) {
-    kc_cuda_statistics stats;
+static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir, void *ctx) {
+    kc_cuda_cache_statistics stats;
     kc_cuda_cache *cache = new_cache(driver, disk_dir);
     kc_cuda_lease *lease = NULL;
     void *function = NULL;
@@ -60,15 +62,15 @@ static kc_cuda_statistics lookup(const char *driver, const char *disk_dir, void 
     stats.struct_size = sizeof stats;
     if (!cache)
         return stats;
-    CHECK(kc_cuda_get_module(cache, ctx, PTX, 0, NULL, 0, &lease) == KC_OK);
+    CHECK(kc_cuda_cache_find_or_build_ptx(cache, ctx, PTX, 0, NULL, 0, &lease) == KC_OK);
     CHECK(lease != NULL && kc_cuda_lease_module(lease) != NULL);
     CHECK(kc_cuda_lease_context(lease) == ctx);
     CHECK(kc_cuda_lease_function(lease, "twice", &function) == KC_OK && function != NULL);
     CHECK(kc_cuda_lease_function(lease, "thrice", &function) == KC_ERR_NOT_FOUND);
-    CHECK(kc_cuda_stats(cache, &stats) == KC_OK);
-    CHECK(kc_cuda_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
+    CHECK(kc_cuda_cache_stats(cache, &stats) == KC_OK);
+    CHECK(kc_cuda_cache_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
     /* A NULL context is refused, not taken as "evict nothing", and the count is left alone. */
-    CHECK(kc_cuda_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(kc_cuda_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
     CHECK(evicted == 1);
     kc_cuda_lease_release(lease);
     kc_cuda_cache_free(cache);
@@ -83,6 +85,9 @@ int main(int argc, char **argv) {
         CHECK(kc_cuda_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
         CHECK(cache == NULL);
         CHECK(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
+        CHECK(setenv("KCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1) == 0);
+        CHECK(kc_cuda_available() == KC_ERR_UNAVAILABLE);
+        CHECK(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
         return failures ? 1 : 0;
     }
     if (argc != 3) {
@@ -91,14 +96,16 @@ int main(int argc, char **argv) {
     }
     const char *driver = argv[1], *disk_dir = argv[2];
     void *ctx = NULL, *popped = NULL;
+    CHECK(setenv("KCACHE_CUDA_LIBRARY", driver, 1) == 0);
+    CHECK(kc_cuda_available() == KC_OK);
     CHECK(cuInit(0) == 0);
     CHECK(cuCtxCreate_v2(&ctx, 0, 0) == 0 && cuCtxPopCurrent_v2(&popped) == 0 && popped == ctx);
 
-    kc_cuda_statistics cold = lookup(driver, disk_dir, ctx);
+    kc_cuda_cache_statistics cold = lookup(driver, disk_dir, ctx);
     CHECK(cold.links == 1 && cold.disk_misses == 1 && cold.cubin_loads == 0);
     CHECK(fakecuda_counter("link_complete") == 1);
 
-    kc_cuda_statistics warm = lookup(driver, disk_dir, ctx);
+    kc_cuda_cache_statistics warm = lookup(driver, disk_dir, ctx);
     CHECK(warm.links == 0 && warm.disk_hits == 1 && warm.cubin_loads == 1);
     CHECK(fakecuda_counter("link_complete") == 1);
     CHECK(fakecuda_counter("module_load") == 2);

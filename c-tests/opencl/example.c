@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
     for (int round = 0; round < 2 && !failed; round++) {
         kc_opencl_lease *lease;
         kc_status status =
-            kc_opencl_get_program(cache, context, device, &SOURCE, NULL, 1, "", &lease);
+            kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease);
         if (status != KC_OK) {
             /* On KC_ERR_BUILD_FAILED the message is the compiler's build log. */
             fprintf(stderr, "%s: %s\n", kc_status_name(status), kc_last_error_message());
@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
         kc_opencl_lease_release(lease);
     }
 
-    kc_opencl_stats stats = {.struct_size = sizeof stats};
+    kc_opencl_cache_statistics stats = {.struct_size = sizeof stats};
     if (!failed && kc_opencl_cache_stats(cache, &stats) == KC_OK) {
         printf("compiled from source: %llu, loaded from disk: %llu, memory hits: %llu\n",
                (unsigned long long)stats.source_builds,
@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
     }
 
     /* Programs hold their context: evict them before releasing it. */
-    kc_opencl_evict_context(cache, context, NULL);
+    kc_opencl_cache_evict_context(cache, context, NULL);
     kc_opencl_cache_free(cache);
     clReleaseCommandQueue(queue);
     clReleaseContext(context);

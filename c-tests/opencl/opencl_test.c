@@ -50,8 +50,8 @@ static cl_uint reference_count(void *program) {
     return count;
 }
 
-static kc_opencl_stats stats_of(kc_opencl_cache *cache) {
-    kc_opencl_stats stats = {.struct_size = sizeof stats};
+static kc_opencl_cache_statistics stats_of(kc_opencl_cache *cache) {
+    kc_opencl_cache_statistics stats = {.struct_size = sizeof stats};
     CHECK(kc_opencl_cache_stats(cache, &stats) == KC_OK);
     return stats;
 }
@@ -94,13 +94,13 @@ int main(int argc, char **argv) {
 
     /* Invalid arguments never crash and never write the out-parameter. */
     kc_opencl_lease *lease = NULL;
-    CHECK(kc_opencl_get_program(NULL, context, device, &SOURCE, NULL, 1, "", &lease) ==
+    CHECK(kc_opencl_cache_find_or_build(NULL, context, device, &SOURCE, NULL, 1, "", &lease) ==
           KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_get_program(cache, NULL, device, &SOURCE, NULL, 1, "", &lease) ==
+    CHECK(kc_opencl_cache_find_or_build(cache, NULL, device, &SOURCE, NULL, 1, "", &lease) ==
           KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_get_program(cache, context, device, NULL, NULL, 1, "", &lease) ==
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, NULL, NULL, 1, "", &lease) ==
           KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_get_program(cache, context, device, &SOURCE, NULL, 0, "", &lease) ==
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 0, "", &lease) ==
           KC_ERR_INVALID_ARGUMENT);
     CHECK(lease == NULL);
     CHECK(kc_opencl_lease_program(NULL) == NULL);
@@ -108,14 +108,16 @@ int main(int argc, char **argv) {
     kc_opencl_cache_free(NULL);
 
     /* Cold, then a memory hit: the same program, compiled once. */
-    CHECK(kc_opencl_get_program(cache, context, device, &SOURCE, NULL, 1, NULL, &lease) == KC_OK);
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, NULL, &lease) ==
+          KC_OK);
     void *program = kc_opencl_lease_program(lease);
     CHECK(program != NULL && run_add_one(context, queue, program));
     kc_opencl_lease *again = NULL;
     size_t length = strlen(SOURCE);
-    CHECK(kc_opencl_get_program(cache, context, device, &SOURCE, &length, 1, "", &again) == KC_OK);
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, &length, 1, "", &again) ==
+          KC_OK);
     CHECK(kc_opencl_lease_program(again) == program);
-    kc_opencl_stats s = stats_of(cache);
+    kc_opencl_cache_statistics s = stats_of(cache);
     CHECK(s.source_builds == 1 && s.memory.hits == 1 && s.disk_misses == 1);
     kc_opencl_lease_release(again);
 
@@ -123,28 +125,28 @@ int main(int argc, char **argv) {
     clRetainProgram((cl_program)program);
     CHECK(reference_count(program) == 2);
     size_t evicted = 0;
-    CHECK(kc_opencl_evict_context(cache, context, &evicted) == KC_OK);
+    CHECK(kc_opencl_cache_evict_context(cache, context, &evicted) == KC_OK);
     CHECK(evicted == 1);
     CHECK(reference_count(program) == 2);
     kc_opencl_lease_release(lease);
     CHECK(reference_count(program) == 1);
     CHECK(stats_of(cache).memory.destroys == 1);
-    CHECK(kc_opencl_evict_device(cache, device, &evicted) == KC_OK && evicted == 0);
+    CHECK(kc_opencl_cache_evict_device(cache, device, &evicted) == KC_OK && evicted == 0);
     clReleaseProgram((cl_program)program);
 
     /* NULL handles are refused (they would evict nothing), and the count is left alone. */
     evicted = 7;
-    CHECK(kc_opencl_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(kc_opencl_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
     CHECK(strstr(kc_last_error_message(), "context") != NULL);
-    CHECK(kc_opencl_evict_device(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(kc_opencl_cache_evict_device(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
     CHECK(strstr(kc_last_error_message(), "device") != NULL);
-    CHECK(kc_opencl_evict_context(NULL, context, &evicted) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_evict_device(NULL, device, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(kc_opencl_cache_evict_context(NULL, context, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    CHECK(kc_opencl_cache_evict_device(NULL, device, &evicted) == KC_ERR_INVALID_ARGUMENT);
     CHECK(evicted == 7);
 
     /* A compile error: the status, the OpenCL code and the log. */
     const char *broken = "__kernel void broken(__global float *x) { x[0] = not_declared; }";
-    CHECK(kc_opencl_get_program(cache, context, device, &broken, NULL, 1, "", &lease) ==
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &broken, NULL, 1, "", &lease) ==
           KC_ERR_BUILD_FAILED);
     CHECK(kc_last_build_error() == CL_BUILD_PROGRAM_FAILURE);
     CHECK(strstr(kc_last_error_message(), "not_declared") != NULL);
@@ -152,12 +154,13 @@ int main(int argc, char **argv) {
 
     /* A new cache on the same directory (as a new process would) loads the binary from disk. */
     CHECK(kc_opencl_cache_new(&opts, &cache) == KC_OK);
-    CHECK(kc_opencl_get_program(cache, context, device, &SOURCE, NULL, 1, "", &lease) == KC_OK);
+    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) ==
+          KC_OK);
     CHECK(run_add_one(context, queue, kc_opencl_lease_program(lease)));
     s = stats_of(cache);
     CHECK(s.source_builds == 0 && s.binary_loads == 1 && s.disk_hits == 1);
     kc_opencl_lease_release(lease);
-    CHECK(kc_opencl_clear(cache) == KC_OK);
+    CHECK(kc_opencl_cache_clear(cache) == KC_OK);
     CHECK(stats_of(cache).memory.entries == 0);
     kc_opencl_cache_free(cache);
 

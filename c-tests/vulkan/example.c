@@ -73,8 +73,8 @@ int main(int argc, char **argv) {
     kc_vulkan_cache *cache;
     if (check(kc_vulkan_cache_new(&opts, &cache), "kc_vulkan_cache_new")) return 1;
     kc_vulkan_device *dev;
-    if (check(kc_vulkan_register_device(cache, instance, physical, device, &dev),
-              "kc_vulkan_register_device"))
+    if (check(kc_vulkan_cache_register_device(cache, instance, physical, device, &dev),
+              "kc_vulkan_cache_register_device"))
         return 1;
 
     /* The pipeline: SPIR-V, entry point, one specialization constant, and its layout
@@ -97,8 +97,8 @@ int main(int argc, char **argv) {
 
     /* First lookup creates the pipeline; the second is a memory hit on the same VkPipeline. */
     kc_vulkan_lease *first, *second;
-    if (check(kc_vulkan_get_pipeline(cache, dev, spec, &first), "get_pipeline")) return 1;
-    if (check(kc_vulkan_get_pipeline(cache, dev, spec, &second), "get_pipeline")) return 1;
+    if (check(kc_vulkan_cache_find_or_build(cache, dev, spec, &first), "get_pipeline")) return 1;
+    if (check(kc_vulkan_cache_find_or_build(cache, dev, spec, &second), "get_pipeline")) return 1;
     VkPipeline pipeline = (VkPipeline)kc_vulkan_lease_pipeline(second);
     VkPipelineLayout layout = (VkPipelineLayout)kc_vulkan_lease_layout(second);
     int same = kc_vulkan_lease_pipeline(first) == kc_vulkan_lease_pipeline(second);
@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     kc_vulkan_lease_release(first);
     kc_vulkan_lease_release(second);
 
-    kc_vulkan_stats stats = {.struct_size = sizeof stats};
+    kc_vulkan_cache_statistics stats = {.struct_size = sizeof stats};
     if (check(kc_vulkan_cache_stats(cache, &stats), "kc_vulkan_cache_stats")) return 1;
     printf("same pipeline: %s\n", same ? "yes" : "no");
     printf("pipelines created: %llu, memory hits: %llu\n",
@@ -121,7 +121,7 @@ int main(int argc, char **argv) {
 
     /* Teardown: unregister (writes the pipeline-cache data back), then destroy the device. */
     kc_vulkan_spec_free(spec);
-    if (check(kc_vulkan_unregister_device(cache, dev, NULL), "unregister")) return 1;
+    if (check(kc_vulkan_cache_unregister_device(cache, dev, NULL), "unregister")) return 1;
     kc_vulkan_cache_free(cache);
     vkDestroyDevice(device, NULL);
     vkDestroyInstance(instance, NULL);

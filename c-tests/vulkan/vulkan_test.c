@@ -244,11 +244,12 @@ int main(int argc, char **argv) {
     REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
 
     kc_vulkan_device *dev = NULL;
-    EXPECT(kc_vulkan_register_device(cache, g.instance, NULL, g.device, &dev) ==
+    EXPECT(kc_vulkan_cache_register_device(cache, g.instance, NULL, g.device, &dev) ==
            KC_ERR_INVALID_ARGUMENT);
-    REQUIRE(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &dev) == KC_OK);
+    REQUIRE(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &dev) ==
+            KC_OK);
     kc_vulkan_device *twice = NULL;
-    EXPECT(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &twice) ==
+    EXPECT(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &twice) ==
            KC_ERR_INVALID_ARGUMENT);
     EXPECT(twice == NULL);
 
@@ -295,17 +296,17 @@ int main(int argc, char **argv) {
     desc = describe(code, size, &mul);
     REQUIRE(kc_vulkan_spec_new(&desc, &spec) == KC_OK);
     kc_vulkan_lease *cold = NULL, *hit = NULL;
-    EXPECT(kc_vulkan_get_pipeline(cache, dev, NULL, &cold) == KC_ERR_INVALID_ARGUMENT);
-    REQUIRE(kc_vulkan_get_pipeline(cache, dev, spec, &cold) == KC_OK);
+    EXPECT(kc_vulkan_cache_find_or_build(cache, dev, NULL, &cold) == KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_cache_find_or_build(cache, dev, spec, &cold) == KC_OK);
     EXPECT(check_output(&g, cold, 3, 5));
-    REQUIRE(kc_vulkan_get_pipeline(cache, dev, spec, &hit) == KC_OK);
+    REQUIRE(kc_vulkan_cache_find_or_build(cache, dev, spec, &hit) == KC_OK);
     EXPECT(kc_vulkan_lease_pipeline(hit) == kc_vulkan_lease_pipeline(cold));
     EXPECT(kc_vulkan_lease_shader_module(hit) != 0);
     EXPECT(kc_vulkan_lease_set_layout(hit, 1) == 0);
     EXPECT(kc_vulkan_lease_pipeline(NULL) == 0);
     EXPECT(check_output(&g, hit, 3, 11));
 
-    kc_vulkan_stats stats = {.struct_size = sizeof stats};
+    kc_vulkan_cache_statistics stats = {.struct_size = sizeof stats};
     REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
     EXPECT(stats.pipelines_created == 1);
     EXPECT(stats.memory.hits == 1);
@@ -313,13 +314,21 @@ int main(int argc, char **argv) {
     EXPECT(stats.layouts_created == 1);
 
     bool written = false;
-    EXPECT(kc_vulkan_flush(cache, dev, &written) == KC_OK);
+    EXPECT(kc_vulkan_cache_flush(cache, dev, &written) == KC_OK);
     EXPECT(written);
+
+    /* Clear unlinks every pipeline; a lease held keeps its pipeline valid. */
+    EXPECT(kc_vulkan_cache_clear(NULL) == KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_cache_clear(cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(stats.memory.entries == 0 && stats.memory.clears == 1);
+    EXPECT(stats.pipelines_destroyed == 0);
+    EXPECT(check_output(&g, hit, 3, 7));
 
     /* Teardown with one lease held: the pipeline outlives the registration until released. */
     kc_vulkan_lease_release(cold);
     uint64_t still_leased = 99;
-    EXPECT(kc_vulkan_unregister_device(cache, dev, &still_leased) == KC_OK);
+    EXPECT(kc_vulkan_cache_unregister_device(cache, dev, &still_leased) == KC_OK);
     EXPECT(still_leased == 1);
     EXPECT(check_output(&g, hit, 3, 1));
     kc_vulkan_lease_release(hit);
@@ -343,7 +352,7 @@ int main(int argc, char **argv) {
     partial.get_instance_proc_addr = global_functions_only;
     REQUIRE(kc_vulkan_cache_new(&partial, &cache) == KC_OK);
     dev = NULL;
-    EXPECT(kc_vulkan_register_device(cache, g.instance, g.physical, g.device, &dev) ==
+    EXPECT(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &dev) ==
            KC_ERR_UNAVAILABLE);
     EXPECT(dev == NULL);
     kc_vulkan_cache_free(cache);

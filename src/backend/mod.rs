@@ -1,5 +1,7 @@
 //! GPU runtime adapters. Each loads its runtime at run time: no link dependency on any of them.
 pub mod cuda;
+pub mod handle_cache;
+pub mod library;
 pub mod opencl;
 pub(crate) mod registry;
 pub mod vulkan;

@@ -1,5 +1,5 @@
-//! Caller-owned handles (an OpenCL (context, device) pair, a CUDA context) under the
-//! [`DeviceId`] the memory tier records and evicts their entries by.
+//! Caller-owned handles (an OpenCL (context, device) pair, a CUDA context, a `VkDevice`) under
+//! the [`DeviceId`] the memory tier records and evicts their entries by.
 //!
 //! A handle gets a fresh number each time it is registered: a context that was evicted and is
 //! used again, or a new context at a reused address, can never hit the old one's entries.
@@ -41,21 +41,29 @@ impl<H: Copy, T> Registration<H, T> {
         &self.info
     }
 
-    /// Passes a lookup's lease through unless this registration was evicted meanwhile: then
+    /// Whether this registration was evicted (its device unregistered or torn down).
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::Acquire)
+    }
+
+    /// Passes a lookup's outcome through unless this registration was evicted meanwhile: then
     /// the eviction may have swept before the entry was installed, so it is unlinked here (and
-    /// destroyed with the lease) and the lookup fails with [`Error::DeviceDestroyed`].
+    /// destroyed with the lease), and the lookup, whatever its outcome, fails with
+    /// [`Error::DeviceDestroyed`].
     pub fn confirm<K, V>(
         &self,
         memory: &MemoryCache<K, V>,
-        lease: Lease<K, V>,
+        found: Result<Lease<K, V>>,
     ) -> Result<Lease<K, V>>
     where
         K: Hash + Eq,
     {
-        if !self.evicted.load(Ordering::Acquire) {
-            return Ok(lease);
+        if !self.is_evicted() {
+            return found;
         }
-        memory.remove(lease.key())?;
+        if let Ok(lease) = found {
+            memory.remove(lease.key())?;
+        }
         Err(Error::DeviceDestroyed(self.id))
     }
 }
@@ -113,6 +121,23 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
         Ok(Arc::clone(row))
     }
 
+    /// Registers `handle` with `info`, which the caller prepared; `Err(info)` when `handle` is
+    /// registered already, handed back untouched for the caller to dispose of.
+    pub fn register(&self, handle: H, info: T) -> std::result::Result<Arc<Registration<H, T>>, T> {
+        let mut rows = self.write();
+        if rows.contains_key(&handle) {
+            return Err(info);
+        }
+        let row = Arc::new(Registration {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            handle,
+            info,
+            evicted: AtomicBool::new(false),
+        });
+        rows.insert(handle, Arc::clone(&row));
+        Ok(row)
+    }
+
     fn read(&self) -> ShardedLockReadGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
         // A panic under the lock leaves the map consistent: every change is one map call.
         self.rows.read().unwrap_or_else(PoisonError::into_inner)
@@ -132,15 +157,73 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
     where
         K: Hash + Eq,
     {
-        let mut ids = Vec::new();
+        let taken = self.take(doomed);
+        memory.evict_devices(taken.iter().map(|row| row.id))
+    }
+
+    /// Unregisters every registration `doomed` picks and returns them, marked evicted, for a
+    /// backend that has its own teardown to run before their entries are evicted.
+    pub fn take(
+        &self,
+        doomed: impl Fn(&Registration<H, T>) -> bool,
+    ) -> Vec<Arc<Registration<H, T>>> {
+        let mut taken = Vec::new();
         self.write().retain(|_, row| {
             if !doomed(row) {
                 return true;
             }
             row.evicted.store(true, Ordering::Release);
-            ids.push(row.id);
+            taken.push(Arc::clone(row));
             false
         });
-        memory.evict_devices(ids)
+        taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::BuildError;
+    use crate::memory::Options;
+
+    fn memory() -> MemoryCache<Vec<u8>, u32> {
+        MemoryCache::new(Options::default(), |_| Ok(()))
+    }
+
+    #[test]
+    fn a_handle_registered_twice_hands_the_second_description_back() {
+        let registry: Registry<u64, &str> = Registry::default();
+        let first = registry.register(7, "first").ok().unwrap();
+        assert_eq!(*first.info(), "first");
+        assert_eq!(registry.register(7, "second").err(), Some("second"));
+    }
+
+    #[test]
+    fn a_taken_registration_is_evicted_and_its_lookups_fail_as_device_destroyed() {
+        let registry: Registry<u64, ()> = Registry::default();
+        let memory = memory();
+        let row = registry.get_or_register(1, || Ok(())).unwrap();
+        let lease = memory
+            .find_or_build(b"k".as_slice(), Some(row.id()), || Ok((1, 1)))
+            .unwrap();
+        let taken = registry.take(|r| r.handle() == 1);
+        assert_eq!(taken.len(), 1);
+        assert!(row.is_evicted());
+        assert!(registry.probe(1, |_| Some(())).is_none());
+        // Installed after the sweep: unlinked by `confirm`.
+        assert!(matches!(
+            row.confirm(&memory, Ok(lease)),
+            Err(Error::DeviceDestroyed(id)) if id == row.id()
+        ));
+        assert_eq!(memory.len(), 0);
+        // A failed build for it says why the lookup failed: the device went away.
+        let failed = Err(Error::Build(BuildError::new(0, "unregistered")));
+        assert!(matches!(
+            row.confirm(&memory, failed),
+            Err(Error::DeviceDestroyed(_))
+        ));
+        // Registered again, the handle gets a fresh number.
+        let again = registry.get_or_register(1, || Ok(())).unwrap();
+        assert_ne!(again.id(), row.id());
     }
 }

@@ -16,14 +16,14 @@
 //!
 //! kc_cuda_jit_option jit[] = { { 0 /* CU_JIT_MAX_REGISTERS */, 32 } };
 //! kc_cuda_lease *lease;
-//! kc_status s = kc_cuda_get_module(cache, ctx, ptx_text, 0, jit, 1, &lease);
+//! kc_status s = kc_cuda_cache_find_or_build_ptx(cache, ctx, ptx_text, 0, jit, 1, &lease);
 //! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // the JIT log on BUILD_FAILED
 //! CUfunction saxpy;
 //! kc_cuda_lease_function(lease, "saxpy", (void **)&saxpy);
 //! cuLaunchKernel(saxpy, ...);                     // valid until the lease is released
 //! kc_cuda_lease_release(lease);
 //!
-//! kc_cuda_evict_context(cache, ctx, NULL);        // before cuCtxDestroy(ctx)
+//! kc_cuda_cache_evict_context(cache, ctx, NULL);        // before cuCtxDestroy(ctx)
 //! kc_cuda_cache_free(cache);
 //! ```
 
@@ -35,10 +35,10 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry,
-    lease_entry_or_null, lease_into_raw, live, optional_path, read_grown, release_lease,
-    write_boxed, write_optional, write_sized,
+    LeaseHandle, c_str, elements, free_boxed, lease_entry, lease_entry_or_null, lease_into_raw,
+    live, optional_path, release_lease, write_optional, write_sized,
 };
+use super::backend_common::{backend_handles, evict_by, new_cache, with_cache};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
@@ -80,8 +80,8 @@ pub struct kc_cuda_options {
     pub disk_dir: *const c_char,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
-    /// The NVRTC library for `kc_cuda_get_module_cuda`; NULL: loaded on its first call from
-    /// `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
+    /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
+    /// call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
     /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
     pub nvrtc_library: *const c_char,
     /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
@@ -96,9 +96,12 @@ pub struct kc_cuda_options {
     pub disk_require_key: bool,
 }
 
-/// The first layout of `kc_cuda_options` ended before `disk_key`: callers compiled against it
-/// stay valid, and get no key and no key requirement (the environment's still apply).
-const OPTIONS_MIN_SIZE: usize = offset_of!(kc_cuda_options, disk_key);
+backend_handles!(
+    kc_cuda_options,
+    kc_cuda_options_default,
+    kc_cuda_cache,
+    CudaCache
+);
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
 /// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
@@ -111,12 +114,11 @@ pub struct kc_cuda_jit_option {
     pub value: u32,
 }
 
-/// Counters of a CUDA cache (`kc_cuda_statistics` in C, where the name `kc_cuda_stats`
-/// belongs to the function). Set `struct_size` to `sizeof(kc_cuda_statistics)` first.
+/// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct kc_cuda_stats {
-    /// In: size of the caller's struct: `sizeof(kc_cuda_statistics)`, or the smaller size of
+pub struct kc_cuda_cache_statistics {
+    /// In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
     /// an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
@@ -177,24 +179,7 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
     opts: *const kc_cuda_options,
     out_cache: *mut *mut kc_cuda_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
-        // listed bools is an integer, a raw pointer or an optional function pointer.
-        let opts = unsafe {
-            read_grown(
-                opts,
-                "opts",
-                "kc_cuda_options",
-                OPTIONS_MIN_SIZE,
-                kc_cuda_options_default(),
-                &[
-                    offset_of!(kc_cuda_options, use_disk),
-                    offset_of!(kc_cuda_options, disk_require_key),
-                ],
-            )
-        }?;
+    let make = |opts: &kc_cuda_options, memory, disk| {
         // SAFETY: C strings or NULL by contract.
         let library = unsafe { optional_path(opts.driver_library, "driver_library") }?;
         let driver = match library {
@@ -208,30 +193,16 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
             Some(path) => Some(Arc::new(Nvrtc::load_from(&path)?)),
             None => None,
         };
-        // SAFETY: `disk_dir` is NULL or a C string by contract.
-        let (memory, disk) = unsafe {
-            backend_tiers(
-                opts.max_entries,
-                opts.max_weight,
-                BackendDisk {
-                    use_disk: opts.use_disk,
-                    dir: opts.disk_dir,
-                    key: opts.disk_key,
-                    key_len: opts.disk_key_len,
-                    require_key: opts.disk_require_key,
-                },
-            )
-        }?;
         let inner = CudaCache::new(CudaOptions {
             memory,
             disk,
             driver: Some(Arc::new(driver)),
             nvrtc,
         })?;
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_cuda_cache { inner }) };
-        Ok(())
-    })
+        Ok(kc_cuda_cache { inner })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { new_cache(opts, out_cache, make) }
 }
 
 /// Frees the cache: modules no lease holds are unloaded now (each with its context current),
@@ -259,10 +230,10 @@ pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
 ///
 /// # Safety
 /// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-/// with `kc_cuda_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
+/// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
 /// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_get_module(
+pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
     cache: *mut kc_cuda_cache,
     context: *mut c_void,
     ptx: *const c_char,
@@ -287,7 +258,7 @@ pub unsafe extern "C" fn kc_cuda_get_module(
         let options = unsafe { jit_options(options, option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
-        let lease = cache.module(context, ptx, &options)?;
+        let lease = cache.find_or_build_ptx(context, ptx, &options)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
@@ -310,8 +281,9 @@ unsafe fn jit_options(
 }
 
 /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-/// context's device unless they name an architecture), then as `kc_cuda_get_module`. Kernels
-/// are found by symbol name: declare them `extern "C"`.
+/// context's device unless they name an architecture), then as
+/// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+/// `extern "C"`.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 /// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
@@ -319,11 +291,11 @@ unsafe fn jit_options(
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
 ///
 /// # Safety
-/// As `kc_cuda_get_module`, with `source` in place of `ptx`, and `nvrtc_options` holding
-/// `nvrtc_option_count` C strings.
+/// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
+/// holding `nvrtc_option_count` C strings.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)] // One C call; a struct would only move the same fields.
-pub unsafe extern "C" fn kc_cuda_get_module_cuda(
+pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
     cache: *mut kc_cuda_cache,
     context: *mut c_void,
     source: *const c_char,
@@ -360,7 +332,7 @@ pub unsafe extern "C" fn kc_cuda_get_module_cuda(
         let jit = unsafe { self::jit_options(jit_options, jit_option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
         let context = unsafe { Context::from_raw(context) };
-        let lease = cache.module_from_cuda(context, source, &options, &jit)?;
+        let lease = cache.find_or_build_source(context, source, &options, &jit)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
@@ -438,42 +410,35 @@ pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
 /// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
 /// live when it has modules.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_evict_context(
+pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     cache: *mut kc_cuda_cache,
     context: *mut c_void,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(context, "context")?;
-        let count = cache.evict_context(context)?;
-        // SAFETY: NULL or writable by contract.
-        unsafe { write_optional(out_count, count) };
-        Ok(())
-    })
+    let evict = |cache: &CudaCache, context| cache.evict_context(context);
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { evict_by(cache, context, "context", out_count, evict) }
 }
 
 /// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
 /// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
 ///
 /// # Safety
-/// As `kc_cuda_evict_context`.
+/// As `kc_cuda_cache_evict_context`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_evict_device(
+pub unsafe extern "C" fn kc_cuda_cache_evict_device(
     cache: *mut kc_cuda_cache,
     device: c_int,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let count = unsafe { live(cache, "cache") }?
-            .inner
-            .evict_device(device)?;
+    let evict = |cache: &CudaCache| {
+        let count = cache.evict_device(device)?;
         // SAFETY: NULL or writable by contract.
         unsafe { write_optional(out_count, count) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, evict) }
 }
 
 /// Unlinks every module (the disk keeps its cubins).
@@ -481,11 +446,9 @@ pub unsafe extern "C" fn kc_cuda_evict_device(
 /// # Safety
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_clear(cache: *mut kc_cuda_cache) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
-    })
+pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
 }
 
 /// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
@@ -507,18 +470,17 @@ pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_statistics`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_cuda_stats(
+pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
-    out: *mut kc_cuda_stats,
+    out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let s = unsafe { live(cache, "cache") }?.inner.stats();
+    let fill = |cache: &CudaCache| {
+        let s = cache.stats();
         non_null(out, "out")?;
-        let stats = kc_cuda_stats {
-            struct_size: size_of::<kc_cuda_stats>(),
+        let stats = kc_cuda_cache_statistics {
+            struct_size: size_of::<kc_cuda_cache_statistics>(),
             memory: s.memory.into(),
             links: s.links,
             link_failures: s.link_failures,
@@ -532,8 +494,18 @@ pub unsafe extern "C" fn kc_cuda_stats(
             disk: s.disk.into(),
         };
         // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_cuda_stats, disk);
+        let size = offset_of!(kc_cuda_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_cuda_statistics", size) }
-    })
+        unsafe { write_sized(out, stats, "out", "kc_cuda_cache_statistics", size) }
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
+}
+
+/// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
+/// `libcuda.so.1`): `KC_OK`, or `KC_ERR_UNAVAILABLE` with the reason in
+/// `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_cuda_available() -> kc_status {
+    guard(|| crate::backend::cuda::Driver::load().map(drop))
 }

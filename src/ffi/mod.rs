@@ -13,6 +13,7 @@
 //! - Out-parameters are written only on success.
 
 mod args;
+mod backend_common;
 mod cache;
 pub mod cuda;
 pub mod disk;

@@ -15,7 +15,8 @@
 //! const char *sources[] = { "__kernel void twice(__global float *x)"
 //!                           "{ x[get_global_id(0)] *= 2.0f; }" };
 //! kc_opencl_lease *lease;
-//! kc_status s = kc_opencl_get_program(cache, context, device, sources, NULL, 1, "", &lease);
+//! kc_status s =
+//!     kc_opencl_cache_find_or_build(cache, context, device, sources, NULL, 1, "", &lease);
 //! if (s != KC_OK) { puts(kc_last_error_message()); return 1; }   // a build log on BUILD_FAILED
 //! cl_program program = (cl_program)kc_opencl_lease_program(lease);
 //! cl_kernel kernel = clCreateKernel(program, "twice", &err);
@@ -23,7 +24,7 @@
 //! clReleaseKernel(kernel);
 //! kc_opencl_lease_release(lease);
 //!
-//! kc_opencl_evict_context(cache, context, NULL);  // before clReleaseContext(context)
+//! kc_opencl_cache_evict_context(cache, context, NULL);  // before clReleaseContext(context)
 //! kc_opencl_cache_free(cache);
 //! ```
 //!
@@ -36,13 +37,14 @@ use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
-    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry_or_null,
-    lease_into_raw, live, read_grown, release_lease, write_boxed, write_optional, write_sized,
+    LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
+    release_lease, write_sized,
 };
+use super::backend_common::{backend_handles, evict_by, new_cache, with_cache};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::backend::opencl::{ContextRef, Device, OpenClCache, Program};
+use crate::backend::opencl::{ContextRef, Device, OpenClCache, OpenClOptions, Program};
 use crate::error::Error;
 
 /// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
@@ -90,16 +92,19 @@ pub struct kc_opencl_options {
     pub disk_require_key: bool,
 }
 
-/// The first layout of `kc_opencl_options` ended before `disk_key`: callers compiled against it
-/// stay valid, and get no key and no key requirement (the environment's still apply).
-const OPTIONS_MIN_SIZE: usize = offset_of!(kc_opencl_options, disk_key);
+backend_handles!(
+    kc_opencl_options,
+    kc_opencl_options_default,
+    kc_opencl_cache,
+    OpenClCache
+);
 
-/// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_stats)` first.
+/// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct kc_opencl_stats {
-    /// In: size of the caller's struct: `sizeof(kc_opencl_stats)`, or the smaller size of an
-    /// older header's struct without `disk`. Out: bytes written.
+pub struct kc_opencl_cache_statistics {
+    /// In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
+    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -150,43 +155,13 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
     out_cache: *mut *mut kc_opencl_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
-        // listed bools is an integer, a raw pointer or an optional function pointer.
-        let opts = unsafe {
-            read_grown(
-                opts,
-                "opts",
-                "kc_opencl_options",
-                OPTIONS_MIN_SIZE,
-                kc_opencl_options_default(),
-                &[
-                    offset_of!(kc_opencl_options, use_disk),
-                    offset_of!(kc_opencl_options, disk_require_key),
-                ],
-            )
-        }?;
-        // SAFETY: `disk_dir` is NULL or a C string by contract.
-        let (memory, disk) = unsafe {
-            backend_tiers(
-                opts.max_entries,
-                opts.max_weight,
-                BackendDisk {
-                    use_disk: opts.use_disk,
-                    dir: opts.disk_dir,
-                    key: opts.disk_key,
-                    key_len: opts.disk_key_len,
-                    require_key: opts.disk_require_key,
-                },
-            )
-        }?;
-        let inner = OpenClCache::new(memory, disk)?;
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_opencl_cache { inner }) };
-        Ok(())
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        new_cache(opts, out_cache, |_, memory, disk| {
+            let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
+            Ok(kc_opencl_cache { inner })
+        })
+    }
 }
 
 /// Frees the cache: programs no lease holds are released now, the others when their last
@@ -217,7 +192,7 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 /// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
 /// `options` must be NULL or a C string; `out_lease` must be writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_get_program(
+pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     cache: *mut kc_opencl_cache,
     context: *mut c_void,
     device: *mut c_void,
@@ -272,7 +247,7 @@ pub unsafe extern "C" fn kc_opencl_get_program(
         // their own reference to it).
         let (context, device) =
             unsafe { (ContextRef::from_raw(context), Device::from_raw(device)) };
-        let lease = cache.get_or_build(context, device, &texts, options)?;
+        let lease = cache.find_or_build(context, device, &texts, options)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
@@ -311,21 +286,17 @@ pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
 /// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
 /// compared, never called: it may already be released.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_evict_device(
+pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     cache: *mut kc_opencl_cache,
     device: *mut c_void,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(device, "device")?;
+    let evict = |cache: &OpenClCache, device| {
         // SAFETY: eviction only compares the handle with the ones lookups registered.
-        let count = cache.evict_device(unsafe { Device::from_raw(device) })?;
-        // SAFETY: NULL or writable by contract.
-        unsafe { write_optional(out_count, count) };
-        Ok(())
-    })
+        cache.evict_device(unsafe { Device::from_raw(device) })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { evict_by(cache, device, "device", out_count, evict) }
 }
 
 /// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
@@ -333,22 +304,16 @@ pub unsafe extern "C" fn kc_opencl_evict_device(
 /// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
-/// As `kc_opencl_evict_device`.
+/// As `kc_opencl_cache_evict_device`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_evict_context(
+pub unsafe extern "C" fn kc_opencl_cache_evict_context(
     cache: *mut kc_opencl_cache,
     context: *mut c_void,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(context, "context")?;
-        let count = cache.evict_context(context)?;
-        // SAFETY: NULL or writable by contract.
-        unsafe { write_optional(out_count, count) };
-        Ok(())
-    })
+    let evict = |cache: &OpenClCache, context| cache.evict_context(context);
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { evict_by(cache, context, "context", out_count, evict) }
 }
 
 /// Unlinks every program (the disk keeps its binaries).
@@ -356,28 +321,25 @@ pub unsafe extern "C" fn kc_opencl_evict_context(
 /// # Safety
 /// `cache` must be a live cache.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_opencl_clear(cache: *mut kc_opencl_cache) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        unsafe { live(cache, "cache") }?.inner.clear().map(drop)
-    })
+pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_stats`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
-    out: *mut kc_opencl_stats,
+    out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let s = unsafe { live(cache, "cache") }?.inner.stats();
+    let fill = |cache: &OpenClCache| {
+        let s = cache.stats();
         non_null(out, "out")?;
-        let stats = kc_opencl_stats {
-            struct_size: size_of::<kc_opencl_stats>(),
+        let stats = kc_opencl_cache_statistics {
+            struct_size: size_of::<kc_opencl_cache_statistics>(),
             memory: s.memory.into(),
             source_builds: s.source_builds,
             binary_loads: s.binary_loads,
@@ -388,10 +350,12 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
             disk: s.disk.into(),
         };
         // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_opencl_stats, disk);
+        let size = offset_of!(kc_opencl_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_opencl_stats", size) }
-    })
+        unsafe { write_sized(out, stats, "out", "kc_opencl_cache_statistics", size) }
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
 }
 
 /// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the

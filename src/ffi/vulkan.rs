@@ -13,16 +13,16 @@ use std::ptr;
 use ash::vk::{self, Handle};
 
 use super::args::{
-    BackendDisk, LeaseHandle, backend_tiers, c_str, elements, free_boxed, lease_entry_or_null,
-    lease_into_raw, live, read_grown, read_sized, release_lease, write_boxed, write_optional,
-    write_sized,
+    LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
+    read_sized, release_lease, write_boxed, write_optional, write_sized,
 };
+use super::backend_common::{backend_handles, new_cache, with_cache};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, Pipeline, PipelineKey, PipelineSpec, PushConstantRange,
-    SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
+    DescriptorBinding, LayoutDesc, Pipeline, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
+    VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
 };
 
 /// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
@@ -31,8 +31,8 @@ pub struct kc_vulkan_cache {
     inner: VulkanCache,
 }
 
-/// A `VkDevice` registered with a cache, from `kc_vulkan_register_device` until
-/// `kc_vulkan_unregister_device`.
+/// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` until
+/// `kc_vulkan_cache_unregister_device`.
 pub struct kc_vulkan_device {
     inner: VulkanDevice,
 }
@@ -50,7 +50,7 @@ pub struct kc_vulkan_lease {
 }
 
 impl LeaseHandle for kc_vulkan_lease {
-    type Key = PipelineKey;
+    type Key = Vec<u8>;
     type Value = Pipeline;
 }
 
@@ -94,9 +94,12 @@ pub struct kc_vulkan_options {
     pub disk_require_key: bool,
 }
 
-/// The first layout of `kc_vulkan_options` ended before `disk_key`: callers compiled against it
-/// stay valid, and get no key and no key requirement (the environment's still apply).
-const OPTIONS_MIN_SIZE: usize = offset_of!(kc_vulkan_options, disk_key);
+backend_handles!(
+    kc_vulkan_options,
+    kc_vulkan_options_default,
+    kc_vulkan_cache,
+    VulkanCache
+);
 
 /// One descriptor binding of the pipeline layout, visible to the compute stage.
 #[repr(C)]
@@ -144,12 +147,12 @@ pub struct kc_vulkan_pipeline_desc {
     pub push_constant_size: u32,
 }
 
-/// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_stats)` first.
+/// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct kc_vulkan_stats {
-    /// In: size of the caller's struct: `sizeof(kc_vulkan_stats)`, or the smaller size of an
-    /// older header's struct without `disk`. Out: bytes written.
+pub struct kc_vulkan_cache_statistics {
+    /// In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
+    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -208,61 +211,34 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
     out_cache: *mut *mut kc_vulkan_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is readable for its `struct_size` by contract; every field but the
-        // listed bools is an integer, a raw pointer or an optional function pointer.
-        let opts = unsafe {
-            read_grown(
-                opts,
-                "opts",
-                "kc_vulkan_options",
-                OPTIONS_MIN_SIZE,
-                kc_vulkan_options_default(),
-                &[
-                    offset_of!(kc_vulkan_options, use_disk),
-                    offset_of!(kc_vulkan_options, disk_require_key),
-                ],
-            )
-        }?;
+    let make = |opts: &kc_vulkan_options, memory, disk| {
         let vulkan = match opts.get_instance_proc_addr {
-            None => Vulkan::load()?,
+            None => None,
             Some(f) => {
                 // SAFETY: on every platform Vulkan supports here, `VKAPI_CALL` is the C calling
                 // convention, dispatchable handles are pointers and `PFN_vkVoidFunction` is an
                 // optional function pointer, so the two types have one ABI.
                 let f: vk::PFN_vkGetInstanceProcAddr = unsafe { std::mem::transmute(f) };
                 // SAFETY: the caller vouches for the function by contract.
-                unsafe { Vulkan::from_get_instance_proc_addr(f) }?
+                Some(unsafe { Vulkan::from_get_instance_proc_addr(f) }?)
             }
         };
-        // SAFETY: `disk_dir` is NULL or a C string by contract.
-        let (memory, disk) = unsafe {
-            backend_tiers(
-                opts.max_entries,
-                opts.max_weight,
-                BackendDisk {
-                    use_disk: opts.use_disk,
-                    dir: opts.disk_dir,
-                    key: opts.disk_key,
-                    key_len: opts.disk_key_len,
-                    require_key: opts.disk_require_key,
-                },
-            )
-        }?;
-        let inner = VulkanCache::new(vulkan, VulkanOptions { memory, disk });
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_vulkan_cache { inner }) };
-        Ok(())
-    })
+        let inner = VulkanCache::new(VulkanOptions {
+            memory,
+            disk,
+            vulkan,
+        })?;
+        Ok(kc_vulkan_cache { inner })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { new_cache(opts, out_cache, make) }
 }
 
 /// Frees the cache. Every device still registered has its pipeline-cache data written back
 /// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
 /// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
 /// the others at their last release. No other call on `cache` may run during or after this
-/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_unregister_device`
+/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
 /// afterwards, which then just frees them. NULL is a no-op.
 ///
 /// # Safety
@@ -283,7 +259,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
 /// outlive the registration and every lease of the device's pipelines; `out_device` must be
 /// writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_register_device(
+pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     cache: *mut kc_vulkan_cache,
     instance: *mut c_void,
     physical_device: *mut c_void,
@@ -322,7 +298,7 @@ pub unsafe extern "C" fn kc_vulkan_register_device(
 /// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 /// unregistered; `out_still_leased` must be NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_unregister_device(
+pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
     cache: *mut kc_vulkan_cache,
     device: *mut kc_vulkan_device,
     out_still_leased: *mut u64,
@@ -331,7 +307,7 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
         if device.is_null() {
             return Ok(());
         }
-        // SAFETY: the caller hands over the handle it got from `kc_vulkan_register_device`.
+        // SAFETY: the caller hands over the handle it got from `kc_vulkan_cache_register_device`.
         let device = unsafe { Box::from_raw(device) }.inner;
         if device.is_retired() {
             return Ok(());
@@ -345,6 +321,18 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
     })
 }
 
+/// Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
+/// released. Devices stay registered and their pipeline caches (and the data on disk) keep
+/// what the driver stored, so rebuilding is cheaper than the first build.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+}
+
 /// Writes the device's pipeline-cache data to disk now if pipelines were created since the
 /// last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
 /// says whether it wrote. Without a disk tier it writes nothing and succeeds.
@@ -352,7 +340,7 @@ pub unsafe extern "C" fn kc_vulkan_unregister_device(
 /// # Safety
 /// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_flush(
+pub unsafe extern "C" fn kc_vulkan_cache_flush(
     cache: *mut kc_vulkan_cache,
     device: *const kc_vulkan_device,
     out_written: *mut bool,
@@ -459,7 +447,7 @@ pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
 /// `cache`, `device` and `spec` must be live, the device registered with this cache;
 /// `out_lease` must be writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_get_pipeline(
+pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     cache: *mut kc_vulkan_cache,
     device: *const kc_vulkan_device,
     spec: *const kc_vulkan_spec,
@@ -475,7 +463,7 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
             )
         };
         non_null(out_lease, "out_lease")?;
-        let lease = cache.inner.pipeline(&device.inner, &spec.inner)?;
+        let lease = cache.inner.find_or_build(&device.inner, &spec.inner)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
@@ -485,7 +473,7 @@ pub unsafe extern "C" fn kc_vulkan_get_pipeline(
 /// The pipeline behind a lease pointer, or `None` (recorded as a NULL argument).
 ///
 /// # Safety
-/// `lease` must be NULL or a lease from `kc_vulkan_get_pipeline` not yet released.
+/// `lease` must be NULL or a lease from `kc_vulkan_cache_find_or_build` not yet released.
 unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
     // SAFETY: forwarded from the caller's contract.
     unsafe { lease_entry_or_null(lease) }.map(|entry| entry.value())
@@ -559,18 +547,17 @@ pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
 ///
 /// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_stats`.
+/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
-    out: *mut kc_vulkan_stats,
+    out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let s = unsafe { live(cache, "cache") }?.inner.stats();
+    let fill = |cache: &VulkanCache| {
+        let s = cache.stats();
         non_null(out, "out")?;
-        let stats = kc_vulkan_stats {
-            struct_size: size_of::<kc_vulkan_stats>(),
+        let stats = kc_vulkan_cache_statistics {
+            struct_size: size_of::<kc_vulkan_cache_statistics>(),
             memory: s.memory.into(),
             pipelines_created: s.pipelines_created,
             pipelines_destroyed: s.pipelines_destroyed,
@@ -584,10 +571,12 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
             disk: s.disk.into(),
         };
         // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_vulkan_stats, disk);
+        let size = offset_of!(kc_vulkan_cache_statistics, disk);
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_vulkan_stats", size) }
-    })
+        unsafe { write_sized(out, stats, "out", "kc_vulkan_cache_statistics", size) }
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
 }
 
 /// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`

@@ -396,9 +396,9 @@ impl Saxpy<'_> {
     /// `nvrtc` compiled from [`SAXPY_CUDA`] by NVRTC.
     pub fn cached(cache: &CudaCache, nvrtc: bool) -> Result<Saxpy<'_>> {
         let lease = if nvrtc {
-            cache.module_from_cuda(None, SAXPY_CUDA, &[], &[])?
+            cache.find_or_build_source(None, SAXPY_CUDA, &[], &[])?
         } else {
-            cache.module(None, SAXPY_PTX.as_bytes(), &[])?
+            cache.find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[])?
         };
         Ok(Saxpy {
             launch: Launch::new(cache.driver())?,

@@ -5,18 +5,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kcache::backend::opencl::runtime::Context;
-use kcache::backend::opencl::{OpenClCache, program_disk_key};
+use kcache::backend::opencl::{OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache::memory::Options;
 
 pub fn memory_only_cache() -> OpenClCache {
-    OpenClCache::new(Options::default(), None).unwrap()
+    OpenClCache::new(OpenClOptions::default()).unwrap()
 }
 
 /// A cache whose disk tier is `dir`, whatever the environment says.
 pub fn cache_with_disk(dir: &Path) -> OpenClCache {
     let disk = DiskCache::open(DiskConfig::in_dir(dir)).unwrap();
-    OpenClCache::new(Options::default(), Some(Arc::new(disk))).unwrap()
+    OpenClCache::new(OpenClOptions {
+        disk: Some(Arc::new(disk)),
+        ..OpenClOptions::default()
+    })
+    .unwrap()
 }
 
 /// Stores bytes that are no program binary under the key the cache will look up, through the

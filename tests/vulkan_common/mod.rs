@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use ash::vk;
 use kcache::backend::vulkan::{
     DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
-    words_from_bytes,
+    VulkanCache, VulkanOptions, words_from_bytes,
 };
 
 /// `data[i] = data[i] * MUL + add`, with `MUL` a specialization constant and `add` a push
@@ -81,4 +81,13 @@ pub fn expected(mul: u32, add: u32) -> Vec<u32> {
 
 pub fn vulkan() -> Vulkan {
     Vulkan::load().expect("the Vulkan loader (libvulkan1) and lavapipe (mesa-vulkan-drivers)")
+}
+
+/// A memory-only cache on `vulkan`.
+pub fn cache(vulkan: Vulkan) -> VulkanCache {
+    VulkanCache::new(VulkanOptions {
+        vulkan: Some(vulkan),
+        ..VulkanOptions::default()
+    })
+    .unwrap()
 }

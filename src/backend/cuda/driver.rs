@@ -6,11 +6,9 @@
 //! the driver exports (`cuLinkCreate_v2`, `cuCtxPushCurrent_v2`, …), not the `cuda.h` macros.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
-use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 
-use libloading::Library;
-
+use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{Error, Result};
 
 pub type CUresult = c_int;
@@ -93,9 +91,6 @@ pub struct Driver {
     module_unload: FnModuleUnload,
     module_get_function: FnModuleGetFunction,
     get_error_string: FnGetErrorString,
-    // Never closed: after cuInit the driver runs its own threads and exit handlers, which must
-    // not outlive its code. Each `Driver` keeps one dlopen reference for the process's life.
-    _library: ManuallyDrop<Library>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -107,70 +102,48 @@ impl std::fmt::Debug for Driver {
     }
 }
 
-/// Copies a function pointer of type `T` out of `library`.
-///
-/// # Safety
-/// `T` must be the `extern "C"` function type of the symbol `name` as the driver defines it.
-unsafe fn symbol<T: Copy>(library: &Library, path: &Path, name: &str) -> Result<T> {
-    // SAFETY: the caller guarantees `T` matches the symbol's C signature; the pointer is only
-    // used while `library` stays loaded, because `Driver` owns both.
-    let found = unsafe { library.get::<T>(name.as_bytes()) };
-    match found {
-        Ok(sym) => Ok(*sym),
-        Err(e) => Err(Error::Unavailable(format!(
-            "the CUDA driver {} lacks {name}: {e}",
-            path.display()
-        ))),
-    }
-}
-
 impl Driver {
     /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub fn load() -> Result<Self> {
-        match crate::env::var_os(LIBRARY_ENV) {
-            Some(path) if !path.is_empty() => Self::load_from(Path::new(&path)),
-            _ => Self::load_from(Path::new(DEFAULT_LIBRARY)),
+        match library::from_env(LIBRARY_ENV) {
+            Some(path) => Self::load_from(Path::new(&path)),
+            None => Self::load_from(Path::new(DEFAULT_LIBRARY)),
         }
     }
 
     /// Loads the driver library at `path` (a path, or a soname searched the usual dlopen way)
     /// and initialises it with `cuInit(0)`.
     pub fn load_from(path: &Path) -> Result<Self> {
-        // SAFETY: loading a shared library runs its initialisers. We load only what the caller
-        // or the environment names as a CUDA driver, which is the contract of this backend.
-        let library = unsafe { Library::new(path) }.map_err(|e| {
-            Error::Unavailable(format!(
-                "no CUDA driver: cannot load {}: {e}",
-                path.display()
-            ))
-        })?;
+        let library = RuntimeLibrary::open("CUDA driver", path)?;
         // SAFETY: each type alias spells the C prototype of the named entry point as published
         // in the CUDA driver API.
         let driver = unsafe {
             Driver {
                 path: path.to_path_buf(),
                 version: 0,
-                init: symbol(&library, path, "cuInit")?,
-                driver_get_version: symbol(&library, path, "cuDriverGetVersion")?,
-                device_get: symbol(&library, path, "cuDeviceGet")?,
-                device_get_name: symbol(&library, path, "cuDeviceGetName")?,
-                device_get_attribute: symbol(&library, path, "cuDeviceGetAttribute")?,
-                ctx_get_current: symbol(&library, path, "cuCtxGetCurrent")?,
-                ctx_set_current: symbol(&library, path, "cuCtxSetCurrent")?,
-                ctx_push_current: symbol(&library, path, "cuCtxPushCurrent_v2")?,
-                ctx_pop_current: symbol(&library, path, "cuCtxPopCurrent_v2")?,
-                ctx_get_device: symbol(&library, path, "cuCtxGetDevice")?,
-                link_create: symbol(&library, path, "cuLinkCreate_v2")?,
-                link_add_data: symbol(&library, path, "cuLinkAddData_v2")?,
-                link_complete: symbol(&library, path, "cuLinkComplete")?,
-                link_destroy: symbol(&library, path, "cuLinkDestroy")?,
-                module_load_data_ex: symbol(&library, path, "cuModuleLoadDataEx")?,
-                module_unload: symbol(&library, path, "cuModuleUnload")?,
-                module_get_function: symbol(&library, path, "cuModuleGetFunction")?,
-                get_error_string: symbol(&library, path, "cuGetErrorString")?,
-                _library: ManuallyDrop::new(library),
+                init: library.symbol("cuInit")?,
+                driver_get_version: library.symbol("cuDriverGetVersion")?,
+                device_get: library.symbol("cuDeviceGet")?,
+                device_get_name: library.symbol("cuDeviceGetName")?,
+                device_get_attribute: library.symbol("cuDeviceGetAttribute")?,
+                ctx_get_current: library.symbol("cuCtxGetCurrent")?,
+                ctx_set_current: library.symbol("cuCtxSetCurrent")?,
+                ctx_push_current: library.symbol("cuCtxPushCurrent_v2")?,
+                ctx_pop_current: library.symbol("cuCtxPopCurrent_v2")?,
+                ctx_get_device: library.symbol("cuCtxGetDevice")?,
+                link_create: library.symbol("cuLinkCreate_v2")?,
+                link_add_data: library.symbol("cuLinkAddData_v2")?,
+                link_complete: library.symbol("cuLinkComplete")?,
+                link_destroy: library.symbol("cuLinkDestroy")?,
+                module_load_data_ex: library.symbol("cuModuleLoadDataEx")?,
+                module_unload: library.symbol("cuModuleUnload")?,
+                module_get_function: library.symbol("cuModuleGetFunction")?,
+                get_error_string: library.symbol("cuGetErrorString")?,
             }
         };
+        // Never closed: after cuInit the driver runs its own threads and exit handlers, which
+        // must not outlive its code. Each `Driver` keeps one dlopen reference for good.
+        library.keep_open();
         driver.finish_init()
     }
 

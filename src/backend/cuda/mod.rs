@@ -3,10 +3,15 @@
 //! from `libcuda.so.1` (or `KCACHE_CUDA_LIBRARY`); without one every call is
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
-pub mod cache;
+mod cache;
 pub mod driver;
+mod jit;
+mod module;
 pub mod nvrtc;
+mod runtime;
 
-pub use cache::{Context, CudaCache, CudaOptions, CudaStats, JitOption, Module, ModuleLease};
+pub use cache::{CudaCache, CudaOptions, CudaStats};
 pub use driver::{CUcontext, CUdevice, CUfunction, CUmodule, Driver};
+pub use jit::JitOption;
+pub use module::{Context, Module, ModuleLease};
 pub use nvrtc::Nvrtc;

@@ -1,11 +1,11 @@
 //! NVRTC, CUDA's run-time compiler, resolved at run time: CUDA C++ source in, PTX out. Optional:
-//! kcache only loads it for [`CudaCache::module_from_cuda`](super::CudaCache::module_from_cuda).
+//! kcache only loads it for
+//! [`CudaCache::find_or_build_source`](super::CudaCache::find_or_build_source).
 
 use std::ffi::{CStr, CString, c_char, c_int};
 use std::path::{Path, PathBuf};
 
-use libloading::Library;
-
+use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{BuildError, Error, Result};
 
 type NvrtcResult = c_int;
@@ -53,7 +53,7 @@ pub struct Nvrtc {
     get_log_size: FnGetSize,
     get_log: FnGetBytes,
     // Last so that every function pointer above is dropped before the library is closed.
-    _library: Library,
+    _library: RuntimeLibrary,
 }
 
 impl std::fmt::Debug for Nvrtc {
@@ -65,27 +65,11 @@ impl std::fmt::Debug for Nvrtc {
     }
 }
 
-/// Copies a function pointer of type `T` out of `library`.
-///
-/// # Safety
-/// `T` must be the `extern "C"` function type of the symbol `name` as NVRTC defines it.
-unsafe fn symbol<T: Copy>(library: &Library, path: &Path, name: &str) -> Result<T> {
-    // SAFETY: the caller guarantees `T` matches; `Nvrtc` keeps the library loaded as long as
-    // the pointer.
-    match unsafe { library.get::<T>(name.as_bytes()) } {
-        Ok(sym) => Ok(*sym),
-        Err(e) => Err(Error::Unavailable(format!(
-            "NVRTC {} lacks {name}: {e}",
-            path.display()
-        ))),
-    }
-}
-
 impl Nvrtc {
     /// Loads the library named by `KCACHE_NVRTC_LIBRARY`, else the first of
     /// [`DEFAULT_LIBRARIES`] that loads.
     pub fn load() -> Result<Self> {
-        if let Some(path) = crate::env::var_os(LIBRARY_ENV).filter(|p| !p.is_empty()) {
+        if let Some(path) = library::from_env(LIBRARY_ENV) {
             return Self::load_from(Path::new(&path));
         }
         let mut reasons = Vec::new();
@@ -103,25 +87,21 @@ impl Nvrtc {
 
     /// Loads NVRTC from `path` (a path, or a soname searched the usual dlopen way).
     pub fn load_from(path: &Path) -> Result<Self> {
-        // SAFETY: loading runs the library's initialisers; we only load what the caller or the
-        // environment names as NVRTC.
-        let library = unsafe { Library::new(path) }.map_err(|e| {
-            Error::Unavailable(format!("cannot load NVRTC {}: {e}", path.display()))
-        })?;
+        let library = RuntimeLibrary::open("NVRTC", path)?;
         // SAFETY: each type alias spells the C prototype of the named NVRTC entry point.
         let (version_fn, nvrtc) = unsafe {
-            let version_fn: FnVersion = symbol(&library, path, "nvrtcVersion")?;
+            let version_fn: FnVersion = library.symbol("nvrtcVersion")?;
             let nvrtc = Nvrtc {
                 path: path.to_path_buf(),
                 version: (0, 0),
-                get_error_string: symbol(&library, path, "nvrtcGetErrorString")?,
-                create_program: symbol(&library, path, "nvrtcCreateProgram")?,
-                destroy_program: symbol(&library, path, "nvrtcDestroyProgram")?,
-                compile_program: symbol(&library, path, "nvrtcCompileProgram")?,
-                get_ptx_size: symbol(&library, path, "nvrtcGetPTXSize")?,
-                get_ptx: symbol(&library, path, "nvrtcGetPTX")?,
-                get_log_size: symbol(&library, path, "nvrtcGetProgramLogSize")?,
-                get_log: symbol(&library, path, "nvrtcGetProgramLog")?,
+                get_error_string: library.symbol("nvrtcGetErrorString")?,
+                create_program: library.symbol("nvrtcCreateProgram")?,
+                destroy_program: library.symbol("nvrtcDestroyProgram")?,
+                compile_program: library.symbol("nvrtcCompileProgram")?,
+                get_ptx_size: library.symbol("nvrtcGetPTXSize")?,
+                get_ptx: library.symbol("nvrtcGetPTX")?,
+                get_log_size: library.symbol("nvrtcGetProgramLogSize")?,
+                get_log: library.symbol("nvrtcGetProgramLog")?,
                 _library: library,
             };
             (version_fn, nvrtc)

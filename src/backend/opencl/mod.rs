@@ -7,5 +7,5 @@ mod cache;
 pub mod runtime;
 pub mod sys;
 
-pub use cache::{OpenClCache, OpenClStats, ProgramLease, program_disk_key};
+pub use cache::{OpenClCache, OpenClOptions, OpenClStats, ProgramLease, program_disk_key};
 pub use runtime::{ContextRef, Device, Program};

@@ -11,6 +11,7 @@ use std::mem::ManuallyDrop;
 use std::ptr;
 
 use super::sys::*;
+use crate::backend::handle_cache::Destroy;
 use crate::error::{BuildError, DestroyError, Error, Result};
 
 fn check(code: cl_int, what: &str) -> Result<()> {
@@ -294,21 +295,6 @@ impl Program {
         Ok(binary)
     }
 
-    /// Releases this reference and reports what the driver said, which drop cannot.
-    pub fn release(self) -> std::result::Result<(), DestroyError> {
-        let this = ManuallyDrop::new(self);
-        // SAFETY: gives up the one reference `this` owns; `this` is never used again.
-        let code = unsafe { (this.api.clReleaseProgram)(this.raw) };
-        if code == CL_SUCCESS {
-            Ok(())
-        } else {
-            Err(DestroyError::new(
-                code,
-                format!("clReleaseProgram: {} ({code})", status_name(code)),
-            ))
-        }
-    }
-
     fn build_log(&self, device: cl_device_id) -> String {
         query_bytes("clGetProgramBuildInfo", |size, value, size_ret| {
             // SAFETY: `value` is null with size 0 or points to `size` writable bytes.
@@ -357,6 +343,24 @@ impl Program {
                 self.build_log(device)
             ),
         ))
+    }
+}
+
+/// The memory tier's way to give the program back: what the driver said is reported, which
+/// drop cannot.
+impl Destroy for Program {
+    fn destroy(self) -> std::result::Result<(), DestroyError> {
+        let this = ManuallyDrop::new(self);
+        // SAFETY: gives up the one reference `this` owns; `this` is never used again.
+        let code = unsafe { (this.api.clReleaseProgram)(this.raw) };
+        if code == CL_SUCCESS {
+            Ok(())
+        } else {
+            Err(DestroyError::new(
+                code,
+                format!("clReleaseProgram: {} ({code})", status_name(code)),
+            ))
+        }
     }
 }
 

@@ -7,8 +7,10 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{OsStr, OsString, c_char, c_void};
+use std::path::Path;
 use std::sync::OnceLock;
 
+use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{Error, Result};
 
 pub type cl_int = i32;
@@ -159,27 +161,20 @@ pub struct Api {
         *const cl_event,
         *mut cl_event,
     ) -> cl_int,
-    _library: libloading::Library,
+    _library: RuntimeLibrary,
 }
 
 impl Api {
     /// Opens `path` (a file path or a soname searched like `dlopen` does) and resolves every
     /// entry point. Any failure is [`Error::Unavailable`] naming the library and the symbol.
     pub fn load(path: &OsStr) -> Result<Api> {
-        let unavailable =
-            |e: libloading::Error| Error::Unavailable(format!("OpenCL library {path:?}: {e}"));
-        // SAFETY: opening a shared library runs its initialisers. The ICD loader's are designed
-        // to run in any process; a caller naming another library through the environment
-        // vouches for it in the same way as for LD_PRELOAD.
-        let library = unsafe { libloading::Library::new(path) }.map_err(unavailable)?;
+        let library = RuntimeLibrary::open("OpenCL library", Path::new(path))?;
         macro_rules! resolve {
-            ($name:ident) => {{
+            ($name:ident) => {
                 // SAFETY: the field's type is the prototype the OpenCL specification gives for
                 // this symbol, and the pointer is kept only alongside `library`.
-                let symbol = unsafe { library.get(concat!(stringify!($name), "\0").as_bytes()) }
-                    .map_err(unavailable)?;
-                *symbol
-            }};
+                unsafe { library.symbol(stringify!($name)) }?
+            };
         }
         Ok(Api {
             clGetPlatformIDs: resolve!(clGetPlatformIDs),
@@ -215,8 +210,7 @@ impl Api {
     pub fn get() -> Result<&'static Api> {
         static API: OnceLock<std::result::Result<Api, Error>> = OnceLock::new();
         API.get_or_init(|| {
-            let path = crate::env::var_os("KCACHE_OPENCL_LIBRARY")
-                .filter(|p| !p.is_empty())
+            let path = library::from_env("KCACHE_OPENCL_LIBRARY")
                 .unwrap_or_else(|| OsString::from(DEFAULT_LIBRARY));
             let api = Api::load(&path)?;
             // Loaders and drivers discover platforms and devices on the first query, and not

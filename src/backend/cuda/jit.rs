@@ -1,0 +1,78 @@
+//! The JIT options a PTX link may be given, as the C API passes them.
+
+use crate::error::{Error, Result};
+
+/// One JIT option for linking PTX. Options whose value is a pointer (log buffers) or an
+/// output (wall time) belong to kcache and cannot be passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JitOption {
+    /// `CU_JIT_MAX_REGISTERS`.
+    MaxRegisters(u32),
+    /// `CU_JIT_THREADS_PER_BLOCK`.
+    ThreadsPerBlock(u32),
+    /// `CU_JIT_OPTIMIZATION_LEVEL` (0–4).
+    OptimizationLevel(u32),
+    /// `CU_JIT_TARGET`: a `CUjit_target` value such as 90 for `sm_90`.
+    Target(u32),
+    /// `CU_JIT_FALLBACK_STRATEGY`.
+    FallbackStrategy(u32),
+    /// `CU_JIT_GENERATE_DEBUG_INFO`.
+    GenerateDebugInfo(bool),
+    /// `CU_JIT_LOG_VERBOSE`.
+    LogVerbose(bool),
+    /// `CU_JIT_GENERATE_LINE_INFO`.
+    GenerateLineInfo(bool),
+    /// `CU_JIT_CACHE_MODE`.
+    CacheMode(u32),
+}
+
+impl JitOption {
+    /// From a `CUjit_option` number and its integer value, as the C API passes them.
+    pub fn from_raw(option: u32, value: u32) -> Result<JitOption> {
+        Ok(match option {
+            0 => JitOption::MaxRegisters(value),
+            1 => JitOption::ThreadsPerBlock(value),
+            7 => JitOption::OptimizationLevel(value),
+            9 => JitOption::Target(value),
+            10 => JitOption::FallbackStrategy(value),
+            11 => JitOption::GenerateDebugInfo(value != 0),
+            12 => JitOption::LogVerbose(value != 0),
+            13 => JitOption::GenerateLineInfo(value != 0),
+            14 => JitOption::CacheMode(value),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "CUjit_option {option} cannot be passed to kcache (pointer-valued, \
+                     output-only or unknown)"
+                )));
+            }
+        })
+    }
+
+    /// The `CUjit_option` number and its integer value.
+    pub fn raw(self) -> (u32, u32) {
+        match self {
+            JitOption::MaxRegisters(v) => (0, v),
+            JitOption::ThreadsPerBlock(v) => (1, v),
+            JitOption::OptimizationLevel(v) => (7, v),
+            JitOption::Target(v) => (9, v),
+            JitOption::FallbackStrategy(v) => (10, v),
+            JitOption::GenerateDebugInfo(v) => (11, u32::from(v)),
+            JitOption::LogVerbose(v) => (12, u32::from(v)),
+            JitOption::GenerateLineInfo(v) => (13, u32::from(v)),
+            JitOption::CacheMode(v) => (14, v),
+        }
+    }
+}
+
+/// The same option twice would make the link order-dependent; refuse it up front.
+pub(super) fn check_unique(options: &[JitOption]) -> Result<()> {
+    for (i, a) in options.iter().enumerate() {
+        if options[..i].iter().any(|b| b.raw().0 == a.raw().0) {
+            return Err(Error::InvalidArgument(format!(
+                "JIT option {} is given twice",
+                a.raw().0
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! The driver calls of the CUDA cache, as the backend skeleton asks for them: a context's
+//! device, PTX (or CUDA C++ through NVRTC) linked into a cubin, a cubin loaded, and the keys.
+
+use std::borrow::Cow;
+use std::ffi::c_uint;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::driver::{CUcontext, CUdevice, CUmodule, CUresult, Driver};
+use super::jit::JitOption;
+use super::module::{Context, Module};
+use super::nvrtc::Nvrtc;
+use crate::backend::handle_cache::{Compiled, Registered, Runtime};
+use crate::error::{BuildError, Error, Result};
+use crate::key::{Key, KeyBuilder};
+use crate::memory::Built;
+
+/// What a module is built from.
+#[derive(Clone, Copy)]
+pub(super) enum Source<'a> {
+    Ptx(&'a [u8]),
+    Cuda {
+        source: &'a str,
+        options: &'a [&'a str],
+        nvrtc: &'a Nvrtc,
+    },
+}
+
+/// One lookup: the context, what the module is built from and the JIT options.
+#[derive(Clone, Copy)]
+pub(crate) struct Input<'a> {
+    pub(super) context: Context,
+    pub(super) source: Source<'a>,
+    pub(super) options: &'a [JitOption],
+}
+
+/// What the cache learns about a context when it first sees it. A context evicted and then
+/// used again (or a new context at a reused address) is registered anew, under a new number,
+/// so it can never hit the old context's modules.
+pub(crate) struct ContextInfo {
+    pub(super) device: CUdevice,
+    device_name: String,
+    capability: (i32, i32),
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) links: AtomicU64,
+    pub(super) link_failures: AtomicU64,
+    pub(super) nvrtc_compiles: AtomicU64,
+    pub(super) nvrtc_failures: AtomicU64,
+}
+
+/// The driver calls of the cache: a context's device, PTX (or NVRTC) and link, cubin load.
+pub(crate) struct Cuda {
+    pub(super) driver: Arc<Driver>,
+    pub(super) counters: Counters,
+}
+
+impl Runtime for Cuda {
+    /// The caller's context, by address.
+    type Handle = usize;
+    type Info = ContextInfo;
+    type Value = Module;
+    type Input<'a> = Input<'a>;
+
+    fn describe(&self, input: Input<'_>) -> Result<ContextInfo> {
+        // SAFETY: `Context` guarantees a live context.
+        let (device, device_name, capability) = unsafe {
+            self.driver.with_context(input.context.raw(), || {
+                let device = self.driver.current_device()?;
+                Ok::<_, Error>((
+                    device,
+                    self.driver.device_name(device)?,
+                    self.driver.compute_capability(device)?,
+                ))
+            })
+        }??;
+        Ok(ContextInfo {
+            device,
+            device_name,
+            capability,
+        })
+    }
+
+    /// The kind of input, the JIT options in the caller's order (each a fixed 8 bytes, after a
+    /// count), for CUDA C++ the NVRTC options (each length-prefixed, after a count), then the
+    /// PTX or source text.
+    fn memory_key(key: &mut Vec<u8>, input: Input<'_>) {
+        key.push(match input.source {
+            Source::Ptx(_) => 0,
+            Source::Cuda { .. } => 1,
+        });
+        key.extend_from_slice(&(input.options.len() as u64).to_le_bytes());
+        for option in input.options {
+            let (o, v) = option.raw();
+            key.extend_from_slice(&o.to_le_bytes());
+            key.extend_from_slice(&v.to_le_bytes());
+        }
+        match input.source {
+            Source::Ptx(ptx) => key.extend_from_slice(ptx),
+            Source::Cuda {
+                source, options, ..
+            } => {
+                append_strings(key, options);
+                key.extend_from_slice(source.as_bytes());
+            }
+        }
+    }
+
+    fn disk_key(&self, context: &ContextInfo, input: Input<'_>) -> Result<Key> {
+        disk_key(context, self.driver.version(), input)
+    }
+
+    fn load(&self, registered: &Registered<Self>, _: Input<'_>, cubin: &[u8]) -> Built<Module> {
+        // The cubin passed the integrity check, so a refusal is the driver's own (a driver
+        // build with the same version number, a changed GPU mode): the disk tier drops it and
+        // the PTX is linked again.
+        let raw = self.in_context(registered, || {
+            self.driver.load_image(cubin).map_err(|code| {
+                BuildError::new(
+                    code,
+                    format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
+                )
+            })
+        })?;
+        Ok((self.wrap(registered, raw), cubin.len() as u64))
+    }
+
+    fn build(
+        &self,
+        registered: &Registered<Self>,
+        input: Input<'_>,
+    ) -> std::result::Result<Compiled<Module>, BuildError> {
+        // A loaded module cannot give its cubin back: the link's is the one the disk keeps.
+        let (raw, cubin) = self.in_context(registered, || self.link(registered, input))?;
+        Ok(Compiled {
+            value: self.wrap(registered, raw),
+            weight: cubin.len() as u64,
+            bytes: Some(cubin),
+        })
+    }
+}
+
+impl Cuda {
+    fn wrap(&self, registered: &Registered<Self>, raw: CUmodule) -> Module {
+        Module {
+            raw,
+            context: registered.handle() as CUcontext,
+            driver: Arc::clone(&self.driver),
+        }
+    }
+
+    /// Runs `f` with the registered context current.
+    fn in_context<T>(
+        &self,
+        registered: &Registered<Self>,
+        f: impl FnOnce() -> std::result::Result<T, BuildError>,
+    ) -> std::result::Result<T, BuildError> {
+        let context = registered.handle() as CUcontext;
+        // SAFETY: the context was wrapped in a `Context` by the caller of the lookup.
+        match unsafe { self.driver.scoped(context, f) } {
+            Ok(done) => done,
+            Err((what, code)) => Err(BuildError::new(
+                code,
+                format!("{what} failed: {}", self.driver.describe(code)),
+            )),
+        }
+    }
+
+    /// Compiles CUDA C++ to PTX if need be, links the PTX into a cubin and loads that; runs
+    /// with the module's context current. Returns the module and the cubin.
+    fn link(
+        &self,
+        registered: &Registered<Self>,
+        input: Input<'_>,
+    ) -> std::result::Result<(CUmodule, Vec<u8>), BuildError> {
+        let ptx = match input.source {
+            Source::Ptx(ptx) => Cow::Borrowed(ptx),
+            Source::Cuda {
+                source,
+                options,
+                nvrtc,
+            } => {
+                bump(&self.counters.nvrtc_compiles);
+                let ptx =
+                    compile_cuda(nvrtc, registered.info(), source, options).inspect_err(|_| {
+                        bump(&self.counters.nvrtc_failures);
+                    })?;
+                Cow::Owned(ptx)
+            }
+        };
+        bump(&self.counters.links);
+        let raw_options: Vec<(c_uint, usize)> = input
+            .options
+            .iter()
+            .map(|o| {
+                let (option, value) = o.raw();
+                (option, value as usize)
+            })
+            .collect();
+        let cubin = self
+            .driver
+            .link_ptx(&ptx, &raw_options)
+            .map_err(|(code, log)| {
+                bump(&self.counters.link_failures);
+                BuildError::new(code, log)
+            })?;
+        let raw = self
+            .driver
+            .load_image(&cubin)
+            .map_err(|code| self.load_error(code))?;
+        Ok((raw, cubin))
+    }
+
+    fn load_error(&self, code: CUresult) -> BuildError {
+        BuildError::new(
+            code,
+            format!(
+                "cuModuleLoadDataEx refused the cubin it just linked: {}",
+                self.driver.describe(code)
+            ),
+        )
+    }
+}
+
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Runs NVRTC for the context's device unless the options pick an architecture.
+fn compile_cuda(
+    nvrtc: &Nvrtc,
+    context: &ContextInfo,
+    source: &str,
+    options: &[&str],
+) -> std::result::Result<Vec<u8>, BuildError> {
+    let picks_arch = options
+        .iter()
+        .any(|o| o.starts_with("-arch") || o.starts_with("--gpu-architecture"));
+    let arch;
+    let mut all: Vec<&str> = options.to_vec();
+    if !picks_arch {
+        let (major, minor) = context.capability;
+        arch = format!("--gpu-architecture=compute_{major}{minor}");
+        all.push(&arch);
+    }
+    nvrtc.compile(source, &all)
+}
+
+/// A count, then each string length-prefixed: no two lists encode alike.
+fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
+    out.extend_from_slice(&(strings.len() as u64).to_le_bytes());
+    for s in strings {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+}
+
+/// The disk key: what makes a cubin valid for a GPU (device name, compute capability, driver
+/// version, which is also the PTX compiler's; for CUDA C++ the NVRTC version) and what it was
+/// built from, but no handle, so it holds across processes and contexts. NVRTC options keep
+/// their order: `-I` search order and repeated `-D` depend on it.
+fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Result<Key> {
+    let mut builder = KeyBuilder::new();
+    builder
+        .backend("cuda")
+        .device_name(&context.device_name)
+        .driver_version(driver_version.to_string())
+        .extra(
+            "compute_capability",
+            format!("{}.{}", context.capability.0, context.capability.1),
+        );
+    match input.source {
+        Source::Ptx(ptx) => {
+            builder.extra("input", "ptx").source(ptx);
+        }
+        Source::Cuda {
+            source,
+            options,
+            nvrtc,
+        } => {
+            let (major, minor) = nvrtc.version();
+            let mut encoded = Vec::new();
+            append_strings(&mut encoded, options);
+            builder
+                .extra("input", "cuda")
+                .compiler_version(format!("nvrtc {major}.{minor}"))
+                .extra("nvrtc_options", encoded)
+                .source(source);
+        }
+    }
+    for option in input.options {
+        let (o, v) = option.raw();
+        builder.option(o.to_string(), v.to_string());
+    }
+    builder.finish()
+}

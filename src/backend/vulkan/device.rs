@@ -1,0 +1,195 @@
+//! A caller's device as the cache registers it: its function table, identity and limits, and
+//! the per-device state pipelines and pipeline-cache data hang off.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ash::vk;
+use parking_lot::{Mutex, RwLock};
+
+use super::header::CacheIdentity;
+use super::loader::Vulkan;
+use super::pipeline::Layout;
+use crate::backend::registry::Registration;
+use crate::key::Key;
+use crate::{DeviceId, Error, Result};
+
+/// Function table of one `VkDevice`, shared by everything that must outlive its registration.
+pub(super) struct DeviceFns {
+    pub(super) fns: ash::Device,
+    pub(super) live_pipelines: AtomicU64,
+    /// Dropped after the last object of the device is destroyed.
+    _owner: Option<Arc<dyn DeviceOwner>>,
+    /// Keeps the loader library (and so `fns`) loaded while leases outlive the cache.
+    _loader: ash::Entry,
+}
+
+/// Something that owns a Vulkan device and destroys it when dropped. A device registered
+/// through [`VulkanCache::register_owned_device`](super::VulkanCache::register_owned_device)
+/// is kept alive by kcache until its last pipeline and layout are destroyed, so no lifetime
+/// rule is left to the caller.
+///
+/// # Safety
+/// The three handles must be live and related (`physical_device` enumerated from `instance`,
+/// `device` created from `physical_device`), created through the [`Vulkan`] loader of the cache
+/// they are registered with, and stay valid for as long as the value lives.
+pub unsafe trait DeviceOwner: Send + Sync + 'static {
+    fn instance(&self) -> vk::Instance;
+    fn physical_device(&self) -> vk::PhysicalDevice;
+    fn device(&self) -> vk::Device;
+}
+
+pub(super) struct Limits {
+    pub(super) max_push_constants_size: u32,
+    pub(super) max_bound_descriptor_sets: u32,
+}
+
+/// What the cache keeps about a registered device.
+pub(super) struct DeviceState {
+    /// The [`VulkanCache`](super::VulkanCache) the device is registered with.
+    pub(super) cache: u64,
+    pub(super) fns: Arc<DeviceFns>,
+    pub(super) identity: CacheIdentity,
+    /// Where this device's pipeline-cache data lives on disk.
+    pub(super) disk_key: Key,
+    pub(super) limits: Limits,
+    /// Null once unregistered. Read-locked while a pipeline is created with it, so that
+    /// teardown cannot destroy it under a build.
+    pub(super) pipeline_cache: RwLock<vk::PipelineCache>,
+    pub(super) layouts: Mutex<HashMap<[u8; 32], Arc<Layout>>>,
+    /// Pipelines created since the data was last written.
+    pub(super) unsaved: AtomicU64,
+    /// Time spent in `vkCreateComputePipelines` on this device: what the stored data saves a
+    /// later process at best, recorded with it for the disk tier's eviction.
+    pub(super) build_nanos: AtomicU64,
+    /// Digest of the blob last read from or written to disk; serialises write-backs.
+    pub(super) stored: Mutex<Option<[u8; 32]>>,
+}
+
+/// A device registered with a [`VulkanCache`](super::VulkanCache). Cloning it is cheap.
+#[derive(Clone)]
+pub struct VulkanDevice(pub(super) Arc<Registration<u64, DeviceState>>);
+
+impl VulkanDevice {
+    /// The id under which the memory tier records this device's pipelines.
+    pub fn id(&self) -> DeviceId {
+        self.0.id()
+    }
+
+    pub fn identity(&self) -> &CacheIdentity {
+        &self.0.info().identity
+    }
+
+    /// Whether the device was unregistered (or its cache dropped).
+    pub fn is_retired(&self) -> bool {
+        self.0.is_evicted()
+    }
+
+    /// The disk key of this device's pipeline-cache data.
+    pub fn pipeline_cache_key(&self) -> Key {
+        self.0.info().disk_key
+    }
+
+    /// Pipelines of this device not yet destroyed (cached or still leased).
+    pub fn live_pipelines(&self) -> u64 {
+        self.0.info().fns.live_pipelines.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn state(&self) -> &DeviceState {
+        self.0.info()
+    }
+}
+
+/// The device functions kcache calls.
+const DEVICE_FUNCTIONS: [&CStr; 12] = [
+    c"vkCreateShaderModule",
+    c"vkDestroyShaderModule",
+    c"vkCreateComputePipelines",
+    c"vkDestroyPipeline",
+    c"vkCreateDescriptorSetLayout",
+    c"vkDestroyDescriptorSetLayout",
+    c"vkCreatePipelineLayout",
+    c"vkDestroyPipelineLayout",
+    c"vkCreatePipelineCache",
+    c"vkDestroyPipelineCache",
+    c"vkGetPipelineCacheData",
+    c"vkMergePipelineCaches",
+];
+
+fn missing_function(name: &CStr) -> Error {
+    Error::Unavailable(format!(
+        "the Vulkan loader does not provide {}",
+        name.to_string_lossy()
+    ))
+}
+
+/// Loads the device's function table and reads its properties, after checking that the
+/// loader provides every function kcache calls.
+///
+/// # Safety
+/// The handles must be non-null, live and related (`physical_device` from `instance`, `device`
+/// from `physical_device`) and created through `vulkan`.
+pub(super) unsafe fn open(
+    vulkan: &Vulkan,
+    instance: vk::Instance,
+    physical_device: vk::PhysicalDevice,
+    device: vk::Device,
+    owner: Option<Arc<dyn DeviceOwner>>,
+) -> Result<(Arc<DeviceFns>, vk::PhysicalDeviceProperties)> {
+    let get_instance_proc_addr = vulkan.entry.static_fn().get_instance_proc_addr;
+    for name in [c"vkGetPhysicalDeviceProperties", c"vkGetDeviceProcAddr"] {
+        // SAFETY: `instance` is live and belongs to this loader (caller's contract).
+        if unsafe { get_instance_proc_addr(instance, name.as_ptr()) }.is_none() {
+            return Err(missing_function(name));
+        }
+    }
+    // SAFETY: the caller guarantees `instance` is live and belongs to this loader.
+    let instance_fns = unsafe { ash::Instance::load(vulkan.entry.static_fn(), instance) };
+    // ash turns a function the loader lacks into a stub that panics when called: make sure
+    // every device function kcache calls exists, so that a partial loader is reported.
+    let get_device_proc_addr = instance_fns.fp_v1_0().get_device_proc_addr;
+    for name in DEVICE_FUNCTIONS {
+        // SAFETY: `device` is live and belongs to `instance` (caller's contract).
+        if unsafe { get_device_proc_addr(device, name.as_ptr()) }.is_none() {
+            return Err(missing_function(name));
+        }
+    }
+    // SAFETY: `physical_device` belongs to `instance` (caller's contract).
+    let props = unsafe { instance_fns.get_physical_device_properties(physical_device) };
+    // SAFETY: `device` was created from `physical_device` of `instance` (caller's contract).
+    let fns = unsafe { ash::Device::load(instance_fns.fp_v1_0(), device) };
+    let fns = Arc::new(DeviceFns {
+        fns,
+        live_pipelines: AtomicU64::new(0),
+        _owner: owner,
+        _loader: vulkan.entry.clone(),
+    });
+    Ok((fns, props))
+}
+
+/// What the pipeline-cache header names of a device.
+pub(super) fn identity(props: &vk::PhysicalDeviceProperties) -> CacheIdentity {
+    CacheIdentity {
+        vendor_id: props.vendor_id,
+        device_id: props.device_id,
+        driver_version: props.driver_version,
+        pipeline_cache_uuid: props.pipeline_cache_uuid,
+    }
+}
+
+/// Refuses null handles before any of them reaches the loader.
+pub(super) fn check_handles(
+    instance: vk::Instance,
+    physical_device: vk::PhysicalDevice,
+    device: vk::Device,
+) -> Result<()> {
+    if instance == vk::Instance::null()
+        || physical_device == vk::PhysicalDevice::null()
+        || device == vk::Device::null()
+    {
+        return Err(Error::InvalidArgument("null Vulkan handle".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! The device's `VkPipelineCache` data on disk: read and checked at registration, merged with
+//! what another process stored and written back on flush and teardown.
+//!
+//! This is where Vulkan differs from the other backends' disk tier: the driver keeps one
+//! pipeline cache per device, holding every pipeline it created, so the disk holds one blob
+//! per device (under its identity) rather than one entry per value.
+
+use std::ffi::CStr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ash::vk;
+
+use super::device::DeviceState;
+use super::header::{self, CacheIdentity};
+use super::stats::{Counters, bump};
+use crate::disk::DiskCache;
+use crate::key::{Key, KeyBuilder};
+use crate::{Error, Result};
+
+fn backend_error(what: &str, r: vk::Result) -> Error {
+    Error::Backend(format!("{what} failed: {r}"))
+}
+
+fn digest(data: &[u8]) -> [u8; 32] {
+    *blake3::hash(data).as_bytes()
+}
+
+/// Disk key of a device's pipeline-cache data: everything the cache header names, plus the
+/// driver version the header leaves out.
+pub(super) fn pipeline_cache_key(
+    identity: &CacheIdentity,
+    props: &vk::PhysicalDeviceProperties,
+) -> Result<Key> {
+    let name = props
+        .device_name_as_c_str()
+        .map(CStr::to_bytes)
+        .unwrap_or_default();
+    let mut k = KeyBuilder::new();
+    k.backend("vulkan")
+        .device_vendor(identity.vendor_id.to_le_bytes())
+        .device_name(name)
+        .driver_version(identity.driver_version.to_le_bytes())
+        .entry("VkPipelineCache")
+        .extra("deviceID", identity.device_id.to_le_bytes())
+        .extra("pipelineCacheUUID", identity.pipeline_cache_uuid);
+    k.finish()
+}
+
+/// Creates the device's pipeline cache, from disk data when its header names this device.
+pub(super) fn create_pipeline_cache(
+    disk: Option<&DiskCache>,
+    counters: &Counters,
+    fns: &ash::Device,
+    identity: &CacheIdentity,
+    key: &Key,
+) -> Result<(vk::PipelineCache, Option<[u8; 32]>)> {
+    let blob = match disk {
+        // A disk that cannot be read costs the warm start, not the device.
+        Some(disk) => match disk.get(key) {
+            Ok(entry) => entry.map(crate::disk::Entry::into_payload),
+            Err(_) => {
+                bump(&counters.disk_errors);
+                None
+            }
+        },
+        None => None,
+    };
+    // Remembered even for a rejected blob, so that a write-back neither merges it nor
+    // counts it a second time, and replaces it.
+    let stored = blob.as_deref().map(digest);
+    let initial: &[u8] = match &blob {
+        None => {
+            if disk.is_some() {
+                bump(&counters.data_missing);
+            }
+            &[]
+        }
+        Some(data) if header::check(data, identity).is_ok() => data,
+        Some(_) => {
+            bump(&counters.data_rejected);
+            &[]
+        }
+    };
+    let info = vk::PipelineCacheCreateInfo::default().initial_data(initial);
+    // SAFETY: `fns` is the live device's table; `initial` is empty or carries a header
+    // that names this very device, driver build and cache format.
+    match unsafe { fns.create_pipeline_cache(&info, None) } {
+        Ok(cache) => {
+            if !initial.is_empty() {
+                bump(&counters.data_loaded);
+            }
+            Ok((cache, stored))
+        }
+        Err(_) if !initial.is_empty() => {
+            // The driver refused data whose header matched: a miss like any other.
+            bump(&counters.data_rejected);
+            let empty = vk::PipelineCacheCreateInfo::default();
+            // SAFETY: as above, with no initial data.
+            let cache = unsafe { fns.create_pipeline_cache(&empty, None) }
+                .map_err(|r| backend_error("vkCreatePipelineCache", r))?;
+            Ok((cache, stored))
+        }
+        Err(r) => Err(backend_error("vkCreatePipelineCache", r)),
+    }
+}
+
+/// Writes the device's pipeline-cache data to disk if pipelines were created since the
+/// last write, merging in what another process stored meanwhile. Returns whether it wrote.
+pub(super) fn write_back(
+    disk: Option<&DiskCache>,
+    counters: &Counters,
+    state: &DeviceState,
+) -> Result<bool> {
+    let Some(disk) = disk else {
+        return Ok(false);
+    };
+    let mut stored = state.stored.lock();
+    let cache = state.pipeline_cache.read();
+    if *cache == vk::PipelineCache::null() {
+        return Ok(false);
+    }
+    let pending = state.unsaved.swap(0, Ordering::AcqRel);
+    if pending == 0 {
+        return Ok(false);
+    }
+    let result = write_data(disk, counters, state, *cache, &mut stored);
+    if result.is_err() {
+        // Keep the data marked unsaved so that the next flush retries.
+        state.unsaved.fetch_add(pending, Ordering::AcqRel);
+    }
+    result
+}
+
+fn write_data(
+    disk: &DiskCache,
+    counters: &Counters,
+    state: &DeviceState,
+    cache: vk::PipelineCache,
+    stored: &mut Option<[u8; 32]>,
+) -> Result<bool> {
+    let d = &state.fns.fns;
+    let theirs = disk.get(&state.disk_key).inspect_err(|_| {
+        bump(&counters.disk_errors);
+    })?;
+    let theirs = theirs.as_ref().map(|e| e.payload());
+    if let Some(theirs) = theirs.filter(|t| Some(digest(t)) != *stored) {
+        if header::check(theirs, &state.identity).is_ok() {
+            merge(counters, d, cache, theirs)?;
+            // If merging added nothing of ours, the stored blob already says it all.
+            *stored = Some(digest(theirs));
+        } else {
+            bump(&counters.data_rejected);
+        }
+    }
+    // SAFETY: live device and pipeline cache (read-locked, so not destroyed meanwhile).
+    let data = unsafe { d.get_pipeline_cache_data(cache) }
+        .map_err(|r| backend_error("vkGetPipelineCacheData", r))?;
+    if let Err(m) = header::check(&data, &state.identity) {
+        return Err(Error::Backend(format!(
+            "the driver's own pipeline-cache data fails the header check: {m}"
+        )));
+    }
+    let written = digest(&data);
+    if Some(written) == *stored {
+        return Ok(false);
+    }
+    let build_time = Duration::from_nanos(state.build_nanos.load(Ordering::Relaxed));
+    disk.put(&state.disk_key, &data, build_time)
+        .inspect_err(|_| {
+            bump(&counters.disk_errors);
+        })?;
+    *stored = Some(written);
+    bump(&counters.data_written);
+    Ok(true)
+}
+
+fn merge(counters: &Counters, d: &ash::Device, into: vk::PipelineCache, data: &[u8]) -> Result<()> {
+    let info = vk::PipelineCacheCreateInfo::default().initial_data(data);
+    // SAFETY: live device; `data`'s header names this device (checked by the caller).
+    let Ok(theirs) = (unsafe { d.create_pipeline_cache(&info, None) }) else {
+        bump(&counters.data_rejected);
+        return Ok(());
+    };
+    // SAFETY: both caches belong to the live device; `theirs` is used by nobody else.
+    let merged = unsafe { d.merge_pipeline_caches(into, &[theirs]) };
+    // SAFETY: `theirs` was created above and is no longer needed.
+    unsafe { d.destroy_pipeline_cache(theirs, None) };
+    merged.map_err(|r| backend_error("vkMergePipelineCaches", r))?;
+    bump(&counters.data_merged);
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! What the Vulkan cache counts: Vulkan objects made and destroyed and pipeline-cache data
+//! moved to and from disk, next to the memory and disk tiers' own counters.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::disk::DiskStats;
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) pipelines_created: AtomicU64,
+    pub(super) pipelines_destroyed: AtomicU64,
+    pub(super) layouts_created: AtomicU64,
+    pub(super) data_loaded: AtomicU64,
+    pub(super) data_missing: AtomicU64,
+    pub(super) data_rejected: AtomicU64,
+    pub(super) data_written: AtomicU64,
+    pub(super) data_merged: AtomicU64,
+    pub(super) disk_errors: AtomicU64,
+}
+
+/// What kcache did with Vulkan objects and pipeline-cache data, next to the memory tier's
+/// own statistics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VulkanStats {
+    pub memory: crate::memory::Stats,
+    /// Successful `vkCreateComputePipelines` calls.
+    pub pipelines_created: u64,
+    /// `vkDestroyPipeline` calls (each with its `vkDestroyShaderModule`).
+    pub pipelines_destroyed: u64,
+    /// Pipeline layouts created (one per device and layout description).
+    pub layouts_created: u64,
+    /// Pipeline-cache blobs read from disk, validated and handed to the driver.
+    pub cache_data_loaded: u64,
+    /// Device registrations that found no pipeline-cache data on disk.
+    pub cache_data_missing: u64,
+    /// Blobs refused before reaching the driver (header names another device, driver or
+    /// format), plus blobs the driver itself refused. Each is a miss.
+    pub cache_data_rejected: u64,
+    /// Pipeline-cache blobs written to disk.
+    pub cache_data_written: u64,
+    /// Blobs another cache stored since this one last read or wrote, merged in before a write.
+    pub cache_data_merged: u64,
+    /// Disk reads or writes that failed. A failed read at registration starts the device's
+    /// pipeline cache empty; a failed write is returned by the call that flushed.
+    pub disk_errors: u64,
+    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
+    /// all zero without a disk tier. A disk tier shared with other caches counts for all.
+    pub disk: DiskStats,
+}
+
+impl Counters {
+    /// The counters, next to the tiers' own.
+    pub(super) fn stats(&self, memory: crate::memory::Stats, disk: DiskStats) -> VulkanStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        VulkanStats {
+            memory,
+            pipelines_created: get(&self.pipelines_created),
+            pipelines_destroyed: get(&self.pipelines_destroyed),
+            layouts_created: get(&self.layouts_created),
+            cache_data_loaded: get(&self.data_loaded),
+            cache_data_missing: get(&self.data_missing),
+            cache_data_rejected: get(&self.data_rejected),
+            cache_data_written: get(&self.data_written),
+            cache_data_merged: get(&self.data_merged),
+            disk_errors: get(&self.disk_errors),
+            disk,
+        }
+    }
+}
+
+pub(super) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
