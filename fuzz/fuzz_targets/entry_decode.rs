@@ -165,7 +165,7 @@ fn encode(tagger: &Tagger, schema: u32, key: Key, build_nanos: u64, payload: &[u
     [&header[..], payload, &tag].concat()
 }
 
-fn retag(bytes: &mut Vec<u8>, tagger: &Tagger) {
+fn retag(bytes: &mut [u8], tagger: &Tagger) {
     if bytes.len() < TAG_LEN {
         return;
     }
@@ -227,7 +227,10 @@ fn structured(s: Structured) {
     }
     if bytes == original {
         // An intact entry is accepted exactly by its writer's configuration and schema.
-        assert_eq!(ok, s.reader % 3 == s.writer % 3 && s.schema_delta % 2 == 0);
+        assert_eq!(
+            ok,
+            s.reader % 3 == s.writer % 3 && s.schema_delta.is_multiple_of(2)
+        );
     }
 }
 
@@ -235,7 +238,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    if mode % 2 == 0 {
+    if mode.is_multiple_of(2) {
         let tagger = tagger(mode / 2);
         // Expect the key and schema the file names, so that the checks after the tag can be
         // reached by an input whose tag is right.

@@ -154,6 +154,10 @@ struct ModelEntry {
     destroyed: bool,
 }
 
+/// A build in progress: its key, its device and that device's epoch, and the generation, as
+/// they were when it started.
+type Building = (u8, Option<(DeviceId, u64)>, u64);
+
 #[derive(Default)]
 struct Model {
     entries: HashMap<u64, ModelEntry>,
@@ -163,8 +167,8 @@ struct Model {
     queue: VecDeque<u64>,
     epochs: HashMap<DeviceId, u64>,
     generation: u64,
-    /// Builds in progress, outermost first: (key, device and its epoch, generation).
-    building: Vec<(u8, Option<(DeviceId, u64)>, u64)>,
+    /// Builds in progress, outermost first.
+    building: Vec<Building>,
     stats: Stats,
     hook_calls: u64,
     max_entries: Option<u64>,

@@ -191,10 +191,10 @@ struct Structured {
 
 fn encode_name(name: &str, unterminated: bool) -> Vec<u32> {
     let mut bytes = name.as_bytes().to_vec();
-    if !(unterminated && bytes.len() % 4 == 0) {
+    if !(unterminated && bytes.len().is_multiple_of(4)) {
         bytes.push(0);
     }
-    while bytes.len() % 4 != 0 {
+    while !bytes.len().is_multiple_of(4) {
         bytes.push(0);
     }
     bytes
