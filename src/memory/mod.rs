@@ -511,8 +511,12 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             .counters
             .capacity_evictions
             .fetch_add(unlinked.len() as u64, Ordering::Relaxed);
-        if let Err(Error::Destroy(e)) = destroy_all(unlinked) {
-            self.shared.report_destroy_error(&e);
+        // No caller to return to: every failure goes to the hook (`destroy_all` keeps only the
+        // first).
+        for victim in unlinked {
+            if let Some(Err(e)) = Arc::into_inner(victim).map(Entry::destroy_now) {
+                self.shared.report_destroy_error(&e);
+            }
         }
     }
 
