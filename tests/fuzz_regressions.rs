@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kcache::DestroyError;
-use kcache::memory::{Eviction, MemoryCache, Options};
+use kcache::memory::{Eviction, MAX_ENTRY_WEIGHT, MemoryCache, Options};
 
 /// memory_ops: a capacity sweep that evicts several values whose destroys fail must pass every
 /// failure to `on_destroy_error` (README, "Destroy errors"), not only the first one. Found as
@@ -50,4 +50,34 @@ fn capacity_eviction_reports_every_destroy_failure() {
     );
     assert_eq!(cache.len(), 1);
     drop(heavy);
+}
+
+/// memory_ops (a case its weights cannot reach): weights near `u64::MAX` made the total weight
+/// overflow (a panic under overflow checks, a wrapped total that stopped the weight cap
+/// otherwise). Each entry now counts as at most `MAX_ENTRY_WEIGHT`.
+#[test]
+fn huge_weights_neither_overflow_nor_disable_the_cap() {
+    let cache: MemoryCache<Vec<u8>, u64> = MemoryCache::new(
+        Options {
+            max_weight: Some(10),
+            eviction: Eviction::Clock,
+            ..Options::default()
+        },
+        |_| Ok(()),
+    );
+    let huge = cache
+        .find_or_build(b"huge".as_slice(), None, || Ok((1, u64::MAX - 1)))
+        .unwrap();
+    assert_eq!(huge.weight(), MAX_ENTRY_WEIGHT);
+    assert_eq!(cache.stats().weight, MAX_ENTRY_WEIGHT);
+    drop(huge);
+    // The next install finds the total over the cap and evicts the heavy entry.
+    drop(
+        cache
+            .find_or_build(b"small".as_slice(), None, || Ok((2, 5)))
+            .unwrap(),
+    );
+    let stats = cache.stats();
+    assert_eq!((stats.weight, stats.capacity_evictions), (5, 1));
+    assert_eq!(cache.len(), 1);
 }

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arbitrary::Arbitrary;
-use kcache::memory::{Eviction, Lease, MemoryCache, Options, Stats};
+use kcache::memory::{Eviction, Lease, MAX_ENTRY_WEIGHT, MemoryCache, Options, Stats};
 use kcache::{BuildError, DestroyError, DeviceId, Error};
 use libfuzzer_sys::fuzz_target;
 
@@ -44,6 +44,8 @@ const MAX_SLOW_BUILDS: u32 = 2;
 enum Weight {
     Small(u8),
     Large(u32),
+    /// Past `MAX_ENTRY_WEIGHT`, up to `u64::MAX`: counted as `MAX_ENTRY_WEIGHT`.
+    Huge(u64),
 }
 
 impl Weight {
@@ -51,7 +53,13 @@ impl Weight {
         match self {
             Weight::Small(w) => u64::from(w % 8),
             Weight::Large(w) => u64::from(w),
+            Weight::Huge(w) => w.max(MAX_ENTRY_WEIGHT),
         }
+    }
+
+    /// What the cache counts for it.
+    fn counted(self) -> u64 {
+        self.get().min(MAX_ENTRY_WEIGHT)
     }
 }
 
@@ -389,7 +397,7 @@ impl Harness {
                         self.slow_builds += 1;
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    built_id = Some((id, weight.get(), destroy_fails));
+                    built_id = Some((id, weight.counted(), destroy_fails));
                     Ok((id, weight.get()))
                 }
             }

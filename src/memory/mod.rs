@@ -74,12 +74,18 @@ const SHARDS: usize = 4;
 /// What a build (or a load from another tier) returns: the value and its weight, or why not.
 pub type Built<V> = std::result::Result<(V, u64), BuildError>;
 
+/// The most one entry weighs: larger weights (a C caller's `UINT64_MAX` for "unknown", say)
+/// count as this much. 2^40 (a tebibyte, if weights are bytes) is heavier than any kernel, and
+/// the total weight of fewer than 2^24 such entries cannot overflow.
+pub const MAX_ENTRY_WEIGHT: u64 = 1 << 40;
+
 /// How a [`MemoryCache`] behaves; fixed at creation.
 #[derive(Clone, Default)]
 pub struct Options {
     /// At most this many entries (`None`: unbounded).
     pub max_entries: Option<u64>,
-    /// At most this total weight, as reported by the builds (`None`: unbounded).
+    /// At most this total weight, as reported by the builds (`None`: unbounded). A build's
+    /// weight counts as at most [`MAX_ENTRY_WEIGHT`].
     pub max_weight: Option<u64>,
     /// The values borrow resources that a `clear` releases: a build in flight across a clear
     /// is discarded with [`Error::CacheCleared`] instead of being installed.
@@ -437,7 +443,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let entry = Arc::new(Entry::new(
             key,
             value,
-            weight,
+            weight.min(MAX_ENTRY_WEIGHT),
             device,
             build_time,
             hash,
@@ -469,7 +475,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         table.insert_unique(hash, Slot::Ready(Arc::clone(&entry)), Slot::hash);
         let c = &self.shared.counters;
         let entries = c.entries.fetch_add(1, Ordering::Relaxed) + 1;
-        let weight = c.weight.fetch_add(weight, Ordering::Relaxed) + weight;
+        let weight = c.weight.fetch_add(entry.weight(), Ordering::Relaxed) + entry.weight();
         drop(table);
         drop(building);
         bump(&c.builds);
