@@ -6,8 +6,9 @@ use std::ptr;
 
 use super::cache::{
     KC_NO_DEVICE, RawValue, kc_cache, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
-    kc_cache_options_default, kc_lease_release, kc_lease_value,
+    kc_cache_options_default,
 };
+use super::lease::{kc_lease_release, kc_lease_value};
 use super::status::kc_status;
 
 /// Builds the value `ctx`.
