@@ -71,8 +71,8 @@ static void check_backends(const char *cuda_driver) {
   CHECK(kc_cuda_cache_new(&cu, &cu_cache) == KC_OK);
   const char *source = "extern \"C\" __global__ void k() {}";
   kc_cuda_lease *lease = NULL;
-  kc_status status = kc_cuda_get_module_cuda(cu_cache, NULL, source, strlen(source), NULL, 0,
-                                             NULL, 0, &lease);
+  kc_status status = kc_cuda_cache_find_or_build_source(cu_cache, NULL, source, strlen(source),
+                                                        NULL, 0, NULL, 0, &lease);
   CHECK(status != KC_OK || lease != NULL);
   if (status == KC_ERR_UNAVAILABLE) CHECK(LAST_ERROR_HAS("libnvrtc.so"));
   kc_cuda_lease_release(lease);
