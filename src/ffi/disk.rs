@@ -23,6 +23,7 @@ use crate::{Error, Result};
 pub const KC_FINGERPRINT_LEN: usize = 8;
 /// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 pub const KC_DISK_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
+
 // The constants are literals so cbindgen can emit them; these keep them equal to the Rust
 // definitions.
 const _: () = {
