@@ -255,6 +255,32 @@ pub unsafe fn read_grown<T: Copy>(
     Ok(value)
 }
 
+/// An input struct that grows by the `struct_size` rule, described once so that reading one is
+/// a single call, [`read_input`].
+///
+/// # Safety
+/// Every field but those at `BOOLS` must be valid for any bits (integers, raw pointers,
+/// optional function pointers), and `BOOLS` must list every `bool` field.
+pub unsafe trait GrownInput: Copy {
+    /// The struct's name in C, for messages.
+    const C_NAME: &'static str;
+    /// The size of its first published layout: a smaller `struct_size` is refused.
+    const MIN_SIZE: usize;
+    /// The byte offsets of its `bool` fields.
+    const BOOLS: &'static [usize];
+    /// The values of the fields an older caller's struct does not have.
+    const DEFAULT: Self;
+}
+
+/// [`read_grown`] for a [`GrownInput`] called `name` in messages.
+///
+/// # Safety
+/// `p` must be non-NULL and point to `p->struct_size` readable bytes.
+pub unsafe fn read_input<T: GrownInput>(p: *const T, name: &str) -> Result<T> {
+    // SAFETY: the caller's contract for `p`, and `T`'s as a `GrownInput` for its fields.
+    unsafe { read_grown(p, name, T::C_NAME, T::MIN_SIZE, T::DEFAULT, T::BOOLS) }
+}
+
 /// Writes `value` (a `repr(C)` struct whose first field is its size) into the caller's struct
 /// of `out->struct_size` bytes, at least `min`: as many bytes as both sides know, with
 /// `struct_size` set to that count.

@@ -10,7 +10,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    Handle, free_handle, handle_ref, lease_into_raw, new_handle, read_grown, write_sized,
+    GrownInput, Handle, free_handle, handle_ref, lease_into_raw, new_handle, read_input,
+    write_sized,
 };
 use super::lease::kc_lease;
 use super::status::{byte_slice, fail, guard, guard_value, kc_status, non_null};
@@ -118,10 +119,6 @@ pub struct kc_cache_options {
     pub on_destroy_error_ctx: *mut c_void,
 }
 
-/// The first published layout ends at `destroy_ctx`: callers compiled against it stay valid.
-const OPTIONS_MIN_SIZE: usize =
-    offset_of!(kc_cache_options, destroy_ctx) + size_of::<*mut c_void>();
-
 /// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
 /// `kc_cache_stats` belongs to the function). Set `struct_size` to
 /// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
@@ -185,41 +182,31 @@ impl From<Stats> for kc_cache_stats {
     }
 }
 
-const DEFAULT_OPTIONS: kc_cache_options = kc_cache_options {
-    struct_size: size_of::<kc_cache_options>(),
-    max_entries: 0,
-    max_weight: 0,
-    invalidated_by_clear: false,
-    destroy: None,
-    destroy_ctx: ptr::null_mut(),
-    on_destroy_error: None,
-    on_destroy_error_ctx: ptr::null_mut(),
-};
+// SAFETY: every field but the bool is an integer, a raw pointer or an optional function
+// pointer (zero is `None`).
+unsafe impl GrownInput for kc_cache_options {
+    const C_NAME: &str = "kc_cache_options";
+    /// The first published layout ends at `destroy_ctx`: callers compiled against it stay
+    /// valid.
+    const MIN_SIZE: usize = offset_of!(kc_cache_options, destroy_ctx) + size_of::<*mut c_void>();
+    const BOOLS: &[usize] = &[offset_of!(kc_cache_options, invalidated_by_clear)];
+    const DEFAULT: kc_cache_options = kc_cache_options {
+        struct_size: size_of::<kc_cache_options>(),
+        max_entries: 0,
+        max_weight: 0,
+        invalidated_by_clear: false,
+        destroy: None,
+        destroy_ctx: ptr::null_mut(),
+        on_destroy_error: None,
+        on_destroy_error_ctx: ptr::null_mut(),
+    };
+}
 
 /// The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
 /// no destroy callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_cache_options_default() -> kc_cache_options {
-    DEFAULT_OPTIONS
-}
-
-/// Reads the caller's options by the `struct_size` rule (see `ffi::args`).
-///
-/// # Safety
-/// `opts` must be non-NULL and point to `struct_size` readable bytes.
-unsafe fn read_options(opts: *const kc_cache_options) -> Result<kc_cache_options> {
-    // SAFETY: readable for its size by the caller's contract; every field but the bool is an
-    // integer, a raw pointer or an optional function pointer (zero is `None`).
-    unsafe {
-        read_grown(
-            opts,
-            "opts",
-            "kc_cache_options",
-            OPTIONS_MIN_SIZE,
-            DEFAULT_OPTIONS,
-            &[offset_of!(kc_cache_options, invalidated_by_clear)],
-        )
-    }
+    kc_cache_options::DEFAULT
 }
 
 pub(super) fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
@@ -271,7 +258,7 @@ pub unsafe extern "C" fn kc_cache_new(
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
         // SAFETY: `opts` is non-NULL; its size is the caller's promise.
-        let opts = unsafe { read_options(opts) }?;
+        let opts = unsafe { read_input(opts, "opts") }?;
         let destroy = opts.destroy;
         let destroy_ctx = Context(opts.destroy_ctx);
         let on_destroy_error = opts.on_destroy_error.map(|hook| {

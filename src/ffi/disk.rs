@@ -10,8 +10,8 @@ use std::ptr;
 use std::time::Duration;
 
 use super::args::{
-    Handle, dir_arg, free_handle, handle_ref, invalid, new_handle, operator_key_arg, read_grown,
-    write_sized,
+    GrownInput, Handle, dir_arg, free_handle, handle_ref, invalid, new_handle, operator_key_arg,
+    read_input, write_sized,
 };
 use super::buffer::kc_buffer;
 use super::key_builder::key_arg;
@@ -78,9 +78,27 @@ pub struct kc_disk_options {
     pub require_key: bool,
 }
 
-/// The first layout of `kc_disk_options` ended with `ignore_env`: callers compiled against it
-/// stay valid.
-const DISK_OPTIONS_MIN_SIZE: usize = offset_of!(kc_disk_options, ignore_env) + 1;
+// SAFETY: every field but the bools is an integer or a raw pointer.
+unsafe impl GrownInput for kc_disk_options {
+    const C_NAME: &str = "kc_disk_options";
+    /// The first layout ended with `ignore_env`: callers compiled against it stay valid.
+    const MIN_SIZE: usize = offset_of!(kc_disk_options, ignore_env) + 1;
+    const BOOLS: &[usize] = &[
+        offset_of!(kc_disk_options, relaxed_durability),
+        offset_of!(kc_disk_options, ignore_env),
+        offset_of!(kc_disk_options, require_key),
+    ];
+    const DEFAULT: kc_disk_options = kc_disk_options {
+        struct_size: size_of::<kc_disk_options>(),
+        dir: ptr::null(),
+        max_size: 0,
+        key: ptr::null(),
+        key_len: 0,
+        relaxed_durability: false,
+        ignore_env: false,
+        require_key: false,
+    };
+}
 
 /// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
 /// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
@@ -172,38 +190,15 @@ const OUT_MIN_SIZE: usize = size_of::<usize>();
 /// Default options: everything from the environment, fsyncs on.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_disk_options_default() -> kc_disk_options {
-    kc_disk_options {
-        struct_size: size_of::<kc_disk_options>(),
-        dir: ptr::null(),
-        max_size: 0,
-        key: ptr::null(),
-        key_len: 0,
-        relaxed_durability: false,
-        ignore_env: false,
-        require_key: false,
-    }
+    kc_disk_options::DEFAULT
 }
 
 /// # Safety
 /// `opts` must be non-NULL and point to `opts->struct_size` readable bytes; `dir` NULL or a C
 /// string; `key` NULL or `key_len` readable bytes.
 unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> {
-    // SAFETY: readable for its size by the caller's contract; the other fields are integers
-    // and raw pointers, valid for any bits.
-    let opts = unsafe {
-        read_grown(
-            opts,
-            "opts",
-            "kc_disk_options",
-            DISK_OPTIONS_MIN_SIZE,
-            kc_disk_options_default(),
-            &[
-                offset_of!(kc_disk_options, relaxed_durability),
-                offset_of!(kc_disk_options, ignore_env),
-                offset_of!(kc_disk_options, require_key),
-            ],
-        )
-    }?;
+    // SAFETY: readable for its size by the caller's contract.
+    let opts = unsafe { read_input(opts, "opts") }?;
     if opts.ignore_env && opts.dir.is_null() {
         return Err(invalid(
             "opts->ignore_env is set and opts->dir is NULL: no cache directory",
