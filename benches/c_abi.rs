@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
 use kcache::ffi::RawValue;
-use kcache::ffi::testing::CCache;
 use kcache::memory::{MemoryCache, Options};
+use kcache_testkit::ffi::CCache;
 
 const KEYS: usize = 1_000;
 const OPS: usize = 1_000_000;

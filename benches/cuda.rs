@@ -7,18 +7,14 @@
 //! kcache's own cost. The GPU figures (JIT, CUDA's cache, kcache's disk and memory hits) come
 //! from `scripts/gpu-check`. The closing table (with `--bench`) gives the ratio from one run.
 
-#[path = "../tests/cuda_support/mod.rs"]
-mod cuda_support;
-
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use cuda_support::FakeDriver;
-use kcache::backend::cuda::testing::{PrimaryContext, SAXPY_PTX};
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions};
+use kcache_testkit::cuda::{FakeDriver, PrimaryContext, SAXPY_PTX};
 
 struct Setup {
     // Kept alive for the cache's driver.

@@ -18,20 +18,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use kcache::backend::vulkan::testing::TestGpu;
-use kcache::backend::vulkan::{PipelineSpec, VulkanCache, VulkanDevice, VulkanOptions};
-use vulkan_common::{spec, vulkan};
+use kcache::backend::vulkan::{
+    LayoutDesc, PipelineSpec, SpecConstant, VulkanCache, VulkanDevice, VulkanOptions,
+};
+use kcache_testkit::vulkan::TestGpu;
+use vulkan_common::{layout, spec, spirv, vulkan};
 
 struct Setup {
     gpu: Arc<TestGpu>,
     cache: VulkanCache,
     device: VulkanDevice,
     spec: PipelineSpec,
+    /// The parts of `spec`, for the uncached peer.
+    specialization: [SpecConstant; 1],
+    layout: LayoutDesc,
 }
 
 fn setup() -> Setup {
     let vulkan = vulkan();
-    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device"));
+    let gpu = Arc::new(TestGpu::new().expect("a Vulkan device"));
     let cache = VulkanCache::new(vulkan, VulkanOptions::default());
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     let spec = spec(3);
@@ -41,6 +46,8 @@ fn setup() -> Setup {
         cache,
         device,
         spec,
+        specialization: [SpecConstant::u32(0, 3)],
+        layout: layout(),
     }
 }
 
@@ -53,7 +60,9 @@ fn spec_and_hit(s: &Setup) {
 }
 
 fn create(s: &Setup) {
-    s.gpu.create_pipeline_uncached(&s.spec).unwrap();
+    s.gpu
+        .create_pipeline_uncached(spirv(), c"main", &s.specialization, &s.layout)
+        .unwrap();
 }
 
 fn pipelines(c: &mut Criterion) {

@@ -41,10 +41,10 @@ kc_library() {
   KC_LIB_DIR=$dir
 }
 
-# kc_check_readme_snippet PATH: the README shows the file PATH byte for byte.
+# kc_check_readme_snippet PATH: README.md or a docs/*.md page shows the file PATH byte for byte,
+# and every other snippet of those pages equals its file too.
 kc_check_readme_snippet() {
-  cmake -DREADME="$KC_ROOT/README.md" -DSNIPPET="$1" -DFILE="$KC_ROOT/$1" \
-    -P "$KC_ROOT/c-tests/cmake/readme-snippet.cmake"
+  cmake -DROOT="$KC_ROOT" -DSNIPPET="$1" -P "$KC_ROOT/c-tests/cmake/readme-snippet.cmake"
 }
 
 # One variant: configure, build, then kc_run with the sanitizers' options set. Runs in a subshell

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kcache::Error;
-use kcache::backend::cuda::testing::{PrimaryContext, Saxpy};
 use kcache::backend::cuda::{CudaCache, CudaOptions, Driver};
 use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::cuda::{PrimaryContext, Saxpy};
 
 const L1_ROUNDS: u32 = 10_000;
 

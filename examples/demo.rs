@@ -13,11 +13,12 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kcache::backend::opencl::runtime::{Context, DeviceIdentity, KernelArg};
+use kcache::backend::opencl::runtime::{Context, DeviceIdentity};
 use kcache::backend::opencl::sys::Api;
 use kcache::backend::opencl::{OpenClCache, OpenClStats, Program};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache::memory::Options;
+use kcache_testkit::opencl::{KernelArg, run_kernel};
 
 const SOURCE: &str = r#"
 // C = A * B for N x N row-major matrices, one work item per element of C.
@@ -66,7 +67,8 @@ fn run_and_check(context: &Context, program: &Program) -> Result<(), Error> {
     let b: Vec<f32> = (0..N * N).map(|i| ((i * 5) % 11) as f32 * 0.5).collect();
     let mut c = vec![0.0f32; N * N];
     let (mut a_dev, mut b_dev) = (a.clone(), b.clone());
-    context.run_kernel(
+    run_kernel(
+        context,
         program,
         "matmul",
         &mut [

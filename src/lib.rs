@@ -22,3 +22,8 @@ pub mod memory;
 pub mod tiered;
 
 pub use error::{BuildError, DestroyError, DeviceId, Error, Result};
+
+// The README's Rust examples run as doctests (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

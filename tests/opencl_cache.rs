@@ -7,10 +7,11 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use kcache::Error;
-use kcache::backend::opencl::runtime::{Context, KernelArg};
+use kcache::backend::opencl::runtime::Context;
 use kcache::backend::opencl::sys::CL_BUILD_PROGRAM_FAILURE;
 use kcache::backend::opencl::{OpenClCache, OpenClStats, Program, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache_testkit::opencl::{KernelArg, run_kernel};
 
 mod opencl_common;
 use opencl_common::{cache_with_disk, memory_only_cache, poison_disk_entry};
@@ -27,18 +28,18 @@ fn check_saxpy(context: &Context, program: &Program) {
     let n = 64;
     let mut y: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let mut x: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();
-    context
-        .run_kernel(
-            program,
-            "saxpy",
-            &mut [
-                KernelArg::Floats(&mut y),
-                KernelArg::Floats(&mut x),
-                KernelArg::Float(0.5),
-            ],
-            n,
-        )
-        .unwrap();
+    run_kernel(
+        context,
+        program,
+        "saxpy",
+        &mut [
+            KernelArg::Floats(&mut y),
+            KernelArg::Floats(&mut x),
+            KernelArg::Float(0.5),
+        ],
+        n,
+    )
+    .unwrap();
     for (i, v) in y.iter().enumerate() {
         assert_eq!(*v, 2.0 * i as f32, "element {i}");
     }
@@ -356,9 +357,14 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
         .get_or_build(context.context(), context.device(), &[&source], &options)
         .unwrap();
     let mut y = vec![0.0f32; 16];
-    context
-        .run_kernel(lease.value(), "fill", &mut [KernelArg::Floats(&mut y)], 16)
-        .unwrap();
+    run_kernel(
+        &context,
+        lease.value(),
+        "fill",
+        &mut [KernelArg::Floats(&mut y)],
+        16,
+    )
+    .unwrap();
     assert!(y.iter().all(|v| *v == 1.5));
     assert_eq!(stats(&cache).source_builds, 2);
 }

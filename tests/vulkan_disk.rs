@@ -12,18 +12,18 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcache::backend::vulkan::testing::TestGpu;
 use kcache::backend::vulkan::{
     CacheIdentity, HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
 };
 use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::vulkan::TestGpu;
 use vulkan_common::{expected, input, spec, vulkan};
 
 /// A cache over `dir` with a freshly opened disk tier and a freshly created device, as a new
 /// process would have.
 fn fresh(dir: &Path) -> (Arc<TestGpu>, Arc<DiskCache>, VulkanCache, VulkanDevice) {
     let vulkan = vulkan();
-    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
+    let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
     let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
     let cache = VulkanCache::new(
         vulkan,

@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use ash::vk;
 use kcache::Error;
-use kcache::backend::vulkan::testing::TestGpu;
 use kcache::backend::vulkan::{
     DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, VulkanCache,
     VulkanOptions,
 };
+use kcache_testkit::vulkan::TestGpu;
 use vulkan_common::{compile, expected, input, layout, spirv, vulkan};
 
 fn binding(binding: u32, descriptor_type: vk::DescriptorType, count: u32) -> DescriptorBinding {
@@ -198,7 +198,7 @@ void main() {
 #[test]
 fn layouts_that_cover_the_shader_build_and_run_on_lavapipe() {
     let vulkan = vulkan();
-    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
+    let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
     let cache = VulkanCache::new(vulkan, VulkanOptions::default());
     let device = cache.register_owned_device(gpu.clone()).unwrap();
 

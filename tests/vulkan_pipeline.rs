@@ -6,15 +6,15 @@ mod vulkan_common;
 use std::sync::{Arc, Barrier};
 
 use kcache::Error;
-use kcache::backend::vulkan::testing::TestGpu;
 use kcache::backend::vulkan::{
     PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions,
 };
+use kcache_testkit::vulkan::TestGpu;
 use vulkan_common::{expected, input, layout, spec, spirv, vulkan};
 
 fn setup() -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
     let vulkan = vulkan();
-    let gpu = Arc::new(TestGpu::new(&vulkan).expect("a Vulkan device (lavapipe)"));
+    let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
     let cache = VulkanCache::new(vulkan, VulkanOptions::default());
     let device = cache.register_owned_device(gpu.clone()).unwrap();
     (gpu, cache, device)

@@ -4,7 +4,7 @@
 # standard library in NEEDED), then builds and runs every consumer project of this directory
 # against it: CMake (shared, static, C++17) and Makefiles with pkg-config (shared, --static).
 # Finally moves the prefix and builds the consumers again from the new place. Also checks that
-# the README's snippets are these projects, byte for byte.
+# the documentation's snippets are these projects, byte for byte.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,22 +34,15 @@ fail() {
   exit 1
 }
 
-# Each "<!-- snippet: PATH -->" line of the README is followed by a fenced block that must equal
-# the file PATH (relative to the repository root).
+# Every "<!-- snippet: PATH -->" line of README.md and docs/*.md is followed by a fenced block
+# that must equal the file PATH (relative to the repository root); the consumer projects below are
+# all shown.
 check_readme_snippets() {
-  local listed=0 path
-  while IFS= read -r path; do
-    listed=$((listed + 1))
-    [[ -f "$ROOT/$path" ]] || fail "README names a snippet file that does not exist: $path"
-    awk -v want="$path" '
-      $0 == "<!-- snippet: " want " -->" { armed = 1; next }
-      armed && /^```/ { if (inside) exit; inside = 1; next }
-      inside { print }
-    ' "$ROOT/README.md" >"$WORK/snippet"
-    diff -u "$ROOT/$path" "$WORK/snippet" >&2 || fail "README snippet differs from $path"
-  done < <(sed -n 's/^<!-- snippet: \(.*\) -->$/\1/p' "$ROOT/README.md")
-  [[ $listed -ge 5 ]] || fail "README shows $listed consumer snippets, expected at least 5"
-  pass "$listed README snippets equal their files"
+  cmake -DROOT="$ROOT" -P "$ROOT/c-tests/cmake/readme-snippet.cmake" || fail "documentation snippets differ from their files"
+  local listed
+  listed="$(cat "$ROOT/README.md" "$ROOT"/docs/*.md | grep -c '^<!-- snippet: c-tests/consumers/' || true)"
+  [[ $listed -ge 5 ]] || fail "the documentation shows $listed consumer snippets, expected at least 5"
+  pass "documentation snippets equal their files ($listed consumer projects among them)"
 }
 
 # Copies a consumer project (following the main.c link) to a scratch directory.
@@ -99,10 +92,10 @@ check_linkage() {
   esac
 }
 
-step "README snippets"
+step "documentation snippets"
 check_readme_snippets
 
-step "build, test and install with CMake (the README's commands)"
+step "build, test and install with CMake (the documented commands)"
 cmake -S "$ROOT" -B "$WORK/build" >"$WORK/log" 2>&1 || { cat "$WORK/log" >&2; fail "configure kcache"; }
 cmake --build "$WORK/build" -j "$JOBS"
 if [[ -f "$ROOT/c-tests/CMakeLists.txt" ]]; then
@@ -125,7 +118,7 @@ done
 [[ "$(readlink "$P/lib/libkcache.so")" == "$SONAME" ]] || fail "lib/libkcache.so should link to $SONAME"
 cmp -s "$ROOT/include/kcache.h" "$P/include/kcache.h" || fail "installed kcache.h differs from include/kcache.h"
 file -L "$P/lib/libkcache.so" | grep -q 'ELF .* shared object' || fail "libkcache.so is not an ELF shared object"
-grep -q "lib/$REALNAME" "$ROOT/README.md" || fail "README's install table does not show lib/$REALNAME"
+grep -q "lib/$REALNAME" "$ROOT/docs/packaging.md" || fail "docs/packaging.md's install table does not show lib/$REALNAME"
 pass "lib/$REALNAME, $SONAME -> $REALNAME, libkcache.so -> $SONAME, libkcache.a, kcache.h, kcache.pc, CMake package"
 
 cmake -DLIBRARY="$P/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmake/check-library.cmake" ||

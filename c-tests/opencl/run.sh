@@ -11,6 +11,7 @@ KC_LSAN_SUPPRESSIONS="$KC_ROOT/c-tests/opencl/lsan.supp"
 # The suppressions name a PoCL function, so the whole allocation stack must be recorded.
 KC_LSAN_FULL_STACKS=1
 
+kc_check_readme_snippet c-tests/opencl/example.c
 kc_library debug "${1:-}"
 kc_run() {
   local bin=$1 variant=$2

@@ -61,8 +61,9 @@ cc -std=c99 -D_POSIX_C_SOURCE=200809L "${CFLAGS[@]}" -I"${KCACHE_INCLUDE_DIR:-$K
   -o "$BIN/kc_secure_test" c-tests/secure/secure_test.c "$KC_LIB_DIR/libkcache.a" $native
 cc -std=c99 "${CFLAGS[@]}" -shared -fPIC -DMARKER="\"$MARKER\"" -o "$LIB" c-tests/secure/marker.c
 chown nobody "$LIB"
-cc -std=gnu11 "${CFLAGS[@]}" -shared -fPIC -fvisibility=hidden -o "$BIN/libfake_cuda.so" \
-  c-tests/cuda/fake_cuda.c -lm
+# The test-kit's build of the CUDA stand-in (the one every CUDA test loads), copied where nobody
+# can read it.
+install -m 755 "$(cargo run --quiet -p kcache-testkit --bin stand-ins -- cuda)" "$BIN/libfake_cuda.so"
 install -o root -g root -m 4755 "$BIN/kc_secure_test" "$BIN/kc_secure_setuid"
 install -o root -g root -m 2755 "$BIN/kc_secure_test" "$BIN/kc_secure_setgid"
 

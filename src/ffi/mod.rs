@@ -26,18 +26,13 @@
 
 mod args;
 pub mod buffer;
-pub mod cache;
+mod cache;
 pub mod cuda;
 pub mod disk;
 pub mod key_builder;
-pub mod lease;
+mod lease;
 pub mod opencl;
-pub mod status;
-/// cbindgen:ignore
-#[doc(hidden)]
-pub mod testing;
-#[cfg(test)]
-mod tests;
+mod status;
 pub mod tiered;
 pub mod vulkan;
 

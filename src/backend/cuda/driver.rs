@@ -19,8 +19,6 @@ pub type CUcontext = *mut c_void;
 pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUlinkState = *mut c_void;
-pub type CUdeviceptr = u64;
-pub type CUstream = *mut c_void;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
@@ -73,41 +71,6 @@ type FnModuleGetFunction =
     unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
 type FnGetErrorString = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
 
-type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
-type FnPrimaryCtxRelease = unsafe extern "C" fn(CUdevice) -> CUresult;
-type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
-type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
-type FnMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
-type FnLaunchKernel = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-type FnCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-
-/// Entry points a program needs to run a kernel it got from the cache. kcache itself never
-/// calls them; they sit behind the same loaded library so a caller without its own CUDA
-/// bindings (the `cuda_check` example) can exercise a module end to end.
-struct LaunchFns {
-    primary_ctx_retain: FnPrimaryCtxRetain,
-    primary_ctx_release: FnPrimaryCtxRelease,
-    mem_alloc: FnMemAlloc,
-    mem_free: FnMemFree,
-    memcpy_htod: FnMemcpyHtoD,
-    memcpy_dtoh: FnMemcpyDtoH,
-    launch_kernel: FnLaunchKernel,
-    ctx_synchronize: FnCtxSynchronize,
-}
-
 /// A loaded CUDA driver. Holds the library open for as long as it lives; share it via `Arc`.
 pub struct Driver {
     path: PathBuf,
@@ -130,7 +93,6 @@ pub struct Driver {
     module_unload: FnModuleUnload,
     module_get_function: FnModuleGetFunction,
     get_error_string: FnGetErrorString,
-    launch: Option<LaunchFns>,
     // Never closed: after cuInit the driver runs its own threads and exit handlers, which must
     // not outlive its code. Each `Driver` keeps one dlopen reference for the process's life.
     _library: ManuallyDrop<Library>,
@@ -182,8 +144,6 @@ impl Driver {
                 path.display()
             ))
         })?;
-        // SAFETY: `library` was loaded as a CUDA driver just above.
-        let launch = unsafe { Self::launch_fns(&library, path) };
         // SAFETY: each type alias spells the C prototype of the named entry point as published
         // in the CUDA driver API.
         let driver = unsafe {
@@ -208,31 +168,10 @@ impl Driver {
                 module_unload: symbol(&library, path, "cuModuleUnload")?,
                 module_get_function: symbol(&library, path, "cuModuleGetFunction")?,
                 get_error_string: symbol(&library, path, "cuGetErrorString")?,
-                launch,
                 _library: ManuallyDrop::new(library),
             }
         };
         driver.finish_init()
-    }
-
-    /// The launch entry points, or `None` when the library lacks any of them.
-    ///
-    /// # Safety
-    /// `library` must be a CUDA driver library.
-    unsafe fn launch_fns(library: &Library, path: &Path) -> Option<LaunchFns> {
-        // SAFETY: each type alias spells the C prototype of the named driver entry point.
-        unsafe {
-            Some(LaunchFns {
-                primary_ctx_retain: symbol(library, path, "cuDevicePrimaryCtxRetain").ok()?,
-                primary_ctx_release: symbol(library, path, "cuDevicePrimaryCtxRelease_v2").ok()?,
-                mem_alloc: symbol(library, path, "cuMemAlloc_v2").ok()?,
-                mem_free: symbol(library, path, "cuMemFree_v2").ok()?,
-                memcpy_htod: symbol(library, path, "cuMemcpyHtoD_v2").ok()?,
-                memcpy_dtoh: symbol(library, path, "cuMemcpyDtoH_v2").ok()?,
-                launch_kernel: symbol(library, path, "cuLaunchKernel").ok()?,
-                ctx_synchronize: symbol(library, path, "cuCtxSynchronize").ok()?,
-            })
-        }
     }
 
     fn finish_init(mut self) -> Result<Self> {
@@ -554,114 +493,5 @@ impl Driver {
         }
         self.check("cuModuleGetFunction", status)?;
         Ok(Some(function))
-    }
-
-    fn launch(&self) -> Result<&LaunchFns> {
-        self.launch.as_ref().ok_or_else(|| {
-            Error::Unavailable(format!(
-                "{} lacks the memory and launch entry points",
-                self.path.display()
-            ))
-        })
-    }
-
-    /// `cuDevicePrimaryCtxRetain`: for programs that have no context of their own.
-    pub fn retain_primary_context(&self, device: CUdevice) -> Result<CUcontext> {
-        let f = self.launch()?;
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: the out-pointer is a live local.
-        let status = unsafe { (f.primary_ctx_retain)(&mut ctx, device) };
-        self.check("cuDevicePrimaryCtxRetain", status)?;
-        Ok(ctx)
-    }
-
-    /// `cuDevicePrimaryCtxRelease`, pairing [`Driver::retain_primary_context`].
-    ///
-    /// # Safety
-    /// The caller must own a retain of this device's primary context, and nothing may use the
-    /// context (or a module or cache entry made in it) if this was its last retain.
-    pub unsafe fn release_primary_context(&self, device: CUdevice) -> Result<()> {
-        let f = self.launch()?;
-        // SAFETY: plain value argument.
-        let status = unsafe { (f.primary_ctx_release)(device) };
-        self.check("cuDevicePrimaryCtxRelease", status)
-    }
-
-    /// `cuMemAlloc` in the current context.
-    pub fn mem_alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
-        let f = self.launch()?;
-        let mut ptr: CUdeviceptr = 0;
-        // SAFETY: the out-pointer is a live local.
-        let status = unsafe { (f.mem_alloc)(&mut ptr, bytes) };
-        self.check("cuMemAlloc", status)?;
-        Ok(ptr)
-    }
-
-    /// `cuMemFree`.
-    ///
-    /// # Safety
-    /// `ptr` must come from [`Driver::mem_alloc`] and be freed once.
-    pub unsafe fn mem_free(&self, ptr: CUdeviceptr) -> Result<()> {
-        let f = self.launch()?;
-        // SAFETY: guaranteed by the caller.
-        let status = unsafe { (f.mem_free)(ptr) };
-        self.check("cuMemFree", status)
-    }
-
-    /// `cuMemcpyHtoD`.
-    ///
-    /// # Safety
-    /// `dst` must be device memory of at least `src.len()` bytes.
-    pub unsafe fn copy_to_device(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
-        let f = self.launch()?;
-        // SAFETY: `src` is readable for its length; `dst` is large enough per the caller.
-        let status = unsafe { (f.memcpy_htod)(dst, src.as_ptr().cast(), src.len()) };
-        self.check("cuMemcpyHtoD", status)
-    }
-
-    /// `cuMemcpyDtoH`.
-    ///
-    /// # Safety
-    /// `src` must be device memory of at least `dst.len()` bytes.
-    pub unsafe fn copy_from_device(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
-        let f = self.launch()?;
-        // SAFETY: `dst` is writable for its length; `src` is large enough per the caller.
-        let status = unsafe { (f.memcpy_dtoh)(dst.as_mut_ptr().cast(), src, dst.len()) };
-        self.check("cuMemcpyDtoH", status)
-    }
-
-    /// `cuLaunchKernel` on the default stream, then `cuCtxSynchronize`.
-    ///
-    /// # Safety
-    /// `function` must be live in the current context and `params` must point at one value per
-    /// kernel parameter, of the kernel's parameter types.
-    pub unsafe fn launch_and_wait(
-        &self,
-        function: CUfunction,
-        grid: [u32; 3],
-        block: [u32; 3],
-        params: &mut [*mut c_void],
-    ) -> Result<()> {
-        let f = self.launch()?;
-        // SAFETY: guaranteed by the caller; no shared memory, no extra arguments.
-        let status = unsafe {
-            (f.launch_kernel)(
-                function,
-                grid[0],
-                grid[1],
-                grid[2],
-                block[0],
-                block[1],
-                block[2],
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        self.check("cuLaunchKernel", status)?;
-        // SAFETY: no arguments.
-        let status = unsafe { (f.ctx_synchronize)() };
-        self.check("cuCtxSynchronize", status)
     }
 }

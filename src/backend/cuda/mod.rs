@@ -6,10 +6,6 @@
 pub mod cache;
 pub mod driver;
 pub mod nvrtc;
-#[doc(hidden)]
-pub mod testing;
-#[cfg(test)]
-pub(crate) mod tests;
 
 pub use cache::{Context, CudaCache, CudaOptions, CudaStats, JitOption, Module, ModuleLease};
 pub use driver::{CUcontext, CUdevice, CUfunction, CUmodule, Driver};

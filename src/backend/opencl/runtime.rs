@@ -1,7 +1,6 @@
 //! Checked, safe wrappers over the raw entry points: devices and their identity, contexts
 //! (borrowed from a caller or owned), programs built from source or from binaries (owned
-//! references, released on drop), and running a 1-D kernel (what tests, the demo and the
-//! benchmark need to prove a cached program really works).
+//! references, released on drop).
 //!
 //! Raw handles become safe values only through an `unsafe` constructor whose contract says
 //! the handle is live; everything after that is safe to call.
@@ -444,26 +443,17 @@ pub fn build_from_binary(
         .build(device.0, options)
 }
 
-/// One argument of [`Context::run_kernel`].
-pub enum KernelArg<'a> {
-    /// Copied to a device buffer before the launch and read back into the slice after it.
-    Floats(&'a mut [f32]),
-    Float(f32),
-    Int(i32),
-}
-
-/// A context and an in-order queue on one device, both owned and released on drop.
+/// A context on one device, owned and released on drop.
 pub struct Context {
     api: &'static Api,
     context: cl_context,
     device: Device,
-    queue: cl_command_queue,
 }
 
-// SAFETY: OpenCL contexts and queues are thread-safe objects (OpenCL 1.1+, appendix A.2), and
-// `Context` adds no unsynchronised state of its own.
+// SAFETY: OpenCL contexts are thread-safe objects (OpenCL 1.1+, appendix A.2), and `Context`
+// adds no unsynchronised state of its own.
 unsafe impl Send for Context {}
-// SAFETY: as above; `run_kernel` creates its kernel and buffers per call.
+// SAFETY: as above.
 unsafe impl Sync for Context {}
 
 impl Context {
@@ -484,18 +474,10 @@ impl Context {
             (api.clCreateContext)(ptr::null(), 1, &device.0, None, ptr::null_mut(), &mut code)
         };
         check(code, "clCreateContext")?;
-        // SAFETY: `context` was just created on `device`; no queue properties.
-        let queue = unsafe { (api.clCreateCommandQueue)(context, device.0, 0, &mut code) };
-        if let Err(e) = check(code, "clCreateCommandQueue") {
-            // SAFETY: releases the one reference created above.
-            unsafe { (api.clReleaseContext)(context) };
-            return Err(e);
-        }
         Ok(Context {
             api,
             context,
             device,
-            queue,
         })
     }
 
@@ -510,130 +492,12 @@ impl Context {
     pub fn device(&self) -> Device {
         self.device
     }
-
-    /// Runs `kernel` of `program` (built in this context) over `global` work items and waits
-    /// for it; float buffers are read back into their slices.
-    pub fn run_kernel(
-        &self,
-        program: &Program,
-        kernel: &str,
-        args: &mut [KernelArg<'_>],
-        global: usize,
-    ) -> Result<()> {
-        let api = self.api;
-        let name = CString::new(kernel)
-            .map_err(|_| Error::InvalidArgument("kernel name contains a NUL byte".into()))?;
-        let mut code = CL_SUCCESS;
-        // SAFETY: `program` is live (it owns a reference); `name` is a C string.
-        let k = unsafe { (api.clCreateKernel)(program.raw, name.as_ptr(), &mut code) };
-        check(code, "clCreateKernel")?;
-        let mut buffers: Vec<cl_mem> = Vec::new();
-        let result = self.launch(k, args, global, &mut buffers);
-        for b in buffers {
-            // SAFETY: each buffer was created by `launch` and is released once.
-            unsafe { (api.clReleaseMemObject)(b) };
-        }
-        // SAFETY: the kernel was created above and is released once.
-        unsafe { (api.clReleaseKernel)(k) };
-        result
-    }
-    fn launch(
-        &self,
-        kernel: cl_kernel,
-        args: &mut [KernelArg<'_>],
-        global: usize,
-        buffers: &mut Vec<cl_mem>,
-    ) -> Result<()> {
-        let api = self.api;
-        let mut code = CL_SUCCESS;
-        for (index, arg) in args.iter_mut().enumerate() {
-            let index = cl_uint::try_from(index)
-                .map_err(|_| Error::InvalidArgument("too many kernel arguments".into()))?;
-            let code = match arg {
-                KernelArg::Floats(data) => {
-                    // SAFETY: COPY_HOST_PTR reads `size_of_val(data)` bytes from `data` during
-                    // the call and keeps no pointer to it.
-                    let mem = unsafe {
-                        (api.clCreateBuffer)(
-                            self.context,
-                            CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                            size_of_val(*data),
-                            data.as_mut_ptr().cast(),
-                            &mut code,
-                        )
-                    };
-                    check(code, "clCreateBuffer")?;
-                    buffers.push(mem);
-                    // SAFETY: a buffer argument is passed as a pointer to the cl_mem handle.
-                    unsafe {
-                        (api.clSetKernelArg)(
-                            kernel,
-                            index,
-                            size_of::<cl_mem>(),
-                            (&raw const mem).cast(),
-                        )
-                    }
-                }
-                // SAFETY: scalar arguments are passed by address with their size.
-                KernelArg::Float(v) => unsafe {
-                    (api.clSetKernelArg)(kernel, index, size_of::<f32>(), (&raw const *v).cast())
-                },
-                // SAFETY: as above.
-                KernelArg::Int(v) => unsafe {
-                    (api.clSetKernelArg)(kernel, index, size_of::<i32>(), (&raw const *v).cast())
-                },
-            };
-            check(code, "clSetKernelArg")?;
-        }
-        // SAFETY: one dimension, `global` points to one size_t; no events.
-        let code = unsafe {
-            (api.clEnqueueNDRangeKernel)(
-                self.queue,
-                kernel,
-                1,
-                ptr::null(),
-                &global,
-                ptr::null(),
-                0,
-                ptr::null(),
-                ptr::null_mut(),
-            )
-        };
-        check(code, "clEnqueueNDRangeKernel")?;
-        let mut next = buffers.iter();
-        for arg in args.iter_mut() {
-            if let KernelArg::Floats(data) = arg {
-                let mem = *next.next().expect("one buffer was created per float slice");
-                // SAFETY: a blocking read of exactly the bytes the buffer was created with,
-                // into the slice they came from.
-                let code = unsafe {
-                    (api.clEnqueueReadBuffer)(
-                        self.queue,
-                        mem,
-                        CL_TRUE,
-                        0,
-                        size_of_val(*data),
-                        data.as_mut_ptr().cast(),
-                        0,
-                        ptr::null(),
-                        ptr::null_mut(),
-                    )
-                };
-                check(code, "clEnqueueReadBuffer")?;
-            }
-        }
-        // SAFETY: the queue is live; waiting makes the results visible before returning.
-        check(unsafe { (api.clFinish)(self.queue) }, "clFinish")
-    }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: both handles were created by `Context::new` and are released exactly once;
+        // SAFETY: the context was created by `Context::new` and is released exactly once;
         // programs built in the context hold their own reference to it.
-        unsafe {
-            (self.api.clReleaseCommandQueue)(self.queue);
-            (self.api.clReleaseContext)(self.context);
-        }
+        unsafe { (self.api.clReleaseContext)(self.context) };
     }
 }

@@ -26,8 +26,6 @@ mod header;
 mod reflect;
 mod spec;
 mod spirv;
-#[doc(hidden)]
-pub mod testing;
 
 use std::collections::HashMap;
 use std::ffi::CStr;

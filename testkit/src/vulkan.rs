@@ -1,12 +1,11 @@
 //! A minimal Vulkan instance/device owner and compute dispatcher for kcache's own tests and
-//! benchmarks. Not part of the supported API: a real caller brings its own instance and device.
+//! benchmarks: a real caller brings its own instance and device.
 
 use std::ffi::CStr;
 
 use ash::vk;
-
-use super::{DeviceOwner, Pipeline, PipelineSpec, Vulkan, create_layouts, create_pipeline};
-use crate::{Error, Result};
+use kcache::backend::vulkan::{DeviceOwner, LayoutDesc, Pipeline, SpecConstant};
+use kcache::{Error, Result};
 
 fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
     move |r| Error::Backend(format!("{what}: {r}"))
@@ -26,16 +25,21 @@ pub struct TestGpu {
 }
 
 impl TestGpu {
-    /// Creates an instance and a device on the first physical device with a compute queue.
-    pub fn new(vulkan: &Vulkan) -> Result<Self> {
+    /// Creates an instance and a device on the first physical device with a compute queue,
+    /// through the system's Vulkan loader (`libvulkan.so.1`), the one kcache loads by default.
+    pub fn new() -> Result<Self> {
+        // SAFETY: loading the Vulkan loader runs its initialisers, which have no preconditions;
+        // the entry keeps the library loaded while it lives.
+        let loader = unsafe { ash::Entry::load() }
+            .map_err(|e| Error::Unavailable(format!("no Vulkan loader: {e}")))?;
         let app = vk::ApplicationInfo::default()
             .application_name(c"kcache-tests")
             .api_version(vk::API_VERSION_1_1);
         let info = vk::InstanceCreateInfo::default().application_info(&app);
         // SAFETY: the create info and everything it points to live across the call.
-        let instance = unsafe { vulkan.entry.create_instance(&info, None) }
-            .map_err(vk_err("vkCreateInstance"))?;
-        match Self::with_instance(instance.clone(), vulkan.entry.clone()) {
+        let instance =
+            unsafe { loader.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
+        match Self::with_instance(instance.clone(), loader) {
             Ok(gpu) => Ok(gpu),
             Err(e) => {
                 // SAFETY: nothing was created from the instance that is still alive.
@@ -120,27 +124,57 @@ impl TestGpu {
 
     /// What a caller without a cache does for each pipeline: shader module, layouts and one
     /// `vkCreateComputePipelines` with no pipeline cache, then destroys them all. The peer of
-    /// a cache hit in the benchmarks.
-    pub fn create_pipeline_uncached(&self, spec: &PipelineSpec) -> Result<()> {
+    /// a cache hit in the benchmarks; takes the parts of a `PipelineSpec`.
+    pub fn create_pipeline_uncached(
+        &self,
+        spirv: &[u32],
+        entry_point: &CStr,
+        specialization: &[SpecConstant],
+        desc: &LayoutDesc,
+    ) -> Result<()> {
         let d = &self.device;
         let mut set_layouts = Vec::new();
         let mut module = vk::ShaderModule::null();
         let mut layout = vk::PipelineLayout::null();
         let result = (|| {
             // SAFETY: live device; the set layouts are destroyed below whatever the outcome.
-            layout = unsafe {
-                create_layouts(d, spec.layout(), &mut set_layouts, |what, r| {
-                    vk_err(what)(r)
-                })
-            }?;
-            let info = vk::ShaderModuleCreateInfo::default().code(&spec.spirv);
-            // SAFETY: live device; `PipelineSpec` validated the code.
+            layout = unsafe { create_layouts(d, desc, &mut set_layouts) }?;
+            let info = vk::ShaderModuleCreateInfo::default().code(spirv);
+            // SAFETY: live device; the caller passes SPIR-V that a `PipelineSpec` accepted.
             module = unsafe { d.create_shader_module(&info, None) }
                 .map_err(vk_err("vkCreateShaderModule"))?;
-            // SAFETY: live device; module and layout were created from it; no pipeline cache.
+            let mut data = Vec::new();
+            let entries: Vec<vk::SpecializationMapEntry> = specialization
+                .iter()
+                .map(|c| {
+                    let entry = vk::SpecializationMapEntry {
+                        constant_id: c.id,
+                        offset: data.len() as u32,
+                        size: c.value.len(),
+                    };
+                    data.extend_from_slice(&c.value);
+                    entry
+                })
+                .collect();
+            let specialization = vk::SpecializationInfo::default()
+                .map_entries(&entries)
+                .data(&data);
+            let mut stage = vk::PipelineShaderStageCreateInfo::default()
+                .stage(vk::ShaderStageFlags::COMPUTE)
+                .module(module)
+                .name(entry_point);
+            if !entries.is_empty() {
+                stage = stage.specialization_info(&specialization);
+            }
+            let info = vk::ComputePipelineCreateInfo::default()
+                .stage(stage)
+                .layout(layout);
+            // SAFETY: live device; module and layout were created from it; no pipeline cache;
+            // the create info outlives the call.
             let pipeline =
-                unsafe { create_pipeline(d, vk::PipelineCache::null(), spec, module, layout) }
-                    .map_err(vk_err("vkCreateComputePipelines"))?;
+                unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) }
+                    .map(|pipelines| pipelines[0])
+                    .map_err(|(_, r)| vk_err("vkCreateComputePipelines")(r))?;
             // SAFETY: the pipeline was just created and is not in use.
             unsafe { d.destroy_pipeline(pipeline, None) };
             Ok(())
@@ -377,4 +411,48 @@ fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
         .map(CStr::to_string_lossy)
         .map(|s| s.into_owned())
         .unwrap_or_default()
+}
+
+/// Creates the descriptor-set layouts of `desc`, then the pipeline layout over them, as kcache
+/// does for a pipeline. Each set layout is pushed onto `set_layouts` as soon as it exists, so
+/// that the caller destroys what was made whatever the outcome.
+///
+/// # Safety
+/// `d` must be the function table of a live device.
+unsafe fn create_layouts(
+    d: &ash::Device,
+    desc: &LayoutDesc,
+    set_layouts: &mut Vec<vk::DescriptorSetLayout>,
+) -> Result<vk::PipelineLayout> {
+    for set in &desc.sets {
+        let bindings: Vec<vk::DescriptorSetLayoutBinding> = set
+            .iter()
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b.binding)
+                    .descriptor_type(b.descriptor_type)
+                    .descriptor_count(b.count)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
+        // SAFETY: live device (caller's contract); the create info outlives the call.
+        let set_layout = unsafe { d.create_descriptor_set_layout(&info, None) }
+            .map_err(vk_err("vkCreateDescriptorSetLayout"))?;
+        set_layouts.push(set_layout);
+    }
+    let ranges: Vec<vk::PushConstantRange> = desc
+        .push_constants
+        .iter()
+        .map(|pc| vk::PushConstantRange {
+            stage_flags: vk::ShaderStageFlags::COMPUTE,
+            offset: pc.offset,
+            size: pc.size,
+        })
+        .collect();
+    let info = vk::PipelineLayoutCreateInfo::default()
+        .set_layouts(set_layouts)
+        .push_constant_ranges(&ranges);
+    // SAFETY: live device; the set layouts were just created from it.
+    unsafe { d.create_pipeline_layout(&info, None) }.map_err(vk_err("vkCreatePipelineLayout"))
 }

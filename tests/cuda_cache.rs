@@ -1,7 +1,7 @@
 //! The CUDA module cache against the test driver library.
 //!
-//! No GPU is available in CI: `support::FakeDriver` builds `c-tests/cuda/fake_cuda.c`, a
-//! library that stands in for the real driver (`libcuda.so.1`), counts every call and checks
+//! No GPU is available in CI: `kcache_testkit::cuda::FakeDriver` is a private copy of the
+//! test-kit's build of `c-tests/cuda/fake_cuda.c`, a library that stands in for the real driver (`libcuda.so.1`), counts every call and checks
 //! the context binding. What these tests assert is what kcache asks of the driver: how many
 //! links, loads and unloads, and in which context.
 
@@ -10,11 +10,11 @@ use std::sync::{Arc, Barrier};
 
 use tempfile::TempDir;
 
-use super::support::{FakeDriver, Handle};
-use crate::Error;
-use crate::backend::cuda::testing::SAXPY_PTX;
-use crate::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use crate::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache::Error;
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
+use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache_testkit::cuda::SAXPY_PTX;
+use kcache_testkit::cuda::{FakeDriver, Handle};
 
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; every test evicts or drops its cache before it
@@ -159,13 +159,15 @@ fn warm_start_child() {
 }
 
 fn run_child(fake: &FakeDriver, dir: &std::path::Path) -> String {
-    // Test names are module paths without the crate's name.
-    let name = format!(
-        "{}::warm_start_child",
-        module_path!().split_once("::").unwrap().1
-    );
+    // Test names are module paths without the crate's name: at the top of an integration
+    // test, just the function's name.
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "warm_start_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, dir)
         .env("KCACHE_CUDA_LIBRARY", fake.path())
         .output()
@@ -251,7 +253,8 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     drop(leases);
 
     // Another context is current on the evicting thread: kcache must switch to the owner.
-    fake.set_current(c1);
+    // SAFETY: made by `create_context` above, not destroyed yet.
+    unsafe { fake.set_current(c1) };
     assert_eq!(cache.evict_context(c0).unwrap(), 2);
     assert_eq!(
         fake.counter("module_unload"),
@@ -269,7 +272,8 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     assert_eq!(fake.counter("unload_invalid"), 0);
     assert_eq!(fake.counter("live_modules"), 0);
     assert_eq!(fake.current(), c1);
-    fake.set_current(std::ptr::null_mut());
+    // SAFETY: NULL unbinds.
+    unsafe { fake.set_current(std::ptr::null_mut()) };
 
     // An evicted context starts over: its modules are loaded again, not served stale.
     cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
@@ -277,8 +281,11 @@ fn eviction_unloads_each_module_once_with_its_own_context_current() {
     drop(cache);
     assert_eq!(fake.counter("module_unload"), 5);
     assert_eq!(fake.counter("unload_wrong_context"), 0);
-    fake.destroy_context(c0);
-    fake.destroy_context(c1);
+    // SAFETY: made by `create_context` above and destroyed once, after the cache is gone.
+    unsafe {
+        fake.destroy_context(c0);
+        fake.destroy_context(c1);
+    }
 }
 
 #[test]
@@ -410,7 +417,8 @@ fn the_current_context_is_used_when_none_is_given() {
         Err(Error::InvalidArgument(_))
     ));
     let c0 = fake.create_context(0);
-    fake.set_current(c0);
+    // SAFETY: made by `create_context` just above.
+    unsafe { fake.set_current(c0) };
     let lease = cache.module(None, SAXPY_PTX.as_bytes(), &[]).unwrap();
     assert_eq!(lease.context(), c0);
     assert_eq!(
@@ -421,7 +429,8 @@ fn the_current_context_is_used_when_none_is_given() {
     let same = cache.module(ctx(c0), SAXPY_PTX.as_bytes(), &[]).unwrap();
     assert_eq!(same.raw(), lease.raw());
     assert_eq!(fake.current(), c0);
-    fake.set_current(std::ptr::null_mut());
+    // SAFETY: NULL unbinds.
+    unsafe { fake.set_current(std::ptr::null_mut()) };
 }
 
 #[test]

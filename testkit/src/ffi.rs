@@ -1,15 +1,13 @@
 //! A `kc_cache` driven through its exported functions as a C caller drives it, for the C ABI
-//! benchmark. Not part of the supported API.
+//! benchmark and tests.
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
 
-use super::cache::{
+use kcache::ffi::{
     KC_NO_DEVICE, RawValue, kc_cache, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
-    kc_cache_options_default,
+    kc_cache_options_default, kc_lease_release, kc_lease_value, kc_status,
 };
-use super::lease::{kc_lease_release, kc_lease_value};
-use super::status::kc_status;
 
 /// Builds the value `ctx`.
 unsafe extern "C" fn build(

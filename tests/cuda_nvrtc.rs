@@ -1,16 +1,16 @@
 //! CUDA C++ source through NVRTC, then the same link/load/cache path as PTX.
 //!
-//! No GPU and no CUDA toolkit are available in CI: `support` builds two test libraries
-//! that stand in for the real ones, `c-tests/cuda/fake_cuda.c` for the driver
+//! No GPU and no CUDA toolkit are available in CI: the test-kit (`kcache_testkit::cuda`) builds
+//! two test libraries that stand in for the real ones, `c-tests/cuda/fake_cuda.c` for the driver
 //! (`libcuda.so.1`) and `c-tests/cuda/fake_nvrtc.c` for NVRTC (`libnvrtc.so`).
 
 use std::path::Path;
 use std::sync::Arc;
 
-use super::support::{FakeDriver, FakeNvrtc};
-use crate::Error;
-use crate::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
-use crate::disk::{DiskCache, DiskConfig};
+use kcache::Error;
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
+use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
 
 const SOURCE: &str = "extern \"C\" __global__ void scale(float *x, float a) {\n\
                       x[threadIdx.x] *= a;\n}\n";

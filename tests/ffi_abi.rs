@@ -6,11 +6,11 @@ use std::ffi::{CStr, c_int, c_void};
 use std::mem::{offset_of, size_of};
 use std::ptr;
 
-use crate::ffi::testing::CCache;
-use crate::ffi::{
+use kcache::ffi::{
     KC_NO_DEVICE, RawValue, kc_cache_clear, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
     kc_cache_options, kc_cache_options_default, kc_cache_stats, kc_status, kc_status_name,
 };
+use kcache_testkit::ffi::CCache;
 
 /// Clears the cache it is building for (`ctx`), then builds a dummy value.
 unsafe extern "C" fn build_then_clear(

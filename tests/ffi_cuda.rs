@@ -1,16 +1,16 @@
 //! The `kc_cuda_*` C API, called as C would call it.
 //!
-//! No GPU is available in CI: the CUDA backend's test `FakeDriver` builds
+//! No GPU is available in CI: the test-kit's `FakeDriver` is a private copy of its build of
 //! `c-tests/cuda/fake_cuda.c`, a test library that stands in for the real driver
 //! (`libcuda.so.1`); the cache is pointed at it through `kc_cuda_options.driver_library`.
 
 use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 
-use crate::backend::cuda::testing::SAXPY_PTX;
-use crate::backend::cuda::tests::support::{FakeDriver, FakeNvrtc};
-use crate::ffi::cuda::*;
-use crate::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
+use kcache::ffi::cuda::*;
+use kcache::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
+use kcache_testkit::cuda::SAXPY_PTX;
+use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
 
 fn last_error() -> String {
     // SAFETY: never NULL, valid until the next kcache call on this thread.
