@@ -5,7 +5,7 @@
 //! Only when the CMake build asks for it, by setting `KCACHE_SONAME` to the name it installs
 //! (`libkcache.so.MAJOR`, checked here against `abi-version`). A plain `cargo build` leaves the
 //! SONAME out: cargo writes only `libkcache.so`, and a program linked against a library whose
-//! SONAME is `libkcache.so.1` asks the dynamic loader for that file, which cargo's output
+//! SONAME is `libkcache.so.MAJOR` asks the dynamic loader for that file, which cargo's output
 //! directory never has. Without a SONAME the program asks for `libkcache.so` and finds it through
 //! its rpath or `LD_LIBRARY_PATH`. The installed library, which CMake stages and names, keeps the
 //! SONAME that versioned installs need.

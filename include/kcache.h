@@ -27,14 +27,14 @@
 // Use this as the `device_id` of values that belong to no device.
 #define KC_NO_DEVICE (int64_t)-1
 
-// Length of a cache key in bytes.
-#define KC_KEY_LEN 32
-
 // Length of an operator key fingerprint in bytes.
 #define KC_FINGERPRINT_LEN 8
 
 // `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 #define KC_DISK_DEFAULT_TEMP_MAX_AGE_S 900
+
+// Length of a cache key in bytes.
+#define KC_KEY_LEN 32
 
 // Key field: backend name ("opencl", "vulkan", "cuda", or your own).
 #define KC_KEY_BACKEND 0
@@ -113,7 +113,7 @@ typedef struct kc_cuda_cache kc_cuda_cache;
 typedef struct kc_cuda_lease kc_cuda_lease;
 
 // An open disk tier. Thread-safe: every function taking a `kc_disk *` may be called from
-// any number of threads at once, except `kc_disk_close`, which must be the last call.
+// any number of threads at once, except `kc_disk_free`, which must be the last call.
 typedef struct kc_disk kc_disk;
 
 // Collects the inputs of a key. Not thread-safe: use one builder per thread.
@@ -146,6 +146,18 @@ typedef struct kc_vulkan_lease kc_vulkan_lease;
 // A validated pipeline description with its digest: make it once per kernel
 // (`kc_vulkan_spec_new`) and look it up as often as needed.
 typedef struct kc_vulkan_spec kc_vulkan_spec;
+
+// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
+typedef struct kc_buffer {
+  // The payload bytes.
+  const uint8_t *data;
+  // Their length.
+  size_t len;
+  // How long the value took to build, as recorded by its writer.
+  uint64_t build_time_ns;
+  // Owned by kcache.
+  void *owner;
+} kc_buffer;
 
 // Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
 // after an eviction or clear during its build, or the cache freed) once no lease holds it.
@@ -314,7 +326,7 @@ typedef struct kc_disk_statistics {
   uint64_t entries;
   // Their total size in bytes.
   uint64_t bytes;
-  // Whether the scan of the directory that `kc_disk_open` starts has finished
+  // Whether the scan of the directory that `kc_disk_new` starts has finished
   // (`kc_disk_wait_scan` waits for it).
   bool scan_complete;
 } kc_disk_statistics;
@@ -385,18 +397,6 @@ typedef struct kc_disk_options {
   bool require_key;
 } kc_disk_options;
 
-// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
-typedef struct kc_buffer {
-  // The payload bytes.
-  const uint8_t *data;
-  // Their length.
-  size_t len;
-  // How long the value took to build, as recorded by its writer.
-  uint64_t build_time_ns;
-  // Owned by kcache.
-  void *owner;
-} kc_buffer;
-
 // What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
 // `kc_disk_statistics`.
 typedef struct kc_disk_gc_report {
@@ -418,33 +418,6 @@ typedef struct kc_disk_gc_report {
   // directory at an entry name, …): left in place.
   uint64_t undeletable;
 } kc_disk_gc_report;
-
-// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
-// the value and its weight, return 0; non-zero: the entry is removed and the value built).
-typedef int (*kc_load_fn)(void *ctx,
-                          const uint8_t *bytes,
-                          size_t len,
-                          void **out_value,
-                          uint64_t *out_weight);
-
-// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
-// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
-typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len);
-
-// The callbacks of a tiered lookup; all receive `ctx`.
-typedef struct kc_tiered_callbacks {
-  // `sizeof(kc_tiered_callbacks)` as the caller compiled it.
-  size_t struct_size;
-  // Builds from scratch (required).
-  kc_build_fn build;
-  // Loads a disk payload; NULL: the disk is not read.
-  kc_load_fn load;
-  // Serializes a built value; NULL: nothing is written back.
-  kc_serialize_fn serialize;
-  // Passed to every callback.
-  void *ctx;
-} kc_tiered_callbacks;
 
 // How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
 typedef struct kc_opencl_options {
@@ -497,6 +470,33 @@ typedef struct kc_opencl_cache_statistics {
   // caches counts for all of them.
   struct kc_disk_statistics disk;
 } kc_opencl_cache_statistics;
+
+// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
+// the value and its weight, return 0; non-zero: the entry is removed and the value built).
+typedef int (*kc_load_fn)(void *ctx,
+                          const uint8_t *bytes,
+                          size_t len,
+                          void **out_value,
+                          uint64_t *out_weight);
+
+// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
+// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
+// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len);
+
+// The callbacks of a tiered lookup; all receive `ctx`.
+typedef struct kc_tiered_callbacks {
+  // `sizeof(kc_tiered_callbacks)` as the caller compiled it.
+  size_t struct_size;
+  // Builds from scratch (required).
+  kc_build_fn build;
+  // Loads a disk payload; NULL: the disk is not read.
+  kc_load_fn load;
+  // Serializes a built value; NULL: nothing is written back.
+  kc_serialize_fn serialize;
+  // Passed to every callback.
+  void *ctx;
+} kc_tiered_callbacks;
 
 // `PFN_vkVoidFunction` without `vulkan.h`.
 typedef void (*kc_vulkan_void_fn)(void);
@@ -610,6 +610,12 @@ typedef struct kc_vulkan_cache_statistics {
 extern "C" {
 #endif // __cplusplus
 
+// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
+//
+// # Safety
+// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
+void kc_buffer_free(struct kc_buffer *buffer);
+
 // The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
 // no destroy callback.
 struct kc_cache_options kc_cache_options_default(void);
@@ -668,32 +674,6 @@ enum kc_status kc_cache_get(struct kc_cache *cache,
 // `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
 // when `key_len` is 0).
 enum kc_status kc_cache_remove(struct kc_cache *cache, const uint8_t *key, size_t key_len);
-
-// The value a lease holds, exactly as the build callback returned it. Valid until the lease
-// is released. NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
-void *kc_lease_value(const struct kc_lease *lease);
-
-// The weight the build callback reported for the value; 0 if `lease` is NULL.
-//
-// # Safety
-// As for `kc_lease_value`.
-uint64_t kc_lease_weight(const struct kc_lease *lease);
-
-// Another lease on the same value, to be released separately. NULL if `lease` is NULL.
-//
-// # Safety
-// As for `kc_lease_value`.
-struct kc_lease *kc_lease_clone(const struct kc_lease *lease);
-
-// Releases a lease; its value is destroyed here if it has left the cache and this was its
-// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
-void kc_lease_release(struct kc_lease *lease);
 
 // Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
 // fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
@@ -870,6 +850,107 @@ enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
 // `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
 enum kc_status kc_cuda_available(void);
 
+// Default options: everything from the environment, fsyncs on.
+struct kc_disk_options kc_disk_options_default(void);
+
+// Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
+// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory, a secure-execution process without
+// `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
+// this user or a symlink; no operator key while one is required; an unusable
+// `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
+// refusal that comes from the environment or the directory is also written once per process
+// on stderr. A caller should then go on with memory only.
+//
+// # Safety
+// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
+enum kc_status kc_disk_new(const struct kc_disk_options *opts, struct kc_disk **out_disk);
+
+// Frees a disk tier. NULL is a no-op. Buffers already returned stay valid.
+//
+// # Safety
+// `disk` must be NULL or from `kc_disk_new`, not yet freed, with no call on it running.
+void kc_disk_free(struct kc_disk *disk);
+
+// Writes the entry for `key` (atomically: readers see the old entry or the new one).
+// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
+// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
+// of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the directory
+// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+//
+// # Safety
+// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
+enum kc_status kc_disk_put(struct kc_disk *disk,
+                           const uint8_t *key,
+                           const uint8_t *data,
+                           size_t len,
+                           uint64_t build_time_ns);
+
+// Reads and verifies the entry for `key` into `*out` (written on success only; free it
+// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
+// failed verification, was larger than the per-entry limit or was not a regular file, and
+// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
+//
+// # Safety
+// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
+enum kc_status kc_disk_get(struct kc_disk *disk, const uint8_t *key, struct kc_buffer *out);
+
+// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
+//
+// # Safety
+// `disk` live; `key` `KC_KEY_LEN` readable bytes.
+enum kc_status kc_disk_remove(struct kc_disk *disk, const uint8_t *key);
+
+// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
+// other key schemas, corrupt entries, and entries of operator keys that are neither this
+// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
+// concatenated) at `retain`. `out_report` may be NULL.
+//
+// # Safety
+// `disk` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
+// NULL or a writable struct of at least its `struct_size` bytes.
+enum kc_status kc_disk_gc(struct kc_disk *disk,
+                          const uint8_t *retain,
+                          size_t retain_count,
+                          uint64_t temp_max_age_s,
+                          struct kc_disk_gc_report *out_report);
+
+// Fills `*out` with this disk's counters (see `kc_disk_stats`).
+//
+// # Safety
+// `disk` live; `out` a writable struct of at least its `struct_size` bytes.
+enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statistics *out);
+
+// The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
+// all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
+// entries during a key rotation.
+//
+// # Safety
+// `disk` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
+enum kc_status kc_disk_fingerprint(const struct kc_disk *disk, uint8_t *out);
+
+// The distinct operator key fingerprints of the entries in the directory, in ascending
+// byte order: one per key generation that has entries there (all zero for unkeyed entries).
+// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
+// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
+// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
+// can make the second count larger, so compare it with `capacity`.
+//
+// # Safety
+// `disk` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
+// is 0); `out_count` writable.
+enum kc_status kc_disk_fingerprints(const struct kc_disk *disk,
+                                    uint8_t *out,
+                                    size_t capacity,
+                                    size_t *out_count);
+
+// Waits for the scan of the directory that `kc_disk_new` starts in the background
+// (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
+// this disk's own writes, and writes wait for it; reads do not.
+//
+// # Safety
+// `disk` live.
+enum kc_status kc_disk_wait_scan(const struct kc_disk *disk);
+
 // Creates an empty key builder. `*out_builder` is written on success only.
 //
 // # Safety
@@ -948,132 +1029,31 @@ enum kc_status kc_key_builder_finish(const struct kc_key_builder *builder, uint8
 // `builder` must be NULL or a builder not yet freed.
 void kc_key_builder_free(struct kc_key_builder *builder);
 
-// Default options: everything from the environment, fsyncs on.
-struct kc_disk_options kc_disk_options_default(void);
-
-// Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
-// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory, a secure-execution process without
-// `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
-// this user or a symlink; no operator key while one is required; an unusable
-// `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
-// refusal that comes from the environment or the directory is also written once per process
-// on stderr. A caller should then go on with memory only.
+// The value a lease holds, exactly as the build callback returned it. Valid until the lease
+// is released. NULL if `lease` is NULL.
 //
 // # Safety
-// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
-enum kc_status kc_disk_open(const struct kc_disk_options *opts, struct kc_disk **out_disk);
+// `lease` must be NULL or a lease not yet released.
+void *kc_lease_value(const struct kc_lease *lease);
 
-// Closes a disk tier. NULL is a no-op. Buffers already returned stay valid.
+// The weight the build callback reported for the value; 0 if `lease` is NULL.
 //
 // # Safety
-// `disk` must be NULL or from `kc_disk_open`, not yet closed, with no call on it running.
-void kc_disk_close(struct kc_disk *disk);
+// As for `kc_lease_value`.
+uint64_t kc_lease_weight(const struct kc_lease *lease);
 
-// Writes the entry for `key` (atomically: readers see the old entry or the new one).
-// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
-// of the size cap and 1 GiB. Right after `kc_disk_open` the write waits for the directory
-// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+// Another lease on the same value, to be released separately. NULL if `lease` is NULL.
 //
 // # Safety
-// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
-enum kc_status kc_disk_put(struct kc_disk *disk,
-                           const uint8_t *key,
-                           const uint8_t *data,
-                           size_t len,
-                           uint64_t build_time_ns);
+// As for `kc_lease_value`.
+struct kc_lease *kc_lease_clone(const struct kc_lease *lease);
 
-// Reads and verifies the entry for `key` into `*out` (written on success only; free it
-// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
-// failed verification, was larger than the per-entry limit or was not a regular file, and
-// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
+// Releases a lease; its value is destroyed here if it has left the cache and this was its
+// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
 //
 // # Safety
-// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
-enum kc_status kc_disk_get(struct kc_disk *disk, const uint8_t *key, struct kc_buffer *out);
-
-// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
-//
-// # Safety
-// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
-void kc_buffer_free(struct kc_buffer *buffer);
-
-// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
-//
-// # Safety
-// `disk` live; `key` `KC_KEY_LEN` readable bytes.
-enum kc_status kc_disk_remove(struct kc_disk *disk, const uint8_t *key);
-
-// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
-// other key schemas, corrupt entries, and entries of operator keys that are neither this
-// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
-// concatenated) at `retain`. `out_report` may be NULL.
-//
-// # Safety
-// `disk` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
-// NULL or a writable struct of at least its `struct_size` bytes.
-enum kc_status kc_disk_gc(struct kc_disk *disk,
-                          const uint8_t *retain,
-                          size_t retain_count,
-                          uint64_t temp_max_age_s,
-                          struct kc_disk_gc_report *out_report);
-
-// Fills `*out` with this disk's counters (see `kc_disk_stats`).
-//
-// # Safety
-// `disk` live; `out` a writable struct of at least its `struct_size` bytes.
-enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statistics *out);
-
-// The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
-// all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
-// entries during a key rotation.
-//
-// # Safety
-// `disk` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
-enum kc_status kc_disk_fingerprint(const struct kc_disk *disk, uint8_t *out);
-
-// The distinct operator key fingerprints of the entries in the directory, in ascending
-// byte order: one per key generation that has entries there (all zero for unkeyed entries).
-// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
-// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
-// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
-// can make the second count larger, so compare it with `capacity`.
-//
-// # Safety
-// `disk` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
-// is 0); `out_count` writable.
-enum kc_status kc_disk_fingerprints(const struct kc_disk *disk,
-                                    uint8_t *out,
-                                    size_t capacity,
-                                    size_t *out_count);
-
-// Waits for the scan of the directory that `kc_disk_open` starts in the background
-// (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
-// this disk's own writes, and writes wait for it; reads do not.
-//
-// # Safety
-// `disk` live.
-enum kc_status kc_disk_wait_scan(const struct kc_disk *disk);
-
-// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
-// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
-// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
-// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
-// callers of one key read or build once. A disk entry that `load` refuses is removed (and
-// counted in `load_failures`); a failed write-back is not an error. Statuses as for
-// `kc_cache_find_or_build`.
-//
-// # Safety
-// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
-// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
-enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
-                                       const uint8_t *l1_key,
-                                       size_t l1_key_len,
-                                       int64_t device_id,
-                                       struct kc_disk *disk,
-                                       const uint8_t *l2_key,
-                                       const struct kc_tiered_callbacks *callbacks,
-                                       struct kc_lease **out_lease);
+// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+void kc_lease_release(struct kc_lease *lease);
 
 // Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
 // across processes.
@@ -1192,6 +1172,26 @@ int kc_last_build_error(void);
 // The library version, "MAJOR.MINOR.PATCH", a static string. Compare with the
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
+
+// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
+// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
+// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
+// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
+// callers of one key read or build once. A disk entry that `load` refuses is removed (and
+// counted in `load_failures`); a failed write-back is not an error. Statuses as for
+// `kc_cache_find_or_build`.
+//
+// # Safety
+// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
+// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
+                                       const uint8_t *l1_key,
+                                       size_t l1_key_len,
+                                       int64_t device_id,
+                                       struct kc_disk *disk,
+                                       const uint8_t *l2_key,
+                                       const struct kc_tiered_callbacks *callbacks,
+                                       struct kc_lease **out_lease);
 
 // Memory only, unbounded, with the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);

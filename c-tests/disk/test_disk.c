@@ -36,7 +36,7 @@ static kc_disk *open_disk(const char *name) {
   opts.ignore_env = true;
   opts.relaxed_durability = true;
   kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
   return disk;
 }
 
@@ -181,8 +181,8 @@ static void test_disk(void) {
   CHECK_STATUS(kc_disk_put(NULL, k, KEY("x"), 0), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_put(disk, NULL, KEY("x"), 0), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_get(disk, k, NULL), KC_ERR_INVALID_ARGUMENT);
-  kc_disk_close(disk);
-  kc_disk_close(NULL);
+  kc_disk_free(disk);
+  kc_disk_free(NULL);
 }
 
 static void test_keyed_and_untrusted(void) {
@@ -195,14 +195,14 @@ static void test_keyed_and_untrusted(void) {
   opts.key = operator_key;
   opts.key_len = 8;
   kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT); /* key too short */
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT); /* key too short */
   CHECK(disk == NULL);
   opts.key_len = sizeof operator_key - 1;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
   uint8_t fp[KC_FINGERPRINT_LEN], zero[KC_FINGERPRINT_LEN] = {0};
   CHECK_STATUS(kc_disk_fingerprint(disk, fp), KC_OK);
   CHECK(memcmp(fp, zero, sizeof fp) != 0);
-  kc_disk_close(disk);
+  kc_disk_free(disk);
 
   path_in(dir, sizeof dir, "open-to-all");
   CHECK(mkdir(dir, 0700) == 0);
@@ -210,7 +210,7 @@ static void test_keyed_and_untrusted(void) {
   opts = kc_disk_options_default();
   opts.dir = dir;
   opts.ignore_env = true;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_UNTRUSTED);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_UNTRUSTED);
   CHECK(strstr(kc_last_error_message(), "writable by group or others") != NULL);
 }
 
@@ -336,7 +336,7 @@ static void test_tiered(void) {
   CHECK_U64(disk_stats(disk).hits, hits);
   CHECK_U64(disk_stats(disk).puts, puts + 1);
   kc_cache_free(write_only);
-  kc_disk_close(disk);
+  kc_disk_free(disk);
 }
 
 static int exists(const char *path) {
@@ -360,24 +360,24 @@ static void test_disk_arguments(void) {
   kc_disk *disk = NULL;
   kc_disk_options opts = options_in(dir);
   opts.key_len = 32;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("opts->key");
 
   opts = options_in(NULL);
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("ignore_env");
 
   opts = options_in("");
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("empty");
   opts.ignore_env = false;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
 
   opts = options_in("kc-relative-cache/dir");
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("relative");
   opts.ignore_env = false;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK(!exists("kc-relative-cache"));
 
   CHECK(disk == NULL);
@@ -392,13 +392,13 @@ static void test_require_key(void) {
   kc_disk *disk = NULL;
   kc_disk_options opts = options_in(dir);
   opts.require_key = true;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_ERR_UNTRUSTED);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_ERR_UNTRUSTED);
   CHECK_NAMES("operator key is required");
   CHECK(disk == NULL && !exists(dir));
   opts.key = operator_key;
   opts.key_len = sizeof operator_key - 1;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
-  kc_disk_close(disk);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  kc_disk_free(disk);
 }
 
 /* Every directory kcache creates is 0700, even under a umask that would widen or narrow it. */
@@ -412,9 +412,9 @@ static void test_private_directories(void) {
     mode_t old = umask(masks[m]);
     kc_disk *disk = NULL;
     kc_disk_options opts = options_in(dir);
-    CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+    CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
     umask(old);
-    kc_disk_close(disk);
+    kc_disk_free(disk);
     const char *parts[] = {"", "/a", "/a/b", "/a/b/cache"};
     for (size_t i = 0; i < 4; i++) {
       struct stat st;
@@ -458,18 +458,18 @@ static void test_struct_size_rule(void) {
   memset(&disk_opts, 0, sizeof disk_opts);
   disk_opts.known = options_in(dir);
   disk_opts.known.struct_size = sizeof disk_opts;
-  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_OK);
-  kc_disk_close(disk);
+  CHECK_STATUS(kc_disk_new(&disk_opts.known, &disk), KC_OK);
+  kc_disk_free(disk);
   disk_opts.newer_field = 1;
-  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("beyond");
   /* The first layout ended at ignore_env: require_key past it is not read. */
   disk_opts.known.struct_size = offsetof(kc_disk_options, require_key);
   disk_opts.known.require_key = true;
-  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_OK);
-  kc_disk_close(disk);
+  CHECK_STATUS(kc_disk_new(&disk_opts.known, &disk), KC_OK);
+  kc_disk_free(disk);
   disk_opts.known.struct_size = offsetof(kc_disk_options, ignore_env);
-  CHECK_STATUS(kc_disk_open(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("struct_size");
 
   kc_cache *cache = NULL;
@@ -572,7 +572,7 @@ static void test_null_sweep(void) {
   kc_key_builder_free(b);
   CHECK(sentinel_b == (kc_key_builder *)&k);
 
-  CHECK_STATUS(kc_disk_open(NULL, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_new(NULL, NULL), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("out_disk");
   CHECK(sentinel_d == (kc_disk *)&k);
   CHECK_STATUS(kc_disk_get(NULL, k, &buf), KC_ERR_INVALID_ARGUMENT);
@@ -616,7 +616,7 @@ static void test_null_sweep(void) {
   CHECK_NAMES("struct_size");
   CHECK(sentinel_l == (kc_lease *)&k);
   kc_cache_free(cache);
-  kc_disk_close(disk);
+  kc_disk_free(disk);
 }
 
 /* Last, since it lowers this process's file size limit: a put that cannot be written fails
@@ -652,7 +652,7 @@ static void test_full_disk(void) {
   closedir(d);
   CHECK(files == 1); /* the small entry; no temporary file left */
   CHECK_U64(disk_stats(disk).io_errors, 1);
-  kc_disk_close(disk);
+  kc_disk_free(disk);
 }
 
 static kc_disk *open_keyed(const char *name, const char *operator_key) {
@@ -665,7 +665,7 @@ static kc_disk *open_keyed(const char *name, const char *operator_key) {
   opts.key = (const uint8_t *)operator_key;
   opts.key_len = strlen(operator_key);
   kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_open(&opts, &disk), KC_OK);
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
   return disk;
 }
 
@@ -710,8 +710,8 @@ static void test_fingerprints(void) {
   CHECK_STATUS(kc_disk_fingerprints(NULL, all, 4, &count), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_fingerprints(new_gen, all, 4, NULL), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_fingerprints(new_gen, NULL, 1, &count), KC_ERR_INVALID_ARGUMENT);
-  kc_disk_close(old_gen);
-  kc_disk_close(new_gen);
+  kc_disk_free(old_gen);
+  kc_disk_free(new_gen);
 }
 
 /* The opening scan: once waited for, the statistics say so and count what was there. A
@@ -724,7 +724,7 @@ static void test_scan_and_directories(void) {
   make_key("scanned b", b);
   CHECK_STATUS(kc_disk_put(first, a, KEY("a"), 0), KC_OK);
   CHECK_STATUS(kc_disk_put(first, b, KEY("b"), 0), KC_OK);
-  kc_disk_close(first);
+  kc_disk_free(first);
 
   kc_disk *disk = open_disk("scanned");
   CHECK_STATUS(kc_disk_wait_scan(disk), KC_OK);
@@ -773,7 +773,7 @@ static void test_scan_and_directories(void) {
   CHECK(stat(path, &st) != 0);
   CHECK_STATUS(kc_disk_put(disk, d, KEY("a file now"), 0), KC_OK);
   CHECK_U64(disk_stats(disk).entries, 3);
-  kc_disk_close(disk);
+  kc_disk_free(disk);
 }
 
 int main(int argc, char **argv) {

@@ -34,21 +34,21 @@ static void check_default_library(kc_status status, const char *soname) {
 static void check_disk(const char *explicit_dir) {
   kc_disk *disk = NULL;
   /* The environment names a directory, but a secure-execution process does not read it. */
-  CHECK(kc_disk_open(NULL, &disk) == KC_ERR_UNAVAILABLE);
+  CHECK(kc_disk_new(NULL, &disk) == KC_ERR_UNAVAILABLE);
   CHECK(LAST_ERROR_HAS("secure-execution process: the disk tier needs an explicit directory"));
   kc_disk_options opts = kc_disk_options_default();
-  CHECK(kc_disk_open(&opts, &disk) == KC_ERR_UNAVAILABLE);
+  CHECK(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
   CHECK(LAST_ERROR_HAS("secure-execution"));
   CHECK(disk == NULL);
 
   /* The program's own directory is used, without the environment's key file (which would be
    * refused, so the open would fail) and without its demand for a key. */
   opts.dir = explicit_dir;
-  CHECK(kc_disk_open(&opts, &disk) == KC_OK);
+  CHECK(kc_disk_new(&opts, &disk) == KC_OK);
   uint8_t fp[KC_FINGERPRINT_LEN];
   CHECK(kc_disk_fingerprint(disk, fp) == KC_OK);
   for (int i = 0; i < KC_FINGERPRINT_LEN; i++) CHECK(fp[i] == 0);
-  kc_disk_close(disk);
+  kc_disk_free(disk);
 }
 
 static void check_backends(const char *cuda_driver) {
@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
     kc_disk_options opts = kc_disk_options_default();
     opts.dir = explicit_dir;
     kc_disk *disk = NULL;
-    CHECK(kc_disk_open(&opts, &disk) == KC_ERR_UNAVAILABLE);
+    CHECK(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
     CHECK(LAST_ERROR_HAS("KCACHE_DISABLE=1"));
     printf("disabled: ok\n");
     return 0;

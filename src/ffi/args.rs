@@ -1,6 +1,7 @@
-//! Argument and result conventions shared by every `kc_*` function: boxed handles, leases
-//! carried as raw reference counts, `struct_size`-prefixed structs, optional out-parameters,
-//! C strings and arrays, and the memory and disk tiers that every backend's options describe.
+//! Argument and result conventions shared by every `kc_*` function: boxed handles (and the
+//! [`Handle`] casts between a C handle type and its Rust value), leases carried as raw
+//! reference counts, `struct_size`-prefixed structs, optional out-parameters, C strings and
+//! arrays, and the memory and disk tiers that every backend's options describe.
 
 use std::ffi::{CStr, OsStr, c_char};
 use std::mem::size_of;
@@ -13,6 +14,11 @@ use super::status::{byte_slice, non_null, null_argument};
 use crate::disk::{DiskCache, DiskConfig, OperatorKey};
 use crate::memory::{self, Entry, Lease};
 use crate::{Error, Result};
+
+/// The error for an argument that breaks its contract, described by `message`.
+pub fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidArgument(message.into())
+}
 
 /// Boxes `value` and hands the box to the caller through `out`.
 ///
@@ -42,6 +48,54 @@ pub unsafe fn live<'a, T>(handle: *const T, name: &str) -> Result<&'a T> {
     non_null(handle, name)?;
     // SAFETY: non-NULL, hence live by the caller's contract.
     Ok(unsafe { &*handle })
+}
+
+/// An opaque C handle type that stands for a Rust value: a `*mut Self` handed to C is a boxed
+/// `Self::Rust`. The C type is only a name (cbindgen emits `typedef struct kc_x kc_x;`), so the
+/// Rust value needs no wrapper, and every cast between the two goes through [`new_handle`],
+/// [`handle_ref`], [`handle_mut`] and [`free_handle`].
+pub trait Handle {
+    /// The value behind a handle pointer.
+    type Rust;
+}
+
+/// Boxes `value` and hands it to the caller through `out` as its handle type.
+///
+/// # Safety
+/// `out` must be non-NULL and writable.
+pub unsafe fn new_handle<H: Handle>(out: *mut *mut H, value: H::Rust) {
+    // SAFETY: forwarded from the caller's contract; a handle pointer is the boxed value.
+    unsafe { write_boxed(out.cast::<*mut H::Rust>(), value) };
+}
+
+/// Frees a handle made by [`new_handle`]; NULL is a no-op.
+///
+/// # Safety
+/// `handle` must be NULL or from [`new_handle`], not yet freed.
+pub unsafe fn free_handle<H: Handle>(handle: *mut H) {
+    // SAFETY: a handle pointer is the box [`new_handle`] made, or NULL.
+    unsafe { free_boxed(handle.cast::<H::Rust>()) };
+}
+
+/// Borrows the value behind a handle argument that must not be NULL.
+///
+/// # Safety
+/// `handle` must be NULL or from [`new_handle`] and live for `'a`, only shared meanwhile.
+#[inline]
+pub unsafe fn handle_ref<'a, H: Handle>(handle: *const H, name: &str) -> Result<&'a H::Rust> {
+    // SAFETY: a handle pointer is the boxed value; liveness is the caller's contract.
+    unsafe { live(handle.cast::<H::Rust>(), name) }
+}
+
+/// Borrows the value behind a handle argument mutably.
+///
+/// # Safety
+/// `handle` must be NULL or from [`new_handle`] and live for `'a`, used by no one else
+/// meanwhile.
+pub unsafe fn handle_mut<'a, H: Handle>(handle: *mut H, name: &str) -> Result<&'a mut H::Rust> {
+    non_null(handle, name)?;
+    // SAFETY: non-NULL, hence the boxed value, live and unshared by the caller's contract.
+    Ok(unsafe { &mut *handle.cast::<H::Rust>() })
 }
 
 /// Writes an optional out-parameter: NULL means the caller does not want the value.
@@ -199,6 +253,32 @@ pub unsafe fn read_grown<T: Copy>(
         }
     }
     Ok(value)
+}
+
+/// An input struct that grows by the `struct_size` rule, described once so that reading one is
+/// a single call, [`read_input`].
+///
+/// # Safety
+/// Every field but those at `BOOLS` must be valid for any bits (integers, raw pointers,
+/// optional function pointers), and `BOOLS` must list every `bool` field.
+pub unsafe trait GrownInput: Copy {
+    /// The struct's name in C, for messages.
+    const C_NAME: &'static str;
+    /// The size of its first published layout: a smaller `struct_size` is refused.
+    const MIN_SIZE: usize;
+    /// The byte offsets of its `bool` fields.
+    const BOOLS: &'static [usize];
+    /// The values of the fields an older caller's struct does not have.
+    const DEFAULT: Self;
+}
+
+/// [`read_grown`] for a [`GrownInput`] called `name` in messages.
+///
+/// # Safety
+/// `p` must be non-NULL and point to `p->struct_size` readable bytes.
+pub unsafe fn read_input<T: GrownInput>(p: *const T, name: &str) -> Result<T> {
+    // SAFETY: the caller's contract for `p`, and `T`'s as a `GrownInput` for its fields.
+    unsafe { read_grown(p, name, T::C_NAME, T::MIN_SIZE, T::DEFAULT, T::BOOLS) }
 }
 
 /// Writes `value` (a `repr(C)` struct whose first field is its size) into the caller's struct

@@ -1,21 +1,21 @@
-//! The memory tier through the C ABI: `kc_cache` is a `MemoryCache` keyed by byte strings whose
-//! values are the caller's opaque pointers; a `kc_lease *` is a lease turned into its raw
-//! reference count, so a hit allocates nothing.
+//! `kc_cache`: the memory tier through the C ABI, a `MemoryCache` keyed by byte strings whose
+//! values are the caller's opaque pointers. Its lookups hand out `kc_lease`s (`lease.rs`).
 
 // The C names are the contract.
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_int, c_void};
-use std::mem::{ManuallyDrop, offset_of, size_of};
+use std::mem::{offset_of, size_of};
 use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    LeaseHandle, free_boxed, lease_entry_or_null, lease_into_raw, live, read_grown, release_lease,
-    write_boxed, write_sized,
+    GrownInput, Handle, free_handle, handle_ref, lease_into_raw, new_handle, read_input,
+    write_sized,
 };
-use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::memory::{Entry, Lease, MemoryCache, Options, Stats};
+use super::lease::kc_lease;
+use super::status::{byte_slice, fail, guard, guard_value, kc_status, non_null};
+use crate::memory::{MemoryCache, Options, Stats};
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
 /// A value stored for C: an opaque pointer kcache never dereferences.
@@ -40,8 +40,6 @@ unsafe impl Send for Context {}
 unsafe impl Sync for Context {}
 
 pub(super) type RawCache = MemoryCache<Vec<u8>, RawValue>;
-type RawEntry = Entry<Vec<u8>, RawValue>;
-type RawLease = Lease<Vec<u8>, RawValue>;
 
 /// Use this as the `device_id` of values that belong to no device.
 // The cast makes cbindgen emit a typed macro that also survives `x-KC_NO_DEVICE`.
@@ -86,19 +84,11 @@ pub type kc_destroy_error_fn = Option<unsafe extern "C" fn(ctx: *mut c_void, cod
 /// `kc_cache *` may be called from any number of threads at once, except `kc_cache_free`, which
 /// must be the last call on the cache.
 pub struct kc_cache {
-    inner: RawCache,
-}
-
-/// A hold on one cached value: while it exists the value is not destroyed, even if the entry
-/// is removed, evicted, cleared or the cache is freed. Release each lease exactly once with
-/// `kc_lease_release`, from any thread. A lease may be read from several threads at once.
-pub struct kc_lease {
     _opaque: [u8; 0],
 }
 
-impl LeaseHandle for kc_lease {
-    type Key = Vec<u8>;
-    type Value = RawValue;
+impl Handle for kc_cache {
+    type Rust = RawCache;
 }
 
 /// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
@@ -128,10 +118,6 @@ pub struct kc_cache_options {
     /// Passed to `on_destroy_error`.
     pub on_destroy_error_ctx: *mut c_void,
 }
-
-/// The first published layout ends at `destroy_ctx`: callers compiled against it stay valid.
-const OPTIONS_MIN_SIZE: usize =
-    offset_of!(kc_cache_options, destroy_ctx) + size_of::<*mut c_void>();
 
 /// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
 /// `kc_cache_stats` belongs to the function). Set `struct_size` to
@@ -196,41 +182,31 @@ impl From<Stats> for kc_cache_stats {
     }
 }
 
-const DEFAULT_OPTIONS: kc_cache_options = kc_cache_options {
-    struct_size: size_of::<kc_cache_options>(),
-    max_entries: 0,
-    max_weight: 0,
-    invalidated_by_clear: false,
-    destroy: None,
-    destroy_ctx: ptr::null_mut(),
-    on_destroy_error: None,
-    on_destroy_error_ctx: ptr::null_mut(),
-};
+// SAFETY: every field but the bool is an integer, a raw pointer or an optional function
+// pointer (zero is `None`).
+unsafe impl GrownInput for kc_cache_options {
+    const C_NAME: &str = "kc_cache_options";
+    /// The first published layout ends at `destroy_ctx`: callers compiled against it stay
+    /// valid.
+    const MIN_SIZE: usize = offset_of!(kc_cache_options, destroy_ctx) + size_of::<*mut c_void>();
+    const BOOLS: &[usize] = &[offset_of!(kc_cache_options, invalidated_by_clear)];
+    const DEFAULT: kc_cache_options = kc_cache_options {
+        struct_size: size_of::<kc_cache_options>(),
+        max_entries: 0,
+        max_weight: 0,
+        invalidated_by_clear: false,
+        destroy: None,
+        destroy_ctx: ptr::null_mut(),
+        on_destroy_error: None,
+        on_destroy_error_ctx: ptr::null_mut(),
+    };
+}
 
 /// The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
 /// no destroy callback.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_cache_options_default() -> kc_cache_options {
-    DEFAULT_OPTIONS
-}
-
-/// Reads the caller's options by the `struct_size` rule (see `ffi::args`).
-///
-/// # Safety
-/// `opts` must be non-NULL and point to `struct_size` readable bytes.
-unsafe fn read_options(opts: *const kc_cache_options) -> Result<kc_cache_options> {
-    // SAFETY: readable for its size by the caller's contract; every field but the bool is an
-    // integer, a raw pointer or an optional function pointer (zero is `None`).
-    unsafe {
-        read_grown(
-            opts,
-            "opts",
-            "kc_cache_options",
-            OPTIONS_MIN_SIZE,
-            DEFAULT_OPTIONS,
-            &[offset_of!(kc_cache_options, invalidated_by_clear)],
-        )
-    }
+    kc_cache_options::DEFAULT
 }
 
 pub(super) fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
@@ -241,15 +217,6 @@ pub(super) fn device_of(device_id: i64) -> Result<Option<DeviceId>> {
             "device_id {id} is negative and not KC_NO_DEVICE"
         ))),
     }
-}
-
-/// The memory tier behind a cache pointer.
-///
-/// # Safety
-/// `cache` must be NULL or a live cache.
-pub(super) unsafe fn raw_cache<'a>(cache: *const kc_cache) -> Result<&'a RawCache> {
-    // SAFETY: NULL or a live cache by contract; only shared access is needed.
-    Ok(&unsafe { live(cache, "cache") }?.inner)
 }
 
 /// Runs a C callback that makes a value (`kc_build_fn`, `kc_load_fn`) from `len` bytes at
@@ -291,7 +258,7 @@ pub unsafe extern "C" fn kc_cache_new(
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
         // SAFETY: `opts` is non-NULL; its size is the caller's promise.
-        let opts = unsafe { read_options(opts) }?;
+        let opts = unsafe { read_input(opts, "opts") }?;
         let destroy = opts.destroy;
         let destroy_ctx = Context(opts.destroy_ctx);
         let on_destroy_error = opts.on_destroy_error.map(|hook| {
@@ -327,7 +294,7 @@ pub unsafe extern "C" fn kc_cache_new(
             }
         });
         // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_cache, kc_cache { inner }) };
+        unsafe { new_handle(out_cache, inner) };
         Ok(())
     })
 }
@@ -341,7 +308,7 @@ pub unsafe extern "C" fn kc_cache_new(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cache_new`, or NULL.
-    guard_value((), || unsafe { free_boxed(cache) });
+    guard_value((), || unsafe { free_handle(cache) });
 }
 
 /// Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
@@ -367,7 +334,7 @@ pub unsafe extern "C" fn kc_cache_find_or_build(
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
-        let cache = unsafe { raw_cache(cache) }?;
+        let cache = unsafe { handle_ref(cache, "cache") }?;
         // SAFETY: checked non-NULL as the caller promised a readable key.
         let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
         let device = device_of(device_id)?;
@@ -399,7 +366,7 @@ pub unsafe extern "C" fn kc_cache_get(
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
-        let cache = unsafe { raw_cache(cache) }?;
+        let cache = unsafe { handle_ref(cache, "cache") }?;
         // SAFETY: checked non-NULL as the caller promised a readable key.
         let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
         non_null(out_lease, "out_lease")?;
@@ -425,7 +392,7 @@ pub unsafe extern "C" fn kc_cache_remove(
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
-        let cache = unsafe { raw_cache(cache) }?;
+        let cache = unsafe { handle_ref(cache, "cache") }?;
         // SAFETY: checked non-NULL as the caller promised a readable key.
         let key_bytes = unsafe { byte_slice(key, key_len, "key") }?;
         if cache.remove(key_bytes)? {
@@ -434,62 +401,6 @@ pub unsafe extern "C" fn kc_cache_remove(
             Err(Error::NotFound)
         }
     })
-}
-
-/// The value a lease holds, exactly as the build callback returned it. Valid until the lease
-/// is released. NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
-    guard_value(ptr::null_mut(), || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().0)
-    })
-}
-
-/// The weight the build callback reported for the value; 0 if `lease` is NULL.
-///
-/// # Safety
-/// As for `kc_lease_value`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_lease_weight(lease: *const kc_lease) -> u64 {
-    guard_value(0, || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(0, RawEntry::weight)
-    })
-}
-
-/// Another lease on the same value, to be released separately. NULL if `lease` is NULL.
-///
-/// # Safety
-/// As for `kc_lease_value`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease {
-    guard_value(ptr::null_mut(), || {
-        if lease.is_null() {
-            null_argument("lease");
-            return ptr::null_mut();
-        }
-        // SAFETY: a live lease is `Arc::into_raw` of its entry; the borrowed lease is never
-        // dropped, so the caller's reference stays as it was.
-        let borrowed = ManuallyDrop::new(RawLease::from_arc(unsafe {
-            Arc::from_raw(lease.cast::<RawEntry>())
-        }));
-        lease_into_raw(RawLease::clone(&borrowed))
-    })
-}
-
-/// Releases a lease; its value is destroyed here if it has left the cache and this was its
-/// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
-    // SAFETY: the caller hands back a lease it owns, or NULL.
-    guard_value((), || unsafe { release_lease(lease) });
 }
 
 /// Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
@@ -503,7 +414,7 @@ pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
 pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: i64) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
-        let cache = unsafe { raw_cache(cache) }?;
+        let cache = unsafe { handle_ref(cache, "cache") }?;
         let Some(device) = device_of(device_id)? else {
             return Err(Error::InvalidArgument(
                 "device_id is KC_NO_DEVICE, which names no device".into(),
@@ -524,7 +435,7 @@ pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: 
 pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
-        unsafe { raw_cache(cache) }?.clear()?;
+        unsafe { handle_ref(cache, "cache") }?.clear()?;
         Ok(())
     })
 }
@@ -536,12 +447,14 @@ pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     guard_value(0, || {
-        if cache.is_null() {
-            null_argument("cache");
-            return 0;
-        }
-        // SAFETY: a live cache; only shared access is needed.
-        unsafe { &(*cache).inner }.len()
+        // SAFETY: NULL or a live cache by contract.
+        unsafe { handle_ref(cache, "cache") }.map_or_else(
+            |e| {
+                fail(&e);
+                0
+            },
+            RawCache::len,
+        )
     })
 }
 
@@ -556,7 +469,7 @@ pub unsafe extern "C" fn kc_cache_stats(
 ) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
-        let stats: kc_cache_stats = unsafe { raw_cache(cache) }?.stats().into();
+        let stats: kc_cache_stats = unsafe { handle_ref(cache, "cache") }?.stats().into();
         non_null(out, "out")?;
         // The first published layout is the whole struct: every field is known from the start.
         let min = size_of::<kc_cache_stats>();

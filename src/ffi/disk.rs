@@ -1,73 +1,44 @@
-//! Key derivation, the disk tier and the tiered lookup through the C ABI.
-//!
-//! Keys cross the boundary as `KC_KEY_LEN` (32) raw bytes. Payloads read from disk come back
-//! in a `kc_buffer` that borrows kcache's verified copy until `kc_buffer_free`.
+//! `kc_disk`: the disk tier through the C ABI. Keys are `KC_KEY_LEN` bytes from a
+//! `kc_key_builder`; payloads come back in a `kc_buffer`.
 
 // The C names are the contract.
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_char;
 use std::mem::{offset_of, size_of};
 use std::ptr;
 use std::time::Duration;
 
 use super::args::{
-    dir_arg, free_boxed, lease_into_raw, live, operator_key_arg, read_grown, read_sized,
-    write_boxed, write_sized,
+    GrownInput, Handle, dir_arg, free_handle, handle_ref, invalid, new_handle, operator_key_arg,
+    read_input, write_sized,
 };
-use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, kc_lease, make_value, raw_cache};
+use super::buffer::kc_buffer;
+use super::key_builder::key_arg;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability, Entry};
-use crate::key::{Field, KEY_LEN, Key, KeyBuilder};
-use crate::tiered::{Counters, Tiers};
-use crate::{BuildError, Error, Result};
+use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability};
+use crate::{Error, Result};
 
-/// Length of a cache key in bytes.
-pub const KC_KEY_LEN: usize = 32;
 /// Length of an operator key fingerprint in bytes.
 pub const KC_FINGERPRINT_LEN: usize = 8;
 /// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 pub const KC_DISK_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
 
-/// Key field: backend name ("opencl", "vulkan", "cuda", or your own).
-pub const KC_KEY_BACKEND: u32 = 0;
-/// Key field: device name.
-pub const KC_KEY_DEVICE_NAME: u32 = 1;
-/// Key field: device vendor.
-pub const KC_KEY_DEVICE_VENDOR: u32 = 2;
-/// Key field: driver version.
-pub const KC_KEY_DRIVER_VERSION: u32 = 3;
-/// Key field: compiler version.
-pub const KC_KEY_COMPILER_VERSION: u32 = 4;
-/// Key field: kernel or entry-point name.
-pub const KC_KEY_ENTRY: u32 = 5;
-/// Key field: source text, SPIR-V or PTX bytes.
-pub const KC_KEY_SOURCE: u32 = 6;
-
 // The constants are literals so cbindgen can emit them; these keep them equal to the Rust
 // definitions.
 const _: () = {
-    assert!(KC_KEY_LEN == KEY_LEN);
     assert!(KC_FINGERPRINT_LEN == size_of::<crate::disk::Fingerprint>());
     assert!(KC_DISK_DEFAULT_TEMP_MAX_AGE_S == crate::disk::DEFAULT_TEMP_MAX_AGE.as_secs());
-    assert!(KC_KEY_BACKEND == Field::Backend as u32);
-    assert!(KC_KEY_DEVICE_NAME == Field::DeviceName as u32);
-    assert!(KC_KEY_DEVICE_VENDOR == Field::DeviceVendor as u32);
-    assert!(KC_KEY_DRIVER_VERSION == Field::DriverVersion as u32);
-    assert!(KC_KEY_COMPILER_VERSION == Field::CompilerVersion as u32);
-    assert!(KC_KEY_ENTRY == Field::Entry as u32);
-    assert!(KC_KEY_SOURCE == Field::Source as u32);
 };
 
-/// Collects the inputs of a key. Not thread-safe: use one builder per thread.
-pub struct kc_key_builder {
-    inner: KeyBuilder,
+/// An open disk tier. Thread-safe: every function taking a `kc_disk *` may be called from
+/// any number of threads at once, except `kc_disk_free`, which must be the last call.
+pub struct kc_disk {
+    _opaque: [u8; 0],
 }
 
-/// An open disk tier. Thread-safe: every function taking a `kc_disk *` may be called from
-/// any number of threads at once, except `kc_disk_close`, which must be the last call.
-pub struct kc_disk {
-    inner: DiskCache,
+impl Handle for kc_disk {
+    type Rust = DiskCache;
 }
 
 /// How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
@@ -107,9 +78,27 @@ pub struct kc_disk_options {
     pub require_key: bool,
 }
 
-/// The first layout of `kc_disk_options` ended with `ignore_env`: callers compiled against it
-/// stay valid.
-const DISK_OPTIONS_MIN_SIZE: usize = offset_of!(kc_disk_options, ignore_env) + 1;
+// SAFETY: every field but the bools is an integer or a raw pointer.
+unsafe impl GrownInput for kc_disk_options {
+    const C_NAME: &str = "kc_disk_options";
+    /// The first layout ended with `ignore_env`: callers compiled against it stay valid.
+    const MIN_SIZE: usize = offset_of!(kc_disk_options, ignore_env) + 1;
+    const BOOLS: &[usize] = &[
+        offset_of!(kc_disk_options, relaxed_durability),
+        offset_of!(kc_disk_options, ignore_env),
+        offset_of!(kc_disk_options, require_key),
+    ];
+    const DEFAULT: kc_disk_options = kc_disk_options {
+        struct_size: size_of::<kc_disk_options>(),
+        dir: ptr::null(),
+        max_size: 0,
+        key: ptr::null(),
+        key_len: 0,
+        relaxed_durability: false,
+        ignore_env: false,
+        require_key: false,
+    };
+}
 
 /// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
 /// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
@@ -145,7 +134,7 @@ pub struct kc_disk_statistics {
     pub entries: u64,
     /// Their total size in bytes.
     pub bytes: u64,
-    /// Whether the scan of the directory that `kc_disk_open` starts has finished
+    /// Whether the scan of the directory that `kc_disk_new` starts has finished
     /// (`kc_disk_wait_scan` waits for it).
     pub scan_complete: bool,
 }
@@ -195,317 +184,21 @@ pub struct kc_disk_gc_report {
     /// directory at an entry name, …): left in place.
     pub undeletable: u64,
 }
-
-/// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct kc_buffer {
-    /// The payload bytes.
-    pub data: *const u8,
-    /// Their length.
-    pub len: usize,
-    /// How long the value took to build, as recorded by its writer.
-    pub build_time_ns: u64,
-    /// Owned by kcache.
-    pub owner: *mut c_void,
-}
-
-/// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
-/// the value and its weight, return 0; non-zero: the entry is removed and the value built).
-pub type kc_load_fn = Option<
-    unsafe extern "C" fn(
-        ctx: *mut c_void,
-        bytes: *const u8,
-        len: usize,
-        out_value: *mut *mut c_void,
-        out_weight: *mut u64,
-    ) -> c_int,
->;
-
-/// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
-/// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
-pub type kc_serialize_fn = Option<
-    unsafe extern "C" fn(
-        ctx: *mut c_void,
-        value: *mut c_void,
-        buf: *mut u8,
-        len: *mut usize,
-    ) -> c_int,
->;
-
-/// The callbacks of a tiered lookup; all receive `ctx`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kc_tiered_callbacks {
-    /// `sizeof(kc_tiered_callbacks)` as the caller compiled it.
-    pub struct_size: usize,
-    /// Builds from scratch (required).
-    pub build: kc_build_fn,
-    /// Loads a disk payload; NULL: the disk is not read.
-    pub load: kc_load_fn,
-    /// Serializes a built value; NULL: nothing is written back.
-    pub serialize: kc_serialize_fn,
-    /// Passed to every callback.
-    pub ctx: *mut c_void,
-}
-
-fn invalid(message: impl Into<String>) -> Error {
-    Error::InvalidArgument(message.into())
-}
-
-/// Reads a 32-byte key.
-///
-/// # Safety
-/// `key` must be NULL or point to `KC_KEY_LEN` readable bytes.
-unsafe fn key_arg(key: *const u8) -> Result<Key> {
-    non_null(key, "key")?;
-    // SAFETY: non-NULL and the caller promises `KC_KEY_LEN` readable bytes.
-    Ok(Key::from_bytes(unsafe {
-        ptr::read_unaligned(key.cast::<[u8; KEY_LEN]>())
-    }))
-}
-
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
 const OUT_MIN_SIZE: usize = size_of::<usize>();
-
-// ---------------------------------------------------------------------------------------
-// Keys
-
-/// Creates an empty key builder. `*out_builder` is written on success only.
-///
-/// # Safety
-/// `out_builder` must be writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_new(out_builder: *mut *mut kc_key_builder) -> kc_status {
-    guard(|| {
-        non_null(out_builder, "out_builder")?;
-        let builder = kc_key_builder {
-            inner: KeyBuilder::new(),
-        };
-        // SAFETY: non-NULL and writable by contract.
-        unsafe { write_boxed(out_builder, builder) };
-        Ok(())
-    })
-}
-
-/// Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
-/// unset field differs from an empty one.
-///
-/// # Safety
-/// `builder` must be a live builder; `bytes` must point to `len` readable bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_set(
-    builder: *mut kc_key_builder,
-    field: u32,
-    bytes: *const u8,
-    len: usize,
-) -> kc_status {
-    guard(|| {
-        non_null(builder, "builder")?;
-        let field = Field::from_index(field)
-            .ok_or_else(|| invalid(format!("unknown key field {field}")))?;
-        // SAFETY: the caller promises `len` readable bytes.
-        let bytes = unsafe { byte_slice(bytes, len, "bytes") }?;
-        // SAFETY: a live builder, used by one thread at a time by contract.
-        unsafe { (*builder).inner.set(field, bytes) };
-        Ok(())
-    })
-}
-
-/// Adds a build option (a flag has an empty value). Options are sorted by name, so their
-/// order does not matter; the same name twice makes `kc_key_builder_finish` fail. Sorting is
-/// safe only for options whose effect does not depend on their position: each named once, none
-/// overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
-/// `-O2` with `-O0`, `-I` search paths, `-include`) go through
-/// `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
-///
-/// # Safety
-/// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_option(
-    builder: *mut kc_key_builder,
-    name: *const u8,
-    name_len: usize,
-    value: *const u8,
-    value_len: usize,
-) -> kc_status {
-    // SAFETY: forwarded from the caller's contract.
-    guard(|| unsafe {
-        add_named(builder, name, name_len, value, value_len, |b, n, v| {
-            b.option(n, v);
-        })
-    })
-}
-
-/// Adds a free-form input (specialization constants, a layout description, …): same rules as
-/// options, in a separate namespace.
-///
-/// # Safety
-/// As for `kc_key_builder_option`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_extra(
-    builder: *mut kc_key_builder,
-    name: *const u8,
-    name_len: usize,
-    value: *const u8,
-    value_len: usize,
-) -> kc_status {
-    // SAFETY: forwarded from the caller's contract.
-    guard(|| unsafe {
-        add_named(builder, name, name_len, value, value_len, |b, n, v| {
-            b.extra(n, v);
-        })
-    })
-}
-
-/// Appends one command-line argument to the ordered options, hashed in the order given:
-/// `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
-/// ordered options is the same as before they existed.
-///
-/// # Safety
-/// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_ordered_option(
-    builder: *mut kc_key_builder,
-    argument: *const u8,
-    argument_len: usize,
-) -> kc_status {
-    guard(|| {
-        non_null(builder, "builder")?;
-        // SAFETY: the caller promises `argument_len` readable bytes.
-        let argument = unsafe { byte_slice(argument, argument_len, "argument") }?;
-        // SAFETY: a live builder, used by one thread at a time by contract.
-        unsafe { (*builder).inner.ordered_option(argument) };
-        Ok(())
-    })
-}
-
-/// Adds a file the compiler reads besides the source (a header the source `#include`s, a
-/// precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
-/// reads files itself, so a header not added here can change without changing the key. Sorted
-/// by name; the same name twice makes `kc_key_builder_finish` fail.
-///
-/// # Safety
-/// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_dependency(
-    builder: *mut kc_key_builder,
-    name: *const u8,
-    name_len: usize,
-    contents: *const u8,
-    contents_len: usize,
-) -> kc_status {
-    // SAFETY: forwarded from the caller's contract.
-    guard(|| unsafe {
-        add_named(
-            builder,
-            name,
-            name_len,
-            contents,
-            contents_len,
-            |b, n, v| {
-                b.dependency(n, v);
-            },
-        )
-    })
-}
-
-/// Adds a named input (an option, an extra or a dependency) to a builder.
-///
-/// # Safety
-/// `builder` must be NULL or a live builder; `name`/`value` must point to their lengths in
-/// bytes.
-unsafe fn add_named(
-    builder: *mut kc_key_builder,
-    name: *const u8,
-    name_len: usize,
-    value: *const u8,
-    value_len: usize,
-    add: impl FnOnce(&mut KeyBuilder, &[u8], &[u8]),
-) -> Result<()> {
-    non_null(builder, "builder")?;
-    // SAFETY: the caller promises readable bytes of the given lengths.
-    let (name, value) = unsafe {
-        (
-            byte_slice(name, name_len, "name")?,
-            byte_slice(value, value_len, "value")?,
-        )
-    };
-    // SAFETY: a live builder, used by one thread at a time by contract.
-    add(unsafe { &mut (*builder).inner }, name, value);
-    Ok(())
-}
-
-/// Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
-/// `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
-///
-/// # Safety
-/// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_finish(
-    builder: *const kc_key_builder,
-    out_key: *mut u8,
-) -> kc_status {
-    guard(|| {
-        non_null(builder, "builder")?;
-        non_null(out_key, "out_key")?;
-        // SAFETY: a live builder; only read.
-        let key = unsafe { (*builder).inner.finish() }?;
-        // SAFETY: `out_key` has `KC_KEY_LEN` writable bytes by contract.
-        unsafe { ptr::copy_nonoverlapping(key.as_bytes().as_ptr(), out_key, KEY_LEN) };
-        Ok(())
-    })
-}
-
-/// Frees a builder. NULL is a no-op.
-///
-/// # Safety
-/// `builder` must be NULL or a builder not yet freed.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_key_builder_free(builder: *mut kc_key_builder) {
-    // SAFETY: the caller hands back the builder from `kc_key_builder_new`, or NULL.
-    guard_value((), || unsafe { free_boxed(builder) });
-}
-
-// ---------------------------------------------------------------------------------------
-// Disk tier
 
 /// Default options: everything from the environment, fsyncs on.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_disk_options_default() -> kc_disk_options {
-    kc_disk_options {
-        struct_size: size_of::<kc_disk_options>(),
-        dir: ptr::null(),
-        max_size: 0,
-        key: ptr::null(),
-        key_len: 0,
-        relaxed_durability: false,
-        ignore_env: false,
-        require_key: false,
-    }
+    kc_disk_options::DEFAULT
 }
 
 /// # Safety
 /// `opts` must be non-NULL and point to `opts->struct_size` readable bytes; `dir` NULL or a C
 /// string; `key` NULL or `key_len` readable bytes.
 unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> {
-    // SAFETY: readable for its size by the caller's contract; the other fields are integers
-    // and raw pointers, valid for any bits.
-    let opts = unsafe {
-        read_grown(
-            opts,
-            "opts",
-            "kc_disk_options",
-            DISK_OPTIONS_MIN_SIZE,
-            kc_disk_options_default(),
-            &[
-                offset_of!(kc_disk_options, relaxed_durability),
-                offset_of!(kc_disk_options, ignore_env),
-                offset_of!(kc_disk_options, require_key),
-            ],
-        )
-    }?;
+    // SAFETY: readable for its size by the caller's contract.
+    let opts = unsafe { read_input(opts, "opts") }?;
     if opts.ignore_env && opts.dir.is_null() {
         return Err(invalid(
             "opts->ignore_env is set and opts->dir is NULL: no cache directory",
@@ -539,7 +232,7 @@ unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> 
 /// # Safety
 /// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_disk_open(
+pub unsafe extern "C" fn kc_disk_new(
     opts: *const kc_disk_options,
     out_disk: *mut *mut kc_disk,
 ) -> kc_status {
@@ -553,32 +246,25 @@ pub unsafe extern "C" fn kc_disk_open(
         };
         let inner = DiskCache::open(config)?;
         // SAFETY: non-NULL and writable by contract.
-        unsafe { write_boxed(out_disk, kc_disk { inner }) };
+        unsafe { new_handle(out_disk, inner) };
         Ok(())
     })
 }
 
-/// Closes a disk tier. NULL is a no-op. Buffers already returned stay valid.
+/// Frees a disk tier. NULL is a no-op. Buffers already returned stay valid.
 ///
 /// # Safety
-/// `disk` must be NULL or from `kc_disk_open`, not yet closed, with no call on it running.
+/// `disk` must be NULL or from `kc_disk_new`, not yet freed, with no call on it running.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_disk_close(disk: *mut kc_disk) {
-    // SAFETY: the caller hands back the disk from `kc_disk_open`, or NULL.
-    guard_value((), || unsafe { free_boxed(disk) });
-}
-
-/// # Safety
-/// `disk` must be non-NULL and live.
-unsafe fn disk_ref<'a>(disk: *const kc_disk) -> Result<&'a DiskCache> {
-    // SAFETY: NULL or a live disk by contract; all its methods take `&self`.
-    Ok(&unsafe { live(disk, "disk") }?.inner)
+pub unsafe extern "C" fn kc_disk_free(disk: *mut kc_disk) {
+    // SAFETY: the caller hands back the disk from `kc_disk_new`, or NULL.
+    guard_value((), || unsafe { free_handle(disk) });
 }
 
 /// Writes the entry for `key` (atomically: readers see the old entry or the new one).
 /// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
 /// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
-/// of the size cap and 1 GiB. Right after `kc_disk_open` the write waits for the directory
+/// of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the directory
 /// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
 ///
 /// # Safety
@@ -595,7 +281,7 @@ pub unsafe extern "C" fn kc_disk_put(
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
         let (disk, key, data) = unsafe {
             (
-                disk_ref(disk)?,
+                handle_ref(disk, "disk")?,
                 key_arg(key)?,
                 byte_slice(data, len, "data")?,
             )
@@ -619,48 +305,13 @@ pub unsafe extern "C" fn kc_disk_get(
 ) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let (disk, key) = unsafe { (disk_ref(disk)?, key_arg(key)?) };
+        let (disk, key) = unsafe { (handle_ref(disk, "disk")?, key_arg(key)?) };
         non_null(out, "out")?;
-        let entry = Box::new(disk.get(&key)?.ok_or(Error::NotFound)?);
-        let payload = entry.payload();
-        let (data, len) = (payload.as_ptr(), payload.len());
-        let build_time_ns = u64::try_from(entry.build_time().as_nanos()).unwrap_or(u64::MAX);
-        let buffer = kc_buffer {
-            data,
-            len,
-            build_time_ns,
-            owner: Box::into_raw(entry).cast(),
-        };
+        let entry = disk.get(&key)?.ok_or(Error::NotFound)?;
         // SAFETY: non-NULL and writable by contract.
-        unsafe { out.write(buffer) };
+        unsafe { out.write(kc_buffer::from_entry(entry)) };
         Ok(())
     })
-}
-
-/// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
-///
-/// # Safety
-/// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_buffer_free(buffer: *mut kc_buffer) {
-    guard_value((), || {
-        if buffer.is_null() {
-            return;
-        }
-        // SAFETY: a buffer from `kc_disk_get`: `owner` is NULL or its boxed entry.
-        unsafe {
-            let owner = (*buffer).owner;
-            if !owner.is_null() {
-                drop(Box::from_raw(owner.cast::<Entry>()));
-            }
-            buffer.write(kc_buffer {
-                data: ptr::null(),
-                len: 0,
-                build_time_ns: 0,
-                owner: ptr::null_mut(),
-            });
-        }
-    });
 }
 
 /// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
@@ -671,7 +322,7 @@ pub unsafe extern "C" fn kc_buffer_free(buffer: *mut kc_buffer) {
 pub unsafe extern "C" fn kc_disk_remove(disk: *mut kc_disk, key: *const u8) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let (disk, key) = unsafe { (disk_ref(disk)?, key_arg(key)?) };
+        let (disk, key) = unsafe { (handle_ref(disk, "disk")?, key_arg(key)?) };
         if disk.remove(&key)? {
             Ok(())
         } else {
@@ -698,7 +349,7 @@ pub unsafe extern "C" fn kc_disk_gc(
 ) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { disk_ref(disk) }?;
+        let disk = unsafe { handle_ref(disk, "disk") }?;
         let bytes = retain_count
             .checked_mul(KC_FINGERPRINT_LEN)
             .ok_or_else(|| invalid("retain_count is too large"))?;
@@ -746,7 +397,7 @@ pub unsafe extern "C" fn kc_disk_stats(
 ) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { disk_ref(disk) }?;
+        let disk = unsafe { handle_ref(disk, "disk") }?;
         non_null(out, "out")?;
         let stats = kc_disk_statistics::from(disk.stats());
         // SAFETY: non-NULL; its size is the caller's promise.
@@ -764,7 +415,7 @@ pub unsafe extern "C" fn kc_disk_stats(
 pub unsafe extern "C" fn kc_disk_fingerprint(disk: *const kc_disk, out: *mut u8) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { disk_ref(disk) }?;
+        let disk = unsafe { handle_ref(disk, "disk") }?;
         non_null(out, "out")?;
         let fp = disk.fingerprint();
         // SAFETY: `out` has `KC_FINGERPRINT_LEN` writable bytes by contract.
@@ -792,7 +443,7 @@ pub unsafe extern "C" fn kc_disk_fingerprints(
 ) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { disk_ref(disk) }?;
+        let disk = unsafe { handle_ref(disk, "disk") }?;
         non_null(out_count, "out_count")?;
         if capacity > 0 {
             non_null(out, "out")?;
@@ -811,7 +462,7 @@ pub unsafe extern "C" fn kc_disk_fingerprints(
     })
 }
 
-/// Waits for the scan of the directory that `kc_disk_open` starts in the background
+/// Waits for the scan of the directory that `kc_disk_new` starts in the background
 /// (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
 /// this disk's own writes, and writes wait for it; reads do not.
 ///
@@ -821,119 +472,9 @@ pub unsafe extern "C" fn kc_disk_fingerprints(
 pub unsafe extern "C" fn kc_disk_wait_scan(disk: *const kc_disk) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { disk_ref(disk) }?.wait_scan();
+        unsafe { handle_ref(disk, "disk") }?.wait_scan();
         Ok(())
     })
 }
 
 // ---------------------------------------------------------------------------------------
-// Tiered lookup
-
-/// Serializes a just-built value with the caller's two-call `serialize`; without one, or when
-/// it fails, nothing is written back.
-///
-/// # Safety
-/// `serialize` must be NULL or callable with `ctx` and `value`.
-unsafe fn serialize_value(
-    serialize: kc_serialize_fn,
-    ctx: *mut c_void,
-    value: *mut c_void,
-) -> std::result::Result<Vec<u8>, BuildError> {
-    let serialize = serialize.ok_or_else(|| BuildError::new(0, "no serialize callback"))?;
-    let failed = |code| BuildError::new(code, format!("the serialize callback returned {code}"));
-    let mut len = 0usize;
-    // SAFETY: the caller's contract; `len` is a live local.
-    match unsafe { serialize(ctx, value, ptr::null_mut(), &mut len) } {
-        0 => {}
-        code => return Err(failed(code)),
-    }
-    let mut buf = vec![0u8; len];
-    let mut written = len;
-    // SAFETY: `buf` has `len` writable bytes, as the callback was told.
-    match unsafe { serialize(ctx, value, buf.as_mut_ptr(), &mut written) } {
-        0 if written <= len => {}
-        0 => {
-            return Err(BuildError::new(
-                0,
-                "the serialize callback overran its buffer",
-            ));
-        }
-        code => return Err(failed(code)),
-    }
-    buf.truncate(written);
-    Ok(buf)
-}
-
-/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
-/// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
-/// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
-/// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
-/// callers of one key read or build once. A disk entry that `load` refuses is removed (and
-/// counted in `load_failures`); a failed write-back is not an error. Statuses as for
-/// `kc_cache_find_or_build`.
-///
-/// # Safety
-/// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
-/// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_tiered_find_or_build(
-    cache: *mut kc_cache,
-    l1_key: *const u8,
-    l1_key_len: usize,
-    device_id: i64,
-    disk: *mut kc_disk,
-    l2_key: *const u8,
-    callbacks: *const kc_tiered_callbacks,
-    out_lease: *mut *mut kc_lease,
-) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract.
-        let memory = unsafe { raw_cache(cache) }?;
-        non_null(callbacks, "callbacks")?;
-        non_null(out_lease, "out_lease")?;
-        // SAFETY: non-NULL and readable for its `struct_size` by contract; every field is
-        // valid for any bits (sizes, optional function pointers, a raw pointer).
-        let cb = unsafe { read_sized(callbacks, "callbacks", "kc_tiered_callbacks") }?;
-        let build = cb
-            .build
-            .ok_or_else(|| invalid("callbacks->build is NULL"))?;
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let l2_key = unsafe { key_arg(l2_key) }?;
-        let disk = if disk.is_null() {
-            None
-        } else {
-            // SAFETY: non-NULL and live by contract.
-            Some(unsafe { disk_ref(disk) }?)
-        };
-        // SAFETY: the caller promises `l1_key_len` readable bytes.
-        let key = unsafe { byte_slice(l1_key, l1_key_len, "key") }?;
-        let device = device_of(device_id)?;
-        let ctx = cb.ctx;
-        let load = cb.load.map(|load| {
-            move |bytes: &[u8]| {
-                // SAFETY: the caller promised a callable `load` for `ctx`; the payload is
-                // live for the call.
-                unsafe { make_value(load, ctx, bytes.as_ptr(), bytes.len(), "load") }
-            }
-        });
-        let tiers = Tiers {
-            memory,
-            disk,
-            // The C API reports what the tiers did through their own counters.
-            counters: &Counters::default(),
-        };
-        let lease = tiers.find_or_build(
-            key,
-            device,
-            || Ok(l2_key),
-            load,
-            // SAFETY: the caller promised a callable `build` for `ctx`; the key is its own.
-            || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
-            // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
-            |value: &RawValue| unsafe { serialize_value(cb.serialize, ctx, value.0) },
-        )?;
-        // SAFETY: non-NULL and writable by contract.
-        unsafe { out_lease.write(lease_into_raw(lease)) };
-        Ok(())
-    })
-}

@@ -1,5 +1,17 @@
 //! The C ABI (`include/kcache.h`, generated from this module by cbindgen).
 //!
+//! One C object per file: `cache.rs` (`kc_cache`), `lease.rs` (`kc_lease`), `key_builder.rs`
+//! (`kc_key_builder`), `disk.rs` (`kc_disk`), `buffer.rs` (`kc_buffer`), `tiered.rs`
+//! (`kc_tiered_find_or_build`), one file per backend; `status.rs` holds the status codes and
+//! the library-level functions, `args.rs` the argument conventions they all share.
+//!
+//! Names (see `docs/c-api-conventions.md`): every exported function is `kc_<object>_<verb>`,
+//! `<object>` being an opaque type's name without `kc_`, or a library or backend function
+//! (`kc_version`, `kc_<backend>_available`, `kc_tiered_find_or_build`, …). Each verb has one
+//! meaning: `new` creates and `free` destroys (accepting NULL); a lease is `release`d (accepting
+//! NULL) or `clone`d; `find_or_build` looks up and builds on a miss, `get` only looks up;
+//! `stats` fills a `kc_<object>_statistics`.
+//!
 //! Rules every exported function follows, and the helpers that implement them:
 //!
 //! - The body runs inside [`guard`] (functions returning [`kc_status`]) or [`guard_value`]
@@ -9,17 +21,22 @@
 //!   (`kc_version`, `kc_cache_options_default`) have no body to guard.
 //! - Pointer arguments are checked with [`non_null`] (byte ranges with [`byte_slice`]): NULL
 //!   is `KC_ERR_INVALID_ARGUMENT` with a message naming the argument. `*_free`/`*_release`
-//!   accept NULL.
+//!   accept NULL. A handle is cast to the Rust value it stands for only through `args::Handle`.
 //! - Out-parameters are written only on success.
 
 mod args;
 mod backend_common;
+pub mod buffer;
 mod cache;
 pub mod cuda;
 pub mod disk;
+pub mod key_builder;
+mod lease;
 pub mod opencl;
 mod status;
+pub mod tiered;
 pub mod vulkan;
 
 pub use cache::*;
+pub use lease::*;
 pub use status::*;

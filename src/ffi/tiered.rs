@@ -1,0 +1,165 @@
+//! `kc_tiered_find_or_build`: the memory → disk → build lookup for any runtime, through three
+//! C callbacks.
+
+// The C names are the contract.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_int, c_void};
+use std::ptr;
+
+use super::args::{handle_ref, invalid, lease_into_raw, read_sized};
+use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, make_value};
+use super::disk::kc_disk;
+use super::key_builder::key_arg;
+use super::lease::kc_lease;
+use super::status::{byte_slice, guard, kc_status, non_null};
+use crate::BuildError;
+use crate::tiered::{Counters, Tiers};
+
+/// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
+/// the value and its weight, return 0; non-zero: the entry is removed and the value built).
+pub type kc_load_fn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        bytes: *const u8,
+        len: usize,
+        out_value: *mut *mut c_void,
+        out_weight: *mut u64,
+    ) -> c_int,
+>;
+
+/// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
+/// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
+/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+pub type kc_serialize_fn = Option<
+    unsafe extern "C" fn(
+        ctx: *mut c_void,
+        value: *mut c_void,
+        buf: *mut u8,
+        len: *mut usize,
+    ) -> c_int,
+>;
+
+/// The callbacks of a tiered lookup; all receive `ctx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_tiered_callbacks {
+    /// `sizeof(kc_tiered_callbacks)` as the caller compiled it.
+    pub struct_size: usize,
+    /// Builds from scratch (required).
+    pub build: kc_build_fn,
+    /// Loads a disk payload; NULL: the disk is not read.
+    pub load: kc_load_fn,
+    /// Serializes a built value; NULL: nothing is written back.
+    pub serialize: kc_serialize_fn,
+    /// Passed to every callback.
+    pub ctx: *mut c_void,
+}
+/// Serializes a just-built value with the caller's two-call `serialize`; without one, or when
+/// it fails, nothing is written back.
+///
+/// # Safety
+/// `serialize` must be NULL or callable with `ctx` and `value`.
+unsafe fn serialize_value(
+    serialize: kc_serialize_fn,
+    ctx: *mut c_void,
+    value: *mut c_void,
+) -> std::result::Result<Vec<u8>, BuildError> {
+    let serialize = serialize.ok_or_else(|| BuildError::new(0, "no serialize callback"))?;
+    let failed = |code| BuildError::new(code, format!("the serialize callback returned {code}"));
+    let mut len = 0usize;
+    // SAFETY: the caller's contract; `len` is a live local.
+    match unsafe { serialize(ctx, value, ptr::null_mut(), &mut len) } {
+        0 => {}
+        code => return Err(failed(code)),
+    }
+    let mut buf = vec![0u8; len];
+    let mut written = len;
+    // SAFETY: `buf` has `len` writable bytes, as the callback was told.
+    match unsafe { serialize(ctx, value, buf.as_mut_ptr(), &mut written) } {
+        0 if written <= len => {}
+        0 => {
+            return Err(BuildError::new(
+                0,
+                "the serialize callback overran its buffer",
+            ));
+        }
+        code => return Err(failed(code)),
+    }
+    buf.truncate(written);
+    Ok(buf)
+}
+
+/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
+/// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
+/// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
+/// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
+/// callers of one key read or build once. A disk entry that `load` refuses is removed (and
+/// counted in `load_failures`); a failed write-back is not an error. Statuses as for
+/// `kc_cache_find_or_build`.
+///
+/// # Safety
+/// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
+/// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_tiered_find_or_build(
+    cache: *mut kc_cache,
+    l1_key: *const u8,
+    l1_key_len: usize,
+    device_id: i64,
+    disk: *mut kc_disk,
+    l2_key: *const u8,
+    callbacks: *const kc_tiered_callbacks,
+    out_lease: *mut *mut kc_lease,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: NULL or a live cache by contract.
+        let memory = unsafe { handle_ref(cache, "cache") }?;
+        non_null(callbacks, "callbacks")?;
+        non_null(out_lease, "out_lease")?;
+        // SAFETY: non-NULL and readable for its `struct_size` by contract; every field is
+        // valid for any bits (sizes, optional function pointers, a raw pointer).
+        let cb = unsafe { read_sized(callbacks, "callbacks", "kc_tiered_callbacks") }?;
+        let build = cb
+            .build
+            .ok_or_else(|| invalid("callbacks->build is NULL"))?;
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let l2_key = unsafe { key_arg(l2_key) }?;
+        let disk = if disk.is_null() {
+            None
+        } else {
+            // SAFETY: non-NULL and live by contract.
+            Some(unsafe { handle_ref(disk, "disk") }?)
+        };
+        // SAFETY: the caller promises `l1_key_len` readable bytes.
+        let key = unsafe { byte_slice(l1_key, l1_key_len, "key") }?;
+        let device = device_of(device_id)?;
+        let ctx = cb.ctx;
+        let load = cb.load.map(|load| {
+            move |bytes: &[u8]| {
+                // SAFETY: the caller promised a callable `load` for `ctx`; the payload is
+                // live for the call.
+                unsafe { make_value(load, ctx, bytes.as_ptr(), bytes.len(), "load") }
+            }
+        });
+        let tiers = Tiers {
+            memory,
+            disk,
+            // The C API reports what the tiers did through their own counters.
+            counters: &Counters::default(),
+        };
+        let lease = tiers.find_or_build(
+            key,
+            device,
+            || Ok(l2_key),
+            load,
+            // SAFETY: the caller promised a callable `build` for `ctx`; the key is its own.
+            || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
+            // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
+            |value: &RawValue| unsafe { serialize_value(cb.serialize, ctx, value.0) },
+        )?;
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out_lease.write(lease_into_raw(lease)) };
+        Ok(())
+    })
+}
