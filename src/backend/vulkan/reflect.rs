@@ -135,8 +135,10 @@ pub(crate) struct Interface {
     pub push_constants: Option<PushConstants>,
 }
 
+/// Errors name the step: a module can pass the structural checks of `spirv.rs` and still have
+/// an entry-point interface that cannot be read.
 fn invalid(message: impl Into<String>) -> Error {
-    Error::InvalidArgument(format!("SPIR-V: {}", message.into()))
+    Error::InvalidArgument(format!("SPIR-V interface: {}", message.into()))
 }
 
 #[derive(Default)]
