@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use kcache::Error;
 use kcache::backend::opencl::runtime::Context;
 use kcache::backend::opencl::sys::CL_BUILD_PROGRAM_FAILURE;
-use kcache::backend::opencl::{OpenClCache, OpenClStats, Program, program_disk_key};
+use kcache::backend::opencl::{OpenClCache, OpenClStats, Program, ProgramLease, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::opencl::{KernelArg, run_kernel};
 
@@ -45,6 +45,15 @@ fn check_saxpy(context: &Context, program: &Program) {
     }
 }
 
+/// Looks `source` up without options in `context`'s context and device, and runs the program.
+fn checked_lease(cache: &OpenClCache, context: &Context, source: &str) -> ProgramLease {
+    let lease = cache
+        .find_or_build(context.context(), context.device(), &[source], "")
+        .unwrap();
+    check_saxpy(context, lease.value());
+    lease
+}
+
 fn stats(cache: &OpenClCache) -> OpenClStats {
     cache.stats()
 }
@@ -56,10 +65,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     let source = saxpy("cold-memory-disk");
 
     let cache = cache_with_disk(dir.path());
-    let cold = cache
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
-    check_saxpy(&context, cold.value());
+    let cold = checked_lease(&cache, &context, &source);
     let s = stats(&cache);
     assert_eq!((s.source_builds, s.binary_loads, s.disk_misses), (1, 0, 1));
     assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
@@ -76,10 +82,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
 
     // A new cache on the same directory stands for a new process: memory is empty.
     let fresh = cache_with_disk(dir.path());
-    let from_disk = fresh
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
-    check_saxpy(&context, from_disk.value());
+    let from_disk = checked_lease(&fresh, &context, &source);
     let s = stats(&fresh);
     assert_eq!((s.source_builds, s.binary_loads, s.disk_hits), (0, 1, 1));
     assert_eq!(s.binaries_rejected, 0);
@@ -132,10 +135,7 @@ fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
     poison_disk_entry(dir.path(), &context, &[&source], "");
 
     let cache = cache_with_disk(dir.path());
-    let lease = cache
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
-    check_saxpy(&context, lease.value());
+    let lease = checked_lease(&cache, &context, &source);
     let s = stats(&cache);
     assert_eq!(
         (s.disk_hits, s.binaries_rejected, s.source_builds),
@@ -147,10 +147,7 @@ fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
 
     // The rebuilt binary replaced the rejected one.
     let fresh = cache_with_disk(dir.path());
-    let lease = fresh
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
-    check_saxpy(&context, lease.value());
+    let _lease = checked_lease(&fresh, &context, &source);
     let s = stats(&fresh);
     assert_eq!(
         (s.binary_loads, s.binaries_rejected, s.source_builds),
@@ -285,11 +282,7 @@ fn eight_threads_on_one_cold_key_run_one_build() {
             );
             std::thread::spawn(move || {
                 barrier.wait();
-                let lease = cache
-                    .find_or_build(context.context(), context.device(), &[&source], "")
-                    .unwrap();
-                check_saxpy(&context, lease.value());
-                lease.value().raw() as usize
+                checked_lease(&cache, &context, &source).value().raw() as usize
             })
         })
         .collect::<Vec<_>>()
@@ -389,10 +382,7 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
     std::fs::write(&path, &bytes).unwrap();
 
     let fresh = cache_with_disk(dir.path());
-    let lease = fresh
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
-    check_saxpy(&context, lease.value());
+    let _lease = checked_lease(&fresh, &context, &source);
     let s = stats(&fresh);
     // The backend's own view: no binary, built from source.
     assert_eq!((s.disk_misses, s.binary_loads, s.source_builds), (1, 0, 1));
