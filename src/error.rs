@@ -6,58 +6,51 @@ use std::fmt;
 /// index into their own device table, …); kcache only compares them.
 pub type DeviceId = i64;
 
-/// Why a build callback failed: a caller-defined code (a driver status, an exit code, …) and a
-/// human-readable detail such as a compiler log. Shared unchanged with every single-flight waiter.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildError {
-    pub code: i32,
-    pub message: String,
-}
-
-impl BuildError {
-    pub fn new(code: i32, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
+/// Declares a callback's error: a caller-defined code and a human-readable detail, shown as
+/// "`$what` failed with code N: detail".
+macro_rules! callback_error {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct $name {
+            pub code: i32,
+            pub message: String,
         }
-    }
-}
 
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "build failed with code {}", self.code)?;
-        if !self.message.is_empty() {
-            write!(f, ": {}", self.message)?;
+        impl $name {
+            pub fn new(code: i32, message: impl Into<String>) -> Self {
+                Self {
+                    code,
+                    message: message.into(),
+                }
+            }
         }
-        Ok(())
-    }
-}
 
-/// Why a destroy callback failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DestroyError {
-    pub code: i32,
-    pub message: String,
-}
-
-impl DestroyError {
-    pub fn new(code: i32, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!($what, " failed with code {}"), self.code)?;
+                if !self.message.is_empty() {
+                    write!(f, ": {}", self.message)?;
+                }
+                Ok(())
+            }
         }
-    }
+    };
 }
 
-impl fmt::Display for DestroyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "destroy failed with code {}", self.code)?;
-        if !self.message.is_empty() {
-            write!(f, ": {}", self.message)?;
-        }
-        Ok(())
-    }
-}
+callback_error!(
+    /// Why a build callback failed: a caller-defined code (a driver status, an exit code, …) and
+    /// a human-readable detail such as a compiler log. Shared unchanged with every single-flight
+    /// waiter.
+    BuildError,
+    "build"
+);
+
+callback_error!(
+    /// Why a destroy callback failed.
+    DestroyError,
+    "destroy"
+);
 
 /// Everything that can go wrong in kcache. Cloneable because one outcome of a single-flight
 /// build is handed to every waiter.
