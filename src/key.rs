@@ -124,6 +124,19 @@ fn digest(tag: u8, bytes: &[u8]) -> [u8; 32] {
     *hasher.finalize().as_bytes()
 }
 
+/// One setter of [`KeyBuilder`] per single-valued field: `backend(v)` is
+/// `set(Field::Backend, v)`.
+macro_rules! field_setters {
+    ($($method:ident => $field:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Sets [`Field::", stringify!($field), "`], as [`KeyBuilder::set`].")]
+            pub fn $method(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
+                self.set(Field::$field, value)
+            }
+        )*
+    };
+}
+
 /// Collects key inputs. Only digests are kept, so a large source costs no copy.
 #[derive(Clone, Debug, Default)]
 pub struct KeyBuilder {
@@ -145,32 +158,14 @@ impl KeyBuilder {
         self
     }
 
-    pub fn backend(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::Backend, value)
-    }
-
-    pub fn device_name(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::DeviceName, value)
-    }
-
-    pub fn device_vendor(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::DeviceVendor, value)
-    }
-
-    pub fn driver_version(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::DriverVersion, value)
-    }
-
-    pub fn compiler_version(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::CompilerVersion, value)
-    }
-
-    pub fn entry(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::Entry, value)
-    }
-
-    pub fn source(&mut self, value: impl AsRef<[u8]>) -> &mut Self {
-        self.set(Field::Source, value)
+    field_setters! {
+        backend => Backend,
+        device_name => DeviceName,
+        device_vendor => DeviceVendor,
+        driver_version => DriverVersion,
+        compiler_version => CompilerVersion,
+        entry => Entry,
+        source => Source,
     }
 
     /// Adds a build option; a flag without a value uses an empty value. Adding the same name
