@@ -124,6 +124,16 @@ fn digest(tag: u8, bytes: &[u8]) -> [u8; 32] {
     *hasher.finalize().as_bytes()
 }
 
+/// Adds a named input to one of [`KeyBuilder`]'s sorted lists, its value hashed under `tag`.
+fn push_named(
+    list: &mut Vec<(Vec<u8>, [u8; 32])>,
+    tag: u8,
+    name: impl AsRef<[u8]>,
+    value: impl AsRef<[u8]>,
+) {
+    list.push((name.as_ref().to_vec(), digest(tag, value.as_ref())));
+}
+
 /// One setter of [`KeyBuilder`] per single-valued field: `backend(v)` is
 /// `set(Field::Backend, v)`.
 macro_rules! field_setters {
@@ -179,18 +189,14 @@ impl KeyBuilder {
     /// `-O0`, `-I` search paths, `-include` — must go through
     /// [`KeyBuilder::ordered_option`]; when in doubt, pass the whole command line that way.
     pub fn option(&mut self, name: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> &mut Self {
-        let name = name.as_ref().to_vec();
-        self.options
-            .push((name, digest(TAG_OPTION_VALUE, value.as_ref())));
+        push_named(&mut self.options, TAG_OPTION_VALUE, name, value);
         self
     }
 
     /// Adds a caller-defined input (a specialization constant, a layout description, …).
     /// Same rules as options, in a separate namespace.
     pub fn extra(&mut self, name: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> &mut Self {
-        let name = name.as_ref().to_vec();
-        self.extras
-            .push((name, digest(TAG_EXTRA_VALUE, value.as_ref())));
+        push_named(&mut self.extras, TAG_EXTRA_VALUE, name, value);
         self
     }
 
@@ -211,9 +217,7 @@ impl KeyBuilder {
     /// would hand out a binary built from the old header. Sorted by name like options; the
     /// same name twice makes [`KeyBuilder::finish`] fail.
     pub fn dependency(&mut self, name: impl AsRef<[u8]>, contents: impl AsRef<[u8]>) -> &mut Self {
-        let name = name.as_ref().to_vec();
-        self.dependencies
-            .push((name, digest(TAG_DEPENDENCY_VALUE, contents.as_ref())));
+        push_named(&mut self.dependencies, TAG_DEPENDENCY_VALUE, name, contents);
         self
     }
 
