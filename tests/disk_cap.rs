@@ -1,6 +1,6 @@
 //! Size cap with least-recently-read eviction, key rotation and `gc`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
@@ -14,19 +14,53 @@ fn key(name: &str) -> Key {
         .unwrap()
 }
 
+/// A directory for a disk tier, not yet created, inside a temporary directory that lasts as long
+/// as the first value.
+fn cache_dir() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    (tmp, dir)
+}
+
 fn config(dir: &Path) -> DiskConfig {
     let mut config = DiskConfig::in_dir(dir);
     config.durability = Durability::Relaxed;
     config
 }
 
+/// A disk tier in `dir` capped at `max_size` bytes.
+fn open_capped(dir: &Path, max_size: u64) -> DiskCache {
+    DiskCache::open(DiskConfig {
+        max_size: Some(max_size),
+        ..config(dir)
+    })
+    .unwrap()
+}
+
+/// Runs `work(t)` for each `t` in `0..threads`, each on its own thread, and waits for them all.
+fn on_threads(threads: usize, work: impl Fn(usize) + Sync) {
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let work = &work;
+            s.spawn(move || work(t));
+        }
+    });
+}
+
+/// An uncapped disk tier in `dir` holding entries "0", "1", … of `ENTRY` bytes each (1000 on
+/// disk).
+fn filled(dir: &Path, count: usize) -> DiskCache {
+    let disk = DiskCache::open(config(dir)).unwrap();
+    for i in 0..count {
+        disk.put(&key(&i.to_string()), &[0u8; ENTRY], Duration::ZERO)
+            .unwrap();
+    }
+    disk
+}
+
+/// Total size of the entry files in the directory, from a listing.
 fn entry_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".kce"))
-        .map(|e| e.metadata().unwrap().len())
-        .sum()
+    listing(dir).1
 }
 
 fn age(path: &Path, by: Duration) {
@@ -38,11 +72,8 @@ const ENTRY: usize = 1000 - 104; // 1000 bytes on disk
 
 #[test]
 fn total_stays_under_the_cap_plus_one_entry() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
-    let mut c = config(&dir);
-    c.max_size = Some(10_000);
-    let disk = DiskCache::open(c).unwrap();
+    let (_tmp, dir) = cache_dir();
+    let disk = open_capped(&dir, 10_000);
     assert_eq!(disk.usage().bytes, 0);
     let mut largest = 0;
     for i in 0..60 {
@@ -60,8 +91,7 @@ fn total_stays_under_the_cap_plus_one_entry() {
 
 #[test]
 fn least_recently_read_entry_goes_first() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
+    let (_tmp, dir) = cache_dir();
     let capped = || DiskConfig {
         max_size: Some(4_500),
         ..config(&dir)
@@ -101,16 +131,9 @@ fn least_recently_read_entry_goes_first() {
 
 #[test]
 fn opening_over_the_cap_trims_in_the_background() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
-    let big = DiskCache::open(config(&dir)).unwrap();
-    for i in 0..10 {
-        big.put(&key(&i.to_string()), &[0u8; ENTRY], Duration::ZERO)
-            .unwrap();
-    }
-    let mut c = config(&dir);
-    c.max_size = Some(3_000);
-    let small = DiskCache::open(c).unwrap();
+    let (_tmp, dir) = cache_dir();
+    let _big = filled(&dir, 10);
+    let small = open_capped(&dir, 3_000);
     assert_eq!(small.usage().entries, 3);
     assert_eq!(entry_bytes(&dir), 3_000);
     assert_eq!(small.stats().evictions, 7);
@@ -124,8 +147,7 @@ fn keyed(dir: &Path, k: &[u8]) -> DiskCache {
 
 #[test]
 fn rotation_misses_old_entries_and_gc_removes_exactly_the_old_generation() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
+    let (_tmp, dir) = cache_dir();
     let old = keyed(&dir, b"old operator key, thirty-two byt");
     for name in ["a", "b", "c"] {
         old.put(&key(name), b"old", Duration::ZERO).unwrap();
@@ -158,8 +180,7 @@ fn rotation_misses_old_entries_and_gc_removes_exactly_the_old_generation() {
 
 #[test]
 fn gc_removes_old_schemas_corrupt_entries_and_old_temp_files_only() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
+    let (_tmp, dir) = cache_dir();
     let mut c = config(&dir);
     c.key_schema = KEY_SCHEMA_VERSION + 1000;
     let other_schema = DiskCache::open(c).unwrap();
@@ -200,31 +221,20 @@ fn gc_removes_old_schemas_corrupt_entries_and_old_temp_files_only() {
 
 #[test]
 fn threads_putting_and_reading_under_the_cap_keep_the_index_exact() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
-    let mut c = config(&dir);
-    c.max_size = Some(20_000);
-    let disk = std::sync::Arc::new(DiskCache::open(c).unwrap());
+    let (_tmp, dir) = cache_dir();
+    let disk = open_capped(&dir, 20_000);
     disk.usage();
-    let threads: Vec<_> = (0..4)
-        .map(|t| {
-            let disk = disk.clone();
-            std::thread::spawn(move || {
-                for i in 0..150 {
-                    let k = key(&format!("{t}-{i}"));
-                    let len = 300 + (i * 53 + t * 17) % 1200;
-                    disk.put(&k, &vec![t as u8; len], Duration::ZERO).unwrap();
-                    let back = key(&format!("{t}-{}", i / 2));
-                    if let Some(entry) = disk.get(&back).unwrap() {
-                        assert!(entry.payload().iter().all(|&b| b == t as u8));
-                    }
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
+    on_threads(4, |t| {
+        for i in 0..150 {
+            let k = key(&format!("{t}-{i}"));
+            let len = 300 + (i * 53 + t * 17) % 1200;
+            disk.put(&k, &vec![t as u8; len], Duration::ZERO).unwrap();
+            let back = key(&format!("{t}-{}", i / 2));
+            if let Some(entry) = disk.get(&back).unwrap() {
+                assert!(entry.payload().iter().all(|&b| b == t as u8));
+            }
+        }
+    });
     let on_disk = entry_bytes(&dir);
     assert!(on_disk <= 20_000, "{on_disk}");
     let s = disk.stats();
@@ -250,35 +260,22 @@ fn the_cap_holds_for_writes_made_while_the_opening_scan_runs() {
     const CAP: u64 = 1 << 20;
     const BIG: usize = (64 << 10) - 104; // 64 KiB on disk
     for round in 0..3 {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("cache");
-        let capped = || DiskConfig {
-            max_size: Some(CAP),
-            ..config(&dir)
-        };
+        let (_tmp, dir) = cache_dir();
         {
             // Many small entries: a scan that takes a while, well under the cap.
-            let disk = DiskCache::open(capped()).unwrap();
+            let disk = open_capped(&dir, CAP);
             for i in 0..3000 {
                 disk.put(&key(&format!("small {i}")), &[1u8; 96], Duration::ZERO)
                     .unwrap();
             }
         }
-        let disk = std::sync::Arc::new(DiskCache::open(capped()).unwrap());
-        let writers: Vec<_> = (0..3)
-            .map(|t| {
-                let disk = disk.clone();
-                std::thread::spawn(move || {
-                    for i in 0..6 {
-                        let k = key(&format!("big {t} {i}"));
-                        disk.put(&k, &vec![2u8; BIG], Duration::ZERO).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for w in writers {
-            w.join().unwrap();
-        }
+        let disk = open_capped(&dir, CAP);
+        on_threads(3, |t| {
+            for i in 0..6 {
+                let k = key(&format!("big {t} {i}"));
+                disk.put(&k, &vec![2u8; BIG], Duration::ZERO).unwrap();
+            }
+        });
         // No waiting for the scan: the cap holds as soon as the writes have returned.
         let (_, bytes) = listing(&dir);
         assert!(bytes <= CAP, "round {round}: {bytes} bytes on disk");
@@ -293,39 +290,28 @@ fn the_cap_holds_for_writes_made_while_the_opening_scan_runs() {
 #[test]
 fn the_index_matches_the_directory_after_concurrent_puts_gets_and_removes() {
     for round in 0..24 {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir = tmp.path().join("cache");
-        let mut c = config(&dir);
+        let (_tmp, dir) = cache_dir();
         // Small enough that puts evict and trigger rescans as well.
-        c.max_size = Some(12_000);
-        let disk = std::sync::Arc::new(DiskCache::open(c).unwrap());
+        let disk = open_capped(&dir, 12_000);
         disk.usage();
-        let threads: Vec<_> = (0..4)
-            .map(|t| {
-                let disk = disk.clone();
-                std::thread::spawn(move || {
-                    for i in 0..300usize {
-                        // Few names, so that the threads collide on them.
-                        let k = key(&format!("shared {}", (i * 7 + t) % 6));
-                        match (i + t) % 3 {
-                            0 => {
-                                let len = 100 + (i * 131 + t * 29) % 1900;
-                                disk.put(&k, &vec![t as u8; len], Duration::ZERO).unwrap();
-                            }
-                            1 => {
-                                let _ = disk.get(&k).unwrap();
-                            }
-                            _ => {
-                                disk.remove(&k).unwrap();
-                            }
-                        }
+        on_threads(4, |t| {
+            for i in 0..300usize {
+                // Few names, so that the threads collide on them.
+                let k = key(&format!("shared {}", (i * 7 + t) % 6));
+                match (i + t) % 3 {
+                    0 => {
+                        let len = 100 + (i * 131 + t * 29) % 1900;
+                        disk.put(&k, &vec![t as u8; len], Duration::ZERO).unwrap();
                     }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
+                    1 => {
+                        let _ = disk.get(&k).unwrap();
+                    }
+                    _ => {
+                        disk.remove(&k).unwrap();
+                    }
+                }
+            }
+        });
         disk.usage();
         let s = disk.stats();
         assert_eq!(
@@ -339,8 +325,7 @@ fn the_index_matches_the_directory_after_concurrent_puts_gets_and_removes() {
 
 #[test]
 fn gc_removes_an_empty_directory_at_an_entry_name_and_reports_a_full_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
+    let (_tmp, dir) = cache_dir();
     let disk = DiskCache::open(config(&dir)).unwrap();
     let empty = disk.entry_path(&key("empty dir"));
     let full = disk.entry_path(&key("full dir"));
@@ -363,14 +348,8 @@ fn gc_removes_an_empty_directory_at_an_entry_name_and_reports_a_full_one() {
 
 #[test]
 fn stats_say_when_the_opening_scan_has_finished() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("cache");
-    let first = DiskCache::open(config(&dir)).unwrap();
-    for i in 0..5 {
-        first
-            .put(&key(&i.to_string()), &[0u8; ENTRY], Duration::ZERO)
-            .unwrap();
-    }
+    let (_tmp, dir) = cache_dir();
+    let _first = filled(&dir, 5);
     let disk = DiskCache::open(config(&dir)).unwrap();
     disk.wait_scan();
     let s = disk.stats();
