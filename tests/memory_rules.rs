@@ -41,8 +41,74 @@ fn cache() -> (Arc<MemoryCache<String, u64>>, Arc<Ledger>) {
     cache_with(Options::default())
 }
 
+/// A cache of at most `max_entries` entries, evicting by `eviction`.
+fn capped(max_entries: u64, eviction: Eviction) -> (Arc<MemoryCache<String, u64>>, Arc<Ledger>) {
+    cache_with(Options {
+        max_entries: Some(max_entries),
+        eviction,
+        ..Options::default()
+    })
+}
+
 fn ok(v: u64) -> impl FnOnce() -> Result<(u64, u64), BuildError> {
     move || Ok((v, 1))
+}
+
+/// Two barriers a build parks on: the test thread learns that the build has started, and says
+/// when it may finish.
+#[derive(Clone)]
+struct Park {
+    started: Arc<Barrier>,
+    release: Arc<Barrier>,
+}
+
+impl Park {
+    fn new() -> Self {
+        Self {
+            started: Arc::new(Barrier::new(2)),
+            release: Arc::new(Barrier::new(2)),
+        }
+    }
+
+    /// Called by the build: meets the test thread at `started`, then at `release`.
+    fn hold(&self) {
+        self.started.wait();
+        self.release.wait();
+    }
+
+    /// Looks "k" up for `device` on a thread of its own; on a miss the build parks, then returns
+    /// what `build` returns.
+    fn spawn_build(
+        &self,
+        c: &Arc<MemoryCache<String, u64>>,
+        device: Option<i64>,
+        build: impl FnOnce() -> Result<(u64, u64), BuildError> + Send + 'static,
+    ) -> thread::JoinHandle<Result<u64, Error>> {
+        let (c, park) = (c.clone(), self.clone());
+        thread::spawn(move || {
+            c.find_or_build("k", device, || {
+                park.hold();
+                build()
+            })
+            .map(|l| *l)
+        })
+    }
+}
+
+/// Looks "k" up for `device` on a thread of its own, building 1 on a miss.
+fn spawn_waiter(
+    c: &Arc<MemoryCache<String, u64>>,
+    device: Option<i64>,
+) -> thread::JoinHandle<Result<u64, Error>> {
+    let c = c.clone();
+    thread::spawn(move || c.find_or_build("k", device, ok(1)).map(|l| *l))
+}
+
+/// Returns once `waits` lookups in all have waited for a build in flight.
+fn until_waits(c: &MemoryCache<String, u64>, waits: u64) {
+    while c.stats().waits < waits {
+        thread::sleep(Duration::from_millis(1));
+    }
 }
 
 #[test]
@@ -87,22 +153,15 @@ fn build_error_is_returned_and_not_cached() {
 fn single_flight_shares_value_between_waiters() {
     let (c, _) = cache();
     let builds = Arc::new(AtomicUsize::new(0));
-    let started = Arc::new(Barrier::new(2));
-    let release = Arc::new(Barrier::new(2));
+    let park = Park::new();
     let builder = {
-        let (c, builds, started, release) =
-            (c.clone(), builds.clone(), started.clone(), release.clone());
-        thread::spawn(move || {
-            *c.find_or_build("k", None, || {
-                builds.fetch_add(1, Ordering::SeqCst);
-                started.wait();
-                release.wait();
-                Ok((9, 1))
-            })
-            .unwrap()
+        let builds = builds.clone();
+        park.spawn_build(&c, None, move || {
+            builds.fetch_add(1, Ordering::SeqCst);
+            Ok((9, 1))
         })
     };
-    started.wait();
+    park.started.wait();
     let waiters: Vec<_> = (0..4)
         .map(|_| {
             let (c, builds) = (c.clone(), builds.clone());
@@ -115,11 +174,9 @@ fn single_flight_shares_value_between_waiters() {
             })
         })
         .collect();
-    while c.stats().waits < 4 {
-        thread::sleep(Duration::from_millis(1));
-    }
-    release.wait();
-    assert_eq!(builder.join().unwrap(), 9);
+    until_waits(&c, 4);
+    park.release.wait();
+    assert_eq!(builder.join().unwrap(), Ok(9));
     for w in waiters {
         assert_eq!(w.join().unwrap(), 9);
     }
@@ -131,27 +188,12 @@ fn single_flight_shares_value_between_waiters() {
 #[test]
 fn single_flight_shares_the_error() {
     let (c, _) = cache();
-    let started = Arc::new(Barrier::new(2));
-    let release = Arc::new(Barrier::new(2));
-    let builder = {
-        let (c, started, release) = (c.clone(), started.clone(), release.clone());
-        thread::spawn(move || {
-            c.find_or_build("k", None, || {
-                started.wait();
-                release.wait();
-                Err(BuildError::new(-11, "log"))
-            })
-        })
-    };
-    started.wait();
-    let waiter = {
-        let c = c.clone();
-        thread::spawn(move || c.find_or_build("k", None, ok(1)))
-    };
-    while c.stats().waits < 1 {
-        thread::sleep(Duration::from_millis(1));
-    }
-    release.wait();
+    let park = Park::new();
+    let builder = park.spawn_build(&c, None, || Err(BuildError::new(-11, "log")));
+    park.started.wait();
+    let waiter = spawn_waiter(&c, None);
+    until_waits(&c, 1);
+    park.release.wait();
     let expected = Error::Build(BuildError::new(-11, "log"));
     assert_eq!(builder.join().unwrap().unwrap_err(), expected);
     assert_eq!(waiter.join().unwrap().unwrap_err(), expected);
@@ -161,27 +203,14 @@ fn single_flight_shares_the_error() {
 #[test]
 fn panicking_builder_frees_waiters_and_key() {
     let (c, _) = cache();
-    let started = Arc::new(Barrier::new(2));
-    let release = Arc::new(Barrier::new(2));
-    let builder = {
-        let (c, started, release) = (c.clone(), started.clone(), release.clone());
-        thread::spawn(move || {
-            let _ = c.find_or_build("k", None, || -> Result<(u64, u64), BuildError> {
-                started.wait();
-                release.wait();
-                panic!("compiler crashed");
-            });
-        })
-    };
-    started.wait();
-    let waiter = {
-        let c = c.clone();
-        thread::spawn(move || c.find_or_build("k", None, ok(1)).map(|l| *l))
-    };
-    while c.stats().waits < 1 {
-        thread::sleep(Duration::from_millis(1));
-    }
-    release.wait();
+    let park = Park::new();
+    let builder = park.spawn_build(&c, None, || -> Result<(u64, u64), BuildError> {
+        panic!("compiler crashed")
+    });
+    park.started.wait();
+    let waiter = spawn_waiter(&c, None);
+    until_waits(&c, 1);
+    park.release.wait();
     assert!(
         builder.join().is_err(),
         "the panic continues in the builder's thread"
@@ -198,30 +227,14 @@ fn straddle(
     device: Option<i64>,
     during: impl FnOnce(),
 ) -> (Result<u64, Error>, Result<u64, Error>) {
-    let started = Arc::new(Barrier::new(2));
-    let release = Arc::new(Barrier::new(2));
+    let park = Park::new();
     let waits_before = c.stats().waits;
-    let builder = {
-        let (c, started, release) = (c.clone(), started.clone(), release.clone());
-        thread::spawn(move || {
-            c.find_or_build("k", device, || {
-                started.wait();
-                release.wait();
-                Ok((77, 1))
-            })
-            .map(|l| *l)
-        })
-    };
-    started.wait();
-    let waiter = {
-        let c = c.clone();
-        thread::spawn(move || c.find_or_build("k", device, ok(1)).map(|l| *l))
-    };
-    while c.stats().waits < waits_before + 1 {
-        thread::sleep(Duration::from_millis(1));
-    }
+    let builder = park.spawn_build(c, device, || Ok((77, 1)));
+    park.started.wait();
+    let waiter = spawn_waiter(c, device);
+    until_waits(c, waits_before + 1);
     during();
-    release.wait();
+    park.release.wait();
     (builder.join().unwrap(), waiter.join().unwrap())
 }
 
@@ -521,11 +534,7 @@ fn remove_returns_destroy_error() {
 fn entry_cap_evicts_least_recently_used() {
     // Plain CLOCK: under cost-aware eviction a build preempted for over a millisecond would
     // earn its entry an extra chance and change the order this test checks.
-    let (c, ledger) = cache_with(Options {
-        max_entries: Some(2),
-        eviction: Eviction::Clock,
-        ..Options::default()
-    });
+    let (c, ledger) = capped(2, Eviction::Clock);
     c.find_or_build("a", None, ok(1)).unwrap();
     c.find_or_build("b", None, ok(2)).unwrap();
     c.get("a").unwrap();
@@ -562,10 +571,7 @@ fn weight_cap_evicts_until_under_and_admits_oversized_alone() {
 
 #[test]
 fn capacity_eviction_of_leased_entry_defers_destroy() {
-    let (c, ledger) = cache_with(Options {
-        max_entries: Some(1),
-        ..Options::default()
-    });
+    let (c, ledger) = capped(1, Eviction::CostAware);
     let a = c.find_or_build("a", None, ok(1)).unwrap();
     c.find_or_build("b", None, ok(2)).unwrap();
     assert!(c.get("a").is_none());
@@ -609,15 +615,18 @@ fn slow(v: u64, ms: u64) -> impl FnOnce() -> Result<(u64, u64), BuildError> {
     }
 }
 
-#[test]
-fn cost_aware_eviction_keeps_the_expensive_entry() {
-    let (c, ledger) = cache_with(Options {
-        max_entries: Some(2),
-        ..Options::default()
-    });
+/// A cache capped at two entries, after an expensive build and then two cheap ones.
+fn expensive_then_two_cheap(eviction: Eviction) -> (Arc<MemoryCache<String, u64>>, Arc<Ledger>) {
+    let (c, ledger) = capped(2, eviction);
     c.find_or_build("expensive", None, slow(1, 12)).unwrap();
     c.find_or_build("cheap", None, ok(2)).unwrap();
     c.find_or_build("newest", None, ok(3)).unwrap();
+    (c, ledger)
+}
+
+#[test]
+fn cost_aware_eviction_keeps_the_expensive_entry() {
+    let (c, ledger) = expensive_then_two_cheap(Eviction::CostAware);
     assert_eq!(
         ledger.destroyed(),
         vec![2],
@@ -628,23 +637,13 @@ fn cost_aware_eviction_keeps_the_expensive_entry() {
 
 #[test]
 fn plain_clock_evicts_the_oldest_whatever_it_cost() {
-    let (c, ledger) = cache_with(Options {
-        max_entries: Some(2),
-        eviction: Eviction::Clock,
-        ..Options::default()
-    });
-    c.find_or_build("expensive", None, slow(1, 12)).unwrap();
-    c.find_or_build("cheap", None, ok(2)).unwrap();
-    c.find_or_build("newest", None, ok(3)).unwrap();
+    let (_c, ledger) = expensive_then_two_cheap(Eviction::Clock);
     assert_eq!(ledger.destroyed(), vec![1]);
 }
 
 #[test]
 fn an_expensive_entry_goes_once_its_chances_are_spent() {
-    let (c, ledger) = cache_with(Options {
-        max_entries: Some(1),
-        ..Options::default()
-    });
+    let (c, ledger) = capped(1, Eviction::CostAware);
     // With a cap of one the newest entry always stays: the expensive entry's two chances
     // (class 2, 10–100 ms) only make the hand pass it twice before it goes.
     c.find_or_build("expensive", None, slow(1, 12)).unwrap();
