@@ -16,6 +16,9 @@ use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, Handle};
 
+mod cuda_common;
+use cuda_common::child_line;
+
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; every test evicts or drops its cache before it
     // destroys a context.
@@ -33,6 +36,14 @@ fn cache(fake: &FakeDriver, disk: Option<Arc<DiskCache>>) -> CudaCache {
         ..CudaOptions::default()
     })
     .unwrap()
+}
+
+/// A cache on `dir`'s disk tier that has built SAXPY in `context`.
+fn built_on_disk(fake: &FakeDriver, dir: &TempDir, context: CUcontext) -> CudaCache {
+    let cold = cache(fake, Some(disk(dir)));
+    cold.find_or_build_ptx(ctx(context), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    cold
 }
 
 const OTHER_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
@@ -89,11 +100,7 @@ fn warm_cache_in_the_same_process_loads_the_cubin_without_linking() {
     let fake = FakeDriver::new();
     let dir = tempfile::tempdir().unwrap();
     let c0 = fake.create_context(0);
-    {
-        let cold = cache(&fake, Some(disk(&dir)));
-        cold.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
-            .unwrap();
-    }
+    drop(built_on_disk(&fake, &dir, c0));
     assert_eq!(
         fake.counter("module_unload"),
         1,
@@ -187,10 +194,7 @@ fn run_child(fake: &FakeDriver, dir: &std::path::Path) -> String {
         "child failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout
-        .lines()
-        .find_map(|l| l.split_once("CHILD ").map(|(_, rest)| rest.to_owned()))
-        .unwrap_or_else(|| panic!("no CHILD line in: {stdout}"))
+    child_line(&stdout)
 }
 
 #[test]
@@ -506,9 +510,7 @@ fn a_tampered_cubin_shows_in_the_disk_tier_counters() {
     let dir = tempfile::tempdir().unwrap();
     let c0 = fake.create_context(0);
     {
-        let cold = cache(&fake, Some(disk(&dir)));
-        cold.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
-            .unwrap();
+        let cold = built_on_disk(&fake, &dir, c0);
         let s = cold.stats();
         assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
     }

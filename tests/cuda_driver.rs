@@ -11,22 +11,20 @@ use kcache::Error;
 use kcache::backend::cuda::{CudaCache, CudaOptions, Driver};
 use kcache_testkit::cuda::FakeDriver;
 
+mod cuda_common;
+use cuda_common::{assert_unavailable, child_line};
+
 #[test]
 fn a_missing_driver_library_is_unavailable() {
-    match Driver::load_from(Path::new("/nonexistent/libcuda.so.1")) {
-        Err(Error::Unavailable(message)) => {
-            assert!(message.contains("no CUDA driver"), "{message}")
-        }
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(
+        Driver::load_from(Path::new("/nonexistent/libcuda.so.1")),
+        "no CUDA driver",
+    );
 }
 
 #[test]
 fn a_library_without_the_driver_entry_points_is_unavailable() {
-    match Driver::load_from(Path::new("libc.so.6")) {
-        Err(Error::Unavailable(message)) => assert!(message.contains("lacks cuInit"), "{message}"),
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(Driver::load_from(Path::new("libc.so.6")), "lacks cuInit");
 }
 
 /// Set in the child runs of `child_cache_new`.
@@ -61,19 +59,21 @@ fn child(envs: &[(&str, &std::ffi::OsStr)]) -> String {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "child failed: {stdout}");
-    stdout
-        .lines()
-        .find_map(|l| l.split_once("CHILD ").map(|(_, rest)| rest.to_owned()))
-        .unwrap_or_else(|| panic!("no CHILD line in: {stdout}"))
+    child_line(&stdout)
+}
+
+/// [`child`] with `KCACHE_CUDA_LIBRARY` naming `fake` and the fake driver's switch `name` set.
+fn child_on(fake: &FakeDriver, name: &str, value: &str) -> String {
+    child(&[
+        ("KCACHE_CUDA_LIBRARY", fake.path().as_os_str()),
+        (name, value.as_ref()),
+    ])
 }
 
 #[test]
 fn kcache_cuda_library_names_the_driver() {
     let fake = FakeDriver::new();
-    let line = child(&[
-        ("KCACHE_CUDA_LIBRARY", fake.path().as_os_str()),
-        ("FAKECUDA_DRIVER_VERSION", "12080".as_ref()),
-    ]);
+    let line = child_on(&fake, "FAKECUDA_DRIVER_VERSION", "12080");
     assert_eq!(line, "ok version=12080");
 
     let line = child(&[("KCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1".as_ref())]);
@@ -84,10 +84,7 @@ fn kcache_cuda_library_names_the_driver() {
 fn a_driver_whose_init_fails_is_unavailable() {
     // What the real driver does on a machine with the library installed but no usable GPU.
     let fake = FakeDriver::new();
-    let line = child(&[
-        ("KCACHE_CUDA_LIBRARY", fake.path().as_os_str()),
-        ("FAKECUDA_INIT_RESULT", "100".as_ref()),
-    ]);
+    let line = child_on(&fake, "FAKECUDA_INIT_RESULT", "100");
     assert!(
         line.starts_with("unavailable: no usable CUDA driver"),
         "{line}"

@@ -12,6 +12,9 @@ use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
 
+mod cuda_common;
+use cuda_common::assert_unavailable;
+
 const SOURCE: &str = "extern \"C\" __global__ void scale(float *x, float a) {\n\
                       x[threadIdx.x] *= a;\n}\n";
 
@@ -135,18 +138,11 @@ fn a_compile_error_is_a_build_error_with_the_log() {
 
 #[test]
 fn no_nvrtc_is_unavailable() {
-    match Nvrtc::load_from(Path::new("/nonexistent/libnvrtc.so")) {
-        Err(Error::Unavailable(message)) => {
-            assert!(message.contains("cannot load NVRTC"), "{message}")
-        }
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(
+        Nvrtc::load_from(Path::new("/nonexistent/libnvrtc.so")),
+        "cannot load NVRTC",
+    );
     // The driver library is no NVRTC.
     let driver = FakeDriver::new();
-    match Nvrtc::load_from(driver.path()) {
-        Err(Error::Unavailable(message)) => {
-            assert!(message.contains("lacks nvrtcVersion"), "{message}")
-        }
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    assert_unavailable(Nvrtc::load_from(driver.path()), "lacks nvrtcVersion");
 }
