@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kcache::disk::{DiskCache, DiskConfig, Durability};
 use kcache::key::{Key, KeyBuilder};
-use kcache::memory::{MemoryCache, Options};
+use kcache::memory::{Lease, MemoryCache, Options};
 use kcache::tiered::TieredCache;
 use kcache::{BuildError, Error};
 
@@ -34,6 +34,13 @@ fn tiered(disk: Option<Arc<DiskCache>>) -> Cache {
     TieredCache::new(memory, disk)
 }
 
+/// A tiered cache on a disk tier in `dir`, and that disk tier.
+fn tiered_on_disk(dir: &Path) -> (Arc<DiskCache>, Cache) {
+    let d = disk(dir);
+    let cache = tiered(Some(d.clone()));
+    (d, cache)
+}
+
 fn load(bytes: &[u8]) -> Result<(String, u64), BuildError> {
     String::from_utf8(bytes.to_vec())
         .map(|s| (s, bytes.len() as u64))
@@ -44,20 +51,30 @@ fn serialize(value: &String) -> Result<Vec<u8>, BuildError> {
     Ok(value.as_bytes().to_vec())
 }
 
+/// Looks `source` up under `l2_key(source)`, loading with [`load`] and building and serializing
+/// with the steps given.
+fn find_or_build(
+    cache: &Cache,
+    source: &str,
+    build: impl FnOnce() -> Result<(String, u64), BuildError>,
+    serialize: impl FnOnce(&String) -> Result<Vec<u8>, BuildError>,
+) -> kcache::Result<Lease<Vec<u8>, String>> {
+    cache.find_or_build(
+        source.as_bytes(),
+        None,
+        || Ok(l2_key(source)),
+        load,
+        build,
+        serialize,
+    )
+}
+
 fn lookup(cache: &Cache, source: &str, builds: &AtomicUsize) -> kcache::Result<String> {
-    cache
-        .find_or_build(
-            source.as_bytes(),
-            None,
-            || Ok(l2_key(source)),
-            load,
-            || {
-                builds.fetch_add(1, Ordering::SeqCst);
-                Ok((format!("compiled({source})"), 1))
-            },
-            serialize,
-        )
-        .map(|lease| lease.value().clone())
+    let build = || {
+        builds.fetch_add(1, Ordering::SeqCst);
+        Ok((format!("compiled({source})"), 1))
+    };
+    find_or_build(cache, source, build, serialize).map(|lease| lease.value().clone())
 }
 
 #[test]
@@ -187,18 +204,14 @@ fn memory_only_without_a_disk() {
 #[test]
 fn build_failures_are_returned_and_nothing_is_written() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = disk(tmp.path());
-    let cache = tiered(Some(d.clone()));
-    let err = cache
-        .find_or_build(
-            b"f".as_slice(),
-            None,
-            || Ok(l2_key("f")),
-            load,
-            || Err(BuildError::new(42, "compiler error")),
-            serialize,
-        )
-        .unwrap_err();
+    let (d, cache) = tiered_on_disk(tmp.path());
+    let err = find_or_build(
+        &cache,
+        "f",
+        || Err(BuildError::new(42, "compiler error")),
+        serialize,
+    )
+    .unwrap_err();
     assert_eq!(err, Error::Build(BuildError::new(42, "compiler error")));
     assert_eq!(d.get(&l2_key("f")).unwrap(), None);
     assert_eq!(cache.stats().write_backs, 0);
@@ -207,18 +220,14 @@ fn build_failures_are_returned_and_nothing_is_written() {
 #[test]
 fn a_failed_write_back_is_counted_not_returned() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = disk(tmp.path());
-    let cache = tiered(Some(d.clone()));
-    let lease = cache
-        .find_or_build(
-            b"w".as_slice(),
-            None,
-            || Ok(l2_key("w")),
-            load,
-            || Ok(("value".to_string(), 1)),
-            |_| Err(BuildError::new(7, "cannot serialize")),
-        )
-        .unwrap();
+    let (d, cache) = tiered_on_disk(tmp.path());
+    let lease = find_or_build(
+        &cache,
+        "w",
+        || Ok(("value".to_string(), 1)),
+        |_| Err(BuildError::new(7, "cannot serialize")),
+    )
+    .unwrap();
     assert_eq!(lease.value(), "value");
     assert_eq!(cache.stats().write_back_failures, 1);
     assert_eq!(d.get(&l2_key("w")).unwrap(), None);
@@ -267,8 +276,7 @@ fn the_l2_key_is_made_only_on_an_l1_miss() {
 #[test]
 fn a_key_that_cannot_be_made_leaves_the_lookup_without_the_disk() {
     let tmp = tempfile::tempdir().unwrap();
-    let d = disk(tmp.path());
-    let cache = tiered(Some(d.clone()));
+    let (d, cache) = tiered_on_disk(tmp.path());
     let lease = cache
         .find_or_build(
             b"nokey".as_slice(),
