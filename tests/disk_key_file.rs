@@ -40,6 +40,14 @@ fn any_group_or_other_permission_is_refused() {
     }
 }
 
+/// Asserts that the key file at `path` is refused as untrusted, with a message containing `says`.
+fn assert_untrusted(path: &Path, says: &str) {
+    match OperatorKey::from_file(path) {
+        Err(Error::Untrusted(m)) => assert!(m.contains(says), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn a_file_of_another_user_is_refused() {
     if !rustix::process::geteuid().is_root() {
@@ -49,10 +57,7 @@ fn a_file_of_another_user_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let file = key_file(tmp.path(), "theirs", &[7; 32], 0o600);
     std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
-    match OperatorKey::from_file(&file) {
-        Err(Error::Untrusted(m)) => assert!(m.contains("owned by uid 65534"), "{m}"),
-        other => panic!("{other:?}"),
-    }
+    assert_untrusted(&file, "owned by uid 65534");
 }
 
 #[test]
@@ -68,10 +73,7 @@ fn a_fifo_is_refused_without_waiting_for_a_writer() {
     )
     .unwrap();
     // A blocking open would wait here forever: no process ever opens the FIFO for writing.
-    match OperatorKey::from_file(&fifo) {
-        Err(Error::Untrusted(m)) => assert!(m.contains("not a regular file"), "{m}"),
-        other => panic!("{other:?}"),
-    }
+    assert_untrusted(&fifo, "not a regular file");
 }
 
 #[test]
