@@ -24,12 +24,18 @@ fn open(dir: &Path, operator: Option<&[u8]>) -> DiskCache {
     DiskCache::open(config).unwrap()
 }
 
+/// [`open`] in a new temporary directory, which lasts as long as the first value.
+fn open_temp(operator: Option<&[u8]>) -> (tempfile::TempDir, DiskCache) {
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = open(tmp.path(), operator);
+    (tmp, disk)
+}
+
 const OPERATOR: &[u8] = b"0123456789abcdef0123456789abcdef";
 
 #[test]
 fn round_trip_and_counters() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     let k = key("a");
     assert_eq!(disk.get(&k).unwrap(), None);
     disk.put(&k, b"payload bytes", Duration::from_millis(1234))
@@ -57,15 +63,13 @@ fn round_trip_and_counters() {
 
 #[test]
 fn empty_payload_round_trips() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     disk.put(&key("e"), b"", Duration::ZERO).unwrap();
     assert_eq!(disk.get(&key("e")).unwrap().unwrap().payload(), b"");
 }
 
 fn tamper_every_byte(operator: Option<&[u8]>) {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), operator);
+    let (_tmp, disk) = open_temp(operator);
     let k = key("tamper");
     disk.put(&k, b"sixteen byte pay", Duration::from_nanos(77))
         .unwrap();
@@ -102,8 +106,7 @@ fn tamper_every_byte_hmac() {
 
 #[test]
 fn swapped_entries_are_rejected() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), Some(OPERATOR));
+    let (_tmp, disk) = open_temp(Some(OPERATOR));
     let (a, b) = (key("a"), key("b"));
     disk.put(&a, b"AAAA", Duration::ZERO).unwrap();
     disk.put(&b, b"BBBB", Duration::ZERO).unwrap();
@@ -119,8 +122,7 @@ fn swapped_entries_are_rejected() {
 
 #[test]
 fn entry_of_key_a_read_as_key_b_is_rejected() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     let (a, b) = (key("a"), key("b"));
     disk.put(&a, b"value of a", Duration::ZERO).unwrap();
     std::fs::copy(disk.entry_path(&a), disk.entry_path(&b)).unwrap();
@@ -131,8 +133,7 @@ fn entry_of_key_a_read_as_key_b_is_rejected() {
 
 #[test]
 fn truncated_entries_are_rejected() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     let k = key("t");
     let payload = vec![5u8; 4096];
     for len in [0usize, 1, 71, 72, 103, 104, 4096 + 103] {
@@ -159,8 +160,7 @@ fn truncated_entries_are_rejected() {
 
 #[test]
 fn forged_blake3_entry_is_rejected_when_a_key_is_configured() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), Some(OPERATOR));
+    let (_tmp, disk) = open_temp(Some(OPERATOR));
     let k = key("forged");
     // The forger knows the whole format and the (public) fingerprint, but not the key.
     let payload = b"malicious code";
@@ -215,8 +215,7 @@ fn unkeyed_entries_are_invisible_to_a_keyed_cache() {
 
 #[test]
 fn symlinked_entry_is_refused_and_target_untouched() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (tmp, disk) = open_temp(None);
     let (a, b) = (key("a"), key("b"));
     disk.put(&a, b"real", Duration::ZERO).unwrap();
     std::os::unix::fs::symlink(disk.entry_path(&a), disk.entry_path(&b)).unwrap();
@@ -234,8 +233,7 @@ fn symlinked_entry_is_refused_and_target_untouched() {
 
 #[test]
 fn fifo_under_an_entry_name_does_not_block() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     let k = key("fifo");
     let status = std::process::Command::new("mkfifo")
         .arg(disk.entry_path(&k))
@@ -264,8 +262,7 @@ fn oversized_entry_is_refused() {
 
 #[test]
 fn file_layout_matches_the_documented_format() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     let k = key("layout");
     disk.put(&k, b"abc", Duration::from_nanos(0x0102)).unwrap();
     let bytes = std::fs::read(disk.entry_path(&k)).unwrap();
@@ -312,8 +309,7 @@ fn sparse_entry_larger_than_memory_is_a_miss_and_is_removed() {
 
 #[test]
 fn directory_at_an_entry_name_is_removed_by_a_read_and_by_a_write() {
-    let tmp = tempfile::tempdir().unwrap();
-    let disk = open(tmp.path(), None);
+    let (_tmp, disk) = open_temp(None);
     let k = key("dir");
     let path = disk.entry_path(&k);
     std::fs::create_dir(&path).unwrap();
