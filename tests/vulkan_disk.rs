@@ -17,7 +17,7 @@ use kcache::backend::vulkan::{
 };
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{expected, input, spec, vulkan};
+use vulkan_common::{dispatch, expected, spec, vulkan};
 
 /// A cache over `dir` with a freshly opened disk tier and a freshly created device, as a new
 /// process would have.
@@ -37,9 +37,7 @@ fn fresh(dir: &Path) -> (Arc<TestGpu>, Arc<DiskCache>, VulkanCache, VulkanDevice
 
 fn build_and_dispatch(gpu: &TestGpu, cache: &VulkanCache, device: &VulkanDevice, mul: u32) {
     let lease = cache.find_or_build(device, &spec(mul)).unwrap();
-    let out = gpu
-        .dispatch(&lease, &input(), &9u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(gpu, &lease, 9);
     assert_eq!(out, expected(mul, 9));
 }
 

@@ -13,7 +13,7 @@ use kcache::backend::vulkan::{
     DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant,
 };
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{cache, compile, expected, input, layout, spirv, vulkan};
+use vulkan_common::{cache, compile, dispatch, expected, layout, spirv, vulkan};
 
 fn binding(binding: u32, descriptor_type: vk::DescriptorType, count: u32) -> DescriptorBinding {
     DescriptorBinding {
@@ -220,9 +220,7 @@ void main() {
     );
     let spec = accepted(&words, &layout());
     let lease = cache.find_or_build(&device, &spec).unwrap();
-    let out = gpu
-        .dispatch(&lease, &input(), &5u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &lease, 5);
     assert_eq!(out, expected(2, 5));
 
     // A layout that describes more than the shader uses (an extra set, a wider push-constant
@@ -233,9 +231,7 @@ void main() {
     };
     let spec = accepted(spirv(), &wider);
     let lease = cache.find_or_build(&device, &spec).unwrap();
-    let out = gpu
-        .dispatch(&lease, &input(), &3u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &lease, 3);
     assert_eq!(out, expected(2, 3));
     drop(lease);
     cache.unregister_device(&device).unwrap();

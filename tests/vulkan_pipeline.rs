@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use kcache::Error;
 use kcache::backend::vulkan::{PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice};
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{cache, expected, input, layout, spec, spirv, vulkan};
+use vulkan_common::{cache, dispatch, expected, layout, spec, spirv, vulkan};
 
 fn setup() -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
     let vulkan = vulkan();
@@ -27,9 +27,7 @@ fn cold_build_then_hit_each_dispatch_correctly() {
     let s = cache.stats();
     assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
     assert_eq!(s.pipelines_created, 1);
-    let out = gpu
-        .dispatch(&cold, &input(), &5u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &cold, 5);
     assert_eq!(out, expected(3, 5));
 
     let hit = cache.find_or_build(&device, &triple).unwrap();
@@ -37,18 +35,14 @@ fn cold_build_then_hit_each_dispatch_correctly() {
     assert_eq!((s.memory.hits, s.memory.builds), (1, 1));
     assert_eq!(s.pipelines_created, 1);
     assert_eq!(hit.pipeline(), cold.pipeline());
-    let out = gpu
-        .dispatch(&hit, &input(), &7u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &hit, 7);
     assert_eq!(out, expected(3, 7));
 
     // Another specialization value is another pipeline; the layout is shared.
     let quadruple = cache.find_or_build(&device, &spec(4)).unwrap();
     assert_ne!(quadruple.pipeline(), cold.pipeline());
     assert_eq!(quadruple.layout(), cold.layout());
-    let out = gpu
-        .dispatch(&quadruple, &input(), &1u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &quadruple, 1);
     assert_eq!(out, expected(4, 1));
     let s = cache.stats();
     assert_eq!((s.pipelines_created, s.layouts_created), (2, 1));
@@ -98,9 +92,7 @@ fn device_eviction_destroys_each_pipeline_exactly_once() {
     let s = cache.stats();
     assert_eq!((s.pipelines_destroyed, s.memory.device_evictions), (2, 3));
     assert!(cache.is_empty());
-    let out = gpu
-        .dispatch(&held, &input(), &0u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &held, 0);
     assert_eq!(out, expected(2, 0));
     drop(held);
     assert_eq!(cache.stats().pipelines_destroyed, 3);
@@ -146,9 +138,7 @@ fn eight_threads_on_one_cold_key_create_one_pipeline() {
     assert_eq!(s.memory.hits + s.memory.waits + s.memory.misses, 8);
 
     let lease = cache.find_or_build(&device, &spec).unwrap();
-    let out = gpu
-        .dispatch(&lease, &input(), &2u32.to_ne_bytes(), 4)
-        .unwrap();
+    let out = dispatch(&gpu, &lease, 2);
     assert_eq!(out, expected(6, 2));
     drop(lease);
     cache.unregister_device(&device).unwrap();

@@ -8,9 +8,10 @@ use std::sync::OnceLock;
 
 use ash::vk;
 use kcache::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
+    DescriptorBinding, LayoutDesc, Pipeline, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
     VulkanCache, VulkanOptions, words_from_bytes,
 };
+use kcache_testkit::vulkan::TestGpu;
 
 /// `data[i] = data[i] * MUL + add`, with `MUL` a specialization constant and `add` a push
 /// constant, so that both reach the dispatch.
@@ -77,6 +78,12 @@ pub fn input() -> Vec<u32> {
 
 pub fn expected(mul: u32, add: u32) -> Vec<u32> {
     (0..ELEMENTS).map(|i| i * mul + add).collect()
+}
+
+/// Runs `pipeline` on `gpu` over [`input`], with `add` as its push constant.
+pub fn dispatch(gpu: &TestGpu, pipeline: &Pipeline, add: u32) -> Vec<u32> {
+    gpu.dispatch(pipeline, &input(), &add.to_ne_bytes(), 4)
+        .unwrap()
 }
 
 pub fn vulkan() -> Vulkan {
