@@ -38,6 +38,14 @@ fn cache(fake: &FakeDriver, disk: Option<Arc<DiskCache>>) -> CudaCache {
     .unwrap()
 }
 
+/// The fake driver, a temporary directory, and a cache on a disk tier in that directory.
+fn fake_with_disk() -> (FakeDriver, TempDir, CudaCache) {
+    let fake = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cache = cache(&fake, Some(disk(&dir)));
+    (fake, dir, cache)
+}
+
 /// A cache on `dir`'s disk tier that has built SAXPY in `context`.
 fn built_on_disk(fake: &FakeDriver, dir: &TempDir, context: CUcontext) -> CudaCache {
     let cold = cache(fake, Some(disk(dir)));
@@ -51,9 +59,7 @@ const OTHER_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
 
 #[test]
 fn cold_path_links_and_loads_once_then_hits() {
-    let fake = FakeDriver::new();
-    let dir = tempfile::tempdir().unwrap();
-    let cache = cache(&fake, Some(disk(&dir)));
+    let (fake, _dir, cache) = fake_with_disk();
     let c0 = fake.create_context(0);
     let pops_before = fake.counter("ctx_pop"); // the one that unbound the new context
 
@@ -352,9 +358,7 @@ fn eight_threads_on_one_cold_key_link_once() {
 
 #[test]
 fn jit_options_reach_the_linker_and_separate_entries() {
-    let fake = FakeDriver::new();
-    let dir = tempfile::tempdir().unwrap();
-    let cache = cache(&fake, Some(disk(&dir)));
+    let (fake, _dir, cache) = fake_with_disk();
     let c0 = fake.create_context(0);
     let ptx = SAXPY_PTX.as_bytes();
     let a = cache.find_or_build_ptx(ctx(c0), ptx, &[]).unwrap();
@@ -384,9 +388,7 @@ fn jit_options_reach_the_linker_and_separate_entries() {
 
 #[test]
 fn a_device_of_another_capability_gets_its_own_cubin() {
-    let fake = FakeDriver::new();
-    let dir = tempfile::tempdir().unwrap();
-    let cache = cache(&fake, Some(disk(&dir)));
+    let (fake, _dir, cache) = fake_with_disk();
     let c0 = fake.create_context(0); // compute capability 8.0
     let c1 = fake.create_context(1); // 9.0
     cache
