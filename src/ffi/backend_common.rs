@@ -5,7 +5,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use super::args::{BackendDisk, backend_tiers, live, read_grown, write_boxed, write_optional};
+use super::args::{
+    BackendDisk, backend_tiers, live, read_grown, write_boxed, write_optional, write_sized,
+};
 use super::status::{guard, kc_status, non_null};
 use crate::disk::DiskCache;
 use crate::error::Result;
@@ -145,4 +147,28 @@ pub unsafe fn evict_by<C: CacheHandle>(
     };
     // SAFETY: forwarded from the caller's contract.
     unsafe { with_cache(cache, call) }
+}
+
+/// The body of `kc_<backend>_cache_stats`: writes what `stats` makes of the inner cache of
+/// `cache` into the caller's `*out` (a `c_name` of at least `min_size` bytes: where its layout
+/// ended before `disk` was appended, so that older callers get the fields they know).
+///
+/// # Safety
+/// `cache` must be NULL or a live handle; `out` NULL or a writable struct of at least its
+/// `struct_size` bytes.
+pub unsafe fn write_stats<C: CacheHandle, S: Copy>(
+    cache: *const C,
+    out: *mut S,
+    c_name: &str,
+    min_size: usize,
+    stats: impl FnOnce(&C::Inner) -> S,
+) -> kc_status {
+    let fill = |inner: &C::Inner| {
+        let stats = stats(inner);
+        non_null(out, "out")?;
+        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
+        unsafe { write_sized(out, stats, "out", c_name, min_size) }
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, fill) }
 }

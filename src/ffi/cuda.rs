@@ -36,9 +36,9 @@ use std::sync::Arc;
 
 use super::args::{
     LeaseHandle, c_str, elements, free_boxed, lease_entry, lease_entry_or_null, lease_into_raw,
-    live, optional_path, release_lease, write_optional, write_sized,
+    live, optional_path, release_lease, write_optional,
 };
-use super::backend_common::{backend_handles, evict_by, new_cache, with_cache};
+use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
@@ -476,10 +476,9 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
     out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    let fill = |cache: &CudaCache| {
+    let stats = |cache: &CudaCache| {
         let s = cache.stats();
-        non_null(out, "out")?;
-        let stats = kc_cuda_cache_statistics {
+        kc_cuda_cache_statistics {
             struct_size: size_of::<kc_cuda_cache_statistics>(),
             memory: s.memory.into(),
             links: s.links,
@@ -492,14 +491,12 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
             nvrtc_compiles: s.nvrtc_compiles,
             nvrtc_failures: s.nvrtc_failures,
             disk: s.disk.into(),
-        };
-        // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_cuda_cache_statistics, disk);
-        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_cuda_cache_statistics", size) }
+        }
     };
+    // Callers compiled before `disk` was appended get the fields they know.
+    let size = offset_of!(kc_cuda_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, fill) }
+    unsafe { write_stats(cache, out, "kc_cuda_cache_statistics", size, stats) }
 }
 
 /// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else

@@ -38,9 +38,9 @@ use std::ptr;
 
 use super::args::{
     LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
-    release_lease, write_sized,
+    release_lease,
 };
-use super::backend_common::{backend_handles, evict_by, new_cache, with_cache};
+use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
@@ -335,10 +335,9 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    let fill = |cache: &OpenClCache| {
+    let stats = |cache: &OpenClCache| {
         let s = cache.stats();
-        non_null(out, "out")?;
-        let stats = kc_opencl_cache_statistics {
+        kc_opencl_cache_statistics {
             struct_size: size_of::<kc_opencl_cache_statistics>(),
             memory: s.memory.into(),
             source_builds: s.source_builds,
@@ -348,14 +347,12 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
             disk_misses: s.disk_misses,
             disk_errors: s.disk_errors,
             disk: s.disk.into(),
-        };
-        // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_opencl_cache_statistics, disk);
-        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_opencl_cache_statistics", size) }
+        }
     };
+    // Callers compiled before `disk` was appended get the fields they know.
+    let size = offset_of!(kc_opencl_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, fill) }
+    unsafe { write_stats(cache, out, "kc_opencl_cache_statistics", size, stats) }
 }
 
 /// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the

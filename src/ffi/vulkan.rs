@@ -14,9 +14,9 @@ use ash::vk::{self, Handle};
 
 use super::args::{
     LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
-    read_sized, release_lease, write_boxed, write_optional, write_sized,
+    read_sized, release_lease, write_boxed, write_optional,
 };
-use super::backend_common::{backend_handles, new_cache, with_cache};
+use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
@@ -553,10 +553,9 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    let fill = |cache: &VulkanCache| {
+    let stats = |cache: &VulkanCache| {
         let s = cache.stats();
-        non_null(out, "out")?;
-        let stats = kc_vulkan_cache_statistics {
+        kc_vulkan_cache_statistics {
             struct_size: size_of::<kc_vulkan_cache_statistics>(),
             memory: s.memory.into(),
             pipelines_created: s.pipelines_created,
@@ -569,14 +568,12 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
             cache_data_merged: s.cache_data_merged,
             disk_errors: s.disk_errors,
             disk: s.disk.into(),
-        };
-        // Callers compiled before `disk` was appended get the fields they know.
-        let size = offset_of!(kc_vulkan_cache_statistics, disk);
-        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", "kc_vulkan_cache_statistics", size) }
+        }
     };
+    // Callers compiled before `disk` was appended get the fields they know.
+    let size = offset_of!(kc_vulkan_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, fill) }
+    unsafe { write_stats(cache, out, "kc_vulkan_cache_statistics", size, stats) }
 }
 
 /// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
