@@ -332,6 +332,11 @@ mod tests {
         b
     }
 
+    /// The key of a builder that must succeed.
+    fn key(builder: &mut KeyBuilder) -> Key {
+        builder.finish().unwrap()
+    }
+
     #[test]
     fn deterministic() {
         assert_eq!(base().finish().unwrap(), base().finish().unwrap());
@@ -395,16 +400,10 @@ mod tests {
 
     #[test]
     fn option_value_and_extra_namespace_change_the_key() {
-        let mut a = base();
-        a.option("-DX", "1");
-        let mut b = base();
-        b.option("-DX", "2");
-        let mut c = base();
-        c.extra("-DX", "1");
         let keys = [
-            a.finish().unwrap(),
-            b.finish().unwrap(),
-            c.finish().unwrap(),
+            key(base().option("-DX", "1")),
+            key(base().option("-DX", "2")),
+            key(base().extra("-DX", "1")),
         ];
         assert_ne!(keys[0], keys[1]);
         assert_ne!(keys[0], keys[2]);
@@ -424,36 +423,25 @@ mod tests {
         let b = undefine_then_define.finish().unwrap();
         assert_ne!(a, b);
         // The sorted options cannot tell these apart: that is what the ordered ones are for.
-        let mut sorted_a = base();
-        sorted_a.option("-DX=1", "").option("-UX", "");
-        let mut sorted_b = base();
-        sorted_b.option("-UX", "").option("-DX=1", "");
-        assert_eq!(sorted_a.finish().unwrap(), sorted_b.finish().unwrap());
+        let sorted_a = key(base().option("-DX=1", "").option("-UX", ""));
+        let sorted_b = key(base().option("-UX", "").option("-DX=1", ""));
+        assert_eq!(sorted_a, sorted_b);
         // Neither the sorted options nor the boundaries between arguments alias them.
-        assert_ne!(a, sorted_a.finish().unwrap());
-        let mut joined = base();
-        joined.ordered_option("-DX=1-UX");
-        assert_ne!(a, joined.finish().unwrap());
-        let mut repeated = base();
-        repeated.ordered_option("-UX").ordered_option("-UX");
-        let mut once = base();
-        once.ordered_option("-UX");
-        assert_ne!(repeated.finish().unwrap(), once.finish().unwrap());
+        assert_ne!(a, sorted_a);
+        assert_ne!(a, key(base().ordered_option("-DX=1-UX")));
+        let repeated = key(base().ordered_option("-UX").ordered_option("-UX"));
+        assert_ne!(repeated, key(base().ordered_option("-UX")));
     }
 
     #[test]
     fn dependency_contents_change_the_key() {
         let mut old_header = base();
         old_header.dependency("defs.h", "#define N 4\n");
-        let mut new_header = base();
-        new_header.dependency("defs.h", "#define N 8\n");
-        let mut renamed = base();
-        renamed.dependency("other.h", "#define N 4\n");
         let keys = [
             base().finish().unwrap(),
             old_header.finish().unwrap(),
-            new_header.finish().unwrap(),
-            renamed.finish().unwrap(),
+            key(base().dependency("defs.h", "#define N 8\n")),
+            key(base().dependency("other.h", "#define N 4\n")),
         ];
         for (i, a) in keys.iter().enumerate() {
             for b in &keys[i + 1..] {
@@ -461,14 +449,10 @@ mod tests {
             }
         }
         // Sorted by name, and a dependency is not an extra of the same name.
-        let mut ab = base();
-        ab.dependency("a.h", "1").dependency("b.h", "2");
-        let mut ba = base();
-        ba.dependency("b.h", "2").dependency("a.h", "1");
-        assert_eq!(ab.finish().unwrap(), ba.finish().unwrap());
-        let mut extra = base();
-        extra.extra("defs.h", "#define N 4\n");
-        assert_ne!(extra.finish().unwrap(), keys[1]);
+        let ab = key(base().dependency("a.h", "1").dependency("b.h", "2"));
+        let ba = key(base().dependency("b.h", "2").dependency("a.h", "1"));
+        assert_eq!(ab, ba);
+        assert_ne!(key(base().extra("defs.h", "#define N 4\n")), keys[1]);
         old_header.dependency("defs.h", "#define N 4\n");
         assert!(matches!(
             old_header.finish(),
