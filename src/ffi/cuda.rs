@@ -247,13 +247,8 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
         let cache = &unsafe { live(cache, "cache") }?.inner;
         non_null(ptx, "ptx")?;
         non_null(out_lease, "out_lease")?;
-        let ptx = if ptx_len == 0 {
-            // SAFETY: NUL-terminated by contract when no length is given.
-            unsafe { CStr::from_ptr(ptx) }.to_bytes()
-        } else {
-            // SAFETY: `ptx_len` readable bytes by contract.
-            unsafe { byte_slice(ptx.cast(), ptx_len, "ptx") }?
-        };
+        // SAFETY: `ptx_len` readable bytes, or NUL-terminated when 0, by contract.
+        let ptx = unsafe { text_bytes(ptx, ptx_len, "ptx") }?;
         // SAFETY: `option_count` entries by contract.
         let options = unsafe { jit_options(options, option_count) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
@@ -263,6 +258,20 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
     })
+}
+
+/// The bytes of `text`: `len` of them, or up to its NUL when `len` is 0.
+///
+/// # Safety
+/// `text` must be non-NULL, and readable for `len` bytes or NUL-terminated when `len` is 0.
+unsafe fn text_bytes<'a>(text: *const c_char, len: usize, name: &str) -> Result<&'a [u8], Error> {
+    if len == 0 {
+        // SAFETY: NUL-terminated by contract when no length is given.
+        Ok(unsafe { CStr::from_ptr(text) }.to_bytes())
+    } else {
+        // SAFETY: `len` readable bytes by contract.
+        unsafe { byte_slice(text.cast(), len, name) }
+    }
 }
 
 /// The C array of JIT options as Rust values.
@@ -311,13 +320,8 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
         let cache = &unsafe { live(cache, "cache") }?.inner;
         non_null(source, "source")?;
         non_null(out_lease, "out_lease")?;
-        let source = if source_len == 0 {
-            // SAFETY: NUL-terminated by contract when no length is given.
-            unsafe { CStr::from_ptr(source) }.to_bytes()
-        } else {
-            // SAFETY: `source_len` readable bytes by contract.
-            unsafe { byte_slice(source.cast(), source_len, "source") }?
-        };
+        // SAFETY: `source_len` readable bytes, or NUL-terminated when 0, by contract.
+        let source = unsafe { text_bytes(source, source_len, "source") }?;
         let source = std::str::from_utf8(source)
             .map_err(|_| Error::InvalidArgument("source is not valid UTF-8".into()))?;
         // SAFETY: `nvrtc_option_count` pointers by contract.
