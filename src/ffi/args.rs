@@ -116,6 +116,17 @@ pub trait LeaseHandle {
     type Value;
 }
 
+/// [`LeaseHandle`] for a lease type on entries keyed by bytes, holding `$value`s.
+macro_rules! lease_handle {
+    ($lease:ty, $value:ty) => {
+        impl $crate::ffi::args::LeaseHandle for $lease {
+            type Key = Vec<u8>;
+            type Value = $value;
+        }
+    };
+}
+pub(super) use lease_handle;
+
 /// The lease as the opaque pointer handed to C.
 pub fn lease_into_raw<H: LeaseHandle>(lease: Lease<H::Key, H::Value>) -> *mut H {
     Arc::into_raw(lease.into_arc()).cast_mut().cast()

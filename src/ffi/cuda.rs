@@ -35,7 +35,7 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    LeaseHandle, c_str, elements, free_boxed, lease_entry, lease_entry_or_null, lease_into_raw,
+    c_str, elements, free_boxed, lease_entry, lease_entry_or_null, lease_handle, lease_into_raw,
     live, optional_path, release_lease, write_optional,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
@@ -56,10 +56,7 @@ pub struct kc_cuda_lease {
     _opaque: [u8; 0],
 }
 
-impl LeaseHandle for kc_cuda_lease {
-    type Key = Vec<u8>;
-    type Value = Module;
-}
+lease_handle!(kc_cuda_lease, Module);
 
 /// How a CUDA cache behaves. Start from `kc_cuda_options_default()`.
 #[repr(C)]

@@ -9,7 +9,7 @@ use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
 
-use super::args::{LeaseHandle, lease_entry_or_null, lease_into_raw, release_lease};
+use super::args::{lease_entry_or_null, lease_handle, lease_into_raw, release_lease};
 use super::cache::RawValue;
 use super::status::{guard_value, null_argument};
 use crate::memory::{Entry, Lease};
@@ -24,10 +24,7 @@ pub struct kc_lease {
     _opaque: [u8; 0],
 }
 
-impl LeaseHandle for kc_lease {
-    type Key = Vec<u8>;
-    type Value = RawValue;
-}
+lease_handle!(kc_lease, RawValue);
 
 /// The value a lease holds, exactly as the build callback returned it. Valid until the lease
 /// is released. NULL if `lease` is NULL.

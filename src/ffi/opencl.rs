@@ -37,7 +37,7 @@ use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
-    LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
+    c_str, elements, free_boxed, lease_entry_or_null, lease_handle, lease_into_raw, live,
     release_lease,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
@@ -58,10 +58,7 @@ pub struct kc_opencl_lease {
     _opaque: [u8; 0],
 }
 
-impl LeaseHandle for kc_opencl_lease {
-    type Key = Vec<u8>;
-    type Value = Program;
-}
+lease_handle!(kc_opencl_lease, Program);
 
 /// How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
 #[repr(C)]

@@ -13,7 +13,7 @@ use std::ptr;
 use ash::vk::{self, Handle};
 
 use super::args::{
-    LeaseHandle, c_str, elements, free_boxed, lease_entry_or_null, lease_into_raw, live,
+    c_str, elements, free_boxed, lease_entry_or_null, lease_handle, lease_into_raw, live,
     read_sized, release_lease, write_boxed, write_optional,
 };
 use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
@@ -49,10 +49,7 @@ pub struct kc_vulkan_lease {
     _opaque: [u8; 0],
 }
 
-impl LeaseHandle for kc_vulkan_lease {
-    type Key = Vec<u8>;
-    type Value = Pipeline;
-}
+lease_handle!(kc_vulkan_lease, Pipeline);
 
 /// `PFN_vkVoidFunction` without `vulkan.h`.
 pub type kc_vulkan_void_fn = Option<unsafe extern "C" fn()>;
