@@ -265,6 +265,14 @@ type FnLaunchKernel = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> c_int;
 type FnCtxSynchronize = unsafe extern "C" fn() -> c_int;
+type FnModuleLoadDataEx = unsafe extern "C" fn(
+    *mut CUmodule,
+    *const c_void,
+    c_uint,
+    *mut c_uint,
+    *mut *mut c_void,
+) -> c_int;
+type FnModuleUnload = unsafe extern "C" fn(CUmodule) -> c_int;
 
 /// The driver entry points a program needs to run a kernel it got from the cache, which kcache
 /// itself never calls: resolved from the library `driver` was loaded from, so that they act on
@@ -279,6 +287,8 @@ struct Launch<'a> {
     memcpy_dtoh: FnMemcpyDtoH,
     launch_kernel: FnLaunchKernel,
     ctx_synchronize: FnCtxSynchronize,
+    module_load_data_ex: FnModuleLoadDataEx,
+    module_unload: FnModuleUnload,
     // Holds one more reference to the library the pointers above come from.
     _library: Library,
 }
@@ -309,6 +319,8 @@ impl Launch<'_> {
                 memcpy_dtoh: symbol(&library, "cuMemcpyDtoH_v2").map_err(lacks)?,
                 launch_kernel: symbol(&library, "cuLaunchKernel").map_err(lacks)?,
                 ctx_synchronize: symbol(&library, "cuCtxSynchronize").map_err(lacks)?,
+                module_load_data_ex: symbol(&library, "cuModuleLoadDataEx").map_err(lacks)?,
+                module_unload: symbol(&library, "cuModuleUnload").map_err(lacks)?,
                 _library: library,
             })
         }
@@ -339,6 +351,36 @@ impl Launch<'_> {
         // SAFETY: guaranteed by the caller.
         let status = unsafe { (self.mem_free)(ptr) };
         self.check("cuMemFree", status)
+    }
+
+    /// `cuModuleLoadDataEx` into the current context, bypassing any cache: a cubin, a fatbin,
+    /// or NUL-terminated PTX, which the driver JIT-compiles (through CUDA's own JIT cache unless
+    /// `CUDA_CACHE_DISABLE=1`). Unload it with [`Launch::unload_module`].
+    fn load_module(&self, image: &[u8]) -> Result<CUmodule> {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is readable for its whole length; the driver parses the ELF header
+        // (or reads PTX up to its NUL) to find the size. No JIT options are passed.
+        let status = unsafe {
+            (self.module_load_data_ex)(
+                &mut module,
+                image.as_ptr().cast(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.check("cuModuleLoadDataEx", status)?;
+        Ok(module)
+    }
+
+    /// `cuModuleUnload` of a module from [`Launch::load_module`].
+    ///
+    /// # Safety
+    /// `module` must be live, loaded in the current context, and not used afterwards.
+    unsafe fn unload_module(&self, module: CUmodule) -> Result<()> {
+        // SAFETY: guaranteed by the caller.
+        let status = unsafe { (self.module_unload)(module) };
+        self.check("cuModuleUnload", status)
     }
 }
 
@@ -414,7 +456,7 @@ impl Saxpy<'_> {
         let context = driver.current_context()?;
         let mut image = SAXPY_PTX.as_bytes().to_vec();
         image.push(0);
-        let module = driver.load_module(&image)?;
+        let module = launch.load_module(&image)?;
         Ok(Saxpy {
             launch,
             context,
@@ -546,7 +588,7 @@ impl Saxpy<'_> {
         self.check_current()?;
         // SAFETY: loaded by `load` in the current context (checked above); `self` is consumed,
         // so nothing uses the module afterwards.
-        unsafe { self.launch.driver.unload_module(*module) }
+        unsafe { self.launch.unload_module(*module) }
     }
 }
 

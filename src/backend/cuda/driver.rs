@@ -423,24 +423,6 @@ impl Driver {
         }
     }
 
-    /// `cuModuleLoadDataEx` into the current context, bypassing any cache: a cubin, a fatbin,
-    /// or NUL-terminated PTX, which the driver JIT-compiles (through CUDA's own JIT cache unless
-    /// `CUDA_CACHE_DISABLE=1`). Unload it with [`Driver::unload_module`].
-    pub fn load_module(&self, image: &[u8]) -> Result<CUmodule> {
-        self.load_image(image)
-            .map_err(|status| self.error("cuModuleLoadDataEx", status))
-    }
-
-    /// `cuModuleUnload` of a module from [`Driver::load_module`].
-    ///
-    /// # Safety
-    /// `module` must be live, loaded in the current context, and not used afterwards.
-    pub unsafe fn unload_module(&self, module: CUmodule) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        let status = unsafe { self.unload(module) };
-        self.check("cuModuleUnload", status)
-    }
-
     /// `cuModuleUnload` in the current context.
     ///
     /// # Safety
