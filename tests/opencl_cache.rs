@@ -11,7 +11,7 @@ use kcache::backend::opencl::{
     CL_BUILD_PROGRAM_FAILURE, OpenClCache, OpenClStats, Program, program_disk_key,
 };
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
-use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
+use kcache_testkit::opencl::{Context, KernelArg, reference_count, run_kernel};
 
 mod opencl_common;
 use opencl_common::{cache_with_disk, memory_only_cache, poison_disk_entry};
@@ -196,14 +196,14 @@ fn build_and_pin(cache: &OpenClCache, context: &Context, tag: &str, count: usize
                 )
                 .unwrap();
             let pin = lease.value().retain().unwrap();
-            assert_eq!(pin.reference_count().unwrap(), 2);
+            assert_eq!(reference_count(&pin).unwrap(), 2);
             pin
         })
         .collect()
 }
 
 fn count(program: &Program) -> u32 {
-    program.reference_count().unwrap()
+    reference_count(program).unwrap()
 }
 
 #[test]

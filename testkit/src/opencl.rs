@@ -37,6 +37,7 @@ const CL_TRUE: cl_bool = 1;
 const CL_DEVICE_TYPE_ALL: cl_bitfield = 0xFFFF_FFFF;
 const CL_MEM_READ_WRITE: cl_bitfield = 1;
 const CL_MEM_COPY_HOST_PTR: cl_bitfield = 1 << 5;
+const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
 
 /// The OpenCL entry points kcache itself never calls. They stay valid as long as `_library`
 /// lives, which is as long as the table.
@@ -75,6 +76,8 @@ struct Api {
         *mut c_void,
     ) -> cl_int,
     clReleaseProgram: unsafe extern "C" fn(cl_program) -> cl_int,
+    clGetProgramInfo:
+        unsafe extern "C" fn(cl_program, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
     clCreateCommandQueue: unsafe extern "C" fn(
         cl_context,
         cl_device_id,
@@ -140,6 +143,7 @@ impl Api {
                 clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
                 clBuildProgram: resolve!(clBuildProgram),
                 clReleaseProgram: resolve!(clReleaseProgram),
+                clGetProgramInfo: resolve!(clGetProgramInfo),
                 clCreateCommandQueue: resolve!(clCreateCommandQueue),
                 clReleaseCommandQueue: resolve!(clReleaseCommandQueue),
                 clFinish: resolve!(clFinish),
@@ -310,6 +314,26 @@ impl Drop for UncachedProgram {
         // SAFETY: the one reference `build_uncached` created, released once.
         unsafe { (self.api.clReleaseProgram)(self.raw) };
     }
+}
+
+/// The driver's reference count of `program` (`CL_PROGRAM_REFERENCE_COUNT`): how many owners
+/// it has, `program` included. Meant for checks, as the specification says.
+pub fn reference_count(program: &Program) -> Result<u32> {
+    let api = Api::get()?;
+    let mut count: cl_uint = 0;
+    // SAFETY: `program` owns a reference, so it is live; the answer is one `cl_uint`, whose
+    // size is passed.
+    let code = unsafe {
+        (api.clGetProgramInfo)(
+            program.raw(),
+            CL_PROGRAM_REFERENCE_COUNT,
+            size_of::<cl_uint>(),
+            (&raw mut count).cast(),
+            ptr::null_mut(),
+        )
+    };
+    check(code, "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)")?;
+    Ok(count)
 }
 
 /// One argument of [`run_kernel`].

@@ -236,18 +236,6 @@ impl Program {
         })
     }
 
-    /// The driver's reference count (`CL_PROGRAM_REFERENCE_COUNT`): how many owners the
-    /// program has, this one included. Meant for checks, as the specification says.
-    pub fn reference_count(&self) -> Result<u32> {
-        // SAFETY: CL_PROGRAM_REFERENCE_COUNT answers one `cl_uint`.
-        unsafe {
-            self.scalar_info(
-                CL_PROGRAM_REFERENCE_COUNT,
-                "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)",
-            )
-        }
-    }
-
     /// A `clGetProgramInfo` query whose answer is one plain value; `what` names it in errors.
     ///
     /// # Safety

@@ -40,7 +40,6 @@ pub const CL_DRIVER_VERSION: cl_uint = 0x102D;
 pub const CL_DEVICE_PLATFORM: cl_uint = 0x1031;
 pub const CL_DEVICE_OPENCL_C_VERSION: cl_uint = 0x103D;
 
-pub const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
 pub const CL_PROGRAM_BINARY_SIZES: cl_uint = 0x1165;
 pub const CL_PROGRAM_BINARIES: cl_uint = 0x1166;
 
