@@ -247,6 +247,7 @@ unsafe impl Sync for Handle {}
 type CUdeviceptr = u64;
 type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> c_int;
 type FnPrimaryCtxRelease = unsafe extern "C" fn(CUdevice) -> c_int;
+type FnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> c_int;
 type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> c_int;
 type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> c_int;
 type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> c_int;
@@ -281,6 +282,7 @@ struct Launch<'a> {
     driver: &'a Driver,
     primary_ctx_retain: FnPrimaryCtxRetain,
     primary_ctx_release: FnPrimaryCtxRelease,
+    ctx_set_current: FnCtxSetCurrent,
     mem_alloc: FnMemAlloc,
     mem_free: FnMemFree,
     memcpy_htod: FnMemcpyHtoD,
@@ -313,6 +315,7 @@ impl Launch<'_> {
                 primary_ctx_retain: symbol(&library, "cuDevicePrimaryCtxRetain").map_err(lacks)?,
                 primary_ctx_release: symbol(&library, "cuDevicePrimaryCtxRelease_v2")
                     .map_err(lacks)?,
+                ctx_set_current: symbol(&library, "cuCtxSetCurrent").map_err(lacks)?,
                 mem_alloc: symbol(&library, "cuMemAlloc_v2").map_err(lacks)?,
                 mem_free: symbol(&library, "cuMemFree_v2").map_err(lacks)?,
                 memcpy_htod: symbol(&library, "cuMemcpyHtoD_v2").map_err(lacks)?,
@@ -343,6 +346,16 @@ impl Launch<'_> {
         let status = unsafe { (self.mem_alloc)(&mut ptr, bytes) };
         self.check("cuMemAlloc", status)?;
         Ok(ptr)
+    }
+
+    /// `cuCtxSetCurrent`: binds `ctx` (or nothing, for NULL) to the calling thread.
+    ///
+    /// # Safety
+    /// `ctx` must be NULL or a live context of this driver.
+    unsafe fn set_current_context(&self, ctx: CUcontext) -> Result<()> {
+        // SAFETY: the caller guarantees `ctx` is NULL or live.
+        let status = unsafe { (self.ctx_set_current)(ctx) };
+        self.check("cuCtxSetCurrent", status)
     }
 
     /// # Safety
@@ -400,7 +413,7 @@ impl PrimaryContext {
         let status = unsafe { (launch.primary_ctx_retain)(&mut context, device) };
         launch.check("cuDevicePrimaryCtxRetain", status)?;
         // SAFETY: retained just above, so live; released only by `release`, after unbinding.
-        unsafe { driver.set_current_context(context) }?;
+        unsafe { launch.set_current_context(context) }?;
         Ok(PrimaryContext {
             driver: Arc::clone(driver),
             device,
@@ -409,9 +422,9 @@ impl PrimaryContext {
 
     /// Unbinds the context from this thread, then releases it; the first error wins.
     pub fn release(self) -> Result<()> {
-        // SAFETY: NULL binds no context.
-        let unbound = unsafe { self.driver.set_current_context(std::ptr::null_mut()) };
         let launch = Launch::new(&self.driver)?;
+        // SAFETY: NULL binds no context.
+        let unbound = unsafe { launch.set_current_context(std::ptr::null_mut()) };
         // SAFETY: `bind` took the retain this gives back, and the context is no longer current
         // here; whoever loaded modules in it has dropped them before releasing (documented).
         let status = unsafe { (launch.primary_ctx_release)(self.device) };
