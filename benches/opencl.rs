@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group};
-use kcache::backend::opencl::runtime::{self, Context};
-use kcache::backend::opencl::sys::Api;
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::opencl::Context;
 
 const SOURCE: &str = r#"
 __kernel void nbody_step(__global float4 *pos, __global float4 *vel, float dt, int n) {
@@ -98,9 +97,7 @@ fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
 /// The child side: times `iters` lookups, each in a new context (and, for kcache, a new
 /// cache), so nothing but the tier under test can answer.
 fn child(mode: Mode, iters: u64, dir: &Path) {
-    let api = Api::get().unwrap();
     let device = Context::first_device().unwrap().device();
-    let options = std::ffi::CString::new("").unwrap();
     let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
     let mut total = Duration::ZERO;
     for _ in 0..iters {
@@ -108,9 +105,7 @@ fn child(mode: Mode, iters: u64, dir: &Path) {
         match mode {
             Mode::Cold | Mode::PoclHit => {
                 let start = Instant::now();
-                let program =
-                    runtime::build_from_source(api, context.context(), device, &[SOURCE], &options)
-                        .unwrap();
+                let program = context.build_uncached(&[SOURCE], "").unwrap();
                 total += start.elapsed();
                 drop(program);
             }

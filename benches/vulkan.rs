@@ -18,18 +18,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group};
-use kcache::backend::vulkan::{LayoutDesc, PipelineSpec, SpecConstant, VulkanCache, VulkanDevice};
+use kcache::backend::vulkan::{PipelineSpec, VulkanCache, VulkanDevice};
 use kcache_testkit::vulkan::TestGpu;
-use vulkan_common::{cache, layout, spec, spirv, vulkan};
+use vulkan_common::{cache, spec, vulkan};
 
 struct Setup {
     gpu: Arc<TestGpu>,
     cache: VulkanCache,
     device: VulkanDevice,
     spec: PipelineSpec,
-    /// The parts of `spec`, for the uncached peer.
-    specialization: [SpecConstant; 1],
-    layout: LayoutDesc,
 }
 
 fn setup() -> Setup {
@@ -44,8 +41,6 @@ fn setup() -> Setup {
         cache,
         device,
         spec,
-        specialization: [SpecConstant::u32(0, 3)],
-        layout: layout(),
     }
 }
 
@@ -68,9 +63,7 @@ fn spec_and_hit(s: &Setup) {
 }
 
 fn create(s: &Setup) {
-    s.gpu
-        .create_pipeline_uncached(spirv(), c"main", &s.specialization, &s.layout)
-        .unwrap();
+    s.gpu.create_pipeline_uncached(&s.spec).unwrap();
 }
 
 fn pipelines(c: &mut Criterion) {

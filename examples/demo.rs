@@ -13,11 +13,9 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kcache::backend::opencl::runtime::{Context, DeviceIdentity};
-use kcache::backend::opencl::sys::Api;
-use kcache::backend::opencl::{OpenClCache, OpenClOptions, OpenClStats, Program};
+use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, OpenClStats, Program};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache_testkit::opencl::{KernelArg, run_kernel};
+use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
 
 const SOURCE: &str = r#"
 // C = A * B for N x N row-major matrices, one work item per element of C.
@@ -134,7 +132,7 @@ fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
     let dir = dir.unwrap_or_else(|| temporary.as_ref().unwrap().path().to_path_buf());
 
     let context = Context::first_device()?;
-    let identity = DeviceIdentity::query(Api::get()?, context.device())?;
+    let identity = DeviceIdentity::query(context.device())?;
     println!("kcache demo: OpenCL program cache");
     println!("  platform   {}", identity.platform_name);
     println!("  device     {}", identity.device_name);

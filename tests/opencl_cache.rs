@@ -7,11 +7,11 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use kcache::Error;
-use kcache::backend::opencl::runtime::Context;
-use kcache::backend::opencl::sys::CL_BUILD_PROGRAM_FAILURE;
-use kcache::backend::opencl::{OpenClCache, OpenClStats, Program, ProgramLease, program_disk_key};
+use kcache::backend::opencl::{
+    CL_BUILD_PROGRAM_FAILURE, OpenClCache, OpenClStats, Program, ProgramLease, program_disk_key,
+};
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
-use kcache_testkit::opencl::{KernelArg, run_kernel};
+use kcache_testkit::opencl::{Context, KernelArg, reference_count, run_kernel};
 
 mod opencl_common;
 use opencl_common::{cache_with_disk, memory_only_cache, poison_disk_entry};
@@ -193,14 +193,14 @@ fn build_and_pin(cache: &OpenClCache, context: &Context, tag: &str, count: usize
                 )
                 .unwrap();
             let pin = lease.value().retain().unwrap();
-            assert_eq!(pin.reference_count().unwrap(), 2);
+            assert_eq!(reference_count(&pin).unwrap(), 2);
             pin
         })
         .collect()
 }
 
 fn count(program: &Program) -> u32 {
-    program.reference_count().unwrap()
+    reference_count(program).unwrap()
 }
 
 #[test]

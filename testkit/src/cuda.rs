@@ -247,6 +247,7 @@ unsafe impl Sync for Handle {}
 type CUdeviceptr = u64;
 type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> c_int;
 type FnPrimaryCtxRelease = unsafe extern "C" fn(CUdevice) -> c_int;
+type FnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> c_int;
 type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> c_int;
 type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> c_int;
 type FnMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> c_int;
@@ -265,6 +266,14 @@ type FnLaunchKernel = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> c_int;
 type FnCtxSynchronize = unsafe extern "C" fn() -> c_int;
+type FnModuleLoadDataEx = unsafe extern "C" fn(
+    *mut CUmodule,
+    *const c_void,
+    c_uint,
+    *mut c_uint,
+    *mut *mut c_void,
+) -> c_int;
+type FnModuleUnload = unsafe extern "C" fn(CUmodule) -> c_int;
 
 /// The driver entry points a program needs to run a kernel it got from the cache, which kcache
 /// itself never calls: resolved from the library `driver` was loaded from, so that they act on
@@ -273,12 +282,15 @@ struct Launch<'a> {
     driver: &'a Driver,
     primary_ctx_retain: FnPrimaryCtxRetain,
     primary_ctx_release: FnPrimaryCtxRelease,
+    ctx_set_current: FnCtxSetCurrent,
     mem_alloc: FnMemAlloc,
     mem_free: FnMemFree,
     memcpy_htod: FnMemcpyHtoD,
     memcpy_dtoh: FnMemcpyDtoH,
     launch_kernel: FnLaunchKernel,
     ctx_synchronize: FnCtxSynchronize,
+    module_load_data_ex: FnModuleLoadDataEx,
+    module_unload: FnModuleUnload,
     // Holds one more reference to the library the pointers above come from.
     _library: Library,
 }
@@ -303,12 +315,15 @@ impl Launch<'_> {
                 primary_ctx_retain: symbol(&library, "cuDevicePrimaryCtxRetain").map_err(lacks)?,
                 primary_ctx_release: symbol(&library, "cuDevicePrimaryCtxRelease_v2")
                     .map_err(lacks)?,
+                ctx_set_current: symbol(&library, "cuCtxSetCurrent").map_err(lacks)?,
                 mem_alloc: symbol(&library, "cuMemAlloc_v2").map_err(lacks)?,
                 mem_free: symbol(&library, "cuMemFree_v2").map_err(lacks)?,
                 memcpy_htod: symbol(&library, "cuMemcpyHtoD_v2").map_err(lacks)?,
                 memcpy_dtoh: symbol(&library, "cuMemcpyDtoH_v2").map_err(lacks)?,
                 launch_kernel: symbol(&library, "cuLaunchKernel").map_err(lacks)?,
                 ctx_synchronize: symbol(&library, "cuCtxSynchronize").map_err(lacks)?,
+                module_load_data_ex: symbol(&library, "cuModuleLoadDataEx").map_err(lacks)?,
+                module_unload: symbol(&library, "cuModuleUnload").map_err(lacks)?,
                 _library: library,
             })
         }
@@ -333,12 +348,52 @@ impl Launch<'_> {
         Ok(ptr)
     }
 
+    /// `cuCtxSetCurrent`: binds `ctx` (or nothing, for NULL) to the calling thread.
+    ///
+    /// # Safety
+    /// `ctx` must be NULL or a live context of this driver.
+    unsafe fn set_current_context(&self, ctx: CUcontext) -> Result<()> {
+        // SAFETY: the caller guarantees `ctx` is NULL or live.
+        let status = unsafe { (self.ctx_set_current)(ctx) };
+        self.check("cuCtxSetCurrent", status)
+    }
+
     /// # Safety
     /// `ptr` must come from [`Launch::mem_alloc`] and be freed once.
     unsafe fn mem_free(&self, ptr: CUdeviceptr) -> Result<()> {
         // SAFETY: guaranteed by the caller.
         let status = unsafe { (self.mem_free)(ptr) };
         self.check("cuMemFree", status)
+    }
+
+    /// `cuModuleLoadDataEx` into the current context, bypassing any cache: a cubin, a fatbin,
+    /// or NUL-terminated PTX, which the driver JIT-compiles (through CUDA's own JIT cache unless
+    /// `CUDA_CACHE_DISABLE=1`). Unload it with [`Launch::unload_module`].
+    fn load_module(&self, image: &[u8]) -> Result<CUmodule> {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is readable for its whole length; the driver parses the ELF header
+        // (or reads PTX up to its NUL) to find the size. No JIT options are passed.
+        let status = unsafe {
+            (self.module_load_data_ex)(
+                &mut module,
+                image.as_ptr().cast(),
+                0,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        self.check("cuModuleLoadDataEx", status)?;
+        Ok(module)
+    }
+
+    /// `cuModuleUnload` of a module from [`Launch::load_module`].
+    ///
+    /// # Safety
+    /// `module` must be live, loaded in the current context, and not used afterwards.
+    unsafe fn unload_module(&self, module: CUmodule) -> Result<()> {
+        // SAFETY: guaranteed by the caller.
+        let status = unsafe { (self.module_unload)(module) };
+        self.check("cuModuleUnload", status)
     }
 }
 
@@ -358,7 +413,7 @@ impl PrimaryContext {
         let status = unsafe { (launch.primary_ctx_retain)(&mut context, device) };
         launch.check("cuDevicePrimaryCtxRetain", status)?;
         // SAFETY: retained just above, so live; released only by `release`, after unbinding.
-        unsafe { driver.set_current_context(context) }?;
+        unsafe { launch.set_current_context(context) }?;
         Ok(PrimaryContext {
             driver: Arc::clone(driver),
             device,
@@ -367,9 +422,9 @@ impl PrimaryContext {
 
     /// Unbinds the context from this thread, then releases it; the first error wins.
     pub fn release(self) -> Result<()> {
-        // SAFETY: NULL binds no context.
-        let unbound = unsafe { self.driver.set_current_context(std::ptr::null_mut()) };
         let launch = Launch::new(&self.driver)?;
+        // SAFETY: NULL binds no context.
+        let unbound = unsafe { launch.set_current_context(std::ptr::null_mut()) };
         // SAFETY: `bind` took the retain this gives back, and the context is no longer current
         // here; whoever loaded modules in it has dropped them before releasing (documented).
         let status = unsafe { (launch.primary_ctx_release)(self.device) };
@@ -414,7 +469,7 @@ impl Saxpy<'_> {
         let context = driver.current_context()?;
         let mut image = SAXPY_PTX.as_bytes().to_vec();
         image.push(0);
-        let module = driver.load_module(&image)?;
+        let module = launch.load_module(&image)?;
         Ok(Saxpy {
             launch,
             context,
@@ -546,7 +601,7 @@ impl Saxpy<'_> {
         self.check_current()?;
         // SAFETY: loaded by `load` in the current context (checked above); `self` is consumed,
         // so nothing uses the module afterwards.
-        unsafe { self.launch.driver.unload_module(*module) }
+        unsafe { self.launch.unload_module(*module) }
     }
 }
 

@@ -1,17 +1,166 @@
-//! Running a 1-D OpenCL kernel, which is what the tests and the demo need to prove that a cached
-//! program really works. Through kcache's loaded runtime, so that the kernel runs in the same
-//! OpenCL library as the program was built by.
+//! OpenCL for the tests, the demo and the benchmarks: a context of their own on the first
+//! device, a plain driver build to compare kcache with, and a runner for 1-D kernels, which is
+//! what they need to prove that a cached program really works. The entry points come from the
+//! library kcache loads (`KCACHE_OPENCL_LIBRARY`, else `libOpenCL.so.1`), so that kernels run
+//! in the same OpenCL library as the programs were built by.
 
-use std::ffi::CString;
+#![allow(non_camel_case_types)]
+
+use std::ffi::{CString, OsString, c_char, c_void};
+use std::path::Path;
 use std::ptr;
+use std::sync::OnceLock;
 
-use kcache::backend::opencl::Program;
-use kcache::backend::opencl::runtime::Context;
-use kcache::backend::opencl::sys::{
-    Api, CL_MEM_COPY_HOST_PTR, CL_MEM_READ_WRITE, CL_SUCCESS, CL_TRUE, cl_command_queue, cl_int,
-    cl_kernel, cl_mem, cl_uint, status_name,
+use kcache::backend::library::{self, RuntimeLibrary};
+use kcache::backend::opencl::{
+    ContextRef, Device, OpenClCache, OpenClOptions, Program, cl_context, cl_device_id, cl_int,
+    cl_program, status_name,
 };
 use kcache::{Error, Result};
+
+type cl_uint = u32;
+type cl_bool = cl_uint;
+type cl_bitfield = u64;
+type cl_platform_id = *mut c_void;
+type cl_command_queue = *mut c_void;
+type cl_kernel = *mut c_void;
+type cl_mem = *mut c_void;
+type cl_event = *mut c_void;
+type cl_context_properties = isize;
+type ContextNotify = Option<unsafe extern "C" fn(*const c_char, *const c_void, usize, *mut c_void)>;
+type BuildNotify = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
+
+const CL_SUCCESS: cl_int = 0;
+const CL_DEVICE_NOT_FOUND: cl_int = -1;
+const CL_PLATFORM_NOT_FOUND_KHR: cl_int = -1001;
+const CL_TRUE: cl_bool = 1;
+const CL_DEVICE_TYPE_ALL: cl_bitfield = 0xFFFF_FFFF;
+const CL_MEM_READ_WRITE: cl_bitfield = 1;
+const CL_MEM_COPY_HOST_PTR: cl_bitfield = 1 << 5;
+const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
+
+/// The OpenCL entry points kcache itself never calls. They stay valid as long as `_library`
+/// lives, which is as long as the table.
+#[allow(non_snake_case)]
+struct Api {
+    clGetPlatformIDs: unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int,
+    clGetDeviceIDs: unsafe extern "C" fn(
+        cl_platform_id,
+        cl_bitfield,
+        cl_uint,
+        *mut cl_device_id,
+        *mut cl_uint,
+    ) -> cl_int,
+    clCreateContext: unsafe extern "C" fn(
+        *const cl_context_properties,
+        cl_uint,
+        *const cl_device_id,
+        ContextNotify,
+        *mut c_void,
+        *mut cl_int,
+    ) -> cl_context,
+    clReleaseContext: unsafe extern "C" fn(cl_context) -> cl_int,
+    clCreateProgramWithSource: unsafe extern "C" fn(
+        cl_context,
+        cl_uint,
+        *const *const c_char,
+        *const usize,
+        *mut cl_int,
+    ) -> cl_program,
+    clBuildProgram: unsafe extern "C" fn(
+        cl_program,
+        cl_uint,
+        *const cl_device_id,
+        *const c_char,
+        BuildNotify,
+        *mut c_void,
+    ) -> cl_int,
+    clReleaseProgram: unsafe extern "C" fn(cl_program) -> cl_int,
+    clGetProgramInfo:
+        unsafe extern "C" fn(cl_program, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
+    clCreateCommandQueue: unsafe extern "C" fn(
+        cl_context,
+        cl_device_id,
+        cl_bitfield,
+        *mut cl_int,
+    ) -> cl_command_queue,
+    clReleaseCommandQueue: unsafe extern "C" fn(cl_command_queue) -> cl_int,
+    clFinish: unsafe extern "C" fn(cl_command_queue) -> cl_int,
+    clCreateKernel: unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel,
+    clReleaseKernel: unsafe extern "C" fn(cl_kernel) -> cl_int,
+    clSetKernelArg: unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int,
+    clCreateBuffer:
+        unsafe extern "C" fn(cl_context, cl_bitfield, usize, *mut c_void, *mut cl_int) -> cl_mem,
+    clReleaseMemObject: unsafe extern "C" fn(cl_mem) -> cl_int,
+    clEnqueueReadBuffer: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_mem,
+        cl_bool,
+        usize,
+        usize,
+        *mut c_void,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
+    clEnqueueNDRangeKernel: unsafe extern "C" fn(
+        cl_command_queue,
+        cl_kernel,
+        cl_uint,
+        *const usize,
+        *const usize,
+        *const usize,
+        cl_uint,
+        *const cl_event,
+        *mut cl_event,
+    ) -> cl_int,
+    _library: RuntimeLibrary,
+}
+
+impl Api {
+    /// The process-wide table. kcache loads its library first (making a cache does), which
+    /// also runs the first platform query where only one thread gets: not every driver takes
+    /// concurrent first queries. Its error, `Unavailable` without a library, is this one's.
+    fn get() -> Result<&'static Api> {
+        static API: OnceLock<Result<Api>> = OnceLock::new();
+        API.get_or_init(|| {
+            drop(OpenClCache::new(OpenClOptions::default())?);
+            let path = library::from_env("KCACHE_OPENCL_LIBRARY")
+                .unwrap_or_else(|| OsString::from("libOpenCL.so.1"));
+            let library = RuntimeLibrary::open("OpenCL library", Path::new(&path))?;
+            macro_rules! resolve {
+                ($name:ident) => {
+                    // SAFETY: the field's type is the prototype the OpenCL specification gives
+                    // for this symbol, and the pointer is kept only alongside `library`.
+                    unsafe { library.symbol(stringify!($name)) }?
+                };
+            }
+            Ok(Api {
+                clGetPlatformIDs: resolve!(clGetPlatformIDs),
+                clGetDeviceIDs: resolve!(clGetDeviceIDs),
+                clCreateContext: resolve!(clCreateContext),
+                clReleaseContext: resolve!(clReleaseContext),
+                clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
+                clBuildProgram: resolve!(clBuildProgram),
+                clReleaseProgram: resolve!(clReleaseProgram),
+                clGetProgramInfo: resolve!(clGetProgramInfo),
+                clCreateCommandQueue: resolve!(clCreateCommandQueue),
+                clReleaseCommandQueue: resolve!(clReleaseCommandQueue),
+                clFinish: resolve!(clFinish),
+                clCreateKernel: resolve!(clCreateKernel),
+                clReleaseKernel: resolve!(clReleaseKernel),
+                clSetKernelArg: resolve!(clSetKernelArg),
+                clCreateBuffer: resolve!(clCreateBuffer),
+                clReleaseMemObject: resolve!(clReleaseMemObject),
+                clEnqueueReadBuffer: resolve!(clEnqueueReadBuffer),
+                clEnqueueNDRangeKernel: resolve!(clEnqueueNDRangeKernel),
+                _library: library,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+}
 
 fn check(code: cl_int, what: &str) -> Result<()> {
     if code == CL_SUCCESS {
@@ -22,6 +171,169 @@ fn check(code: cl_int, what: &str) -> Result<()> {
             status_name(code)
         )))
     }
+}
+
+/// A context on one device, owned and released on drop.
+pub struct Context {
+    api: &'static Api,
+    context: cl_context,
+    device: Device,
+}
+
+// SAFETY: OpenCL contexts are thread-safe objects (OpenCL 1.1+, appendix A.2), and `Context`
+// adds no unsynchronised state of its own.
+unsafe impl Send for Context {}
+// SAFETY: as above.
+unsafe impl Sync for Context {}
+
+impl Context {
+    /// A context on the first device of the first platform that has one.
+    pub fn first_device() -> Result<Context> {
+        let api = Api::get()?;
+        let mut count: cl_uint = 0;
+        // SAFETY: a null list with 0 entries only asks for the count.
+        let code = unsafe { (api.clGetPlatformIDs)(0, ptr::null_mut(), &mut count) };
+        let mut platforms = vec![ptr::null_mut(); count as usize];
+        if code != CL_PLATFORM_NOT_FOUND_KHR && count > 0 {
+            check(code, "clGetPlatformIDs")?;
+            // SAFETY: `platforms` has room for `count` handles.
+            let code =
+                unsafe { (api.clGetPlatformIDs)(count, platforms.as_mut_ptr(), ptr::null_mut()) };
+            check(code, "clGetPlatformIDs")?;
+        }
+        for platform in platforms {
+            let mut device: cl_device_id = ptr::null_mut();
+            // SAFETY: room for one device handle; the count is not asked for.
+            let code = unsafe {
+                (api.clGetDeviceIDs)(
+                    platform,
+                    CL_DEVICE_TYPE_ALL,
+                    1,
+                    &mut device,
+                    ptr::null_mut(),
+                )
+            };
+            if code == CL_DEVICE_NOT_FOUND {
+                continue;
+            }
+            check(code, "clGetDeviceIDs")?;
+            // SAFETY: a root device the platform reported, never released.
+            return Context::new(unsafe { Device::from_raw(device) });
+        }
+        Err(Error::Unavailable("no OpenCL device found".into()))
+    }
+
+    pub fn new(device: Device) -> Result<Context> {
+        let api = Api::get()?;
+        let mut code = CL_SUCCESS;
+        // SAFETY: one live device handle, no properties, no callback.
+        let context = unsafe {
+            (api.clCreateContext)(
+                ptr::null(),
+                1,
+                &device.raw(),
+                None,
+                ptr::null_mut(),
+                &mut code,
+            )
+        };
+        check(code, "clCreateContext")?;
+        Ok(Context {
+            api,
+            context,
+            device,
+        })
+    }
+
+    /// The context, borrowed for as long as `self` lives.
+    pub fn context(&self) -> ContextRef<'_> {
+        // SAFETY: `self` owns the context and releases it only on drop.
+        unsafe { ContextRef::from_raw(self.context) }
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// `clCreateProgramWithSource` + `clBuildProgram` of `sources` with `options`, without
+    /// kcache: what a program without a cache does, for comparing with it. The program is
+    /// released when the result is dropped.
+    pub fn build_uncached(&self, sources: &[&str], options: &str) -> Result<UncachedProgram> {
+        let api = self.api;
+        let strings: Vec<*const c_char> = sources.iter().map(|s| s.as_ptr().cast()).collect();
+        let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
+        let options = CString::new(options)
+            .map_err(|_| Error::InvalidArgument("build options contain a NUL byte".into()))?;
+        let mut code = CL_SUCCESS;
+        // SAFETY: the context is live; `strings` and `lengths` hold one entry per source, each
+        // pointer valid for its length (given, so no NUL terminator is needed).
+        let raw = unsafe {
+            (api.clCreateProgramWithSource)(
+                self.context,
+                cl_uint::try_from(sources.len()).expect("a few sources"),
+                strings.as_ptr(),
+                lengths.as_ptr(),
+                &mut code,
+            )
+        };
+        check(code, "clCreateProgramWithSource")?;
+        let program = UncachedProgram { api, raw };
+        // SAFETY: the program is live and belongs to this context, which contains the device;
+        // `options` outlives the call; without a callback the build is synchronous.
+        let code = unsafe {
+            (api.clBuildProgram)(
+                raw,
+                1,
+                &self.device.raw(),
+                options.as_ptr(),
+                None,
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clBuildProgram")?;
+        Ok(program)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the context was created by `Context::new` and is released exactly once;
+        // programs built in the context hold their own reference to it.
+        unsafe { (self.api.clReleaseContext)(self.context) };
+    }
+}
+
+/// A program from [`Context::build_uncached`], released on drop.
+pub struct UncachedProgram {
+    api: &'static Api,
+    raw: cl_program,
+}
+
+impl Drop for UncachedProgram {
+    fn drop(&mut self) {
+        // SAFETY: the one reference `build_uncached` created, released once.
+        unsafe { (self.api.clReleaseProgram)(self.raw) };
+    }
+}
+
+/// The driver's reference count of `program` (`CL_PROGRAM_REFERENCE_COUNT`): how many owners
+/// it has, `program` included. Meant for checks, as the specification says.
+pub fn reference_count(program: &Program) -> Result<u32> {
+    let api = Api::get()?;
+    let mut count: cl_uint = 0;
+    // SAFETY: `program` owns a reference, so it is live; the answer is one `cl_uint`, whose
+    // size is passed.
+    let code = unsafe {
+        (api.clGetProgramInfo)(
+            program.raw(),
+            CL_PROGRAM_REFERENCE_COUNT,
+            size_of::<cl_uint>(),
+            (&raw mut count).cast(),
+            ptr::null_mut(),
+        )
+    };
+    check(code, "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)")?;
+    Ok(count)
 }
 
 /// One argument of [`run_kernel`].
@@ -41,19 +353,13 @@ pub fn run_kernel(
     args: &mut [KernelArg<'_>],
     global: usize,
 ) -> Result<()> {
-    let api = Api::get()?;
+    let api = context.api;
     let name = CString::new(kernel)
         .map_err(|_| Error::InvalidArgument("kernel name contains a NUL byte".into()))?;
     let mut code = CL_SUCCESS;
     // SAFETY: `context` owns a live context on its device; no queue properties.
-    let queue = unsafe {
-        (api.clCreateCommandQueue)(
-            context.context().raw(),
-            context.device().raw(),
-            0,
-            &mut code,
-        )
-    };
+    let queue =
+        unsafe { (api.clCreateCommandQueue)(context.context, context.device.raw(), 0, &mut code) };
     check(code, "clCreateCommandQueue")?;
     // SAFETY: `program` is live (it owns a reference); `name` is a C string.
     let k = unsafe { (api.clCreateKernel)(program.raw(), name.as_ptr(), &mut code) };
@@ -92,7 +398,7 @@ fn launch(
                 // call and keeps no pointer to it.
                 let mem = unsafe {
                     (api.clCreateBuffer)(
-                        context.context().raw(),
+                        context.context,
                         CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
                         size_of_val(*data),
                         data.as_mut_ptr().cast(),

@@ -4,7 +4,7 @@
 use std::ffi::CStr;
 
 use ash::vk;
-use kcache::backend::vulkan::{DeviceOwner, LayoutDesc, Pipeline, SpecConstant};
+use kcache::backend::vulkan::{DeviceOwner, Pipeline, PipelineSpec, create_uncached};
 use kcache::{Error, Result};
 
 fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
@@ -124,70 +124,13 @@ impl TestGpu {
 
     /// What a caller without a cache does for each pipeline: shader module, layouts and one
     /// `vkCreateComputePipelines` with no pipeline cache, then destroys them all. The peer of
-    /// a cache hit in the benchmarks; takes the parts of a `PipelineSpec`.
-    pub fn create_pipeline_uncached(
-        &self,
-        spirv: &[u32],
-        entry_point: &CStr,
-        specialization: &[SpecConstant],
-        desc: &LayoutDesc,
-    ) -> Result<()> {
-        let d = &self.device;
-        let mut set_layouts = Vec::new();
-        let mut module = vk::ShaderModule::null();
-        let mut layout = vk::PipelineLayout::null();
-        let result = (|| {
-            // SAFETY: live device; the set layouts are destroyed below whatever the outcome.
-            layout = unsafe { create_layouts(d, desc, &mut set_layouts) }?;
-            let info = vk::ShaderModuleCreateInfo::default().code(spirv);
-            // SAFETY: live device; the caller passes SPIR-V that a `PipelineSpec` accepted.
-            module = unsafe { d.create_shader_module(&info, None) }
-                .map_err(vk_err("vkCreateShaderModule"))?;
-            let mut data = Vec::new();
-            let entries: Vec<vk::SpecializationMapEntry> = specialization
-                .iter()
-                .map(|c| {
-                    let entry = vk::SpecializationMapEntry {
-                        constant_id: c.id,
-                        offset: data.len() as u32,
-                        size: c.value.len(),
-                    };
-                    data.extend_from_slice(&c.value);
-                    entry
-                })
-                .collect();
-            let specialization = vk::SpecializationInfo::default()
-                .map_entries(&entries)
-                .data(&data);
-            let mut stage = vk::PipelineShaderStageCreateInfo::default()
-                .stage(vk::ShaderStageFlags::COMPUTE)
-                .module(module)
-                .name(entry_point);
-            if !entries.is_empty() {
-                stage = stage.specialization_info(&specialization);
-            }
-            let info = vk::ComputePipelineCreateInfo::default()
-                .stage(stage)
-                .layout(layout);
-            // SAFETY: live device; module and layout were created from it; no pipeline cache;
-            // the create info outlives the call.
-            let pipeline =
-                unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) }
-                    .map(|pipelines| pipelines[0])
-                    .map_err(|(_, r)| vk_err("vkCreateComputePipelines")(r))?;
-            // SAFETY: the pipeline was just created and is not in use.
-            unsafe { d.destroy_pipeline(pipeline, None) };
-            Ok(())
-        })();
-        // SAFETY: nothing uses these objects any more; null handles are ignored.
-        unsafe {
-            d.destroy_shader_module(module, None);
-            d.destroy_pipeline_layout(layout, None);
-            for set in set_layouts {
-                d.destroy_descriptor_set_layout(set, None);
-            }
-        }
-        result
+    /// a cache hit in the benchmarks.
+    pub fn create_pipeline_uncached(&self, spec: &PipelineSpec) -> Result<()> {
+        // SAFETY: the device lives as long as `self`.
+        let pipeline = unsafe { create_uncached(&self.device, spec) }.map_err(Error::Build)?;
+        // SAFETY: created just above on this device, and never used.
+        unsafe { pipeline.destroy(&self.device) };
+        Ok(())
     }
 
     fn memory_type(&self, bits: u32, flags: vk::MemoryPropertyFlags) -> Result<u32> {
@@ -411,48 +354,4 @@ fn device_name(props: &vk::PhysicalDeviceProperties) -> String {
         .map(CStr::to_string_lossy)
         .map(|s| s.into_owned())
         .unwrap_or_default()
-}
-
-/// Creates the descriptor-set layouts of `desc`, then the pipeline layout over them, as kcache
-/// does for a pipeline. Each set layout is pushed onto `set_layouts` as soon as it exists, so
-/// that the caller destroys what was made whatever the outcome.
-///
-/// # Safety
-/// `d` must be the function table of a live device.
-unsafe fn create_layouts(
-    d: &ash::Device,
-    desc: &LayoutDesc,
-    set_layouts: &mut Vec<vk::DescriptorSetLayout>,
-) -> Result<vk::PipelineLayout> {
-    for set in &desc.sets {
-        let bindings: Vec<vk::DescriptorSetLayoutBinding> = set
-            .iter()
-            .map(|b| {
-                vk::DescriptorSetLayoutBinding::default()
-                    .binding(b.binding)
-                    .descriptor_type(b.descriptor_type)
-                    .descriptor_count(b.count)
-                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
-            })
-            .collect();
-        let info = vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings);
-        // SAFETY: live device (caller's contract); the create info outlives the call.
-        let set_layout = unsafe { d.create_descriptor_set_layout(&info, None) }
-            .map_err(vk_err("vkCreateDescriptorSetLayout"))?;
-        set_layouts.push(set_layout);
-    }
-    let ranges: Vec<vk::PushConstantRange> = desc
-        .push_constants
-        .iter()
-        .map(|pc| vk::PushConstantRange {
-            stage_flags: vk::ShaderStageFlags::COMPUTE,
-            offset: pc.offset,
-            size: pc.size,
-        })
-        .collect();
-    let info = vk::PipelineLayoutCreateInfo::default()
-        .set_layouts(set_layouts)
-        .push_constant_ranges(&ranges);
-    // SAFETY: live device; the set layouts were just created from it.
-    unsafe { d.create_pipeline_layout(&info, None) }.map_err(vk_err("vkCreatePipelineLayout"))
 }

@@ -4,9 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcache::backend::opencl::runtime::Context;
 use kcache::backend::opencl::{OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::opencl::Context;
 
 pub fn memory_only_cache() -> OpenClCache {
     OpenClCache::new(OpenClOptions::default()).unwrap()

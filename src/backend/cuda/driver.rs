@@ -39,7 +39,6 @@ type FnDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
 type FnDeviceGetName = unsafe extern "C" fn(*mut c_char, c_int, CUdevice) -> CUresult;
 type FnDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult;
 type FnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-type FnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
 type FnCtxPushCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
 type FnCtxPopCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 type FnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
@@ -79,7 +78,6 @@ pub struct Driver {
     device_get_name: FnDeviceGetName,
     device_get_attribute: FnDeviceGetAttribute,
     ctx_get_current: FnCtxGetCurrent,
-    ctx_set_current: FnCtxSetCurrent,
     ctx_push_current: FnCtxPushCurrent,
     ctx_pop_current: FnCtxPopCurrent,
     ctx_get_device: FnCtxGetDevice,
@@ -127,7 +125,6 @@ impl Driver {
                 device_get_name: library.symbol("cuDeviceGetName")?,
                 device_get_attribute: library.symbol("cuDeviceGetAttribute")?,
                 ctx_get_current: library.symbol("cuCtxGetCurrent")?,
-                ctx_set_current: library.symbol("cuCtxSetCurrent")?,
                 ctx_push_current: library.symbol("cuCtxPushCurrent_v2")?,
                 ctx_pop_current: library.symbol("cuCtxPopCurrent_v2")?,
                 ctx_get_device: library.symbol("cuCtxGetDevice")?,
@@ -248,16 +245,6 @@ impl Driver {
         let status = unsafe { (self.ctx_get_current)(&mut ctx) };
         self.check("cuCtxGetCurrent", status)?;
         Ok(ctx)
-    }
-
-    /// `cuCtxSetCurrent`: binds `ctx` (or nothing, for NULL) to the calling thread.
-    ///
-    /// # Safety
-    /// `ctx` must be NULL or a live context of this driver.
-    pub unsafe fn set_current_context(&self, ctx: CUcontext) -> Result<()> {
-        // SAFETY: the caller guarantees `ctx` is NULL or live.
-        let status = unsafe { (self.ctx_set_current)(ctx) };
-        self.check("cuCtxSetCurrent", status)
     }
 
     /// Runs `f` with `ctx` current on this thread, restoring the previous binding afterwards.
@@ -421,24 +408,6 @@ impl Driver {
         } else {
             Err(status)
         }
-    }
-
-    /// `cuModuleLoadDataEx` into the current context, bypassing any cache: a cubin, a fatbin,
-    /// or NUL-terminated PTX, which the driver JIT-compiles (through CUDA's own JIT cache unless
-    /// `CUDA_CACHE_DISABLE=1`). Unload it with [`Driver::unload_module`].
-    pub fn load_module(&self, image: &[u8]) -> Result<CUmodule> {
-        self.load_image(image)
-            .map_err(|status| self.error("cuModuleLoadDataEx", status))
-    }
-
-    /// `cuModuleUnload` of a module from [`Driver::load_module`].
-    ///
-    /// # Safety
-    /// `module` must be live, loaded in the current context, and not used afterwards.
-    pub unsafe fn unload_module(&self, module: CUmodule) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        let status = unsafe { self.unload(module) };
-        self.check("cuModuleUnload", status)
     }
 
     /// `cuModuleUnload` in the current context.

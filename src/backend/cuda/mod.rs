@@ -4,14 +4,14 @@
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
 mod cache;
-pub mod driver;
+mod driver;
 mod jit;
 mod module;
-pub mod nvrtc;
+mod nvrtc;
 mod runtime;
 
 pub use cache::{CudaCache, CudaOptions, CudaStats};
-pub use driver::{CUcontext, CUdevice, CUfunction, CUmodule, Driver};
+pub use driver::{CUcontext, CUdevice, CUfunction, CUmodule, CUresult, Driver};
 pub use jit::JitOption;
 pub use module::{Context, Module, ModuleLease};
 pub use nvrtc::Nvrtc;

@@ -70,7 +70,7 @@ impl Runtime for OpenCl {
     type Input<'a> = Input<'a>;
 
     fn describe(&self, input: Input<'_>) -> Result<DeviceIdentity> {
-        DeviceIdentity::query(self.api, input.device)
+        DeviceIdentity::query_with(self.api, input.device)
     }
 
     /// The length-prefixed options, then the program text. The driver concatenates the source
@@ -206,7 +206,7 @@ fn options_cstring(options: &str) -> std::result::Result<CString, BuildError> {
 /// The key under which the disk tier keeps the binary of `sources` built with `options` for
 /// `device`. Lookups compute it themselves; this is for tools that inspect or remove entries.
 pub fn program_disk_key(device: Device, sources: &[&str], options: &str) -> Result<Key> {
-    let identity = DeviceIdentity::query(Api::get()?, device)?;
+    let identity = DeviceIdentity::query(device)?;
     disk_key(&identity, sources, options)
 }
 

@@ -4,8 +4,11 @@
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
 mod cache;
-pub mod runtime;
-pub mod sys;
+pub(crate) mod runtime;
+pub(crate) mod sys;
 
 pub use cache::{OpenClCache, OpenClOptions, OpenClStats, ProgramLease, program_disk_key};
-pub use runtime::{ContextRef, Device, Program};
+pub use runtime::{ContextRef, Device, DeviceIdentity, Program};
+pub use sys::{
+    CL_BUILD_PROGRAM_FAILURE, cl_context, cl_device_id, cl_int, cl_program, status_name,
+};

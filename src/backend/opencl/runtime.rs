@@ -1,5 +1,5 @@
 //! Checked, safe wrappers over the raw entry points: devices and their identity, contexts
-//! (borrowed from a caller or owned), programs built from source or from binaries (owned
+//! (borrowed from a caller), programs built from source or from binaries (owned
 //! references, released on drop).
 //!
 //! Raw handles become safe values only through an `unsafe` constructor whose contract says
@@ -111,7 +111,7 @@ impl ContextRef<'_> {
 
 /// Every device of every platform the loader reports, in platform order. An ICD loader with
 /// no platform installed reports `CL_PLATFORM_NOT_FOUND_KHR`; that is an empty list here.
-pub fn all_devices(api: &Api) -> Result<Vec<Device>> {
+pub(crate) fn all_devices(api: &Api) -> Result<Vec<Device>> {
     let mut count: cl_uint = 0;
     // SAFETY: a null list with 0 entries only asks for the count.
     let code = unsafe { (api.clGetPlatformIDs)(0, ptr::null_mut(), &mut count) };
@@ -164,7 +164,12 @@ pub struct DeviceIdentity {
 }
 
 impl DeviceIdentity {
-    pub fn query(api: &Api, device: Device) -> Result<DeviceIdentity> {
+    /// Asks the driver for `device`'s identity, through the loaded OpenCL library.
+    pub fn query(device: Device) -> Result<DeviceIdentity> {
+        DeviceIdentity::query_with(Api::get()?, device)
+    }
+
+    pub(crate) fn query_with(api: &Api, device: Device) -> Result<DeviceIdentity> {
         let device = device.0;
         let mut platform: cl_platform_id = ptr::null_mut();
         // SAFETY: the value buffer is one platform handle, and its size is passed.
@@ -229,18 +234,6 @@ impl Program {
             api: self.api,
             raw: self.raw,
         })
-    }
-
-    /// The driver's reference count (`CL_PROGRAM_REFERENCE_COUNT`): how many owners the
-    /// program has, this one included. Meant for checks, as the specification says.
-    pub fn reference_count(&self) -> Result<u32> {
-        // SAFETY: CL_PROGRAM_REFERENCE_COUNT answers one `cl_uint`.
-        unsafe {
-            self.scalar_info(
-                CL_PROGRAM_REFERENCE_COUNT,
-                "clGetProgramInfo(CL_PROGRAM_REFERENCE_COUNT)",
-            )
-        }
     }
 
     /// A `clGetProgramInfo` query whose answer is one plain value; `what` names it in errors.
@@ -372,7 +365,7 @@ impl Drop for Program {
 }
 
 /// `clCreateProgramWithSource` + `clBuildProgram`.
-pub fn build_from_source(
+pub(crate) fn build_from_source(
     api: &'static Api,
     context: ContextRef<'_>,
     device: Device,
@@ -406,7 +399,7 @@ pub fn build_from_source(
 
 /// `clCreateProgramWithBinary` + `clBuildProgram`. The error is what the driver said about
 /// the binary; the caller decides whether to fall back to the source.
-pub fn build_from_binary(
+pub(crate) fn build_from_binary(
     api: &'static Api,
     context: ContextRef<'_>,
     device: Device,
@@ -445,63 +438,4 @@ pub fn build_from_binary(
     program
         .expect("checked non-null above")
         .build(device.0, options)
-}
-
-/// A context on one device, owned and released on drop.
-pub struct Context {
-    api: &'static Api,
-    context: cl_context,
-    device: Device,
-}
-
-// SAFETY: OpenCL contexts are thread-safe objects (OpenCL 1.1+, appendix A.2), and `Context`
-// adds no unsynchronised state of its own.
-unsafe impl Send for Context {}
-// SAFETY: as above.
-unsafe impl Sync for Context {}
-
-impl Context {
-    /// A context on the first device of the first platform that has one.
-    pub fn first_device() -> Result<Context> {
-        let api = Api::get()?;
-        let device = *all_devices(api)?
-            .first()
-            .ok_or_else(|| Error::Unavailable("no OpenCL device found".into()))?;
-        Context::new(device)
-    }
-
-    pub fn new(device: Device) -> Result<Context> {
-        let api = Api::get()?;
-        let mut code = CL_SUCCESS;
-        // SAFETY: one live device handle, no properties, no callback.
-        let context = unsafe {
-            (api.clCreateContext)(ptr::null(), 1, &device.0, None, ptr::null_mut(), &mut code)
-        };
-        check(code, "clCreateContext")?;
-        Ok(Context {
-            api,
-            context,
-            device,
-        })
-    }
-
-    /// The context, borrowed for as long as `self` lives.
-    pub fn context(&self) -> ContextRef<'_> {
-        ContextRef {
-            raw: self.context,
-            _borrow: PhantomData,
-        }
-    }
-
-    pub fn device(&self) -> Device {
-        self.device
-    }
-}
-
-impl Drop for Context {
-    fn drop(&mut self) {
-        // SAFETY: the context was created by `Context::new` and is released exactly once;
-        // programs built in the context hold their own reference to it.
-        unsafe { (self.api.clReleaseContext)(self.context) };
-    }
 }

@@ -16,17 +16,11 @@ use crate::error::{Error, Result};
 pub type cl_int = i32;
 pub type cl_uint = u32;
 pub type cl_ulong = u64;
-pub type cl_bool = cl_uint;
 pub type cl_bitfield = cl_ulong;
 pub type cl_platform_id = *mut c_void;
 pub type cl_device_id = *mut c_void;
 pub type cl_context = *mut c_void;
-pub type cl_command_queue = *mut c_void;
 pub type cl_program = *mut c_void;
-pub type cl_kernel = *mut c_void;
-pub type cl_mem = *mut c_void;
-pub type cl_event = *mut c_void;
-pub type cl_context_properties = isize;
 
 pub const CL_SUCCESS: cl_int = 0;
 pub const CL_DEVICE_NOT_FOUND: cl_int = -1;
@@ -35,8 +29,6 @@ pub const CL_INVALID_VALUE: cl_int = -30;
 pub const CL_INVALID_BINARY: cl_int = -42;
 pub const CL_INVALID_BUILD_OPTIONS: cl_int = -43;
 pub const CL_PLATFORM_NOT_FOUND_KHR: cl_int = -1001;
-
-pub const CL_TRUE: cl_bool = 1;
 
 pub const CL_PLATFORM_VERSION: cl_uint = 0x0901;
 pub const CL_PLATFORM_NAME: cl_uint = 0x0902;
@@ -48,20 +40,15 @@ pub const CL_DRIVER_VERSION: cl_uint = 0x102D;
 pub const CL_DEVICE_PLATFORM: cl_uint = 0x1031;
 pub const CL_DEVICE_OPENCL_C_VERSION: cl_uint = 0x103D;
 
-pub const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
 pub const CL_PROGRAM_BINARY_SIZES: cl_uint = 0x1165;
 pub const CL_PROGRAM_BINARIES: cl_uint = 0x1166;
 
 pub const CL_PROGRAM_BUILD_LOG: cl_uint = 0x1183;
 
-pub const CL_MEM_READ_WRITE: cl_bitfield = 1;
-pub const CL_MEM_COPY_HOST_PTR: cl_bitfield = 1 << 5;
-
 /// The library opened when `KCACHE_OPENCL_LIBRARY` is not set: the ICD loader's soname.
 pub const DEFAULT_LIBRARY: &str = "libOpenCL.so.1";
 
 type BuildNotify = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
-type ContextNotify = Option<unsafe extern "C" fn(*const c_char, *const c_void, usize, *mut c_void)>;
 
 /// Function pointers into one loaded OpenCL library. They stay valid as long as `_library`
 /// lives, which is as long as the table.
@@ -80,23 +67,6 @@ pub struct Api {
     ) -> cl_int,
     pub clGetDeviceInfo:
         unsafe extern "C" fn(cl_device_id, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
-    pub clCreateContext: unsafe extern "C" fn(
-        *const cl_context_properties,
-        cl_uint,
-        *const cl_device_id,
-        ContextNotify,
-        *mut c_void,
-        *mut cl_int,
-    ) -> cl_context,
-    pub clReleaseContext: unsafe extern "C" fn(cl_context) -> cl_int,
-    pub clCreateCommandQueue: unsafe extern "C" fn(
-        cl_context,
-        cl_device_id,
-        cl_bitfield,
-        *mut cl_int,
-    ) -> cl_command_queue,
-    pub clReleaseCommandQueue: unsafe extern "C" fn(cl_command_queue) -> cl_int,
-    pub clFinish: unsafe extern "C" fn(cl_command_queue) -> cl_int,
     pub clCreateProgramWithSource: unsafe extern "C" fn(
         cl_context,
         cl_uint,
@@ -133,34 +103,6 @@ pub struct Api {
     ) -> cl_int,
     pub clRetainProgram: unsafe extern "C" fn(cl_program) -> cl_int,
     pub clReleaseProgram: unsafe extern "C" fn(cl_program) -> cl_int,
-    pub clCreateKernel: unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel,
-    pub clReleaseKernel: unsafe extern "C" fn(cl_kernel) -> cl_int,
-    pub clSetKernelArg: unsafe extern "C" fn(cl_kernel, cl_uint, usize, *const c_void) -> cl_int,
-    pub clCreateBuffer:
-        unsafe extern "C" fn(cl_context, cl_bitfield, usize, *mut c_void, *mut cl_int) -> cl_mem,
-    pub clReleaseMemObject: unsafe extern "C" fn(cl_mem) -> cl_int,
-    pub clEnqueueReadBuffer: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_mem,
-        cl_bool,
-        usize,
-        usize,
-        *mut c_void,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
-    pub clEnqueueNDRangeKernel: unsafe extern "C" fn(
-        cl_command_queue,
-        cl_kernel,
-        cl_uint,
-        *const usize,
-        *const usize,
-        *const usize,
-        cl_uint,
-        *const cl_event,
-        *mut cl_event,
-    ) -> cl_int,
     _library: RuntimeLibrary,
 }
 
@@ -181,11 +123,6 @@ impl Api {
             clGetPlatformInfo: resolve!(clGetPlatformInfo),
             clGetDeviceIDs: resolve!(clGetDeviceIDs),
             clGetDeviceInfo: resolve!(clGetDeviceInfo),
-            clCreateContext: resolve!(clCreateContext),
-            clReleaseContext: resolve!(clReleaseContext),
-            clCreateCommandQueue: resolve!(clCreateCommandQueue),
-            clReleaseCommandQueue: resolve!(clReleaseCommandQueue),
-            clFinish: resolve!(clFinish),
             clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
             clCreateProgramWithBinary: resolve!(clCreateProgramWithBinary),
             clBuildProgram: resolve!(clBuildProgram),
@@ -193,13 +130,6 @@ impl Api {
             clGetProgramBuildInfo: resolve!(clGetProgramBuildInfo),
             clRetainProgram: resolve!(clRetainProgram),
             clReleaseProgram: resolve!(clReleaseProgram),
-            clCreateKernel: resolve!(clCreateKernel),
-            clReleaseKernel: resolve!(clReleaseKernel),
-            clSetKernelArg: resolve!(clSetKernelArg),
-            clCreateBuffer: resolve!(clCreateBuffer),
-            clReleaseMemObject: resolve!(clReleaseMemObject),
-            clEnqueueReadBuffer: resolve!(clEnqueueReadBuffer),
-            clEnqueueNDRangeKernel: resolve!(clEnqueueNDRangeKernel),
             _library: library,
         })
     }

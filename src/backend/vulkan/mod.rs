@@ -39,7 +39,7 @@ pub use cache::{PipelineLease, VulkanCache, VulkanOptions};
 pub use device::{DeviceOwner, VulkanDevice};
 pub use header::{CacheIdentity, HEADER_LEN, HeaderMismatch, check as check_cache_header};
 pub use loader::Vulkan;
-pub use pipeline::Pipeline;
+pub use pipeline::{Pipeline, UncachedPipeline, create_uncached};
 pub use spec::{DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant};
 pub use spirv::words_from_bytes;
 pub use stats::VulkanStats;

@@ -192,6 +192,86 @@ pub(super) unsafe fn create_pipeline(
         .map_err(|(_, r)| r)
 }
 
+/// A compute pipeline made by [`create_uncached`], with the shader module and layouts it was
+/// made with. The caller owns every object and destroys them with [`UncachedPipeline::destroy`].
+#[derive(Debug)]
+pub struct UncachedPipeline {
+    pub pipeline: vk::Pipeline,
+    pub module: vk::ShaderModule,
+    pub layout: vk::PipelineLayout,
+    pub set_layouts: Vec<vk::DescriptorSetLayout>,
+}
+
+impl UncachedPipeline {
+    /// Destroys the pipeline, its shader module and its layouts.
+    ///
+    /// # Safety
+    /// `device` must be the live device the pipeline was created on, and no command buffer
+    /// that uses the pipeline may be pending.
+    pub unsafe fn destroy(self, device: &ash::Device) {
+        // SAFETY: the caller's contract; each object was created from `device` and is destroyed
+        // once (null handles are ignored).
+        unsafe {
+            device.destroy_pipeline(self.pipeline, None);
+            device.destroy_shader_module(self.module, None);
+            device.destroy_pipeline_layout(self.layout, None);
+            for set in self.set_layouts {
+                device.destroy_descriptor_set_layout(set, None);
+            }
+        }
+    }
+}
+
+/// Creates `spec`'s pipeline on `device` without caching it: its shader module, its
+/// descriptor-set and pipeline layouts, and one `vkCreateComputePipelines` with no pipeline
+/// cache, exactly as a lookup that misses builds them but shared with no one, counted nowhere
+/// and never stored. For a pipeline that should not stay in the cache, or to measure what a
+/// cache hit saves. On failure, whatever was created is destroyed.
+///
+/// # Safety
+/// `device` must be a live device.
+pub unsafe fn create_uncached(
+    device: &ash::Device,
+    spec: &PipelineSpec,
+) -> Result<UncachedPipeline, BuildError> {
+    let mut made = UncachedPipeline {
+        pipeline: vk::Pipeline::null(),
+        module: vk::ShaderModule::null(),
+        layout: vk::PipelineLayout::null(),
+        set_layouts: Vec::with_capacity(spec.layout().sets.len()),
+    };
+    let result = (|| {
+        // SAFETY: live device (caller's contract); the bindings were validated by
+        // `PipelineSpec::new`; the set layouts are destroyed with `made` on failure.
+        made.layout =
+            unsafe { create_layouts(device, spec.layout(), &mut made.set_layouts, build_error) }?;
+        let module_info = vk::ShaderModuleCreateInfo::default().code(&spec.spirv);
+        // SAFETY: live device; the code passed the header, bounds and entry-point checks.
+        made.module = unsafe { device.create_shader_module(&module_info, None) }
+            .map_err(|r| build_error("vkCreateShaderModule", r))?;
+        // SAFETY: live device; module and layout were just created from it; no pipeline cache.
+        made.pipeline = unsafe {
+            create_pipeline(
+                device,
+                vk::PipelineCache::null(),
+                spec,
+                made.module,
+                made.layout,
+            )
+        }
+        .map_err(|r| build_error("vkCreateComputePipelines", r))?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok(made),
+        Err(e) => {
+            // SAFETY: live device; the objects were created above and nothing uses them.
+            unsafe { made.destroy(device) };
+            Err(e)
+        }
+    }
+}
+
 fn layout_for(
     counters: &Counters,
     state: &DeviceState,
