@@ -83,9 +83,13 @@ pub(crate) enum Warning {
     KeyFile,
     /// `KCACHE_REQUIRE_KEY` is neither `0` nor `1`: taken as `1`.
     RequireKey,
+    /// `KCACHE_LOCK_TIMEOUT` is not a number of seconds: the default is used.
+    LockTimeout,
+    /// The cache directory's filesystem cannot lock: processes may build the same kernel.
+    NoLocks,
 }
 
-const WARNING_KINDS: usize = Warning::RequireKey as usize + 1;
+const WARNING_KINDS: usize = Warning::NoLocks as usize + 1;
 
 /// Writes `kcache: <message>` on stderr, unless a warning of this kind was written already.
 pub(crate) fn warn_once(kind: Warning, message: impl FnOnce() -> String) {

@@ -9,8 +9,12 @@
 //! it is only made on an L1 miss.
 //!
 //! The disk read happens inside the memory tier's build step, so its single-flight covers it:
-//! concurrent misses on one key read the disk (or compile) once. The write-back after a build
-//! happens after the flight, on the building thread only, so waiters do not wait for a fsync.
+//! concurrent misses on one key read the disk (or compile) once. A miss on the disk then
+//! claims the entry's cross-process lock (see `disk::lock`), so that of the processes sharing
+//! the directory one builds and the others wait and read its entry; one process's waiters
+//! share its one wait. The write-back happens after the flight, on the disk tier's background
+//! writer, which releases the lock once the entry is published: the caller has its value as
+//! soon as it is built, and waits neither for serializing nor for a fsync.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -18,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::DiskCache;
+use crate::disk::{Claim, DiskCache, KeyLock};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::memory::{Built, Lease, MemoryCache};
@@ -27,7 +31,29 @@ use crate::memory::{Built, Lease, MemoryCache};
 pub struct TieredCache<K, V> {
     memory: Arc<MemoryCache<K, V>>,
     disk: Option<Arc<DiskCache>>,
-    counters: Counters,
+    counters: Arc<Counters>,
+}
+
+/// What the disk tier keeps of a built value: bytes made already, or a function the
+/// background writer runs to make them (a driver's binary query can cost more than the build,
+/// and nobody waits for it there).
+pub struct DiskBytes(Box<dyn FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send>);
+
+impl DiskBytes {
+    /// Bytes made on the background writer by `make`.
+    pub fn later(make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static) -> Self {
+        DiskBytes(Box::new(make))
+    }
+
+    fn make(self) -> std::result::Result<Vec<u8>, BuildError> {
+        (self.0)()
+    }
+}
+
+impl From<Vec<u8>> for DiskBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        DiskBytes::later(move || Ok(bytes))
+    }
 }
 
 /// What the tiers did, as [`TieredStats`] reports it.
@@ -60,7 +86,8 @@ pub struct TieredStats {
     pub load_failures: u64,
     /// Calls to `build`.
     pub builds: u64,
-    /// Built values written to the disk tier.
+    /// Built values written to the disk tier (counted when the background write has
+    /// finished: [`TieredCache::flush`] waits for that).
     pub write_backs: u64,
     /// Built values that could not be serialized or written (the lookup still succeeds).
     pub write_back_failures: u64,
@@ -81,7 +108,14 @@ where
         TieredCache {
             memory,
             disk,
-            counters: Counters::default(),
+            counters: Arc::default(),
+        }
+    }
+
+    /// Waits until every value built so far is written to the disk tier (or failed to be).
+    pub fn flush(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush();
         }
     }
 
@@ -91,6 +125,15 @@ where
 
     pub fn disk(&self) -> Option<&Arc<DiskCache>> {
         self.disk.as_ref()
+    }
+
+    /// The tiers, for a lookup whose bytes for the disk are made later ([`DiskBytes`]).
+    pub(crate) fn tiers(&self) -> Tiers<'_, K, V> {
+        Tiers {
+            memory: &self.memory,
+            disk: self.disk.as_deref(),
+            counters: &self.counters,
+        }
     }
 
     pub fn stats(&self) -> TieredStats {
@@ -114,7 +157,11 @@ where
     /// only on an L1 miss with a disk tier, so a memory hit never pays for hashing the
     /// content; a key it cannot make leaves that lookup without the disk. `load` and `build`
     /// return the value and its L1 weight. A disk entry that `load` refuses is removed and the
-    /// value built instead; a failed write-back is counted, not returned.
+    /// value built instead. A disk miss waits for another process building the same entry, up
+    /// to the disk tier's lock timeout, and reads what it wrote; when that process's build
+    /// fails, this one builds too (and gets its own error). `serialize` runs on the calling
+    /// thread; the write happens on the disk tier's background writer, and a failed one is
+    /// counted, not returned.
     pub fn find_or_build<Q>(
         &self,
         l1_key: &Q,
@@ -128,12 +175,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let tiers = Tiers {
-            memory: &self.memory,
-            disk: self.disk.as_deref(),
-            counters: &self.counters,
-        };
-        tiers.find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
+        let serialize = |value: &V| serialize(value).map(DiskBytes::from);
+        self.tiers().find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
     }
 }
 
@@ -142,7 +185,7 @@ where
 pub(crate) struct Tiers<'a, K, V> {
     pub memory: &'a MemoryCache<K, V>,
     pub disk: Option<&'a DiskCache>,
-    pub counters: &'a Counters,
+    pub counters: &'a Arc<Counters>,
 }
 
 impl<K, V> Tiers<'_, K, V>
@@ -150,7 +193,8 @@ where
     K: Hash + Eq + Send + Sync + 'static,
     V: Send + Sync + 'static,
 {
-    /// As [`TieredCache::find_or_build`]; without `load` the disk is written but never read.
+    /// As [`TieredCache::find_or_build`]; without `load` the disk is written but never read
+    /// (and no lock is taken: nothing could be read after the wait).
     pub fn find_or_build<Q>(
         &self,
         l1_key: &Q,
@@ -158,32 +202,64 @@ where
         l2_key: impl FnOnce() -> Result<Key>,
         load: Option<impl FnOnce(&[u8]) -> Built<V>>,
         build: impl FnOnce() -> Built<V>,
-        serialize: impl FnOnce(&V) -> std::result::Result<Vec<u8>, BuildError>,
+        serialize: impl FnOnce(&V) -> std::result::Result<DiskBytes, BuildError>,
     ) -> Result<Lease<K, V>>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut built: Option<(Duration, Key)> = None;
+        let mut built: Option<(Duration, Key, Option<KeyLock>)> = None;
+        let mut load = load;
         let lease = self.memory.find_or_build(l1_key, device, || {
             let key = self.disk_key(l2_key);
-            let loaded = key.as_ref().zip(load);
-            if let Some(value) = loaded.and_then(|(key, load)| self.load_from_disk(key, load)) {
-                return Ok(value);
-            }
+            let lock = match (&key, self.disk) {
+                (Some(key), Some(disk)) if load.is_some() => {
+                    if let Some(value) = self.load_from_disk(disk, key, &mut load) {
+                        return Ok(value);
+                    }
+                    match disk.claim(key) {
+                        Claim::Leader(lock) => Some(lock),
+                        Claim::Published => {
+                            if let Some(value) = self.load_from_disk(disk, key, &mut load) {
+                                return Ok(value);
+                            }
+                            None
+                        }
+                        Claim::Alone => None,
+                    }
+                }
+                _ => None,
+            };
             bump(&self.counters.builds);
             let started = Instant::now();
-            let value = build()?;
-            built = key.map(|key| (started.elapsed(), key));
-            Ok(value)
+            match build() {
+                Ok(value) => {
+                    built = key.map(|key| (started.elapsed(), key, lock));
+                    Ok(value)
+                }
+                Err(e) => {
+                    // Processes waiting for this entry build themselves instead.
+                    lock.map(KeyLock::abandon);
+                    Err(e)
+                }
+            }
         })?;
-        if let (Some((build_time, key)), Some(disk)) = (built, self.disk) {
-            let written = serialize(lease.value())
-                .ok()
-                .and_then(|bytes| disk.put(&key, &bytes, build_time).ok());
-            match written {
-                Some(()) => bump(&self.counters.write_backs),
-                None => bump(&self.counters.write_back_failures),
+        if let (Some((build_time, key, lock)), Some(disk)) = (built, self.disk) {
+            match serialize(lease.value()) {
+                Ok(bytes) => {
+                    let counters = Arc::clone(self.counters);
+                    disk.write_back(key, build_time, lock, move || bytes.make(), move |written| {
+                        bump(if written {
+                            &counters.write_backs
+                        } else {
+                            &counters.write_back_failures
+                        })
+                    });
+                }
+                Err(_) => {
+                    bump(&self.counters.write_back_failures);
+                    lock.map(KeyLock::abandon);
+                }
             }
         }
         Ok(lease)
@@ -199,12 +275,14 @@ where
         key
     }
 
+    /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)
+    /// accepts.
     fn load_from_disk(
         &self,
+        disk: &DiskCache,
         l2_key: &Key,
-        load: impl FnOnce(&[u8]) -> Built<V>,
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
     ) -> Option<(V, u64)> {
-        let disk = self.disk?;
         let entry = match disk.get(l2_key) {
             Ok(Some(entry)) => entry,
             // A corrupt entry was removed by the disk tier: as good as absent.
@@ -217,6 +295,7 @@ where
                 return None;
             }
         };
+        let load = load.take()?;
         match load(entry.payload()) {
             Ok(value) => {
                 bump(&self.counters.disk_hits);

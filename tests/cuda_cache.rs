@@ -51,6 +51,7 @@ fn built_on_disk(fake: &FakeDriver, dir: &TempDir, context: CUcontext) -> CudaCa
     let cold = cache(fake, Some(disk(dir)));
     cold.find_or_build_ptx(ctx(context), SAXPY_PTX.as_bytes(), &[])
         .unwrap();
+    cold.flush();
     cold
 }
 
@@ -529,6 +530,7 @@ fn a_tampered_cubin_shows_in_the_disk_tier_counters() {
     let warm = cache(&fake, Some(disk(&dir)));
     warm.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
         .unwrap();
+    warm.flush();
     let s = warm.stats();
     assert_eq!((s.links, s.disk_misses, s.cubin_loads), (1, 1, 0));
     assert_eq!(s.disk.integrity_rejects, 1);

@@ -371,6 +371,7 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
         let cold = cache_with_disk(dir.path());
         cold.find_or_build(context.context(), context.device(), &[&source], "")
             .unwrap();
+        cold.flush();
         let s = stats(&cold);
         assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
     }

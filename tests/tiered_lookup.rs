@@ -85,6 +85,7 @@ fn a_fresh_memory_tier_gets_the_value_from_disk_without_building() {
     assert_eq!(lookup(&first, "k", &builds).unwrap(), "compiled(k)");
     assert_eq!(lookup(&first, "k", &builds).unwrap(), "compiled(k)");
     assert_eq!(builds.load(Ordering::SeqCst), 1);
+    first.flush();
     let s = first.stats();
     assert_eq!(
         (s.builds, s.write_backs, s.disk_misses, s.disk_hits),
@@ -184,6 +185,7 @@ fn an_entry_that_does_not_load_is_removed_and_rebuilt() {
     let builds = AtomicUsize::new(0);
     assert_eq!(lookup(&cache, "bad", &builds).unwrap(), "compiled(bad)");
     assert_eq!(builds.load(Ordering::SeqCst), 1);
+    cache.flush();
     let s = cache.stats();
     assert_eq!((s.load_failures, s.builds, s.write_backs), (1, 1, 1));
     assert_eq!(d.stats().load_failures, 1);
@@ -256,6 +258,7 @@ fn the_l2_key_is_made_only_on_an_l1_miss() {
     }
     assert_eq!(keys_made.load(Ordering::SeqCst), 1, "hits must not hash");
     assert_eq!(cache.memory().stats().hits, 2);
+    cache.flush();
     let s = cache.stats();
     assert_eq!((s.disk_absent, s.builds, s.write_backs), (1, 1, 1));
 

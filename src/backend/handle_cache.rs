@@ -12,7 +12,7 @@ use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::Key;
 use crate::memory::{self, Built, Lease, MemoryCache};
-use crate::tiered::TieredCache;
+use crate::tiered::{DiskBytes, TieredCache};
 
 /// How a cached value gives back its runtime object. The memory tier calls it once, when the
 /// value has left the cache and its last lease is gone; every backend's value type destroys
@@ -21,15 +21,16 @@ pub trait Destroy {
     fn destroy(self) -> std::result::Result<(), DestroyError>;
 }
 
-/// A value a [`Runtime`] built, with what the disk tier keeps of it. The bytes are taken when
-/// the value is made because a live object cannot always give them back later (a loaded
-/// `CUmodule` has no cubin to return), and because asking the driver twice costs twice.
+/// A value a [`Runtime`] built, with what the disk tier keeps of it. The bytes are arranged
+/// for when the value is made because a live object cannot always give them back later (a
+/// loaded `CUmodule` has no cubin to return); they may be made later, on the disk tier's
+/// background writer, when asking the driver for them is slow (an OpenCL program binary).
 pub struct Compiled<V> {
     pub value: V,
     /// The value's weight in the memory tier's `max_weight`.
     pub weight: u64,
     /// The serialized value for the disk tier; `None` leaves the disk without it.
-    pub bytes: Option<Vec<u8>>,
+    pub bytes: Option<DiskBytes>,
 }
 
 /// The runtime calls of one backend.
@@ -187,11 +188,11 @@ impl<R: Runtime> HandleCache<R> {
         memory_key::<R>(&mut key, registered, input);
         // A build hands its serialized value to the write-back here, so it is made once.
         let bytes = Cell::new(None);
-        let found = self.tiered.find_or_build(
+        let found = self.tiered.tiers().find_or_build(
             &key[..],
             Some(registered.id()),
             || self.runtime.disk_key(registered.info(), input),
-            |stored| self.runtime.load(registered, input, stored),
+            Some(|stored: &[u8]| self.runtime.load(registered, input, stored)),
             || {
                 // A registration evicted before this flight began builds nothing: its handle
                 // may already be gone. `confirm` turns the refusal into `DeviceDestroyed`.
@@ -239,6 +240,11 @@ impl<R: Runtime> HandleCache<R> {
         self.memory().evict_devices(taken.iter().map(|r| r.id()))
     }
 
+    /// Waits until every value built so far is written to the disk tier (or failed to be).
+    pub fn flush(&self) {
+        self.tiered.flush();
+    }
+
     /// Unlinks every value; each is destroyed when its last lease is released.
     pub fn clear(&self) -> Result<usize> {
         self.memory().clear()
@@ -268,10 +274,19 @@ impl<R: Runtime> HandleCache<R> {
     }
 }
 
+impl<R: Runtime> Drop for HandleCache<R> {
+    /// Writes of values built here finish before the cache is gone, even when the disk tier
+    /// is shared and outlives it: they may hold the runtime's objects (a retained program).
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 /// The calls every backend cache (a struct whose skeleton is its `cache` field) answers the
 /// same way, written once for all of them.
 macro_rules! common_calls {
     () => {
+
         /// Unlinks every entry (the disk keeps its data); each is destroyed now, or when its
         /// last lease is released. Returns how many were unlinked.
         pub fn clear(&self) -> $crate::Result<usize> {

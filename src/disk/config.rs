@@ -6,10 +6,12 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
 use zeroize::ZeroizeOnDrop;
 
+use super::lock::DEFAULT_LOCK_TIMEOUT;
 use crate::env::Warning;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
@@ -159,11 +161,12 @@ impl fmt::Debug for OperatorKey {
 /// | `max_size`    | `KCACHE_MAX_SIZE` (bytes, or with a K/M/G/T suffix)           | 1 GiB        |
 /// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
 /// | `require_key` | `KCACHE_REQUIRE_KEY=1` (either one requires a key)            | not required |
+/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed)             | 120 s        |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
 /// Environment values kcache cannot use are reported once per process on stderr: a relative
-/// `KCACHE_DIR` is ignored; an invalid `KCACHE_MAX_SIZE` or an empty, relative, missing or
+/// `KCACHE_DIR` is ignored; an invalid `KCACHE_LOCK_TIMEOUT` leaves the default; an invalid `KCACHE_MAX_SIZE` or an empty, relative, missing or
 /// unusable `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`) rather than
 /// falling back to a cap or to unkeyed entries the operator did not ask for.
 ///
@@ -181,6 +184,9 @@ pub struct DiskConfig {
     /// Refuse to open (`Untrusted`) without an operator key, instead of writing unkeyed
     /// entries that anyone who can write the directory can forge.
     pub require_key: bool,
+    /// How long a miss waits for another process that is building the same entry before it
+    /// builds too ([`DEFAULT_LOCK_TIMEOUT`]); `Some(Duration::ZERO)` never waits.
+    pub lock_timeout: Option<Duration>,
     pub durability: Durability,
     /// Entries record the key schema they were written under; `gc` removes other schemas.
     pub key_schema: u32,
@@ -194,6 +200,7 @@ impl Default for DiskConfig {
             max_size: None,
             key: None,
             require_key: false,
+            lock_timeout: None,
             durability: Durability::Sync,
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
@@ -283,9 +290,14 @@ impl DiskConfig {
             });
             return Err(Error::Untrusted(detail.into()));
         }
+        let lock_timeout = self
+            .lock_timeout
+            .or_else(|| non_empty("KCACHE_LOCK_TIMEOUT").and_then(|t| env_lock_timeout(&t)))
+            .unwrap_or(DEFAULT_LOCK_TIMEOUT);
         Ok(Resolved {
             dir,
             max_size,
+            lock_timeout,
             key,
             durability: self.durability,
             key_schema: self.key_schema,
@@ -296,6 +308,7 @@ impl DiskConfig {
 pub(crate) struct Resolved {
     pub dir: PathBuf,
     pub max_size: u64,
+    pub lock_timeout: Duration,
     pub key: Option<OperatorKey>,
     pub durability: Durability,
     pub key_schema: u32,
@@ -316,6 +329,27 @@ fn env_max_size(text: &OsString) -> Result<u64> {
             Err(Error::Unavailable(detail))
         }
     }
+}
+
+/// `KCACHE_LOCK_TIMEOUT`: seconds, decimals allowed. A value that is not one leaves the
+/// default: unlike a size cap or a key, a lock timeout only trades waiting for building.
+fn env_lock_timeout(text: &OsString) -> Option<Duration> {
+    let text = text.to_string_lossy();
+    let parsed = text
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok());
+    if parsed.is_none() {
+        crate::env::warn_once(Warning::LockTimeout, || {
+            format!(
+                "KCACHE_LOCK_TIMEOUT={text:?} is not a number of seconds: the default ({} s) \
+                 is used",
+                DEFAULT_LOCK_TIMEOUT.as_secs()
+            )
+        });
+    }
+    parsed
 }
 
 /// `KCACHE_KEY_FILE`: any problem turns the tier off (`Untrusted`) rather than falling back
@@ -442,6 +476,17 @@ mod tests {
             default_dir(None, None, None),
             Err(Error::Unavailable(_))
         ));
+    }
+
+    #[test]
+    fn lock_timeouts() {
+        let t = |v: &str| env_lock_timeout(&OsString::from(v));
+        assert_eq!(t("30"), Some(Duration::from_secs(30)));
+        assert_eq!(t(" 0.25 "), Some(Duration::from_millis(250)));
+        assert_eq!(t("0"), Some(Duration::ZERO));
+        assert_eq!(t("-1"), None);
+        assert_eq!(t("soon"), None);
+        assert_eq!(t("inf"), None);
     }
 
     #[test]

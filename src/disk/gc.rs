@@ -1,4 +1,5 @@
-//! Collection of what reads never clean up: temporaries of crashed writers, entries of other
+//! Collection of what reads never clean up: temporaries of crashed writers, lock files of
+//! processes that died building, entries of other
 //! key schemas, entries of retired operator keys, and corrupt entries nobody asked for since.
 //! Only names of kcache's own two patterns are considered; anything else is left alone. A
 //! directory at an entry name is removed if empty, and reported as undeletable otherwise.
@@ -13,7 +14,7 @@ use rustix::fs::{Mode, OFlags};
 use super::evict::{Index, Unlinked, lstat_at};
 use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
 use super::store::read_bounded;
-use super::{DiskCache, Fingerprint, Inner, is_temp_name, parse_entry_name};
+use super::{lock, DiskCache, Fingerprint, Inner, is_temp_name, parse_entry_name};
 use crate::error::{Error, Result};
 use crate::key::Key;
 
@@ -30,6 +31,8 @@ pub struct GcReport {
     pub corrupt: u64,
     pub kept: u64,
     pub bytes_freed: u64,
+    /// Lock files nobody held (left by processes that died building); held ones are kept.
+    pub lock_files: u64,
     /// Files and directories that should have gone but could not be removed (a non-empty
     /// directory at an entry name, a permission error, …): left in place.
     pub undeletable: u64,
@@ -49,7 +52,7 @@ impl DiskCache {
     /// of retained foreign keys can only be checked for structure; no file is read past
     /// [`DiskCache::max_entry_size`]. Anything at an entry name but a regular file is corrupt
     /// (an empty directory is removed; a non-empty one is counted in `undeletable`).
-    /// Temporary files older than `temp_older_than` are removed.
+    /// Temporary files older than `temp_older_than` are removed, and lock files nobody holds.
     pub fn gc(&self, retain: &[Fingerprint], temp_older_than: Duration) -> Result<GcReport> {
         let inner = &self.inner;
         let dir = rustix::fs::Dir::read_from(&inner.dir)
@@ -69,6 +72,12 @@ impl DiskCache {
                     .map_or(Duration::MAX, |m| now.duration_since(m).unwrap_or_default());
                 if age >= temp_older_than {
                     remove(inner, name, &meta, &mut report, |r| &mut r.temp_files);
+                }
+                continue;
+            }
+            if lock::entry_of_lock(name).is_some() {
+                if lock::remove_idle(inner, name) {
+                    report.lock_files += 1;
                 }
                 continue;
             }

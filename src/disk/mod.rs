@@ -5,6 +5,8 @@
 //! - `dir`: trust checks on the directory.
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`).
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
+//! - `lock`: one build per entry across the processes sharing the directory.
+//! - `writer`: writes made after the caller has its value, on a background thread.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
@@ -14,7 +16,9 @@ mod dir;
 mod evict;
 pub mod format;
 mod gc;
+mod lock;
 mod store;
+mod writer;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -25,9 +29,12 @@ use std::time::Duration;
 pub use config::{DEFAULT_MAX_SIZE, DiskConfig, Durability, OperatorKey, parse_size};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
+pub(crate) use lock::{Claim, KeyLock};
+pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub use store::MAX_ENTRY_SIZE;
+pub use writer::QUEUE_BOUND;
 
-use crate::error::Result;
+use crate::error::{BuildError, Result};
 use crate::key::{Key, hex, parse_hex};
 use format::{HEADER_LEN, TAG_LEN, Tagger};
 
@@ -45,8 +52,10 @@ struct Inner {
     schema: u32,
     durability: Durability,
     max_size: u64,
+    lock_timeout: Duration,
     counters: Counters,
     index: evict::Index,
+    writer: writer::Writer,
 }
 
 #[derive(Default)]
@@ -61,6 +70,10 @@ struct Counters {
     evictions: AtomicU64,
     removes: AtomicU64,
     load_failures: AtomicU64,
+    lock_waits: AtomicU64,
+    lock_timeouts: AtomicU64,
+    lock_takeovers: AtomicU64,
+    failed_writes: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
@@ -89,6 +102,18 @@ pub struct DiskStats {
     /// Entries that verified but that the backend could not load (a driver update changed
     /// what it accepts, …), removed by `discard_unloadable`.
     pub load_failures: u64,
+    /// Misses that waited for another process building the same entry (its lock), then
+    /// read what it published or, when it failed or died, built.
+    pub lock_waits: u64,
+    /// Waits that reached the lock timeout; each of those misses built without waiting more.
+    pub lock_timeouts: u64,
+    /// Misses that found the lock released by a process that died building: they built.
+    pub lock_takeovers: u64,
+    /// Background writes queued or running now.
+    pub pending_writes: u64,
+    /// Background writes that failed: the value could not be serialized or written (the
+    /// caller had its value already; the next process builds it again).
+    pub failed_writes: u64,
     /// Entry files and their bytes, as far as the index knows: complete once
     /// `scan_complete`, and then exact while no call is in flight and no other process
     /// changes the directory.
@@ -146,8 +171,10 @@ impl DiskCache {
             schema: resolved.key_schema,
             durability: resolved.durability,
             max_size: resolved.max_size,
+            lock_timeout: resolved.lock_timeout,
             counters: Counters::default(),
             index: evict::Index::default(),
+            writer: writer::Writer::default(),
         });
         evict::start_scan(&inner);
         Ok(DiskCache { inner })
@@ -165,6 +192,11 @@ impl DiskCache {
 
     pub fn max_size(&self) -> u64 {
         self.inner.max_size
+    }
+
+    /// How long a miss waits for another process building the same entry.
+    pub fn lock_timeout(&self) -> Duration {
+        self.inner.lock_timeout
     }
 
     /// The largest entry file this cache writes or reads: the smaller of the size cap and
@@ -193,6 +225,11 @@ impl DiskCache {
             evictions: get(&c.evictions),
             removes: get(&c.removes),
             load_failures: get(&c.load_failures),
+            lock_waits: get(&c.lock_waits),
+            lock_timeouts: get(&c.lock_timeouts),
+            lock_takeovers: get(&c.lock_takeovers),
+            pending_writes: self.inner.writer.pending(),
+            failed_writes: get(&c.failed_writes),
             entries: usage.entries,
             bytes: usage.bytes,
             scan_complete,
@@ -212,6 +249,53 @@ impl DiskCache {
     pub fn usage(&self) -> Usage {
         self.inner.index.wait_seeded();
         self.inner.index.known_usage().0
+    }
+
+    /// Waits until every background write submitted so far has finished (written or
+    /// failed). Dropping the disk tier flushes too.
+    pub fn flush(&self) {
+        self.inner.writer.flush();
+    }
+
+    /// What a lookup that missed `key` does: build as the leader, read what another process
+    /// just published, or build alone (see `lock`).
+    pub(crate) fn claim(&self, key: &Key) -> Claim {
+        lock::claim(&self.inner, key)
+    }
+
+    /// Writes the entry for `key` on the background writer, with the bytes `make` returns
+    /// there, then releases `lock`; `done` learns whether it was written. A failure is
+    /// counted in `failed_writes` and marked on the lock, so that waiting processes build
+    /// rather than wait for an entry that will not come.
+    pub(crate) fn write_back(
+        &self,
+        key: Key,
+        build_time: Duration,
+        lock: Option<KeyLock>,
+        make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static,
+        done: impl FnOnce(bool) + Send + 'static,
+    ) {
+        let inner = Arc::clone(&self.inner);
+        self.inner.writer.submit(move || {
+            let written = make()
+                .ok()
+                .is_some_and(|bytes| store::put(&inner, &key, &bytes, build_time).is_ok());
+            if !written {
+                bump(&inner.counters.failed_writes, 1);
+                lock.map(KeyLock::abandon);
+            } else {
+                drop(lock);
+            }
+            done(written);
+        });
+    }
+}
+
+impl Drop for DiskCache {
+    /// Pending writes are finished first: a value built in this process is not lost because
+    /// the cache was dropped right after.
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

@@ -68,7 +68,41 @@ impl DiskCache {
     /// at the entry's name is removed (counted in `integrity_rejects`); a non-empty one makes
     /// the write fail with `Io`.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
+        put(&self.inner, key, payload, build_time)
+    }
+
+    /// Removes the entry for `key` (or an empty directory at its name); `Ok(false)` when
+    /// there was none.
+    pub fn remove(&self, key: &Key) -> Result<bool> {
+        let removed = self.unlink(key)?;
+        if removed {
+            bump(&self.inner.counters.removes, 1);
+        }
+        Ok(removed)
+    }
+
+    /// Removes an entry whose payload verified but could not be loaded by its consumer, and
+    /// counts it as a load failure: rebuilding then overwrites it with one that loads.
+    pub fn discard_unloadable(&self, key: &Key) -> Result<bool> {
+        bump(&self.inner.counters.load_failures, 1);
+        self.unlink(key)
+    }
+
+    fn unlink(&self, key: &Key) -> Result<bool> {
         let inner = &self.inner;
+        let name = inner.entry_name(key);
+        match Index::unlink(inner, &name, None) {
+            Ok(outcome) => Ok(outcome == Unlinked::Removed),
+            Err(e) => {
+                bump(&inner.counters.io_errors, 1);
+                Err(Error::Io(format!("cannot remove {name}: {e}")))
+            }
+        }
+    }
+}
+
+/// [`DiskCache::put`], for the background writer too.
+pub(super) fn put(inner: &Arc<Inner>, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
         let size = payload.len() as u64 + OVERHEAD;
         if size > inner.max_entry_size() {
             return Err(Error::InvalidArgument(format!(
@@ -104,36 +138,6 @@ impl DiskCache {
             }
         }
     }
-
-    /// Removes the entry for `key` (or an empty directory at its name); `Ok(false)` when
-    /// there was none.
-    pub fn remove(&self, key: &Key) -> Result<bool> {
-        let removed = self.unlink(key)?;
-        if removed {
-            bump(&self.inner.counters.removes, 1);
-        }
-        Ok(removed)
-    }
-
-    /// Removes an entry whose payload verified but could not be loaded by its consumer, and
-    /// counts it as a load failure: rebuilding then overwrites it with one that loads.
-    pub fn discard_unloadable(&self, key: &Key) -> Result<bool> {
-        bump(&self.inner.counters.load_failures, 1);
-        self.unlink(key)
-    }
-
-    fn unlink(&self, key: &Key) -> Result<bool> {
-        let inner = &self.inner;
-        let name = inner.entry_name(key);
-        match Index::unlink(inner, &name, None) {
-            Ok(outcome) => Ok(outcome == Unlinked::Removed),
-            Err(e) => {
-                bump(&inner.counters.io_errors, 1);
-                Err(Error::Io(format!("cannot remove {name}: {e}")))
-            }
-        }
-    }
-}
 
 fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     // NONBLOCK: a FIFO planted under an entry name must not hang the reader.

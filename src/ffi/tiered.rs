@@ -14,7 +14,7 @@ use super::key_builder::key_arg;
 use super::lease::kc_lease;
 use super::status::{byte_slice, guard, kc_status, non_null};
 use crate::BuildError;
-use crate::tiered::{Counters, Tiers};
+use crate::tiered::{DiskBytes, Tiers};
 
 /// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
 /// the value and its weight, return 0; non-zero: the entry is removed and the value built).
@@ -94,8 +94,12 @@ unsafe fn serialize_value(
 /// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
 /// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
 /// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
-/// callers of one key read or build once. A disk entry that `load` refuses is removed (and
-/// counted in `load_failures`); a failed write-back is not an error. Statuses as for
+/// callers of one key read or build once. A disk miss waits for another process building the
+/// same `l2_key` in the same directory (up to the disk's lock timeout) and loads what it
+/// wrote; if that build fails, this one builds too. A disk entry that `load` refuses is
+/// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
+/// the lookup returns; the write itself happens on the disk's background writer (see
+/// `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
 /// `kc_cache_find_or_build`.
 ///
 /// # Safety
@@ -146,7 +150,7 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
             memory,
             disk,
             // The C API reports what the tiers did through their own counters.
-            counters: &Counters::default(),
+            counters: &Default::default(),
         };
         let lease = tiers.find_or_build(
             key,
@@ -156,7 +160,7 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
             // SAFETY: the caller promised a callable `build` for `ctx`; the key is its own.
             || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
             // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
-            |value: &RawValue| unsafe { serialize_value(cb.serialize, ctx, value.0) },
+            |value: &RawValue| unsafe { serialize_value(cb.serialize, ctx, value.0) }.map(DiskBytes::from),
         )?;
         // SAFETY: non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };

@@ -191,6 +191,12 @@ impl CudaCache {
 
     common_calls!();
 
+    /// Waits until every cubin built so far is written to the disk tier (or failed to be);
+    /// dropping the cache does it too.
+    pub fn flush(&self) {
+        self.cache.flush();
+    }
+
     pub fn stats(&self) -> CudaStats {
         let c = &self.cache.runtime().counters;
         let get = |v: &AtomicU64| v.load(Ordering::Relaxed);

@@ -137,7 +137,7 @@ impl Runtime for Cuda {
         Ok(Compiled {
             value: self.wrap(registered, raw),
             weight: cubin.len() as u64,
-            bytes: Some(cubin),
+            bytes: Some(cubin.into()),
         })
     }
 }

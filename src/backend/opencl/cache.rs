@@ -12,6 +12,7 @@ use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
+use crate::tiered::DiskBytes;
 
 /// What a lookup returns: the program stays alive (and retained by the cache) while any lease
 /// on it is held, even across eviction.
@@ -111,11 +112,18 @@ impl Runtime for OpenCl {
             &options_cstring(input.options)?,
         )?;
         self.source_builds.fetch_add(1, Ordering::Relaxed);
-        // The program works without its binary; only the disk tier misses out.
-        let bytes = program.binary().ok();
+        // The binary is asked for on the background writer: on PoCL the query compiles the
+        // work-group code, which can take longer than the build itself. Until then the
+        // program's weight is its source's length, its binary's size being unknown.
+        let weight = input.sources.iter().map(|s| s.len() as u64).sum();
+        // The writer holds its own reference, so the program outlives an early eviction. The
+        // program works without its binary; only the disk tier misses out.
+        let bytes = program.retain().ok().map(|binary| {
+            DiskBytes::later(move || binary.binary().map_err(|e| BuildError::new(0, e.to_string())))
+        });
         Ok(Compiled {
             value: program,
-            weight: bytes.as_ref().map_or(0, |b| b.len() as u64),
+            weight,
             bytes,
         })
     }
@@ -182,6 +190,12 @@ impl OpenClCache {
     }
 
     common_calls!();
+
+    /// Waits until the binary of every program built so far is written to the disk tier (or
+    /// failed to be); dropping the cache does it too.
+    pub fn flush(&self) {
+        self.cache.flush();
+    }
 
     pub fn stats(&self) -> OpenClStats {
         let tiers = self.cache.stats();

@@ -1,0 +1,232 @@
+//! Cross-process single-flight: one lock file per entry, so that of N processes missing the
+//! same entry at once, one builds it and the others wait for it and read it.
+//!
+//! The lock is an `flock` on `.<entry name>.lock` in the cache directory, opened through the
+//! directory descriptor with `O_NOFOLLOW`. The kernel releases it when its holder exits or
+//! dies, so there are no PID files and no guessing whether a holder is alive (PIDs mean
+//! nothing across PID namespaces sharing a directory). The leader holds it from before its
+//! build until the entry is published (by the background writer), then unlinks the file and
+//! closes it. A process that had to wait, once it holds the lock, finds one of:
+//! - the entry: it reads it;
+//! - a mark the leader left in the file before letting go (its build or its write failed):
+//!   nothing will come, so it builds itself, without the lock;
+//! - neither, the file still linked: the leader died; it takes over, holding the lock;
+//! - neither, the file unlinked: the leader finished but the entry is already gone (evicted);
+//!   it starts over.
+//!
+//! Waiting polls a non-blocking `flock` (`flock` has no timeout), with a backoff capped at
+//! [`MAX_POLL`], until the directory's lock timeout; past it the waiter builds itself, so a
+//! hung leader costs the others that long and no more. A directory whose filesystem cannot
+//! lock is used without locks, with one warning per process.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
+
+use super::evict::lstat_at;
+use super::{Inner, bump};
+use crate::env::Warning;
+use crate::key::Key;
+
+/// Default of [`DiskConfig::lock_timeout`](super::DiskConfig::lock_timeout): longer than
+/// nearly every kernel build (milliseconds to tens of seconds), so that followers wait for a
+/// slow leader rather than compiling beside it, and short enough that a leader stuck in a
+/// driver costs its followers two minutes, not their run.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The longest sleep between two attempts at a held lock: how late, at most, a waiter learns
+/// that the leader is done.
+const MAX_POLL: Duration = Duration::from_millis(10);
+
+/// Attempts to claim a lock file that keeps being unlinked under the waiter (each time the
+/// leader published an entry that was evicted at once) before building without it.
+const MAX_ATTEMPTS: u32 = 8;
+
+/// The mark a leader leaves when no entry will come: its build or its write failed.
+const ABANDONED: u8 = b'F';
+
+const LOCK_SUFFIX: &str = ".lock";
+
+/// The lock file of the entry `entry_name`.
+pub(super) fn lock_name(entry_name: &str) -> String {
+    format!(".{entry_name}{LOCK_SUFFIX}")
+}
+
+/// Whether `name` is a lock file's name, and of which entry.
+pub(super) fn entry_of_lock(name: &str) -> Option<&str> {
+    let entry = name.strip_prefix('.')?.strip_suffix(LOCK_SUFFIX)?;
+    super::parse_entry_name(entry).map(|_| entry)
+}
+
+/// What a miss should do, as [`super::DiskCache::claim`] decides.
+pub(crate) enum Claim {
+    /// Build and publish; other processes wait on the lock until it is dropped (after the
+    /// write) or [`KeyLock::abandon`]ed.
+    Leader(KeyLock),
+    /// The entry is there now (another process published it while this one waited, or just
+    /// before): read it.
+    Published,
+    /// Build without the lock: the leader failed, the wait timed out, or the directory cannot
+    /// lock.
+    Alone,
+}
+
+/// A held per-entry lock. Dropping it unlinks the lock file and releases the lock; waiters
+/// then find the entry, or, if there is none and no mark, start over.
+pub(crate) struct KeyLock {
+    inner: Arc<Inner>,
+    fd: OwnedFd,
+    name: String,
+}
+
+impl KeyLock {
+    /// Tells the waiting processes that no entry will come, so that they build themselves
+    /// instead of taking over one after another.
+    pub(crate) fn abandon(self) {
+        // If the mark cannot be written, a waiter takes over and builds: one build more, no
+        // harm.
+        let _ = rustix::io::pwrite(&self.fd, &[ABANDONED], 0);
+    }
+}
+
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        // Unlinked while held, so that no lock file outlives its flight; `claim` checks after
+        // locking that its file is still the linked one, so nobody locks a stale inode.
+        if is_linked(&self.inner, &self.fd, &self.name) {
+            let _ = rustix::fs::unlinkat(&self.inner.dir, self.name.as_str(), AtFlags::empty());
+        }
+    }
+}
+
+/// Whether `name` in the directory is the file `fd` has open.
+fn is_linked(inner: &Inner, fd: &OwnedFd, name: &str) -> bool {
+    let (Ok(open), Ok(linked)) = (rustix::fs::fstat(fd), lstat_at(&inner.dir, name)) else {
+        return false;
+    };
+    open.st_ino == linked.ino() && open.st_dev == linked.dev()
+}
+
+fn entry_exists(inner: &Inner, entry_name: &str) -> bool {
+    lstat_at(&inner.dir, entry_name).is_ok_and(|m| m.is_file())
+}
+
+enum Acquired {
+    /// Locked, at once (`false`) or after waiting for another holder (`true`).
+    Held(OwnedFd, bool),
+    TimedOut,
+    /// The lock file cannot be opened or locked here.
+    Unavailable,
+}
+
+/// Opens the lock file and locks it, waiting until `deadline`.
+fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
+    let fd = match rustix::fs::openat(
+        &inner.dir,
+        name,
+        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
+        Ok(fd) => fd,
+        Err(_) => return Acquired::Unavailable,
+    };
+    let mut waited = false;
+    let mut pause = Duration::from_micros(250);
+    loop {
+        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Acquired::Held(fd, waited),
+            Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {}
+            Err(e) => {
+                crate::env::warn_once(Warning::NoLocks, || {
+                    format!(
+                        "{} cannot be locked ({e}): processes sharing it may build the same \
+                         kernel at once",
+                        inner.path.display()
+                    )
+                });
+                return Acquired::Unavailable;
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Acquired::TimedOut;
+        }
+        waited = true;
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(MAX_POLL);
+    }
+}
+
+/// Decides what a lookup that missed `key` does (see the module's description).
+pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
+    let entry = inner.entry_name(key);
+    let name = lock_name(&entry);
+    let deadline = Instant::now() + inner.lock_timeout;
+    let c = &inner.counters;
+    let mut counted_wait = false;
+    for _ in 0..MAX_ATTEMPTS {
+        let (fd, waited) = match acquire(inner, &name, deadline) {
+            Acquired::Held(fd, waited) => (fd, waited),
+            Acquired::TimedOut => {
+                bump(&c.lock_timeouts, 1);
+                return Claim::Alone;
+            }
+            Acquired::Unavailable => return Claim::Alone,
+        };
+        if waited && !counted_wait {
+            counted_wait = true;
+            bump(&c.lock_waits, 1);
+        }
+        // Published just before this process locked, or while it waited.
+        if entry_exists(inner, &entry) {
+            return Claim::Published;
+        }
+        let mut mark = [0u8; 1];
+        let marked = rustix::io::pread(&fd, &mut mark, 0).is_ok_and(|n| n == 1);
+        if waited && marked && mark[0] == ABANDONED {
+            return Claim::Alone;
+        }
+        if !is_linked(inner, &fd, &name) {
+            // The leader let go of a file it unlinked, and its entry is gone already.
+            continue;
+        }
+        if marked && rustix::fs::ftruncate(&fd, 0).is_err() {
+            // A stale mark this process cannot clear would send its own waiters away.
+            return Claim::Alone;
+        }
+        if waited {
+            // Locked after waiting, yet no entry and no mark: the leader died.
+            bump(&c.lock_takeovers, 1);
+        }
+        return Claim::Leader(KeyLock {
+            inner: Arc::clone(inner),
+            fd,
+            name,
+        });
+    }
+    Claim::Alone
+}
+
+/// Removes a lock file nobody holds (a leader that died leaves its file behind); a held one is
+/// left alone. Returns whether it was removed.
+pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
+    let Ok(fd) = rustix::fs::openat(
+        &inner.dir,
+        name,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+        return false;
+    }
+    // Unlinked while held: a process that locks this inode afterwards sees it unlinked and
+    // opens a new file.
+    is_linked(inner, &fd, name)
+        && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
+}
