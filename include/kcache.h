@@ -283,6 +283,10 @@ typedef struct kc_cuda_options {
   // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
   // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
   bool disk_require_key;
+  // How long a lookup that misses on disk waits for another process building the same
+  // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
+  // 120 s.
+  uint64_t disk_lock_timeout_ms;
 } kc_cuda_options;
 
 // One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -329,6 +333,17 @@ typedef struct kc_disk_statistics {
   // Whether the scan of the directory that `kc_disk_new` starts has finished
   // (`kc_disk_wait_scan` waits for it).
   bool scan_complete;
+  // Misses that waited for another process building the same entry, then read what it
+  // published or, when its build failed or it died, built.
+  uint64_t lock_waits;
+  // Waits that reached the lock timeout; each of those misses built without waiting more.
+  uint64_t lock_timeouts;
+  // Misses that found the lock released by a process that died building: they built.
+  uint64_t lock_takeovers;
+  // Background writes queued or running now (`kc_disk_flush` waits for them).
+  uint64_t pending_writes;
+  // Background writes that failed (the value could not be serialized or written).
+  uint64_t failed_writes;
 } kc_disk_statistics;
 
 // Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
@@ -395,6 +410,9 @@ typedef struct kc_disk_options {
   // `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
   // too.
   bool require_key;
+  // How long a lookup that misses waits for another process building the same entry, in
+  // milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
+  uint64_t lock_timeout_ms;
 } kc_disk_options;
 
 // What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
@@ -417,6 +435,8 @@ typedef struct kc_disk_gc_report {
   // Files or directories that should have gone but could not be removed (a non-empty
   // directory at an entry name, …): left in place.
   uint64_t undeletable;
+  // Lock files nobody held (left by processes that died building); held ones are kept.
+  uint64_t lock_files;
 } kc_disk_gc_report;
 
 // How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
@@ -444,6 +464,10 @@ typedef struct kc_opencl_options {
   // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
   // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
   bool disk_require_key;
+  // How long a lookup that misses on disk waits for another process building the same
+  // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
+  // 120 s.
+  uint64_t disk_lock_timeout_ms;
 } kc_opencl_options;
 
 // Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
@@ -533,6 +557,10 @@ typedef struct kc_vulkan_options {
   // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
   // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
   bool disk_require_key;
+  // How long a lookup that misses on disk waits for another process building the same
+  // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
+  // 120 s.
+  uint64_t disk_lock_timeout_ms;
 } kc_vulkan_options;
 
 // A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
@@ -832,6 +860,14 @@ enum kc_status kc_cuda_cache_evict_device(struct kc_cuda_cache *cache,
 // `cache` must be a live cache.
 enum kc_status kc_cuda_cache_clear(struct kc_cuda_cache *cache);
 
+// Waits until every cubin built so far is written to the disk tier (or failed to be: see
+// `failed_writes`). Cubins are written on a background thread after the lookup returns;
+// `kc_cuda_cache_free` waits for them too.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_cuda_cache_flush(struct kc_cuda_cache *cache);
+
 // `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
 //
 // # Safety
@@ -942,6 +978,14 @@ enum kc_status kc_disk_fingerprints(const struct kc_disk *disk,
                                     uint8_t *out,
                                     size_t capacity,
                                     size_t *out_count);
+
+// Waits until every background write of this disk submitted so far has finished (written
+// or failed): the tiered lookups' and the backend caches' that use it. `kc_disk_free` does it
+// too.
+//
+// # Safety
+// `disk` live.
+enum kc_status kc_disk_flush(const struct kc_disk *disk);
 
 // Waits for the scan of the directory that `kc_disk_new` starts in the background
 // (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
@@ -1143,6 +1187,14 @@ enum kc_status kc_opencl_cache_evict_context(struct kc_opencl_cache *cache,
 // `cache` must be a live cache.
 enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 
+// Waits until the binary of every program built so far is written to the disk tier (or
+// failed to be: see `failed_writes`). Binaries are asked for and written on a background
+// thread after the lookup returns; `kc_opencl_cache_free` waits for them too.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
+
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
 //
 // # Safety
@@ -1177,8 +1229,12 @@ const char *kc_version(void);
 // entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
 // `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
 // NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
-// callers of one key read or build once. A disk entry that `load` refuses is removed (and
-// counted in `load_failures`); a failed write-back is not an error. Statuses as for
+// callers of one key read or build once. A disk miss waits for another process building the
+// same `l2_key` in the same directory (up to the disk's lock timeout) and loads what it
+// wrote; if that build fails, this one builds too. A disk entry that `load` refuses is
+// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
+// the lookup returns; the write itself happens on the disk's background writer (see
+// `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
 // `kc_cache_find_or_build`.
 //
 // # Safety

@@ -211,6 +211,36 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     Claim::Alone
 }
 
+/// The lock of `key`'s entry for a read-modify-write of it (a merge), waiting up to the lock
+/// timeout; `None` when it timed out or the directory cannot lock (the caller goes on without
+/// it, as before locks existed).
+pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
+    let name = lock_name(&inner.entry_name(key));
+    let deadline = Instant::now() + inner.lock_timeout;
+    for _ in 0..MAX_ATTEMPTS {
+        match acquire(inner, &name, deadline) {
+            Acquired::Held(fd, waited) => {
+                if waited {
+                    bump(&inner.counters.lock_waits, 1);
+                }
+                if is_linked(inner, &fd, &name) {
+                    return Some(KeyLock {
+                        inner: Arc::clone(inner),
+                        fd,
+                        name,
+                    });
+                }
+            }
+            Acquired::TimedOut => {
+                bump(&inner.counters.lock_timeouts, 1);
+                return None;
+            }
+            Acquired::Unavailable => return None,
+        }
+    }
+    None
+}
+
 /// Removes a lock file nobody holds (a leader that died leaves its file behind); a held one is
 /// left alone. Returns whether it was removed.
 pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
@@ -227,6 +257,5 @@ pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
     }
     // Unlinked while held: a process that locks this inode afterwards sees it unlinked and
     // opens a new file.
-    is_linked(inner, &fd, name)
-        && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
+    is_linked(inner, &fd, name) && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
 }

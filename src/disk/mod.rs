@@ -29,8 +29,8 @@ use std::time::Duration;
 pub use config::{DEFAULT_MAX_SIZE, DiskConfig, Durability, OperatorKey, parse_size};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
-pub(crate) use lock::{Claim, KeyLock};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
+pub(crate) use lock::{Claim, KeyLock};
 pub use store::MAX_ENTRY_SIZE;
 pub use writer::QUEUE_BOUND;
 
@@ -263,6 +263,12 @@ impl DiskCache {
         lock::claim(&self.inner, key)
     }
 
+    /// The lock of `key`'s entry, for a read-merge-write of it that no other process may
+    /// interleave with (Vulkan's pipeline-cache data); `None` when it cannot be had in time.
+    pub(crate) fn lock(&self, key: &Key) -> Option<KeyLock> {
+        lock::exclusive(&self.inner, key)
+    }
+
     /// Writes the entry for `key` on the background writer, with the bytes `make` returns
     /// there, then releases `lock`; `done` learns whether it was written. A failure is
     /// counted in `failed_writes` and marked on the lock, so that waiting processes build
@@ -282,9 +288,9 @@ impl DiskCache {
                 .is_some_and(|bytes| store::put(&inner, &key, &bytes, build_time).is_ok());
             if !written {
                 bump(&inner.counters.failed_writes, 1);
-                lock.map(KeyLock::abandon);
-            } else {
-                drop(lock);
+                if let Some(lock) = lock {
+                    lock.abandon();
+                }
             }
             done(written);
         });

@@ -405,6 +405,8 @@ pub struct BackendDisk {
     pub key: *const u8,
     pub key_len: usize,
     pub require_key: bool,
+    /// 0: the environment's or the default.
+    pub lock_timeout_ms: u64,
 }
 
 /// The memory and disk tiers that the options of every backend cache describe with the same
@@ -437,6 +439,8 @@ pub unsafe fn backend_tiers(
         // SAFETY: NULL or `key_len` readable bytes by the caller's contract.
         key: unsafe { operator_key_arg(disk.key, disk.key_len, "disk_key") }?,
         require_key: disk.require_key,
+        lock_timeout: (disk.lock_timeout_ms != 0)
+            .then(|| std::time::Duration::from_millis(disk.lock_timeout_ms)),
         ..DiskConfig::from_env()
     };
     match DiskCache::open(config) {
@@ -463,6 +467,7 @@ mod tests {
             },
             key_len: key.len(),
             require_key,
+            lock_timeout_ms: 0,
         }
     }
 

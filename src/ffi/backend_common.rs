@@ -59,6 +59,7 @@ macro_rules! backend_handles {
                     key: self.disk_key,
                     key_len: self.disk_key_len,
                     require_key: self.disk_require_key,
+                    lock_timeout_ms: self.disk_lock_timeout_ms,
                 };
                 (self.max_entries, self.max_weight, disk)
             }

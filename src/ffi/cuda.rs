@@ -91,6 +91,10 @@ pub struct kc_cuda_options {
     /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
     /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
     pub disk_require_key: bool,
+    /// How long a lookup that misses on disk waits for another process building the same
+    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
+    /// 120 s.
+    pub disk_lock_timeout_ms: u64,
 }
 
 backend_handles!(
@@ -159,6 +163,7 @@ pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
         disk_key: ptr::null(),
         disk_key_len: 0,
         disk_require_key: false,
+        disk_lock_timeout_ms: 0,
     }
 }
 
@@ -450,6 +455,23 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_device(
 pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
     unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+}
+
+/// Waits until every cubin built so far is written to the disk tier (or failed to be: see
+/// `failed_writes`). Cubins are written on a background thread after the lookup returns;
+/// `kc_cuda_cache_free` waits for them too.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_cache_flush(cache: *mut kc_cuda_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        with_cache(cache, |cache| {
+            cache.flush();
+            Ok(())
+        })
+    }
 }
 
 /// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.

@@ -76,6 +76,9 @@ pub struct kc_disk_options {
     /// `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
     /// too.
     pub require_key: bool,
+    /// How long a lookup that misses waits for another process building the same entry, in
+    /// milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
+    pub lock_timeout_ms: u64,
 }
 
 // SAFETY: every field but the bools is an integer or a raw pointer.
@@ -97,6 +100,7 @@ unsafe impl GrownInput for kc_disk_options {
         relaxed_durability: false,
         ignore_env: false,
         require_key: false,
+        lock_timeout_ms: 0,
     };
 }
 
@@ -137,6 +141,17 @@ pub struct kc_disk_statistics {
     /// Whether the scan of the directory that `kc_disk_new` starts has finished
     /// (`kc_disk_wait_scan` waits for it).
     pub scan_complete: bool,
+    /// Misses that waited for another process building the same entry, then read what it
+    /// published or, when its build failed or it died, built.
+    pub lock_waits: u64,
+    /// Waits that reached the lock timeout; each of those misses built without waiting more.
+    pub lock_timeouts: u64,
+    /// Misses that found the lock released by a process that died building: they built.
+    pub lock_takeovers: u64,
+    /// Background writes queued or running now (`kc_disk_flush` waits for them).
+    pub pending_writes: u64,
+    /// Background writes that failed (the value could not be serialized or written).
+    pub failed_writes: u64,
 }
 
 impl From<DiskStats> for kc_disk_statistics {
@@ -157,6 +172,11 @@ impl From<DiskStats> for kc_disk_statistics {
             entries: s.entries,
             bytes: s.bytes,
             scan_complete: s.scan_complete,
+            lock_waits: s.lock_waits,
+            lock_timeouts: s.lock_timeouts,
+            lock_takeovers: s.lock_takeovers,
+            pending_writes: s.pending_writes,
+            failed_writes: s.failed_writes,
         }
     }
 }
@@ -183,6 +203,8 @@ pub struct kc_disk_gc_report {
     /// Files or directories that should have gone but could not be removed (a non-empty
     /// directory at an entry name, …): left in place.
     pub undeletable: u64,
+    /// Lock files nobody held (left by processes that died building); held ones are kept.
+    pub lock_files: u64,
 }
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
 const OUT_MIN_SIZE: usize = size_of::<usize>();
@@ -217,6 +239,8 @@ unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> 
             Durability::Sync
         },
         read_env: !opts.ignore_env,
+        lock_timeout: (opts.lock_timeout_ms != 0)
+            .then(|| Duration::from_millis(opts.lock_timeout_ms)),
         ..DiskConfig::from_env()
     })
 }
@@ -370,6 +394,7 @@ pub unsafe extern "C" fn kc_disk_gc(
                 kept: r.kept,
                 bytes_freed: r.bytes_freed,
                 undeletable: r.undeletable,
+                lock_files: r.lock_files,
             };
             // SAFETY: non-NULL; its size is the caller's promise.
             unsafe {
@@ -458,6 +483,21 @@ pub unsafe extern "C" fn kc_disk_fingerprints(
         }
         // SAFETY: non-NULL and writable by contract.
         unsafe { out_count.write(found.len()) };
+        Ok(())
+    })
+}
+
+/// Waits until every background write of this disk submitted so far has finished (written
+/// or failed): the tiered lookups' and the backend caches' that use it. `kc_disk_free` does it
+/// too.
+///
+/// # Safety
+/// `disk` live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_flush(disk: *const kc_disk) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { handle_ref(disk, "disk") }?.flush();
         Ok(())
     })
 }

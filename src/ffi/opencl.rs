@@ -87,6 +87,10 @@ pub struct kc_opencl_options {
     /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
     /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
     pub disk_require_key: bool,
+    /// How long a lookup that misses on disk waits for another process building the same
+    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
+    /// 120 s.
+    pub disk_lock_timeout_ms: u64,
 }
 
 backend_handles!(
@@ -136,6 +140,7 @@ pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
         disk_key: ptr::null(),
         disk_key_len: 0,
         disk_require_key: false,
+        disk_lock_timeout_ms: 0,
     }
 }
 
@@ -321,6 +326,23 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_context(
 pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
     unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+}
+
+/// Waits until the binary of every program built so far is written to the disk tier (or
+/// failed to be: see `failed_writes`). Binaries are asked for and written on a background
+/// thread after the lookup returns; `kc_opencl_cache_free` waits for them too.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        with_cache(cache, |cache| {
+            cache.flush();
+            Ok(())
+        })
+    }
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.

@@ -89,6 +89,10 @@ pub struct kc_vulkan_options {
     /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
     /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
     pub disk_require_key: bool,
+    /// How long a lookup that misses on disk waits for another process building the same
+    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
+    /// 120 s.
+    pub disk_lock_timeout_ms: u64,
 }
 
 backend_handles!(
@@ -190,6 +194,7 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
         disk_key: ptr::null(),
         disk_key_len: 0,
         disk_require_key: false,
+        disk_lock_timeout_ms: 0,
     }
 }
 

@@ -1,5 +1,6 @@
 //! The device's `VkPipelineCache` data on disk: read and checked at registration, merged with
-//! what another process stored and written back on flush and teardown.
+//! what another process stored and written back on flush and teardown, under the entry's
+//! cross-process lock.
 //!
 //! This is where Vulkan differs from the other backends' disk tier: the driver keeps one
 //! pipeline cache per device, holding every pipeline it created, so the disk holds one blob
@@ -140,6 +141,9 @@ fn write_data(
     stored: &mut Option<[u8; 32]>,
 ) -> Result<bool> {
     let d = &state.fns.fns;
+    // Read, merge and write as one step across processes, so that two processes writing back
+    // at once do not each drop the other's pipelines.
+    let _merging = disk.lock(&state.disk_key);
     let theirs = disk.get(&state.disk_key).inspect_err(|_| {
         bump(&counters.disk_errors);
     })?;
