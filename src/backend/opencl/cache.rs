@@ -5,6 +5,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::refresh::{self, Refresh, Sibling};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
@@ -61,6 +62,8 @@ pub(crate) struct Input<'a> {
 pub(crate) struct OpenCl {
     api: &'static Api,
     source_builds: AtomicU64,
+    /// Programs built here whose stored binary may grow (on PoCL); `None` without a disk tier.
+    refresh: Option<Refresh>,
 }
 
 impl Runtime for OpenCl {
@@ -101,30 +104,50 @@ impl Runtime for OpenCl {
 
     fn build(
         &self,
-        _: &Registered<Self>,
+        registered: &Registered<Self>,
         input: Input<'_>,
     ) -> std::result::Result<Compiled<Program>, BuildError> {
+        let options = options_cstring(input.options)?;
         let program = runtime::build_from_source(
             self.api,
             input.context,
             input.device,
             input.sources,
-            &options_cstring(input.options)?,
+            &options,
         )?;
         self.source_builds.fetch_add(1, Ordering::Relaxed);
-        // The binary is asked for on the background writer: on PoCL the query compiles the
-        // work-group code, which can take longer than the build itself. Until then the
-        // program's weight is its source's length, its binary's size being unknown.
+        // The binary is asked for on the background writer, not here: on PoCL the first query
+        // compiles work-group code, which can take longer than the build. Until then the
+        // program weighs its source's length, its binary's size being unknown.
         let weight = input.sources.iter().map(|s| s.len() as u64).sum();
-        // The writer holds its own reference, so the program outlives an early eviction. The
-        // program works without its binary; only the disk tier misses out.
-        let bytes = program.retain().ok().map(|binary| {
-            DiskBytes::later(move || {
-                binary
-                    .binary()
-                    .map_err(|e| BuildError::new(0, e.to_string()))
-            })
-        });
+        let bytes = match &self.refresh {
+            None => None,
+            Some(refresh) if refresh::applies_to(registered.info()) => {
+                // On PoCL the cached program's binary is taken at flush, with its launches' code
+                // (see `refresh`); waiting processes get a sibling's now.
+                if let Ok(key) = disk_key(registered.info(), input.sources, input.options) {
+                    refresh.note(key, &program);
+                }
+                let sibling = Sibling::new(
+                    self.api,
+                    &program,
+                    input.context,
+                    input.device,
+                    input.sources,
+                    &options,
+                );
+                sibling.map(|sibling| DiskBytes::later(move || sibling.binary()))
+            }
+            // The writer holds its own reference, so the program outlives an early eviction.
+            // The program works without its binary; only the disk tier misses out.
+            Some(_) => program.retain().ok().map(|binary| {
+                DiskBytes::later(move || {
+                    binary
+                        .binary()
+                        .map_err(|e| BuildError::new(0, e.to_string()))
+                })
+            }),
+        };
         Ok(Compiled {
             value: program,
             weight,
@@ -145,6 +168,7 @@ impl OpenClCache {
         let runtime = OpenCl {
             api: Api::get()?,
             source_builds: AtomicU64::new(0),
+            refresh: options.disk.is_some().then(Refresh::default),
         };
         Ok(OpenClCache {
             cache: HandleCache::new(runtime, options.memory, options.disk),
@@ -196,9 +220,17 @@ impl OpenClCache {
     common_calls!();
 
     /// Waits until the binary of every program built so far is written to the disk tier (or
-    /// failed to be); dropping the cache does it too.
-    pub fn flush(&self) {
+    /// failed to be); dropping the cache does it too. On PoCL, the binaries of programs built
+    /// here are then refreshed with the work-group code their launches compiled (see
+    /// `docs/opencl.md`), so that the next process's first launches compile nothing. Returns
+    /// how many entries were rewritten.
+    pub fn flush(&self) -> u64 {
         self.cache.flush();
+        let runtime = self.cache.runtime();
+        match (&runtime.refresh, self.cache.disk()) {
+            (Some(refresh), Some(disk)) => refresh.run(disk),
+            _ => 0,
+        }
     }
 
     pub fn stats(&self) -> OpenClStats {
@@ -213,6 +245,12 @@ impl OpenClCache {
             disk_errors: tiers.disk_errors,
             disk: tiers.disk,
         }
+    }
+}
+
+impl Drop for OpenClCache {
+    fn drop(&mut self) {
+        self.flush();
     }
 }
 

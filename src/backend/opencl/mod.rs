@@ -4,6 +4,7 @@
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
 mod cache;
+mod refresh;
 pub(crate) mod runtime;
 pub(crate) mod sys;
 
