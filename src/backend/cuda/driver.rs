@@ -91,14 +91,7 @@ pub struct Driver {
     get_error_string: FnGetErrorString,
 }
 
-impl std::fmt::Debug for Driver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver")
-            .field("path", &self.path)
-            .field("version", &self.version)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Driver { path, version, .. });
 
 impl Driver {
     /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
