@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
-use super::status::{byte_slice, non_null, null_argument};
+use super::status::{byte_slice, guard_value, non_null, null_argument};
 use crate::disk::{DiskCache, DiskConfig, OperatorKey};
 use crate::memory::{self, Entry, Lease};
 use crate::{Error, Result};
@@ -141,20 +141,25 @@ pub unsafe fn lease_entry<'a, H: LeaseHandle>(lease: *const H) -> &'a Entry<H::K
     unsafe { &*lease.cast::<Entry<H::Key, H::Value>>() }
 }
 
-/// [`lease_entry`] for the accessors without a status: NULL records the invalid argument and
-/// gives `None`, which they turn into their NULL or 0 answer.
+/// The body of a lease accessor without a status: what `read` makes of the leased entry, or
+/// `none` when `lease` is NULL (recorded as the invalid argument) or `read` panics.
 ///
 /// # Safety
 /// `lease` must be NULL or a lease from [`lease_into_raw`], not yet released.
-pub unsafe fn lease_entry_or_null<'a, H: LeaseHandle>(
+#[inline]
+pub unsafe fn read_lease<H: LeaseHandle, T: Copy>(
     lease: *const H,
-) -> Option<&'a Entry<H::Key, H::Value>> {
-    if lease.is_null() {
-        null_argument("lease");
-        return None;
-    }
-    // SAFETY: non-NULL, and live by the caller's contract.
-    Some(unsafe { lease_entry(lease) })
+    none: T,
+    read: impl FnOnce(&Entry<H::Key, H::Value>) -> T,
+) -> T {
+    guard_value(none, || {
+        if lease.is_null() {
+            null_argument("lease");
+            return none;
+        }
+        // SAFETY: non-NULL, and live by the caller's contract.
+        read(unsafe { lease_entry(lease) })
+    })
 }
 
 /// Gives back the reference a lease pointer owns; NULL is a no-op, as every `*_release`

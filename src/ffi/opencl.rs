@@ -37,8 +37,7 @@ use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
-    c_str, elements, free_boxed, lease_entry_or_null, lease_handle, lease_into_raw, live,
-    release_lease,
+    c_str, elements, free_boxed, lease_handle, lease_into_raw, live, read_lease, release_lease,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
@@ -257,10 +256,8 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) -> *mut c_void {
-    guard_value(ptr::null_mut(), || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().raw()) }
 }
 
 /// Releases a lease; the last release of an evicted program releases the program. NULL is a

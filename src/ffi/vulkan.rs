@@ -13,8 +13,8 @@ use std::ptr;
 use ash::vk::{self, Handle};
 
 use super::args::{
-    c_str, elements, free_boxed, lease_entry_or_null, lease_handle, lease_into_raw, live,
-    read_sized, release_lease, write_boxed, write_optional,
+    c_str, elements, free_boxed, lease_handle, lease_into_raw, live, read_lease, read_sized,
+    release_lease, write_boxed, write_optional,
 };
 use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
@@ -467,25 +467,14 @@ pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     })
 }
 
-/// The pipeline behind a lease pointer, or `None` (recorded as a NULL argument).
-///
-/// # Safety
-/// `lease` must be NULL or a lease from `kc_vulkan_cache_find_or_build` not yet released.
-unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { lease_entry_or_null(lease) }.map(|entry| entry.value())
-}
-
 /// The leased `VkPipeline`; 0 if `lease` is NULL.
 ///
 /// # Safety
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease) -> u64 {
-    // SAFETY: forwarded from the caller's contract.
-    guard_value(0, || {
-        unsafe { leased(lease) }.map_or(0, |p| p.pipeline().as_raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| e.value().pipeline().as_raw()) }
 }
 
 /// The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
@@ -494,10 +483,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease)
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -> u64 {
-    // SAFETY: forwarded from the caller's contract.
-    guard_value(0, || {
-        unsafe { leased(lease) }.map_or(0, |p| p.layout().as_raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| e.value().layout().as_raw()) }
 }
 
 /// The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
@@ -510,12 +497,9 @@ pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
     lease: *const kc_vulkan_lease,
     set: u32,
 ) -> u64 {
-    guard_value(0, || {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { leased(lease) }
-            .and_then(|p| p.set_layouts().get(set as usize))
-            .map_or(0, |l| l.as_raw())
-    })
+    let layout = |p: &Pipeline| p.set_layouts().get(set as usize).map_or(0, |l| l.as_raw());
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| layout(e.value())) }
 }
 
 /// The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
@@ -524,10 +508,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_lease) -> u64 {
-    // SAFETY: forwarded from the caller's contract.
-    guard_value(0, || {
-        unsafe { leased(lease) }.map_or(0, |p| p.shader_module().as_raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| e.value().shader_module().as_raw()) }
 }
 
 /// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
