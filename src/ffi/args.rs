@@ -141,6 +141,18 @@ pub unsafe fn lease_entry<'a, H: LeaseHandle>(lease: *const H) -> &'a Entry<H::K
     unsafe { &*lease.cast::<Entry<H::Key, H::Value>>() }
 }
 
+/// Borrows the entry behind a lease argument that must not be NULL.
+///
+/// # Safety
+/// `lease` must be NULL or a lease from [`lease_into_raw`], not yet released.
+pub unsafe fn live_lease<'a, H: LeaseHandle>(
+    lease: *const H,
+) -> Result<&'a Entry<H::Key, H::Value>> {
+    non_null(lease, "lease")?;
+    // SAFETY: non-NULL, and live by the caller's contract.
+    Ok(unsafe { lease_entry(lease) })
+}
+
 /// The body of a lease accessor without a status: what `read` makes of the leased entry, or
 /// `none` when `lease` is NULL (recorded as the invalid argument) or `read` panics.
 ///
@@ -183,6 +195,20 @@ pub unsafe fn release_lease<H: LeaseHandle>(lease: *mut H) {
 // required past the fields this library knows; outputs are written up to what both sides know.
 // [`struct_size`] checks the size, [`read_sized`] and [`read_grown`] read inputs, and
 // [`write_sized`] writes outputs.
+
+/// The C statistics struct `$c` made from the Rust statistics `$s` it mirrors: `struct_size`
+/// set to the whole struct, each listed counter copied, and each nested tier's statistics
+/// (`into`) converted to their own C struct.
+macro_rules! c_statistics {
+    ($c:ident from $s:ident { $($field:ident),+ $(,)? } $(into { $($nested:ident),+ })?) => {
+        $c {
+            struct_size: std::mem::size_of::<$c>(),
+            $($field: $s.$field,)+
+            $($($nested: $s.$nested.into(),)+)?
+        }
+    };
+}
+pub(super) use c_statistics;
 
 /// Checks the `struct_size` a caller set in a struct of type `T` (called `c_name` in C)
 /// against the smallest size this library accepts, and returns it.

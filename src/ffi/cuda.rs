@@ -35,8 +35,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    c_str, elements, free_boxed, lease_entry, lease_handle, lease_into_raw, live, optional_path,
-    read_lease, release_lease, write_optional,
+    c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live_lease,
+    optional_path, read_lease, release_lease, write_optional,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
@@ -262,9 +262,7 @@ unsafe fn find_or_build(
     out_lease: *mut *mut kc_cuda_lease,
     build: impl FnOnce(&CudaCache, Option<Context>, &[u8]) -> Result<ModuleLease, Error>,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
+    let find = |cache: &CudaCache| {
         non_null(text, name)?;
         non_null(out_lease, "out_lease")?;
         // SAFETY: `len` readable bytes, or NUL-terminated when 0, by contract.
@@ -274,7 +272,9 @@ unsafe fn find_or_build(
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, find) }
 }
 
 /// The bytes of `text`: `len` of them, or up to its NUL when `len` is 0.
@@ -392,13 +392,13 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
     out_function: *mut *mut c_void,
 ) -> kc_status {
     guard(|| {
-        non_null(lease, "lease")?;
+        // SAFETY: NULL or a live lease by contract.
+        let module = unsafe { live_lease(lease) }?.value();
         non_null(name, "name")?;
         non_null(out_function, "out_function")?;
         // SAFETY: a C string by contract.
         let name = unsafe { c_str(name, "name") }?;
-        // SAFETY: a live lease by contract.
-        let function = unsafe { lease_entry(lease) }.value().function(name)?;
+        let function = module.function(name)?;
         // SAFETY: `out_function` is non-NULL and writable by contract.
         unsafe { out_function.write(function) };
         Ok(())
@@ -494,20 +494,10 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
 ) -> kc_status {
     let stats = |cache: &CudaCache| {
         let s = cache.stats();
-        kc_cuda_cache_statistics {
-            struct_size: size_of::<kc_cuda_cache_statistics>(),
-            memory: s.memory.into(),
-            links: s.links,
-            link_failures: s.link_failures,
-            cubin_loads: s.cubin_loads,
-            cubins_rejected: s.cubins_rejected,
-            disk_hits: s.disk_hits,
-            disk_misses: s.disk_misses,
-            disk_errors: s.disk_errors,
-            nvrtc_compiles: s.nvrtc_compiles,
-            nvrtc_failures: s.nvrtc_failures,
-            disk: s.disk.into(),
-        }
+        c_statistics!(kc_cuda_cache_statistics from s {
+            links, link_failures, cubin_loads, cubins_rejected, disk_hits, disk_misses,
+            disk_errors, nvrtc_compiles, nvrtc_failures,
+        } into { memory, disk })
     };
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_cuda_cache_statistics, disk);

@@ -37,7 +37,8 @@ use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
-    c_str, elements, free_boxed, lease_handle, lease_into_raw, live, read_lease, release_lease,
+    c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, read_lease,
+    release_lease,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
@@ -198,9 +199,7 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     options: *const c_char,
     out_lease: *mut *mut kc_opencl_lease,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
+    let find = |cache: &OpenClCache| {
         non_null(context, "context")?;
         non_null(device, "device")?;
         non_null(out_lease, "out_lease")?;
@@ -247,7 +246,9 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, find) }
 }
 
 /// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
@@ -331,17 +332,9 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
 ) -> kc_status {
     let stats = |cache: &OpenClCache| {
         let s = cache.stats();
-        kc_opencl_cache_statistics {
-            struct_size: size_of::<kc_opencl_cache_statistics>(),
-            memory: s.memory.into(),
-            source_builds: s.source_builds,
-            binary_loads: s.binary_loads,
-            binaries_rejected: s.binaries_rejected,
-            disk_hits: s.disk_hits,
-            disk_misses: s.disk_misses,
-            disk_errors: s.disk_errors,
-            disk: s.disk.into(),
-        }
+        c_statistics!(kc_opencl_cache_statistics from s {
+            source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
+        } into { memory, disk })
     };
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_opencl_cache_statistics, disk);

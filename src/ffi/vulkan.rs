@@ -13,8 +13,8 @@ use std::ptr;
 use ash::vk::{self, Handle};
 
 use super::args::{
-    c_str, elements, free_boxed, lease_handle, lease_into_raw, live, read_lease, read_sized,
-    release_lease, write_boxed, write_optional,
+    c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live, read_lease,
+    read_sized, release_lease, write_boxed, write_optional,
 };
 use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
@@ -24,6 +24,7 @@ use crate::backend::vulkan::{
     DescriptorBinding, LayoutDesc, Pipeline, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
     VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
 };
+use crate::error::Error;
 
 /// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
 /// `kc_vulkan_cache_free`.
@@ -263,25 +264,26 @@ pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     device: *mut c_void,
     out_device: *mut *mut kc_vulkan_device,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(instance, "instance")?;
-        non_null(physical_device, "physical_device")?;
-        non_null(device, "device")?;
+    let register = |cache: &VulkanCache| {
+        let instance = dispatchable(instance, "instance")?;
+        let physical_device = dispatchable(physical_device, "physical_device")?;
+        let device = dispatchable(device, "device")?;
         non_null(out_device, "out_device")?;
         // SAFETY: the handles' validity is the caller's contract, forwarded.
-        let registered = unsafe {
-            cache.register_device(
-                vk::Instance::from_raw(instance as u64),
-                vk::PhysicalDevice::from_raw(physical_device as u64),
-                vk::Device::from_raw(device as u64),
-            )
-        }?;
+        let registered = unsafe { cache.register_device(instance, physical_device, device) }?;
         // SAFETY: `out_device` is non-NULL and writable by contract.
         unsafe { write_boxed(out_device, kc_vulkan_device { inner: registered }) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, register) }
+}
+
+/// A dispatchable handle argument (`void *` in C) as its `ash` type; NULL is an invalid
+/// argument.
+fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H, Error> {
+    non_null(raw, name)?;
+    Ok(H::from_raw(raw as u64))
 }
 
 /// Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
@@ -534,20 +536,11 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
 ) -> kc_status {
     let stats = |cache: &VulkanCache| {
         let s = cache.stats();
-        kc_vulkan_cache_statistics {
-            struct_size: size_of::<kc_vulkan_cache_statistics>(),
-            memory: s.memory.into(),
-            pipelines_created: s.pipelines_created,
-            pipelines_destroyed: s.pipelines_destroyed,
-            layouts_created: s.layouts_created,
-            cache_data_loaded: s.cache_data_loaded,
-            cache_data_missing: s.cache_data_missing,
-            cache_data_rejected: s.cache_data_rejected,
-            cache_data_written: s.cache_data_written,
-            cache_data_merged: s.cache_data_merged,
-            disk_errors: s.disk_errors,
-            disk: s.disk.into(),
-        }
+        c_statistics!(kc_vulkan_cache_statistics from s {
+            pipelines_created, pipelines_destroyed, layouts_created, cache_data_loaded,
+            cache_data_missing, cache_data_rejected, cache_data_written, cache_data_merged,
+            disk_errors,
+        } into { memory, disk })
     };
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_vulkan_cache_statistics, disk);
