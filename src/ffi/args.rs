@@ -196,15 +196,19 @@ pub unsafe fn release_lease<H: LeaseHandle>(lease: *mut H) {
 // [`struct_size`] checks the size, [`read_sized`] and [`read_grown`] read inputs, and
 // [`write_sized`] writes outputs.
 
-/// The C statistics struct `$c` made from the Rust statistics `$s` it mirrors: `struct_size`
-/// set to the whole struct, each listed counter copied, and each nested tier's statistics
-/// (`into`) converted to their own C struct.
+/// `From<$rust>` for the C statistics struct `$c` that mirrors it: `struct_size` set to the
+/// whole struct, each listed counter copied, and each nested tier's statistics (`into`)
+/// converted to their own C struct.
 macro_rules! c_statistics {
-    ($c:ident from $s:ident { $($field:ident),+ $(,)? } $(into { $($nested:ident),+ })?) => {
-        $c {
-            struct_size: std::mem::size_of::<$c>(),
-            $($field: $s.$field,)+
-            $($($nested: $s.$nested.into(),)+)?
+    ($rust:ty => $c:ident { $($field:ident),+ $(,)? } $(into { $($nested:ident),+ })?) => {
+        impl From<$rust> for $c {
+            fn from(s: $rust) -> Self {
+                $c {
+                    struct_size: std::mem::size_of::<$c>(),
+                    $($field: s.$field,)+
+                    $($($nested: s.$nested.into(),)+)?
+                }
+            }
         }
     };
 }

@@ -159,15 +159,10 @@ pub struct kc_cache_stats {
     pub leases: u64,
 }
 
-impl From<Stats> for kc_cache_stats {
-    /// The C form of a memory tier's counters, `struct_size` set to the whole struct.
-    fn from(s: Stats) -> Self {
-        c_statistics!(kc_cache_stats from s {
-            hits, misses, builds, build_failures, waits, discarded, capacity_evictions,
-            device_evictions, clears, destroys, destroy_errors, entries, weight, leases,
-        })
-    }
-}
+c_statistics!(Stats => kc_cache_stats {
+    hits, misses, builds, build_failures, waits, discarded, capacity_evictions, device_evictions,
+    clears, destroys, destroy_errors, entries, weight, leases,
+});
 
 // SAFETY: every field but the bool is an integer, a raw pointer or an optional function
 // pointer (zero is `None`).

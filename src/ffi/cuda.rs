@@ -43,7 +43,7 @@ use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::backend::cuda::{
-    Context, CudaCache, CudaOptions, Driver, JitOption, Module, ModuleLease, Nvrtc,
+    Context, CudaCache, CudaOptions, CudaStats, Driver, JitOption, Module, ModuleLease, Nvrtc,
 };
 use crate::error::Error;
 
@@ -145,6 +145,11 @@ pub struct kc_cuda_cache_statistics {
     /// caches counts for all of them.
     pub disk: kc_disk_statistics,
 }
+
+c_statistics!(CudaStats => kc_cuda_cache_statistics {
+    links, link_failures, cubin_loads, cubins_rejected, disk_hits, disk_misses,
+    disk_errors, nvrtc_compiles, nvrtc_failures,
+} into { memory, disk });
 
 /// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
 /// `disk_dir`) to keep cubins across processes.
@@ -492,13 +497,7 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
     out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &CudaCache| {
-        let s = cache.stats();
-        c_statistics!(kc_cuda_cache_statistics from s {
-            links, link_failures, cubin_loads, cubins_rejected, disk_hits, disk_misses,
-            disk_errors, nvrtc_compiles, nvrtc_failures,
-        } into { memory, disk })
-    };
+    let stats = |cache: &CudaCache| kc_cuda_cache_statistics::from(cache.stats());
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_cuda_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.

@@ -44,7 +44,9 @@ use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, wr
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::backend::opencl::{ContextRef, Device, OpenClCache, OpenClOptions, Program};
+use crate::backend::opencl::{
+    ContextRef, Device, OpenClCache, OpenClOptions, OpenClStats, Program,
+};
 use crate::error::Error;
 
 /// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
@@ -122,6 +124,10 @@ pub struct kc_opencl_cache_statistics {
     /// caches counts for all of them.
     pub disk: kc_disk_statistics,
 }
+
+c_statistics!(OpenClStats => kc_opencl_cache_statistics {
+    source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
+} into { memory, disk });
 
 /// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
 /// across processes.
@@ -330,12 +336,7 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &OpenClCache| {
-        let s = cache.stats();
-        c_statistics!(kc_opencl_cache_statistics from s {
-            source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
-        } into { memory, disk })
-    };
+    let stats = |cache: &OpenClCache| kc_opencl_cache_statistics::from(cache.stats());
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_opencl_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.

@@ -22,7 +22,7 @@ use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::vulkan::{
     DescriptorBinding, LayoutDesc, Pipeline, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
-    VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
+    VulkanCache, VulkanDevice, VulkanOptions, VulkanStats, words_from_bytes,
 };
 use crate::error::Error;
 
@@ -177,6 +177,12 @@ pub struct kc_vulkan_cache_statistics {
     /// caches counts for all of them.
     pub disk: kc_disk_statistics,
 }
+
+c_statistics!(VulkanStats => kc_vulkan_cache_statistics {
+    pipelines_created, pipelines_destroyed, layouts_created, cache_data_loaded,
+    cache_data_missing, cache_data_rejected, cache_data_written, cache_data_merged,
+    disk_errors,
+} into { memory, disk });
 
 /// Memory only, unbounded, with the system's Vulkan loader.
 #[unsafe(no_mangle)]
@@ -534,14 +540,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &VulkanCache| {
-        let s = cache.stats();
-        c_statistics!(kc_vulkan_cache_statistics from s {
-            pipelines_created, pipelines_destroyed, layouts_created, cache_data_loaded,
-            cache_data_missing, cache_data_rejected, cache_data_written, cache_data_merged,
-            disk_errors,
-        } into { memory, disk })
-    };
+    let stats = |cache: &VulkanCache| kc_vulkan_cache_statistics::from(cache.stats());
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_vulkan_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
