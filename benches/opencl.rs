@@ -20,6 +20,7 @@ use criterion::{Criterion, SamplingMode, criterion_group};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::opencl::Context;
+use kcache_testkit::successful_stdout;
 
 const SOURCE: &str = r#"
 __kernel void nbody_step(__global float4 *pos, __global float4 *vel, float dt, int n) {
@@ -70,20 +71,14 @@ fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
         Mode::PoclHit => "1",
         Mode::Cold | Mode::KcacheDisk => "0",
     };
-    let output = Command::new(std::env::current_exe().unwrap())
-        .env(CHILD_MODE, mode.name())
-        .env(CHILD_ITERS, iters.to_string())
-        .env(CHILD_DIR, &dirs.kcache)
-        .env("POCL_KERNEL_CACHE", pocl_cache)
-        .env("POCL_CACHE_DIR", &dirs.pocl)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{} child failed: {stdout}{}",
-        mode.name(),
-        String::from_utf8_lossy(&output.stderr)
+    let stdout = successful_stdout(
+        &format!("the {} child", mode.name()),
+        Command::new(std::env::current_exe().unwrap())
+            .env(CHILD_MODE, mode.name())
+            .env(CHILD_ITERS, iters.to_string())
+            .env(CHILD_DIR, &dirs.kcache)
+            .env("POCL_KERNEL_CACHE", pocl_cache)
+            .env("POCL_CACHE_DIR", &dirs.pocl),
     );
     let nanos = stdout
         .lines()

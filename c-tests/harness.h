@@ -1,25 +1,18 @@
-/* Shared helpers of the C tests: checks that stay on under NDEBUG, values whose destroys are
- * counted, and a gate that parks a build callback until the test opens it. */
+/* Shared helpers of the core C tests: checks of statuses and counts, values whose destroys are
+ * counted, builds that hand them out, and a gate that parks a build callback until the test
+ * opens it. */
 #ifndef KCACHE_TEST_HARNESS_H
 #define KCACHE_TEST_HARNESS_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kcache.h"
-
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last kcache error: %s\n", __FILE__,     \
-              __LINE__, #cond, kc_last_error_message());                                \
-      abort();                                                                          \
-    }                                                                                   \
-  } while (0)
+#include "checks.h"
 
 #define CHECK_STATUS(expr, expected)                                                    \
   do {                                                                                  \
@@ -105,10 +98,12 @@ static inline int simple_build_fn(void *ctx, const uint8_t *key, size_t key_len,
   return 0;
 }
 
+/* A cache whose values are `tracked`, their destroys counted in `log`, which starts empty. */
 static inline kc_cache *new_tracked_cache(destroy_log *log, uint64_t max_entries, uint64_t max_weight,
                                    bool invalidated_by_clear) {
   kc_cache_options opts = kc_cache_options_default();
   kc_cache *cache = NULL;
+  destroy_log_init(log);
   opts.max_entries = max_entries;
   opts.max_weight = max_weight;
   opts.invalidated_by_clear = invalidated_by_clear;
@@ -119,6 +114,35 @@ static inline kc_cache *new_tracked_cache(destroy_log *log, uint64_t max_entries
   return cache;
 }
 
+/* Frees a cache made by new_tracked_cache and checks that `total` destroys ran in all by then. */
+static inline void free_tracked_cache(kc_cache *cache, destroy_log *log, int total) {
+  kc_cache_free(cache);
+  CHECK(destroy_log_total(log) == total);
+}
+
+/* From now on, the destroy of the value with this id fails with `code`. */
+static inline void fail_destroy_of(destroy_log *log, int id, int code) {
+  log->fail_id = id;
+  log->fail_code = code;
+}
+
+/* kc_cache_find_or_build with a simple_build, under the bytes of the string `key`. */
+static inline kc_status build_simple(kc_cache *cache, const char *key, int64_t device,
+                                     simple_build *b, kc_lease **out_lease) {
+  return kc_cache_find_or_build(cache, (const uint8_t *)key, strlen(key), device, simple_build_fn,
+                                b, out_lease);
+}
+
+/* Puts `value` (of `weight`) in the cache under `key` for `device`, leasing it only meanwhile. */
+static inline void cache_value(kc_cache *cache, const char *key, int64_t device, tracked *value,
+                               uint64_t weight) {
+  simple_build b = {value, weight, 0, 0};
+  kc_lease *l = NULL;
+  CHECK_STATUS(build_simple(cache, key, device, &b, &l), KC_OK);
+  CHECK(kc_lease_value(l) == value);
+  kc_lease_release(l);
+}
+
 static inline kc_cache_statistics stats_of(const kc_cache *cache) {
   kc_cache_statistics s;
   memset(&s, 0, sizeof s);
@@ -126,6 +150,42 @@ static inline kc_cache_statistics stats_of(const kc_cache *cache) {
   CHECK_STATUS(kc_cache_stats(cache, &s), KC_OK);
   CHECK_U64(s.struct_size, sizeof s);
   return s;
+}
+
+/* The end of a test that holds one lease on `value` last: releases it and frees the cache, after
+ * which the value has been destroyed, exactly once. */
+static inline void release_and_free(kc_lease *lease, kc_cache *cache, const tracked *value) {
+  kc_lease_release(lease);
+  kc_cache_free(cache);
+  CHECK(value->destroys == 1);
+}
+
+/* One counter of kc_cache_statistics and the value CHECK_STATS expects of it. */
+typedef struct stat_expectation {
+  const char *name;
+  size_t offset;
+  uint64_t value;
+} stat_expectation;
+
+#define STAT(field, expected) {#field, offsetof(kc_cache_statistics, field), (uint64_t)(expected)}
+
+/* CHECK_STATS(cache, STAT(field, expected)...): one snapshot of the statistics, then each named
+ * counter compared with its expected value (the others are not looked at). */
+#define CHECK_STATS(cache, ...)                                                                \
+  check_stats(__FILE__, __LINE__, (cache), (const stat_expectation[]){__VA_ARGS__, {NULL, 0, 0}})
+
+static inline void check_stats(const char *file, int line, const kc_cache *cache,
+                               const stat_expectation *expected) {
+  kc_cache_statistics s = stats_of(cache);
+  for (; expected->name != NULL; expected++) {
+    uint64_t actual;
+    memcpy(&actual, (const char *)&s + expected->offset, sizeof actual);
+    if (actual != expected->value) {
+      fprintf(stderr, "%s:%d: statistics: %s is %llu, expected %llu\n", file, line, expected->name,
+              (unsigned long long)actual, (unsigned long long)expected->value);
+      abort();
+    }
+  }
 }
 
 /* Parks a build until the test opens the gate: `started` tells the test the build is running. */

@@ -8,29 +8,19 @@ static void hit_miss_build_counts(void) {
   simple_build build_a = {&a, 10, 0, 0}, build_b = {&b, 20, 0, 0};
   kc_lease *la1 = NULL, *la2 = NULL, *lb = NULL, *lg = NULL;
   kc_lease *untouched = (kc_lease *)&log;
-  kc_cache *cache;
-  kc_cache_statistics s;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
-
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("a"), KC_NO_DEVICE, simple_build_fn, &build_a,
-                                      &la1),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "a", KC_NO_DEVICE, &build_a, &la1), KC_OK);
   CHECK(kc_lease_value(la1) == &a);
   CHECK_U64(kc_lease_weight(la1), 10);
   CHECK(build_a.calls == 1);
 
   /* A hit does not build and hands out the same value. */
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("a"), KC_NO_DEVICE, simple_build_fn, &build_a,
-                                      &la2),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "a", KC_NO_DEVICE, &build_a, &la2), KC_OK);
   CHECK(kc_lease_value(la2) == &a);
   CHECK(build_a.calls == 1);
 
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("b"), KC_NO_DEVICE, simple_build_fn, &build_b,
-                                      &lb),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "b", KC_NO_DEVICE, &build_b, &lb), KC_OK);
   CHECK(kc_lease_value(lb) == &b);
   CHECK(build_b.calls == 1);
 
@@ -41,23 +31,15 @@ static void hit_miss_build_counts(void) {
   CHECK(untouched == (kc_lease *)&log);
   CHECK(kc_cache_len(cache) == 2);
 
-  s = stats_of(cache);
-  CHECK_U64(s.hits, 2);   /* find_or_build "a", get "b" */
-  CHECK_U64(s.misses, 3); /* "a", "b", get "zz" */
-  CHECK_U64(s.builds, 2);
-  CHECK_U64(s.build_failures, 0);
-  CHECK_U64(s.entries, 2);
-  CHECK_U64(s.weight, 30);
-  CHECK_U64(s.leases, 4);
-  CHECK_U64(s.destroys, 0);
+  /* Hits: find_or_build "a", get "b". Misses: "a", "b", get "zz". */
+  CHECK_STATS(cache, STAT(hits, 2), STAT(misses, 3), STAT(builds, 2), STAT(build_failures, 0),
+              STAT(entries, 2), STAT(weight, 30), STAT(leases, 4), STAT(destroys, 0));
 
   kc_lease_release(la1);
   kc_lease_release(la2);
   kc_lease_release(lb);
   kc_lease_release(lg);
-  s = stats_of(cache);
-  CHECK_U64(s.leases, 0);
-  CHECK_U64(s.destroys, 0);
+  CHECK_STATS(cache, STAT(leases, 0), STAT(destroys, 0));
 
   kc_cache_free(cache);
   CHECK(a.destroys == 1 && b.destroys == 1);
@@ -70,10 +52,8 @@ static void empty_key_is_a_key(void) {
   simple_build build = {&v, 0, 0, 0};
   kc_lease *l1 = NULL, *l2 = NULL;
   const uint8_t empty[1] = {0};
-  kc_cache *cache;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
   /* NULL with length 0 and a non-NULL pointer with length 0 name the same, empty, key. */
   CHECK_STATUS(kc_cache_find_or_build(cache, NULL, 0, KC_NO_DEVICE, simple_build_fn, &build, &l1),
                KC_OK);
@@ -104,10 +84,8 @@ static void keys_are_bytes(void) {
   const uint8_t with_nul_a[3] = {'k', 0, 'a'};
   const uint8_t with_nul_b[3] = {'k', 0, 'b'};
   kc_lease *l = NULL, *m = NULL;
-  kc_cache *cache;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
   CHECK_STATUS(
       kc_cache_find_or_build(cache, KEY("hello"), KC_NO_DEVICE, keys_seen_build, &hello, &l),
       KC_OK);
@@ -136,14 +114,9 @@ static void build_failure_reports_its_code(void) {
   simple_build build = {&v, 0, -42, 0};
   kc_lease *untouched = (kc_lease *)&build;
   kc_lease *l = NULL;
-  kc_cache *cache;
-  kc_cache_statistics s;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("k"), KC_NO_DEVICE, simple_build_fn, &build,
-                                      &untouched),
-               KC_ERR_BUILD_FAILED);
+  CHECK_STATUS(build_simple(cache, "k", KC_NO_DEVICE, &build, &untouched), KC_ERR_BUILD_FAILED);
   CHECK(untouched == (kc_lease *)&build);
   CHECK(kc_last_build_error() == -42);
   CHECK(strstr(kc_last_error_message(), "-42") != NULL);
@@ -151,43 +124,29 @@ static void build_failure_reports_its_code(void) {
 
   /* A failure is not cached: the next lookup builds again. */
   build.result = 0;
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("k"), KC_NO_DEVICE, simple_build_fn, &build, &l),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "k", KC_NO_DEVICE, &build, &l), KC_OK);
   CHECK(build.calls == 2);
   /* Success leaves the last build error as it was. */
   CHECK(kc_last_build_error() == -42);
 
-  s = stats_of(cache);
-  CHECK_U64(s.misses, 2);
-  CHECK_U64(s.builds, 1);
-  CHECK_U64(s.build_failures, 1);
-  CHECK_U64(s.destroys, 0);
-  kc_lease_release(l);
-  kc_cache_free(cache);
-  CHECK(v.destroys == 1);
+  CHECK_STATS(cache, STAT(misses, 2), STAT(builds, 1), STAT(build_failures, 1), STAT(destroys, 0));
+  release_and_free(l, cache, &v);
 }
 
 static void remove_destroys_now_or_on_release(void) {
   destroy_log log;
   tracked a = {1, 0}, b = {2, 0};
-  simple_build build_a = {&a, 0, 0, 0}, build_b = {&b, 0, 0, 0};
+  simple_build build_b = {&b, 0, 0, 0};
   kc_lease *l = NULL, *untouched = (kc_lease *)&log;
-  kc_cache *cache;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("a"), KC_NO_DEVICE, simple_build_fn, &build_a,
-                                      &l),
-               KC_OK);
-  kc_lease_release(l);
+  cache_value(cache, "a", KC_NO_DEVICE, &a, 0);
   CHECK_STATUS(kc_cache_remove(cache, KEY("a")), KC_OK);
   CHECK(a.destroys == 1);
   CHECK_STATUS(kc_cache_remove(cache, KEY("a")), KC_ERR_NOT_FOUND);
   CHECK_STATUS(kc_cache_get(cache, KEY("a"), &untouched), KC_ERR_NOT_FOUND);
 
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("b"), KC_NO_DEVICE, simple_build_fn, &build_b,
-                                      &l),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "b", KC_NO_DEVICE, &build_b, &l), KC_OK);
   CHECK_STATUS(kc_cache_remove(cache, KEY("b")), KC_OK);
   CHECK(kc_cache_len(cache) == 0);
   CHECK(b.destroys == 0);
@@ -196,38 +155,26 @@ static void remove_destroys_now_or_on_release(void) {
   CHECK(b.destroys == 1);
 
   /* A failing destroy is reported by remove, and the entry is gone anyway. */
-  log.fail_id = 1;
-  log.fail_code = 5;
+  fail_destroy_of(&log, 1, 5);
   a.destroys = 0;
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("a"), KC_NO_DEVICE, simple_build_fn, &build_a,
-                                      &l),
-               KC_OK);
-  kc_lease_release(l);
+  cache_value(cache, "a", KC_NO_DEVICE, &a, 0);
   CHECK_STATUS(kc_cache_remove(cache, KEY("a")), KC_ERR_DESTROY_FAILED);
   CHECK(a.destroys == 1);
   CHECK(kc_cache_len(cache) == 0);
   CHECK_U64(stats_of(cache).destroy_errors, 1);
-  kc_cache_free(cache);
-  CHECK(log.total == 3);
+  free_tracked_cache(cache, &log, 3);
 }
 
 static void device_eviction(void) {
   destroy_log log;
   tracked d0 = {1, 0}, d1 = {2, 0}, none = {3, 0};
-  simple_build b0 = {&d0, 0, 0, 0}, b1 = {&d1, 0, 0, 0}, bn = {&none, 0, 0, 0};
-  kc_lease *l = NULL, *untouched = (kc_lease *)&log;
-  kc_cache *cache;
-  kc_cache_statistics s;
+  simple_build bn = {&none, 0, 0, 0};
+  kc_lease *untouched = (kc_lease *)&log;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("k0"), 0, simple_build_fn, &b0, &l), KC_OK);
-  kc_lease_release(l);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("k1"), 1, simple_build_fn, &b1, &l), KC_OK);
-  kc_lease_release(l);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("kn"), KC_NO_DEVICE, simple_build_fn, &bn, &l),
-               KC_OK);
-  kc_lease_release(l);
+  cache_value(cache, "k0", 0, &d0, 0);
+  cache_value(cache, "k1", 1, &d1, 0);
+  cache_value(cache, "kn", KC_NO_DEVICE, &none, 0);
 
   CHECK_STATUS(kc_cache_evict_device(cache, 0), KC_OK);
   CHECK(d0.destroys == 1 && d1.destroys == 0 && none.destroys == 0);
@@ -239,14 +186,10 @@ static void device_eviction(void) {
   CHECK_STATUS(kc_cache_evict_device(cache, KC_NO_DEVICE), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_cache_evict_device(cache, -2), KC_ERR_INVALID_ARGUMENT);
   CHECK(strstr(kc_last_error_message(), "-2") != NULL);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("bad"), -5, simple_build_fn, &bn, &untouched),
-               KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(build_simple(cache, "bad", -5, &bn, &untouched), KC_ERR_INVALID_ARGUMENT);
   CHECK(untouched == (kc_lease *)&log);
 
-  s = stats_of(cache);
-  CHECK_U64(s.device_evictions, 1);
-  CHECK_U64(s.destroys, 1);
-  CHECK_U64(s.entries, 2);
+  CHECK_STATS(cache, STAT(device_evictions, 1), STAT(destroys, 1), STAT(entries, 2));
   kc_cache_free(cache);
   CHECK(d1.destroys == 1 && none.destroys == 1);
 }
@@ -255,20 +198,10 @@ static void entry_cap_evicts_and_destroys(void) {
   destroy_log log;
   tracked v[3] = {{0, 0}, {1, 0}, {2, 0}};
   const char *keys[3] = {"k0", "k1", "k2"};
-  kc_cache *cache;
-  kc_cache_statistics s;
+  kc_cache *cache = new_tracked_cache(&log, 2, 0, false);
   int i, destroyed = 0, present = 0;
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 2, 0, false);
-  for (i = 0; i < 3; i++) {
-    simple_build b = {&v[i], 1, 0, 0};
-    kc_lease *l = NULL;
-    CHECK_STATUS(kc_cache_find_or_build(cache, (const uint8_t *)keys[i], 2, KC_NO_DEVICE,
-                                        simple_build_fn, &b, &l),
-                 KC_OK);
-    kc_lease_release(l);
-  }
+  for (i = 0; i < 3; i++) cache_value(cache, keys[i], KC_NO_DEVICE, &v[i], 1);
   CHECK(kc_cache_len(cache) == 2);
   for (i = 0; i < 3; i++) {
     kc_lease *l = NULL;
@@ -284,48 +217,28 @@ static void entry_cap_evicts_and_destroys(void) {
     }
   }
   CHECK(destroyed == 1 && present == 2);
-  s = stats_of(cache);
-  CHECK_U64(s.capacity_evictions, 1);
-  CHECK_U64(s.destroys, 1);
-  CHECK_U64(s.entries, 2);
-  kc_cache_free(cache);
-  CHECK(log.total == 3);
+  CHECK_STATS(cache, STAT(capacity_evictions, 1), STAT(destroys, 1), STAT(entries, 2));
+  free_tracked_cache(cache, &log, 3);
 }
 
 static void weight_cap_evicts_and_admits_a_giant_alone(void) {
   destroy_log log;
   tracked a = {1, 0}, b = {2, 0}, giant = {3, 0};
-  simple_build ba = {&a, 60, 0, 0}, bb = {&b, 60, 0, 0}, bg = {&giant, 500, 0, 0};
+  simple_build bg = {&giant, 500, 0, 0};
   kc_lease *l = NULL;
-  kc_cache *cache;
-  kc_cache_statistics s;
+  kc_cache *cache = new_tracked_cache(&log, 0, 100, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 100, false);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("a"), KC_NO_DEVICE, simple_build_fn, &ba, &l),
-               KC_OK);
-  kc_lease_release(l);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("b"), KC_NO_DEVICE, simple_build_fn, &bb, &l),
-               KC_OK);
-  kc_lease_release(l);
-  s = stats_of(cache);
-  CHECK_U64(s.entries, 1);
-  CHECK_U64(s.weight, 60);
-  CHECK_U64(s.capacity_evictions, 1);
+  cache_value(cache, "a", KC_NO_DEVICE, &a, 60);
+  cache_value(cache, "b", KC_NO_DEVICE, &b, 60);
+  CHECK_STATS(cache, STAT(entries, 1), STAT(weight, 60), STAT(capacity_evictions, 1));
   CHECK(a.destroys + b.destroys == 1);
 
   /* Heavier than the whole cap: admitted, alone. */
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("g"), KC_NO_DEVICE, simple_build_fn, &bg, &l),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "g", KC_NO_DEVICE, &bg, &l), KC_OK);
   CHECK(kc_lease_value(l) == &giant);
-  s = stats_of(cache);
-  CHECK_U64(s.entries, 1);
-  CHECK_U64(s.weight, 500);
-  CHECK_U64(s.capacity_evictions, 2);
+  CHECK_STATS(cache, STAT(entries, 1), STAT(weight, 500), STAT(capacity_evictions, 2));
   CHECK(a.destroys == 1 && b.destroys == 1 && giant.destroys == 0);
-  kc_lease_release(l);
-  kc_cache_free(cache);
-  CHECK(giant.destroys == 1);
+  release_and_free(l, cache, &giant);
 }
 
 static void leases_outlive_clear_and_free(void) {
@@ -333,12 +246,9 @@ static void leases_outlive_clear_and_free(void) {
   tracked v = {1, 0}, w = {2, 0};
   simple_build bv = {&v, 7, 0, 0}, bw = {&w, 0, 0, 0};
   kc_lease *l = NULL, *copy, *lw = NULL;
-  kc_cache *cache;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("v"), KC_NO_DEVICE, simple_build_fn, &bv, &l),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "v", KC_NO_DEVICE, &bv, &l), KC_OK);
   copy = kc_lease_clone(l);
   CHECK(copy != NULL && kc_lease_value(copy) == &v && kc_lease_weight(copy) == 7);
   CHECK_U64(stats_of(cache).leases, 2);
@@ -355,8 +265,7 @@ static void leases_outlive_clear_and_free(void) {
   CHECK_U64(stats_of(cache).clears, 1);
 
   /* Freeing the cache leaves outstanding leases valid. */
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("w"), KC_NO_DEVICE, simple_build_fn, &bw, &lw),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "w", KC_NO_DEVICE, &bw, &lw), KC_OK);
   kc_cache_free(cache);
   CHECK(w.destroys == 0);
   CHECK(kc_lease_value(lw) == &w);
@@ -386,15 +295,13 @@ static void destroy_errors_without_a_caller_reach_the_hook(void) {
   kc_lease *l = NULL;
 
   destroy_log_init(&log);
-  log.fail_id = 1;
-  log.fail_code = 33;
+  fail_destroy_of(&log, 1, 33);
   opts.destroy = tracked_destroy;
   opts.destroy_ctx = &log;
   opts.on_destroy_error = record_destroy_error;
   opts.on_destroy_error_ctx = &hook;
   CHECK_STATUS(kc_cache_new(&opts, &cache), KC_OK);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("v"), KC_NO_DEVICE, simple_build_fn, &bv, &l),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "v", KC_NO_DEVICE, &bv, &l), KC_OK);
   CHECK_STATUS(kc_cache_clear(cache), KC_OK); /* leased: nothing destroyed yet */
   CHECK(hook.calls == 0);
   kc_lease_release(l); /* the destroy runs here and fails: no status to return it with */

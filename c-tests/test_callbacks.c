@@ -5,53 +5,29 @@ static void destroy_fails_on_one_of_four_during_clear(void) {
   destroy_log log;
   tracked v[4] = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
   const char *keys[4] = {"k0", "k1", "k2", "k3"};
-  kc_cache *cache;
-  kc_cache_statistics s;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
   int i;
 
-  destroy_log_init(&log);
-  log.fail_id = 2;
-  log.fail_code = 99;
-  cache = new_tracked_cache(&log, 0, 0, false);
-  for (i = 0; i < 4; i++) {
-    simple_build b = {&v[i], 0, 0, 0};
-    kc_lease *l = NULL;
-    CHECK_STATUS(kc_cache_find_or_build(cache, (const uint8_t *)keys[i], 2, KC_NO_DEVICE,
-                                        simple_build_fn, &b, &l),
-                 KC_OK);
-    kc_lease_release(l);
-  }
+  fail_destroy_of(&log, 2, 99);
+  for (i = 0; i < 4; i++) cache_value(cache, keys[i], KC_NO_DEVICE, &v[i], 0);
   CHECK_STATUS(kc_cache_clear(cache), KC_ERR_DESTROY_FAILED);
   CHECK(strstr(kc_last_error_message(), "99") != NULL);
   for (i = 0; i < 4; i++) CHECK(v[i].destroys == 1);
   CHECK(kc_cache_len(cache) == 0);
-  s = stats_of(cache);
-  CHECK_U64(s.destroys, 4);
-  CHECK_U64(s.destroy_errors, 1);
-  CHECK_U64(s.entries, 0);
-  kc_cache_free(cache);
-  CHECK(log.total == 4);
+  CHECK_STATS(cache, STAT(destroys, 4), STAT(destroy_errors, 1), STAT(entries, 0));
+  free_tracked_cache(cache, &log, 4);
 }
 
 static void destroy_fails_during_device_eviction(void) {
   destroy_log log;
   tracked v[3] = {{0, 0}, {1, 0}, {2, 0}};
   const char *keys[3] = {"k0", "k1", "k2"};
-  kc_cache *cache;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
   int i;
 
-  destroy_log_init(&log);
-  log.fail_id = 0;
-  log.fail_code = 4;
-  cache = new_tracked_cache(&log, 0, 0, false);
-  for (i = 0; i < 3; i++) {
-    simple_build b = {&v[i], 0, 0, 0};
-    kc_lease *l = NULL;
-    CHECK_STATUS(kc_cache_find_or_build(cache, (const uint8_t *)keys[i], 2, i < 2 ? 1 : 2,
-                                        simple_build_fn, &b, &l),
-                 KC_OK);
-    kc_lease_release(l);
-  }
+  fail_destroy_of(&log, 0, 4);
+  /* Two values of device 1, one of device 2. */
+  for (i = 0; i < 3; i++) cache_value(cache, keys[i], i < 2 ? 1 : 2, &v[i], 0);
   CHECK_STATUS(kc_cache_evict_device(cache, 1), KC_ERR_DESTROY_FAILED);
   CHECK(v[0].destroys == 1 && v[1].destroys == 1 && v[2].destroys == 0);
   CHECK(kc_cache_len(cache) == 1);
@@ -81,8 +57,7 @@ static int reentering_destroy_fn(void *ctx, void *value) {
     r->get_status = kc_cache_get(r->cache, KEY("other"), &l);
     kc_lease_release(l);
     l = NULL;
-    r->build_status =
-        kc_cache_find_or_build(r->cache, KEY("fresh"), KC_NO_DEVICE, simple_build_fn, &b, &l);
+    r->build_status = build_simple(r->cache, "fresh", KC_NO_DEVICE, &b, &l);
     kc_lease_release(l);
   }
   return tracked_destroy(&r->log, value);
@@ -91,9 +66,7 @@ static int reentering_destroy_fn(void *ctx, void *value) {
 static void destroy_callback_reenters_the_cache(void) {
   reentering_destroy r;
   tracked victim = {1, 0}, other = {2, 0}, fresh = {3, 0};
-  simple_build bv = {&victim, 0, 0, 0}, bo = {&other, 0, 0, 0};
   kc_cache_options opts = kc_cache_options_default();
-  kc_lease *l = NULL;
 
   destroy_log_init(&r.log);
   r.armed = 0;
@@ -101,12 +74,8 @@ static void destroy_callback_reenters_the_cache(void) {
   opts.destroy = reentering_destroy_fn;
   opts.destroy_ctx = &r;
   CHECK_STATUS(kc_cache_new(&opts, &r.cache), KC_OK);
-  CHECK_STATUS(kc_cache_find_or_build(r.cache, KEY("victim"), 1, simple_build_fn, &bv, &l), KC_OK);
-  kc_lease_release(l);
-  CHECK_STATUS(
-      kc_cache_find_or_build(r.cache, KEY("other"), KC_NO_DEVICE, simple_build_fn, &bo, &l),
-      KC_OK);
-  kc_lease_release(l);
+  cache_value(r.cache, "victim", 1, &victim, 0);
+  cache_value(r.cache, "other", KC_NO_DEVICE, &other, 0);
 
   r.armed = 1;
   CHECK_STATUS(kc_cache_evict_device(r.cache, 1), KC_OK);
@@ -138,9 +107,7 @@ static int reentering_build_fn(void *ctx, const uint8_t *key, size_t key_len, vo
   (void)key;
   (void)key_len;
   (void)out_weight;
-  r->inner_status = kc_cache_find_or_build(r->cache, (const uint8_t *)r->inner_key,
-                                           strlen(r->inner_key), KC_NO_DEVICE, simple_build_fn,
-                                           &inner, &l);
+  r->inner_status = build_simple(r->cache, r->inner_key, KC_NO_DEVICE, &inner, &l);
   r->inner_seen = kc_lease_value(l);
   kc_lease_release(l);
   *out_value = r->value;
@@ -153,7 +120,6 @@ static void build_that_reenters_its_own_key_gets_reentrant(void) {
   reentering_build r;
   kc_lease *l = NULL;
 
-  destroy_log_init(&log);
   r.cache = new_tracked_cache(&log, 0, 0, false);
   r.inner_key = "outer";
   r.value = &outer;
@@ -184,8 +150,10 @@ static void build_that_reenters_its_own_key_gets_reentrant(void) {
 typedef struct teardown_build {
   kc_cache *cache;
   tracked *value;
-  int clear; /* else evict device 5 */
+  kc_status (*teardown)(kc_cache *cache);
 } teardown_build;
+
+static kc_status evict_device_5(kc_cache *cache) { return kc_cache_evict_device(cache, 5); }
 
 static int teardown_build_fn(void *ctx, const uint8_t *key, size_t key_len, void **out_value,
                              uint64_t *out_weight) {
@@ -193,10 +161,7 @@ static int teardown_build_fn(void *ctx, const uint8_t *key, size_t key_len, void
   (void)key;
   (void)key_len;
   (void)out_weight;
-  if (t->clear)
-    CHECK_STATUS(kc_cache_clear(t->cache), KC_OK);
-  else
-    CHECK_STATUS(kc_cache_evict_device(t->cache, 5), KC_OK);
+  CHECK_STATUS(t->teardown(t->cache), KC_OK);
   *out_value = t->value;
   return 0;
 }
@@ -206,32 +171,24 @@ static void discarded_build_reports_why_not_its_destroy_failure(void) {
   tracked v = {1, 0}, w = {2, 0};
   teardown_build t;
   kc_lease *l = (kc_lease *)&t;
-  kc_cache_statistics s;
 
-  destroy_log_init(&log);
-  log.fail_id = 1;
-  log.fail_code = 8;
   t.cache = new_tracked_cache(&log, 0, 0, true);
+  fail_destroy_of(&log, 1, 8);
   t.value = &v;
-  t.clear = 0;
+  t.teardown = evict_device_5;
   CHECK_STATUS(kc_cache_find_or_build(t.cache, KEY("k"), 5, teardown_build_fn, &t, &l),
                KC_ERR_DEVICE_DESTROYED);
   CHECK(l == (kc_lease *)&t);
   CHECK(v.destroys == 1);
 
   t.value = &w;
-  t.clear = 1;
+  t.teardown = kc_cache_clear;
   CHECK_STATUS(kc_cache_find_or_build(t.cache, KEY("k"), KC_NO_DEVICE, teardown_build_fn, &t, &l),
                KC_ERR_CACHE_CLEARED);
   CHECK(w.destroys == 1);
-  s = stats_of(t.cache);
-  CHECK_U64(s.builds, 2);
-  CHECK_U64(s.discarded, 2);
-  CHECK_U64(s.destroys, 2);
-  CHECK_U64(s.destroy_errors, 1);
-  CHECK_U64(s.entries, 0);
-  kc_cache_free(t.cache);
-  CHECK(log.total == 2);
+  CHECK_STATS(t.cache, STAT(builds, 2), STAT(discarded, 2), STAT(destroys, 2),
+              STAT(destroy_errors, 1), STAT(entries, 0));
+  free_tracked_cache(t.cache, &log, 2);
 }
 
 static void values_need_no_destroy_callback(void) {
@@ -242,7 +199,7 @@ static void values_need_no_destroy_callback(void) {
   kc_lease *l = NULL;
 
   CHECK_STATUS(kc_cache_new(&opts, &cache), KC_OK);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("k"), 0, simple_build_fn, &b, &l), KC_OK);
+  CHECK_STATUS(build_simple(cache, "k", 0, &b, &l), KC_OK);
   CHECK_STATUS(kc_cache_clear(cache), KC_OK);
   kc_lease_release(l);
   CHECK_U64(stats_of(cache).destroys, 1);

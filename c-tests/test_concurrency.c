@@ -82,206 +82,148 @@ static void wait_for_waiters(kc_cache *cache, uint64_t count) {
   while (stats_of(cache).waits < count) sleep_ms(1);
 }
 
-static void single_flight_one_build_for_eight_threads(void) {
+/* A cache and `n` lookups of one key, each on its own thread: the first builds, parked on the
+ * gate, and the others wait for that build. */
+typedef struct race {
   destroy_log log;
-  tracked v = {1, 0};
-  gated_build b;
+  gated_build build;
   lookup ls[THREADS];
+  int n;
   kc_cache *cache;
-  kc_cache_statistics s;
+} race;
+
+/* Starts the lookups, for `device`, of a build that hands out `value` or fails with
+ * `build_result`; returns once the build is parked and the other lookups wait for it. */
+static void race_start(race *r, int n, int64_t device, tracked *value, int build_result,
+                       bool invalidated_by_clear) {
+  gated_build_init(&r->build, value, build_result);
+  r->cache = new_tracked_cache(&r->log, 0, 0, invalidated_by_clear);
+  r->n = n;
+  start_lookups(r->ls, n, r->cache, device, &r->build);
+  gate_wait_started(&r->build.g, 1);
+  wait_for_waiters(r->cache, (uint64_t)(n - 1));
+}
+
+/* Lets the parked build finish and joins the lookups: however many there were, one build ran. */
+static void race_finish(race *r) {
+  gate_open(&r->build.g);
+  join_lookups(r->ls, r->n);
+  CHECK(r->build.calls == 1);
+}
+
+/* Every lookup of the race got `status`, and no lease. */
+static void check_lookups_failed(const race *r, kc_status status) {
+  int i;
+  for (i = 0; i < r->n; i++) {
+    CHECK_STATUS(r->ls[i].status, status);
+    CHECK(r->ls[i].lease == NULL);
+  }
+}
+
+/* After a race whose value `first` was discarded, the next lookup for `device` builds `fresh`
+ * and caches it; freeing the cache destroys it, and `first` stays destroyed once. */
+static void check_next_lookup_builds_afresh(race *r, int64_t device, tracked *fresh,
+                                            const tracked *first) {
+  simple_build again = {fresh, 0, 0, 0};
+  kc_lease *l = NULL;
+  CHECK_STATUS(build_simple(r->cache, "kernel", device, &again, &l), KC_OK);
+  CHECK(again.calls == 1 && kc_lease_value(l) == fresh);
+  kc_lease_release(l);
+  kc_cache_free(r->cache);
+  CHECK(first->destroys == 1 && fresh->destroys == 1);
+}
+
+static void single_flight_one_build_for_eight_threads(void) {
+  tracked v = {1, 0};
+  race r;
   int i;
 
-  destroy_log_init(&log);
-  gated_build_init(&b, &v, 0);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  start_lookups(ls, THREADS, cache, KC_NO_DEVICE, &b);
-  gate_wait_started(&b.g, 1);
-  wait_for_waiters(cache, THREADS - 1);
-  gate_open(&b.g);
-  join_lookups(ls, THREADS);
-
-  CHECK(b.calls == 1);
+  race_start(&r, THREADS, KC_NO_DEVICE, &v, 0, false);
+  race_finish(&r);
   for (i = 0; i < THREADS; i++) {
-    CHECK_STATUS(ls[i].status, KC_OK);
-    CHECK(kc_lease_value(ls[i].lease) == &v);
+    CHECK_STATUS(r.ls[i].status, KC_OK);
+    CHECK(kc_lease_value(r.ls[i].lease) == &v);
   }
-  s = stats_of(cache);
-  CHECK_U64(s.misses, 1);
-  CHECK_U64(s.builds, 1);
-  CHECK_U64(s.waits, THREADS - 1);
-  CHECK_U64(s.hits, 0);
-  CHECK_U64(s.leases, THREADS);
-  CHECK_U64(s.entries, 1);
-  for (i = 0; i < THREADS; i++) kc_lease_release(ls[i].lease);
-  kc_cache_free(cache);
+  CHECK_STATS(r.cache, STAT(misses, 1), STAT(builds, 1), STAT(waits, THREADS - 1), STAT(hits, 0),
+              STAT(leases, THREADS), STAT(entries, 1));
+  for (i = 0; i < THREADS; i++) kc_lease_release(r.ls[i].lease);
+  kc_cache_free(r.cache);
   CHECK(v.destroys == 1);
 }
 
 static void single_flight_failure_is_shared(void) {
-  destroy_log log;
   tracked v = {1, 0};
-  gated_build b;
-  lookup ls[THREADS];
-  kc_cache *cache;
-  kc_cache_statistics s;
+  race r;
   int i;
 
-  destroy_log_init(&log);
-  gated_build_init(&b, &v, -7);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  start_lookups(ls, THREADS, cache, KC_NO_DEVICE, &b);
-  gate_wait_started(&b.g, 1);
-  wait_for_waiters(cache, THREADS - 1);
-  gate_open(&b.g);
-  join_lookups(ls, THREADS);
-
-  CHECK(b.calls == 1);
+  race_start(&r, THREADS, KC_NO_DEVICE, &v, -7, false);
+  race_finish(&r);
+  check_lookups_failed(&r, KC_ERR_BUILD_FAILED);
   for (i = 0; i < THREADS; i++) {
-    CHECK_STATUS(ls[i].status, KC_ERR_BUILD_FAILED);
-    CHECK(ls[i].lease == NULL);
-    CHECK(ls[i].build_error == -7);
-    CHECK(strstr(ls[i].message, "-7") != NULL);
+    CHECK(r.ls[i].build_error == -7);
+    CHECK(strstr(r.ls[i].message, "-7") != NULL);
   }
-  s = stats_of(cache);
-  CHECK_U64(s.builds, 0);
-  CHECK_U64(s.build_failures, 1);
-  CHECK_U64(s.waits, THREADS - 1);
-  CHECK_U64(s.entries, 0);
-  kc_cache_free(cache);
+  CHECK_STATS(r.cache, STAT(builds, 0), STAT(build_failures, 1), STAT(waits, THREADS - 1),
+              STAT(entries, 0));
+  kc_cache_free(r.cache);
   CHECK(v.destroys == 0);
 }
 
 static void evict_during_build_destroys_the_value(void) {
-  destroy_log log;
   tracked v = {1, 0}, w = {2, 0};
-  gated_build b;
-  simple_build again = {&w, 0, 0, 0};
-  lookup ls[4];
-  kc_lease *l = NULL;
-  kc_cache *cache;
-  kc_cache_statistics s;
-  int i;
+  race r;
 
-  destroy_log_init(&log);
-  gated_build_init(&b, &v, 0);
-  cache = new_tracked_cache(&log, 0, 0, false);
   /* One builder and three waiters, all for device 3. */
-  start_lookups(ls, 4, cache, 3, &b);
-  gate_wait_started(&b.g, 1);
-  wait_for_waiters(cache, 3);
-  CHECK_STATUS(kc_cache_evict_device(cache, 3), KC_OK);
-  gate_open(&b.g);
-  join_lookups(ls, 4);
-
-  CHECK(b.calls == 1);
-  for (i = 0; i < 4; i++) {
-    CHECK_STATUS(ls[i].status, KC_ERR_DEVICE_DESTROYED);
-    CHECK(ls[i].lease == NULL);
-  }
+  race_start(&r, 4, 3, &v, 0, false);
+  CHECK_STATUS(kc_cache_evict_device(r.cache, 3), KC_OK);
+  race_finish(&r);
+  check_lookups_failed(&r, KC_ERR_DEVICE_DESTROYED);
   CHECK(v.destroys == 1);
-  CHECK(kc_cache_len(cache) == 0);
-  s = stats_of(cache);
-  CHECK_U64(s.builds, 1);
-  CHECK_U64(s.discarded, 1);
-  CHECK_U64(s.destroys, 1);
-  CHECK_U64(s.entries, 0);
-
-  /* The device's next lookup builds afresh. */
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("kernel"), 3, simple_build_fn, &again, &l),
-               KC_OK);
-  CHECK(again.calls == 1 && kc_lease_value(l) == &w);
-  kc_lease_release(l);
-  kc_cache_free(cache);
-  CHECK(v.destroys == 1 && w.destroys == 1);
+  CHECK(kc_cache_len(r.cache) == 0);
+  CHECK_STATS(r.cache, STAT(builds, 1), STAT(discarded, 1), STAT(destroys, 1), STAT(entries, 0));
+  check_next_lookup_builds_afresh(&r, 3, &w, &v);
 }
 
 static void evict_of_another_device_does_not_disturb_a_build(void) {
-  destroy_log log;
   tracked v = {1, 0};
-  gated_build b;
-  lookup ls[1];
-  kc_cache *cache;
+  race r;
 
-  destroy_log_init(&log);
-  gated_build_init(&b, &v, 0);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  start_lookups(ls, 1, cache, 1, &b);
-  gate_wait_started(&b.g, 1);
-  CHECK_STATUS(kc_cache_evict_device(cache, 2), KC_OK);
-  gate_open(&b.g);
-  join_lookups(ls, 1);
-  CHECK_STATUS(ls[0].status, KC_OK);
-  CHECK(kc_lease_value(ls[0].lease) == &v && v.destroys == 0);
-  kc_lease_release(ls[0].lease);
-  kc_cache_free(cache);
-  CHECK(v.destroys == 1);
+  race_start(&r, 1, 1, &v, 0, false);
+  CHECK_STATUS(kc_cache_evict_device(r.cache, 2), KC_OK);
+  race_finish(&r);
+  CHECK_STATUS(r.ls[0].status, KC_OK);
+  CHECK(kc_lease_value(r.ls[0].lease) == &v && v.destroys == 0);
+  release_and_free(r.ls[0].lease, r.cache, &v);
 }
 
 static void clear_during_build_installs_on_an_owning_cache(void) {
-  destroy_log log;
   tracked v = {1, 0};
-  gated_build b;
-  lookup ls[1];
-  kc_cache *cache;
-  kc_cache_statistics s;
+  race r;
 
-  destroy_log_init(&log);
-  gated_build_init(&b, &v, 0);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  start_lookups(ls, 1, cache, KC_NO_DEVICE, &b);
-  gate_wait_started(&b.g, 1);
-  CHECK_STATUS(kc_cache_clear(cache), KC_OK);
-  gate_open(&b.g);
-  join_lookups(ls, 1);
-
-  CHECK_STATUS(ls[0].status, KC_OK);
-  CHECK(kc_lease_value(ls[0].lease) == &v);
+  race_start(&r, 1, KC_NO_DEVICE, &v, 0, false);
+  CHECK_STATUS(kc_cache_clear(r.cache), KC_OK);
+  race_finish(&r);
+  CHECK_STATUS(r.ls[0].status, KC_OK);
+  CHECK(kc_lease_value(r.ls[0].lease) == &v);
   CHECK(v.destroys == 0);
-  CHECK(kc_cache_len(cache) == 1);
-  s = stats_of(cache);
-  CHECK_U64(s.clears, 1);
-  CHECK_U64(s.builds, 1);
-  CHECK_U64(s.discarded, 0);
-  kc_lease_release(ls[0].lease);
-  kc_cache_free(cache);
-  CHECK(v.destroys == 1);
+  CHECK(kc_cache_len(r.cache) == 1);
+  CHECK_STATS(r.cache, STAT(clears, 1), STAT(builds, 1), STAT(discarded, 0));
+  release_and_free(r.ls[0].lease, r.cache, &v);
 }
 
 static void clear_during_build_discards_on_a_borrowing_cache(void) {
-  destroy_log log;
   tracked v = {1, 0}, w = {2, 0};
-  gated_build b;
-  simple_build again = {&w, 0, 0, 0};
-  lookup ls[1];
-  kc_lease *l = NULL;
-  kc_cache *cache;
-  kc_cache_statistics s;
+  race r;
 
-  destroy_log_init(&log);
-  gated_build_init(&b, &v, 0);
-  cache = new_tracked_cache(&log, 0, 0, true);
-  start_lookups(ls, 1, cache, KC_NO_DEVICE, &b);
-  gate_wait_started(&b.g, 1);
-  CHECK_STATUS(kc_cache_clear(cache), KC_OK);
-  gate_open(&b.g);
-  join_lookups(ls, 1);
-
-  CHECK_STATUS(ls[0].status, KC_ERR_CACHE_CLEARED);
-  CHECK(ls[0].lease == NULL);
+  race_start(&r, 1, KC_NO_DEVICE, &v, 0, true);
+  CHECK_STATUS(kc_cache_clear(r.cache), KC_OK);
+  race_finish(&r);
+  check_lookups_failed(&r, KC_ERR_CACHE_CLEARED);
   CHECK(v.destroys == 1);
-  CHECK(kc_cache_len(cache) == 0);
-  s = stats_of(cache);
-  CHECK_U64(s.discarded, 1);
-  CHECK_U64(s.destroys, 1);
-
+  CHECK(kc_cache_len(r.cache) == 0);
+  CHECK_STATS(r.cache, STAT(discarded, 1), STAT(destroys, 1));
   /* After the clear, a build borrows live handles again and is installed. */
-  CHECK_STATUS(
-      kc_cache_find_or_build(cache, KEY("kernel"), KC_NO_DEVICE, simple_build_fn, &again, &l),
-      KC_OK);
-  CHECK(kc_lease_value(l) == &w);
-  kc_lease_release(l);
-  kc_cache_free(cache);
-  CHECK(v.destroys == 1 && w.destroys == 1);
+  check_next_lookup_builds_afresh(&r, KC_NO_DEVICE, &w, &v);
 }
 
 /* A lease taken on one thread, released on another after a clear: the destroy runs there. */
@@ -305,12 +247,9 @@ static void lease_released_on_another_thread_after_clear(void) {
   simple_build b = {&v, 0, 0, 0};
   releaser r;
   pthread_t t;
-  kc_cache *cache;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
 
-  destroy_log_init(&log);
-  cache = new_tracked_cache(&log, 0, 0, false);
-  CHECK_STATUS(kc_cache_find_or_build(cache, KEY("kernel"), 0, simple_build_fn, &b, &r.lease),
-               KC_OK);
+  CHECK_STATUS(build_simple(cache, "kernel", 0, &b, &r.lease), KC_OK);
   CHECK_STATUS(kc_cache_evict_device(cache, 0), KC_OK);
   CHECK_STATUS(kc_cache_clear(cache), KC_OK);
   CHECK(v.destroys == 0);
@@ -320,8 +259,7 @@ static void lease_released_on_another_thread_after_clear(void) {
   CHECK(pthread_join(t, NULL) == 0);
   CHECK(r.destroys_before == 0);
   CHECK(v.destroys == 1);
-  kc_cache_free(cache);
-  CHECK(log.total == 1);
+  free_tracked_cache(cache, &log, 1);
 }
 
 /* Many threads racing on a few keys with quick builds, with nothing ever evicted: however the

@@ -66,19 +66,13 @@ fn run_and_check(context: &Context, program: &Program) -> Result<(), Error> {
     let a: Vec<f32> = (0..N * N).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
     let b: Vec<f32> = (0..N * N).map(|i| ((i * 5) % 11) as f32 * 0.5).collect();
     let mut c = vec![0.0f32; N * N];
-    let (mut a_dev, mut b_dev) = (a.clone(), b.clone());
-    run_kernel(
-        context,
-        program,
-        "matmul",
-        &mut [
-            KernelArg::Floats(&mut c),
-            KernelArg::Floats(&mut a_dev),
-            KernelArg::Floats(&mut b_dev),
-            KernelArg::Int(N as i32),
-        ],
-        N * N,
-    )?;
+    let mut args = [
+        KernelArg::Floats(&mut c),
+        KernelArg::Input(&a),
+        KernelArg::Input(&b),
+        KernelArg::Int(N as i32),
+    ];
+    run_kernel(context, program, "matmul", &mut args, N * N)?;
     for row in 0..N {
         for col in 0..N {
             let expected: f32 = (0..N).map(|k| a[row * N + k] * b[k * N + col]).sum();

@@ -5,7 +5,6 @@
 //! the context binding. What these tests assert is what kcache asks of the driver: how many
 //! links, loads and unloads, and in which context.
 
-use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use tempfile::TempDir;
@@ -15,6 +14,7 @@ use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOptio
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, Handle};
+use kcache_testkit::{assert_err, rerun_test, successful_stdout};
 
 mod cuda_common;
 use cuda_common::child_line;
@@ -184,24 +184,11 @@ fn warm_start_child() {
 fn run_child(fake: &FakeDriver, dir: &std::path::Path) -> String {
     // Test names are module paths without the crate's name: at the top of an integration
     // test, just the function's name.
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "warm_start_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut child = rerun_test("warm_start_child");
+    child
         .env(CHILD_ENV, dir)
-        .env("KCACHE_CUDA_LIBRARY", fake.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "child failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    child_line(&stdout)
+        .env("KCACHE_CUDA_LIBRARY", fake.path());
+    child_line(&successful_stdout("child", &mut child))
 }
 
 #[test]
@@ -373,10 +360,10 @@ fn jit_options_reach_the_linker_and_separate_entries() {
     assert_ne!(b.raw(), c.raw());
     assert_eq!(fake.counter("link_create"), 3);
     let twice = [JitOption::MaxRegisters(32), JitOption::MaxRegisters(64)];
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build_ptx(ctx(c0), ptx, &twice),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
     assert!(
         JitOption::from_raw(5, 0).is_err(),
         "log buffers belong to kcache"
@@ -434,20 +421,20 @@ fn bad_ptx_is_a_build_error_with_the_jit_log() {
     );
     assert_eq!(cache.stats().link_failures, 2);
     assert!(cache.is_empty());
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build_ptx(ctx(c0), b"", &[]),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
 }
 
 #[test]
 fn the_current_context_is_used_when_none_is_given() {
     let fake = FakeDriver::new();
     let cache = cache(&fake, None);
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[]),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
     let c0 = fake.create_context(0);
     // SAFETY: made by `create_context` just above.
     unsafe { fake.set_current(c0) };
@@ -493,10 +480,7 @@ fn a_module_linked_while_its_context_is_evicted_is_discarded_and_unloaded() {
         "nothing installed yet"
     );
     fake.hold_links(false);
-    assert!(matches!(
-        builder.join().unwrap(),
-        Err(Error::DeviceDestroyed(_))
-    ));
+    assert_err!(builder.join().unwrap(), Error::DeviceDestroyed(_));
     assert_eq!(fake.counter("module_load"), 1);
     assert_eq!(
         fake.counter("module_unload"),

@@ -5,11 +5,11 @@
 //! driver (`libcuda.so.1`).
 
 use std::path::Path;
-use std::process::Command;
 
 use kcache::Error;
 use kcache::backend::cuda::{CudaCache, CudaOptions, Driver};
 use kcache_testkit::cuda::FakeDriver;
+use kcache_testkit::{rerun_test, successful_stdout};
 
 mod cuda_common;
 use cuda_common::{assert_unavailable, child_line};
@@ -46,20 +46,9 @@ fn child_cache_new() {
 }
 
 fn child(envs: &[(&str, &std::ffi::OsStr)]) -> String {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_cache_new",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, "1")
-        .envs(envs.iter().copied())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "child failed: {stdout}");
-    child_line(&stdout)
+    let mut child = rerun_test("child_cache_new");
+    child.env(CHILD_ENV, "1").envs(envs.iter().copied());
+    child_line(&successful_stdout("child", &mut child))
 }
 
 /// [`child`] with `KCACHE_CUDA_LIBRARY` naming `fake` and the fake driver's switch `name` set.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
 use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::assert_err;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
 
 mod cuda_common;
@@ -59,10 +60,10 @@ fn cuda_source_is_compiled_for_the_device_once_then_cached() {
     assert_eq!(nvrtc.compiles(), 1);
 
     // The same text as PTX is another module: inputs of the two kinds never share an entry.
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build_ptx(ctx(c0), SOURCE.as_bytes(), &[]),
-        Err(Error::Build(_))
-    ));
+        Error::Build(_)
+    );
 
     let c1 = driver.create_context(1);
     cache

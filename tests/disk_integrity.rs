@@ -8,6 +8,7 @@ use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION, Header};
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
+use kcache_testkit::assert_err;
 
 fn key(name: &str) -> Key {
     KeyBuilder::new()
@@ -251,10 +252,10 @@ fn oversized_entry_is_refused() {
     config.max_size = Some(1024);
     let disk = DiskCache::open(config).unwrap();
     let k = key("big");
-    assert!(matches!(
+    assert_err!(
         disk.put(&k, &[0u8; 1024], Duration::ZERO),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
     assert!(!disk.entry_path(&k).exists());
     disk.put(&k, &[0u8; 1024 - 104], Duration::ZERO).unwrap();
     assert_eq!(disk.get(&k).unwrap().unwrap().payload().len(), 1024 - 104);

@@ -8,6 +8,7 @@ use std::path::Path;
 use kcache::Error;
 use kcache::disk::OperatorKey;
 use kcache::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
+use kcache_testkit::assert_err;
 
 fn key_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
     let path = dir.join(name);
@@ -82,15 +83,12 @@ fn directories_and_relative_paths_are_refused() {
     let dir = tmp.path().join("dir");
     std::fs::create_dir(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    assert!(matches!(
-        OperatorKey::from_file(&dir),
-        Err(Error::Untrusted(_))
-    ));
+    assert_err!(OperatorKey::from_file(&dir), Error::Untrusted(_));
     // Relative to whatever the working directory is: refused before anything is opened.
-    assert!(matches!(
+    assert_err!(
         OperatorKey::from_file(Path::new("Cargo.toml")),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
 }
 
 #[test]

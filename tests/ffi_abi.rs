@@ -2,7 +2,7 @@
 //! nothing, C's loose `bool`, and the status names. The behaviour scenarios run in C
 //! (`c-tests/`).
 
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{CStr, c_int};
 use std::mem::{offset_of, size_of};
 use std::ptr;
 
@@ -10,23 +10,18 @@ use kcache::ffi::{
     KC_NO_DEVICE, RawValue, kc_cache_clear, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
     kc_cache_options, kc_cache_options_default, kc_cache_stats, kc_status, kc_status_name,
 };
+use kcache_testkit::build_fn;
 use kcache_testkit::ffi::CCache;
 
-/// Clears the cache it is building for (`ctx`), then builds a dummy value.
-unsafe extern "C" fn build_then_clear(
-    ctx: *mut c_void,
-    _key: *const u8,
-    _key_len: usize,
-    out_value: *mut *mut c_void,
-    _out_weight: *mut u64,
-) -> c_int {
-    // SAFETY: `ctx` is the live cache the test passed; kcache passes a writable out-pointer.
-    unsafe {
-        assert_eq!(kc_cache_clear(ctx.cast()), kc_status::KC_OK);
-        out_value.write(ptr::dangling_mut());
+build_fn!(
+    /// Clears the cache it is building for (`ctx`), then builds a dummy value.
+    build_then_clear,
+    |ctx| {
+        // SAFETY: `ctx` is the live cache the test passed.
+        assert_eq!(unsafe { kc_cache_clear(ctx.cast()) }, kc_status::KC_OK);
+        ptr::dangling_mut()
     }
-    0
-}
+);
 
 #[test]
 fn struct_layouts_match_the_header() {

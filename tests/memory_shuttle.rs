@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use kcache::memory::{MemoryCache, Options};
-use kcache::{BuildError, Error};
+use kcache::{BuildError, DeviceId, Error};
+use shuttle::sync::atomic::AtomicBool;
 use shuttle::thread;
 
 const SCHEDULES: usize = 10_000;
@@ -47,6 +48,72 @@ fn cache(ledger: &Arc<Ledger>, invalidated_by_clear: bool) -> Arc<MemoryCache<u3
     ))
 }
 
+/// [`explore`] with a new ledger and a new cache on it (see [`cache`]) for each schedule.
+fn explore_cache(
+    invalidated_by_clear: bool,
+    test: impl Fn(&Arc<Ledger>, &Arc<MemoryCache<u32, u64>>) + Send + Sync + 'static,
+) {
+    explore(move || {
+        let ledger = Arc::new(Ledger::default());
+        test(&ledger, &cache(&ledger, invalidated_by_clear));
+    });
+}
+
+/// When an operation on another thread began and when it was done, so that a build can tell
+/// whether the whole operation ran inside it.
+#[derive(Clone)]
+struct Window {
+    began: Arc<AtomicBool>,
+    done: Arc<AtomicBool>,
+}
+
+impl Window {
+    fn new() -> Window {
+        Window {
+            began: Arc::new(AtomicBool::new(false)),
+            done: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Runs `operation` on `c` on a new thread, between the two marks.
+    fn run<T: Send + 'static>(
+        &self,
+        c: &Arc<MemoryCache<u32, u64>>,
+        operation: impl FnOnce(&MemoryCache<u32, u64>) -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
+        let (c, window) = (Arc::clone(c), self.clone());
+        thread::spawn(move || {
+            window.began.store(true, Ordering::SeqCst);
+            let out = operation(&c);
+            window.done.store(true, Ordering::SeqCst);
+            out
+        })
+    }
+
+    /// Looks key 1 up for `device` on a new thread, with a build that runs `on_build` and then
+    /// yields once. The thread returns the value it got and whether the whole operation ran
+    /// while the build yielded (it began after the build did and was done before it ended).
+    fn straddling_lookup(
+        &self,
+        c: &Arc<MemoryCache<u32, u64>>,
+        device: Option<DeviceId>,
+        on_build: impl FnOnce() + Send + 'static,
+    ) -> thread::JoinHandle<(kcache::Result<u64>, bool)> {
+        let (c, window) = (Arc::clone(c), self.clone());
+        thread::spawn(move || {
+            let mut straddled = false;
+            let r = c.find_or_build(&1, device, || {
+                on_build();
+                let before = !window.began.load(Ordering::SeqCst);
+                thread::yield_now();
+                straddled = before && window.done.load(Ordering::SeqCst);
+                Ok((10, 1))
+            });
+            (r.map(|lease| *lease), straddled)
+        })
+    }
+}
+
 /// Looks up key 1 from `threads` threads at once, each with a build that counts itself in the
 /// ledger and then returns `build()`; returns what each lookup got, in thread order.
 fn racing_lookups(
@@ -72,10 +139,8 @@ fn racing_lookups(
 
 #[test]
 fn single_flight_builds_once() {
-    explore(|| {
-        let ledger = Arc::new(Ledger::default());
-        let c = cache(&ledger, false);
-        for got in racing_lookups(&c, &ledger, 3, || Ok((10, 1))) {
+    explore_cache(false, |ledger, c| {
+        for got in racing_lookups(c, ledger, 3, || Ok((10, 1))) {
             assert_eq!(got, Ok(10));
         }
         assert_eq!(ledger.builds.load(Ordering::SeqCst), 1, "one build per key");
@@ -87,10 +152,8 @@ fn single_flight_builds_once() {
 
 #[test]
 fn single_flight_with_failing_builder() {
-    explore(|| {
-        let ledger = Arc::new(Ledger::default());
-        let c = cache(&ledger, false);
-        for got in racing_lookups(&c, &ledger, 3, || Err(BuildError::new(5, "no"))) {
+    explore_cache(false, |ledger, c| {
+        for got in racing_lookups(c, ledger, 3, || Err(BuildError::new(5, "no"))) {
             assert_eq!(got, Err(Error::Build(BuildError::new(5, "no"))));
         }
         let s = c.stats();
@@ -104,37 +167,13 @@ fn single_flight_with_failing_builder() {
 
 #[test]
 fn evict_during_build() {
-    use shuttle::sync::atomic::AtomicBool;
-    explore(|| {
-        let ledger = Arc::new(Ledger::default());
-        let c = cache(&ledger, false);
-        let evict_began = Arc::new(AtomicBool::new(false));
-        let evict_done = Arc::new(AtomicBool::new(false));
-        let builder = {
-            let (c, l) = (Arc::clone(&c), Arc::clone(&ledger));
-            let (began, done) = (Arc::clone(&evict_began), Arc::clone(&evict_done));
-            thread::spawn(move || {
-                let mut straddled = false;
-                let r = c.find_or_build(&1, Some(7), || {
-                    l.builds.fetch_add(1, Ordering::SeqCst);
-                    let before = !began.load(Ordering::SeqCst);
-                    thread::yield_now();
-                    straddled = before && done.load(Ordering::SeqCst);
-                    Ok((10, 1))
-                });
-                (r.map(|lease| *lease), straddled)
-            })
-        };
-        let evictor = {
-            let c = Arc::clone(&c);
-            let (began, done) = (Arc::clone(&evict_began), Arc::clone(&evict_done));
-            thread::spawn(move || {
-                began.store(true, Ordering::SeqCst);
-                let n = c.evict_device(7).unwrap();
-                done.store(true, Ordering::SeqCst);
-                n
-            })
-        };
+    explore_cache(false, |ledger, c| {
+        let eviction = Window::new();
+        let l = Arc::clone(ledger);
+        let builder = eviction.straddling_lookup(c, Some(7), move || {
+            l.builds.fetch_add(1, Ordering::SeqCst);
+        });
+        let evictor = eviction.run(c, |c| c.evict_device(7).unwrap());
         let (built, straddled) = builder.join().unwrap();
         let evicted = evictor.join().unwrap();
         if straddled {
@@ -157,36 +196,12 @@ fn evict_during_build() {
 
 #[test]
 fn clear_during_build_on_borrowing_cache() {
-    use shuttle::sync::atomic::AtomicBool;
-    explore(|| {
-        let ledger = Arc::new(Ledger::default());
-        let c = cache(&ledger, true);
-        let clear_began = Arc::new(AtomicBool::new(false));
-        let clear_done = Arc::new(AtomicBool::new(false));
+    explore_cache(true, |_, c| {
+        let clearing = Window::new();
         let lookups: Vec<_> = (0..2)
-            .map(|_| {
-                let c = Arc::clone(&c);
-                let (began, done) = (Arc::clone(&clear_began), Arc::clone(&clear_done));
-                thread::spawn(move || {
-                    let mut straddled = false;
-                    let r = c.find_or_build(&1, None, || {
-                        let before = !began.load(Ordering::SeqCst);
-                        thread::yield_now();
-                        straddled = before && done.load(Ordering::SeqCst);
-                        Ok((10, 1))
-                    });
-                    (r.map(|lease| *lease), straddled)
-                })
-            })
+            .map(|_| clearing.straddling_lookup(c, None, || {}))
             .collect();
-        let clearer = {
-            let c = Arc::clone(&c);
-            thread::spawn(move || {
-                clear_began.store(true, Ordering::SeqCst);
-                c.clear().unwrap();
-                clear_done.store(true, Ordering::SeqCst);
-            })
-        };
+        let clearer = clearing.run(c, |c| c.clear().unwrap());
         for lookup in lookups {
             let (outcome, straddled) = lookup.join().unwrap();
             if straddled {
@@ -211,20 +226,18 @@ fn clear_during_build_on_borrowing_cache() {
 
 #[test]
 fn last_lease_release_racing_clear() {
-    explore(|| {
-        let ledger = Arc::new(Ledger::default());
-        let c = cache(&ledger, false);
+    explore_cache(false, |ledger, c| {
         let lease = c.find_or_build(&1, None, || Ok((10, 1))).unwrap();
         ledger.held.fetch_add(1, Ordering::SeqCst);
         let releaser = {
-            let l = Arc::clone(&ledger);
+            let l = Arc::clone(ledger);
             thread::spawn(move || {
                 l.held.fetch_sub(1, Ordering::SeqCst);
                 drop(lease);
             })
         };
         let clearer = {
-            let c = Arc::clone(&c);
+            let c = Arc::clone(c);
             thread::spawn(move || c.clear().unwrap())
         };
         releaser.join().unwrap();

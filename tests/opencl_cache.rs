@@ -3,6 +3,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Barrier};
 
@@ -12,6 +13,7 @@ use kcache::backend::opencl::{
 };
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::opencl::{Context, KernelArg, reference_count, run_kernel};
+use tempfile::TempDir;
 
 mod opencl_common;
 use opencl_common::{cache_with_disk, memory_only_cache, poison_disk_entry};
@@ -27,42 +29,57 @@ fn saxpy(tag: &str) -> String {
 fn check_saxpy(context: &Context, program: &Program) {
     let n = 64;
     let mut y: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut x: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();
-    run_kernel(
-        context,
-        program,
-        "saxpy",
-        &mut [
-            KernelArg::Floats(&mut y),
-            KernelArg::Floats(&mut x),
-            KernelArg::Float(0.5),
-        ],
-        n,
-    )
-    .unwrap();
+    let x: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();
+    let mut args = [
+        KernelArg::Floats(&mut y),
+        KernelArg::Input(&x),
+        KernelArg::Float(0.5),
+    ];
+    run_kernel(context, program, "saxpy", &mut args, n).unwrap();
     for (i, v) in y.iter().enumerate() {
         assert_eq!(*v, 2.0 * i as f32, "element {i}");
     }
 }
 
+/// Looks `sources` up with `options` in `context`'s context and device.
+fn find(
+    cache: &OpenClCache,
+    context: &Context,
+    sources: &[&str],
+    options: &str,
+) -> kcache::Result<ProgramLease> {
+    cache.find_or_build(context.context(), context.device(), sources, options)
+}
+
 /// Looks `source` up without options in `context`'s context and device, and runs the program.
 fn checked_lease(cache: &OpenClCache, context: &Context, source: &str) -> ProgramLease {
-    let lease = cache
-        .find_or_build(context.context(), context.device(), &[source], "")
-        .unwrap();
+    let lease = find(cache, context, &[source], "").unwrap();
     check_saxpy(context, lease.value());
     lease
+}
+
+/// A directory for the disk tier, removed on drop, a context on the first device, and the saxpy
+/// source tagged `tag`.
+fn disk_setup(tag: &str) -> (TempDir, Context, String) {
+    let dir = tempfile::tempdir().unwrap();
+    (dir, Context::first_device().unwrap(), saxpy(tag))
 }
 
 fn stats(cache: &OpenClCache) -> OpenClStats {
     cache.stats()
 }
 
+/// Opens a cache on the disk tier in `dir` (to the cache, a new process), looks `source` up in
+/// it and runs the program, and returns the cache's counters.
+fn lookup_in_fresh_cache(dir: &Path, context: &Context, source: &str) -> OpenClStats {
+    let cache = cache_with_disk(dir);
+    drop(checked_lease(&cache, context, source));
+    stats(&cache)
+}
+
 #[test]
 fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
-    let dir = tempfile::tempdir().unwrap();
-    let context = Context::first_device().unwrap();
-    let source = saxpy("cold-memory-disk");
+    let (dir, context, source) = disk_setup("cold-memory-disk");
 
     let cache = cache_with_disk(dir.path());
     let cold = checked_lease(&cache, &context, &source);
@@ -70,9 +87,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     assert_eq!((s.source_builds, s.binary_loads, s.disk_misses), (1, 0, 1));
     assert_eq!((s.memory.misses, s.memory.builds, s.memory.hits), (1, 1, 0));
 
-    let hit = cache
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
+    let hit = find(&cache, &context, &[&source], "").unwrap();
     assert_eq!(hit.value().raw(), cold.value().raw());
     check_saxpy(&context, hit.value());
     let s = stats(&cache);
@@ -90,9 +105,7 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     // The disk key leaves the context out: another context on the device reuses the binary,
     // while the memory tier keeps programs per context.
     let other = Context::new(context.device()).unwrap();
-    let in_other = fresh
-        .find_or_build(other.context(), other.device(), &[&source], "")
-        .unwrap();
+    let in_other = find(&fresh, &other, &[&source], "").unwrap();
     assert_ne!(in_other.value().raw(), from_disk.value().raw());
     check_saxpy(&other, in_other.value());
     let s = stats(&fresh);
@@ -106,22 +119,11 @@ fn options_and_source_split_are_part_of_the_key_the_way_the_driver_sees_them() {
     let cache = memory_only_cache();
     let source = saxpy("options");
     let (head, tail) = source.split_at(source.len() / 2);
-    let whole = cache
-        .find_or_build(context.context(), context.device(), &[&source], "")
-        .unwrap();
+    let whole = find(&cache, &context, &[&source], "").unwrap();
     // The driver concatenates source strings: the same text in two pieces is the same program.
-    let split = cache
-        .find_or_build(context.context(), context.device(), &[head, tail], "")
-        .unwrap();
+    let split = find(&cache, &context, &[head, tail], "").unwrap();
     assert_eq!(whole.value().raw(), split.value().raw());
-    let optimised = cache
-        .find_or_build(
-            context.context(),
-            context.device(),
-            &[&source],
-            "-cl-fast-relaxed-math",
-        )
-        .unwrap();
+    let optimised = find(&cache, &context, &[&source], "-cl-fast-relaxed-math").unwrap();
     assert_ne!(optimised.value().raw(), whole.value().raw());
     check_saxpy(&context, optimised.value());
     assert_eq!(stats(&cache).source_builds, 2);
@@ -129,26 +131,18 @@ fn options_and_source_split_are_part_of_the_key_the_way_the_driver_sees_them() {
 
 #[test]
 fn a_binary_the_driver_rejects_is_dropped_and_the_source_built() {
-    let dir = tempfile::tempdir().unwrap();
-    let context = Context::first_device().unwrap();
-    let source = saxpy("rejected-binary");
+    let (dir, context, source) = disk_setup("rejected-binary");
     poison_disk_entry(dir.path(), &context, &[&source], "");
 
-    let cache = cache_with_disk(dir.path());
-    let lease = checked_lease(&cache, &context, &source);
-    let s = stats(&cache);
+    let s = lookup_in_fresh_cache(dir.path(), &context, &source);
     assert_eq!(
         (s.disk_hits, s.binaries_rejected, s.source_builds),
         (1, 1, 1)
     );
     assert_eq!(s.binary_loads, 0);
-    drop(lease);
-    drop(cache);
 
     // The rebuilt binary replaced the rejected one.
-    let fresh = cache_with_disk(dir.path());
-    let _lease = checked_lease(&fresh, &context, &source);
-    let s = stats(&fresh);
+    let s = lookup_in_fresh_cache(dir.path(), &context, &source);
     assert_eq!(
         (s.binary_loads, s.binaries_rejected, s.source_builds),
         (1, 0, 0)
@@ -161,9 +155,7 @@ fn a_build_failure_carries_the_compiler_log_and_is_not_cached() {
     let cache = memory_only_cache();
     let broken = "__kernel void broken(__global float *y) { y[0] = undeclared_thing; }";
     for attempt in 1..=2u64 {
-        let error = cache
-            .find_or_build(context.context(), context.device(), &[broken], "")
-            .unwrap_err();
+        let error = find(&cache, &context, &[broken], "").unwrap_err();
         let Error::Build(build) = error else {
             panic!("expected a build error, got {error:?}")
         };
@@ -184,14 +176,7 @@ fn a_build_failure_carries_the_compiler_log_and_is_not_cached() {
 fn build_and_pin(cache: &OpenClCache, context: &Context, tag: &str, count: usize) -> Vec<Program> {
     (0..count)
         .map(|i| {
-            let lease = cache
-                .find_or_build(
-                    context.context(),
-                    context.device(),
-                    &[&saxpy(&format!("{tag}-{i}"))],
-                    "",
-                )
-                .unwrap();
+            let lease = find(cache, context, &[&saxpy(&format!("{tag}-{i}"))], "").unwrap();
             let pin = lease.value().retain().unwrap();
             assert_eq!(reference_count(&pin).unwrap(), 2);
             pin
@@ -224,14 +209,7 @@ fn evicting_a_context_releases_each_of_its_programs_once() {
     assert_eq!(stats(&cache).memory.destroys, 2);
 
     // The context still works with the cache afterwards: a new program, built again.
-    let again = cache
-        .find_or_build(
-            first.context(),
-            first.device(),
-            &[&saxpy("evict-context-a-0")],
-            "",
-        )
-        .unwrap();
+    let again = find(&cache, &first, &[&saxpy("evict-context-a-0")], "").unwrap();
     assert_ne!(again.value().raw(), evicted[0].raw());
     check_saxpy(&first, again.value());
     assert_eq!(stats(&cache).source_builds, 4);
@@ -246,14 +224,7 @@ fn evicting_a_device_releases_its_programs_in_every_context_once() {
     pinned.extend(build_and_pin(&cache, &second, "evict-device-b", 1));
 
     // A lease held across the eviction keeps its program alive until it is released.
-    let held = cache
-        .find_or_build(
-            first.context(),
-            first.device(),
-            &[&saxpy("evict-device-a-0")],
-            "",
-        )
-        .unwrap();
+    let held = find(&cache, &first, &[&saxpy("evict-device-a-0")], "").unwrap();
     assert_eq!(cache.evict_device(first.device()).unwrap(), 3);
     assert_eq!(cache.len(), 0);
     assert_eq!(count(&pinned[0]), 2, "still leased");
@@ -319,11 +290,7 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
     let cache = memory_only_cache();
     let context = Context::first_device().unwrap();
     std::thread::scope(|s| {
-        let building = s.spawn(|| {
-            cache
-                .find_or_build(context.context(), context.device(), &[&source], &options)
-                .map(drop)
-        });
+        let building = s.spawn(|| find(&cache, &context, &[&source], &options).map(drop));
         // Opening the pipe for writing returns once the compiler has opened it for reading.
         let mut pipe = OpenOptions::new().write(true).open(&header).unwrap();
         assert_eq!(cache.evict_context(context.context().raw()).unwrap(), 0);
@@ -346,31 +313,20 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
     // The context is still usable: the next lookup builds again and the program works.
     std::fs::remove_file(&header).unwrap();
     std::fs::write(&header, "#define VALUE 1.5f\n").unwrap();
-    let lease = cache
-        .find_or_build(context.context(), context.device(), &[&source], &options)
-        .unwrap();
+    let lease = find(&cache, &context, &[&source], &options).unwrap();
     let mut y = vec![0.0f32; 16];
-    run_kernel(
-        &context,
-        lease.value(),
-        "fill",
-        &mut [KernelArg::Floats(&mut y)],
-        16,
-    )
-    .unwrap();
+    let mut args = [KernelArg::Floats(&mut y)];
+    run_kernel(&context, lease.value(), "fill", &mut args, 16).unwrap();
     assert!(y.iter().all(|v| *v == 1.5));
     assert_eq!(stats(&cache).source_builds, 2);
 }
 
 #[test]
 fn a_tampered_binary_shows_in_the_disk_tier_counters() {
-    let dir = tempfile::tempdir().unwrap();
-    let context = Context::first_device().unwrap();
-    let source = saxpy("tampered-binary");
+    let (dir, context, source) = disk_setup("tampered-binary");
     {
         let cold = cache_with_disk(dir.path());
-        cold.find_or_build(context.context(), context.device(), &[&source], "")
-            .unwrap();
+        find(&cold, &context, &[&source], "").unwrap();
         cold.flush();
         let s = stats(&cold);
         assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
@@ -382,9 +338,7 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
     bytes[80] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
 
-    let fresh = cache_with_disk(dir.path());
-    let _lease = checked_lease(&fresh, &context, &source);
-    let s = stats(&fresh);
+    let s = lookup_in_fresh_cache(dir.path(), &context, &source);
     // The backend's own view: no binary, built from source.
     assert_eq!((s.disk_misses, s.binary_loads, s.source_builds), (1, 0, 1));
     // The disk tier's: a rejected entry, then the rebuilt binary written back.

@@ -2,7 +2,6 @@
 //! "live value" is a String and whose serialized form is its UTF-8 bytes.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -12,6 +11,8 @@ use kcache::key::{Key, KeyBuilder};
 use kcache::memory::{Lease, MemoryCache, Options};
 use kcache::tiered::TieredCache;
 use kcache::{BuildError, Error};
+use kcache_testkit::{rerun_test, successful_stdout};
+use tempfile::TempDir;
 
 type Cache = TieredCache<Vec<u8>, String>;
 
@@ -34,11 +35,13 @@ fn tiered(disk: Option<Arc<DiskCache>>) -> Cache {
     TieredCache::new(memory, disk)
 }
 
-/// A tiered cache on a disk tier in `dir`, and that disk tier.
-fn tiered_on_disk(dir: &Path) -> (Arc<DiskCache>, Cache) {
-    let d = disk(dir);
+/// A tiered cache on a disk tier in a new temporary directory, that disk tier, and the
+/// directory (removed on drop).
+fn tiered_on_temp_disk() -> (TempDir, Arc<DiskCache>, Cache) {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = disk(tmp.path());
     let cache = tiered(Some(d.clone()));
-    (d, cache)
+    (tmp, d, cache)
 }
 
 fn load(bytes: &[u8]) -> Result<(String, u64), BuildError> {
@@ -124,13 +127,8 @@ fn a_second_process_gets_the_value_from_disk_without_building() {
     let builds = AtomicUsize::new(0);
     lookup(&tiered(Some(disk(tmp.path()))), "shared", &builds).unwrap();
     assert_eq!(builds.load(Ordering::SeqCst), 1);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
-        .env("KCACHE_TEST_DIR", tmp.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let mut child = rerun_test("child_role");
+    let text = successful_stdout("child", child.env("KCACHE_TEST_DIR", tmp.path()));
     assert!(text.contains("VALUE=compiled(shared) BUILDS=0"), "{text}");
 }
 
@@ -205,15 +203,9 @@ fn memory_only_without_a_disk() {
 
 #[test]
 fn build_failures_are_returned_and_nothing_is_written() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (d, cache) = tiered_on_disk(tmp.path());
-    let err = find_or_build(
-        &cache,
-        "f",
-        || Err(BuildError::new(42, "compiler error")),
-        serialize,
-    )
-    .unwrap_err();
+    let (_tmp, d, cache) = tiered_on_temp_disk();
+    let failing = || Err(BuildError::new(42, "compiler error"));
+    let err = find_or_build(&cache, "f", failing, serialize).unwrap_err();
     assert_eq!(err, Error::Build(BuildError::new(42, "compiler error")));
     assert_eq!(d.get(&l2_key("f")).unwrap(), None);
     assert_eq!(cache.stats().write_backs, 0);
@@ -221,15 +213,10 @@ fn build_failures_are_returned_and_nothing_is_written() {
 
 #[test]
 fn a_failed_write_back_is_counted_not_returned() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (d, cache) = tiered_on_disk(tmp.path());
-    let lease = find_or_build(
-        &cache,
-        "w",
-        || Ok(("value".to_string(), 1)),
-        |_| Err(BuildError::new(7, "cannot serialize")),
-    )
-    .unwrap();
+    let (_tmp, d, cache) = tiered_on_temp_disk();
+    let unserializable = |_: &String| Err(BuildError::new(7, "cannot serialize"));
+    let lease =
+        find_or_build(&cache, "w", || Ok(("value".to_string(), 1)), unserializable).unwrap();
     assert_eq!(lease.value(), "value");
     assert_eq!(cache.stats().write_back_failures, 1);
     assert_eq!(d.get(&l2_key("w")).unwrap(), None);
@@ -278,8 +265,7 @@ fn the_l2_key_is_made_only_on_an_l1_miss() {
 
 #[test]
 fn a_key_that_cannot_be_made_leaves_the_lookup_without_the_disk() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (d, cache) = tiered_on_disk(tmp.path());
+    let (_tmp, d, cache) = tiered_on_temp_disk();
     let lease = cache
         .find_or_build(
             b"nokey".as_slice(),

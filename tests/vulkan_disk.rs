@@ -8,7 +8,6 @@
 mod vulkan_common;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use kcache::backend::vulkan::{
 };
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::vulkan::TestGpu;
+use kcache_testkit::{rerun_test, successful_stdout};
 use vulkan_common::{dispatch, expected, spec, vulkan};
 
 /// A cache over `dir` with a freshly opened disk tier and a freshly created device, as a new
@@ -78,16 +78,9 @@ fn pipeline_cache_data_round_trips_through_disk() {
 
     // The reader is a new process: nothing but the directory carries over.
     let name = "pipeline_cache_data_round_trips_through_disk";
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_DIR, dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "second process failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = successful_stdout(
+        "the second process",
+        rerun_test(name).env(CHILD_DIR, dir.path()),
     );
     assert!(
         stdout.contains("1 passed"),
@@ -162,13 +155,15 @@ fn write_back_merges_what_another_cache_stored_meanwhile() {
 
 /// A valid header for `id`, which each case then damages.
 fn header_for(id: &CacheIdentity) -> Vec<u8> {
-    let mut h = Vec::with_capacity(HEADER_LEN);
-    h.extend_from_slice(&(HEADER_LEN as u32).to_le_bytes());
-    h.extend_from_slice(&1u32.to_le_bytes());
-    h.extend_from_slice(&id.vendor_id.to_le_bytes());
-    h.extend_from_slice(&id.device_id.to_le_bytes());
-    h.extend_from_slice(&id.pipeline_cache_uuid);
-    h
+    // Header length, header version one, vendor, device, UUID: little-endian, as the spec says.
+    [
+        &(HEADER_LEN as u32).to_le_bytes()[..],
+        &1u32.to_le_bytes(),
+        &id.vendor_id.to_le_bytes(),
+        &id.device_id.to_le_bytes(),
+        &id.pipeline_cache_uuid,
+    ]
+    .concat()
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::sync::{Arc, Barrier};
 
 use kcache::Error;
 use kcache::backend::vulkan::{PipelineSpec, SpecConstant, Vulkan, VulkanCache, VulkanDevice};
+use kcache_testkit::assert_err;
 use kcache_testkit::vulkan::TestGpu;
 use vulkan_common::{cache, dispatch, expected, layout, spec, spirv, vulkan};
 
@@ -99,14 +100,11 @@ fn device_eviction_destroys_each_pipeline_exactly_once() {
     assert_eq!(device.live_pipelines(), 0);
 
     // The registration is gone: no new pipelines, no second teardown.
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build(&device, &spec(2)),
-        Err(Error::DeviceDestroyed(_))
-    ));
-    assert!(matches!(
-        cache.unregister_device(&device),
-        Err(Error::DeviceDestroyed(_))
-    ));
+        Error::DeviceDestroyed(_)
+    );
+    assert_err!(cache.unregister_device(&device), Error::DeviceDestroyed(_));
     drop(cache);
     assert_eq!(device.live_pipelines(), 0);
 }
@@ -150,18 +148,18 @@ fn layouts_and_limits_are_checked_against_the_device() {
     let mut huge = layout();
     huge.push_constants.as_mut().unwrap().size = 1 << 20;
     let spec = PipelineSpec::new(spirv(), "main", &[SpecConstant::u32(0, 1)], &huge).unwrap();
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build(&device, &spec),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
     // Set 0 covers the shader, so only the device's limit can refuse the other 999.
     let mut too_many_sets = layout();
     too_many_sets.sets.resize(1000, Vec::new());
     let spec = PipelineSpec::new(spirv(), "main", &[], &too_many_sets).unwrap();
-    assert!(matches!(
+    assert_err!(
         cache.find_or_build(&device, &spec),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
     let again = cache.register_owned_device(gpu.clone());
     assert!(matches!(again, Err(Error::InvalidArgument(_))));
     assert_eq!(cache.stats().pipelines_created, 0);
@@ -181,18 +179,12 @@ fn a_missing_loader_is_unavailable() {
 fn a_device_is_used_only_with_the_cache_it_is_registered_with() {
     let (_gpu, cache, device) = setup();
     let other = vulkan_common::cache(vulkan());
-    assert!(matches!(
+    assert_err!(
         other.find_or_build(&device, &spec(2)),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        other.flush(&device),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        other.unregister_device(&device),
-        Err(Error::InvalidArgument(_))
-    ));
+        Error::InvalidArgument(_)
+    );
+    assert_err!(other.flush(&device), Error::InvalidArgument(_));
+    assert_err!(other.unregister_device(&device), Error::InvalidArgument(_));
     assert!(!device.is_retired());
     assert_eq!(cache.unregister_device(&device).unwrap(), 0);
     assert!(device.is_retired());

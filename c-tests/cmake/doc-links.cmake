@@ -4,14 +4,7 @@
 # Links with a scheme (https:, mailto:) are not checked.
 #
 # Usage: cmake -DROOT=<repository root> -P doc-links.cmake
-cmake_minimum_required(VERSION 3.16)
-if(NOT DEFINED ROOT)
-  message(FATAL_ERROR "doc-links.cmake: pass -DROOT=<repository root>")
-endif()
-get_filename_component(ROOT "${ROOT}" ABSOLUTE)
-file(GLOB pages RELATIVE "${ROOT}" "${ROOT}/docs/*.md")
-list(SORT pages)
-set(pages README.md ${pages})
+include("${CMAKE_CURRENT_LIST_DIR}/doc-pages.cmake")
 
 # anchors(PAGE OUT): the anchors of PAGE's headings.
 function(anchors page out)
@@ -70,7 +63,5 @@ foreach(page IN LISTS pages)
     endif()
   endforeach()
 endforeach()
-if(NOT errors STREQUAL "")
-  message(FATAL_ERROR "Broken documentation links:${errors}")
-endif()
-message(STATUS "${count} relative documentation links resolve")
+doc_check_done("${errors}" "Broken documentation links"
+               "${count} relative documentation links resolve")

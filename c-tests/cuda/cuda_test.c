@@ -14,11 +14,11 @@
  */
 #define _POSIX_C_SOURCE 200112L /* setenv */
 
-#include <kcache.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../checks.h"
 
 /* The fake driver's test-only entry points, declared here as no header is shipped for them. */
 int cuCtxCreate_v2(void **ctx, unsigned int flags, int device);
@@ -29,24 +29,13 @@ unsigned long long fakecuda_counter(const char *name);
 static const char PTX[] = ".version 7.0\n.target sm_52\n.address_size 64\n"
                           ".visible .entry twice(.param .u64 p) { ret; }\n";
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__,      \
-                    #cond, kc_last_error_message());                                               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
 static kc_cuda_cache *new_cache(const char *driver, const char *disk_dir) {
     kc_cuda_options opts = kc_cuda_options_default();
     kc_cuda_cache *cache = NULL;
     opts.driver_library = driver;
     opts.use_disk = true;
     opts.disk_dir = disk_dir;
-    CHECK(kc_cuda_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_cuda_cache_new(&opts, &cache) == KC_OK);
     return cache;
 }
 
@@ -62,16 +51,16 @@ static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir,
     stats.struct_size = sizeof stats;
     if (!cache)
         return stats;
-    CHECK(kc_cuda_cache_find_or_build_ptx(cache, ctx, PTX, 0, NULL, 0, &lease) == KC_OK);
-    CHECK(lease != NULL && kc_cuda_lease_module(lease) != NULL);
-    CHECK(kc_cuda_lease_context(lease) == ctx);
-    CHECK(kc_cuda_lease_function(lease, "twice", &function) == KC_OK && function != NULL);
-    CHECK(kc_cuda_lease_function(lease, "thrice", &function) == KC_ERR_NOT_FOUND);
-    CHECK(kc_cuda_cache_stats(cache, &stats) == KC_OK);
-    CHECK(kc_cuda_cache_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
+    EXPECT(kc_cuda_cache_find_or_build_ptx(cache, ctx, PTX, 0, NULL, 0, &lease) == KC_OK);
+    EXPECT(lease != NULL && kc_cuda_lease_module(lease) != NULL);
+    EXPECT(kc_cuda_lease_context(lease) == ctx);
+    EXPECT(kc_cuda_lease_function(lease, "twice", &function) == KC_OK && function != NULL);
+    EXPECT(kc_cuda_lease_function(lease, "thrice", &function) == KC_ERR_NOT_FOUND);
+    EXPECT(kc_cuda_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(kc_cuda_cache_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
     /* A NULL context is refused, not taken as "evict nothing", and the count is left alone. */
-    CHECK(kc_cuda_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(evicted == 1);
+    EXPECT(kc_cuda_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(evicted == 1);
     kc_cuda_lease_release(lease);
     kc_cuda_cache_free(cache);
     return stats;
@@ -82,13 +71,13 @@ int main(int argc, char **argv) {
         kc_cuda_options opts = kc_cuda_options_default();
         kc_cuda_cache *cache = NULL;
         opts.driver_library = "/nonexistent/libcuda.so.1";
-        CHECK(kc_cuda_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
-        CHECK(cache == NULL);
-        CHECK(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
-        CHECK(setenv("KCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1) == 0);
-        CHECK(kc_cuda_available() == KC_ERR_UNAVAILABLE);
-        CHECK(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
-        return failures ? 1 : 0;
+        EXPECT(kc_cuda_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
+        EXPECT(cache == NULL);
+        EXPECT(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
+        EXPECT(setenv("KCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1) == 0);
+        EXPECT(kc_cuda_available() == KC_ERR_UNAVAILABLE);
+        EXPECT(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
+        return check_finish("cuda_test unavailable");
     }
     if (argc != 3) {
         fprintf(stderr, "usage: cuda_test FAKE_DRIVER_PATH DISK_DIR | cuda_test unavailable\n");
@@ -96,23 +85,21 @@ int main(int argc, char **argv) {
     }
     const char *driver = argv[1], *disk_dir = argv[2];
     void *ctx = NULL, *popped = NULL;
-    CHECK(setenv("KCACHE_CUDA_LIBRARY", driver, 1) == 0);
-    CHECK(kc_cuda_available() == KC_OK);
-    CHECK(cuInit(0) == 0);
-    CHECK(cuCtxCreate_v2(&ctx, 0, 0) == 0 && cuCtxPopCurrent_v2(&popped) == 0 && popped == ctx);
+    EXPECT(setenv("KCACHE_CUDA_LIBRARY", driver, 1) == 0);
+    EXPECT(kc_cuda_available() == KC_OK);
+    EXPECT(cuInit(0) == 0);
+    EXPECT(cuCtxCreate_v2(&ctx, 0, 0) == 0 && cuCtxPopCurrent_v2(&popped) == 0 && popped == ctx);
 
     kc_cuda_cache_statistics cold = lookup(driver, disk_dir, ctx);
-    CHECK(cold.links == 1 && cold.disk_misses == 1 && cold.cubin_loads == 0);
-    CHECK(fakecuda_counter("link_complete") == 1);
+    EXPECT(cold.links == 1 && cold.disk_misses == 1 && cold.cubin_loads == 0);
+    EXPECT(fakecuda_counter("link_complete") == 1);
 
     kc_cuda_cache_statistics warm = lookup(driver, disk_dir, ctx);
-    CHECK(warm.links == 0 && warm.disk_hits == 1 && warm.cubin_loads == 1);
-    CHECK(fakecuda_counter("link_complete") == 1);
-    CHECK(fakecuda_counter("module_load") == 2);
-    CHECK(fakecuda_counter("module_unload") == 2);
-    CHECK(fakecuda_counter("unload_wrong_context") == 0);
+    EXPECT(warm.links == 0 && warm.disk_hits == 1 && warm.cubin_loads == 1);
+    EXPECT(fakecuda_counter("link_complete") == 1);
+    EXPECT(fakecuda_counter("module_load") == 2);
+    EXPECT(fakecuda_counter("module_unload") == 2);
+    EXPECT(fakecuda_counter("unload_wrong_context") == 0);
 
-    if (failures == 0)
-        printf("cuda_test: cold link, warm cubin load, unload in context: ok\n");
-    return failures ? 1 : 0;
+    return check_finish("cuda_test: cold link, warm cubin load, unload in context");
 }

@@ -154,7 +154,37 @@ static int live_ctx(const struct fake_ctx *c) { return c != NULL && c->magic == 
             return CUDA_ERROR_NOT_INITIALIZED;                                                     \
     } while (0)
 
+/* Sets `handle` to a new zeroed handle stamped with `stamp`; returns CUDA_ERROR_INVALID_VALUE
+ * from the caller when out of memory. */
+#define NEW_HANDLE(handle, stamp)                                                                  \
+    do {                                                                                           \
+        (handle) = calloc(1, sizeof *(handle));                                                    \
+        if (!(handle))                                                                             \
+            return CUDA_ERROR_INVALID_VALUE;                                                       \
+        (handle)->magic = (stamp);                                                                 \
+    } while (0)
+
 /* ---- initialisation and devices ---------------------------------------------------------- */
+
+/* The checks of a call about `device` that writes through an out-parameter, in the driver's
+ * order: CUDA_ERROR_NOT_INITIALIZED before cuInit, CUDA_ERROR_INVALID_VALUE unless `out_ok` (the
+ * out-parameter is usable), CUDA_ERROR_INVALID_DEVICE for a device that does not exist. */
+static CUresult check_device_call(int out_ok, CUdevice device) {
+    if (!__atomic_load_n(&initialized, __ATOMIC_SEQ_CST))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out_ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (device < 0 || device >= NUM_DEVICES)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return CUDA_SUCCESS;
+}
+
+#define REQUIRE_DEVICE_CALL(out_ok, device)                                                        \
+    do {                                                                                           \
+        CUresult checked_ = check_device_call((out_ok), (device));                                 \
+        if (checked_ != CUDA_SUCCESS)                                                              \
+            return checked_;                                                                       \
+    } while (0)
 
 static int env_int(const char *name, int fallback) {
     const char *v = getenv(name);
@@ -181,11 +211,7 @@ EXPORT CUresult cuDriverGetVersion(int *version) {
 }
 
 EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
-    REQUIRE_INIT();
-    if (!device)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= NUM_DEVICES)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE_CALL(device != NULL, ordinal);
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -193,21 +219,13 @@ EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
 static int capability(CUdevice d) { return d == 0 ? 80 : 90; }
 
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice device) {
-    REQUIRE_INIT();
-    if (!name || len <= 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (device < 0 || device >= NUM_DEVICES)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE_CALL(name != NULL && len > 0, device);
     snprintf(name, (size_t)len, "kcache fake GPU %d", device);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice device) {
-    REQUIRE_INIT();
-    if (!value)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (device < 0 || device >= NUM_DEVICES)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE_CALL(value != NULL, device);
     switch (attribute) {
     case 75: *value = capability(device) / 10; return CUDA_SUCCESS;
     case 76: *value = capability(device) % 10; return CUDA_SUCCESS;
@@ -240,17 +258,11 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
 /* Test-only: kcache never creates contexts. Like the driver, the new context becomes current. */
 EXPORT CUresult cuCtxCreate_v2(struct fake_ctx **out, unsigned int flags, CUdevice device) {
     (void)flags;
-    REQUIRE_INIT();
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (device < 0 || device >= NUM_DEVICES)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE_CALL(out != NULL, device);
     if (ctx_depth == STACK_DEPTH)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fake_ctx *c = calloc(1, sizeof *c);
-    if (!c)
-        return CUDA_ERROR_INVALID_VALUE;
-    c->magic = CTX_MAGIC;
+    struct fake_ctx *c;
+    NEW_HANDLE(c, CTX_MAGIC);
     c->device = device;
     ctx_stack[ctx_depth++] = c;
     *out = c;
@@ -351,10 +363,8 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
     struct fake_ctx *c = current();
     if (!live_ctx(c))
         return CUDA_ERROR_INVALID_CONTEXT;
-    struct fake_link *l = calloc(1, sizeof *l);
-    if (!l)
-        return CUDA_ERROR_INVALID_VALUE;
-    l->magic = LNK_MAGIC;
+    struct fake_link *l;
+    NEW_HANDLE(l, LNK_MAGIC);
     l->ctx = c;
     l->target = capability(c->device);
     l->hash = 0xcbf29ce484222325ull;
@@ -497,6 +507,32 @@ EXPORT CUresult cuLinkDestroy(struct fake_link *l) {
 
 /* ---- modules ----------------------------------------------------------------------------- */
 
+/* Counts a load that failed with `result`, and returns it. */
+static CUresult load_failed(CUresult result) {
+    bump(C_MODULE_LOAD_FAILED);
+    return result;
+}
+
+/* A live module of context `c` with `nentries` kernels, named by NUL-padded MAX_NAME-byte slots
+ * from `names` on; counted as a load of `kind`. */
+static CUresult new_module(struct fake_module **out, struct fake_ctx *c, int nentries,
+                           const char *names, enum counter kind) {
+    struct fake_module *m;
+    NEW_HANDLE(m, MOD_MAGIC);
+    m->ctx = c;
+    m->nentries = nentries;
+    for (int i = 0; i < nentries; i++) {
+        m->functions[i].magic = FUN_MAGIC;
+        m->functions[i].module = m;
+        memcpy(m->functions[i].name, names + (size_t)i * MAX_NAME, MAX_NAME);
+        m->functions[i].name[MAX_NAME - 1] = '\0';
+    }
+    bump(kind);
+    bump(C_LIVE_MODULES);
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, unsigned int n,
                                    unsigned int *options, void **values) {
     (void)n, (void)options, (void)values;
@@ -514,25 +550,9 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         size_t len = strnlen(ptx, 1 << 24);
         struct fake_link jit = {.magic = LNK_MAGIC};
         if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target") ||
-            !parse_entries(&jit, ptx, len)) {
-            bump(C_MODULE_LOAD_FAILED);
-            return CUDA_ERROR_INVALID_IMAGE;
-        }
-        struct fake_module *m = calloc(1, sizeof *m);
-        if (!m)
-            return CUDA_ERROR_INVALID_VALUE;
-        m->magic = MOD_MAGIC;
-        m->ctx = c;
-        m->nentries = jit.nentries;
-        for (int i = 0; i < jit.nentries; i++) {
-            m->functions[i].magic = FUN_MAGIC;
-            m->functions[i].module = m;
-            memcpy(m->functions[i].name, jit.entries[i], MAX_NAME);
-        }
-        bump(C_MODULE_LOAD_PTX);
-        bump(C_LIVE_MODULES);
-        *out = m;
-        return CUDA_SUCCESS;
+            !parse_entries(&jit, ptx, len))
+            return load_failed(CUDA_ERROR_INVALID_IMAGE);
+        return new_module(out, c, jit.nentries, (const char *)jit.entries, C_MODULE_LOAD_PTX);
     }
     int pending = __atomic_load_n(&reject_loads, __ATOMIC_SEQ_CST);
     while (pending > 0) {
@@ -543,30 +563,11 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         }
     }
     uint32_t total = get32(b + 8), target = get32(b + 12), nentries = get32(b + 24);
-    if (nentries > MAX_ENTRIES || total != CUBIN_HEADER + nentries * MAX_NAME) {
-        bump(C_MODULE_LOAD_FAILED);
-        return CUDA_ERROR_INVALID_IMAGE;
-    }
-    if ((int)target != capability(c->device)) {
-        bump(C_MODULE_LOAD_FAILED);
-        return CUDA_ERROR_NO_BINARY_FOR_GPU;
-    }
-    struct fake_module *m = calloc(1, sizeof *m);
-    if (!m)
-        return CUDA_ERROR_INVALID_VALUE;
-    m->magic = MOD_MAGIC;
-    m->ctx = c;
-    m->nentries = (int)nentries;
-    for (uint32_t i = 0; i < nentries; i++) {
-        m->functions[i].magic = FUN_MAGIC;
-        m->functions[i].module = m;
-        memcpy(m->functions[i].name, b + CUBIN_HEADER + (size_t)i * MAX_NAME, MAX_NAME);
-        m->functions[i].name[MAX_NAME - 1] = '\0';
-    }
-    bump(C_MODULE_LOAD);
-    bump(C_LIVE_MODULES);
-    *out = m;
-    return CUDA_SUCCESS;
+    if (nentries > MAX_ENTRIES || total != CUBIN_HEADER + nentries * MAX_NAME)
+        return load_failed(CUDA_ERROR_INVALID_IMAGE);
+    if ((int)target != capability(c->device))
+        return load_failed(CUDA_ERROR_NO_BINARY_FOR_GPU);
+    return new_module(out, c, (int)nentries, (const char *)b + CUBIN_HEADER, C_MODULE_LOAD);
 }
 
 EXPORT CUresult cuModuleUnload(struct fake_module *m) {
@@ -610,18 +611,13 @@ typedef unsigned long long CUdeviceptr;
 static struct fake_ctx primary[NUM_DEVICES] = {{CTX_MAGIC, 0}, {CTX_MAGIC, 1}};
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(struct fake_ctx **out, CUdevice device) {
-    REQUIRE_INIT();
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (device < 0 || device >= NUM_DEVICES)
-        return CUDA_ERROR_INVALID_DEVICE;
+    REQUIRE_DEVICE_CALL(out != NULL, device);
     *out = &primary[device];
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    REQUIRE_INIT();
-    return device < 0 || device >= NUM_DEVICES ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+    return check_device_call(1, device);
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {

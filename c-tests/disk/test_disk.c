@@ -28,16 +28,31 @@ static void make_key(const char *entry, uint8_t out[KC_KEY_LEN]) {
   kc_key_builder_free(b);
 }
 
-static kc_disk *open_disk(const char *name) {
+/* A disk tier in the work directory's `name`, keyed with `operator_key` unless that is NULL. */
+static kc_disk *open_keyed(const char *name, const char *operator_key) {
   char dir[4096];
   path_in(dir, sizeof dir, name);
   kc_disk_options opts = kc_disk_options_default();
   opts.dir = dir;
   opts.ignore_env = true;
   opts.relaxed_durability = true;
+  if (operator_key != NULL) {
+    opts.key = (const uint8_t *)operator_key;
+    opts.key_len = strlen(operator_key);
+  }
   kc_disk *disk = NULL;
   CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
   return disk;
+}
+
+static kc_disk *open_disk(const char *name) { return open_keyed(name, NULL); }
+
+/* Puts `data` in the disk tier under the key of `entry`; the key goes in `key` unless NULL. */
+static void put_entry(kc_disk *disk, const char *entry, const char *data, uint8_t *key) {
+  uint8_t k[KC_KEY_LEN];
+  make_key(entry, k);
+  CHECK_STATUS(kc_disk_put(disk, k, (const uint8_t *)data, strlen(data), 0), KC_OK);
+  if (key != NULL) memcpy(key, k, KC_KEY_LEN);
 }
 
 static kc_disk_statistics disk_stats(const kc_disk *disk) {
@@ -624,9 +639,8 @@ static void test_null_sweep(void) {
 static void test_full_disk(void) {
   kc_disk *disk = open_disk("full");
   uint8_t small[KC_KEY_LEN], big[KC_KEY_LEN];
-  make_key("small", small);
+  put_entry(disk, "small", "fits", small);
   make_key("big", big);
-  CHECK_STATUS(kc_disk_put(disk, small, KEY("fits"), 0), KC_OK);
   CHECK(signal(SIGXFSZ, SIG_IGN) != SIG_ERR);
   struct rlimit lim = {64 * 1024, 64 * 1024};
   CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
@@ -653,20 +667,6 @@ static void test_full_disk(void) {
   CHECK(files == 1); /* the small entry; no temporary file left */
   CHECK_U64(disk_stats(disk).io_errors, 1);
   kc_disk_free(disk);
-}
-
-static kc_disk *open_keyed(const char *name, const char *operator_key) {
-  char dir[4096];
-  path_in(dir, sizeof dir, name);
-  kc_disk_options opts = kc_disk_options_default();
-  opts.dir = dir;
-  opts.ignore_env = true;
-  opts.relaxed_durability = true;
-  opts.key = (const uint8_t *)operator_key;
-  opts.key_len = strlen(operator_key);
-  kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
-  return disk;
 }
 
 /* Two key generations in one directory: both fingerprints are listed, in byte order, and a
@@ -719,11 +719,8 @@ static void test_fingerprints(void) {
  * not. */
 static void test_scan_and_directories(void) {
   kc_disk *first = open_disk("scanned");
-  uint8_t a[KC_KEY_LEN], b[KC_KEY_LEN];
-  make_key("scanned a", a);
-  make_key("scanned b", b);
-  CHECK_STATUS(kc_disk_put(first, a, KEY("a"), 0), KC_OK);
-  CHECK_STATUS(kc_disk_put(first, b, KEY("b"), 0), KC_OK);
+  put_entry(first, "scanned a", "a", NULL);
+  put_entry(first, "scanned b", "b", NULL);
   kc_disk_free(first);
 
   kc_disk *disk = open_disk("scanned");

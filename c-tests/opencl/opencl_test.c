@@ -5,22 +5,12 @@
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
-#include <kcache.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s (last error: %s)\n", __FILE__, \
-                    __LINE__, #cond, kc_last_error_message());                   \
-            failures++;                                                          \
-        }                                                                        \
-    } while (0)
+#include "../checks.h"
 
 static const char *SOURCE =
     "__kernel void add_one(__global float *x) { x[get_global_id(0)] += 1.0f; }\n";
@@ -52,18 +42,30 @@ static cl_uint reference_count(void *program) {
 
 static kc_opencl_cache_statistics stats_of(kc_opencl_cache *cache) {
     kc_opencl_cache_statistics stats = {.struct_size = sizeof stats};
-    CHECK(kc_opencl_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(kc_opencl_cache_stats(cache, &stats) == KC_OK);
     return stats;
 }
 
+/* The first device of the first platform, a context on it and a queue; exits without them. */
+static void open_first_device(cl_device_id *device, cl_context *context, cl_command_queue *queue) {
+    cl_platform_id platform;
+    cl_int err;
+    REQUIRE(clGetPlatformIDs(1, &platform, NULL) == CL_SUCCESS);
+    REQUIRE(clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, device, NULL) == CL_SUCCESS);
+    *context = clCreateContext(NULL, 1, device, NULL, NULL, &err);
+    REQUIRE(err == CL_SUCCESS);
+    *queue = clCreateCommandQueue(*context, *device, 0, &err);
+    REQUIRE(err == CL_SUCCESS);
+}
+
 static int test_unavailable(void) {
-    CHECK(kc_opencl_available() == KC_ERR_UNAVAILABLE);
-    CHECK(strstr(kc_last_error_message(), "OpenCL") != NULL);
+    EXPECT(kc_opencl_available() == KC_ERR_UNAVAILABLE);
+    EXPECT(strstr(kc_last_error_message(), "OpenCL") != NULL);
     kc_opencl_options opts = kc_opencl_options_default();
     kc_opencl_cache *cache = NULL;
-    CHECK(kc_opencl_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
-    CHECK(cache == NULL);
-    return failures != 0;
+    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
+    EXPECT(cache == NULL);
+    return check_finish("opencl_test unavailable");
 }
 
 int main(int argc, char **argv) {
@@ -73,103 +75,92 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "unavailable") == 0) return test_unavailable();
 
-    cl_platform_id platform;
     cl_device_id device;
-    cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS ||
-        clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) {
-        fprintf(stderr, "no OpenCL device\n");
-        return 1;
-    }
-    cl_context context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
-    cl_command_queue queue = clCreateCommandQueue(context, device, 0, &err);
-    CHECK(kc_opencl_available() == KC_OK);
+    cl_context context;
+    cl_command_queue queue;
+    open_first_device(&device, &context, &queue);
+    EXPECT(kc_opencl_available() == KC_OK);
 
     kc_opencl_options opts = kc_opencl_options_default();
     opts.use_disk = true;
     opts.disk_dir = argv[1];
     kc_opencl_cache *cache = NULL;
-    CHECK(kc_opencl_cache_new(NULL, &cache) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_opencl_cache_new(NULL, &cache) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_OK);
 
     /* Invalid arguments never crash and never write the out-parameter. */
     kc_opencl_lease *lease = NULL;
-    CHECK(kc_opencl_cache_find_or_build(NULL, context, device, &SOURCE, NULL, 1, "", &lease) ==
-          KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_cache_find_or_build(cache, NULL, device, &SOURCE, NULL, 1, "", &lease) ==
-          KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, NULL, NULL, 1, "", &lease) ==
-          KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 0, "", &lease) ==
-          KC_ERR_INVALID_ARGUMENT);
-    CHECK(lease == NULL);
-    CHECK(kc_opencl_lease_program(NULL) == NULL);
+    EXPECT(kc_opencl_cache_find_or_build(NULL, context, device, &SOURCE, NULL, 1, "", &lease) ==
+           KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_find_or_build(cache, NULL, device, &SOURCE, NULL, 1, "", &lease) ==
+           KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, NULL, NULL, 1, "", &lease) ==
+           KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 0, "", &lease) ==
+           KC_ERR_INVALID_ARGUMENT);
+    EXPECT(lease == NULL);
+    EXPECT(kc_opencl_lease_program(NULL) == NULL);
     kc_opencl_lease_release(NULL);
     kc_opencl_cache_free(NULL);
 
     /* Cold, then a memory hit: the same program, compiled once. */
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, NULL, &lease) ==
-          KC_OK);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, NULL, &lease) ==
+           KC_OK);
     void *program = kc_opencl_lease_program(lease);
-    CHECK(program != NULL && run_add_one(context, queue, program));
+    EXPECT(program != NULL && run_add_one(context, queue, program));
     kc_opencl_lease *again = NULL;
     size_t length = strlen(SOURCE);
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, &length, 1, "", &again) ==
-          KC_OK);
-    CHECK(kc_opencl_lease_program(again) == program);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, &length, 1, "", &again) ==
+           KC_OK);
+    EXPECT(kc_opencl_lease_program(again) == program);
     kc_opencl_cache_statistics s = stats_of(cache);
-    CHECK(s.source_builds == 1 && s.memory.hits == 1 && s.disk_misses == 1);
+    EXPECT(s.source_builds == 1 && s.memory.hits == 1 && s.disk_misses == 1);
     kc_opencl_lease_release(again);
 
     /* Evicting the context releases the program exactly once, when the last lease goes. */
     clRetainProgram((cl_program)program);
-    CHECK(reference_count(program) == 2);
+    EXPECT(reference_count(program) == 2);
     size_t evicted = 0;
-    CHECK(kc_opencl_cache_evict_context(cache, context, &evicted) == KC_OK);
-    CHECK(evicted == 1);
-    CHECK(reference_count(program) == 2);
+    EXPECT(kc_opencl_cache_evict_context(cache, context, &evicted) == KC_OK);
+    EXPECT(evicted == 1);
+    EXPECT(reference_count(program) == 2);
     kc_opencl_lease_release(lease);
-    CHECK(reference_count(program) == 1);
-    CHECK(stats_of(cache).memory.destroys == 1);
-    CHECK(kc_opencl_cache_evict_device(cache, device, &evicted) == KC_OK && evicted == 0);
+    EXPECT(reference_count(program) == 1);
+    EXPECT(stats_of(cache).memory.destroys == 1);
+    EXPECT(kc_opencl_cache_evict_device(cache, device, &evicted) == KC_OK && evicted == 0);
     clReleaseProgram((cl_program)program);
 
     /* NULL handles are refused (they would evict nothing), and the count is left alone. */
     evicted = 7;
-    CHECK(kc_opencl_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(strstr(kc_last_error_message(), "context") != NULL);
-    CHECK(kc_opencl_cache_evict_device(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(strstr(kc_last_error_message(), "device") != NULL);
-    CHECK(kc_opencl_cache_evict_context(NULL, context, &evicted) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(kc_opencl_cache_evict_device(NULL, device, &evicted) == KC_ERR_INVALID_ARGUMENT);
-    CHECK(evicted == 7);
+    EXPECT(kc_opencl_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "context") != NULL);
+    EXPECT(kc_opencl_cache_evict_device(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "device") != NULL);
+    EXPECT(kc_opencl_cache_evict_context(NULL, context, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_evict_device(NULL, device, &evicted) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(evicted == 7);
 
     /* A compile error: the status, the OpenCL code and the log. */
     const char *broken = "__kernel void broken(__global float *x) { x[0] = not_declared; }";
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &broken, NULL, 1, "", &lease) ==
-          KC_ERR_BUILD_FAILED);
-    CHECK(kc_last_build_error() == CL_BUILD_PROGRAM_FAILURE);
-    CHECK(strstr(kc_last_error_message(), "not_declared") != NULL);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &broken, NULL, 1, "", &lease) ==
+           KC_ERR_BUILD_FAILED);
+    EXPECT(kc_last_build_error() == CL_BUILD_PROGRAM_FAILURE);
+    EXPECT(strstr(kc_last_error_message(), "not_declared") != NULL);
     kc_opencl_cache_free(cache);
 
     /* A new cache on the same directory (as a new process would) loads the binary from disk. */
-    CHECK(kc_opencl_cache_new(&opts, &cache) == KC_OK);
-    CHECK(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) ==
-          KC_OK);
-    CHECK(run_add_one(context, queue, kc_opencl_lease_program(lease)));
+    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) ==
+           KC_OK);
+    EXPECT(run_add_one(context, queue, kc_opencl_lease_program(lease)));
     s = stats_of(cache);
-    CHECK(s.source_builds == 0 && s.binary_loads == 1 && s.disk_hits == 1);
+    EXPECT(s.source_builds == 0 && s.binary_loads == 1 && s.disk_hits == 1);
     kc_opencl_lease_release(lease);
-    CHECK(kc_opencl_cache_clear(cache) == KC_OK);
-    CHECK(stats_of(cache).memory.entries == 0);
+    EXPECT(kc_opencl_cache_clear(cache) == KC_OK);
+    EXPECT(stats_of(cache).memory.entries == 0);
     kc_opencl_cache_free(cache);
 
     clReleaseCommandQueue(queue);
     clReleaseContext(context);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("opencl_test: all checks passed\n");
-    return 0;
+    return check_finish("opencl_test");
 }

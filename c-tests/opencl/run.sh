@@ -18,7 +18,6 @@ kc_run() {
   # The test compiles a broken kernel on purpose: PoCL prints "1 error generated." for it.
   "$bin/opencl_test" "$KC_WORK/$variant-test-cache"
   KCACHE_OPENCL_LIBRARY=/nonexistent/libOpenCL.so.1 "$bin/opencl_test" unavailable
-  echo "opencl_test unavailable: ok"
 
   # The documented example: the first run compiles, the second loads the binary from disk.
   "$bin/opencl_example" "$KC_WORK/$variant-example-cache"

@@ -12,42 +12,33 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kcache.h"
-
-#define CHECK(cond)                                                                        \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__,     \
-              #cond, kc_last_error_message());                                             \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
+#include "../checks.h"
 
 #define LAST_ERROR_HAS(text) (strstr(kc_last_error_message(), (text)) != NULL)
 
 /* A library that fails to load is named in the message: it must be the default soname. */
 static void check_default_library(kc_status status, const char *soname) {
-  CHECK(status == KC_OK || status == KC_ERR_UNAVAILABLE);
-  if (status == KC_ERR_UNAVAILABLE) CHECK(LAST_ERROR_HAS(soname));
+  REQUIRE(status == KC_OK || status == KC_ERR_UNAVAILABLE);
+  if (status == KC_ERR_UNAVAILABLE) REQUIRE(LAST_ERROR_HAS(soname));
 }
 
 static void check_disk(const char *explicit_dir) {
   kc_disk *disk = NULL;
   /* The environment names a directory, but a secure-execution process does not read it. */
-  CHECK(kc_disk_new(NULL, &disk) == KC_ERR_UNAVAILABLE);
-  CHECK(LAST_ERROR_HAS("secure-execution process: the disk tier needs an explicit directory"));
+  REQUIRE(kc_disk_new(NULL, &disk) == KC_ERR_UNAVAILABLE);
+  REQUIRE(LAST_ERROR_HAS("secure-execution process: the disk tier needs an explicit directory"));
   kc_disk_options opts = kc_disk_options_default();
-  CHECK(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
-  CHECK(LAST_ERROR_HAS("secure-execution"));
-  CHECK(disk == NULL);
+  REQUIRE(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
+  REQUIRE(LAST_ERROR_HAS("secure-execution"));
+  REQUIRE(disk == NULL);
 
   /* The program's own directory is used, without the environment's key file (which would be
    * refused, so the open would fail) and without its demand for a key. */
   opts.dir = explicit_dir;
-  CHECK(kc_disk_new(&opts, &disk) == KC_OK);
+  REQUIRE(kc_disk_new(&opts, &disk) == KC_OK);
   uint8_t fp[KC_FINGERPRINT_LEN];
-  CHECK(kc_disk_fingerprint(disk, fp) == KC_OK);
-  for (int i = 0; i < KC_FINGERPRINT_LEN; i++) CHECK(fp[i] == 0);
+  REQUIRE(kc_disk_fingerprint(disk, fp) == KC_OK);
+  for (int i = 0; i < KC_FINGERPRINT_LEN; i++) REQUIRE(fp[i] == 0);
   kc_disk_free(disk);
 }
 
@@ -68,13 +59,13 @@ static void check_backends(const char *cuda_driver) {
 
   /* NVRTC, loaded on first use, through a driver the program names itself. */
   cu.driver_library = cuda_driver;
-  CHECK(kc_cuda_cache_new(&cu, &cu_cache) == KC_OK);
+  REQUIRE(kc_cuda_cache_new(&cu, &cu_cache) == KC_OK);
   const char *source = "extern \"C\" __global__ void k() {}";
   kc_cuda_lease *lease = NULL;
   kc_status status = kc_cuda_cache_find_or_build_source(cu_cache, NULL, source, strlen(source),
                                                         NULL, 0, NULL, 0, &lease);
-  CHECK(status != KC_OK || lease != NULL);
-  if (status == KC_ERR_UNAVAILABLE) CHECK(LAST_ERROR_HAS("libnvrtc.so"));
+  REQUIRE(status != KC_OK || lease != NULL);
+  if (status == KC_ERR_UNAVAILABLE) REQUIRE(LAST_ERROR_HAS("libnvrtc.so"));
   kc_cuda_lease_release(lease);
   kc_cuda_cache_free(cu_cache);
 }
@@ -87,25 +78,25 @@ int main(int argc, char **argv) {
   const char *mode = argv[1], *explicit_dir = argv[2], *cuda_driver = argv[3];
   int privileged = getuid() != geteuid() || getgid() != getegid();
   if (strcmp(mode, "control") == 0) {
-    CHECK(!privileged);
+    REQUIRE(!privileged);
     kc_cuda_options cu = kc_cuda_options_default();
     kc_cuda_cache *cache = NULL;
     /* The marker library is no CUDA driver: the load itself is what counts. */
-    CHECK(kc_cuda_cache_new(&cu, &cache) != KC_OK);
+    REQUIRE(kc_cuda_cache_new(&cu, &cache) != KC_OK);
     printf("control: ok\n");
     return 0;
   }
-  CHECK(privileged);
+  REQUIRE(privileged);
   if (strcmp(mode, "disabled") == 0) {
     kc_disk_options opts = kc_disk_options_default();
     opts.dir = explicit_dir;
     kc_disk *disk = NULL;
-    CHECK(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
-    CHECK(LAST_ERROR_HAS("KCACHE_DISABLE=1"));
+    REQUIRE(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
+    REQUIRE(LAST_ERROR_HAS("KCACHE_DISABLE=1"));
     printf("disabled: ok\n");
     return 0;
   }
-  CHECK(strcmp(mode, "secure") == 0);
+  REQUIRE(strcmp(mode, "secure") == 0);
   check_disk(explicit_dir);
   check_backends(cuda_driver);
   printf("secure: ok\n");

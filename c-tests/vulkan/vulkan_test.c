@@ -2,34 +2,15 @@
  * dispatched and their output checked, memory hits, argument checks, malformed SPIR-V, device
  * teardown with a lease held, and a loader that lacks functions.
  * Usage: vulkan_test CACHE_DIR SHADER.spv */
-#include <kcache.h>
 #include <vulkan/vulkan.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../checks.h"
+
 #define N 256u
-
-static int failures;
-
-#define EXPECT(cond)                                                                  \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: expected %s (last error: %s)\n", __FILE__, __LINE__, \
-                    #cond, kc_last_error_message());                                  \
-            failures++;                                                               \
-        }                                                                             \
-    } while (0)
-
-#define REQUIRE(cond)                                                                 \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: required %s (last error: %s)\n", __FILE__, __LINE__, \
-                    #cond, kc_last_error_message());                                  \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 typedef struct gpu {
     VkInstance instance;
@@ -360,10 +341,5 @@ int main(int argc, char **argv) {
 
     gpu_destroy(&g);
     free(code);
-    if (failures) {
-        fprintf(stderr, "vulkan_test: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("vulkan_test: ok\n");
-    return 0;
+    return check_finish("vulkan_test");
 }

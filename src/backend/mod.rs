@@ -1,4 +1,25 @@
 //! GPU runtime adapters. Each loads its runtime at run time: no link dependency on any of them.
+/// `Debug` for a type holding driver handles or entry points, printing the named fields: with
+/// a trailing `..` the output marks the fields left out (`finish_non_exhaustive`).
+macro_rules! debug_fields {
+    ($ty:ident { $($field:ident),+ }) => {
+        $crate::backend::debug_fields!(@impl $ty { $($field),+ } finish);
+    };
+    ($ty:ident { $($field:ident),+, .. }) => {
+        $crate::backend::debug_fields!(@impl $ty { $($field),+ } finish_non_exhaustive);
+    };
+    (@impl $ty:ident { $($field:ident),+ } $finish:ident) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($ty))
+                    $(.field(stringify!($field), &self.$field))+
+                    .$finish()
+            }
+        }
+    };
+}
+pub(crate) use debug_fields;
+
 pub mod cuda;
 pub mod handle_cache;
 pub mod library;

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
-use super::status::{byte_slice, non_null, null_argument};
+use super::status::{byte_slice, guard_value, non_null, null_argument};
 use crate::disk::{DiskCache, DiskConfig, OperatorKey};
 use crate::memory::{self, Entry, Lease};
 use crate::{Error, Result};
@@ -141,20 +141,37 @@ pub unsafe fn lease_entry<'a, H: LeaseHandle>(lease: *const H) -> &'a Entry<H::K
     unsafe { &*lease.cast::<Entry<H::Key, H::Value>>() }
 }
 
-/// [`lease_entry`] for the accessors without a status: NULL records the invalid argument and
-/// gives `None`, which they turn into their NULL or 0 answer.
+/// Borrows the entry behind a lease argument that must not be NULL.
 ///
 /// # Safety
 /// `lease` must be NULL or a lease from [`lease_into_raw`], not yet released.
-pub unsafe fn lease_entry_or_null<'a, H: LeaseHandle>(
+pub unsafe fn live_lease<'a, H: LeaseHandle>(
     lease: *const H,
-) -> Option<&'a Entry<H::Key, H::Value>> {
-    if lease.is_null() {
-        null_argument("lease");
-        return None;
-    }
+) -> Result<&'a Entry<H::Key, H::Value>> {
+    non_null(lease, "lease")?;
     // SAFETY: non-NULL, and live by the caller's contract.
-    Some(unsafe { lease_entry(lease) })
+    Ok(unsafe { lease_entry(lease) })
+}
+
+/// The body of a lease accessor without a status: what `read` makes of the leased entry, or
+/// `none` when `lease` is NULL (recorded as the invalid argument) or `read` panics.
+///
+/// # Safety
+/// `lease` must be NULL or a lease from [`lease_into_raw`], not yet released.
+#[inline]
+pub unsafe fn read_lease<H: LeaseHandle, T: Copy>(
+    lease: *const H,
+    none: T,
+    read: impl FnOnce(&Entry<H::Key, H::Value>) -> T,
+) -> T {
+    guard_value(none, || {
+        if lease.is_null() {
+            null_argument("lease");
+            return none;
+        }
+        // SAFETY: non-NULL, and live by the caller's contract.
+        read(unsafe { lease_entry(lease) })
+    })
 }
 
 /// Gives back the reference a lease pointer owns; NULL is a no-op, as every `*_release`
@@ -178,6 +195,24 @@ pub unsafe fn release_lease<H: LeaseHandle>(lease: *mut H) {
 // required past the fields this library knows; outputs are written up to what both sides know.
 // [`struct_size`] checks the size, [`read_sized`] and [`read_grown`] read inputs, and
 // [`write_sized`] writes outputs.
+
+/// `From<$rust>` for the C statistics struct `$c` that mirrors it: `struct_size` set to the
+/// whole struct, each listed counter copied, and each nested tier's statistics (`into`)
+/// converted to their own C struct.
+macro_rules! c_statistics {
+    ($rust:ty => $c:ident { $($field:ident),+ $(,)? } $(into { $($nested:ident),+ })?) => {
+        impl From<$rust> for $c {
+            fn from(s: $rust) -> Self {
+                $c {
+                    struct_size: std::mem::size_of::<$c>(),
+                    $($field: s.$field,)+
+                    $($($nested: s.$nested.into(),)+)?
+                }
+            }
+        }
+    };
+}
+pub(super) use c_statistics;
 
 /// Checks the `struct_size` a caller set in a struct of type `T` (called `c_name` in C)
 /// against the smallest size this library accepts, and returns it.

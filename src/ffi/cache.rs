@@ -10,8 +10,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    GrownInput, Handle, free_handle, handle_ref, lease_into_raw, new_handle, read_input,
-    write_sized,
+    GrownInput, Handle, c_statistics, free_handle, handle_ref, lease_into_raw, new_handle,
+    read_input, write_sized,
 };
 use super::lease::kc_lease;
 use super::status::{byte_slice, fail, guard, guard_value, kc_status, non_null};
@@ -159,28 +159,10 @@ pub struct kc_cache_stats {
     pub leases: u64,
 }
 
-impl From<Stats> for kc_cache_stats {
-    /// The C form of a memory tier's counters, `struct_size` set to the whole struct.
-    fn from(s: Stats) -> Self {
-        kc_cache_stats {
-            struct_size: size_of::<kc_cache_stats>(),
-            hits: s.hits,
-            misses: s.misses,
-            builds: s.builds,
-            build_failures: s.build_failures,
-            waits: s.waits,
-            discarded: s.discarded,
-            capacity_evictions: s.capacity_evictions,
-            device_evictions: s.device_evictions,
-            clears: s.clears,
-            destroys: s.destroys,
-            destroy_errors: s.destroy_errors,
-            entries: s.entries,
-            weight: s.weight,
-            leases: s.leases,
-        }
-    }
-}
+c_statistics!(Stats => kc_cache_stats {
+    hits, misses, builds, build_failures, waits, discarded, capacity_evictions, device_evictions,
+    clears, destroys, destroy_errors, entries, weight, leases,
+});
 
 // SAFETY: every field but the bool is an integer, a raw pointer or an optional function
 // pointer (zero is `None`).

@@ -35,14 +35,16 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    c_str, elements, free_boxed, lease_entry, lease_entry_or_null, lease_handle, lease_into_raw,
-    live, optional_path, release_lease, write_optional,
+    c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live_lease,
+    optional_path, read_lease, release_lease, write_optional,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
-use crate::backend::cuda::{Context, CudaCache, CudaOptions, Driver, JitOption, Module, Nvrtc};
+use crate::backend::cuda::{
+    Context, CudaCache, CudaOptions, CudaStats, Driver, JitOption, Module, ModuleLease, Nvrtc,
+};
 use crate::error::Error;
 
 /// A CUDA module cache. Create with `kc_cuda_cache_new`, free with `kc_cuda_cache_free`.
@@ -148,6 +150,11 @@ pub struct kc_cuda_cache_statistics {
     pub disk: kc_disk_statistics,
 }
 
+c_statistics!(CudaStats => kc_cuda_cache_statistics {
+    links, link_failures, cubin_loads, cubins_rejected, disk_hits, disk_misses,
+    disk_errors, nvrtc_compiles, nvrtc_failures,
+} into { memory, disk });
+
 /// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
 /// `disk_dir`) to keep cubins across processes.
 #[unsafe(no_mangle)]
@@ -244,22 +251,40 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
     option_count: usize,
     out_lease: *mut *mut kc_cuda_lease,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(ptx, "ptx")?;
-        non_null(out_lease, "out_lease")?;
-        // SAFETY: `ptx_len` readable bytes, or NUL-terminated when 0, by contract.
-        let ptx = unsafe { text_bytes(ptx, ptx_len, "ptx") }?;
+    let build = |cache: &CudaCache, context, ptx: &[u8]| {
         // SAFETY: `option_count` entries by contract.
         let options = unsafe { jit_options(options, option_count) }?;
+        cache.find_or_build_ptx(context, ptx, &options)
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { find_or_build(cache, context, (ptx, ptx_len, "ptx"), out_lease, build) }
+}
+
+/// The body of both lookups: checks the handles, reads the text (`len` bytes, or up to its NUL
+/// when `len` is 0), and hands the caller a lease on the module `build` returns for it.
+///
+/// # Safety
+/// As `kc_cuda_cache_find_or_build_ptx`, for the text named `name`.
+unsafe fn find_or_build(
+    cache: *mut kc_cuda_cache,
+    context: *mut c_void,
+    (text, len, name): (*const c_char, usize, &str),
+    out_lease: *mut *mut kc_cuda_lease,
+    build: impl FnOnce(&CudaCache, Option<Context>, &[u8]) -> Result<ModuleLease, Error>,
+) -> kc_status {
+    let find = |cache: &CudaCache| {
+        non_null(text, name)?;
+        non_null(out_lease, "out_lease")?;
+        // SAFETY: `len` readable bytes, or NUL-terminated when 0, by contract.
+        let text = unsafe { text_bytes(text, len, name) }?;
         // SAFETY: NULL or a live context kept until evicted, by contract.
-        let context = unsafe { Context::from_raw(context) };
-        let lease = cache.find_or_build_ptx(context, ptx, &options)?;
+        let lease = build(cache, unsafe { Context::from_raw(context) }, text)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, find) }
 }
 
 /// The bytes of `text`: `len` of them, or up to its NUL when `len` is 0.
@@ -317,13 +342,7 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
     jit_option_count: usize,
     out_lease: *mut *mut kc_cuda_lease,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(source, "source")?;
-        non_null(out_lease, "out_lease")?;
-        // SAFETY: `source_len` readable bytes, or NUL-terminated when 0, by contract.
-        let source = unsafe { text_bytes(source, source_len, "source") }?;
+    let build = |cache: &CudaCache, context, source: &[u8]| {
         let source = std::str::from_utf8(source)
             .map_err(|_| Error::InvalidArgument("source is not valid UTF-8".into()))?;
         // SAFETY: `nvrtc_option_count` pointers by contract.
@@ -336,13 +355,18 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
         }
         // SAFETY: `jit_option_count` entries by contract.
         let jit = unsafe { self::jit_options(jit_options, jit_option_count) }?;
-        // SAFETY: NULL or a live context kept until evicted, by contract.
-        let context = unsafe { Context::from_raw(context) };
-        let lease = cache.find_or_build_source(context, source, &options, &jit)?;
-        // SAFETY: `out_lease` is non-NULL and writable by contract.
-        unsafe { out_lease.write(lease_into_raw(lease)) };
-        Ok(())
-    })
+        cache.find_or_build_source(context, source, &options, &jit)
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        find_or_build(
+            cache,
+            context,
+            (source, source_len, "source"),
+            out_lease,
+            build,
+        )
+    }
 }
 
 /// The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
@@ -351,10 +375,8 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *mut c_void {
-    guard_value(ptr::null_mut(), || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().raw()) }
 }
 
 /// The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
@@ -364,10 +386,8 @@ pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *m
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *mut c_void {
-    guard_value(ptr::null_mut(), || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().context())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().context()) }
 }
 
 /// `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
@@ -382,13 +402,13 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
     out_function: *mut *mut c_void,
 ) -> kc_status {
     guard(|| {
-        non_null(lease, "lease")?;
+        // SAFETY: NULL or a live lease by contract.
+        let module = unsafe { live_lease(lease) }?.value();
         non_null(name, "name")?;
         non_null(out_function, "out_function")?;
         // SAFETY: a C string by contract.
         let name = unsafe { c_str(name, "name") }?;
-        // SAFETY: a live lease by contract.
-        let function = unsafe { lease_entry(lease) }.value().function(name)?;
+        let function = module.function(name)?;
         // SAFETY: `out_function` is non-NULL and writable by contract.
         unsafe { out_function.write(function) };
         Ok(())
@@ -499,23 +519,7 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
     out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &CudaCache| {
-        let s = cache.stats();
-        kc_cuda_cache_statistics {
-            struct_size: size_of::<kc_cuda_cache_statistics>(),
-            memory: s.memory.into(),
-            links: s.links,
-            link_failures: s.link_failures,
-            cubin_loads: s.cubin_loads,
-            cubins_rejected: s.cubins_rejected,
-            disk_hits: s.disk_hits,
-            disk_misses: s.disk_misses,
-            disk_errors: s.disk_errors,
-            nvrtc_compiles: s.nvrtc_compiles,
-            nvrtc_failures: s.nvrtc_failures,
-            disk: s.disk.into(),
-        }
-    };
+    let stats = |cache: &CudaCache| kc_cuda_cache_statistics::from(cache.stats());
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_cuda_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.

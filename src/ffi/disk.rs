@@ -10,13 +10,13 @@ use std::ptr;
 use std::time::Duration;
 
 use super::args::{
-    GrownInput, Handle, dir_arg, free_handle, handle_ref, invalid, new_handle, operator_key_arg,
-    read_input, write_sized,
+    GrownInput, Handle, c_statistics, dir_arg, free_handle, handle_ref, invalid, new_handle,
+    operator_key_arg, read_input, write_sized,
 };
 use super::buffer::kc_buffer;
 use super::key_builder::key_arg;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability};
+use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability, GcReport};
 use crate::{Error, Result};
 
 /// Length of an operator key fingerprint in bytes.
@@ -154,32 +154,11 @@ pub struct kc_disk_statistics {
     pub failed_writes: u64,
 }
 
-impl From<DiskStats> for kc_disk_statistics {
-    /// The C form of a disk tier's counters, `struct_size` set to the whole struct.
-    fn from(s: DiskStats) -> Self {
-        kc_disk_statistics {
-            struct_size: size_of::<kc_disk_statistics>(),
-            hits: s.hits,
-            misses: s.misses,
-            puts: s.puts,
-            bytes_read: s.bytes_read,
-            bytes_written: s.bytes_written,
-            integrity_rejects: s.integrity_rejects,
-            io_errors: s.io_errors,
-            evictions: s.evictions,
-            removes: s.removes,
-            load_failures: s.load_failures,
-            entries: s.entries,
-            bytes: s.bytes,
-            scan_complete: s.scan_complete,
-            lock_waits: s.lock_waits,
-            lock_timeouts: s.lock_timeouts,
-            lock_takeovers: s.lock_takeovers,
-            pending_writes: s.pending_writes,
-            failed_writes: s.failed_writes,
-        }
-    }
-}
+c_statistics!(DiskStats => kc_disk_statistics {
+    hits, misses, puts, bytes_read, bytes_written, integrity_rejects, io_errors, evictions,
+    removes, load_failures, entries, bytes, scan_complete, lock_waits, lock_timeouts,
+    lock_takeovers, pending_writes, failed_writes,
+});
 
 /// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
 /// `kc_disk_statistics`.
@@ -206,6 +185,12 @@ pub struct kc_disk_gc_report {
     /// Lock files nobody held (left by processes that died building); held ones are kept.
     pub lock_files: u64,
 }
+
+c_statistics!(GcReport => kc_disk_gc_report {
+    temp_files, stale_schema, stale_fingerprint, corrupt, kept, bytes_freed, undeletable,
+    lock_files,
+});
+
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
 const OUT_MIN_SIZE: usize = size_of::<usize>();
 
@@ -385,17 +370,7 @@ pub unsafe extern "C" fn kc_disk_gc(
             .collect();
         let r = disk.gc(&retain, Duration::from_secs(temp_max_age_s))?;
         if !out_report.is_null() {
-            let report = kc_disk_gc_report {
-                struct_size: size_of::<kc_disk_gc_report>(),
-                temp_files: r.temp_files,
-                stale_schema: r.stale_schema,
-                stale_fingerprint: r.stale_fingerprint,
-                corrupt: r.corrupt,
-                kept: r.kept,
-                bytes_freed: r.bytes_freed,
-                undeletable: r.undeletable,
-                lock_files: r.lock_files,
-            };
+            let report = kc_disk_gc_report::from(r);
             // SAFETY: non-NULL; its size is the caller's promise.
             unsafe {
                 write_sized(

@@ -9,7 +9,7 @@ use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
 
-use super::args::{lease_entry_or_null, lease_handle, lease_into_raw, release_lease};
+use super::args::{lease_handle, lease_into_raw, read_lease, release_lease};
 use super::cache::RawValue;
 use super::status::{guard_value, null_argument};
 use crate::memory::{Entry, Lease};
@@ -33,10 +33,8 @@ lease_handle!(kc_lease, RawValue);
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
-    guard_value(ptr::null_mut(), || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().0)
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().0) }
 }
 
 /// The weight the build callback reported for the value; 0 if `lease` is NULL.
@@ -45,10 +43,8 @@ pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
 /// As for `kc_lease_value`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_weight(lease: *const kc_lease) -> u64 {
-    guard_value(0, || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(0, RawEntry::weight)
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, RawEntry::weight) }
 }
 
 /// Another lease on the same value, to be released separately. NULL if `lease` is NULL.

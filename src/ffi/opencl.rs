@@ -37,14 +37,16 @@ use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
-    c_str, elements, free_boxed, lease_entry_or_null, lease_handle, lease_into_raw, live,
+    c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, read_lease,
     release_lease,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::backend::opencl::{ContextRef, Device, OpenClCache, OpenClOptions, Program};
+use crate::backend::opencl::{
+    ContextRef, Device, OpenClCache, OpenClOptions, OpenClStats, Program,
+};
 use crate::error::Error;
 
 /// An OpenCL program cache. Create with `kc_opencl_cache_new`, free with `kc_opencl_cache_free`.
@@ -127,6 +129,10 @@ pub struct kc_opencl_cache_statistics {
     pub disk: kc_disk_statistics,
 }
 
+c_statistics!(OpenClStats => kc_opencl_cache_statistics {
+    source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
+} into { memory, disk });
+
 /// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
 /// across processes.
 #[unsafe(no_mangle)]
@@ -204,9 +210,7 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     options: *const c_char,
     out_lease: *mut *mut kc_opencl_lease,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
+    let find = |cache: &OpenClCache| {
         non_null(context, "context")?;
         non_null(device, "device")?;
         non_null(out_lease, "out_lease")?;
@@ -253,7 +257,9 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, find) }
 }
 
 /// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
@@ -262,10 +268,8 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) -> *mut c_void {
-    guard_value(ptr::null_mut(), || {
-        // SAFETY: NULL or a live lease by contract.
-        unsafe { lease_entry_or_null(lease) }.map_or(ptr::null_mut(), |e| e.value().raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().raw()) }
 }
 
 /// Releases a lease; the last release of an evicted program releases the program. NULL is a
@@ -354,20 +358,7 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &OpenClCache| {
-        let s = cache.stats();
-        kc_opencl_cache_statistics {
-            struct_size: size_of::<kc_opencl_cache_statistics>(),
-            memory: s.memory.into(),
-            source_builds: s.source_builds,
-            binary_loads: s.binary_loads,
-            binaries_rejected: s.binaries_rejected,
-            disk_hits: s.disk_hits,
-            disk_misses: s.disk_misses,
-            disk_errors: s.disk_errors,
-            disk: s.disk.into(),
-        }
-    };
+    let stats = |cache: &OpenClCache| kc_opencl_cache_statistics::from(cache.stats());
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_opencl_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.

@@ -13,7 +13,7 @@ use std::ptr;
 use ash::vk::{self, Handle};
 
 use super::args::{
-    c_str, elements, free_boxed, lease_entry_or_null, lease_handle, lease_into_raw, live,
+    c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live, read_lease,
     read_sized, release_lease, write_boxed, write_optional,
 };
 use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
@@ -22,8 +22,9 @@ use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::vulkan::{
     DescriptorBinding, LayoutDesc, Pipeline, PipelineSpec, PushConstantRange, SpecConstant, Vulkan,
-    VulkanCache, VulkanDevice, VulkanOptions, words_from_bytes,
+    VulkanCache, VulkanDevice, VulkanOptions, VulkanStats, words_from_bytes,
 };
+use crate::error::Error;
 
 /// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
 /// `kc_vulkan_cache_free`.
@@ -181,6 +182,12 @@ pub struct kc_vulkan_cache_statistics {
     pub disk: kc_disk_statistics,
 }
 
+c_statistics!(VulkanStats => kc_vulkan_cache_statistics {
+    pipelines_created, pipelines_destroyed, layouts_created, cache_data_loaded,
+    cache_data_missing, cache_data_rejected, cache_data_written, cache_data_merged,
+    disk_errors,
+} into { memory, disk });
+
 /// Memory only, unbounded, with the system's Vulkan loader.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
@@ -268,25 +275,26 @@ pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     device: *mut c_void,
     out_device: *mut *mut kc_vulkan_device,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        non_null(instance, "instance")?;
-        non_null(physical_device, "physical_device")?;
-        non_null(device, "device")?;
+    let register = |cache: &VulkanCache| {
+        let instance = dispatchable(instance, "instance")?;
+        let physical_device = dispatchable(physical_device, "physical_device")?;
+        let device = dispatchable(device, "device")?;
         non_null(out_device, "out_device")?;
         // SAFETY: the handles' validity is the caller's contract, forwarded.
-        let registered = unsafe {
-            cache.register_device(
-                vk::Instance::from_raw(instance as u64),
-                vk::PhysicalDevice::from_raw(physical_device as u64),
-                vk::Device::from_raw(device as u64),
-            )
-        }?;
+        let registered = unsafe { cache.register_device(instance, physical_device, device) }?;
         // SAFETY: `out_device` is non-NULL and writable by contract.
         unsafe { write_boxed(out_device, kc_vulkan_device { inner: registered }) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, register) }
+}
+
+/// A dispatchable handle argument (`void *` in C) as its `ash` type; NULL is an invalid
+/// argument.
+fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H, Error> {
+    non_null(raw, name)?;
+    Ok(H::from_raw(raw as u64))
 }
 
 /// Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
@@ -472,25 +480,14 @@ pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     })
 }
 
-/// The pipeline behind a lease pointer, or `None` (recorded as a NULL argument).
-///
-/// # Safety
-/// `lease` must be NULL or a lease from `kc_vulkan_cache_find_or_build` not yet released.
-unsafe fn leased<'a>(lease: *const kc_vulkan_lease) -> Option<&'a Pipeline> {
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { lease_entry_or_null(lease) }.map(|entry| entry.value())
-}
-
 /// The leased `VkPipeline`; 0 if `lease` is NULL.
 ///
 /// # Safety
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease) -> u64 {
-    // SAFETY: forwarded from the caller's contract.
-    guard_value(0, || {
-        unsafe { leased(lease) }.map_or(0, |p| p.pipeline().as_raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| e.value().pipeline().as_raw()) }
 }
 
 /// The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
@@ -499,10 +496,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease)
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -> u64 {
-    // SAFETY: forwarded from the caller's contract.
-    guard_value(0, || {
-        unsafe { leased(lease) }.map_or(0, |p| p.layout().as_raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| e.value().layout().as_raw()) }
 }
 
 /// The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
@@ -515,12 +510,9 @@ pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
     lease: *const kc_vulkan_lease,
     set: u32,
 ) -> u64 {
-    guard_value(0, || {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { leased(lease) }
-            .and_then(|p| p.set_layouts().get(set as usize))
-            .map_or(0, |l| l.as_raw())
-    })
+    let layout = |p: &Pipeline| p.set_layouts().get(set as usize).map_or(0, |l| l.as_raw());
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| layout(e.value())) }
 }
 
 /// The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
@@ -529,10 +521,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
 /// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_lease) -> u64 {
-    // SAFETY: forwarded from the caller's contract.
-    guard_value(0, || {
-        unsafe { leased(lease) }.map_or(0, |p| p.shader_module().as_raw())
-    })
+    // SAFETY: NULL or a live lease by contract.
+    unsafe { read_lease(lease, 0, |e| e.value().shader_module().as_raw()) }
 }
 
 /// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
@@ -555,23 +545,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &VulkanCache| {
-        let s = cache.stats();
-        kc_vulkan_cache_statistics {
-            struct_size: size_of::<kc_vulkan_cache_statistics>(),
-            memory: s.memory.into(),
-            pipelines_created: s.pipelines_created,
-            pipelines_destroyed: s.pipelines_destroyed,
-            layouts_created: s.layouts_created,
-            cache_data_loaded: s.cache_data_loaded,
-            cache_data_missing: s.cache_data_missing,
-            cache_data_rejected: s.cache_data_rejected,
-            cache_data_written: s.cache_data_written,
-            cache_data_merged: s.cache_data_merged,
-            disk_errors: s.disk_errors,
-            disk: s.disk.into(),
-        }
-    };
+    let stats = |cache: &VulkanCache| kc_vulkan_cache_statistics::from(cache.stats());
     // Callers compiled before `disk` was appended get the fields they know.
     let size = offset_of!(kc_vulkan_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.

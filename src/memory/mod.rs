@@ -56,6 +56,7 @@ use hashbrown::HashTable;
 
 pub use entry::{Entry, Lease};
 pub use stats::Stats;
+pub(crate) use stats::counters;
 
 use flight::Flight;
 use policy::Clock;

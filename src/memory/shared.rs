@@ -7,6 +7,7 @@ use hashbrown::HashTable;
 
 use super::entry::Entry;
 use super::flight::Flight;
+use super::stats::counters;
 use super::sync::{AtomicU64, Mutex, Ordering, RwLock};
 use super::tally::Tally;
 use crate::DestroyError;
@@ -66,20 +67,12 @@ impl<K, V> Shard<K, V> {
     }
 }
 
-/// Counters touched only off the hit path.
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) builds: AtomicU64,
-    pub(super) build_failures: AtomicU64,
-    pub(super) waits: AtomicU64,
-    pub(super) discarded: AtomicU64,
-    pub(super) capacity_evictions: AtomicU64,
-    pub(super) device_evictions: AtomicU64,
-    pub(super) clears: AtomicU64,
-    pub(super) destroys: AtomicU64,
-    pub(super) destroy_errors: AtomicU64,
-    pub(super) entries: AtomicU64,
-    pub(super) weight: AtomicU64,
+counters! {
+    /// Counters touched only off the hit path.
+    pub(super) struct Counters {
+        builds, build_failures, waits, discarded, capacity_evictions, device_evictions, clears,
+        destroys, destroy_errors, entries, weight,
+    }
 }
 
 pub(super) fn bump(counter: &AtomicU64) {

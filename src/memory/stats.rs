@@ -1,4 +1,17 @@
-//! A snapshot of a cache's counters.
+//! A snapshot of a cache's counters, and the declaration of the live counters behind one.
+
+/// Declares a `Default` struct of event counters, one `AtomicU64` (the one in scope where it is
+/// invoked) per listed field, each with the struct's visibility.
+macro_rules! counters {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($field:ident),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Default)]
+        $vis struct $name {
+            $($vis $field: AtomicU64,)+
+        }
+    };
+}
+pub(crate) use counters;
 
 /// Counters of one cache since it was created. Each field is read atomically but the
 /// snapshot as a whole is not: under concurrent use, fields may be a few operations apart.

@@ -1,6 +1,29 @@
 //! The synchronisation primitives of the memory tier, behind one facade so that the model
 //! checker (`--features shuttle`) can substitute its own and explore interleavings.
 
+/// A wrapper around the lock type `$inner` whose guard methods take the guard even from a
+/// poisoned lock, as parking_lot's mutex (which never poisons) does: a panic while a guard was
+/// held (in a caller's `Hash` or `Eq`, say) must not make every later call on that lock panic.
+macro_rules! unpoisoned {
+    ($(#[$meta:meta])* $name:ident($($inner:ident)::+) { $($method:ident -> $guard:ident),+ }) => {
+        $(#[$meta])*
+        pub struct $name<T>($($inner)::+<T>);
+
+        impl<T> $name<T> {
+            pub fn new(value: T) -> Self {
+                Self($($inner)::+::new(value))
+            }
+            $(
+                pub fn $method(&self) -> $guard<'_, T> {
+                    self.0
+                        .$method()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                }
+            )+
+        }
+    };
+}
+
 #[cfg(not(feature = "shuttle"))]
 mod imp {
     pub use crossbeam_utils::sync::{
@@ -26,27 +49,16 @@ mod imp {
         }
     }
 
-    /// The shard lock. A plain reader-writer lock makes every reader write its one lock word,
-    /// and on a shared hot set that cache line then travels between cores on every hit; a
-    /// sharded lock gives each thread a word of its own, at the price of a slower write lock
-    /// (misses and evictions only).
-    pub struct RwLock<T>(crossbeam_utils::sync::ShardedLock<T>);
-
-    impl<T> RwLock<T> {
-        pub fn new(value: T) -> Self {
-            Self(crossbeam_utils::sync::ShardedLock::new(value))
+    unpoisoned!(
+        /// The shard lock. A plain reader-writer lock makes every reader write its one lock
+        /// word, and on a shared hot set that cache line then travels between cores on every
+        /// hit; a sharded lock gives each thread a word of its own, at the price of a slower
+        /// write lock (misses and evictions only).
+        RwLock(crossbeam_utils::sync::ShardedLock) {
+            read -> RwLockReadGuard,
+            write -> RwLockWriteGuard
         }
-        pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        }
-        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            self.0
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        }
-    }
+    );
 
     #[derive(Default)]
     pub struct Condvar(parking_lot::Condvar);
@@ -73,32 +85,18 @@ mod imp {
         shuttle::thread::current().id()
     }
 
-    #[derive(Default)]
-    pub struct Mutex<T>(shuttle::sync::Mutex<T>);
+    unpoisoned!(
+        #[derive(Default)]
+        Mutex(shuttle::sync::Mutex) { lock -> MutexGuard }
+    );
 
-    impl<T> Mutex<T> {
-        pub fn new(value: T) -> Self {
-            Self(shuttle::sync::Mutex::new(value))
+    unpoisoned!(
+        #[derive(Default)]
+        RwLock(shuttle::sync::RwLock) {
+            read -> RwLockReadGuard,
+            write -> RwLockWriteGuard
         }
-        pub fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().unwrap_or_else(PoisonError::into_inner)
-        }
-    }
-
-    #[derive(Default)]
-    pub struct RwLock<T>(shuttle::sync::RwLock<T>);
-
-    impl<T> RwLock<T> {
-        pub fn new(value: T) -> Self {
-            Self(shuttle::sync::RwLock::new(value))
-        }
-        pub fn read(&self) -> RwLockReadGuard<'_, T> {
-            self.0.read().unwrap_or_else(PoisonError::into_inner)
-        }
-        pub fn write(&self) -> RwLockWriteGuard<'_, T> {
-            self.0.write().unwrap_or_else(PoisonError::into_inner)
-        }
-    }
+    );
 
     #[derive(Default)]
     pub struct Condvar(shuttle::sync::Condvar);

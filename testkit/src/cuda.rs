@@ -42,15 +42,33 @@ pub fn stand_in_nvrtc_path() -> &'static Path {
     Path::new(env!("KCACHE_TESTKIT_FAKE_NVRTC"))
 }
 
-/// A private copy of `built` in its own directory, under `file_name`, and the library loaded
-/// from it.
-fn private_copy(built: &Path, file_name: &str) -> (TempDir, PathBuf, Library) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join(file_name);
-    std::fs::copy(built, &path).unwrap();
-    // SAFETY: the stand-ins have no initialisers with preconditions.
-    let library = unsafe { Library::new(&path) }.unwrap();
-    (dir, path, library)
+/// A private copy of a stand-in library in a directory of its own, loaded from there.
+struct PrivateCopy {
+    path: PathBuf,
+    library: Library,
+    _dir: TempDir,
+}
+
+impl PrivateCopy {
+    /// Copies `built` under `file_name` and loads the copy.
+    fn new(built: &Path, file_name: &str) -> PrivateCopy {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(file_name);
+        std::fs::copy(built, &path).unwrap();
+        // SAFETY: the stand-ins have no initialisers with preconditions.
+        let library = unsafe { Library::new(&path) }.unwrap();
+        PrivateCopy {
+            path,
+            library,
+            _dir: dir,
+        }
+    }
+
+    fn sym<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: every caller names a symbol of the stand-in with its C type, and the stand-in
+        // that owns `self` keeps the library open while the pointer is called.
+        unsafe { symbol(&self.library, name) }.unwrap()
+    }
 }
 
 /// Copies the function pointer `name` of type `T` out of `library`.
@@ -71,14 +89,13 @@ type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
 type FnCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, c_int) -> c_int;
 type FnCtx = unsafe extern "C" fn(CUcontext) -> c_int;
 type FnCtxOut = unsafe extern "C" fn(*mut CUcontext) -> c_int;
+type FnCount = unsafe extern "C" fn() -> u64;
+type FnText = unsafe extern "C" fn() -> *const c_char;
+type FnVersion = unsafe extern "C" fn(c_int, c_int);
 
 /// One private instance of the driver stand-in, plus the calls kcache never makes (creating
 /// contexts, reading the call counters, the stand-in's switches).
-pub struct FakeDriver {
-    path: PathBuf,
-    library: Library,
-    _dir: TempDir,
-}
+pub struct FakeDriver(PrivateCopy);
 
 impl Default for FakeDriver {
     fn default() -> Self {
@@ -88,49 +105,38 @@ impl Default for FakeDriver {
 
 impl FakeDriver {
     pub fn new() -> FakeDriver {
-        let (dir, path, library) = private_copy(stand_in_driver_path(), "libcuda.so.1");
-        let fake = FakeDriver {
-            path,
-            library,
-            _dir: dir,
-        };
+        let fake = FakeDriver(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"));
         // SAFETY: cuInit(0) per the driver API.
-        assert_eq!(unsafe { fake.sym::<FnInit>("cuInit")(0) }, 0);
+        assert_eq!(unsafe { fake.0.sym::<FnInit>("cuInit")(0) }, 0);
         fake
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.0.path
     }
 
     /// kcache's view of this same library instance.
     pub fn driver(&self) -> Arc<Driver> {
-        Arc::new(Driver::load_from(&self.path).unwrap())
-    }
-
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: every caller names a symbol of the stand-in with its C type, and `self` keeps
-        // the library open while the pointer is called.
-        unsafe { symbol(&self.library, name) }.unwrap()
+        Arc::new(Driver::load_from(&self.0.path).unwrap())
     }
 
     /// A counter of the stand-in (see the list in fake_cuda.c).
     pub fn counter(&self, name: &str) -> u64 {
         let name = CString::new(name).unwrap();
         // SAFETY: NUL-terminated name.
-        let value = unsafe { self.sym::<FnCounter>("fakecuda_counter")(name.as_ptr()) };
+        let value = unsafe { self.0.sym::<FnCounter>("fakecuda_counter")(name.as_ptr()) };
         assert_ne!(value, u64::MAX, "unknown fake driver counter {name:?}");
         value
     }
 
     pub fn reject_next_loads(&self, n: i32) {
         // SAFETY: plain value argument.
-        unsafe { self.sym::<FnInt>("fakecuda_reject_next_loads")(n) }
+        unsafe { self.0.sym::<FnInt>("fakecuda_reject_next_loads")(n) }
     }
 
     pub fn hold_links(&self, on: bool) {
         // SAFETY: plain value argument.
-        unsafe { self.sym::<FnInt>("fakecuda_hold_links")(c_int::from(on)) }
+        unsafe { self.0.sym::<FnInt>("fakecuda_hold_links")(c_int::from(on)) }
     }
 
     /// A new context on `device`, not left current on this thread.
@@ -140,10 +146,10 @@ impl FakeDriver {
         // SAFETY: out-pointers are live locals; the create pushes the context, the pop undoes it.
         unsafe {
             assert_eq!(
-                self.sym::<FnCtxCreate>("cuCtxCreate_v2")(&mut ctx, 0, device),
+                self.0.sym::<FnCtxCreate>("cuCtxCreate_v2")(&mut ctx, 0, device),
                 0
             );
-            assert_eq!(self.sym::<FnCtxOut>("cuCtxPopCurrent_v2")(&mut popped), 0);
+            assert_eq!(self.0.sym::<FnCtxOut>("cuCtxPopCurrent_v2")(&mut popped), 0);
         }
         assert_eq!(popped, ctx);
         ctx
@@ -154,21 +160,21 @@ impl FakeDriver {
     /// stand-in reads it to tell a live context from a destroyed one.
     pub unsafe fn destroy_context(&self, ctx: CUcontext) {
         // SAFETY: a context of this library (the caller's guarantee).
-        assert_eq!(unsafe { self.sym::<FnCtx>("cuCtxDestroy_v2")(ctx) }, 0);
+        assert_eq!(unsafe { self.0.sym::<FnCtx>("cuCtxDestroy_v2")(ctx) }, 0);
     }
 
     /// # Safety
     /// `ctx` must be NULL or a context of this library that [`FakeDriver::create_context`] made.
     pub unsafe fn set_current(&self, ctx: CUcontext) {
         // SAFETY: NULL or a context of this library (the caller's guarantee).
-        assert_eq!(unsafe { self.sym::<FnCtx>("cuCtxSetCurrent")(ctx) }, 0);
+        assert_eq!(unsafe { self.0.sym::<FnCtx>("cuCtxSetCurrent")(ctx) }, 0);
     }
 
     pub fn current(&self) -> CUcontext {
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: out-pointer is a live local.
         assert_eq!(
-            unsafe { self.sym::<FnCtxOut>("cuCtxGetCurrent")(&mut ctx) },
+            unsafe { self.0.sym::<FnCtxOut>("cuCtxGetCurrent")(&mut ctx) },
             0
         );
         ctx
@@ -176,11 +182,7 @@ impl FakeDriver {
 }
 
 /// One private instance of the NVRTC stand-in.
-pub struct FakeNvrtc {
-    path: PathBuf,
-    library: Library,
-    _dir: TempDir,
-}
+pub struct FakeNvrtc(PrivateCopy);
 
 impl Default for FakeNvrtc {
     fn default() -> Self {
@@ -190,38 +192,26 @@ impl Default for FakeNvrtc {
 
 impl FakeNvrtc {
     pub fn new() -> FakeNvrtc {
-        let (dir, path, library) = private_copy(stand_in_nvrtc_path(), "libnvrtc.so");
-        FakeNvrtc {
-            path,
-            library,
-            _dir: dir,
-        }
+        FakeNvrtc(PrivateCopy::new(stand_in_nvrtc_path(), "libnvrtc.so"))
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.0.path
     }
 
     /// kcache's view of this same library instance.
     pub fn nvrtc(&self) -> Arc<Nvrtc> {
-        Arc::new(Nvrtc::load_from(&self.path).unwrap())
-    }
-
-    fn sym<T: Copy>(&self, name: &str) -> T {
-        // SAFETY: every caller names a symbol of the stand-in with its C type, and `self` keeps
-        // the library open while the pointer is called.
-        unsafe { symbol(&self.library, name) }.unwrap()
+        Arc::new(Nvrtc::load_from(&self.0.path).unwrap())
     }
 
     pub fn compiles(&self) -> u64 {
         // SAFETY: no arguments.
-        unsafe { self.sym::<unsafe extern "C" fn() -> u64>("fakenvrtc_compiles")() }
+        unsafe { self.0.sym::<FnCount>("fakenvrtc_compiles")() }
     }
 
     pub fn last_arch(&self) -> String {
         // SAFETY: returns a NUL-terminated static buffer.
-        let text =
-            unsafe { self.sym::<unsafe extern "C" fn() -> *const c_char>("fakenvrtc_last_arch")() };
+        let text = unsafe { self.0.sym::<FnText>("fakenvrtc_last_arch")() };
         // SAFETY: as above.
         unsafe { CStr::from_ptr(text) }
             .to_string_lossy()
@@ -230,9 +220,7 @@ impl FakeNvrtc {
 
     pub fn set_version(&self, major: i32, minor: i32) {
         // SAFETY: plain value arguments.
-        unsafe {
-            self.sym::<unsafe extern "C" fn(c_int, c_int)>("fakenvrtc_set_version")(major, minor)
-        }
+        unsafe { self.0.sym::<FnVersion>("fakenvrtc_set_version")(major, minor) }
     }
 }
 
@@ -371,16 +359,12 @@ impl Launch<'_> {
     /// `CUDA_CACHE_DISABLE=1`). Unload it with [`Launch::unload_module`].
     fn load_module(&self, image: &[u8]) -> Result<CUmodule> {
         let mut module: CUmodule = std::ptr::null_mut();
+        // No JIT options: a count of zero, and neither the option nor the value array.
+        let (options, values) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: `image` is readable for its whole length; the driver parses the ELF header
-        // (or reads PTX up to its NUL) to find the size. No JIT options are passed.
+        // (or reads PTX up to its NUL) to find the size.
         let status = unsafe {
-            (self.module_load_data_ex)(
-                &mut module,
-                image.as_ptr().cast(),
-                0,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
+            (self.module_load_data_ex)(&mut module, image.as_ptr().cast(), 0, options, values)
         };
         self.check("cuModuleLoadDataEx", status)?;
         Ok(module)

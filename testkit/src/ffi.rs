@@ -1,7 +1,6 @@
 //! A `kc_cache` driven through its exported functions as a C caller drives it, for the C ABI
 //! benchmark and tests.
 
-use std::ffi::{c_int, c_void};
 use std::ptr;
 
 use kcache::ffi::{
@@ -9,18 +8,32 @@ use kcache::ffi::{
     kc_cache_options_default, kc_lease_release, kc_lease_value, kc_status,
 };
 
-/// Builds the value `ctx`.
-unsafe extern "C" fn build(
-    ctx: *mut c_void,
-    _key: *const u8,
-    _key_len: usize,
-    out_value: *mut *mut c_void,
-    _out_weight: *mut u64,
-) -> c_int {
-    // SAFETY: kcache passes a writable out-pointer.
-    unsafe { out_value.write(ctx) };
-    0
+/// Defines `unsafe extern "C" fn $name`, a `kc_build_fn` that stores the value `$value`, an
+/// expression of its context `$ctx`, and reports success; the key and the weight go unused.
+#[macro_export]
+macro_rules! build_fn {
+    ($(#[$attr:meta])* $name:ident, |$ctx:ident| $value:expr) => {
+        $(#[$attr])*
+        unsafe extern "C" fn $name(
+            $ctx: *mut ::std::ffi::c_void,
+            _key: *const u8,
+            _key_len: usize,
+            out_value: *mut *mut ::std::ffi::c_void,
+            _out_weight: *mut u64,
+        ) -> ::std::ffi::c_int {
+            let value = $value;
+            // SAFETY: kcache passes a writable out-pointer.
+            unsafe { out_value.write(value) };
+            0
+        }
+    };
 }
+
+build_fn!(
+    /// Builds the value `ctx`.
+    build,
+    |ctx| ctx
+);
 
 /// A cache with the default options, freed on drop.
 pub struct CCache(*mut kc_cache);

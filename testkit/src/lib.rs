@@ -6,3 +6,40 @@ pub mod cuda;
 pub mod ffi;
 pub mod opencl;
 pub mod vulkan;
+
+use std::process::Command;
+
+/// This test executable again, set to run only the test `name`, on one thread, with its output
+/// shown: a second process, for what must carry over (or must not) between processes.
+pub fn rerun_test(name: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args([name, "--exact", "--nocapture", "--test-threads=1"]);
+    command
+}
+
+/// Runs `command` and returns its standard output; panics, naming it `what` and showing both its
+/// outputs, unless it succeeds.
+pub fn successful_stdout(what: &str, command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// Asserts that `$result` is an `Err` whose error matches `$pattern`, and names the pattern
+/// when it is not (the `Ok` side need not be `Debug`).
+#[macro_export]
+macro_rules! assert_err {
+    ($result:expr, $pattern:pat $(,)?) => {
+        assert!(
+            matches!($result, Err($pattern)),
+            "expected Err({})",
+            stringify!($pattern)
+        )
+    };
+}

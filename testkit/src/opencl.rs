@@ -39,10 +39,33 @@ const CL_MEM_READ_WRITE: cl_bitfield = 1;
 const CL_MEM_COPY_HOST_PTR: cl_bitfield = 1 << 5;
 const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
 
-/// The OpenCL entry points kcache itself never calls. They stay valid as long as `_library`
-/// lives, which is as long as the table.
-#[allow(non_snake_case)]
-struct Api {
+/// Declares [`Api`], one field per entry point named and typed as the OpenCL specification
+/// gives it, and `Api::resolve`, which looks each one up by its field's name: every entry point
+/// is named once.
+macro_rules! api {
+    ($($name:ident: $prototype:ty,)*) => {
+        /// The OpenCL entry points kcache itself never calls. They stay valid as long as
+        /// `_library` lives, which is as long as the table.
+        #[allow(non_snake_case)]
+        struct Api {
+            $($name: $prototype,)*
+            _library: RuntimeLibrary,
+        }
+
+        impl Api {
+            fn resolve(library: RuntimeLibrary) -> Result<Api> {
+                Ok(Api {
+                    // SAFETY: each field's type is the prototype the OpenCL specification gives
+                    // for its symbol, and the pointer is kept only alongside `library`.
+                    $($name: unsafe { library.symbol(stringify!($name)) }?,)*
+                    _library: library,
+                })
+            }
+        }
+    };
+}
+
+api! {
     clGetPlatformIDs: unsafe extern "C" fn(cl_uint, *mut cl_platform_id, *mut cl_uint) -> cl_int,
     clGetDeviceIDs: unsafe extern "C" fn(
         cl_platform_id,
@@ -114,7 +137,6 @@ struct Api {
         *const cl_event,
         *mut cl_event,
     ) -> cl_int,
-    _library: RuntimeLibrary,
 }
 
 impl Api {
@@ -127,35 +149,7 @@ impl Api {
             drop(OpenClCache::new(OpenClOptions::default())?);
             let path = library::from_env("KCACHE_OPENCL_LIBRARY")
                 .unwrap_or_else(|| OsString::from("libOpenCL.so.1"));
-            let library = RuntimeLibrary::open("OpenCL library", Path::new(&path))?;
-            macro_rules! resolve {
-                ($name:ident) => {
-                    // SAFETY: the field's type is the prototype the OpenCL specification gives
-                    // for this symbol, and the pointer is kept only alongside `library`.
-                    unsafe { library.symbol(stringify!($name)) }?
-                };
-            }
-            Ok(Api {
-                clGetPlatformIDs: resolve!(clGetPlatformIDs),
-                clGetDeviceIDs: resolve!(clGetDeviceIDs),
-                clCreateContext: resolve!(clCreateContext),
-                clReleaseContext: resolve!(clReleaseContext),
-                clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
-                clBuildProgram: resolve!(clBuildProgram),
-                clReleaseProgram: resolve!(clReleaseProgram),
-                clGetProgramInfo: resolve!(clGetProgramInfo),
-                clCreateCommandQueue: resolve!(clCreateCommandQueue),
-                clReleaseCommandQueue: resolve!(clReleaseCommandQueue),
-                clFinish: resolve!(clFinish),
-                clCreateKernel: resolve!(clCreateKernel),
-                clReleaseKernel: resolve!(clReleaseKernel),
-                clSetKernelArg: resolve!(clSetKernelArg),
-                clCreateBuffer: resolve!(clCreateBuffer),
-                clReleaseMemObject: resolve!(clReleaseMemObject),
-                clEnqueueReadBuffer: resolve!(clEnqueueReadBuffer),
-                clEnqueueNDRangeKernel: resolve!(clEnqueueNDRangeKernel),
-                _library: library,
-            })
+            Api::resolve(RuntimeLibrary::open("OpenCL library", Path::new(&path))?)
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -163,14 +157,8 @@ impl Api {
 }
 
 fn check(code: cl_int, what: &str) -> Result<()> {
-    if code == CL_SUCCESS {
-        Ok(())
-    } else {
-        Err(Error::Backend(format!(
-            "{what} failed: {} ({code})",
-            status_name(code)
-        )))
-    }
+    let failed = || Error::Backend(format!("{what} failed: {} ({code})", status_name(code)));
+    (code == CL_SUCCESS).then_some(()).ok_or_else(failed)
 }
 
 /// A context on one device, owned and released on drop.
@@ -340,6 +328,8 @@ pub fn reference_count(program: &Program) -> Result<u32> {
 pub enum KernelArg<'a> {
     /// Copied to a device buffer before the launch and read back into the slice after it.
     Floats(&'a mut [f32]),
+    /// Copied to a device buffer before the launch, and not read back.
+    Input(&'a [f32]),
     Float(f32),
     Int(i32),
 }
@@ -388,35 +378,12 @@ fn launch(
     global: usize,
     buffers: &mut Vec<cl_mem>,
 ) -> Result<()> {
-    let mut code = CL_SUCCESS;
     for (index, arg) in args.iter_mut().enumerate() {
         let index = cl_uint::try_from(index)
             .map_err(|_| Error::InvalidArgument("too many kernel arguments".into()))?;
         let code = match arg {
-            KernelArg::Floats(data) => {
-                // SAFETY: COPY_HOST_PTR reads `size_of_val(data)` bytes from `data` during the
-                // call and keeps no pointer to it.
-                let mem = unsafe {
-                    (api.clCreateBuffer)(
-                        context.context,
-                        CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
-                        size_of_val(*data),
-                        data.as_mut_ptr().cast(),
-                        &mut code,
-                    )
-                };
-                check(code, "clCreateBuffer")?;
-                buffers.push(mem);
-                // SAFETY: a buffer argument is passed as a pointer to the cl_mem handle.
-                unsafe {
-                    (api.clSetKernelArg)(
-                        kernel,
-                        index,
-                        size_of::<cl_mem>(),
-                        (&raw const mem).cast(),
-                    )
-                }
-            }
+            KernelArg::Floats(data) => set_buffer(api, context, kernel, index, data, buffers)?,
+            KernelArg::Input(data) => set_buffer(api, context, kernel, index, data, buffers)?,
             // SAFETY: scalar arguments are passed by address with their size.
             KernelArg::Float(v) => unsafe {
                 (api.clSetKernelArg)(kernel, index, size_of::<f32>(), (&raw const *v).cast())
@@ -443,28 +410,62 @@ fn launch(
         )
     };
     check(code, "clEnqueueNDRangeKernel")?;
-    let mut next = buffers.iter();
-    for arg in args.iter_mut() {
-        if let KernelArg::Floats(data) = arg {
-            let mem = *next.next().expect("one buffer was created per float slice");
-            // SAFETY: a blocking read of exactly the bytes the buffer was created with, into
-            // the slice they came from.
-            let code = unsafe {
-                (api.clEnqueueReadBuffer)(
-                    queue,
-                    mem,
-                    CL_TRUE,
-                    0,
-                    size_of_val(*data),
-                    data.as_mut_ptr().cast(),
-                    0,
-                    ptr::null(),
-                    ptr::null_mut(),
-                )
-            };
-            check(code, "clEnqueueReadBuffer")?;
-        }
+    // One buffer was created per slice, in argument order.
+    let slices = args
+        .iter_mut()
+        .filter(|arg| matches!(arg, KernelArg::Floats(_) | KernelArg::Input(_)));
+    for (arg, &mem) in slices.zip(buffers.iter()) {
+        let KernelArg::Floats(data) = arg else {
+            continue;
+        };
+        // SAFETY: a blocking read of exactly the bytes the buffer was created with, into the
+        // slice they came from.
+        let code = unsafe {
+            (api.clEnqueueReadBuffer)(
+                queue,
+                mem,
+                CL_TRUE,
+                0,
+                size_of_val(*data),
+                data.as_mut_ptr().cast(),
+                0,
+                ptr::null(),
+                ptr::null_mut(),
+            )
+        };
+        check(code, "clEnqueueReadBuffer")?;
     }
     // SAFETY: the queue is live; waiting makes the results visible before returning.
     check(unsafe { (api.clFinish)(queue) }, "clFinish")
+}
+
+/// Creates a device buffer holding a copy of `data`, kept in `buffers` for the caller to release,
+/// and sets it as argument `index` of `kernel`; returns the code of `clSetKernelArg`.
+fn set_buffer(
+    api: &Api,
+    context: &Context,
+    kernel: cl_kernel,
+    index: cl_uint,
+    data: &[f32],
+    buffers: &mut Vec<cl_mem>,
+) -> Result<cl_int> {
+    let mut code = CL_SUCCESS;
+    // SAFETY: COPY_HOST_PTR only reads `size_of_val(data)` bytes from `data` during the call
+    // and keeps no pointer to it.
+    let mem = unsafe {
+        (api.clCreateBuffer)(
+            context.context,
+            CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+            size_of_val(data),
+            data.as_ptr().cast_mut().cast(),
+            &mut code,
+        )
+    };
+    check(code, "clCreateBuffer")?;
+    buffers.push(mem);
+    // SAFETY: a buffer argument is passed as a pointer to the cl_mem handle.
+    let code = unsafe {
+        (api.clSetKernelArg)(kernel, index, size_of::<cl_mem>(), (&raw const mem).cast())
+    };
+    Ok(code)
 }

@@ -16,10 +16,12 @@ pub type CUdevice = c_int;
 pub type CUcontext = *mut c_void;
 pub type CUmodule = *mut c_void;
 pub type CUfunction = *mut c_void;
-pub type CUlinkState = *mut c_void;
 
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+// Only this file speaks to the driver: the names below never leave it.
+type CUlinkState = *mut c_void;
+
+const CUDA_SUCCESS: CUresult = 0;
+const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
@@ -91,14 +93,7 @@ pub struct Driver {
     get_error_string: FnGetErrorString,
 }
 
-impl std::fmt::Debug for Driver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver")
-            .field("path", &self.path)
-            .field("version", &self.version)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Driver { path, version, .. });
 
 impl Driver {
     /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.

@@ -49,14 +49,7 @@ unsafe impl Send for Module {}
 // SAFETY: as above; the handles are never mutated through `&Module`.
 unsafe impl Sync for Module {}
 
-impl std::fmt::Debug for Module {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Module")
-            .field("raw", &self.raw)
-            .field("context", &self.context)
-            .finish()
-    }
-}
+debug_fields!(Module { raw, context });
 
 impl Module {
     pub fn raw(&self) -> CUmodule {

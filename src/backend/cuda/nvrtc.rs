@@ -56,14 +56,7 @@ pub struct Nvrtc {
     _library: RuntimeLibrary,
 }
 
-impl std::fmt::Debug for Nvrtc {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nvrtc")
-            .field("path", &self.path)
-            .field("version", &self.version)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Nvrtc { path, version, .. });
 
 impl Nvrtc {
     /// Loads the library named by `KCACHE_NVRTC_LIBRARY`, else the first of

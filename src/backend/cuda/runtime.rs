@@ -13,7 +13,7 @@ use super::nvrtc::Nvrtc;
 use crate::backend::handle_cache::{Compiled, Registered, Runtime};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
-use crate::memory::Built;
+use crate::memory::{Built, counters};
 
 /// What a module is built from.
 #[derive(Clone, Copy)]
@@ -43,12 +43,8 @@ pub(crate) struct ContextInfo {
     capability: (i32, i32),
 }
 
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) links: AtomicU64,
-    pub(super) link_failures: AtomicU64,
-    pub(super) nvrtc_compiles: AtomicU64,
-    pub(super) nvrtc_failures: AtomicU64,
+counters! {
+    pub(super) struct Counters { links, link_failures, nvrtc_compiles, nvrtc_failures }
 }
 
 /// The driver calls of the cache: a context's device, PTX (or NVRTC) and link, cubin load.

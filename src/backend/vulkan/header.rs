@@ -90,11 +90,9 @@ mod tests {
     };
 
     fn header() -> Vec<u8> {
-        let mut h = Vec::new();
-        h.extend_from_slice(&32u32.to_le_bytes());
-        h.extend_from_slice(&1u32.to_le_bytes());
-        h.extend_from_slice(&DEV.vendor_id.to_le_bytes());
-        h.extend_from_slice(&DEV.device_id.to_le_bytes());
+        // Header length, header version, vendor and device, then the pipeline-cache UUID.
+        let words = [32u32, 1, DEV.vendor_id, DEV.device_id];
+        let mut h: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         h.extend_from_slice(&DEV.pipeline_cache_uuid);
         h
     }

@@ -65,14 +65,11 @@ impl Pipeline {
     }
 }
 
-impl std::fmt::Debug for Pipeline {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pipeline")
-            .field("pipeline", &self.pipeline)
-            .field("module", &self.module)
-            .finish_non_exhaustive()
-    }
-}
+debug_fields!(Pipeline {
+    pipeline,
+    module,
+    ..
+});
 
 impl Drop for Pipeline {
     fn drop(&mut self) {

@@ -106,19 +106,32 @@ impl Digest {
     }
 }
 
+/// A sorted copy of `items`, so that the digest does not depend on the caller's order; two
+/// items with the same `key` are an invalid argument, described by `twice`.
+fn sorted_unique<T: Clone>(
+    items: &[T],
+    key: impl Fn(&T) -> u32,
+    twice: impl FnOnce(u32) -> String,
+) -> Result<Vec<T>> {
+    let mut sorted = items.to_vec();
+    sorted.sort_by_key(&key);
+    match sorted
+        .windows(2)
+        .find(|pair| key(&pair[0]) == key(&pair[1]))
+    {
+        Some(pair) => Err(invalid(twice(key(&pair[0])))),
+        None => Ok(sorted),
+    }
+}
+
 fn normalize_layout(layout: &LayoutDesc) -> Result<LayoutDesc> {
     let mut sets = Vec::with_capacity(layout.sets.len());
     for (n, set) in layout.sets.iter().enumerate() {
-        let mut set = set.clone();
-        set.sort_by_key(|b| b.binding);
-        for pair in set.windows(2) {
-            if pair[0].binding == pair[1].binding {
-                return Err(invalid(format!(
-                    "descriptor set {n} declares binding {} twice",
-                    pair[0].binding
-                )));
-            }
-        }
+        let set = sorted_unique(
+            set,
+            |b| b.binding,
+            |binding| format!("descriptor set {n} declares binding {binding} twice"),
+        )?;
         if let Some(b) = set
             .iter()
             .find(|b| !COMPUTE_DESCRIPTOR_TYPES.contains(&b.descriptor_type))
@@ -262,16 +275,11 @@ impl PipelineSpec {
         spirv::validate(spirv, entry_point)?;
         let entry = CString::new(entry_point)
             .map_err(|_| invalid("entry point name contains a NUL byte"))?;
-        let mut spec = specialization.to_vec();
-        spec.sort_by_key(|c| c.id);
-        for pair in spec.windows(2) {
-            if pair[0].id == pair[1].id {
-                return Err(invalid(format!(
-                    "specialization constant {} given twice",
-                    pair[0].id
-                )));
-            }
-        }
+        let spec = sorted_unique(
+            specialization,
+            |c| c.id,
+            |id| format!("specialization constant {id} given twice"),
+        )?;
         if let Some(c) = spec.iter().find(|c| ![1, 2, 4, 8].contains(&c.value.len())) {
             return Err(invalid(format!(
                 "specialization constant {} has {} bytes; expected 1, 2, 4 or 8",

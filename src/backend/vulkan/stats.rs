@@ -4,18 +4,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::disk::DiskStats;
+use crate::memory::counters;
 
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) pipelines_created: AtomicU64,
-    pub(super) pipelines_destroyed: AtomicU64,
-    pub(super) layouts_created: AtomicU64,
-    pub(super) data_loaded: AtomicU64,
-    pub(super) data_missing: AtomicU64,
-    pub(super) data_rejected: AtomicU64,
-    pub(super) data_written: AtomicU64,
-    pub(super) data_merged: AtomicU64,
-    pub(super) disk_errors: AtomicU64,
+counters! {
+    pub(super) struct Counters {
+        pipelines_created, pipelines_destroyed, layouts_created, data_loaded, data_missing,
+        data_rejected, data_written, data_merged, disk_errors,
+    }
 }
 
 /// What kcache did with Vulkan objects and pipeline-cache data, next to the memory tier's
