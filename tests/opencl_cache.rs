@@ -74,6 +74,7 @@ fn stats(cache: &OpenClCache) -> OpenClStats {
 fn lookup_in_fresh_cache(dir: &Path, context: &Context, source: &str) -> OpenClStats {
     let cache = cache_with_disk(dir);
     drop(checked_lease(&cache, context, source));
+    cache.flush();
     stats(&cache)
 }
 
@@ -343,6 +344,9 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
     assert_eq!((s.disk_misses, s.binary_loads, s.source_builds), (1, 0, 1));
     // The disk tier's: a rejected entry, then the rebuilt binary written back.
     assert_eq!(s.disk.integrity_rejects, 1);
-    assert_eq!((s.disk.hits, s.disk.misses, s.disk.puts), (0, 1, 1));
+    assert_eq!((s.disk.hits, s.disk.misses), (0, 1));
+    // The rebuilt binary, and on PoCL possibly once more at flush with the launch's code (when
+    // the launch ran before the binary written for waiting processes was taken).
+    assert!(matches!(s.disk.puts, 1 | 2), "puts: {}", s.disk.puts);
     assert_eq!(stats(&memory_only_cache()).disk, DiskStats::default());
 }

@@ -4,6 +4,7 @@
 use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use super::refresh::{self, Refresh, Sibling};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
@@ -108,6 +109,7 @@ impl Runtime for OpenCl {
         input: Input<'_>,
     ) -> std::result::Result<Compiled<Program>, BuildError> {
         let options = options_cstring(input.options)?;
+        let started = Instant::now();
         let program = runtime::build_from_source(
             self.api,
             input.context,
@@ -126,7 +128,7 @@ impl Runtime for OpenCl {
                 // On PoCL the cached program's binary is taken at flush, with its launches' code
                 // (see `refresh`); waiting processes get a sibling's now.
                 if let Ok(key) = disk_key(registered.info(), input.sources, input.options) {
-                    refresh.note(key, &program);
+                    refresh.note(key, &program, started.elapsed());
                 }
                 let sibling = Sibling::new(
                     self.api,

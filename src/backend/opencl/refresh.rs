@@ -89,14 +89,14 @@ impl Sibling {
 /// Programs built here whose stored binary may grow with what their launches compiled.
 #[derive(Default)]
 pub(super) struct Refresh {
-    built: Mutex<Vec<(Key, Program)>>,
+    built: Mutex<Vec<(Key, Program, Duration)>>,
 }
 
 impl Refresh {
-    /// Remembers a program built here, with a reference of its own.
-    pub(super) fn note(&self, key: Key, program: &Program) {
+    /// Remembers a program built here in `build_time`, with a reference of its own.
+    pub(super) fn note(&self, key: Key, program: &Program, build_time: Duration) {
         if let Ok(program) = program.retain() {
-            self.built.lock().push((key, program));
+            self.built.lock().push((key, program, build_time));
         }
     }
 
@@ -106,17 +106,12 @@ impl Refresh {
     pub(super) fn run(&self, disk: &DiskCache) -> u64 {
         let built = std::mem::take(&mut *self.built.lock());
         let mut rewritten = 0;
-        for (key, program) in built {
+        for (key, program, build_time) in built {
             let Ok(binary) = program.binary() else {
                 continue;
             };
-            // The entry keeps the build time its first writer recorded.
-            let (stored, build_time) = match disk.get(&key) {
-                Ok(Some(entry)) => (entry.payload().len(), entry.build_time()),
-                Ok(None) => (0, Duration::ZERO),
-                Err(_) => continue,
-            };
-            if binary.len() > stored && disk.put(&key, &binary, build_time).is_ok() {
+            let stored = disk.stored_len(&key).unwrap_or(0);
+            if binary.len() as u64 > stored && disk.put(&key, &binary, build_time).is_ok() {
                 rewritten += 1;
             }
         }
