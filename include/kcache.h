@@ -57,6 +57,18 @@
 // Key field: source text, SPIR-V or PTX bytes.
 #define KC_KEY_SOURCE 6
 
+// An error: kcache cannot do what it was asked.
+#define KC_LOG_ERROR 0
+
+// A configuration problem (a setting ignored, a tier off), once per process and kind.
+#define KC_LOG_WARN 1
+
+// A build or a background write failed.
+#define KC_LOG_INFO 2
+
+// Why a lookup missed a tier, and the waits for other processes.
+#define KC_LOG_DEBUG 3
+
 // Major version of the library this header belongs to.
 #define KCACHE_VERSION_MAJOR 0
 
@@ -438,6 +450,13 @@ typedef struct kc_disk_gc_report {
   // Lock files nobody held (left by processes that died building); held ones are kept.
   uint64_t lock_files;
 } kc_disk_gc_report;
+
+// Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
+// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the
+// call. Called on any thread (including the disk tier's background writer), possibly on
+// several at once, never while a cache's lock is held. It may call kcache, but what those calls log
+// goes to stderr, and `kc_set_log_callback` called from inside it does nothing.
+typedef void (*kc_log_fn)(void *ctx, int level, const char *message);
 
 // How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
 typedef struct kc_opencl_options {
@@ -894,8 +913,9 @@ struct kc_disk_options kc_disk_options_default(void);
 // `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
 // this user or a symlink; no operator key while one is required; an unusable
 // `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
-// refusal that comes from the environment or the directory is also written once per process
-// on stderr. A caller should then go on with memory only.
+// refusal that comes from the environment or the directory is also logged once per process at
+// `KC_LOG_WARN` (on stderr, or to `kc_set_log_callback`'s callback). A caller should then go
+// on with memory only.
 //
 // # Safety
 // `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
@@ -1098,6 +1118,16 @@ struct kc_lease *kc_lease_clone(const struct kc_lease *lease);
 // # Safety
 // `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 void kc_lease_release(struct kc_lease *lease);
+
+// Sends kcache's messages to `callback` with `ctx` instead of stderr; NULL sends them to
+// stderr again. Which levels are sent is decided by `KCACHE_LOG` (`error`, `warn`, `info`,
+// `debug`; default `warn`), read once per process. When this returns, the previous callback
+// is not running and is never called again, so its `ctx` may be freed.
+//
+// # Safety
+// `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
+// replaced.
+void kc_set_log_callback(kc_log_fn callback, void *ctx);
 
 // Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
 // across processes.

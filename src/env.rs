@@ -1,5 +1,5 @@
 //! The one place kcache reads its `KCACHE_*` environment (and the `XDG_CACHE_HOME` / `HOME`
-//! fallbacks of the cache directory), and the one place it writes warnings.
+//! fallbacks of the cache directory). What it says about them goes through [`crate::log`].
 //!
 //! In a secure-execution process (setuid, setgid, or granted file capabilities: the kernel sets
 //! `AT_SECURE`), the environment belongs to the less privileged user who started it. A library
@@ -12,7 +12,6 @@
 
 use std::ffi::OsString;
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// `AT_SECURE` in the auxiliary vector (`<elf.h>`).
 const AT_SECURE: u64 = 23;
@@ -65,38 +64,6 @@ pub fn var_os(name: &str) -> Option<OsString> {
 /// who started a setuid program gains nothing by setting it but a slower run of that program.
 pub fn disk_disabled() -> bool {
     std::env::var_os("KCACHE_DISABLE").is_some_and(|v| v == "1")
-}
-
-/// What a warning is about. Each kind is written at most once per process: the cache keeps
-/// working (from memory, or without the ignored setting), so repeating it would only be noise.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Warning {
-    /// The cache directory is not private to the effective user: the disk tier is off.
-    UntrustedDirectory,
-    /// An operator key is required and none is configured: the disk tier is off.
-    KeyRequired,
-    /// `KCACHE_DIR` is a relative path: ignored.
-    RelativeDir,
-    /// `KCACHE_MAX_SIZE` is not a size: the disk tier is off.
-    MaxSize,
-    /// `KCACHE_KEY_FILE` is empty, relative, missing or unusable: the disk tier is off.
-    KeyFile,
-    /// `KCACHE_REQUIRE_KEY` is neither `0` nor `1`: taken as `1`.
-    RequireKey,
-    /// `KCACHE_LOCK_TIMEOUT` is not a number of seconds: the default is used.
-    LockTimeout,
-    /// The cache directory's filesystem cannot lock: processes may build the same kernel.
-    NoLocks,
-}
-
-const WARNING_KINDS: usize = Warning::NoLocks as usize + 1;
-
-/// Writes `kcache: <message>` on stderr, unless a warning of this kind was written already.
-pub(crate) fn warn_once(kind: Warning, message: impl FnOnce() -> String) {
-    static WARNED: [AtomicBool; WARNING_KINDS] = [const { AtomicBool::new(false) }; WARNING_KINDS];
-    if !WARNED[kind as usize].swap(true, Ordering::Relaxed) {
-        eprintln!("kcache: {}", message());
-    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! - [`memory`]: the L1 tier, live values behind leases, single-flight builds, per-device
 //!   eviction and clear generations.
 //! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
+//! - [`log`]: configuration problems and, at `debug`, why each miss missed (`KCACHE_LOG`).
 //! - `ffi`: the C ABI (`include/kcache.h`).
 
 /// cbindgen:ignore
@@ -16,6 +17,8 @@ pub mod error;
 pub mod ffi;
 /// cbindgen:ignore
 pub mod key;
+/// cbindgen:ignore
+pub mod log;
 /// cbindgen:ignore
 pub mod memory;
 /// cbindgen:ignore

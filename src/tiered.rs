@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use crate::disk::{Claim, DiskCache, KeyLock};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
+use crate::log;
 use crate::memory::{Built, Lease, MemoryCache};
 
 /// A memory tier with an optional disk tier behind it.
@@ -241,6 +242,15 @@ where
                     Ok(value)
                 }
                 Err(e) => {
+                    log::info(|| {
+                        // The first line: a compiler log can run to pages.
+                        let text = e.to_string();
+                        let first = text.lines().next().unwrap_or_default();
+                        match (&key, self.disk) {
+                            (Some(key), Some(disk)) => format!("{}: {first}", disk.entry_name(key)),
+                            _ => first.to_owned(),
+                        }
+                    });
                     // Processes waiting for this entry build themselves instead.
                     if let Some(lock) = lock {
                         lock.abandon();
@@ -267,7 +277,14 @@ where
                         },
                     );
                 }
-                Err(_) => {
+                Err(e) => {
+                    log::info(|| {
+                        format!(
+                            "disk write of {} skipped: the value could not be serialized: {}",
+                            disk.entry_name(&key),
+                            e.message
+                        )
+                    });
                     bump(&self.counters.write_back_failures);
                     if let Some(lock) = lock {
                         lock.abandon();
@@ -281,11 +298,12 @@ where
     /// The L2 key, when there is a disk to use it with.
     fn disk_key(&self, l2_key: impl FnOnce() -> Result<Key>) -> Option<Key> {
         self.disk?;
-        let key = l2_key().ok();
-        if key.is_none() {
-            bump(&self.counters.disk_errors);
-        }
-        key
+        l2_key()
+            .inspect_err(|e| {
+                log::debug(|| format!("disk skipped: the disk key cannot be made: {e}"));
+                bump(&self.counters.disk_errors);
+            })
+            .ok()
     }
 
     /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)
@@ -314,7 +332,16 @@ where
                 bump(&self.counters.disk_hits);
                 Some(value)
             }
-            Err(_) => {
+            Err(e) => {
+                log::debug(|| {
+                    format!(
+                        "disk miss: {}: the runtime refused the stored value (code {}): {}; \
+                         removed",
+                        disk.entry_name(l2_key),
+                        e.code,
+                        e.message
+                    )
+                });
                 bump(&self.counters.load_failures);
                 // A rebuild overwrites the entry anyway; this only counts as a disk error.
                 if disk.discard_unloadable(l2_key).is_err() {

@@ -6,34 +6,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use kcache::disk::{DiskCache, DiskConfig, Durability};
-use kcache::key::{Key, KeyBuilder};
-use kcache::memory::{Lease, MemoryCache, Options};
-use kcache::tiered::TieredCache;
+use kcache::disk::DiskCache;
+use kcache::memory::Lease;
 use kcache::{BuildError, Error};
+use kcache_testkit::strings::{Cache, disk, l2_key, load, serialize, tiered};
 use kcache_testkit::{rerun_test, successful_stdout};
 use tempfile::TempDir;
-
-type Cache = TieredCache<Vec<u8>, String>;
-
-fn l2_key(source: &str) -> Key {
-    KeyBuilder::new()
-        .backend("strings")
-        .source(source)
-        .finish()
-        .unwrap()
-}
-
-fn disk(dir: &Path) -> Arc<DiskCache> {
-    let mut config = DiskConfig::in_dir(dir);
-    config.durability = Durability::Relaxed;
-    Arc::new(DiskCache::open(config).unwrap())
-}
-
-fn tiered(disk: Option<Arc<DiskCache>>) -> Cache {
-    let memory = Arc::new(MemoryCache::new(Options::default(), |_v: String| Ok(())));
-    TieredCache::new(memory, disk)
-}
 
 /// A tiered cache on a disk tier in a new temporary directory, that disk tier, and the
 /// directory (removed on drop).
@@ -42,16 +20,6 @@ fn tiered_on_temp_disk() -> (TempDir, Arc<DiskCache>, Cache) {
     let d = disk(tmp.path());
     let cache = tiered(Some(d.clone()));
     (tmp, d, cache)
-}
-
-fn load(bytes: &[u8]) -> Result<(String, u64), BuildError> {
-    String::from_utf8(bytes.to_vec())
-        .map(|s| (s, bytes.len() as u64))
-        .map_err(|_| BuildError::new(1, "not UTF-8"))
-}
-
-fn serialize(value: &String) -> Result<Vec<u8>, BuildError> {
-    Ok(value.as_bytes().to_vec())
 }
 
 /// Looks `source` up under `l2_key(source)`, loading with [`load`] and building and serializing

@@ -12,9 +12,9 @@ use rustix::fs::{Mode, OFlags};
 use zeroize::ZeroizeOnDrop;
 
 use super::lock::DEFAULT_LOCK_TIMEOUT;
-use crate::env::Warning;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
+use crate::log::Warning;
 
 /// Default size cap: 1 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
@@ -165,9 +165,10 @@ impl fmt::Debug for OperatorKey {
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
-/// Environment values kcache cannot use are reported once per process on stderr: a relative
-/// `KCACHE_DIR` is ignored; an invalid `KCACHE_LOCK_TIMEOUT` leaves the default; an invalid `KCACHE_MAX_SIZE` or an empty, relative, missing or
-/// unusable `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`) rather than
+/// Environment values kcache cannot use are warned about once per process (see
+/// [`crate::log`]): a relative `KCACHE_DIR` is ignored; an invalid `KCACHE_LOCK_TIMEOUT` leaves
+/// the default; an invalid `KCACHE_MAX_SIZE` or an empty, relative, missing or unusable
+/// `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`) rather than
 /// falling back to a cap or to unkeyed entries the operator did not ask for.
 ///
 /// In a secure-execution process (setuid, setgid, file capabilities) no variable but
@@ -285,7 +286,7 @@ impl DiskConfig {
         if require_key && key.is_none() {
             let detail = "an operator key is required (require_key or KCACHE_REQUIRE_KEY=1) \
                           and none is configured";
-            crate::env::warn_once(Warning::KeyRequired, || {
+            crate::log::warn_once(Warning::KeyRequired, || {
                 format!("disk tier disabled: {detail}")
             });
             return Err(Error::Untrusted(detail.into()));
@@ -325,7 +326,7 @@ fn env_max_size(text: &OsString) -> Result<u64> {
                 "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a K/M/G/T \
                  suffix): the disk tier is off"
             );
-            crate::env::warn_once(Warning::MaxSize, || detail.clone());
+            crate::log::warn_once(Warning::MaxSize, || detail.clone());
             Err(Error::Unavailable(detail))
         }
     }
@@ -341,7 +342,7 @@ fn env_lock_timeout(text: &OsString) -> Option<Duration> {
         .ok()
         .and_then(|s| Duration::try_from_secs_f64(s).ok());
     if parsed.is_none() {
-        crate::env::warn_once(Warning::LockTimeout, || {
+        crate::log::warn_once(Warning::LockTimeout, || {
             format!(
                 "KCACHE_LOCK_TIMEOUT={text:?} is not a number of seconds: the default ({} s) \
                  is used",
@@ -357,7 +358,7 @@ fn env_lock_timeout(text: &OsString) -> Option<Duration> {
 fn env_key_file(path: &OsString) -> Result<OperatorKey> {
     let refuse = |why: String| {
         let detail = format!("KCACHE_KEY_FILE={path:?}: {why}: the disk tier is off");
-        crate::env::warn_once(Warning::KeyFile, || detail.clone());
+        crate::log::warn_once(Warning::KeyFile, || detail.clone());
         Error::Untrusted(detail)
     };
     if path.is_empty() {
@@ -379,7 +380,7 @@ fn env_require_key(value: Option<OsString>) -> bool {
         Some(v) if v.is_empty() || v == "0" => false,
         Some(v) if v == "1" => true,
         Some(v) => {
-            crate::env::warn_once(Warning::RequireKey, || {
+            crate::log::warn_once(Warning::RequireKey, || {
                 format!("KCACHE_REQUIRE_KEY={v:?} is neither 0 nor 1: taken as 1")
             });
             true
@@ -401,7 +402,7 @@ fn default_dir(
         if dir.is_absolute() {
             return Ok(dir);
         }
-        crate::env::warn_once(Warning::RelativeDir, || {
+        crate::log::warn_once(Warning::RelativeDir, || {
             format!("KCACHE_DIR={dir:?} is a relative path: ignored")
         });
     }

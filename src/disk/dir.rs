@@ -15,8 +15,8 @@ use std::path::{Component, Path};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::env::{Warning, warn_once};
 use crate::error::{Error, Result};
+use crate::log::{Warning, warn_once};
 
 /// Refuses the directory with one warning per process, however many caches are refused: the
 /// memory tier keeps working, so repeating it would only be noise.

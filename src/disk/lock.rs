@@ -29,8 +29,9 @@ use rustix::io::Errno;
 
 use super::evict::lstat_at;
 use super::{Inner, bump};
-use crate::env::Warning;
 use crate::key::Key;
+use crate::log;
+use crate::log::Warning;
 
 /// Default of [`DiskConfig::lock_timeout`](super::DiskConfig::lock_timeout): longer than
 /// nearly every kernel build (milliseconds to tens of seconds), so that followers wait for a
@@ -132,7 +133,10 @@ fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
         Mode::from_raw_mode(0o600),
     ) {
         Ok(fd) => fd,
-        Err(_) => return Acquired::Unavailable,
+        Err(e) => {
+            log::debug(|| format!("disk lock: cannot open {name} ({e}): going on without it"));
+            return Acquired::Unavailable;
+        }
     };
     let mut waited = false;
     let mut pause = Duration::from_micros(250);
@@ -141,7 +145,7 @@ fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
             Ok(()) => return Acquired::Held(fd, waited),
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {}
             Err(e) => {
-                crate::env::warn_once(Warning::NoLocks, || {
+                crate::log::warn_once(Warning::NoLocks, || {
                     format!(
                         "{} cannot be locked ({e}): processes sharing it may build the same \
                          kernel at once",
@@ -165,7 +169,8 @@ fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
 pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     let entry = inner.entry_name(key);
     let name = lock_name(&entry);
-    let deadline = Instant::now() + inner.lock_timeout;
+    let started = Instant::now();
+    let deadline = started + inner.lock_timeout;
     let c = &inner.counters;
     let mut counted_wait = false;
     for _ in 0..MAX_ATTEMPTS {
@@ -173,6 +178,7 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             Acquired::Held(fd, waited) => (fd, waited),
             Acquired::TimedOut => {
                 bump(&c.lock_timeouts, 1);
+                timed_out(inner, &entry, "building here too");
                 return Claim::Alone;
             }
             Acquired::Unavailable => return Claim::Alone,
@@ -183,11 +189,26 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
         }
         // Published just before this process locked, or while it waited.
         if entry_exists(inner, &entry) {
+            if waited {
+                log::debug(|| {
+                    format!(
+                        "disk lock: {entry}: waited {:?} for another process, which wrote it",
+                        started.elapsed()
+                    )
+                });
+            }
             return Claim::Published;
         }
         let mut mark = [0u8; 1];
         let marked = rustix::io::pread(&fd, &mut mark, 0).is_ok_and(|n| n == 1);
         if waited && marked && mark[0] == ABANDONED {
+            log::debug(|| {
+                format!(
+                    "disk lock: {entry}: the process building it failed after {:?}: building \
+                     here",
+                    started.elapsed()
+                )
+            });
             return Claim::Alone;
         }
         if !is_linked(inner, &fd, &name) {
@@ -201,6 +222,9 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
         if waited {
             // Locked after waiting, yet no entry and no mark: the leader died.
             bump(&c.lock_takeovers, 1);
+            log::debug(|| {
+                format!("disk lock: {entry}: the process building it died: taking over its build")
+            });
         }
         return Claim::Leader(KeyLock {
             inner: Arc::clone(inner),
@@ -208,14 +232,26 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             name,
         });
     }
+    log::debug(|| format!("disk lock: {entry}: kept vanishing: building without it"));
     Claim::Alone
+}
+
+/// Says that a wait for `entry`'s lock reached the timeout, and what this process does now.
+fn timed_out(inner: &Inner, entry: &str, then: &str) {
+    log::debug(|| {
+        format!(
+            "disk lock: {entry}: timed out after {:?} waiting for another process: {then}",
+            inner.lock_timeout
+        )
+    });
 }
 
 /// The lock of `key`'s entry for a read-modify-write of it (a merge), waiting up to the lock
 /// timeout; `None` when it timed out or the directory cannot lock (the caller goes on without
 /// it, as before locks existed).
 pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
-    let name = lock_name(&inner.entry_name(key));
+    let entry = inner.entry_name(key);
+    let name = lock_name(&entry);
     let deadline = Instant::now() + inner.lock_timeout;
     for _ in 0..MAX_ATTEMPTS {
         match acquire(inner, &name, deadline) {
@@ -233,6 +269,7 @@ pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
             }
             Acquired::TimedOut => {
                 bump(&inner.counters.lock_timeouts, 1);
+                timed_out(inner, &entry, "writing without the lock");
                 return None;
             }
             Acquired::Unavailable => return None,

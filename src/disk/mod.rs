@@ -36,6 +36,7 @@ pub use writer::QUEUE_BOUND;
 
 use crate::error::{BuildError, Result};
 use crate::key::{Key, hex, parse_hex};
+use crate::log;
 use format::{HEADER_LEN, TAG_LEN, Tagger};
 
 /// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
@@ -158,8 +159,13 @@ pub struct Usage {
 impl DiskCache {
     /// Opens (creating if needed, mode 0700) and checks the directory. Refusals:
     /// `Unavailable` (disabled, no directory configured), `Untrusted` (with one warning per
-    /// process on stderr), `InvalidArgument` (bad size or key), `Io`.
+    /// process, see [`crate::log`]), `InvalidArgument` (bad size or key), `Io`. Every refusal
+    /// is logged at `debug` (`disk tier off: …`).
     pub fn open(config: DiskConfig) -> Result<DiskCache> {
+        Self::open_resolved(config).inspect_err(|e| log::debug(|| format!("disk tier off: {e}")))
+    }
+
+    fn open_resolved(config: DiskConfig) -> Result<DiskCache> {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
         let tagger = Tagger::new(resolved.key.as_ref());
@@ -188,6 +194,11 @@ impl DiskCache {
     /// directory descriptor, not this path).
     pub fn entry_path(&self, key: &Key) -> PathBuf {
         self.inner.path.join(self.inner.entry_name(key))
+    }
+
+    /// The file name of the entry for `key`, which messages about it give.
+    pub(crate) fn entry_name(&self, key: &Key) -> String {
+        self.inner.entry_name(key)
     }
 
     pub fn max_size(&self) -> u64 {
@@ -284,15 +295,18 @@ impl DiskCache {
         let inner = Arc::clone(&self.inner);
         self.inner.writer.submit(move || {
             let written = make()
-                .ok()
-                .is_some_and(|bytes| store::put(&inner, &key, &bytes, build_time).is_ok());
-            if !written {
+                .map_err(|e| format!("the value could not be serialized: {}", e.message))
+                .and_then(|bytes| {
+                    store::put(&inner, &key, &bytes, build_time).map_err(|e| e.to_string())
+                });
+            if let Err(why) = &written {
+                log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(&key)));
                 bump(&inner.counters.failed_writes, 1);
                 if let Some(lock) = lock {
                     lock.abandon();
                 }
             }
-            done(written);
+            done(written.is_ok());
         });
     }
 }

@@ -25,6 +25,7 @@ use super::format::{self, Expect, FORMAT_VERSION, Header, OVERHEAD};
 use super::{DiskCache, Durability, Entry, Inner, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
+use crate::log;
 
 /// Largest entry file (header, payload and tag) written or read, whatever the cap: a read
 /// holds a whole entry in memory, so this bounds what one read can allocate.
@@ -45,6 +46,7 @@ impl DiskCache {
             Ok(Some(entry)) => {
                 bump(&c.hits, 1);
                 bump(&c.bytes_read, entry.bytes.len() as u64);
+                return outcome;
             }
             Ok(None) => bump(&c.misses, 1),
             Err(Error::Integrity(_)) => {
@@ -56,6 +58,10 @@ impl DiskCache {
                 bump(&c.io_errors, 1);
             }
         }
+        log::debug(|| match &outcome {
+            Err(e) => format!("disk miss: {e}"),
+            _ => format!("disk miss: {name}: absent"),
+        });
         outcome
     }
 

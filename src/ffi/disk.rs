@@ -235,8 +235,9 @@ unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> 
 /// `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
 /// this user or a symlink; no operator key while one is required; an unusable
 /// `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
-/// refusal that comes from the environment or the directory is also written once per process
-/// on stderr. A caller should then go on with memory only.
+/// refusal that comes from the environment or the directory is also logged once per process at
+/// `KC_LOG_WARN` (on stderr, or to `kc_set_log_callback`'s callback). A caller should then go
+/// on with memory only.
 ///
 /// # Safety
 /// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.

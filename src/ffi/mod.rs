@@ -2,8 +2,9 @@
 //!
 //! One C object per file: `cache.rs` (`kc_cache`), `lease.rs` (`kc_lease`), `key_builder.rs`
 //! (`kc_key_builder`), `disk.rs` (`kc_disk`), `buffer.rs` (`kc_buffer`), `tiered.rs`
-//! (`kc_tiered_find_or_build`), one file per backend; `status.rs` holds the status codes and
-//! the library-level functions, `args.rs` the argument conventions they all share.
+//! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), one file per backend;
+//! `status.rs` holds the status codes and the other library-level functions, `args.rs` the
+//! argument conventions they all share.
 //!
 //! Names (see `docs/c-api-conventions.md`): every exported function is `kc_<object>_<verb>`,
 //! `<object>` being an opaque type's name without `kc_`, or a library or backend function
@@ -32,6 +33,7 @@ pub mod cuda;
 pub mod disk;
 pub mod key_builder;
 mod lease;
+pub mod log;
 pub mod opencl;
 mod status;
 pub mod tiered;

@@ -1,0 +1,196 @@
+/* kc_set_log_callback: with KCACHE_LOG=debug the callback receives why a tiered lookup missed the
+ * disk (absent, then a corrupt entry), and NULL sends the messages back to stderr. */
+#include <dirent.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define MAX_MESSAGES 16
+
+/* What the callback received; it may be called on any thread. */
+typedef struct log_sink {
+  pthread_mutex_t lock;
+  int count;
+  int levels[MAX_MESSAGES];
+  char messages[MAX_MESSAGES][512];
+} log_sink;
+
+static void collect(void *ctx, int level, const char *message) {
+  log_sink *sink = (log_sink *)ctx;
+  pthread_mutex_lock(&sink->lock);
+  if (sink->count < MAX_MESSAGES) {
+    sink->levels[sink->count] = level;
+    snprintf(sink->messages[sink->count], sizeof sink->messages[0], "%s", message);
+  }
+  sink->count++;
+  pthread_mutex_unlock(&sink->lock);
+}
+
+static int count_of(log_sink *sink) {
+  int count;
+  pthread_mutex_lock(&sink->lock);
+  count = sink->count;
+  pthread_mutex_unlock(&sink->lock);
+  return count;
+}
+
+static int build_fn(void *ctx, const uint8_t *key, size_t key_len, void **out, uint64_t *w) {
+  char *v = malloc(key_len + 1);
+  (void)ctx;
+  CHECK(v != NULL);
+  memcpy(v, key, key_len);
+  v[key_len] = '\0';
+  *out = v;
+  *w = key_len;
+  return 0;
+}
+
+static int load_fn(void *ctx, const uint8_t *bytes, size_t len, void **out, uint64_t *w) {
+  return build_fn(ctx, bytes, len, out, w);
+}
+
+static int serialize_fn(void *ctx, void *value, uint8_t *out, size_t *len) {
+  size_t n = strlen((const char *)value);
+  (void)ctx;
+  if (out != NULL) memcpy(out, value, n);
+  *len = n;
+  return 0;
+}
+
+static int free_value(void *ctx, void *value) {
+  (void)ctx;
+  free(value);
+  return 0;
+}
+
+/* One lookup in a new memory tier, so that it goes to the disk. */
+static void lookup(kc_disk *disk, const char *entry) {
+  kc_cache_options o = kc_cache_options_default();
+  kc_cache *cache = NULL;
+  kc_key_builder *b = NULL;
+  uint8_t l2[KC_KEY_LEN];
+  kc_tiered_callbacks cb = {sizeof cb, build_fn, load_fn, serialize_fn, NULL};
+  kc_lease *lease = NULL;
+  o.destroy = free_value;
+  CHECK_STATUS(kc_cache_new(&o, &cache), KC_OK);
+  CHECK_STATUS(kc_key_builder_new(&b), KC_OK);
+  CHECK_STATUS(kc_key_builder_set(b, KC_KEY_ENTRY, (const uint8_t *)entry, strlen(entry)), KC_OK);
+  CHECK_STATUS(kc_key_builder_finish(b, l2), KC_OK);
+  kc_key_builder_free(b);
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("value"), KC_NO_DEVICE, disk, l2, &cb, &lease),
+               KC_OK);
+  CHECK(strcmp((const char *)kc_lease_value(lease), "value") == 0);
+  kc_lease_release(lease);
+  kc_cache_free(cache);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+}
+
+/* The path of the one entry file in `dir`. */
+static void only_entry(const char *dir, char *path, size_t cap) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int found = 0;
+  CHECK(d != NULL);
+  while ((e = readdir(d)) != NULL) {
+    size_t n = strlen(e->d_name);
+    if (n > 4 && strcmp(e->d_name + n - 4, ".kce") == 0) {
+      CHECK(snprintf(path, cap, "%s/%s", dir, e->d_name) < (int)cap);
+      found++;
+    }
+  }
+  closedir(d);
+  CHECK(found == 1);
+}
+
+static void flip_last_byte(const char *path) {
+  FILE *f = fopen(path, "r+b");
+  int c;
+  CHECK(f != NULL);
+  CHECK(fseek(f, -1, SEEK_END) == 0);
+  c = fgetc(f);
+  CHECK(c != EOF);
+  CHECK(fseek(f, -1, SEEK_END) == 0);
+  CHECK(fputc(c ^ 0xff, f) != EOF);
+  CHECK(fclose(f) == 0);
+}
+
+static void remove_tree(const char *dir) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  char path[4096];
+  CHECK(d != NULL);
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    CHECK(snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path);
+    CHECK(unlink(path) == 0);
+  }
+  closedir(d);
+  CHECK(rmdir(dir) == 0);
+}
+
+int main(void) {
+  char dir[] = "/tmp/kcache-log-XXXXXX";
+  char entry[4096];
+  char captured[4096];
+  const char *name;
+  kc_disk_options opts = kc_disk_options_default();
+  kc_disk *disk = NULL;
+  log_sink sink;
+  FILE *err;
+  int saved;
+  size_t n;
+
+  /* Read once, at the first message. */
+  CHECK(setenv("KCACHE_LOG", "debug", 1) == 0);
+  memset(&sink, 0, sizeof sink);
+  pthread_mutex_init(&sink.lock, NULL);
+  CHECK(mkdtemp(dir) != NULL);
+  kc_set_log_callback(collect, &sink);
+  opts.dir = dir;
+  opts.ignore_env = true;
+  opts.relaxed_durability = true;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+
+  /* Absent: built and written. */
+  lookup(disk, "logged");
+  CHECK(count_of(&sink) == 1);
+  only_entry(dir, entry, sizeof entry);
+  name = strrchr(entry, '/') + 1;
+  CHECK(sink.levels[0] == KC_LOG_DEBUG);
+  CHECK(strncmp(sink.messages[0], "disk miss: ", 11) == 0);
+  CHECK(strstr(sink.messages[0], name) != NULL);
+  CHECK(strstr(sink.messages[0], ": absent") != NULL);
+
+  /* A corrupt entry: the reason names the check that failed. */
+  flip_last_byte(entry);
+  lookup(disk, "logged");
+  CHECK(count_of(&sink) == 2);
+  CHECK(sink.levels[1] == KC_LOG_DEBUG);
+  CHECK(strncmp(sink.messages[1], "disk miss: integrity check failed: ", 35) == 0);
+  CHECK(strstr(sink.messages[1], name) != NULL);
+  CHECK(strstr(sink.messages[1], ": tag mismatch") != NULL);
+
+  /* NULL: back to stderr, captured here in a temporary file. */
+  kc_set_log_callback(NULL, NULL);
+  err = tmpfile();
+  CHECK(err != NULL);
+  fflush(stderr);
+  saved = dup(STDERR_FILENO);
+  CHECK(saved >= 0 && dup2(fileno(err), STDERR_FILENO) >= 0);
+  lookup(disk, "unlogged");
+  fflush(stderr);
+  CHECK(dup2(saved, STDERR_FILENO) >= 0 && close(saved) == 0);
+  rewind(err);
+  n = fread(captured, 1, sizeof captured - 1, err);
+  captured[n] = '\0';
+  fclose(err);
+  CHECK(count_of(&sink) == 2);
+  CHECK(strncmp(captured, "kcache: debug: disk miss: ", 26) == 0);
+  CHECK(strstr(captured, ": absent\n") != NULL);
+
+  kc_disk_free(disk);
+  remove_tree(dir);
+  pthread_mutex_destroy(&sink.lock);
+  printf("test_log: ok\n");
+  return 0;
+}

@@ -1,0 +1,54 @@
+//! A caller-defined backend for tests of the tiered lookup: its live value is a `String`, its
+//! serialized form the string's UTF-8 bytes, its disk key made from a source text.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kcache::BuildError;
+use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::key::{Key, KeyBuilder};
+use kcache::memory::{MemoryCache, Options};
+use kcache::tiered::TieredCache;
+
+pub type Cache = TieredCache<Vec<u8>, String>;
+
+/// The disk key of `source`.
+pub fn l2_key(source: &str) -> Key {
+    KeyBuilder::new()
+        .backend("strings")
+        .source(source)
+        .finish()
+        .unwrap()
+}
+
+/// A disk tier in `dir` with relaxed durability (tests need no fsync) and the default lock
+/// timeout.
+pub fn disk(dir: &Path) -> Arc<DiskCache> {
+    disk_with_lock_timeout(dir, None)
+}
+
+/// As [`disk`], waiting `lock_timeout` for other processes' builds.
+pub fn disk_with_lock_timeout(dir: &Path, lock_timeout: Option<Duration>) -> Arc<DiskCache> {
+    let mut config = DiskConfig::in_dir(dir);
+    config.durability = Durability::Relaxed;
+    config.lock_timeout = lock_timeout;
+    Arc::new(DiskCache::open(config).unwrap())
+}
+
+/// A tiered cache with a new, unbounded memory tier in front of `disk`.
+pub fn tiered(disk: Option<Arc<DiskCache>>) -> Cache {
+    let memory = Arc::new(MemoryCache::new(Options::default(), |_v: String| Ok(())));
+    TieredCache::new(memory, disk)
+}
+
+/// Loads a stored string; bytes that are not UTF-8 are refused with code 1.
+pub fn load(bytes: &[u8]) -> Result<(String, u64), BuildError> {
+    String::from_utf8(bytes.to_vec())
+        .map(|s| (s, bytes.len() as u64))
+        .map_err(|_| BuildError::new(1, "not UTF-8"))
+}
+
+pub fn serialize(value: &String) -> Result<Vec<u8>, BuildError> {
+    Ok(value.as_bytes().to_vec())
+}
