@@ -115,6 +115,13 @@ fn entry_exists(inner: &Inner, entry_name: &str) -> bool {
     lstat_at(&inner.dir, entry_name).is_ok_and(|m| m.is_file())
 }
 
+/// Opens the lock file `name` (created private with `OFlags::CREATE`): never through a symbolic
+/// link, and without blocking on a FIFO planted at its name.
+fn open(inner: &Inner, name: &str, create: OFlags) -> rustix::io::Result<OwnedFd> {
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | create;
+    rustix::fs::openat(&inner.dir, name, flags, Mode::from_raw_mode(0o600))
+}
+
 enum Acquired {
     /// Locked, at once (`false`) or after waiting for another holder (`true`).
     Held(OwnedFd, bool),
@@ -125,14 +132,8 @@ enum Acquired {
 
 /// Opens the lock file and locks it, waiting until `deadline`.
 fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
-    let fd = match rustix::fs::openat(
-        &inner.dir,
-        name,
-        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    ) {
-        Ok(fd) => fd,
-        Err(_) => return Acquired::Unavailable,
+    let Ok(fd) = open(inner, name, OFlags::CREATE) else {
+        return Acquired::Unavailable;
     };
     let mut waited = false;
     let mut pause = Duration::from_micros(250);
@@ -244,12 +245,7 @@ pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
 /// Removes a lock file nobody holds (a leader that died leaves its file behind); a held one is
 /// left alone. Returns whether it was removed.
 pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
-    let Ok(fd) = rustix::fs::openat(
-        &inner.dir,
-        name,
-        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
+    let Ok(fd) = open(inner, name, OFlags::empty()) else {
         return false;
     };
     if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
