@@ -341,8 +341,13 @@ pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> k
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    // (The count of refreshed binaries is for Rust callers and tests.)
-    unsafe { with_cache(cache, |cache| Ok(cache.flush()).map(drop)) }
+    unsafe {
+        with_cache(cache, |cache| {
+            // How many binaries were refreshed is for Rust callers and tests.
+            let _refreshed = cache.flush();
+            Ok(())
+        })
+    }
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
