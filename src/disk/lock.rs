@@ -182,20 +182,27 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             counted_wait = true;
             bump(&c.lock_waits, 1);
         }
+        // Held from here: whatever this returns other than `Leader` drops it, which unlinks a
+        // file that is still linked (this process may have created it) before unlocking.
+        let held = KeyLock {
+            inner: Arc::clone(inner),
+            fd,
+            name: name.clone(),
+        };
         // Published just before this process locked, or while it waited.
         if entry_exists(inner, &entry) {
             return Claim::Published;
         }
         let mut mark = [0u8; 1];
-        let marked = rustix::io::pread(&fd, &mut mark, 0).is_ok_and(|n| n == 1);
+        let marked = rustix::io::pread(&held.fd, &mut mark, 0).is_ok_and(|n| n == 1);
         if waited && marked && mark[0] == ABANDONED {
             return Claim::Alone;
         }
-        if !is_linked(inner, &fd, &name) {
+        if !is_linked(inner, &held.fd, &name) {
             // The leader let go of a file it unlinked, and its entry is gone already.
             continue;
         }
-        if marked && rustix::fs::ftruncate(&fd, 0).is_err() {
+        if marked && rustix::fs::ftruncate(&held.fd, 0).is_err() {
             // A stale mark this process cannot clear would send its own waiters away.
             return Claim::Alone;
         }
@@ -203,11 +210,7 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             // Locked after waiting, yet no entry and no mark: the leader died.
             bump(&c.lock_takeovers, 1);
         }
-        return Claim::Leader(KeyLock {
-            inner: Arc::clone(inner),
-            fd,
-            name,
-        });
+        return Claim::Leader(held);
     }
     Claim::Alone
 }
