@@ -41,7 +41,9 @@ pub struct DiskBytes(Box<dyn FnOnce() -> std::result::Result<Vec<u8>, BuildError
 
 impl DiskBytes {
     /// Bytes made on the background writer by `make`.
-    pub fn later(make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static) -> Self {
+    pub fn later(
+        make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static,
+    ) -> Self {
         DiskBytes(Box::new(make))
     }
 
@@ -176,7 +178,8 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let serialize = |value: &V| serialize(value).map(DiskBytes::from);
-        self.tiers().find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
+        self.tiers()
+            .find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
     }
 }
 
@@ -248,13 +251,19 @@ where
             match serialize(lease.value()) {
                 Ok(bytes) => {
                     let counters = Arc::clone(self.counters);
-                    disk.write_back(key, build_time, lock, move || bytes.make(), move |written| {
-                        bump(if written {
-                            &counters.write_backs
-                        } else {
-                            &counters.write_back_failures
-                        })
-                    });
+                    disk.write_back(
+                        key,
+                        build_time,
+                        lock,
+                        move || bytes.make(),
+                        move |written| {
+                            bump(if written {
+                                &counters.write_backs
+                            } else {
+                                &counters.write_back_failures
+                            })
+                        },
+                    );
                 }
                 Err(_) => {
                     bump(&self.counters.write_back_failures);

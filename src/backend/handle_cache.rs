@@ -286,7 +286,6 @@ impl<R: Runtime> Drop for HandleCache<R> {
 /// same way, written once for all of them.
 macro_rules! common_calls {
     () => {
-
         /// Unlinks every entry (the disk keeps its data); each is destroyed now, or when its
         /// last lease is released. Returns how many were unlinked.
         pub fn clear(&self) -> $crate::Result<usize> {

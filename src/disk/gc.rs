@@ -14,7 +14,7 @@ use rustix::fs::{Mode, OFlags};
 use super::evict::{Index, Unlinked, lstat_at};
 use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
 use super::store::read_bounded;
-use super::{lock, DiskCache, Fingerprint, Inner, is_temp_name, parse_entry_name};
+use super::{DiskCache, Fingerprint, Inner, is_temp_name, lock, parse_entry_name};
 use crate::error::{Error, Result};
 use crate::key::Key;
 

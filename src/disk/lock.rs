@@ -227,6 +227,5 @@ pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
     }
     // Unlinked while held: a process that locks this inode afterwards sees it unlinked and
     // opens a new file.
-    is_linked(inner, &fd, name)
-        && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
+    is_linked(inner, &fd, name) && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
 }

@@ -29,8 +29,8 @@ use std::time::Duration;
 pub use config::{DEFAULT_MAX_SIZE, DiskConfig, Durability, OperatorKey, parse_size};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
-pub(crate) use lock::{Claim, KeyLock};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
+pub(crate) use lock::{Claim, KeyLock};
 pub use store::MAX_ENTRY_SIZE;
 pub use writer::QUEUE_BOUND;
 

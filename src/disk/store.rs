@@ -102,42 +102,47 @@ impl DiskCache {
 }
 
 /// [`DiskCache::put`], for the background writer too.
-pub(super) fn put(inner: &Arc<Inner>, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
-        let size = payload.len() as u64 + OVERHEAD;
-        if size > inner.max_entry_size() {
-            return Err(Error::InvalidArgument(format!(
-                "an entry of {size} bytes exceeds the entry size limit of {} bytes",
-                inner.max_entry_size()
-            )));
+pub(super) fn put(
+    inner: &Arc<Inner>,
+    key: &Key,
+    payload: &[u8],
+    build_time: Duration,
+) -> Result<()> {
+    let size = payload.len() as u64 + OVERHEAD;
+    if size > inner.max_entry_size() {
+        return Err(Error::InvalidArgument(format!(
+            "an entry of {size} bytes exceeds the entry size limit of {} bytes",
+            inner.max_entry_size()
+        )));
+    }
+    let header = Header {
+        version: FORMAT_VERSION,
+        algorithm: inner.tagger.algorithm(),
+        schema: inner.schema,
+        fingerprint: inner.tagger.fingerprint(),
+        key: *key,
+        payload_len: payload.len() as u64,
+        build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
+    }
+    .encode();
+    let tag = inner.tagger.tag(&[&header, payload]);
+    let name = inner.entry_name(key);
+    match write_entry(inner, &name, &[&header, payload, &tag]) {
+        Ok(()) => {
+            bump(&inner.counters.puts, 1);
+            bump(&inner.counters.bytes_written, size);
+            Ok(())
         }
-        let header = Header {
-            version: FORMAT_VERSION,
-            algorithm: inner.tagger.algorithm(),
-            schema: inner.schema,
-            fingerprint: inner.tagger.fingerprint(),
-            key: *key,
-            payload_len: payload.len() as u64,
-            build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
-        }
-        .encode();
-        let tag = inner.tagger.tag(&[&header, payload]);
-        let name = inner.entry_name(key);
-        match write_entry(inner, &name, &[&header, payload, &tag]) {
-            Ok(()) => {
-                bump(&inner.counters.puts, 1);
-                bump(&inner.counters.bytes_written, size);
-                Ok(())
-            }
-            Err(e) => {
-                bump(&inner.counters.io_errors, 1);
-                Err(Error::Io(format!(
-                    "cannot write {} in {}: {e}",
-                    name,
-                    inner.path.display()
-                )))
-            }
+        Err(e) => {
+            bump(&inner.counters.io_errors, 1);
+            Err(Error::Io(format!(
+                "cannot write {} in {}: {e}",
+                name,
+                inner.path.display()
+            )))
         }
     }
+}
 
 fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     // NONBLOCK: a FIFO planted under an entry name must not hang the reader.

@@ -160,7 +160,9 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
             // SAFETY: the caller promised a callable `build` for `ctx`; the key is its own.
             || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
             // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
-            |value: &RawValue| unsafe { serialize_value(cb.serialize, ctx, value.0) }.map(DiskBytes::from),
+            |value: &RawValue| {
+                unsafe { serialize_value(cb.serialize, ctx, value.0) }.map(DiskBytes::from)
+            },
         )?;
         // SAFETY: non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };

@@ -119,7 +119,11 @@ impl Runtime for OpenCl {
         // The writer holds its own reference, so the program outlives an early eviction. The
         // program works without its binary; only the disk tier misses out.
         let bytes = program.retain().ok().map(|binary| {
-            DiskBytes::later(move || binary.binary().map_err(|e| BuildError::new(0, e.to_string())))
+            DiskBytes::later(move || {
+                binary
+                    .binary()
+                    .map_err(|e| BuildError::new(0, e.to_string()))
+            })
         });
         Ok(Compiled {
             value: program,
