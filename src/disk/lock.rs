@@ -7,7 +7,9 @@
 //! nothing across PID namespaces sharing a directory). The leader holds it from before its
 //! build until the entry is published (by the background writer), then unlinks the file and
 //! closes it. A process that had to wait, once it holds the lock, finds one of:
-//! - the entry: it reads it;
+//! - the entry: it reads it, after unlinking the file if it is still linked (a process that
+//!   missed just before the entry was published can open the name after the leader unlinked
+//!   it, and so create a new file);
 //! - a mark the leader left in the file before letting go (its build or its write failed):
 //!   nothing will come, so it builds itself, without the lock;
 //! - neither, the file still linked: the leader died; it takes over, holding the lock;
@@ -181,8 +183,16 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             counted_wait = true;
             bump(&c.lock_waits, 1);
         }
-        // Published just before this process locked, or while it waited.
+        // Published just before this process locked, or while it waited. The file is let go
+        // of as a leader lets go of its own, unlinked if still linked: when the leader had
+        // unlinked its file before this process opened the name, this process created a new
+        // one that nobody else would ever remove.
         if entry_exists(inner, &entry) {
+            drop(KeyLock {
+                inner: Arc::clone(inner),
+                fd,
+                name,
+            });
             return Claim::Published;
         }
         let mut mark = [0u8; 1];
