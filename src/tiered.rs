@@ -242,7 +242,9 @@ where
                 }
                 Err(e) => {
                     // Processes waiting for this entry build themselves instead.
-                    lock.map(KeyLock::abandon);
+                    if let Some(lock) = lock {
+                        lock.abandon();
+                    }
                     Err(e)
                 }
             }
@@ -267,7 +269,9 @@ where
                 }
                 Err(_) => {
                     bump(&self.counters.write_back_failures);
-                    lock.map(KeyLock::abandon);
+                    if let Some(lock) = lock {
+                        lock.abandon();
+                    }
                 }
             }
         }

@@ -282,7 +282,9 @@ impl DiskCache {
                 .is_some_and(|bytes| store::put(&inner, &key, &bytes, build_time).is_ok());
             if !written {
                 bump(&inner.counters.failed_writes, 1);
-                lock.map(KeyLock::abandon);
+                if let Some(lock) = lock {
+                    lock.abandon();
+                }
             } else {
                 drop(lock);
             }
