@@ -198,6 +198,9 @@ fn cuda_lookup(disk: Option<Arc<DiskCache>>, go: Option<&Path>) -> String {
     )
 }
 
+/// What a worker printed: counter name → value.
+type Report = HashMap<String, String>;
+
 /// A worker process, started with its stdout piped (stderr goes to a file beside the cache).
 struct Worker {
     child: Child,
@@ -215,7 +218,20 @@ struct Spawner<'a> {
     env: &'a [(&'a str, &'a OsStr)],
 }
 
-impl Spawner<'_> {
+impl<'a> Spawner<'a> {
+    /// Workers with a lock timeout of a minute, no go file and nothing more in their
+    /// environment.
+    fn new(backend: &'a str, dir: &'a Path, variant: &'a str) -> Self {
+        Spawner {
+            backend,
+            dir,
+            variant,
+            timeout: "60",
+            go: None,
+            env: &[],
+        }
+    }
+
     fn spawn(&self) -> Worker {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         // Test names are module paths without the crate's name: at the top of an integration
@@ -277,6 +293,13 @@ impl Spawner<'_> {
         }
         workers
     }
+
+    /// The reports of `n` workers that were all set up before the go file was created.
+    fn at_once(&self, n: usize) -> Vec<Report> {
+        let workers = self.spawn_ready(n);
+        std::fs::write(self.go.expect("a go file"), b"").unwrap();
+        finish_all(workers)
+    }
 }
 
 impl Worker {
@@ -306,7 +329,7 @@ impl Worker {
     }
 
     /// The worker's report, as key → value; fails if it does not exit within two minutes.
-    fn finish(mut self) -> HashMap<String, String> {
+    fn finish(mut self) -> Report {
         let deadline = Instant::now() + Duration::from_secs(120);
         let status = loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -356,20 +379,20 @@ impl Drop for Worker {
 }
 
 /// The sum of the counter `name` over `reports`.
-fn sum(reports: &[HashMap<String, String>], name: &str) -> u64 {
+fn sum(reports: &[Report], name: &str) -> u64 {
     reports
         .iter()
         .map(|r| r[name].parse::<u64>().unwrap())
         .sum()
 }
 
-fn all_correct(reports: &[HashMap<String, String>]) -> bool {
+fn all_correct(reports: &[Report]) -> bool {
     reports
         .iter()
         .all(|r| r["correct"] == "1" && r["error"].is_empty())
 }
 
-fn finish_all(workers: Vec<Worker>) -> Vec<HashMap<String, String>> {
+fn finish_all(workers: Vec<Worker>) -> Vec<Report> {
     workers.into_iter().map(Worker::finish).collect()
 }
 
@@ -453,15 +476,7 @@ fn sleeps(pid: Pid) -> bool {
 fn stopped_leader() -> (tempfile::TempDir, PathBuf, Worker, PathBuf) {
     for _ in 0..5 {
         let (tmp, dir, _) = setup();
-        let mut leader = Spawner {
-            backend: "opencl",
-            dir: &dir,
-            variant: "heavy",
-            timeout: "60",
-            go: None,
-            env: &[],
-        }
-        .spawn();
+        let mut leader = Spawner::new("opencl", &dir, "heavy").spawn();
         leader.wait_ready();
         let caught = loop {
             if leader.child.try_wait().unwrap().is_some() {
@@ -489,17 +504,11 @@ fn stopped_leader() -> (tempfile::TempDir, PathBuf, Worker, PathBuf) {
 #[test]
 fn six_processes_at_once_compile_once() {
     let (_tmp, dir, go) = setup();
-    let workers = Spawner {
-        backend: "opencl",
-        dir: &dir,
-        variant: "ok",
-        timeout: "60",
+    let reports = Spawner {
         go: Some(&go),
-        env: &[],
+        ..Spawner::new("opencl", &dir, "ok")
     }
-    .spawn_ready(6);
-    std::fs::write(&go, b"").unwrap();
-    let reports = finish_all(workers);
+    .at_once(6);
     assert!(all_correct(&reports), "{reports:?}");
     assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
     assert_eq!(sum(&reports, "loads"), 5, "{reports:?}");
@@ -513,15 +522,7 @@ fn six_processes_at_once_compile_once() {
 #[test]
 fn a_killed_leader_is_taken_over_by_one_waiter() {
     let (_tmp, dir, leader, lock) = stopped_leader();
-    let followers = Spawner {
-        backend: "opencl",
-        dir: &dir,
-        variant: "heavy",
-        timeout: "60",
-        go: None,
-        env: &[],
-    }
-    .spawn_ready(5);
+    let followers = Spawner::new("opencl", &dir, "heavy").spawn_ready(5);
     // A follower is waiting once it has the lock file open and sleeps between two attempts at
     // the lock: killing the leader any earlier could let it lock at the first attempt, as if
     // it had never waited.
@@ -553,17 +554,12 @@ fn a_killed_leader_is_taken_over_by_one_waiter() {
 fn a_hung_leader_costs_the_lock_timeout_then_each_builds() {
     let (tmp, dir, leader, _lock) = stopped_leader();
     let go = tmp.path().join("go");
-    let followers = Spawner {
-        backend: "opencl",
-        dir: &dir,
-        variant: "heavy",
+    let reports = Spawner {
         timeout: "0.05",
         go: Some(&go),
-        env: &[],
+        ..Spawner::new("opencl", &dir, "heavy")
     }
-    .spawn_ready(5);
-    std::fs::write(&go, b"").unwrap();
-    let reports = finish_all(followers);
+    .at_once(5);
     leader.kill();
     assert!(all_correct(&reports), "{reports:?}");
     assert_eq!(sum(&reports, "timeouts"), 5, "{reports:?}");
@@ -576,22 +572,15 @@ fn a_hung_leader_costs_the_lock_timeout_then_each_builds() {
 #[test]
 fn a_failing_build_sends_every_process_to_its_own_error() {
     let (_tmp, dir, go) = setup();
-    let workers = Spawner {
-        backend: "opencl",
-        dir: &dir,
-        variant: "broken",
-        timeout: "60",
+    let reports = Spawner {
         go: Some(&go),
-        env: &[],
+        ..Spawner::new("opencl", &dir, "broken")
     }
-    .spawn_ready(6);
-    std::fs::write(&go, b"").unwrap();
-    let reports = finish_all(workers);
+    .at_once(6);
     assert!(reports.iter().all(|r| r["error"] == "build"), "{reports:?}");
     assert_eq!(sum(&reports, "attempts"), 6, "{reports:?}");
     assert_eq!(sum(&reports, "builds"), 0, "{reports:?}");
-    // Waiters read the failed leader's mark and build at once, instead of taking over from
-    // each other one by one.
+    // A leader whose build failed is not a dead one: nobody takes over from it.
     assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
     assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
     assert!(!has_entry(&dir));
@@ -611,12 +600,9 @@ fn untrusted_or_disabled_directories_get_no_lock_file() {
             env.push(("KCACHE_DISABLE", OsStr::new("1")));
         }
         let report = Spawner {
-            backend: "opencl",
-            dir: &dir,
-            variant: "ok",
             timeout: "env",
-            go: None,
             env: &env,
+            ..Spawner::new("opencl", &dir, "ok")
         }
         .spawn()
         .finish();
@@ -632,17 +618,11 @@ fn untrusted_or_disabled_directories_get_no_lock_file() {
 #[test]
 fn six_cuda_processes_at_once_link_once() {
     let (_tmp, dir, go) = setup();
-    let workers = Spawner {
-        backend: "cuda",
-        dir: &dir,
-        variant: "ok",
-        timeout: "60",
+    let reports = Spawner {
         go: Some(&go),
-        env: &[],
+        ..Spawner::new("cuda", &dir, "ok")
     }
-    .spawn_ready(6);
-    std::fs::write(&go, b"").unwrap();
-    let reports = finish_all(workers);
+    .at_once(6);
     assert!(all_correct(&reports), "{reports:?}");
     assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
     assert_eq!(sum(&reports, "loads"), 5, "{reports:?}");
