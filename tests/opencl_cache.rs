@@ -384,6 +384,8 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
 
     let fresh = cache_with_disk(dir.path());
     let _lease = checked_lease(&fresh, &context, &source);
+    // The rebuilt binary is written back in the background.
+    fresh.flush();
     let s = stats(&fresh);
     // The backend's own view: no binary, built from source.
     assert_eq!((s.disk_misses, s.binary_loads, s.source_builds), (1, 0, 1));
