@@ -59,16 +59,29 @@ expect() {
   echo "$1: $2"
 }
 
+# settled DIR ENTRIES: once every process is done, DIR holds ENTRIES entries and no lock file
+# (each is unlinked by its holder).
+settled() {
+  local entries
+  entries=$(compgen -G "$1/*.kce" | wc -l || true)
+  [[ $entries -eq $2 ]] || fail "$1: $entries entries, expected $2"
+  if compgen -G "$1/.*.lock" >&2; then
+    fail "$1: lock files left (above)"
+  fi
+}
+
 # Six processes, one build of 300 ms: the others wait for it and load its entry.
 launch single 6 "$work/single" 300 0 0
 finish single "${pids[@]}"
 expect "single flight" "$(sums single)" "builds=1 loads=5 waits=[0-5] timeouts=0"
+settled "$work/single" 1
 
 # Every build fails: each process gets its own failure (the waiters build in turn) and no
 # process loads anything.
 launch failing 6 "$work/failing" 300 42 0
 finish failing "${pids[@]}"
 expect "failed builds" "$(sums failing)" "builds=6 loads=0 waits=[0-5] timeouts=0"
+settled "$work/failing" 0
 
 # A builder that takes 5 s and five processes that wait 50 ms at most: once the builder holds
 # the entry's lock, each of the five times out and builds.
@@ -86,3 +99,4 @@ for out in "$work"/followers.*.out; do
 done
 finish leader "$leader"
 expect "lock timeout, the builder" "$(sums leader)" "builds=1 loads=0 waits=0 timeouts=0"
+settled "$work/timeout" 1
