@@ -56,7 +56,10 @@ static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir,
     EXPECT(kc_cuda_lease_context(lease) == ctx);
     EXPECT(kc_cuda_lease_function(lease, "twice", &function) == KC_OK && function != NULL);
     EXPECT(kc_cuda_lease_function(lease, "thrice", &function) == KC_ERR_NOT_FOUND);
+    /* The cubin is written on a background thread; a flush waits for that. */
+    EXPECT(kc_cuda_cache_flush(cache) == KC_OK);
     EXPECT(kc_cuda_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(stats.disk.pending_writes == 0 && stats.disk.failed_writes == 0);
     EXPECT(kc_cuda_cache_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
     /* A NULL context is refused, not taken as "evict nothing", and the count is left alone. */
     EXPECT(kc_cuda_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);
@@ -92,10 +95,13 @@ int main(int argc, char **argv) {
 
     kc_cuda_cache_statistics cold = lookup(driver, disk_dir, ctx);
     EXPECT(cold.links == 1 && cold.disk_misses == 1 && cold.cubin_loads == 0);
+    EXPECT(cold.disk.puts == 1);
     EXPECT(fakecuda_counter("link_complete") == 1);
 
     kc_cuda_cache_statistics warm = lookup(driver, disk_dir, ctx);
     EXPECT(warm.links == 0 && warm.disk_hits == 1 && warm.cubin_loads == 1);
+    EXPECT(warm.disk.puts == 0);
+    EXPECT(kc_cuda_cache_flush(NULL) == KC_ERR_INVALID_ARGUMENT);
     EXPECT(fakecuda_counter("link_complete") == 1);
     EXPECT(fakecuda_counter("module_load") == 2);
     EXPECT(fakecuda_counter("module_unload") == 2);

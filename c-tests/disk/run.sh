@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the disk tier C test against the debug libkcache.so (built first) or LIB_DIR and runs it,
-# plain and under ASan+UBSan, each in a fresh private work directory.
+# Builds the disk tier C tests against the debug libkcache.so (built first) or LIB_DIR and runs
+# them, plain and under ASan+UBSan, each in a fresh private work directory: kc_test_disk, then
+# flight.sh, whose kc_flight_worker processes share one directory.
 # Usage: c-tests/disk/run.sh [LIB_DIR]
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
@@ -13,5 +14,7 @@ kc_run() {
   env -u KCACHE_DIR -u KCACHE_KEY_FILE -u KCACHE_MAX_SIZE -u KCACHE_DISABLE \
     "$build/kc_test_disk" "$KC_WORK/$variant"
   echo "kc_test_disk ($variant): ok"
+  c-tests/disk/flight.sh "$build/kc_flight_worker" "$KC_WORK/$variant-flight"
+  echo "flight.sh ($variant): ok"
 }
 kc_suites "disk tier C tests" c-tests/disk disk

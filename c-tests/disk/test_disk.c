@@ -1,16 +1,18 @@
 /* The key builder, the disk tier and the tiered lookup through the real header and library.
  * Usage: kc_test_disk WORK_DIR (an empty private directory; the test makes its caches in it). */
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../harness.h"
+#include "string_backend.h"
 
 static const char *work;
 
@@ -19,23 +21,11 @@ static void path_in(char *out, size_t cap, const char *name) {
   CHECK(n > 0 && (size_t)n < cap);
 }
 
-static void make_key(const char *entry, uint8_t out[KC_KEY_LEN]) {
-  kc_key_builder *b = NULL;
-  CHECK_STATUS(kc_key_builder_new(&b), KC_OK);
-  CHECK_STATUS(kc_key_builder_set(b, KC_KEY_BACKEND, KEY("c-test")), KC_OK);
-  CHECK_STATUS(kc_key_builder_set(b, KC_KEY_ENTRY, (const uint8_t *)entry, strlen(entry)), KC_OK);
-  CHECK_STATUS(kc_key_builder_finish(b, out), KC_OK);
-  kc_key_builder_free(b);
-}
-
 /* A disk tier in the work directory's `name`, keyed with `operator_key` unless that is NULL. */
 static kc_disk *open_keyed(const char *name, const char *operator_key) {
   char dir[4096];
   path_in(dir, sizeof dir, name);
-  kc_disk_options opts = kc_disk_options_default();
-  opts.dir = dir;
-  opts.ignore_env = true;
-  opts.relaxed_durability = true;
+  kc_disk_options opts = options_in(dir);
   if (operator_key != NULL) {
     opts.key = (const uint8_t *)operator_key;
     opts.key_len = strlen(operator_key);
@@ -55,13 +45,28 @@ static void put_entry(kc_disk *disk, const char *entry, const char *data, uint8_
   if (key != NULL) memcpy(key, k, KC_KEY_LEN);
 }
 
-static kc_disk_statistics disk_stats(const kc_disk *disk) {
-  kc_disk_statistics s;
-  memset(&s, 0, sizeof s);
-  s.struct_size = sizeof s;
-  CHECK_STATUS(kc_disk_stats(disk, &s), KC_OK);
-  CHECK(s.struct_size == sizeof s);
-  return s;
+/* The path of a file named after the unkeyed entry of `key` in the work directory's `name`:
+ * the entry (`prefix` and `suffix` empty) or its lock file ("." and ".lock"). Unkeyed entries
+ * are named 0000000000000000-<key hex>.kce. */
+static void entry_file(const char *name, const uint8_t key[KC_KEY_LEN], const char *prefix,
+                       const char *suffix, char *out, size_t cap) {
+  char dir[4096], hex[2 * KC_KEY_LEN + 1];
+  path_in(dir, sizeof dir, name);
+  for (int i = 0; i < KC_KEY_LEN; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  int n = snprintf(out, cap, "%s/%s0000000000000000-%s.kce%s", dir, prefix, hex, suffix);
+  CHECK(n > 0 && (size_t)n < cap);
+}
+
+/* kc_disk_gc with the default age of temporary files (retaining no other key), reporting in a
+ * struct of `struct_size` bytes, which an older caller's is; fields past it are left as they
+ * were (0xee bytes). */
+static kc_disk_gc_report collect(kc_disk *disk, size_t struct_size) {
+  kc_disk_gc_report r;
+  memset(&r, 0xee, sizeof r);
+  r.struct_size = struct_size;
+  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, &r), KC_OK);
+  CHECK(r.struct_size == struct_size);
+  return r;
 }
 
 static void test_keys(void) {
@@ -231,79 +236,24 @@ static void test_keyed_and_untrusted(void) {
 
 #define CHECK_NAMES(arg) CHECK(strstr(kc_last_error_message(), arg) != NULL)
 
-/* A backend whose live value is a heap string and whose serialized form is its bytes. */
-typedef struct backend {
-  int builds, loads, serializes, refuse_load;
-} backend;
-
-static int build_fn(void *ctx, const uint8_t *key, size_t key_len, void **out, uint64_t *w) {
-  backend *b = ctx;
-  b->builds++;
-  char *v = malloc(key_len + 1);
-  memcpy(v, key, key_len);
-  v[key_len] = '\0';
-  *out = v;
-  *w = key_len;
-  return 0;
-}
-
-static int load_fn(void *ctx, const uint8_t *bytes, size_t len, void **out, uint64_t *w) {
-  backend *b = ctx;
-  b->loads++;
-  if (b->refuse_load) return 17;
-  char *v = malloc(len + 1);
-  memcpy(v, bytes, len);
-  v[len] = '\0';
-  *out = v;
-  *w = len;
-  return 0;
-}
-
-static int serialize_fn(void *ctx, void *value, uint8_t *out, size_t *len) {
-  backend *b = ctx;
-  size_t n = strlen(value);
-  if (out == NULL) {
-    *len = n;
-    return 0;
-  }
-  b->serializes++;
-  CHECK(*len == n);
-  memcpy(out, value, n);
-  return 0;
-}
-
-static int free_value(void *ctx, void *value) {
-  (void)ctx;
-  free(value);
-  return 0;
-}
-
-static kc_cache *new_cache(void) {
-  kc_cache_options o = kc_cache_options_default();
-  o.destroy = free_value;
-  kc_cache *cache = NULL;
-  CHECK_STATUS(kc_cache_new(&o, &cache), KC_OK);
-  return cache;
-}
-
 static const char *tiered_lookup(kc_cache *cache, kc_disk *disk, backend *b, kc_lease **lease) {
-  uint8_t l2[KC_KEY_LEN];
-  make_key("tiered", l2);
-  kc_tiered_callbacks cb = {sizeof cb, build_fn, load_fn, serialize_fn, b};
-  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("value-of-tiered"), KC_NO_DEVICE, disk, l2, &cb,
-                                       lease),
-               KC_OK);
+  CHECK_STATUS(string_lookup(cache, disk, "value-of-tiered", "tiered", b, lease), KC_OK);
   return kc_lease_value(*lease);
 }
 
 static void test_tiered(void) {
   kc_disk *disk = open_disk("tiered");
-  backend b = {0, 0, 0, 0};
+  backend b = {0};
   kc_lease *lease = NULL;
   kc_cache *first = new_cache();
   CHECK(strcmp(tiered_lookup(first, disk, &b, &lease), "value-of-tiered") == 0);
   kc_lease_release(lease);
   CHECK(b.builds == 1 && b.loads == 0 && b.serializes == 1);
+  /* The write happens on the disk's background writer; a flush waits for it. */
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  kc_disk_statistics s = disk_stats(disk);
+  CHECK_U64(s.puts, 1);
+  CHECK_U64(s.pending_writes + s.failed_writes, 0);
   CHECK(strcmp(tiered_lookup(first, disk, &b, &lease), "value-of-tiered") == 0); /* L1 hit */
   kc_lease_release(lease);
   CHECK(b.builds == 1 && b.loads == 0);
@@ -339,6 +289,7 @@ static void test_tiered(void) {
 
   /* Without `load` the disk is written but never read: a fresh memory tier builds again. */
   kc_cache *write_only = new_cache();
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK); /* the rebuild's write, counted before the snapshot */
   uint64_t hits = disk_stats(disk).hits, puts = disk_stats(disk).puts;
   kc_tiered_callbacks no_load = {sizeof no_load, build_fn, NULL, serialize_fn, &b};
   make_key("tiered", l2);
@@ -348,6 +299,7 @@ static void test_tiered(void) {
   CHECK(strcmp(kc_lease_value(lease), "value-of-tiered") == 0);
   kc_lease_release(lease);
   CHECK(b.builds == 4 && b.loads == 2 && b.serializes == 3);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
   CHECK_U64(disk_stats(disk).hits, hits);
   CHECK_U64(disk_stats(disk).puts, puts + 1);
   kc_cache_free(write_only);
@@ -357,14 +309,6 @@ static void test_tiered(void) {
 static int exists(const char *path) {
   struct stat st;
   return stat(path, &st) == 0;
-}
-
-static kc_disk_options options_in(const char *dir) {
-  kc_disk_options opts = kc_disk_options_default();
-  opts.dir = dir;
-  opts.ignore_env = true;
-  opts.relaxed_durability = true;
-  return opts;
 }
 
 /* Arguments that used to be accepted (a NULL key with a length opened unkeyed; a relative
@@ -440,6 +384,61 @@ static void test_private_directories(void) {
   }
 }
 
+/* A per-entry lock held by another process (here this test, through its own open file): a
+ * lookup with a short lock timeout waits that long, then builds without it; gc keeps a held
+ * lock file and removes one nobody holds (a dead builder's), counting it. */
+static void test_locks(void) {
+  char dir[4096], lock[8192];
+  path_in(dir, sizeof dir, "locks");
+  kc_disk_options opts = options_in(dir);
+  opts.lock_timeout_ms = 50;
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  uint8_t k[KC_KEY_LEN];
+  make_key("locked", k);
+  entry_file("locks", k, ".", ".lock", lock, sizeof lock);
+  int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  CHECK(fd >= 0);
+  CHECK(flock(fd, LOCK_EX | LOCK_NB) == 0);
+
+  kc_cache *cache = new_cache();
+  backend b = {0};
+  kc_lease *lease = NULL;
+  struct timespec start, end;
+  CHECK(clock_gettime(CLOCK_MONOTONIC, &start) == 0);
+  CHECK_STATUS(string_lookup(cache, disk, "locked value", "locked", &b, &lease), KC_OK);
+  CHECK(clock_gettime(CLOCK_MONOTONIC, &end) == 0);
+  CHECK((end.tv_sec - start.tv_sec) * 1000 + (end.tv_nsec - start.tv_nsec) / 1000000 >= 50);
+  CHECK(strcmp(kc_lease_value(lease), "locked value") == 0);
+  kc_lease_release(lease);
+  kc_cache_free(cache);
+  CHECK(b.builds == 1 && b.loads == 0);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  kc_disk_statistics s = disk_stats(disk);
+  CHECK_U64(s.lock_timeouts, 1);
+  CHECK_U64(s.lock_waits + s.lock_takeovers, 0);
+  CHECK_U64(s.puts, 1); /* written without the lock */
+  CHECK_U64(s.pending_writes, 0);
+
+  kc_disk_gc_report r = collect(disk, sizeof r);
+  CHECK_U64(r.lock_files, 0);
+  CHECK_U64(r.kept, 1);
+  CHECK(exists(lock));
+  CHECK(close(fd) == 0); /* as if its holder had died */
+  r = collect(disk, sizeof r);
+  CHECK_U64(r.lock_files, 1);
+  CHECK_U64(r.kept, 1);
+  CHECK(!exists(lock));
+
+  /* An older caller's report ends before lock_files: the idle lock file goes all the same. */
+  fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  CHECK(fd >= 0 && close(fd) == 0);
+  r = collect(disk, offsetof(kc_disk_gc_report, lock_files));
+  CHECK(r.lock_files == 0xeeeeeeeeeeeeeeeeULL);
+  CHECK(!exists(lock));
+  kc_disk_free(disk);
+}
+
 /* One struct_size rule for every growing struct: a newer caller's larger struct is accepted
  * when the bytes this library does not know are zero and refused otherwise; an older caller's
  * shorter struct gets defaults for the fields it lacks; a struct shorter than the first
@@ -478,6 +477,11 @@ static void test_struct_size_rule(void) {
   disk_opts.newer_field = 1;
   CHECK_STATUS(kc_disk_new(&disk_opts.known, &disk), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("beyond");
+  /* lock_timeout_ms came after require_key: a struct that ends before it is accepted. */
+  disk_opts.known.struct_size = offsetof(kc_disk_options, lock_timeout_ms);
+  disk_opts.known.lock_timeout_ms = 1;
+  CHECK_STATUS(kc_disk_new(&disk_opts.known, &disk), KC_OK);
+  kc_disk_free(disk);
   /* The first layout ended at ignore_env: require_key past it is not read. */
   disk_opts.known.struct_size = offsetof(kc_disk_options, require_key);
   disk_opts.known.require_key = true;
@@ -499,7 +503,7 @@ static void test_struct_size_rule(void) {
   CHECK_STATUS(kc_cache_new(&cache_opts.known, &refused), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("beyond");
 
-  backend b = {0, 0, 0, 0};
+  backend b = {0};
   uint8_t l2[KC_KEY_LEN];
   make_key("struct-size", l2);
   newer_callbacks cb;
@@ -556,8 +560,10 @@ static void test_backend_disk_arguments(void) {
 
   kc_cuda_options cuda = kc_cuda_options_default();
   CHECK(cuda.disk_key == NULL && cuda.disk_key_len == 0 && !cuda.disk_require_key);
+  CHECK(cuda.disk_lock_timeout_ms == 0 && opts.disk_lock_timeout_ms == 0);
   kc_vulkan_options vk = kc_vulkan_options_default();
   CHECK(vk.disk_key == NULL && vk.disk_key_len == 0 && !vk.disk_require_key);
+  CHECK(vk.disk_lock_timeout_ms == 0);
 }
 
 /* Every pointer argument NULL in turn: KC_ERR_INVALID_ARGUMENT naming it, no crash, and
@@ -607,6 +613,8 @@ static void test_null_sweep(void) {
   CHECK_NAMES("out");
   CHECK_STATUS(kc_disk_fingerprint(disk, NULL), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_fingerprint(NULL, k), KC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kc_disk_flush(NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("disk");
 
   kc_cache *cache = NULL;
   kc_cache_options o = kc_cache_options_default();
@@ -731,17 +739,10 @@ static void test_scan_and_directories(void) {
   CHECK_U64(s.bytes, 2 * (1 + 104));
   CHECK_STATUS(kc_disk_wait_scan(NULL), KC_ERR_INVALID_ARGUMENT);
 
-  /* Unkeyed entries are named 0000000000000000-<key hex>.kce. */
   uint8_t d[KC_KEY_LEN];
   make_key("a directory", d);
-  char name[128] = "0000000000000000-";
-  for (int i = 0; i < KC_KEY_LEN; i++) {
-    snprintf(name + 17 + 2 * i, 3, "%02x", d[i]);
-  }
-  strcat(name, ".kce");
-  char dir[4096], path[8192], inside[8300];
-  path_in(dir, sizeof dir, "scanned");
-  snprintf(path, sizeof path, "%s/%s", dir, name);
+  char path[8192], inside[8300];
+  entry_file("scanned", d, "", "", path, sizeof path);
   snprintf(inside, sizeof inside, "%s/inside", path);
 
   CHECK(mkdir(path, 0700) == 0);
@@ -755,16 +756,12 @@ static void test_scan_and_directories(void) {
   FILE *f = fopen(inside, "wb");
   CHECK(f != NULL);
   CHECK(fclose(f) == 0);
-  kc_disk_gc_report r;
-  memset(&r, 0, sizeof r);
-  r.struct_size = sizeof r;
-  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, &r), KC_OK);
-  CHECK(r.struct_size == sizeof r);
+  kc_disk_gc_report r = collect(disk, sizeof r);
   CHECK_U64(r.undeletable, 1);
   CHECK_U64(r.kept, 2);
   CHECK(stat(inside, &st) == 0);
   CHECK(remove(inside) == 0);
-  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, KC_DISK_DEFAULT_TEMP_MAX_AGE_S, &r), KC_OK);
+  r = collect(disk, sizeof r);
   CHECK_U64(r.undeletable, 0);
   CHECK_U64(r.corrupt, 1);
   CHECK(stat(path, &st) != 0);
@@ -784,6 +781,7 @@ int main(int argc, char **argv) {
   test_disk_arguments();
   test_require_key();
   test_private_directories();
+  test_locks();
   test_struct_size_rule();
   test_backend_disk_arguments();
   test_null_sweep();

@@ -117,6 +117,13 @@ int main(int argc, char **argv) {
     EXPECT(s.source_builds == 1 && s.memory.hits == 1 && s.disk_misses == 1);
     kc_opencl_lease_release(again);
 
+    /* The binary is written on a background thread; a flush waits for that (and on PoCL then
+     * rewrites it with the work-group code the launch compiled: a second put). */
+    EXPECT(kc_opencl_cache_flush(cache) == KC_OK);
+    s = stats_of(cache);
+    EXPECT(s.disk.puts >= 1 && s.disk.pending_writes == 0 && s.disk.failed_writes == 0);
+    EXPECT(kc_opencl_cache_flush(NULL) == KC_ERR_INVALID_ARGUMENT);
+
     /* Evicting the context releases the program exactly once, when the last lease goes. */
     clRetainProgram((cl_program)program);
     EXPECT(reference_count(program) == 2);

@@ -116,6 +116,13 @@ fn entry_exists(inner: &Inner, entry_name: &str) -> bool {
     lstat_at(&inner.dir, entry_name).is_ok_and(|m| m.is_file())
 }
 
+/// Opens the lock file `name` (created private with `OFlags::CREATE`): never through a symbolic
+/// link, and without blocking on a FIFO planted at its name.
+fn open(inner: &Inner, name: &str, create: OFlags) -> rustix::io::Result<OwnedFd> {
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | create;
+    rustix::fs::openat(&inner.dir, name, flags, Mode::from_raw_mode(0o600))
+}
+
 enum Acquired {
     /// Locked, at once (`false`) or after waiting for another holder (`true`).
     Held(OwnedFd, bool),
@@ -126,12 +133,7 @@ enum Acquired {
 
 /// Opens the lock file and locks it, waiting until `deadline`.
 fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
-    let fd = match rustix::fs::openat(
-        &inner.dir,
-        name,
-        OFlags::RDWR | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    ) {
+    let fd = match open(inner, name, OFlags::CREATE) {
         Ok(fd) => fd,
         Err(e) => {
             log::debug(|| format!("disk lock: cannot open {name} ({e}): going on without it"));
@@ -187,6 +189,13 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             counted_wait = true;
             bump(&c.lock_waits, 1);
         }
+        // Held from here: whatever this returns other than `Leader` drops it, which unlinks a
+        // file that is still linked (this process may have created it) before unlocking.
+        let held = KeyLock {
+            inner: Arc::clone(inner),
+            fd,
+            name: name.clone(),
+        };
         // Published just before this process locked, or while it waited.
         if entry_exists(inner, &entry) {
             if waited {
@@ -200,7 +209,7 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             return Claim::Published;
         }
         let mut mark = [0u8; 1];
-        let marked = rustix::io::pread(&fd, &mut mark, 0).is_ok_and(|n| n == 1);
+        let marked = rustix::io::pread(&held.fd, &mut mark, 0).is_ok_and(|n| n == 1);
         if waited && marked && mark[0] == ABANDONED {
             log::debug(|| {
                 format!(
@@ -211,11 +220,11 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             });
             return Claim::Alone;
         }
-        if !is_linked(inner, &fd, &name) {
+        if !is_linked(inner, &held.fd, &name) {
             // The leader let go of a file it unlinked, and its entry is gone already.
             continue;
         }
-        if marked && rustix::fs::ftruncate(&fd, 0).is_err() {
+        if marked && rustix::fs::ftruncate(&held.fd, 0).is_err() {
             // A stale mark this process cannot clear would send its own waiters away.
             return Claim::Alone;
         }
@@ -226,11 +235,7 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
                 format!("disk lock: {entry}: the process building it died: taking over its build")
             });
         }
-        return Claim::Leader(KeyLock {
-            inner: Arc::clone(inner),
-            fd,
-            name,
-        });
+        return Claim::Leader(held);
     }
     log::debug(|| format!("disk lock: {entry}: kept vanishing: building without it"));
     Claim::Alone
@@ -281,12 +286,7 @@ pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
 /// Removes a lock file nobody holds (a leader that died leaves its file behind); a held one is
 /// left alone. Returns whether it was removed.
 pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
-    let Ok(fd) = rustix::fs::openat(
-        &inner.dir,
-        name,
-        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
+    let Ok(fd) = open(inner, name, OFlags::empty()) else {
         return false;
     };
     if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {

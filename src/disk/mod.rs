@@ -373,5 +373,11 @@ mod tests {
         assert!(is_temp_name(&temp));
         assert!(!is_temp_name(&format!(".{name}.tmp")));
         assert!(!is_temp_name("notes.txt"));
+        let lock = lock::lock_name(&name);
+        assert_eq!(lock, format!(".{name}.lock"));
+        assert_eq!(lock::entry_of_lock(&lock), Some(name.as_str()));
+        assert!(lock::entry_of_lock(&format!(".{name}")).is_none());
+        assert!(lock::entry_of_lock(".notes.txt.lock").is_none());
+        assert!(!is_temp_name(&lock) && parse_entry_name(&lock).is_none());
     }
 }

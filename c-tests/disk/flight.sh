@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Cross-process single flight through kc_tiered_find_or_build: flight_worker processes that
+# miss one entry of one directory at the same moment. Of six, one builds and five load what it
+# wrote; when every build fails, each process reports its own failure and none hangs; with a
+# tiny lock timeout, processes behind a slow builder build themselves.
+# Usage: flight.sh WORKER WORK_DIR (WORK_DIR must not exist yet)
+set -euo pipefail
+worker=$1 work=$2
+mkdir -m 700 "$work"
+
+fail() {
+  echo "$0: $*" >&2
+  exit 1
+}
+
+# launch GROUP COUNT DIR BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS: starts COUNT workers on the
+# cache directory DIR, waits until all are ready, then lets them go at once. Their ids are left
+# in `pids`; worker I of GROUP writes to $work/GROUP.I.out and .err.
+launch() {
+  local group=$1 count=$2 dir=$3 i ready
+  shift 3
+  pids=()
+  for ((i = 0; i < count; i++)); do
+    timeout 120 "$worker" "$dir" "$work/$group.$i.ready" "$work/$group.go" "$@" \
+      >"$work/$group.$i.out" 2>"$work/$group.$i.err" &
+    pids+=($!)
+  done
+  for ((ready = 0; ready < 600; ready++)); do
+    [[ $(compgen -G "$work/$group.*.ready" | wc -l) -lt $count ]] || break
+    sleep 0.1
+  done
+  touch "$work/$group.go"
+}
+
+# finish GROUP PID...: waits for the workers of GROUP, which must all succeed.
+finish() {
+  local group=$1 pid i=0 rc
+  shift
+  for pid in "$@"; do
+    rc=0
+    wait "$pid" || rc=$?
+    if [[ $rc -ne 0 ]]; then
+      cat "$work/$group.$i.err" >&2
+      fail "$group: worker $i failed (status $rc)"
+    fi
+    i=$((i + 1))
+  done
+}
+
+# sums GROUP: the sums of the counters the workers of GROUP printed, as they print them.
+sums() {
+  awk -F'[= ]' '{ b += $2; l += $4; w += $6; t += $8 }
+    END { printf "builds=%d loads=%d waits=%d timeouts=%d\n", b, l, w, t }' "$work/$1".*.out
+}
+
+# expect LABEL WHAT PATTERN: WHAT matches the extended regular expression PATTERN, whole.
+expect() {
+  [[ $2 =~ ^$3$ ]] || fail "$1: got \"$2\", expected \"$3\""
+  echo "$1: $2"
+}
+
+# settled DIR ENTRIES: once every process is done, DIR holds ENTRIES entries and no lock file
+# (each is unlinked by its holder).
+settled() {
+  local entries
+  entries=$(compgen -G "$1/*.kce" | wc -l || true)
+  [[ $entries -eq $2 ]] || fail "$1: $entries entries, expected $2"
+  if compgen -G "$1/.*.lock" >&2; then
+    fail "$1: lock files left (above)"
+  fi
+}
+
+# Six processes, one build of 300 ms: the others wait for it and load its entry.
+launch single 6 "$work/single" 300 0 0
+finish single "${pids[@]}"
+expect "single flight" "$(sums single)" "builds=1 loads=5 waits=[0-5] timeouts=0"
+settled "$work/single" 1
+
+# Every build fails: each process gets its own failure (the waiters build in turn) and no
+# process loads anything.
+launch failing 6 "$work/failing" 300 42 0
+finish failing "${pids[@]}"
+expect "failed builds" "$(sums failing)" "builds=6 loads=0 waits=[0-5] timeouts=0"
+settled "$work/failing" 0
+
+# A builder that takes 5 s and five processes that wait 50 ms at most: once the builder holds
+# the entry's lock, each of the five times out and builds.
+launch leader 1 "$work/timeout" 5000 0 0
+leader=${pids[0]}
+for ((i = 0; i < 600; i++)); do
+  ! compgen -G "$work/timeout/.*.lock" >/dev/null || break
+  sleep 0.05
+done
+compgen -G "$work/timeout/.*.lock" >/dev/null || fail "the builder holds no lock"
+launch followers 5 "$work/timeout" 1000 0 50
+finish followers "${pids[@]}"
+for out in "$work"/followers.*.out; do
+  expect "lock timeout, ${out##*/}" "$(cat "$out")" "builds=1 loads=0 waits=0 timeouts=1"
+done
+finish leader "$leader"
+expect "lock timeout, the builder" "$(sums leader)" "builds=1 loads=0 waits=0 timeouts=0"
+settled "$work/timeout" 1

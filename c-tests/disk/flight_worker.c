@@ -1,0 +1,57 @@
+/* One process of the cross-process single-flight test (flight.sh). Opens an unkeyed disk tier
+ * in DIR, creates the file READY, waits for the file GO, then makes one tiered lookup of a
+ * string whose build takes BUILD_MS and fails with BUILD_RESULT unless that is 0, flushes the
+ * disk and prints what it did:
+ *   builds=B loads=L waits=W timeouts=T
+ * (its build and load callbacks' calls; the disk's lock_waits and lock_timeouts). Exits 0 when
+ * the lookup gave what BUILD_RESULT calls for: the value, or KC_ERR_BUILD_FAILED with that
+ * code.
+ * Usage: flight_worker DIR READY GO BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS
+ * (LOCK_TIMEOUT_MS 0: the default). */
+#include <unistd.h>
+
+#include "string_backend.h"
+
+#define VALUE "the value of the flight"
+
+/* How long a worker waits for GO before it gives up. */
+#define GO_TIMEOUT_MS 60000
+
+int main(int argc, char **argv) {
+  REQUIRE(argc == 7);
+  backend b = {0};
+  b.build_ms = atol(argv[4]);
+  b.build_result = atoi(argv[5]);
+  kc_disk_options opts = options_in(argv[1]);
+  opts.lock_timeout_ms = strtoull(argv[6], NULL, 10);
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  kc_cache *cache = new_cache();
+
+  FILE *ready = fopen(argv[2], "w");
+  REQUIRE(ready != NULL && fclose(ready) == 0);
+  long waited = 0;
+  for (; access(argv[3], F_OK) != 0; waited++) {
+    REQUIRE(waited < GO_TIMEOUT_MS);
+    sleep_ms(1);
+  }
+
+  kc_lease *lease = NULL;
+  kc_status status = string_lookup(cache, disk, VALUE, "flight", &b, &lease);
+  if (b.build_result == 0) {
+    CHECK_STATUS(status, KC_OK);
+    CHECK(strcmp(kc_lease_value(lease), VALUE) == 0);
+    kc_lease_release(lease);
+  } else {
+    CHECK_STATUS(status, KC_ERR_BUILD_FAILED);
+    CHECK(kc_last_build_error() == b.build_result);
+  }
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  kc_disk_statistics s = disk_stats(disk);
+  CHECK_U64(s.pending_writes + s.failed_writes, 0);
+  printf("builds=%d loads=%d waits=%llu timeouts=%llu\n", b.builds, b.loads,
+         (unsigned long long)s.lock_waits, (unsigned long long)s.lock_timeouts);
+  kc_cache_free(cache);
+  kc_disk_free(disk);
+  return 0;
+}

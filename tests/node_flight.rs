@@ -1,0 +1,630 @@
+//! One build per node, with real processes: N processes that miss the same kernel at once on one
+//! cache directory compile it once and the others load it from disk; a leader killed in the
+//! middle is taken over by one waiter; a leader that hangs costs the others their lock timeout
+//! and no more; a leader whose build fails sends every waiter to build (and fail) itself; an
+//! untrusted or disabled directory gets no lock file. Every assertion is on counts, not times.
+//!
+//! Each process is this test binary run again with [`WORKER_ENV`] set (see [`node_worker`]): it
+//! opens the cache, does one lookup, runs the kernel, checks its output and prints one line of
+//! counters. OpenCL runs on the machine's driver (PoCL); CUDA runs on the test kit's stand-in
+//! driver, because no CUDA driver runs here.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kcache::Error;
+use kcache::backend::cuda::{CudaCache, CudaOptions};
+use kcache::backend::opencl::{OpenClCache, OpenClOptions};
+use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache_testkit::cuda::{FakeDriver, PrimaryContext, Saxpy};
+use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
+use rustix::process::{Pid, Signal};
+
+/// Set to the backend (`opencl` or `cuda`) in a worker process.
+const WORKER_ENV: &str = "KCACHE_NODE_WORKER";
+/// The worker's cache directory.
+const DIR_ENV: &str = "KCACHE_NODE_DIR";
+/// `ok`, `heavy` (slow to compile) or `broken` (a syntax error).
+const VARIANT_ENV: &str = "KCACHE_NODE_VARIANT";
+/// The lock timeout in seconds, or `env` to open the cache with `DiskConfig::from_env`.
+const TIMEOUT_ENV: &str = "KCACHE_NODE_TIMEOUT";
+/// A file to wait for before the lookup, so that several workers look up at the same moment.
+const GO_ENV: &str = "KCACHE_NODE_GO";
+
+/// Work items of the OpenCL kernel, and the factor it scales by.
+const ITEMS: usize = 64;
+const FACTOR: f32 = 2.0;
+/// Rounds of integer mixing in the `ok` and `heavy` kernels. A build on an empty PoCL cache
+/// takes seconds already; the heavy kernel's rounds add a little, for a leader that holds the
+/// lock long enough to be caught holding it even on a fast machine.
+const LIGHT_ROUNDS: u32 = 4;
+const HEAVY_ROUNDS: u32 = 100;
+
+/// `y[i] = FACTOR * y[i] + (scramble(i) & 255)`, where `scramble` is `rounds` rounds of xor-shift and
+/// multiply that no compiler folds away. Integers and exact floats, so the host can check
+/// every output bit for bit.
+fn kernel_source(rounds: u32, broken: bool) -> String {
+    let mut source = String::from(
+        "__kernel void scramble(__global float *y, float a) {\n  uint i = get_global_id(0);\n  uint v = i;\n",
+    );
+    for k in 0..rounds {
+        source.push_str(&format!("  v ^= v >> 7; v *= 0x9E3779B1u; v += {k}u;\n"));
+    }
+    source.push_str("  y[i] = a * y[i] + (float)(v & 255u);\n}\n");
+    if broken {
+        source.push_str("this is not OpenCL C\n");
+    }
+    source
+}
+
+fn expected(i: u32, rounds: u32, y: f32) -> f32 {
+    let mut v = i;
+    for k in 0..rounds {
+        v ^= v >> 7;
+        v = v.wrapping_mul(0x9E37_79B1).wrapping_add(k);
+    }
+    FACTOR * y + (v & 255) as f32
+}
+
+/// Runs inside a worker process only; a no-op in the normal test run.
+#[test]
+fn node_worker() {
+    let Ok(backend) = std::env::var(WORKER_ENV) else {
+        return;
+    };
+    let var = |name| std::env::var(name).unwrap();
+    let dir = PathBuf::from(var(DIR_ENV));
+    let config = match var(TIMEOUT_ENV).as_str() {
+        "env" => DiskConfig::from_env(),
+        seconds => DiskConfig {
+            lock_timeout: Some(Duration::from_secs_f64(seconds.parse().unwrap())),
+            ..DiskConfig::in_dir(&dir)
+        },
+    };
+    let (disk, disk_state) = match DiskCache::open(config) {
+        Ok(disk) => (Some(Arc::new(disk)), "on"),
+        Err(Error::Unavailable(_)) => (None, "unavailable"),
+        Err(Error::Untrusted(_)) => (None, "untrusted"),
+        Err(e) => panic!("opening the cache: {e}"),
+    };
+    let go = std::env::var_os(GO_ENV).map(PathBuf::from);
+    let line = match backend.as_str() {
+        "opencl" => opencl_lookup(disk, &var(VARIANT_ENV), go.as_deref()),
+        "cuda" => cuda_lookup(disk, go.as_deref()),
+        other => panic!("unknown backend {other}"),
+    };
+    println!("{line} disk={disk_state}");
+    std::process::exit(0);
+}
+
+/// Says it is ready, then waits for `go` to exist (polling every millisecond).
+fn ready_then_wait(go: Option<&Path>) {
+    println!("ready");
+    if let Some(go) = go {
+        while !go.exists() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn report(
+    builds: u64,
+    attempts: u64,
+    loads: u64,
+    disk: &DiskStats,
+    correct: bool,
+    error: &str,
+) -> String {
+    format!(
+        "builds={builds} attempts={attempts} loads={loads} waits={} timeouts={} takeovers={} \
+         correct={} error={error}",
+        disk.lock_waits,
+        disk.lock_timeouts,
+        disk.lock_takeovers,
+        u8::from(correct),
+    )
+}
+
+fn opencl_lookup(disk: Option<Arc<DiskCache>>, variant: &str, go: Option<&Path>) -> String {
+    let context = Context::first_device().unwrap();
+    let cache = OpenClCache::new(OpenClOptions {
+        disk,
+        ..OpenClOptions::default()
+    })
+    .unwrap();
+    let rounds = if variant == "heavy" {
+        HEAVY_ROUNDS
+    } else {
+        LIGHT_ROUNDS
+    };
+    let source = kernel_source(rounds, variant == "broken");
+    ready_then_wait(go);
+    let found = cache.find_or_build(context.context(), context.device(), &[&source], "");
+    let (correct, error) = match found {
+        Ok(program) => {
+            let mut y: Vec<f32> = (0..ITEMS).map(|i| i as f32).collect();
+            let mut args = [KernelArg::Floats(&mut y), KernelArg::Float(FACTOR)];
+            run_kernel(&context, &program, "scramble", &mut args, ITEMS).unwrap();
+            let correct = (0..ITEMS as u32).all(|i| y[i as usize] == expected(i, rounds, i as f32));
+            (correct, "")
+        }
+        Err(Error::Build(_)) => (false, "build"),
+        Err(e) => panic!("lookup: {e}"),
+    };
+    cache.flush();
+    let stats = cache.stats();
+    // `disk_misses` counts every call to the build, including the failed ones that
+    // `source_builds` leaves out.
+    report(
+        stats.source_builds,
+        stats.disk_misses,
+        stats.binary_loads,
+        &stats.disk,
+        correct,
+        error,
+    )
+}
+
+fn cuda_lookup(disk: Option<Arc<DiskCache>>, go: Option<&Path>) -> String {
+    let fake = FakeDriver::new();
+    let driver = fake.driver();
+    let _context = PrimaryContext::bind(&driver, driver.device(0).unwrap()).unwrap();
+    let cache = CudaCache::new(CudaOptions {
+        disk,
+        driver: Some(driver),
+        ..CudaOptions::default()
+    })
+    .unwrap();
+    ready_then_wait(go);
+    let saxpy = Saxpy::cached(&cache, false).unwrap();
+    let x: Vec<f32> = (0..ITEMS).map(|i| i as f32).collect();
+    let y = vec![1.0; ITEMS];
+    let out = saxpy.run(FACTOR, &x, &y).unwrap();
+    let correct = (0..ITEMS).all(|i| out[i] == FACTOR * x[i] + y[i]);
+    cache.flush();
+    let stats = cache.stats();
+    report(
+        stats.links,
+        stats.disk_misses,
+        stats.cubin_loads,
+        &stats.disk,
+        correct,
+        "",
+    )
+}
+
+/// What a worker printed: counter name → value.
+type Report = HashMap<String, String>;
+
+/// A worker process, started with its stdout piped (stderr goes to a file beside the cache).
+struct Worker {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    stderr: PathBuf,
+}
+
+/// How to start workers.
+struct Spawner<'a> {
+    backend: &'a str,
+    dir: &'a Path,
+    variant: &'a str,
+    timeout: &'a str,
+    go: Option<&'a Path>,
+    env: &'a [(&'a str, &'a OsStr)],
+}
+
+impl<'a> Spawner<'a> {
+    /// Workers with a lock timeout of a minute, no go file and nothing more in their
+    /// environment.
+    fn new(backend: &'a str, dir: &'a Path, variant: &'a str) -> Self {
+        Spawner {
+            backend,
+            dir,
+            variant,
+            timeout: "60",
+            go: None,
+            env: &[],
+        }
+    }
+
+    fn spawn(&self) -> Worker {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        // Test names are module paths without the crate's name: at the top of an integration
+        // test, just the function's name.
+        cmd.args(["node_worker", "--exact", "--nocapture", "--test-threads=1"]);
+        for name in [
+            "KCACHE_DIR",
+            "KCACHE_DISABLE",
+            "KCACHE_KEY_FILE",
+            "KCACHE_REQUIRE_KEY",
+            "KCACHE_MAX_SIZE",
+            "KCACHE_LOCK_TIMEOUT",
+        ] {
+            cmd.env_remove(name);
+        }
+        cmd.env(WORKER_ENV, self.backend)
+            .env(DIR_ENV, self.dir)
+            .env(VARIANT_ENV, self.variant)
+            .env(TIMEOUT_ENV, self.timeout);
+        let logs = self.dir.parent().unwrap();
+        // PoCL's own kernel cache, shared, would make every build but the first instant (the
+        // heavy kernel's build is what keeps a leader on the lock for a while); turned off
+        // (`POCL_KERNEL_CACHE=0`), PoCL 3.1 builds in one shared directory and processes
+        // building the same kernel at once break each other's builds. So each worker gets a
+        // cache of its own, empty.
+        let pocl_cache = tempfile::tempdir_in(logs).unwrap().keep();
+        cmd.env("POCL_CACHE_DIR", pocl_cache);
+        if let Some(go) = self.go {
+            cmd.env(GO_ENV, go);
+        }
+        for (name, value) in self.env {
+            cmd.env(name, value);
+        }
+        let (stderr_file, stderr) = tempfile::Builder::new()
+            .prefix("worker-")
+            .suffix(".err")
+            .tempfile_in(logs)
+            .unwrap()
+            .keep()
+            .unwrap();
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(stderr_file)
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Worker {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// `n` workers, each set up and waiting for the go file.
+    fn spawn_ready(&self, n: usize) -> Vec<Worker> {
+        let mut workers: Vec<Worker> = (0..n).map(|_| self.spawn()).collect();
+        for w in &mut workers {
+            w.wait_ready();
+        }
+        workers
+    }
+
+    /// The reports of `n` workers that were all set up before the go file was created.
+    fn at_once(&self, n: usize) -> Vec<Report> {
+        let workers = self.spawn_ready(n);
+        std::fs::write(self.go.expect("a go file"), b"").unwrap();
+        finish_all(workers)
+    }
+}
+
+impl Worker {
+    fn pid(&self) -> Pid {
+        Pid::from_child(&self.child)
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    fn wait_ready(&mut self) {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(
+                n > 0,
+                "worker exited before it was ready: {}",
+                self.stderr()
+            );
+            // libtest has printed `test node_worker ... ` on the same line.
+            if line.trim_end().ends_with("ready") {
+                return;
+            }
+        }
+    }
+
+    /// The worker's report, as key → value; fails if it does not exit within two minutes.
+    fn finish(mut self) -> Report {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("worker still running after 120 s: {}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).unwrap();
+        assert!(
+            status.success(),
+            "worker failed ({status}): {out}\n{}",
+            self.stderr()
+        );
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("builds="))
+            .unwrap_or_else(|| panic!("no report in: {out}"));
+        line.split(' ')
+            .filter_map(|field| field.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    fn signal(&self, signal: Signal) {
+        rustix::process::kill_process(self.pid(), signal).unwrap();
+    }
+
+    /// Kills it and reaps it.
+    fn kill(mut self) {
+        self.signal(Signal::KILL);
+        self.child.wait().unwrap();
+    }
+}
+
+/// A test that fails leaves no worker behind, stopped or waiting.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The sum of the counter `name` over `reports`.
+fn sum(reports: &[Report], name: &str) -> u64 {
+    reports
+        .iter()
+        .map(|r| r[name].parse::<u64>().unwrap())
+        .sum()
+}
+
+fn all_correct(reports: &[Report]) -> bool {
+    reports
+        .iter()
+        .all(|r| r["correct"] == "1" && r["error"].is_empty())
+}
+
+fn finish_all(workers: Vec<Worker>) -> Vec<Report> {
+    workers.into_iter().map(Worker::finish).collect()
+}
+
+/// The cache directory `cache` (created by the first worker) in a fresh temporary directory,
+/// which also holds the go file and the workers' stderr.
+fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let go = tmp.path().join("go");
+    (tmp, dir, go)
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+fn lock_files(dir: &Path) -> Vec<String> {
+    names_in(dir)
+        .into_iter()
+        .filter(|n| n.starts_with('.') && n.ends_with(".lock"))
+        .collect()
+}
+
+/// Entries are the directory's files whose names do not start with a dot.
+fn has_entry(dir: &Path) -> bool {
+    names_in(dir).iter().any(|n| !n.starts_with('.'))
+}
+
+/// Whether process `pid` holds an `flock` on `path`, as `/proc/locks` says. Read rather than
+/// probed with a lock of our own: a probe that won the lock for an instant would turn the
+/// leader into a waiter.
+fn holds_flock(pid: Pid, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(ino) = std::fs::metadata(path).map(|m| m.ino()) else {
+        return false;
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap();
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(at) = fields.iter().position(|&f| f == "FLOCK") else {
+            return false;
+        };
+        // FLOCK ADVISORY WRITE <pid> <major:minor:inode> …
+        fields.get(at + 3) == Some(&pid.as_raw_nonzero().to_string().as_str())
+            && fields
+                .get(at + 4)
+                .and_then(|f| f.rsplit(':').next())
+                .is_some_and(|i| i == ino.to_string())
+    })
+}
+
+/// Whether process `pid` has `path` open.
+fn has_open(pid: Pid, path: &Path) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", pid.as_raw_nonzero())) else {
+        return false;
+    };
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .any(|target| target == path)
+}
+
+/// Whether a thread of process `pid` sleeps (`/proc/<pid>/task/*/wchan`). In a worker that has
+/// the lock file open, only the lock's poll sleeps, and only after an attempt that failed.
+fn sleeps(pid: Pid) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero())) else {
+        return false;
+    };
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("wchan")).ok())
+        .any(|wchan| wchan.contains("nanosleep"))
+}
+
+/// A leader stopped (SIGSTOP) while it holds the lock of the heavy kernel's entry, before
+/// writing it, in `dir`; and the lock file's path. A leader that finished before it could be
+/// caught, or was stopped after publishing, is discarded and the attempt made again in a
+/// fresh directory (the kernel cannot be made slow enough to be sure on a loaded machine).
+fn stopped_leader() -> (tempfile::TempDir, PathBuf, Worker, PathBuf) {
+    for _ in 0..5 {
+        let (tmp, dir, _) = setup();
+        let mut leader = Spawner::new("opencl", &dir, "heavy").spawn();
+        leader.wait_ready();
+        let caught = loop {
+            if leader.child.try_wait().unwrap().is_some() {
+                break None;
+            }
+            let lock = lock_files(&dir).pop().map(|name| dir.join(name));
+            if let Some(lock) = lock.filter(|lock| holds_flock(leader.pid(), lock)) {
+                leader.signal(Signal::STOP);
+                break Some(lock);
+            }
+            std::hint::spin_loop();
+        };
+        match caught {
+            Some(lock) if holds_flock(leader.pid(), &lock) && !has_entry(&dir) => {
+                return (tmp, dir, leader, lock);
+            }
+            Some(_) => leader.kill(),
+            None => drop(leader.finish()),
+        }
+    }
+    panic!("the leader finished its build five times before it could be stopped");
+}
+
+/// Six processes miss one kernel at the same moment: one compiles it, five load its binary.
+#[test]
+fn six_processes_at_once_compile_once() {
+    let (_tmp, dir, go) = setup();
+    let reports = Spawner {
+        go: Some(&go),
+        ..Spawner::new("opencl", &dir, "ok")
+    }
+    .at_once(6);
+    assert!(all_correct(&reports), "{reports:?}");
+    assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
+    assert_eq!(sum(&reports, "loads"), 5, "{reports:?}");
+    assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
+    assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
+    assert_eq!(lock_files(&dir), Vec::<String>::new());
+}
+
+/// The leader is killed while five processes wait for it: one of them takes over and builds,
+/// the other four load what it wrote.
+#[test]
+fn a_killed_leader_is_taken_over_by_one_waiter() {
+    let (_tmp, dir, leader, lock) = stopped_leader();
+    let followers = Spawner::new("opencl", &dir, "heavy").spawn_ready(5);
+    // A follower is waiting once it has the lock file open and sleeps between two attempts at
+    // the lock: killing the leader any earlier could let it lock at the first attempt, as if
+    // it had never waited.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !followers
+        .iter()
+        .all(|f| has_open(f.pid(), &lock) && sleeps(f.pid()))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the followers never waited on the lock"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    leader.kill();
+    let reports = finish_all(followers);
+    assert!(all_correct(&reports), "{reports:?}");
+    assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
+    assert_eq!(sum(&reports, "loads"), 4, "{reports:?}");
+    assert_eq!(sum(&reports, "takeovers"), 1, "{reports:?}");
+    assert_eq!(sum(&reports, "waits"), 5, "{reports:?}");
+    assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
+    assert_eq!(lock_files(&dir), Vec::<String>::new());
+}
+
+/// The leader hangs (stopped) holding the lock; followers with a 50 ms lock timeout each give
+/// up waiting and build themselves.
+#[test]
+fn a_hung_leader_costs_the_lock_timeout_then_each_builds() {
+    let (tmp, dir, leader, _lock) = stopped_leader();
+    let go = tmp.path().join("go");
+    let reports = Spawner {
+        timeout: "0.05",
+        go: Some(&go),
+        ..Spawner::new("opencl", &dir, "heavy")
+    }
+    .at_once(5);
+    leader.kill();
+    assert!(all_correct(&reports), "{reports:?}");
+    assert_eq!(sum(&reports, "timeouts"), 5, "{reports:?}");
+    assert_eq!(sum(&reports, "builds"), 5, "{reports:?}");
+    assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
+}
+
+/// The build fails: nobody hangs and nobody succeeds; each process builds itself and gets its
+/// own build error (the documented behaviour: an error is not cached across processes).
+#[test]
+fn a_failing_build_sends_every_process_to_its_own_error() {
+    let (_tmp, dir, go) = setup();
+    let reports = Spawner {
+        go: Some(&go),
+        ..Spawner::new("opencl", &dir, "broken")
+    }
+    .at_once(6);
+    assert!(reports.iter().all(|r| r["error"] == "build"), "{reports:?}");
+    assert_eq!(sum(&reports, "attempts"), 6, "{reports:?}");
+    assert_eq!(sum(&reports, "builds"), 0, "{reports:?}");
+    // A leader whose build failed is not a dead one: nobody takes over from it.
+    assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
+    assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
+    assert!(!has_entry(&dir));
+}
+
+/// An untrusted directory, and a disabled disk tier: the lookup works from memory and nothing
+/// at all (no lock file) is created in the directory.
+#[test]
+fn untrusted_or_disabled_directories_get_no_lock_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_tmp, dir, _go) = setup();
+    std::fs::create_dir(&dir).unwrap();
+    for (mode, disabled, state) in [(0o777, false, "untrusted"), (0o700, true, "unavailable")] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+        let mut env = vec![("KCACHE_DIR", dir.as_os_str())];
+        if disabled {
+            env.push(("KCACHE_DISABLE", OsStr::new("1")));
+        }
+        let report = Spawner {
+            timeout: "env",
+            env: &env,
+            ..Spawner::new("opencl", &dir, "ok")
+        }
+        .spawn()
+        .finish();
+        assert_eq!(report["disk"], state, "{report:?}");
+        assert_eq!(report["correct"], "1", "{report:?}");
+        assert_eq!(report["builds"], "1", "{report:?}");
+        assert_eq!(names_in(&dir), Vec::<String>::new());
+    }
+}
+
+/// CUDA on the test kit's stand-in driver (no CUDA driver runs here): six processes at once
+/// link once, the other five load the cubin.
+#[test]
+fn six_cuda_processes_at_once_link_once() {
+    let (_tmp, dir, go) = setup();
+    let reports = Spawner {
+        go: Some(&go),
+        ..Spawner::new("cuda", &dir, "ok")
+    }
+    .at_once(6);
+    assert!(all_correct(&reports), "{reports:?}");
+    assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
+    assert_eq!(sum(&reports, "loads"), 5, "{reports:?}");
+    assert_eq!(lock_files(&dir), Vec::<String>::new());
+}
