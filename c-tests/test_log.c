@@ -3,7 +3,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
-#include "harness.h"
+#include "disk/string_backend.h"
 
 #define MAX_MESSAGES 16
 
@@ -34,51 +34,13 @@ static int count_of(log_sink *sink) {
   return count;
 }
 
-static int build_fn(void *ctx, const uint8_t *key, size_t key_len, void **out, uint64_t *w) {
-  char *v = malloc(key_len + 1);
-  (void)ctx;
-  CHECK(v != NULL);
-  memcpy(v, key, key_len);
-  v[key_len] = '\0';
-  *out = v;
-  *w = key_len;
-  return 0;
-}
-
-static int load_fn(void *ctx, const uint8_t *bytes, size_t len, void **out, uint64_t *w) {
-  return build_fn(ctx, bytes, len, out, w);
-}
-
-static int serialize_fn(void *ctx, void *value, uint8_t *out, size_t *len) {
-  size_t n = strlen((const char *)value);
-  (void)ctx;
-  if (out != NULL) memcpy(out, value, n);
-  *len = n;
-  return 0;
-}
-
-static int free_value(void *ctx, void *value) {
-  (void)ctx;
-  free(value);
-  return 0;
-}
-
 /* One lookup in a new memory tier, so that it goes to the disk. */
 static void lookup(kc_disk *disk, const char *entry) {
-  kc_cache_options o = kc_cache_options_default();
-  kc_cache *cache = NULL;
-  kc_key_builder *b = NULL;
-  uint8_t l2[KC_KEY_LEN];
-  kc_tiered_callbacks cb = {sizeof cb, build_fn, load_fn, serialize_fn, NULL};
+  kc_cache *cache = new_cache();
+  backend b;
   kc_lease *lease = NULL;
-  o.destroy = free_value;
-  CHECK_STATUS(kc_cache_new(&o, &cache), KC_OK);
-  CHECK_STATUS(kc_key_builder_new(&b), KC_OK);
-  CHECK_STATUS(kc_key_builder_set(b, KC_KEY_ENTRY, (const uint8_t *)entry, strlen(entry)), KC_OK);
-  CHECK_STATUS(kc_key_builder_finish(b, l2), KC_OK);
-  kc_key_builder_free(b);
-  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("value"), KC_NO_DEVICE, disk, l2, &cb, &lease),
-               KC_OK);
+  memset(&b, 0, sizeof b);
+  CHECK_STATUS(string_lookup(cache, disk, "value", entry, &b, &lease), KC_OK);
   CHECK(strcmp((const char *)kc_lease_value(lease), "value") == 0);
   kc_lease_release(lease);
   kc_cache_free(cache);
@@ -133,7 +95,7 @@ int main(void) {
   char entry[4096];
   char captured[4096];
   const char *name;
-  kc_disk_options opts = kc_disk_options_default();
+  kc_disk_options opts;
   kc_disk *disk = NULL;
   log_sink sink;
   FILE *err;
@@ -146,9 +108,7 @@ int main(void) {
   pthread_mutex_init(&sink.lock, NULL);
   CHECK(mkdtemp(dir) != NULL);
   kc_set_log_callback(collect, &sink);
-  opts.dir = dir;
-  opts.ignore_env = true;
-  opts.relaxed_durability = true;
+  opts = options_in(dir);
   CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
 
   /* Absent: built and written. */
