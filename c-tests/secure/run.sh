@@ -77,7 +77,7 @@ as_nobody() {
   env -i PATH=/usr/bin:/bin HOME="$ROOT_ONLY/home" XDG_CACHE_HOME="$ROOT_ONLY/xdg" \
     KCACHE_DIR="$ROOT_ONLY/env-cache" KCACHE_KEY_FILE=/etc/shadow KCACHE_MAX_SIZE=1K \
     KCACHE_REQUIRE_KEY=1 KCACHE_OPENCL_LIBRARY="$LIB" KCACHE_CUDA_LIBRARY="$LIB" \
-    KCACHE_NVRTC_LIBRARY="$LIB" "${extra[@]}" \
+    KCACHE_NVRTC_LIBRARY="$LIB" KCACHE_LOG=debug "${extra[@]}" \
     "$SETPRIV" --reuid=nobody --regid="$NOGROUP" --clear-groups "$@"
 }
 

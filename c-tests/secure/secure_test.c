@@ -1,6 +1,7 @@
 /* A setuid-root or setgid program using kcache, started by an unprivileged user whose
  * environment names their own libraries, cache directory and key file: kcache must use none of
- * them, and use the disk only in the directory the program names.
+ * them, and use the disk only in the directory the program names. Its KCACHE_LOG=debug is not
+ * read either: no debug message reaches the log callback.
  *
  * Usage: kc_secure_test MODE EXPLICIT_DIR CUDA_DRIVER
  *   secure    the checks below (run setuid or setgid)
@@ -15,6 +16,15 @@
 #include "../checks.h"
 
 #define LAST_ERROR_HAS(text) (strstr(kc_last_error_message(), (text)) != NULL)
+
+/* How many messages of each level the log callback received. */
+static int logged[KC_LOG_DEBUG + 1];
+
+static void count_message(void *ctx, int level, const char *message) {
+  (void)ctx;
+  (void)message;
+  if (level >= KC_LOG_ERROR && level <= KC_LOG_DEBUG) logged[level]++;
+}
 
 /* A library that fails to load is named in the message: it must be the default soname. */
 static void check_default_library(kc_status status, const char *soname) {
@@ -77,12 +87,17 @@ int main(int argc, char **argv) {
   }
   const char *mode = argv[1], *explicit_dir = argv[2], *cuda_driver = argv[3];
   int privileged = getuid() != geteuid() || getgid() != getegid();
+  kc_set_log_callback(count_message, NULL);
   if (strcmp(mode, "control") == 0) {
     REQUIRE(!privileged);
     kc_cuda_options cu = kc_cuda_options_default();
     kc_cuda_cache *cache = NULL;
     /* The marker library is no CUDA driver: the load itself is what counts. */
     REQUIRE(kc_cuda_cache_new(&cu, &cache) != KC_OK);
+    /* Without privileges KCACHE_LOG=debug is read: the refused disk tier says why. */
+    kc_disk *disk = NULL;
+    REQUIRE(kc_disk_new(NULL, &disk) != KC_OK);
+    REQUIRE(logged[KC_LOG_DEBUG] > 0);
     printf("control: ok\n");
     return 0;
   }
@@ -99,6 +114,8 @@ int main(int argc, char **argv) {
   REQUIRE(strcmp(mode, "secure") == 0);
   check_disk(explicit_dir);
   check_backends(cuda_driver);
+  /* The refused disk tiers above would have said why at debug, had KCACHE_LOG been read. */
+  REQUIRE(logged[KC_LOG_DEBUG] == 0);
   printf("secure: ok\n");
   return 0;
 }
