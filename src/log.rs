@@ -2,18 +2,20 @@
 //! missed.
 //!
 //! Messages go to stderr (`kcache: <message>`, with `info: ` or `debug: ` before the message at
-//! those levels), or to the process's hook ([`set_hook`]; `kc_set_log_callback` in C) when one
-//! is set. Which levels are written is decided by `KCACHE_LOG=error|warn|info|debug` (default
-//! `warn`), read once per process, or by [`set_level`]. Deciding that a message is not written
-//! costs one relaxed atomic load and builds no text: every message is a closure run only when
-//! its level is on. The memory tier's hit path logs nothing at any level.
+//! those levels), or to the process's hook ([`set_hook`](crate::log::set_hook);
+//! `kc_set_log_callback` in C) when one is set. Which levels are written is decided by
+//! `KCACHE_LOG=error|warn|info|debug` (default `warn`), read once per process, or by
+//! [`set_level`](crate::log::set_level). Deciding that a message is not written costs one
+//! relaxed atomic load and builds no text: every message is a closure run only when its level
+//! is on. The memory tier's hit path logs nothing at any level.
 //!
 //! The hook may be called on any thread, including the disk tier's background writer, and
 //! concurrently. A panic in it is caught and dropped, so that it cannot take a lookup or the
 //! writer down; a message logged from inside the hook (a hook that calls kcache) goes to
 //! stderr instead of recursing. Replacing the hook waits for the calls of the previous one
-//! that are running: once [`set_hook`] or [`reset_hook`] returns, the previous hook is never
-//! called again, so whatever it refers to may go.
+//! that are running: once [`set_hook`](crate::log::set_hook) or
+//! [`reset_hook`](crate::log::reset_hook) returns, the previous hook is never called again, so
+//! whatever it refers to may go.
 
 use std::cell::Cell;
 use std::io::Write;
