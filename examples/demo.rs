@@ -1,6 +1,8 @@
-//! The kcache demo: compiles a real OpenCL kernel through the cache, finds it again in memory,
-//! then starts a fresh process that loads the program binary from disk; every program is run
-//! and its output checked against the CPU. Prints the timings and cache statistics.
+//! The kcache demo: builds a real OpenCL kernel without any cache (the peer, in a process of
+//! its own), then through the cache, finds it again in memory, then starts a fresh process
+//! that loads the program binary from disk; every program is run and its output checked
+//! against the CPU. Prints, per step, the lookup, the first launch and their sum, with ratios
+//! against the plain build, and the cache statistics.
 //!
 //! ```text
 //! scripts/demo                                  # installs PoCL if needed, then runs this
@@ -13,9 +15,9 @@ use std::process::{Command, ExitCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, OpenClStats, Program};
+use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, OpenClStats};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
+use kcache_testkit::opencl::{BuiltProgram, Context, Matmul, run_kernel};
 
 const SOURCE: &str = r#"
 // C = A * B for N x N row-major matrices, one work item per element of C.
@@ -39,6 +41,7 @@ type Error = Box<dyn std::error::Error>;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.as_slice() {
+        [flag] if flag == "--plain-process" => plain_process(),
         [flag, dir] if flag == "--second-process" => second_process(Path::new(dir)),
         [flag, dir] if flag == "--cache-dir" => demo(Some(PathBuf::from(dir))),
         [] => demo(None),
@@ -61,28 +64,45 @@ fn open_cache(dir: &Path) -> Result<OpenClCache, Error> {
     })?)
 }
 
-/// Runs the kernel on fixed inputs and compares every element with the CPU's product.
-fn run_and_check(context: &Context, program: &Program) -> Result<(), Error> {
-    let a: Vec<f32> = (0..N * N).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
-    let b: Vec<f32> = (0..N * N).map(|i| ((i * 5) % 11) as f32 * 0.5).collect();
-    let mut c = vec![0.0f32; N * N];
-    let mut args = [
-        KernelArg::Floats(&mut c),
-        KernelArg::Input(&a),
-        KernelArg::Input(&b),
-        KernelArg::Int(N as i32),
-    ];
-    run_kernel(context, program, "matmul", &mut args, N * N)?;
-    for row in 0..N {
-        for col in 0..N {
-            let expected: f32 = (0..N).map(|k| a[row * N + k] * b[k * N + col]).sum();
-            let got = c[row * N + col];
-            // Small integers and halves: every partial sum is exact in f32.
-            if got != expected {
-                return Err(format!("c[{row}][{col}] is {got}, expected {expected}").into());
-            }
-        }
+/// Runs the kernel on fixed inputs, returns how long the launch took (buffers, kernel, run,
+/// read back) and compares every element with the CPU's product.
+fn run_and_check(context: &Context, program: &impl BuiltProgram) -> Result<Duration, Error> {
+    let mut matmul = Matmul::new(N);
+    let start = Instant::now();
+    run_kernel(context, program, "matmul", &mut matmul.args(), N * N)?;
+    let elapsed = start.elapsed();
+    matmul.check()?;
+    Ok(elapsed)
+}
+
+/// How long a step took to get its program, and to run it once.
+#[derive(Clone, Copy)]
+struct Step {
+    lookup: Duration,
+    launch: Duration,
+}
+
+impl Step {
+    fn total(self) -> Duration {
+        self.lookup + self.launch
     }
+
+    fn print(self) {
+        println!("lookup_ns={}", self.lookup.as_nanos());
+        println!("launch_ns={}", self.launch.as_nanos());
+    }
+}
+
+/// The peer, in a process of its own so that it pays the driver's first-build setup as
+/// process 1's cold lookup does: `clCreateProgramWithSource` + `clBuildProgram` and the first
+/// launch, without kcache. Reports `key=value` lines.
+fn plain_process() -> Result<(), Error> {
+    let context = Context::first_device()?;
+    let start = Instant::now();
+    let program = context.build_uncached(&[SOURCE], OPTIONS)?;
+    let lookup = start.elapsed();
+    let launch = run_and_check(&context, &program)?;
+    Step { lookup, launch }.print();
     Ok(())
 }
 
@@ -92,9 +112,11 @@ fn second_process(dir: &Path) -> Result<(), Error> {
     let cache = open_cache(dir)?;
     let start = Instant::now();
     let lease = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
-    let elapsed = start.elapsed();
-    run_and_check(&context, lease.value())?;
-    println!("time_ns={}", elapsed.as_nanos());
+    let lookup = start.elapsed();
+    let launch = run_and_check(&context, lease.value())?;
+    Step { lookup, launch }.print();
+    drop(lease);
+    cache.flush();
     print_stats(&cache.stats());
     Ok(())
 }
@@ -105,7 +127,7 @@ fn print_stats(s: &OpenClStats) {
     }
 }
 
-fn stat_rows(s: &OpenClStats) -> [(&'static str, u64); 8] {
+fn stat_rows(s: &OpenClStats) -> [(&'static str, u64); 12] {
     [
         ("compiled from source", s.source_builds),
         ("loaded from disk binary", s.binary_loads),
@@ -113,9 +135,43 @@ fn stat_rows(s: &OpenClStats) -> [(&'static str, u64); 8] {
         ("memory misses", s.memory.misses),
         ("disk hits", s.disk_hits),
         ("disk misses", s.disk_misses),
+        ("disk lock waits (other process)", s.disk.lock_waits),
+        ("binaries written to disk", s.disk.puts),
+        ("disk writes pending", s.disk.pending_writes),
+        ("disk writes failed", s.disk.failed_writes),
         ("binaries rejected", s.binaries_rejected),
         ("programs in memory", s.memory.entries),
     ]
+}
+
+/// What a child process (this executable again, with `args`) reported.
+struct Report(String);
+
+impl Report {
+    fn run(what: &str, args: &[&std::ffi::OsStr]) -> Result<Report, Error> {
+        let output = Command::new(std::env::current_exe()?).args(args).output()?;
+        if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            return Err(format!("the {what} failed: {stderr}").into());
+        }
+        Ok(Report(String::from_utf8(output.stdout)?))
+    }
+
+    fn value(&self, name: &str) -> Result<u64, Error> {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .ok_or_else(|| format!("a child process did not report {name}"))?
+            .parse()
+            .map_err(Into::into)
+    }
+
+    fn step(&self) -> Result<Step, Error> {
+        Ok(Step {
+            lookup: Duration::from_nanos(self.value("lookup_ns")?),
+            launch: Duration::from_nanos(self.value("launch_ns")?),
+        })
+    }
 }
 
 fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
@@ -138,11 +194,16 @@ fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
     }
     println!();
 
+    let plain = Report::run("plain-build process", &["--plain-process".as_ref()])?.step()?;
+
     let cache = open_cache(&dir)?;
     let start = Instant::now();
     let cold = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
-    let cold_time = start.elapsed();
-    run_and_check(&context, cold.value())?;
+    let lookup = start.elapsed();
+    let cold_step = Step {
+        lookup,
+        launch: run_and_check(&context, cold.value())?,
+    };
     drop(cold);
 
     let start = Instant::now();
@@ -150,70 +211,73 @@ fn demo(dir: Option<PathBuf>) -> Result<(), Error> {
         let hit = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
         std::hint::black_box(hit.value().raw());
     }
-    let hit_time = start.elapsed() / HIT_LOOKUPS;
+    let lookup = start.elapsed() / HIT_LOOKUPS;
     let hit = cache.find_or_build(context.context(), context.device(), &[SOURCE], OPTIONS)?;
-    run_and_check(&context, hit.value())?;
+    let hit_step = Step {
+        lookup,
+        launch: run_and_check(&context, hit.value())?,
+    };
     drop(hit);
+    // Dropping the cache would flush too; flushing first lets the statistics show the writes.
+    cache.flush();
     let first_stats = cache.stats();
     drop(cache);
 
-    let output = Command::new(std::env::current_exe()?)
-        .arg("--second-process")
-        .arg(&dir)
-        .output()?;
-    if !output.status.success() {
-        return Err(format!(
-            "the second process failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-        .into());
-    }
-    let report = String::from_utf8(output.stdout)?;
-    let value = |name: &str| -> Result<u64, Error> {
-        report
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-            .ok_or_else(|| format!("the second process did not report {name}"))?
-            .parse()
-            .map_err(Into::into)
-    };
-    let disk_time = Duration::from_nanos(value("time_ns")?);
+    let args = ["--second-process".as_ref(), dir.as_os_str()];
+    let second = Report::run("second process", &args)?;
+    let disk_step = second.step()?;
 
     println!(
-        "{:<34} {:>7}  {:<22} {:>12}  {:>12}",
-        "step", "process", "program came from", "time", "vs cold"
+        "{:<40} {:>4}  {:<21} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "step", "proc", "program came from", "lookup", "launch", "total", "vs plain", "vs cold"
     );
     let rows = [
         (
-            "1. first lookup (cold)",
-            1,
+            "0. plain build + first launch, no cache",
+            "0",
             "compiled from source",
-            cold_time,
+            plain,
         ),
-        ("2. same lookup again", 1, "memory (L1)", hit_time),
         (
-            "3. same lookup, new process",
-            2,
+            "1. first lookup (cold) + first launch",
+            "1",
+            "compiled from source",
+            cold_step,
+        ),
+        (
+            "2. same lookup again + launch",
+            "1",
+            "memory (L1)",
+            hit_step,
+        ),
+        (
+            "3. new process: lookup + first launch",
+            "2",
             "disk (L2) binary",
-            disk_time,
+            disk_step,
         ),
     ];
     for (step, process, from, time) in rows {
-        let speedup = cold_time.as_secs_f64() / time.as_secs_f64().max(1e-12);
+        let ratio = |peer: Step| peer.total().as_secs_f64() / time.total().as_secs_f64();
         println!(
-            "{step:<34} {process:>7}  {from:<22} {:>12}  {:>11}x",
-            format_duration(time),
-            thousands(speedup.round() as u64)
+            "{step:<40} {process:>4}  {from:<21} {:>10} {:>10} {:>10} {:>8.2}x {:>8.2}x",
+            format_duration(time.lookup),
+            format_duration(time.launch),
+            format_duration(time.total()),
+            ratio(plain),
+            ratio(cold_step),
         );
     }
-    println!("(the memory hit is the mean of {HIT_LOOKUPS} lookups)");
+    println!("(\"vs\": that step's total over this one's; above 1 is faster)");
+    println!("(the memory hit is the mean of {HIT_LOOKUPS} lookups; its launch is the program's");
+    println!(" second, its work-group code compiled by the first)");
     println!();
     println!(
         "{:<34} {:>10} {:>10}",
         "cache statistics", "process 1", "process 2"
     );
     for (name, first) in stat_rows(&first_stats) {
-        println!("{name:<34} {first:>10} {:>10}", value(name)?);
+        println!("{name:<34} {first:>10} {:>10}", second.value(name)?);
     }
     println!();
     println!("every program was run: {N}x{N} results matched the CPU");
@@ -231,17 +295,4 @@ fn format_duration(d: Duration) -> String {
     } else {
         format!("{ns:.0} ns")
     }
-}
-
-/// `1234567` as `1,234,567`.
-fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }

@@ -297,6 +297,25 @@ pub struct UncachedProgram {
     raw: cl_program,
 }
 
+/// A built program whose kernels [`run_kernel`] can launch: a cached one, or one built without
+/// kcache, to time a first launch the same way for both.
+pub trait BuiltProgram {
+    /// The program handle, live as long as `self`.
+    fn raw(&self) -> cl_program;
+}
+
+impl BuiltProgram for Program {
+    fn raw(&self) -> cl_program {
+        Program::raw(self)
+    }
+}
+
+impl BuiltProgram for UncachedProgram {
+    fn raw(&self) -> cl_program {
+        self.raw
+    }
+}
+
 impl Drop for UncachedProgram {
     fn drop(&mut self) {
         // SAFETY: the one reference `build_uncached` created, released once.
@@ -324,6 +343,51 @@ pub fn reference_count(program: &Program) -> Result<u32> {
     Ok(count)
 }
 
+/// The buffers of an `n` x `n` row-major matrix product C = A * B, for a kernel taking
+/// `(c, a, b, n)`. Its inputs are small integers and halves, so that every partial sum is exact
+/// in `f32` and a device's result equals the CPU's.
+pub struct Matmul {
+    n: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+impl Matmul {
+    pub fn new(n: usize) -> Matmul {
+        Matmul {
+            n,
+            a: (0..n * n).map(|i| ((i * 7) % 13) as f32 - 6.0).collect(),
+            b: (0..n * n).map(|i| ((i * 5) % 11) as f32 * 0.5).collect(),
+            c: vec![0.0; n * n],
+        }
+    }
+
+    /// The kernel's arguments: C (read back), A, B, n.
+    pub fn args(&mut self) -> [KernelArg<'_>; 4] {
+        [
+            KernelArg::Floats(&mut self.c),
+            KernelArg::Input(&self.a),
+            KernelArg::Input(&self.b),
+            KernelArg::Int(i32::try_from(self.n).expect("a small matrix")),
+        ]
+    }
+
+    /// Compares every element of C with the CPU's product; the error names the first that
+    /// differs.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let (n, a, b) = (self.n, &self.a, &self.b);
+        for (i, &got) in self.c.iter().enumerate() {
+            let (row, col) = (i / n, i % n);
+            let expected: f32 = (0..n).map(|k| a[row * n + k] * b[k * n + col]).sum();
+            if got != expected {
+                return Err(format!("c[{row}][{col}] is {got}, expected {expected}"));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One argument of [`run_kernel`].
 pub enum KernelArg<'a> {
     /// Copied to a device buffer before the launch and read back into the slice after it.
@@ -335,13 +399,27 @@ pub enum KernelArg<'a> {
 }
 
 /// Runs `kernel` of `program` (built in `context`) over `global` work items on a queue of its
-/// own, and waits for it; float buffers are read back into their slices.
+/// own, in work-groups of the driver's choosing, and waits for it; float buffers are read back
+/// into their slices.
 pub fn run_kernel(
     context: &Context,
-    program: &Program,
+    program: &impl BuiltProgram,
     kernel: &str,
     args: &mut [KernelArg<'_>],
     global: usize,
+) -> Result<()> {
+    run_kernel_in_groups(context, program, kernel, args, global, None)
+}
+
+/// [`run_kernel`] in work-groups of `local` work items, when `Some` (a kernel that declares
+/// `reqd_work_group_size` needs its size given).
+pub fn run_kernel_in_groups(
+    context: &Context,
+    program: &impl BuiltProgram,
+    kernel: &str,
+    args: &mut [KernelArg<'_>],
+    global: usize,
+    local: Option<usize>,
 ) -> Result<()> {
     let api = context.api;
     let name = CString::new(kernel)
@@ -355,7 +433,8 @@ pub fn run_kernel(
     let k = unsafe { (api.clCreateKernel)(program.raw(), name.as_ptr(), &mut code) };
     let result = check(code, "clCreateKernel").and_then(|()| {
         let mut buffers: Vec<cl_mem> = Vec::new();
-        let result = launch(api, context, queue, k, args, global, &mut buffers);
+        let sizes = (global, local);
+        let result = launch(api, context, queue, k, args, sizes, &mut buffers);
         for b in buffers {
             // SAFETY: each buffer was created by `launch` and is released once.
             unsafe { (api.clReleaseMemObject)(b) };
@@ -375,7 +454,7 @@ fn launch(
     queue: cl_command_queue,
     kernel: cl_kernel,
     args: &mut [KernelArg<'_>],
-    global: usize,
+    (global, local): (usize, Option<usize>),
     buffers: &mut Vec<cl_mem>,
 ) -> Result<()> {
     for (index, arg) in args.iter_mut().enumerate() {
@@ -395,7 +474,9 @@ fn launch(
         };
         check(code, "clSetKernelArg")?;
     }
-    // SAFETY: one dimension, `global` points to one size_t; no events.
+    let local = local.as_ref().map_or(ptr::null(), ptr::from_ref);
+    // SAFETY: one dimension: `global` points to one size_t, `local` to one or is null (the
+    // driver chooses); no events.
     let code = unsafe {
         (api.clEnqueueNDRangeKernel)(
             queue,
@@ -403,7 +484,7 @@ fn launch(
             1,
             ptr::null(),
             &global,
-            ptr::null(),
+            local,
             0,
             ptr::null(),
             ptr::null_mut(),
