@@ -1,5 +1,6 @@
 //! The subcommands. Each returns its exit status, or a [`Failure`] for stderr.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -212,11 +213,10 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
         );
     }
     let mut config = target.base_config()?;
-    let outcome = config.locate_dir().and_then(|(dir, source)| {
+    let outcome = config.locate_dir().map(|(dir, source)| {
         out.dir = Some(dir.display().to_string());
         out.dir_source = Some(source_name(source));
         out.exists = std::fs::symlink_metadata(&dir).is_ok();
-        Ok(())
     });
     let opened = match outcome {
         Err(e) => Err(e),
@@ -224,7 +224,9 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
             Err(failure) => Err(Error::Untrusted(failure.message)),
             Ok(source) => {
                 out.key_source = source;
-                if out.exists || kcache::env::disk_disabled() {
+                // Opening creates a missing directory, unless `KCACHE_DISABLE=1` refuses first
+                // (which `--dir` does not consult).
+                if out.exists || (target.dir.is_none() && kcache::env::disk_disabled()) {
                     DiskCache::open(config).map(Some)
                 } else {
                     out.notes.push(
@@ -460,10 +462,10 @@ pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure
     let cache = target.open()?;
     let mut entries = cache.entries()?;
     match sort {
-        None => entries.sort_by(|a, b| (a.key, a.fingerprint).cmp(&(b.key, b.fingerprint))),
-        Some(Sort::Size) => entries.sort_by(|a, b| b.size.cmp(&a.size)),
+        None => entries.sort_by_key(|e| (e.key, e.fingerprint)),
+        Some(Sort::Size) => entries.sort_by_key(|e| Reverse(e.size)),
         Some(Sort::Age) => entries.sort_by_key(|e| e.modified),
-        Some(Sort::LastRead) => entries.sort_by(|a, b| b.modified.cmp(&a.modified)),
+        Some(Sort::LastRead) => entries.sort_by_key(|e| Reverse(e.modified)),
     }
     let rows: Vec<EntryJson> = entries
         .iter()
@@ -624,11 +626,7 @@ pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
         Check::Gone => unreachable!("returned above"),
     };
     println!("file:           {}", entry.name);
-    println!(
-        "size:           {} ({} bytes)",
-        report::size(entry.size),
-        entry.size
-    );
+    println!("size:           {}", report::size_and_bytes(entry.size));
     println!(
         "last used:      {} (written or read)",
         report::time(entry.modified, SystemTime::now())
@@ -640,11 +638,7 @@ pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
         println!("key schema:     {}", h.key_schema);
         println!("fingerprint:    {}", h.fingerprint);
         println!("key:            {}", h.key);
-        println!(
-            "payload:        {} ({} bytes)",
-            report::size(h.payload_len),
-            h.payload_len
-        );
+        println!("payload:        {}", report::size_and_bytes(h.payload_len));
         println!(
             "build time:     {}",
             report::duration(Duration::from_nanos(h.build_time_ns))

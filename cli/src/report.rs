@@ -17,6 +17,11 @@ pub fn size(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
+/// `61.9 KiB (63397 bytes)`: the exact figure beside the readable one.
+pub fn size_and_bytes(bytes: u64) -> String {
+    format!("{} ({bytes} bytes)", size(bytes))
+}
+
 /// `350 ms`, `2.4 s`, `3m 5s`, `4h 10m`, `2d 3h`: two units at most.
 pub fn duration(d: Duration) -> String {
     let secs = d.as_secs();

@@ -71,6 +71,13 @@ fn open_keyed(dir: &Path, byte: u8) -> DiskCache {
 /// Bytes an entry adds to its payload (header and tag).
 const OVERHEAD: u64 = 104;
 
+/// Flips one bit of the byte at `offset` of the file, as storage corruption would.
+fn flip_byte(path: &Path, offset: usize) {
+    let mut bytes = fs::read(path).unwrap();
+    bytes[offset] ^= 0x80;
+    fs::write(path, bytes).unwrap();
+}
+
 fn set_age(path: &Path, age: Duration) {
     File::options()
         .write(true)
@@ -194,9 +201,7 @@ fn verify_finds_a_flipped_byte_and_removes_exactly_that_entry() {
         cache.put(&key(n), &[n; 500], Duration::ZERO).unwrap();
     }
     let corrupt = cache.entry_path(&key(2));
-    let mut bytes = fs::read(&corrupt).unwrap();
-    bytes[300] ^= 1;
-    fs::write(&corrupt, bytes).unwrap();
+    flip_byte(&corrupt, 300);
     fs::write(dir.path().join("notes.txt"), "not an entry").unwrap();
 
     let found = run(dir.path(), &["verify"]);
@@ -254,10 +259,8 @@ fn inspect_reports_a_corrupt_entry_with_status_1() {
         "{}",
         stdout(&good)
     );
-    let mut bytes = fs::read(&path).unwrap();
-    let last = bytes.len() - 1;
-    bytes[last] ^= 0x80;
-    fs::write(&path, bytes).unwrap();
+    // The tag's last byte.
+    flip_byte(&path, 64 + OVERHEAD as usize - 1);
     let bad = run(dir.path(), &["inspect", "--json", &name]);
     assert_eq!(bad.status.code(), Some(1));
     let value: Value = serde_json::from_str(&stdout(&bad)).unwrap();
@@ -322,6 +325,26 @@ fn gc_by_age_by_size_and_by_key_generation() {
     );
     assert_eq!(retained["sweep"]["stale_fingerprint"], 0);
     assert!(keyed.entry_path(&key(6)).exists());
+    // With that key, its entry verifies and this configuration's are another generation.
+    let with_key = json(
+        dir.path(),
+        &["--key-file", key_file.to_str().unwrap(), "ls", "--json"],
+    );
+    let statuses: Vec<(&str, &str)> = with_key["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                &e["key"].as_str().unwrap()[..2],
+                e["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        [("04", "other-key"), ("05", "other-key"), ("06", "ok")]
+    );
     let swept = json(dir.path(), &["gc", "--json"]);
     assert_eq!(swept["sweep"]["stale_fingerprint"], 1);
     assert!(!keyed.entry_path(&key(6)).exists());
@@ -377,6 +400,18 @@ fn config_explains_an_untrusted_directory_and_a_relative_kcache_dir() {
         !parent.path().join("kcache").exists(),
         "config creates nothing"
     );
+
+    // KCACHE_DISABLE=1 does not stop `--dir`, and `config` creates no missing directory.
+    let missing = parent.path().join("missing");
+    let explicit = run_env(
+        &[("KCACHE_DISABLE", "1")],
+        &["--dir", missing.to_str().unwrap(), "config", "--json"],
+    );
+    let value: Value = serde_json::from_str(&stdout(&explicit)).unwrap();
+    assert_eq!(value["exists"], false);
+    assert_eq!(value["enabled"], true);
+    assert!(value["notes"].to_string().contains("KCACHE_DISABLE=1"));
+    assert!(!missing.exists());
 
     let disabled = run_env(
         &[("KCACHE_DISABLE", "1"), ("KCACHE_DIR", xdg)],

@@ -503,6 +503,16 @@ mod tests {
     }
 
     #[test]
+    fn an_explicit_dir_is_located_as_given() {
+        let (dir, source) = DiskConfig::in_dir("/x/y").locate_dir().unwrap();
+        assert_eq!((dir, source), (PathBuf::from("/x/y"), DirSource::Explicit));
+        assert!(matches!(
+            DiskConfig::in_dir("x/y").locate_dir(),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
     fn lock_timeouts() {
         let t = |v: &str| env_lock_timeout(&OsString::from(v));
         assert_eq!(t("30"), Some(Duration::from_secs(30)));

@@ -103,11 +103,6 @@ impl DiskCache {
         }
     }
 
-    /// The entry file name `key` has under this cache's key generation.
-    pub fn entry_name(&self, key: &Key) -> String {
-        self.inner.entry_name(key)
-    }
-
     /// Checks the listed `entry` as a read would (entries of this cache's key: the whole
     /// file, tag included, no larger than [`DiskCache::max_entry_size`]) or as `gc` does
     /// (other key generations: structure only). Reads, and nothing else: no counter, no mtime
