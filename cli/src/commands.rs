@@ -11,8 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, Header, Tagger};
 use kcache::disk::{
-    Check, DEFAULT_TEMP_MAX_AGE, DirSource, DiskCache, DiskConfig, EntryInfo, Fingerprint,
-    OperatorKey,
+    Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, DirSource, DiskCache, DiskConfig, EntryInfo,
+    Fingerprint, OperatorKey,
 };
 use serde::Serialize;
 
@@ -62,43 +62,50 @@ impl Target {
         }
     }
 
-    /// Adds the key (`--key-file`, else `KCACHE_KEY_FILE`) and, with `--dir` (which makes the
-    /// library ignore the environment), the `KCACHE_MAX_SIZE` cap, so that opening the
-    /// directory never applies another cap than the processes using it do. Returns where
-    /// the key came from.
-    fn add_settings(&self, config: &mut DiskConfig) -> Result<Option<&'static str>, Failure> {
+    /// Adds the key (`--key-file`, else `KCACHE_KEY_FILE`, which the library ignores with
+    /// `--dir`) and resolves the cap (`KCACHE_MAX_SIZE`, else the default), with the library's
+    /// refusals. The directory itself is opened without a cap: the cap a process applies
+    /// evicts when it opens a directory over it, and looking at a cache must not change it.
+    fn add_settings(&self, config: &mut DiskConfig) -> Result<Settings, Error> {
         let load = |path: &Path, what: &str| {
             OperatorKey::from_file(path)
-                .map_err(|e| Failure::usage(format!("{what} {}: {e}", path.display())))
+                .map_err(|e| with_context(e, &format!("{what}={}", path.display())))
         };
-        if let Some(path) = &self.key_file {
+        let key_source = if let Some(path) = &self.key_file {
             config.key = Some(load(path, "--key-file")?);
-            return Ok(Some("--key-file"));
-        }
-        let from_env = kcache::env::var_os("KCACHE_KEY_FILE").is_some();
-        if self.dir.is_some() {
-            if let Some(path) = non_empty_env("KCACHE_KEY_FILE") {
+            Some("--key-file")
+        } else if let Some(path) = kcache::env::var_os("KCACHE_KEY_FILE") {
+            // Without `--dir` the library reads it itself, refusing an empty value too.
+            if self.dir.is_some() && !path.is_empty() {
                 config.key = Some(load(Path::new(&path), "KCACHE_KEY_FILE")?);
             }
-            if let Some(text) = non_empty_env("KCACHE_MAX_SIZE") {
+            Some("KCACHE_KEY_FILE")
+        } else {
+            None
+        };
+        let cap = match non_empty_env("KCACHE_MAX_SIZE") {
+            None => DEFAULT_MAX_SIZE,
+            Some(text) => {
                 let text = text.to_string_lossy();
                 match kcache::disk::parse_size(&text) {
-                    Ok(size) if size > 0 => config.max_size = Some(size),
+                    Ok(size) if size > 0 => size,
                     _ => {
-                        return Err(Failure::usage(format!(
-                            "KCACHE_MAX_SIZE={text:?} is not a positive size"
+                        return Err(Error::Unavailable(format!(
+                            "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a \
+                             K/M/G/T suffix): the disk tier is off"
                         )));
                     }
                 }
             }
-        }
-        Ok(from_env.then_some("KCACHE_KEY_FILE"))
+        };
+        config.max_size = Some(u64::MAX);
+        Ok(Settings { key_source, cap })
     }
 
     /// Opens the directory as the library does. A directory that does not exist is an error
     /// rather than created: nothing has been cached there, and a mistyped `--dir` should say
     /// so instead of leaving an empty cache behind.
-    fn open(&self) -> Result<DiskCache, Failure> {
+    fn open(&self) -> Result<(DiskCache, Settings), Failure> {
         let mut config = self.base_config()?;
         let (dir, source) = config
             .locate_dir()
@@ -110,15 +117,36 @@ impl Target {
                 source_name(source)
             )));
         }
-        self.add_settings(&mut config)?;
-        DiskCache::open(config).map_err(|e| {
+        let refused = |e: Error| {
             Failure::usage(format!(
                 "cannot use the cache directory {} (from {}): {}",
                 dir.display(),
                 source_name(source),
                 error_message(&e)
             ))
-        })
+        };
+        let settings = self.add_settings(&mut config).map_err(refused)?;
+        let cache = DiskCache::open(config).map_err(refused)?;
+        Ok((cache, settings))
+    }
+}
+
+/// What [`Target::add_settings`] resolved besides the configuration.
+pub struct Settings {
+    /// Where the key came from: `--key-file`, `KCACHE_KEY_FILE`, or none.
+    key_source: Option<&'static str>,
+    /// The cap the processes using the directory apply (unless one sets its own in code).
+    cap: u64,
+}
+
+/// `e` with `what` before its message, same kind.
+fn with_context(e: Error, what: &str) -> Error {
+    match e {
+        Error::Untrusted(m) => Error::Untrusted(format!("{what}: {m}")),
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        Error::Io(m) => Error::Io(format!("{what}: {m}")),
+        Error::Unavailable(m) => Error::Unavailable(format!("{what}: {m}")),
+        other => other,
     }
 }
 
@@ -221,9 +249,10 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
     let opened = match outcome {
         Err(e) => Err(e),
         Ok(()) => match target.add_settings(&mut config) {
-            Err(failure) => Err(Error::Untrusted(failure.message)),
-            Ok(source) => {
-                out.key_source = source;
+            Err(e) => Err(e),
+            Ok(settings) => {
+                out.key_source = settings.key_source;
+                out.cap_bytes = Some(settings.cap);
                 // Opening creates a missing directory, unless `KCACHE_DISABLE=1` refuses first
                 // (which `--dir` does not consult).
                 if out.exists || (target.dir.is_none() && kcache::env::disk_disabled()) {
@@ -250,7 +279,6 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
             } else {
                 "hmac-sha256"
             });
-            out.cap_bytes = Some(cache.max_size());
             out.lock_timeout_s = Some(cache.lock_timeout().as_secs_f64());
         }
         Ok(None) => out.enabled = true,
@@ -293,7 +321,9 @@ fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
             _ => "none: entries are BLAKE3-checksummed, not keyed".into(),
         };
         println!("key:          {key}");
-        println!("size cap:     {}", report::size(cache.max_size()));
+        if let Some(cap) = out.cap_bytes {
+            println!("size cap:     {}", report::size(cap));
+        }
         println!("lock timeout: {}", report::duration(cache.lock_timeout()));
     }
     if out.environment.is_empty() {
@@ -332,7 +362,7 @@ struct GenerationJson {
 }
 
 pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
-    let cache = target.open()?;
+    let (cache, settings) = target.open()?;
     let entries: Vec<EntryInfo> = cache.entries()?.into_iter().filter(|e| e.regular).collect();
     let current = cache.fingerprint();
     let mut generations: BTreeMap<(bool, Fingerprint), (u64, u64)> = BTreeMap::new();
@@ -348,7 +378,7 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
     let out = StatsJson {
         schema: SCHEMA,
         dir: cache.path().display().to_string(),
-        cap_bytes: cache.max_size(),
+        cap_bytes: settings.cap,
         entries: entries.len() as u64,
         bytes: entries.iter().map(|e| e.size).sum(),
         generations: generations
@@ -459,7 +489,7 @@ fn entry_json(cache: &DiskCache, entry: &EntryInfo, check: &Check) -> EntryJson 
 }
 
 pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure> {
-    let cache = target.open()?;
+    let (cache, _) = target.open()?;
     let mut entries = cache.entries()?;
     match sort {
         None => entries.sort_by_key(|e| (e.key, e.fingerprint)),
@@ -579,7 +609,7 @@ fn find_entry(cache: &DiskCache, spec: &str) -> Result<EntryInfo, Failure> {
 
 /// `kcache inspect`: exit status 1 when the entry is corrupt.
 pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
-    let cache = target.open()?;
+    let (cache, _) = target.open()?;
     let entry = find_entry(&cache, spec)?;
     let check = cache.check(&entry);
     if check == Check::Gone {
@@ -668,7 +698,7 @@ struct CorruptJson {
 
 /// `kcache verify`: exit status 1 when an entry is corrupt (removed or not).
 pub fn verify(target: &Target, remove: bool, json: bool) -> Result<u8, Failure> {
-    let cache = target.open()?;
+    let (cache, _) = target.open()?;
     let entries = cache.entries()?;
     let bar = if std::io::stderr().is_terminal() {
         let bar = ProgressBar::new(entries.len() as u64);
@@ -802,7 +832,7 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
             .map_err(|e| Failure::usage(format!("--retain-key {}: {e}", path.display())))?;
         retain.push(Tagger::new(Some(&key)).fingerprint());
     }
-    let cache = target.open()?;
+    let (cache, _) = target.open()?;
     let mut out = GcJson {
         schema: SCHEMA,
         dry_run: args.dry_run,
@@ -933,7 +963,7 @@ struct ClearJson {
 }
 
 pub fn clear(target: &Target, json: bool) -> Result<u8, Failure> {
-    let cache = target.open()?;
+    let (cache, _) = target.open()?;
     let mut out = ClearJson {
         schema: SCHEMA,
         removed: 0,

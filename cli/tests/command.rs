@@ -39,6 +39,13 @@ fn stderr(output: &Output) -> String {
     String::from_utf8(output.stderr.clone()).unwrap()
 }
 
+/// Checks that a command was refused: exit status 2, `why` on stderr, nothing on stdout.
+fn refused(output: &Output, why: &str) {
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(output).contains(why), "{}", stderr(output));
+    assert_eq!(stdout(output), "");
+}
+
 /// Runs a `--json` command that must succeed and parses its output.
 fn json(dir: &Path, args: &[&str]) -> Value {
     let output = run(dir, args);
@@ -54,6 +61,16 @@ fn key(n: u8) -> Key {
 
 fn open(dir: &Path) -> DiskCache {
     DiskCache::open(DiskConfig::in_dir(dir)).unwrap()
+}
+
+/// A new directory holding entries for keys 1 to `count`, each with `len` bytes of its number.
+fn filled(count: u8, len: usize) -> (tempfile::TempDir, DiskCache) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = open(dir.path());
+    for n in 1..=count {
+        cache.put(&key(n), &vec![n; len], Duration::ZERO).unwrap();
+    }
+    (dir, cache)
 }
 
 fn operator_key(byte: u8) -> OperatorKey {
@@ -155,6 +172,27 @@ fn stats_and_ls_report_what_was_written() {
 }
 
 #[test]
+fn looking_at_a_directory_over_its_cap_evicts_nothing() {
+    let (dir, cache) = filled(3, 1000);
+    let env = [
+        ("KCACHE_DIR", dir.path().to_str().unwrap()),
+        ("KCACHE_MAX_SIZE", "2K"),
+    ];
+    let output = run_env(&env, &["stats", "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let stats: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(stats["cap_bytes"], 2048);
+    assert_eq!(stats["entries"], 3);
+    for args in [&["ls"][..], &["verify"], &["config"]] {
+        assert_eq!(run_env(&env, args).status.code(), Some(0));
+    }
+    assert!((1..=3).all(|n| cache.entry_path(&key(n)).exists()));
+    let bad = run_env(&[env[0], ("KCACHE_MAX_SIZE", "lots")], &["stats"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("KCACHE_MAX_SIZE=\"lots\" is not a positive size"));
+}
+
+#[test]
 fn an_opencl_program_shows_in_ls_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let context = Context::first_device().unwrap();
@@ -195,11 +233,7 @@ fn an_opencl_program_shows_in_ls_and_verifies() {
 
 #[test]
 fn verify_finds_a_flipped_byte_and_removes_exactly_that_entry() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = open(dir.path());
-    for n in 1..=3 {
-        cache.put(&key(n), &[n; 500], Duration::ZERO).unwrap();
-    }
+    let (dir, cache) = filled(3, 500);
     let corrupt = cache.entry_path(&key(2));
     flip_byte(&corrupt, 300);
     fs::write(dir.path().join("notes.txt"), "not an entry").unwrap();
@@ -271,10 +305,8 @@ fn inspect_reports_a_corrupt_entry_with_status_1() {
 
 #[test]
 fn gc_by_age_by_size_and_by_key_generation() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = open(dir.path());
+    let (dir, cache) = filled(5, 1000);
     for n in 1..=5 {
-        cache.put(&key(n), &[n; 1000], Duration::ZERO).unwrap();
         // Entry n was last used (6 - n) days ago: entry 1 is the least recently used.
         set_age(
             &cache.entry_path(&key(n)),
@@ -375,15 +407,8 @@ fn config_explains_an_untrusted_directory_and_a_relative_kcache_dir() {
         "{}",
         stdout(&human)
     );
-    // Every other command refuses it with the same reason, on stderr, exit status 2.
-    let stats = run(&shared, &["stats"]);
-    assert_eq!(stats.status.code(), Some(2));
-    assert!(
-        stderr(&stats).contains("writable by group or others"),
-        "{}",
-        stderr(&stats)
-    );
-    assert_eq!(stdout(&stats), "");
+    // Every other command refuses it with the same reason.
+    refused(&run(&shared, &["stats"]), "writable by group or others");
 
     let xdg = parent.path().to_str().unwrap();
     let relative = run_env(
@@ -430,10 +455,7 @@ fn config_explains_an_untrusted_directory_and_a_relative_kcache_dir() {
 
 #[test]
 fn clear_removes_this_keys_entries_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = open(dir.path());
-    cache.put(&key(1), &[1; 10], Duration::ZERO).unwrap();
-    cache.put(&key(2), &[2; 10], Duration::ZERO).unwrap();
+    let (dir, cache) = filled(2, 10);
     let keyed = open_keyed(dir.path(), 9);
     keyed.put(&key(3), &[3; 10], Duration::ZERO).unwrap();
     let notes = dir.path().join("notes.txt");
@@ -451,33 +473,22 @@ fn clear_removes_this_keys_entries_only() {
 fn bad_arguments_and_missing_directories_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");
-    let output = run(&missing, &["ls"]);
-    assert_eq!(output.status.code(), Some(2));
-    assert!(
-        stderr(&output).contains("does not exist"),
-        "{}",
-        stderr(&output)
-    );
+    refused(&run(&missing, &["ls"]), "does not exist");
     assert!(!missing.exists(), "nothing is created");
-
-    let unit = run(dir.path(), &["gc", "--older-than", "7"]);
-    assert_eq!(unit.status.code(), Some(2));
-    assert!(
-        stderr(&unit).contains("a number and a unit"),
-        "{}",
-        stderr(&unit)
+    refused(
+        &run(dir.path(), &["gc", "--older-than", "7"]),
+        "a number and a unit",
     );
-    let size = run(dir.path(), &["gc", "--max-size", "lots"]);
-    assert_eq!(size.status.code(), Some(2));
-    let ambiguous = run(dir.path(), &["inspect", "not-hex"]);
-    assert_eq!(ambiguous.status.code(), Some(2));
-    assert!(stderr(&ambiguous).contains("neither an entry file name nor a key"));
-
-    let nowhere = run_env(&[], &["stats"]);
-    assert_eq!(nowhere.status.code(), Some(2));
-    assert!(
-        stderr(&nowhere).contains("set KCACHE_DIR, XDG_CACHE_HOME or HOME"),
-        "{}",
-        stderr(&nowhere)
+    refused(
+        &run(dir.path(), &["gc", "--max-size", "lots"]),
+        "invalid size",
+    );
+    refused(
+        &run(dir.path(), &["inspect", "not-hex"]),
+        "neither an entry file name nor a key",
+    );
+    refused(
+        &run_env(&[], &["stats"]),
+        "set KCACHE_DIR, XDG_CACHE_HOME or HOME",
     );
 }
