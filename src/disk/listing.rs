@@ -13,7 +13,7 @@ use rustix::fs::{Mode, OFlags};
 use super::evict::{Index, Unlinked, lstat_at};
 use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
 use super::store::read_bounded;
-use super::{DiskCache, Fingerprint, parse_entry_name};
+use super::{DiskCache, Fingerprint, Inner, parse_entry_name};
 use crate::error::{Error, Result};
 use crate::key::Key;
 
@@ -68,6 +68,22 @@ impl EntryInfo {
     }
 }
 
+/// Opens `name` for reading if it is still the file `ino`: `None` when it was removed or
+/// replaced since it was looked at. Never follows a symbolic link nor blocks on a FIFO.
+pub(super) fn open_unchanged(inner: &Inner, name: &str, ino: u64) -> Option<File> {
+    let fd = rustix::fs::openat(
+        &inner.dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let file = File::from(fd);
+    file.metadata()
+        .is_ok_and(|meta| meta.ino() == ino)
+        .then_some(file)
+}
+
 impl DiskCache {
     /// Every name of the entry pattern in the directory, of every key generation, in no
     /// particular order (temporaries, lock files and foreign files are not listed).
@@ -115,19 +131,9 @@ impl DiskCache {
         if entry.size < OVERHEAD {
             return Check::Corrupt("shorter than a header and a tag");
         }
-        let Ok(fd) = rustix::fs::openat(
-            &inner.dir,
-            entry.name.as_str(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Some(mut file) = open_unchanged(inner, &entry.name, entry.ino) else {
             return Check::Gone;
         };
-        let mut file = File::from(fd);
-        match file.metadata() {
-            Ok(meta) if meta.ino() == entry.ino && meta.len() == entry.size => {}
-            _ => return Check::Gone,
-        }
         let mut head = [0u8; HEADER_LEN];
         if file.read_exact(&mut head).is_err() {
             return Check::Corrupt("shorter than a header and a tag");
