@@ -199,16 +199,14 @@ fn an_opencl_program_shows_in_ls_and_verifies() {
     let source = "// kcache command\n__kernel void twice(__global float *y) {\n\
                   size_t i = get_global_id(0);\n y[i] = 2.0f * y[i];\n}\n";
     let disk = Arc::new(open(dir.path()));
-    let cache = OpenClCache::new(OpenClOptions {
+    let options = OpenClOptions {
         disk: Some(Arc::clone(&disk)),
         ..OpenClOptions::default()
-    })
-    .unwrap();
-    drop(
-        cache
-            .find_or_build(context.context(), context.device(), &[source], "")
-            .unwrap(),
-    );
+    };
+    let cache = OpenClCache::new(options).unwrap();
+    let lease = cache.find_or_build(context.context(), context.device(), &[source], "");
+    drop(lease.unwrap());
+    // The binary is written in the background: wait for it.
     cache.flush();
     let key = program_disk_key(context.device(), &[source], "").unwrap();
     let size = fs::metadata(disk.entry_path(&key)).unwrap().len();
