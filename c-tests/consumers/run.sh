@@ -120,6 +120,11 @@ cmp -s "$ROOT/include/kcache.h" "$P/include/kcache.h" || fail "installed kcache.
 file -L "$P/lib/libkcache.so" | grep -q 'ELF .* shared object' || fail "libkcache.so is not an ELF shared object"
 grep -q "lib/$REALNAME" "$ROOT/docs/packaging.md" || fail "docs/packaging.md's install table does not show lib/$REALNAME"
 pass "lib/$REALNAME, $SONAME -> $REALNAME, libkcache.so -> $SONAME, libkcache.a, kcache.h, kcache.pc, CMake package"
+[[ -x "$P/bin/kcache" ]] || fail "missing installed program bin/kcache"
+"$P/bin/kcache" --help | grep -q "kcache disk cache" || fail "bin/kcache --help"
+mkdir -m 700 "$WORK/cache"
+"$P/bin/kcache" --dir "$WORK/cache" stats --json | grep -q '"entries": 0' || fail "bin/kcache stats"
+pass "bin/kcache runs: --help, stats on an empty directory"
 
 cmake -DLIBRARY="$P/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmake/check-library.cmake" ||
   fail "installed library check"

@@ -228,6 +228,38 @@ impl DiskConfig {
         }
     }
 
+    /// The directory this configuration names and where it comes from, as [`DiskCache::open`]
+    /// resolves it, without opening or checking it and whatever else is configured (a tier
+    /// that `KCACHE_DISABLE=1` or a bad key turns off still has a directory to report).
+    ///
+    /// [`DiskCache::open`]: super::DiskCache::open
+    pub fn locate_dir(&self) -> Result<(PathBuf, DirSource)> {
+        let non_empty = |name: &str| {
+            self.read_env
+                .then(|| crate::env::var_os(name))
+                .flatten()
+                .filter(|v| !v.is_empty())
+        };
+        match &self.dir {
+            Some(dir) if dir.as_os_str().is_empty() => Err(Error::InvalidArgument(
+                "the cache directory is an empty path".into(),
+            )),
+            Some(dir) if !dir.is_absolute() => Err(Error::InvalidArgument(format!(
+                "the cache directory {} is a relative path",
+                dir.display()
+            ))),
+            Some(dir) => Ok((dir.clone(), DirSource::Explicit)),
+            None if self.read_env && crate::env::secure_execution() => {
+                Err(Error::Unavailable(SECURE_NEEDS_DIR.into()))
+            }
+            None => default_dir(
+                non_empty("KCACHE_DIR"),
+                non_empty("XDG_CACHE_HOME"),
+                non_empty("HOME"),
+            ),
+        }
+    }
+
     pub(crate) fn resolve(self) -> Result<Resolved> {
         let read_env = self.read_env;
         let env = |name: &str| {
@@ -243,28 +275,7 @@ impl DiskConfig {
                 "the disk tier is disabled by KCACHE_DISABLE=1".into(),
             ));
         }
-        let dir = match self.dir {
-            Some(dir) if dir.as_os_str().is_empty() => {
-                return Err(Error::InvalidArgument(
-                    "the cache directory is an empty path".into(),
-                ));
-            }
-            Some(dir) if !dir.is_absolute() => {
-                return Err(Error::InvalidArgument(format!(
-                    "the cache directory {} is a relative path",
-                    dir.display()
-                )));
-            }
-            Some(dir) => dir,
-            None if read_env && crate::env::secure_execution() => {
-                return Err(Error::Unavailable(SECURE_NEEDS_DIR.into()));
-            }
-            None => default_dir(
-                non_empty("KCACHE_DIR"),
-                non_empty("XDG_CACHE_HOME"),
-                non_empty("HOME"),
-            )?,
-        };
+        let (dir, _) = self.locate_dir()?;
         let max_size = match (self.max_size, non_empty("KCACHE_MAX_SIZE")) {
             (Some(0), _) => {
                 return Err(Error::InvalidArgument(
@@ -304,6 +315,19 @@ impl DiskConfig {
             key_schema: self.key_schema,
         })
     }
+}
+
+/// Where [`DiskConfig::locate_dir`] found the directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirSource {
+    /// [`DiskConfig::dir`].
+    Explicit,
+    /// `KCACHE_DIR`.
+    KcacheDir,
+    /// `$XDG_CACHE_HOME/kcache`.
+    XdgCacheHome,
+    /// `$HOME/.cache/kcache`.
+    Home,
 }
 
 pub(crate) struct Resolved {
@@ -396,21 +420,21 @@ fn default_dir(
     kcache_dir: Option<OsString>,
     xdg: Option<OsString>,
     home: Option<OsString>,
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, DirSource)> {
     let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
     if let Some(dir) = kcache_dir.map(PathBuf::from) {
         if dir.is_absolute() {
-            return Ok(dir);
+            return Ok((dir, DirSource::KcacheDir));
         }
         crate::log::warn_once(Warning::RelativeDir, || {
             format!("KCACHE_DIR={dir:?} is a relative path: ignored")
         });
     }
     if let Some(xdg) = absolute(xdg) {
-        return Ok(xdg.join("kcache"));
+        return Ok((xdg.join("kcache"), DirSource::XdgCacheHome));
     }
     if let Some(home) = absolute(home) {
-        return Ok(home.join(".cache").join("kcache"));
+        return Ok((home.join(".cache").join("kcache"), DirSource::Home));
     }
     Err(Error::Unavailable(
         "no cache directory: set KCACHE_DIR, XDG_CACHE_HOME or HOME".into(),
@@ -463,19 +487,29 @@ mod tests {
         let s = |v: &str| Some(OsString::from(v));
         assert_eq!(
             default_dir(s("/a"), s("/x"), s("/h")).unwrap(),
-            PathBuf::from("/a")
+            (PathBuf::from("/a"), DirSource::KcacheDir)
         );
         assert_eq!(
             default_dir(None, s("/x"), s("/h")).unwrap(),
-            PathBuf::from("/x/kcache")
+            (PathBuf::from("/x/kcache"), DirSource::XdgCacheHome)
         );
         assert_eq!(
             default_dir(None, s("relative"), s("/h")).unwrap(),
-            PathBuf::from("/h/.cache/kcache")
+            (PathBuf::from("/h/.cache/kcache"), DirSource::Home)
         );
         assert!(matches!(
             default_dir(None, None, None),
             Err(Error::Unavailable(_))
+        ));
+    }
+
+    #[test]
+    fn an_explicit_dir_is_located_as_given() {
+        let (dir, source) = DiskConfig::in_dir("/x/y").locate_dir().unwrap();
+        assert_eq!((dir, source), (PathBuf::from("/x/y"), DirSource::Explicit));
+        assert!(matches!(
+            DiskConfig::in_dir("x/y").locate_dir(),
+            Err(Error::InvalidArgument(_))
         ));
     }
 

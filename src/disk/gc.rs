@@ -4,15 +4,14 @@
 //! Only names of kcache's own two patterns are considered; anything else is left alone. A
 //! directory at an entry name is removed if empty, and reported as undeletable otherwise.
 
-use std::fs::{File, Metadata};
+use std::fs::Metadata;
 use std::io::{Read, Seek};
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
-use rustix::fs::{Mode, OFlags};
-
 use super::evict::{Index, Unlinked, lstat_at};
 use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
+use super::listing::open_unchanged;
 use super::store::read_bounded;
 use super::{DiskCache, Fingerprint, Inner, is_temp_name, lock, parse_entry_name};
 use crate::error::{Error, Result};
@@ -157,22 +156,11 @@ fn classify(
     if !meta.is_file() || meta.len() < OVERHEAD {
         return Verdict::Corrupt;
     }
-    let Ok(fd) = rustix::fs::openat(
-        &inner.dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        // Replaced by something else (a symlink, …) or removed since the `lstat`: the next
-        // run judges what is there then.
+    let Some(mut file) = open_unchanged(inner, name, meta.ino()) else {
+        // Removed or replaced (by a writer, a symlink, …) since the `lstat`: the next run
+        // judges what is there then.
         return Verdict::Keep;
     };
-    let mut file = File::from(fd);
-    match file.metadata() {
-        Ok(now) if now.ino() == meta.ino() => {}
-        // A writer replaced it since the `lstat`: the new file is not this one.
-        _ => return Verdict::Keep,
-    }
     let mut head = [0u8; HEADER_LEN];
     if file.read_exact(&mut head).is_err() {
         return Verdict::Corrupt;

@@ -7,6 +7,7 @@
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory.
 //! - `writer`: writes made after the caller has its value, on a background thread.
+//! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
@@ -16,6 +17,7 @@ mod dir;
 mod evict;
 pub mod format;
 mod gc;
+mod listing;
 mod lock;
 mod store;
 mod writer;
@@ -26,9 +28,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-pub use config::{DEFAULT_MAX_SIZE, DiskConfig, Durability, OperatorKey, parse_size};
+pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKey, parse_size};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
+pub use listing::{Check, EntryInfo};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
 pub use store::MAX_ENTRY_SIZE;

@@ -1,0 +1,989 @@
+//! The subcommands. Each returns its exit status, or a [`Failure`] for stderr.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kcache::Error;
+use kcache::disk::format::{ALG_BLAKE3, Header, Tagger};
+use kcache::disk::{
+    Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, DirSource, DiskCache, DiskConfig, EntryInfo,
+    Fingerprint, OperatorKey,
+};
+use serde::Serialize;
+
+use crate::report::{self, Table};
+use crate::{Failure, Sort};
+
+/// Version of every `--json` schema (`docs/command.md`): bumped only when a field changes
+/// meaning or goes away; fields may be added without a bump.
+const SCHEMA: u32 = 1;
+
+/// Which directory and key the command works on: `--dir` and `--key-file`, else the
+/// environment as the library reads it.
+pub struct Target {
+    pub dir: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// Lowercase hex, as entry file names spell fingerprints and keys.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn source_name(source: DirSource) -> &'static str {
+    match source {
+        DirSource::Explicit => "--dir",
+        DirSource::KcacheDir => "KCACHE_DIR",
+        DirSource::XdgCacheHome => "XDG_CACHE_HOME",
+        DirSource::Home => "HOME",
+    }
+}
+
+fn non_empty_env(name: &str) -> Option<OsString> {
+    kcache::env::var_os(name).filter(|v| !v.is_empty())
+}
+
+impl Target {
+    /// The configuration's directory part: `--dir` (made absolute against the working
+    /// directory, as a command-line path is expected to be), else the environment.
+    fn base_config(&self) -> Result<DiskConfig, Failure> {
+        match &self.dir {
+            Some(dir) => {
+                let dir = std::path::absolute(dir)
+                    .map_err(|e| Failure::usage(format!("--dir {}: {e}", dir.display())))?;
+                Ok(DiskConfig::in_dir(dir))
+            }
+            None => Ok(DiskConfig::from_env()),
+        }
+    }
+
+    /// Adds the key (`--key-file`, else `KCACHE_KEY_FILE`, which the library ignores with
+    /// `--dir`) and resolves the cap (`KCACHE_MAX_SIZE`, else the default), with the library's
+    /// refusals. The directory itself is opened without a cap: the cap a process applies
+    /// evicts when it opens a directory over it, and looking at a cache must not change it.
+    fn add_settings(&self, config: &mut DiskConfig) -> Result<Settings, Error> {
+        let load = |path: &Path, what: &str| {
+            OperatorKey::from_file(path)
+                .map_err(|e| with_context(e, &format!("{what}={}", path.display())))
+        };
+        let key_source = if let Some(path) = &self.key_file {
+            config.key = Some(load(path, "--key-file")?);
+            Some("--key-file")
+        } else if let Some(path) = kcache::env::var_os("KCACHE_KEY_FILE") {
+            // Without `--dir` the library reads it itself, refusing an empty value too.
+            if self.dir.is_some() && !path.is_empty() {
+                config.key = Some(load(Path::new(&path), "KCACHE_KEY_FILE")?);
+            }
+            Some("KCACHE_KEY_FILE")
+        } else {
+            None
+        };
+        let cap = match non_empty_env("KCACHE_MAX_SIZE") {
+            None => DEFAULT_MAX_SIZE,
+            Some(text) => {
+                let text = text.to_string_lossy();
+                match kcache::disk::parse_size(&text) {
+                    Ok(size) if size > 0 => size,
+                    _ => {
+                        return Err(Error::Unavailable(format!(
+                            "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a \
+                             K/M/G/T suffix): the disk tier is off"
+                        )));
+                    }
+                }
+            }
+        };
+        config.max_size = Some(u64::MAX);
+        Ok(Settings { key_source, cap })
+    }
+
+    /// Opens the directory as the library does. A directory that does not exist is an error
+    /// rather than created: nothing has been cached there, and a mistyped `--dir` should say
+    /// so instead of leaving an empty cache behind.
+    fn open(&self) -> Result<(DiskCache, Settings), Failure> {
+        let mut config = self.base_config()?;
+        let (dir, source) = config
+            .locate_dir()
+            .map_err(|e| Failure::usage(format!("no cache directory: {}", error_message(&e))))?;
+        if std::fs::symlink_metadata(&dir).is_err() {
+            return Err(Failure::usage(format!(
+                "the cache directory {} (from {}) does not exist: nothing has been cached there",
+                dir.display(),
+                source_name(source)
+            )));
+        }
+        let refused = |e: Error| {
+            Failure::usage(format!(
+                "cannot use the cache directory {} (from {}): {}",
+                dir.display(),
+                source_name(source),
+                error_message(&e)
+            ))
+        };
+        let settings = self.add_settings(&mut config).map_err(refused)?;
+        let cache = DiskCache::open(config).map_err(refused)?;
+        Ok((cache, settings))
+    }
+}
+
+/// What [`Target::add_settings`] resolved besides the configuration.
+pub struct Settings {
+    /// Where the key came from: `--key-file`, `KCACHE_KEY_FILE`, or none.
+    key_source: Option<&'static str>,
+    /// The cap the processes using the directory apply (unless one sets its own in code).
+    cap: u64,
+}
+
+/// `e` with `what` before its message, same kind.
+fn with_context(e: Error, what: &str) -> Error {
+    match e {
+        Error::Untrusted(m) => Error::Untrusted(format!("{what}: {m}")),
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        Error::Io(m) => Error::Io(format!("{what}: {m}")),
+        Error::Unavailable(m) => Error::Unavailable(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+/// The error's own message, without the variant's prefix where the variant is named apart.
+fn error_message(e: &Error) -> String {
+    match e {
+        Error::Unavailable(m) | Error::Io(m) | Error::InvalidArgument(m) => m.clone(),
+        Error::Untrusted(m) => format!("untrusted: {m}"),
+        other => other.to_string(),
+    }
+}
+
+fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::Unavailable(_) => "unavailable",
+        Error::Untrusted(_) => "untrusted",
+        Error::InvalidArgument(_) => "invalid-argument",
+        Error::Io(_) => "io",
+        _ => "other",
+    }
+}
+
+// --- config -------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct ConfigJson {
+    schema: u32,
+    dir: Option<String>,
+    dir_source: Option<&'static str>,
+    exists: bool,
+    enabled: bool,
+    trusted: Option<bool>,
+    error: Option<ErrorJson>,
+    key_source: Option<&'static str>,
+    key_fingerprint: Option<String>,
+    tag: Option<&'static str>,
+    cap_bytes: Option<u64>,
+    lock_timeout_s: Option<f64>,
+    environment: BTreeMap<String, String>,
+    notes: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct ErrorJson {
+    kind: &'static str,
+    message: String,
+}
+
+/// `kcache config`: exit status 0 when the disk tier is on, 1 when it is off.
+pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
+    let mut out = ConfigJson {
+        schema: SCHEMA,
+        dir: None,
+        dir_source: None,
+        exists: false,
+        enabled: false,
+        trusted: None,
+        error: None,
+        key_source: None,
+        key_fingerprint: None,
+        tag: None,
+        cap_bytes: None,
+        lock_timeout_s: None,
+        environment: std::env::vars_os()
+            .filter_map(|(k, v)| {
+                let k = k.into_string().ok()?;
+                k.starts_with("KCACHE_")
+                    .then(|| (k, v.to_string_lossy().into_owned()))
+            })
+            .collect(),
+        notes: Vec::new(),
+    };
+    if kcache::env::secure_execution() {
+        out.notes.push(
+            "secure-execution process: no KCACHE_* variable but KCACHE_DISABLE is read".into(),
+        );
+    }
+    if let Some(dir) = std::env::var_os("KCACHE_DIR").filter(|d| !d.is_empty()) {
+        if target.dir.is_some() {
+            out.notes
+                .push("KCACHE_DIR is ignored: --dir is given".into());
+        } else if !Path::new(&dir).is_absolute() {
+            out.notes
+                .push(format!("KCACHE_DIR={dir:?} is a relative path: ignored"));
+        }
+    }
+    if target.dir.is_some() && kcache::env::disk_disabled() {
+        out.notes.push(
+            "KCACHE_DISABLE=1 turns the tier off for the processes using the cache; with --dir \
+             this command opens the directory all the same"
+                .into(),
+        );
+    }
+    let mut config = target.base_config()?;
+    let outcome = config.locate_dir().map(|(dir, source)| {
+        out.dir = Some(dir.display().to_string());
+        out.dir_source = Some(source_name(source));
+        out.exists = std::fs::symlink_metadata(&dir).is_ok();
+    });
+    let opened = match outcome {
+        Err(e) => Err(e),
+        Ok(()) => match target.add_settings(&mut config) {
+            Err(e) => Err(e),
+            Ok(settings) => {
+                out.key_source = settings.key_source;
+                out.cap_bytes = Some(settings.cap);
+                // Opening creates a missing directory, unless `KCACHE_DISABLE=1` refuses first
+                // (which `--dir` does not consult).
+                if out.exists || (target.dir.is_none() && kcache::env::disk_disabled()) {
+                    DiskCache::open(config).map(Some)
+                } else {
+                    out.notes.push(
+                        "the directory does not exist yet: the first process that uses the \
+                         cache creates it (mode 0700)"
+                            .into(),
+                    );
+                    Ok(None)
+                }
+            }
+        },
+    };
+    match &opened {
+        Ok(Some(cache)) => {
+            out.enabled = true;
+            out.trusted = Some(true);
+            let fp = cache.fingerprint();
+            out.key_fingerprint = Some(hex(&fp));
+            out.tag = Some(if fp == [0; 8] {
+                "blake3"
+            } else {
+                "hmac-sha256"
+            });
+            out.lock_timeout_s = Some(cache.lock_timeout().as_secs_f64());
+        }
+        Ok(None) => out.enabled = true,
+        Err(e) => {
+            out.trusted = matches!(e, Error::Untrusted(_)).then_some(false);
+            out.error = Some(ErrorJson {
+                kind: error_kind(e),
+                message: error_message(e),
+            });
+        }
+    }
+    if json {
+        report::json(&out);
+    } else {
+        print_config(&out, opened.as_ref().ok().and_then(Option::as_ref));
+    }
+    Ok(if out.enabled { 0 } else { 1 })
+}
+
+fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
+    let none = || "none".to_owned();
+    println!("directory:    {}", out.dir.clone().unwrap_or_else(none));
+    if let Some(source) = out.dir_source {
+        println!("chosen by:    {source}");
+    }
+    println!("exists:       {}", if out.exists { "yes" } else { "no" });
+    let state = match (&out.error, cache) {
+        (Some(e), _) => format!("off: {}", e.message),
+        (None, Some(_)) => "on: owned by this user, not writable by group or others".into(),
+        (None, None) => "on once created".into(),
+    };
+    println!("disk tier:    {state}");
+    if let Some(cache) = cache {
+        let key = match (out.tag, out.key_source) {
+            (Some("hmac-sha256"), source) => format!(
+                "HMAC-SHA256, fingerprint {} (from {})",
+                hex(&cache.fingerprint()),
+                source.unwrap_or("the configuration")
+            ),
+            _ => "none: entries are BLAKE3-checksummed, not keyed".into(),
+        };
+        println!("key:          {key}");
+        if let Some(cap) = out.cap_bytes {
+            println!("size cap:     {}", report::size(cap));
+        }
+        println!("lock timeout: {}", report::duration(cache.lock_timeout()));
+    }
+    if out.environment.is_empty() {
+        println!("environment:  no KCACHE_* variable set");
+    } else {
+        println!("environment:");
+        for (name, value) in &out.environment {
+            println!("  {name}={value}");
+        }
+    }
+    for note in &out.notes {
+        println!("note: {note}");
+    }
+}
+
+// --- stats --------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct StatsJson {
+    schema: u32,
+    dir: String,
+    cap_bytes: u64,
+    entries: u64,
+    bytes: u64,
+    generations: Vec<GenerationJson>,
+    oldest_used_unix_ns: Option<u64>,
+    newest_used_unix_ns: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct GenerationJson {
+    fingerprint: String,
+    current: bool,
+    entries: u64,
+    bytes: u64,
+}
+
+pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
+    let (cache, settings) = target.open()?;
+    let entries: Vec<EntryInfo> = cache.entries()?.into_iter().filter(|e| e.regular).collect();
+    let current = cache.fingerprint();
+    let mut generations: BTreeMap<(bool, Fingerprint), (u64, u64)> = BTreeMap::new();
+    for e in &entries {
+        let g = generations
+            .entry((e.fingerprint != current, e.fingerprint))
+            .or_default();
+        g.0 += 1;
+        g.1 += e.size;
+    }
+    let oldest = entries.iter().map(|e| e.modified).min();
+    let newest = entries.iter().map(|e| e.modified).max();
+    let out = StatsJson {
+        schema: SCHEMA,
+        dir: cache.path().display().to_string(),
+        cap_bytes: settings.cap,
+        entries: entries.len() as u64,
+        bytes: entries.iter().map(|e| e.size).sum(),
+        generations: generations
+            .iter()
+            .map(|(&(other, fp), &(entries, bytes))| GenerationJson {
+                fingerprint: hex(&fp),
+                current: !other,
+                entries,
+                bytes,
+            })
+            .collect(),
+        oldest_used_unix_ns: oldest.map(report::unix_nanos),
+        newest_used_unix_ns: newest.map(report::unix_nanos),
+    };
+    if json {
+        report::json(&out);
+        return Ok(0);
+    }
+    let now = SystemTime::now();
+    println!("directory:  {}", out.dir);
+    println!(
+        "entries:    {} ({}), cap {} ({:.1} % used)",
+        out.entries,
+        report::size(out.bytes),
+        report::size(out.cap_bytes),
+        out.bytes as f64 * 100.0 / out.cap_bytes as f64
+    );
+    if let (Some(oldest), Some(newest)) = (oldest, newest) {
+        println!("least recently used: {}", report::time(oldest, now));
+        println!("most recently used:  {}", report::time(newest, now));
+    }
+    if !out.generations.is_empty() {
+        println!("key generations:");
+        let mut table = Table::new(&[
+            ("  FINGERPRINT", false),
+            ("ENTRIES", true),
+            ("SIZE", true),
+            ("", false),
+        ]);
+        for g in &out.generations {
+            table.row(vec![
+                format!("  {}", g.fingerprint),
+                g.entries.to_string(),
+                report::size(g.bytes),
+                generation_note(g.current, &g.fingerprint),
+            ]);
+        }
+        table.print();
+    }
+    Ok(0)
+}
+
+fn generation_note(current: bool, fingerprint: &str) -> String {
+    match (current, fingerprint.bytes().all(|b| b == b'0')) {
+        (true, true) => "this configuration (unkeyed)".into(),
+        (true, false) => "this key".into(),
+        (false, true) => "unkeyed: gc removes it".into(),
+        (false, false) => "another key: gc removes it unless --retain-key".into(),
+    }
+}
+
+// --- ls -----------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct LsJson {
+    schema: u32,
+    dir: String,
+    entries: Vec<EntryJson>,
+}
+
+#[derive(Serialize)]
+struct EntryJson {
+    name: String,
+    key: String,
+    fingerprint: String,
+    current: bool,
+    size: u64,
+    status: &'static str,
+    reason: Option<&'static str>,
+    build_time_ns: Option<u64>,
+    last_used_unix_ns: u64,
+}
+
+/// `status` and `reason` of a check, and the header when its tag was checked.
+fn describe(check: &Check) -> (&'static str, Option<&'static str>, Option<&Header>) {
+    match check {
+        Check::Verified(h) => ("ok", None, Some(h)),
+        Check::StaleSchema(h) => ("stale-schema", None, Some(h)),
+        Check::OtherKey(_) => ("other-key", None, None),
+        Check::Corrupt(reason) => ("corrupt", Some(*reason), None),
+        Check::Gone => ("gone", None, None),
+    }
+}
+
+fn entry_json(cache: &DiskCache, entry: &EntryInfo, check: &Check) -> EntryJson {
+    let (status, reason, header) = describe(check);
+    EntryJson {
+        name: entry.name.clone(),
+        key: entry.key.to_hex(),
+        fingerprint: hex(&entry.fingerprint),
+        current: entry.fingerprint == cache.fingerprint(),
+        size: entry.size,
+        status,
+        reason,
+        build_time_ns: header.map(|h| h.build_nanos),
+        last_used_unix_ns: report::unix_nanos(entry.modified),
+    }
+}
+
+pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure> {
+    let (cache, _) = target.open()?;
+    let mut entries = cache.entries()?;
+    match sort {
+        None => entries.sort_by_key(|e| (e.key, e.fingerprint)),
+        Some(Sort::Size) => entries.sort_by_key(|e| Reverse(e.size)),
+        Some(Sort::Age) => entries.sort_by_key(|e| e.modified),
+        Some(Sort::LastRead) => entries.sort_by_key(|e| Reverse(e.modified)),
+    }
+    let rows: Vec<EntryJson> = entries
+        .iter()
+        .map(|e| entry_json(&cache, e, &cache.check(e)))
+        .filter(|row| row.status != "gone")
+        .collect();
+    if json {
+        report::json(&LsJson {
+            schema: SCHEMA,
+            dir: cache.path().display().to_string(),
+            entries: rows,
+        });
+        return Ok(0);
+    }
+    let now = SystemTime::now();
+    let mut table = Table::new(&[
+        ("KEY", false),
+        ("GENERATION", false),
+        ("SIZE", true),
+        ("BUILD", true),
+        ("LAST USED (WRITTEN OR READ)", false),
+        ("STATUS", false),
+    ]);
+    for row in &rows {
+        table.row(vec![
+            row.key[..16].to_owned(),
+            if row.current {
+                "this key".into()
+            } else {
+                row.fingerprint.clone()
+            },
+            report::size(row.size),
+            row.build_time_ns
+                .map_or("-".into(), |n| report::duration(Duration::from_nanos(n))),
+            report::time(
+                SystemTime::UNIX_EPOCH + Duration::from_nanos(row.last_used_unix_ns),
+                now,
+            ),
+            match row.reason {
+                Some(reason) => format!("corrupt: {reason}"),
+                None => row.status.to_owned(),
+            },
+        ]);
+    }
+    table.print();
+    println!(
+        "{} entries, {}",
+        rows.len(),
+        report::size(rows.iter().map(|r| r.size).sum())
+    );
+    Ok(0)
+}
+
+// --- inspect ------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct InspectJson {
+    schema: u32,
+    #[serde(flatten)]
+    entry: EntryJson,
+    header: Option<HeaderJson>,
+}
+
+#[derive(Serialize)]
+struct HeaderJson {
+    format_version: u16,
+    tag: &'static str,
+    key_schema: u32,
+    fingerprint: String,
+    key: String,
+    payload_len: u64,
+    build_time_ns: u64,
+}
+
+/// Finds the entry `spec` names: an entry file name, or a key (or a unique prefix of one) in
+/// hex, of any key generation.
+fn find_entry(cache: &DiskCache, spec: &str) -> Result<EntryInfo, Failure> {
+    if spec.ends_with(".kce") {
+        return cache.entry(spec)?.ok_or_else(|| {
+            Failure::usage(format!("no entry {spec} in {}", cache.path().display()))
+        });
+    }
+    let prefix = spec.to_ascii_lowercase();
+    if prefix.is_empty() || prefix.len() > 64 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Failure::usage(format!(
+            "{spec:?} is neither an entry file name nor a key in hex"
+        )));
+    }
+    let mut found: Vec<EntryInfo> = cache
+        .entries()?
+        .into_iter()
+        .filter(|e| e.key.to_hex().starts_with(&prefix))
+        .collect();
+    match found.len() {
+        0 => Err(Failure::usage(format!(
+            "no entry whose key starts with {prefix} in {}",
+            cache.path().display()
+        ))),
+        1 => Ok(found.remove(0)),
+        _ => Err(Failure::usage(format!(
+            "{prefix} names {} entries; give more of the key or a file name: {}",
+            found.len(),
+            found
+                .iter()
+                .map(|e| e.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+/// `kcache inspect`: exit status 1 when the entry is corrupt.
+pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
+    let (cache, _) = target.open()?;
+    let entry = find_entry(&cache, spec)?;
+    let check = cache.check(&entry);
+    if check == Check::Gone {
+        return Err(Failure::usage(format!(
+            "{} was removed or replaced while read",
+            entry.name
+        )));
+    }
+    let header = match &check {
+        Check::Verified(h) | Check::StaleSchema(h) | Check::OtherKey(h) => Some(HeaderJson {
+            format_version: h.version,
+            tag: if h.algorithm == ALG_BLAKE3 {
+                "blake3"
+            } else {
+                "hmac-sha256"
+            },
+            key_schema: h.schema,
+            fingerprint: hex(&h.fingerprint),
+            key: h.key.to_hex(),
+            payload_len: h.payload_len,
+            build_time_ns: h.build_nanos,
+        }),
+        Check::Corrupt(_) | Check::Gone => None,
+    };
+    let status = u8::from(matches!(check, Check::Corrupt(_)));
+    let out = InspectJson {
+        schema: SCHEMA,
+        entry: entry_json(&cache, &entry, &check),
+        header,
+    };
+    if json {
+        report::json(&out);
+        return Ok(status);
+    }
+    let verdict = match &check {
+        Check::Verified(_) => "verified: tag checked with this process's key".to_owned(),
+        Check::StaleSchema(_) => {
+            "verified, but written under another key schema: unreachable, gc removes it".into()
+        }
+        Check::OtherKey(_) => {
+            "another key generation: structure checked, tag not (this process lacks its key)".into()
+        }
+        Check::Corrupt(reason) => format!("corrupt: {reason}"),
+        Check::Gone => unreachable!("returned above"),
+    };
+    println!("file:           {}", entry.name);
+    println!("size:           {}", report::size_and_bytes(entry.size));
+    println!(
+        "last used:      {} (written or read)",
+        report::time(entry.modified, SystemTime::now())
+    );
+    println!("status:         {verdict}");
+    if let Some(h) = &out.header {
+        println!("format version: {}", h.format_version);
+        println!("tag:            {}", h.tag);
+        println!("key schema:     {}", h.key_schema);
+        println!("fingerprint:    {}", h.fingerprint);
+        println!("key:            {}", h.key);
+        println!("payload:        {}", report::size_and_bytes(h.payload_len));
+        println!(
+            "build time:     {}",
+            report::duration(Duration::from_nanos(h.build_time_ns))
+        );
+    }
+    Ok(status)
+}
+
+// --- verify -------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct VerifyJson {
+    schema: u32,
+    checked: u64,
+    verified: u64,
+    stale_schema: u64,
+    other_key: u64,
+    corrupt: Vec<CorruptJson>,
+}
+
+#[derive(Serialize)]
+struct CorruptJson {
+    name: String,
+    reason: &'static str,
+    removed: bool,
+}
+
+/// `kcache verify`: exit status 1 when an entry is corrupt (removed or not).
+pub fn verify(target: &Target, remove: bool, json: bool) -> Result<u8, Failure> {
+    let (cache, _) = target.open()?;
+    let entries = cache.entries()?;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(entries.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} entries, {eta} left")
+                .expect("a valid template"),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut out = VerifyJson {
+        schema: SCHEMA,
+        checked: 0,
+        verified: 0,
+        stale_schema: 0,
+        other_key: 0,
+        corrupt: Vec::new(),
+    };
+    let mut failed_removals = Vec::new();
+    for entry in &entries {
+        match cache.check(entry) {
+            Check::Verified(_) => out.verified += 1,
+            Check::StaleSchema(_) => out.stale_schema += 1,
+            Check::OtherKey(_) => out.other_key += 1,
+            Check::Corrupt(reason) => {
+                let removed = remove
+                    && match cache.remove_listed(entry) {
+                        Ok(removed) => removed,
+                        Err(e) => {
+                            failed_removals.push(error_message(&e));
+                            false
+                        }
+                    };
+                if !json {
+                    bar.suspend(|| {
+                        let what = if removed { " (removed)" } else { "" };
+                        println!("corrupt: {}: {reason}{what}", entry.name);
+                    });
+                }
+                out.corrupt.push(CorruptJson {
+                    name: entry.name.clone(),
+                    reason,
+                    removed,
+                });
+            }
+            Check::Gone => continue,
+        }
+        out.checked += 1;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    for failure in &failed_removals {
+        eprintln!("kcache: {failure}");
+    }
+    if json {
+        report::json(&out);
+    } else {
+        let removed = out.corrupt.iter().filter(|c| c.removed).count();
+        println!(
+            "{} entries checked: {} verified, {} corrupt{}",
+            out.checked,
+            out.verified,
+            out.corrupt.len(),
+            if remove {
+                format!(" ({removed} removed)")
+            } else {
+                String::new()
+            }
+        );
+        if out.other_key > 0 {
+            println!(
+                "{} of other key generations: structure checked, tags not (no key)",
+                out.other_key
+            );
+        }
+        if out.stale_schema > 0 {
+            println!(
+                "{} of another key schema: gc removes them",
+                out.stale_schema
+            );
+        }
+    }
+    Ok(u8::from(!out.corrupt.is_empty()))
+}
+
+// --- gc -----------------------------------------------------------------------------------
+
+pub struct GcArgs {
+    pub older_than: Option<Duration>,
+    pub max_size: Option<u64>,
+    pub retain_key: Vec<PathBuf>,
+    pub dry_run: bool,
+}
+
+#[derive(Serialize)]
+struct GcJson {
+    schema: u32,
+    dry_run: bool,
+    /// What the library's sweep removed (none in a dry run).
+    sweep: Option<SweepJson>,
+    /// Entries removed (or, in a dry run, that would be) by name.
+    removed: Vec<RemovedJson>,
+    bytes_freed: u64,
+    kept_entries: u64,
+    kept_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct SweepJson {
+    stale_fingerprint: u64,
+    stale_schema: u64,
+    corrupt: u64,
+    temp_files: u64,
+    lock_files: u64,
+    undeletable: u64,
+    bytes_freed: u64,
+}
+
+#[derive(Serialize)]
+struct RemovedJson {
+    name: String,
+    reason: &'static str,
+    size: u64,
+}
+
+pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
+    let mut retain = Vec::new();
+    for path in &args.retain_key {
+        let key = OperatorKey::from_file(path)
+            .map_err(|e| Failure::usage(format!("--retain-key {}: {e}", path.display())))?;
+        retain.push(Tagger::new(Some(&key)).fingerprint());
+    }
+    let (cache, _) = target.open()?;
+    let mut out = GcJson {
+        schema: SCHEMA,
+        dry_run: args.dry_run,
+        sweep: None,
+        removed: Vec::new(),
+        bytes_freed: 0,
+        kept_entries: 0,
+        kept_bytes: 0,
+    };
+    let mut kept = Vec::new();
+    if args.dry_run {
+        // What the sweep would remove, judged as it judges (temporaries and lock files are
+        // not listed: whether one is idle is only known by locking it).
+        for entry in cache.entries()? {
+            let current = entry.fingerprint == cache.fingerprint();
+            let reason = if !current && !retain.contains(&entry.fingerprint) {
+                Some("stale-fingerprint")
+            } else {
+                match cache.check(&entry) {
+                    Check::Corrupt(_) => Some("corrupt"),
+                    Check::StaleSchema(_) => Some("stale-schema"),
+                    Check::Gone => continue,
+                    Check::Verified(_) | Check::OtherKey(_) => None,
+                }
+            };
+            match reason {
+                Some(reason) => out.removed.push(RemovedJson {
+                    name: entry.name.clone(),
+                    reason,
+                    size: entry.size,
+                }),
+                None => kept.push(entry),
+            }
+        }
+    } else {
+        let report = cache.gc(&retain, DEFAULT_TEMP_MAX_AGE)?;
+        out.sweep = Some(SweepJson {
+            stale_fingerprint: report.stale_fingerprint,
+            stale_schema: report.stale_schema,
+            corrupt: report.corrupt,
+            temp_files: report.temp_files,
+            lock_files: report.lock_files,
+            undeletable: report.undeletable,
+            bytes_freed: report.bytes_freed,
+        });
+        out.bytes_freed = report.bytes_freed;
+        kept = cache.entries()?.into_iter().filter(|e| e.regular).collect();
+    }
+    // Least recently used first: the order both the age and the size passes remove in.
+    kept.sort_by_key(|e| e.modified);
+    let now = SystemTime::now();
+    let mut total: u64 = kept.iter().map(|e| e.size).sum();
+    for entry in kept {
+        let age = now.duration_since(entry.modified).unwrap_or_default();
+        let reason = if args.older_than.is_some_and(|limit| age >= limit) {
+            Some("older-than")
+        } else if args.max_size.is_some_and(|max| total > max) {
+            Some("max-size")
+        } else {
+            None
+        };
+        let gone = match reason {
+            Some(_) if args.dry_run => true,
+            Some(_) => cache.remove_listed(&entry)?,
+            None => false,
+        };
+        match reason {
+            Some(reason) if gone => {
+                total -= entry.size;
+                out.removed.push(RemovedJson {
+                    name: entry.name,
+                    reason,
+                    size: entry.size,
+                });
+            }
+            _ => {
+                out.kept_entries += 1;
+                out.kept_bytes += entry.size;
+            }
+        }
+    }
+    // In a real run `removed` lists the age and size passes only; the sweep's bytes are in.
+    out.bytes_freed += out.removed.iter().map(|r| r.size).sum::<u64>();
+    if json {
+        report::json(&out);
+        return Ok(0);
+    }
+    let verb = if args.dry_run {
+        "would remove"
+    } else {
+        "removed"
+    };
+    for r in &out.removed {
+        println!("{verb} {} ({}, {})", r.name, r.reason, report::size(r.size));
+    }
+    if let Some(s) = &out.sweep {
+        println!(
+            "sweep: {} of retired keys, {} of other key schemas, {} corrupt, {} temporaries, \
+             {} idle lock files{}",
+            s.stale_fingerprint,
+            s.stale_schema,
+            s.corrupt,
+            s.temp_files,
+            s.lock_files,
+            if s.undeletable > 0 {
+                format!(", {} could not be removed", s.undeletable)
+            } else {
+                String::new()
+            }
+        );
+    }
+    println!(
+        "{verb} {}; kept {} entries ({})",
+        report::size(out.bytes_freed),
+        out.kept_entries,
+        report::size(out.kept_bytes)
+    );
+    Ok(0)
+}
+
+// --- clear --------------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct ClearJson {
+    schema: u32,
+    removed: u64,
+    bytes_freed: u64,
+}
+
+pub fn clear(target: &Target, json: bool) -> Result<u8, Failure> {
+    let (cache, _) = target.open()?;
+    let mut out = ClearJson {
+        schema: SCHEMA,
+        removed: 0,
+        bytes_freed: 0,
+    };
+    for entry in cache.entries()? {
+        if entry.fingerprint == cache.fingerprint() && cache.remove(&entry.key)? {
+            out.removed += 1;
+            out.bytes_freed += entry.size;
+        }
+    }
+    if json {
+        report::json(&out);
+    } else {
+        println!(
+            "removed {} entries ({}) from {}",
+            out.removed,
+            report::size(out.bytes_freed),
+            cache.path().display()
+        );
+    }
+    Ok(0)
+}

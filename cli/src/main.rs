@@ -1,0 +1,180 @@
+//! `kcache`: see, check and trim a kcache disk cache (`docs/command.md` has the usage, the JSON
+//! schemas and the exit codes).
+//!
+//! The command opens the directory exactly as the library does (`DiskConfig::from_env`, or
+//! `--dir`), so what it reports is what every process using the cache sees. Its dependencies
+//! are the common choices for what each does, so the command behaves as operators expect:
+//! - clap (derive): arguments, `--help`, and usage errors with exit status 2, as other
+//!   command-line tools give them;
+//! - indicatif: the progress bar of `verify`, drawn on stderr only when it is a terminal;
+//! - serde and serde_json: the `--json` output, written from typed structs so that its
+//!   schema is the structs' fields and cannot drift by a typo.
+//!
+//! Exit status: 0 success; 1 the command ran and found a problem (`verify`: corrupt entries;
+//! `inspect`: the entry does not verify; `config`: the disk tier is off); 2 a usage error, or
+//! the directory cannot be used.
+
+mod commands;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "kcache",
+    version,
+    about = "See, check and trim a kcache disk cache"
+)]
+struct Cli {
+    /// The cache directory [default: as the library resolves it: KCACHE_DIR,
+    /// $XDG_CACHE_HOME/kcache, $HOME/.cache/kcache]
+    #[arg(long, global = true, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// The operator key file [default: KCACHE_KEY_FILE]
+    #[arg(long, global = true, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The resolved directory and how it was chosen, whether it is trusted, and why the disk
+    /// tier is off when it is
+    Config {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Entries and bytes, in total and per key generation; the cap; the oldest and newest entry
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One row per entry
+    Ls {
+        #[arg(long)]
+        json: bool,
+        /// Order of the rows [default: by key]
+        #[arg(long, value_enum)]
+        sort: Option<Sort>,
+    },
+    /// One entry's header, verified with this process's key
+    Inspect {
+        /// An entry file name, or (a unique prefix of) a key in hex
+        entry: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-checks every entry; exit status 1 when any is corrupt
+    Verify {
+        /// Remove the corrupt entries
+        #[arg(long)]
+        remove: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Removes stale key generations, temporaries, idle lock files and corrupt entries, and
+    /// entries by age or to fit a size
+    Gc {
+        /// Also remove entries not used (read or written) for this long: 30m, 12h, 7d, 1w2d
+        #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Also remove least recently used entries until the directory holds at most SIZE
+        /// (bytes, or with a K/M/G/T suffix)
+        #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+        max_size: Option<u64>,
+        /// Keep the entries of this operator key too (repeat for several)
+        #[arg(long, value_name = "FILE")]
+        retain_key: Vec<PathBuf>,
+        /// List what would be removed, remove nothing
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Removes every entry of this key (other key generations and other files stay)
+    Clear {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The orders of `ls`. Entries have one time of their own, the mtime (last written or read),
+/// so `age` and `last-read` are its two directions.
+#[derive(Clone, Copy, ValueEnum)]
+enum Sort {
+    /// Largest first
+    Size,
+    /// Least recently used first
+    Age,
+    /// Most recently used first
+    LastRead,
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    kcache::disk::parse_size(text).map_err(|e| e.to_string())
+}
+
+/// A failure that ends the command: its message for stderr and its exit status.
+pub struct Failure {
+    pub message: String,
+    pub status: u8,
+}
+
+impl Failure {
+    /// The directory or an argument cannot be used (exit status 2).
+    pub fn usage(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            status: 2,
+        }
+    }
+}
+
+impl From<kcache::Error> for Failure {
+    fn from(e: kcache::Error) -> Failure {
+        Failure::usage(e.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let target = commands::Target {
+        dir: cli.dir,
+        key_file: cli.key_file,
+    };
+    let outcome = match cli.command {
+        Command::Config { json } => commands::config(&target, json),
+        Command::Stats { json } => commands::stats(&target, json),
+        Command::Ls { json, sort } => commands::ls(&target, json, sort),
+        Command::Inspect { entry, json } => commands::inspect(&target, &entry, json),
+        Command::Verify { remove, json } => commands::verify(&target, remove, json),
+        Command::Gc {
+            older_than,
+            max_size,
+            retain_key,
+            dry_run,
+            json,
+        } => commands::gc(
+            &target,
+            &commands::GcArgs {
+                older_than,
+                max_size,
+                retain_key,
+                dry_run,
+            },
+            json,
+        ),
+        Command::Clear { json } => commands::clear(&target, json),
+    };
+    match outcome {
+        Ok(status) => ExitCode::from(status),
+        Err(failure) => {
+            eprintln!("kcache: error: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}
