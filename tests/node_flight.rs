@@ -149,7 +149,7 @@ fn opencl_lookup(disk: Option<Arc<DiskCache>>, variant: &str, go: Option<&Path>)
         Ok(program) => {
             let mut y: Vec<f32> = (0..ITEMS).map(|i| i as f32).collect();
             let mut args = [KernelArg::Floats(&mut y), KernelArg::Float(FACTOR)];
-            run_kernel(&context, &program, "scramble", &mut args, ITEMS).unwrap();
+            run_kernel(&context, program.value(), "scramble", &mut args, ITEMS).unwrap();
             let correct = (0..ITEMS as u32).all(|i| y[i as usize] == expected(i, rounds, i as f32));
             (correct, "")
         }
