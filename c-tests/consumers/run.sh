@@ -121,9 +121,12 @@ file -L "$P/lib/libkcache.so" | grep -q 'ELF .* shared object' || fail "libkcach
 grep -q "lib/$REALNAME" "$ROOT/docs/packaging.md" || fail "docs/packaging.md's install table does not show lib/$REALNAME"
 pass "lib/$REALNAME, $SONAME -> $REALNAME, libkcache.so -> $SONAME, libkcache.a, kcache.h, kcache.pc, CMake package"
 [[ -x "$P/bin/kcache" ]] || fail "missing installed program bin/kcache"
-"$P/bin/kcache" --help | grep -q "kcache disk cache" || fail "bin/kcache --help"
+# Whole outputs first: `grep -q` stops reading early, which would break the pipe.
+help_text="$("$P/bin/kcache" --help)" || fail "bin/kcache --help"
+grep -q "kcache disk cache" <<<"$help_text" || fail "bin/kcache --help"
 mkdir -m 700 "$WORK/cache"
-"$P/bin/kcache" --dir "$WORK/cache" stats --json | grep -q '"entries": 0' || fail "bin/kcache stats"
+stats_json="$("$P/bin/kcache" --dir "$WORK/cache" stats --json)" || fail "bin/kcache stats"
+grep -q '"entries": 0' <<<"$stats_json" || fail "bin/kcache stats"
 pass "bin/kcache runs: --help, stats on an empty directory"
 
 cmake -DLIBRARY="$P/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmake/check-library.cmake" ||
