@@ -386,6 +386,13 @@ fn sum(reports: &[Report], name: &str) -> u64 {
         .sum()
 }
 
+/// Asserts the sum of each named counter over all reports.
+fn assert_sums(reports: &[Report], expected: &[(&str, u64)]) {
+    for &(name, want) in expected {
+        assert_eq!(sum(reports, name), want, "{name}: {reports:?}");
+    }
+}
+
 fn all_correct(reports: &[Report]) -> bool {
     reports
         .iter()
@@ -510,10 +517,15 @@ fn six_processes_at_once_compile_once() {
     }
     .at_once(6);
     assert!(all_correct(&reports), "{reports:?}");
-    assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
-    assert_eq!(sum(&reports, "loads"), 5, "{reports:?}");
-    assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
-    assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
+    assert_sums(
+        &reports,
+        &[
+            ("builds", 1),
+            ("loads", 5),
+            ("timeouts", 0),
+            ("takeovers", 0),
+        ],
+    );
     assert_eq!(lock_files(&dir), Vec::<String>::new());
 }
 
@@ -540,11 +552,16 @@ fn a_killed_leader_is_taken_over_by_one_waiter() {
     leader.kill();
     let reports = finish_all(followers);
     assert!(all_correct(&reports), "{reports:?}");
-    assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
-    assert_eq!(sum(&reports, "loads"), 4, "{reports:?}");
-    assert_eq!(sum(&reports, "takeovers"), 1, "{reports:?}");
-    assert_eq!(sum(&reports, "waits"), 5, "{reports:?}");
-    assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
+    assert_sums(
+        &reports,
+        &[
+            ("builds", 1),
+            ("loads", 4),
+            ("takeovers", 1),
+            ("waits", 5),
+            ("timeouts", 0),
+        ],
+    );
     assert_eq!(lock_files(&dir), Vec::<String>::new());
 }
 
@@ -562,9 +579,10 @@ fn a_hung_leader_costs_the_lock_timeout_then_each_builds() {
     .at_once(5);
     leader.kill();
     assert!(all_correct(&reports), "{reports:?}");
-    assert_eq!(sum(&reports, "timeouts"), 5, "{reports:?}");
-    assert_eq!(sum(&reports, "builds"), 5, "{reports:?}");
-    assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
+    assert_sums(
+        &reports,
+        &[("timeouts", 5), ("builds", 5), ("takeovers", 0)],
+    );
 }
 
 /// The build fails: nobody hangs and nobody succeeds; each process builds itself and gets its
@@ -578,11 +596,9 @@ fn a_failing_build_sends_every_process_to_its_own_error() {
     }
     .at_once(6);
     assert!(reports.iter().all(|r| r["error"] == "build"), "{reports:?}");
-    assert_eq!(sum(&reports, "attempts"), 6, "{reports:?}");
-    assert_eq!(sum(&reports, "builds"), 0, "{reports:?}");
+    assert_sums(&reports, &[("attempts", 6), ("builds", 0)]);
     // A leader whose build failed is not a dead one: nobody takes over from it.
-    assert_eq!(sum(&reports, "takeovers"), 0, "{reports:?}");
-    assert_eq!(sum(&reports, "timeouts"), 0, "{reports:?}");
+    assert_sums(&reports, &[("takeovers", 0), ("timeouts", 0)]);
     assert!(!has_entry(&dir));
 }
 
@@ -624,7 +640,6 @@ fn six_cuda_processes_at_once_link_once() {
     }
     .at_once(6);
     assert!(all_correct(&reports), "{reports:?}");
-    assert_eq!(sum(&reports, "builds"), 1, "{reports:?}");
-    assert_eq!(sum(&reports, "loads"), 5, "{reports:?}");
+    assert_sums(&reports, &[("builds", 1), ("loads", 5)]);
     assert_eq!(lock_files(&dir), Vec::<String>::new());
 }

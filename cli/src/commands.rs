@@ -300,17 +300,17 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
 
 fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
     let none = || "none".to_owned();
-    println!("directory:    {}", out.dir.clone().unwrap_or_else(none));
+    out!("directory:    {}", out.dir.clone().unwrap_or_else(none));
     if let Some(source) = out.dir_source {
-        println!("chosen by:    {source}");
+        out!("chosen by:    {source}");
     }
-    println!("exists:       {}", if out.exists { "yes" } else { "no" });
+    out!("exists:       {}", if out.exists { "yes" } else { "no" });
     let state = match (&out.error, cache) {
         (Some(e), _) => format!("off: {}", e.message),
         (None, Some(_)) => "on: owned by this user, not writable by group or others".into(),
         (None, None) => "on once created".into(),
     };
-    println!("disk tier:    {state}");
+    out!("disk tier:    {state}");
     if let Some(cache) = cache {
         let key = match (out.tag, out.key_source) {
             (Some("hmac-sha256"), source) => format!(
@@ -320,22 +320,22 @@ fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
             ),
             _ => "none: entries are BLAKE3-checksummed, not keyed".into(),
         };
-        println!("key:          {key}");
+        out!("key:          {key}");
         if let Some(cap) = out.cap_bytes {
-            println!("size cap:     {}", report::size(cap));
+            out!("size cap:     {}", report::size(cap));
         }
-        println!("lock timeout: {}", report::duration(cache.lock_timeout()));
+        out!("lock timeout: {}", report::duration(cache.lock_timeout()));
     }
     if out.environment.is_empty() {
-        println!("environment:  no KCACHE_* variable set");
+        out!("environment:  no KCACHE_* variable set");
     } else {
-        println!("environment:");
+        out!("environment:");
         for (name, value) in &out.environment {
-            println!("  {name}={value}");
+            out!("  {name}={value}");
         }
     }
     for note in &out.notes {
-        println!("note: {note}");
+        out!("note: {note}");
     }
 }
 
@@ -398,8 +398,8 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
         return Ok(0);
     }
     let now = SystemTime::now();
-    println!("directory:  {}", out.dir);
-    println!(
+    out!("directory:  {}", out.dir);
+    out!(
         "entries:    {} ({}), cap {} ({:.1} % used)",
         out.entries,
         report::size(out.bytes),
@@ -407,11 +407,11 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
         out.bytes as f64 * 100.0 / out.cap_bytes as f64
     );
     if let (Some(oldest), Some(newest)) = (oldest, newest) {
-        println!("least recently used: {}", report::time(oldest, now));
-        println!("most recently used:  {}", report::time(newest, now));
+        out!("least recently used: {}", report::time(oldest, now));
+        out!("most recently used:  {}", report::time(newest, now));
     }
     if !out.generations.is_empty() {
-        println!("key generations:");
+        out!("key generations:");
         let mut table = Table::new(&[
             ("  FINGERPRINT", false),
             ("ENTRIES", true),
@@ -541,7 +541,7 @@ pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure
         ]);
     }
     table.print();
-    println!(
+    out!(
         "{} entries, {}",
         rows.len(),
         report::size(rows.iter().map(|r| r.size).sum())
@@ -655,21 +655,21 @@ pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
         Check::Corrupt(reason) => format!("corrupt: {reason}"),
         Check::Gone => unreachable!("returned above"),
     };
-    println!("file:           {}", entry.name);
-    println!("size:           {}", report::size_and_bytes(entry.size));
-    println!(
+    out!("file:           {}", entry.name);
+    out!("size:           {}", report::size_and_bytes(entry.size));
+    out!(
         "last used:      {} (written or read)",
         report::time(entry.modified, SystemTime::now())
     );
-    println!("status:         {verdict}");
+    out!("status:         {verdict}");
     if let Some(h) = &out.header {
-        println!("format version: {}", h.format_version);
-        println!("tag:            {}", h.tag);
-        println!("key schema:     {}", h.key_schema);
-        println!("fingerprint:    {}", h.fingerprint);
-        println!("key:            {}", h.key);
-        println!("payload:        {}", report::size_and_bytes(h.payload_len));
-        println!(
+        out!("format version: {}", h.format_version);
+        out!("tag:            {}", h.tag);
+        out!("key schema:     {}", h.key_schema);
+        out!("fingerprint:    {}", h.fingerprint);
+        out!("key:            {}", h.key);
+        out!("payload:        {}", report::size_and_bytes(h.payload_len));
+        out!(
             "build time:     {}",
             report::duration(Duration::from_nanos(h.build_time_ns))
         );
@@ -736,7 +736,7 @@ pub fn verify(target: &Target, remove: bool, json: bool) -> Result<u8, Failure> 
                 if !json {
                     bar.suspend(|| {
                         let what = if removed { " (removed)" } else { "" };
-                        println!("corrupt: {}: {reason}{what}", entry.name);
+                        out!("corrupt: {}: {reason}{what}", entry.name);
                     });
                 }
                 out.corrupt.push(CorruptJson {
@@ -758,7 +758,7 @@ pub fn verify(target: &Target, remove: bool, json: bool) -> Result<u8, Failure> 
         report::json(&out);
     } else {
         let removed = out.corrupt.iter().filter(|c| c.removed).count();
-        println!(
+        out!(
             "{} entries checked: {} verified, {} corrupt{}",
             out.checked,
             out.verified,
@@ -770,13 +770,13 @@ pub fn verify(target: &Target, remove: bool, json: bool) -> Result<u8, Failure> 
             }
         );
         if out.other_key > 0 {
-            println!(
+            out!(
                 "{} of other key generations: structure checked, tags not (no key)",
                 out.other_key
             );
         }
         if out.stale_schema > 0 {
-            println!(
+            out!(
                 "{} of another key schema: gc removes them",
                 out.stale_schema
             );
@@ -926,10 +926,10 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
         "removed"
     };
     for r in &out.removed {
-        println!("{verb} {} ({}, {})", r.name, r.reason, report::size(r.size));
+        out!("{verb} {} ({}, {})", r.name, r.reason, report::size(r.size));
     }
     if let Some(s) = &out.sweep {
-        println!(
+        out!(
             "sweep: {} of retired keys, {} of other key schemas, {} corrupt, {} temporaries, \
              {} idle lock files{}",
             s.stale_fingerprint,
@@ -944,7 +944,7 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
             }
         );
     }
-    println!(
+    out!(
         "{verb} {}; kept {} entries ({})",
         report::size(out.bytes_freed),
         out.kept_entries,
@@ -978,7 +978,7 @@ pub fn clear(target: &Target, json: bool) -> Result<u8, Failure> {
     if json {
         report::json(&out);
     } else {
-        println!(
+        out!(
             "removed {} entries ({}) from {}",
             out.removed,
             report::size(out.bytes_freed),

@@ -14,6 +14,17 @@
 //! `inspect`: the entry does not verify; `config`: the disk tier is off); 2 a usage error, or
 //! the directory cannot be used.
 
+/// `println!` for the command's output. `println!` panics when the reader has gone
+/// (`kcache ls | head`); this ends the process quietly instead, as other tools do.
+macro_rules! out {
+    () => {
+        $crate::write_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_line(format_args!($($arg)*))
+    };
+}
+
 mod commands;
 mod report;
 
@@ -137,6 +148,23 @@ impl Failure {
 impl From<kcache::Error> for Failure {
     fn from(e: kcache::Error) -> Failure {
         Failure::usage(e.to_string())
+    }
+}
+
+/// Writes one line of output; a closed reader ends the process with status 0, any other write
+/// error with status 2.
+fn write_line(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_fmt(line)
+        .and_then(|()| stdout.write_all(b"\n"))
+    {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("kcache: cannot write the output: {e}");
+        std::process::exit(2);
     }
 }
 

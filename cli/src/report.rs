@@ -152,14 +152,14 @@ impl Table {
                     }
                 })
                 .collect();
-            println!("{}", cells.join("  ").trim_end());
+            out!("{}", cells.join("  ").trim_end());
         }
     }
 }
 
 /// Writes `value` as pretty JSON on stdout.
 pub fn json(value: &impl serde::Serialize) {
-    println!(
+    out!(
         "{}",
         serde_json::to_string_pretty(value).expect("the output structs serialize")
     );

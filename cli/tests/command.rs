@@ -490,3 +490,19 @@ fn bad_arguments_and_missing_directories_are_refused_clearly() {
         "set KCACHE_DIR, XDG_CACHE_HOME or HOME",
     );
 }
+
+#[test]
+fn a_reader_that_went_away_ends_the_command_quietly() {
+    let (dir, _cache) = filled(3, 16);
+    // Its read end closed before the command starts: the first line written meets EPIPE.
+    let (reader, writer) = rustix::pipe::pipe().unwrap();
+    drop(reader);
+    let output = Command::new(env!("CARGO_BIN_EXE_kcache"))
+        .env_clear()
+        .args(["--dir", dir.path().to_str().unwrap(), "ls"])
+        .stdout(std::process::Stdio::from(writer))
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0), "stderr: {}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+}

@@ -5,17 +5,13 @@
 //! directory at an entry name is removed if empty, and reported as undeletable otherwise.
 
 use std::fs::Metadata;
-use std::io::{Read, Seek};
 use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, SystemTime};
 
 use super::evict::{Index, Unlinked, lstat_at};
-use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
-use super::listing::open_unchanged;
-use super::store::read_bounded;
+use super::listing::{Check, EntryInfo};
 use super::{DiskCache, Fingerprint, Inner, is_temp_name, lock, parse_entry_name};
 use crate::error::{Error, Result};
-use crate::key::Key;
 
 /// Default age after which a temporary file is taken for a crashed writer's leftover. Far
 /// longer than any write takes, so `gc` never pulls a file from under a live writer.
@@ -86,16 +82,16 @@ impl DiskCache {
             let Ok(meta) = lstat_at(&inner.dir, name) else {
                 continue;
             };
-            let counter: fn(&mut GcReport) -> &mut u64 =
-                match classify(inner, name, &meta, fingerprint, &key, retain) {
-                    Verdict::Keep => {
-                        report.kept += 1;
-                        continue;
-                    }
-                    Verdict::StaleSchema => |r| &mut r.stale_schema,
-                    Verdict::StaleFingerprint => |r| &mut r.stale_fingerprint,
-                    Verdict::Corrupt => |r| &mut r.corrupt,
-                };
+            let listed = EntryInfo::new(name, fingerprint, key, &meta);
+            let counter: fn(&mut GcReport) -> &mut u64 = match classify(self, &listed, retain) {
+                Verdict::Keep => {
+                    report.kept += 1;
+                    continue;
+                }
+                Verdict::StaleSchema => |r| &mut r.stale_schema,
+                Verdict::StaleFingerprint => |r| &mut r.stale_fingerprint,
+                Verdict::Corrupt => |r| &mut r.corrupt,
+            };
             remove(inner, name, &meta, &mut report, counter);
         }
         Ok(report)
@@ -139,65 +135,19 @@ fn remove(
     }
 }
 
-/// Judges the entry at `name`, which `meta` (from `lstat`) describes. Anything but a regular
-/// file is corrupt; no file is read past the entry size limit.
-fn classify(
-    inner: &Inner,
-    name: &str,
-    meta: &Metadata,
-    fingerprint: Fingerprint,
-    key: &Key,
-    retain: &[Fingerprint],
-) -> Verdict {
-    let active = inner.tagger.fingerprint();
-    if fingerprint != active && !retain.contains(&fingerprint) {
+/// Judges a listed entry: another key generation not retained is stale unread; the rest is
+/// checked as [`DiskCache::check`] does (fully for this cache's key, structure only for
+/// retained ones), and a file that changed since it was listed is left to the next run.
+fn classify(cache: &DiskCache, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
+    let inner = &cache.inner;
+    if entry.fingerprint != inner.tagger.fingerprint() && !retain.contains(&entry.fingerprint) {
         return Verdict::StaleFingerprint;
     }
-    if !meta.is_file() || meta.len() < OVERHEAD {
-        return Verdict::Corrupt;
-    }
-    let Some(mut file) = open_unchanged(inner, name, meta.ino()) else {
-        // Removed or replaced (by a writer, a symlink, …) since the `lstat`: the next run
-        // judges what is there then.
-        return Verdict::Keep;
-    };
-    let mut head = [0u8; HEADER_LEN];
-    if file.read_exact(&mut head).is_err() {
-        return Verdict::Corrupt;
-    }
-    let Some(header) = Header::decode(&head) else {
-        return Verdict::Corrupt;
-    };
-    if header.version != FORMAT_VERSION
-        || header.fingerprint != fingerprint
-        || header.key != *key
-        || header.payload_len.checked_add(OVERHEAD) != Some(meta.len())
-    {
-        return Verdict::Corrupt;
-    }
-    if header.schema != inner.schema {
-        return Verdict::StaleSchema;
-    }
-    if fingerprint != active {
-        return Verdict::Keep;
-    }
-    if meta.len() > inner.max_entry_size() {
-        // Unreadable under the current limit, so only taking space.
-        return Verdict::Corrupt;
-    }
-    let Ok(bytes) = file
-        .rewind()
-        .and_then(|()| read_bounded(&mut file, meta.len()))
-    else {
-        return Verdict::Corrupt;
-    };
-    let expect = Expect {
-        tagger: &inner.tagger,
-        schema: inner.schema,
-        key,
-    };
-    match format::verify(&bytes, &expect) {
-        Ok(_) => Verdict::Keep,
-        Err(_) => Verdict::Corrupt,
+    match cache.check(entry) {
+        Check::Verified(_) | Check::Gone => Verdict::Keep,
+        Check::StaleSchema(_) => Verdict::StaleSchema,
+        Check::OtherKey(header) if header.schema != inner.schema => Verdict::StaleSchema,
+        Check::OtherKey(_) => Verdict::Keep,
+        Check::Corrupt(_) => Verdict::Corrupt,
     }
 }

@@ -55,7 +55,12 @@ pub enum Check {
 }
 
 impl EntryInfo {
-    fn new(name: &str, fingerprint: Fingerprint, key: Key, meta: &Metadata) -> EntryInfo {
+    pub(super) fn new(
+        name: &str,
+        fingerprint: Fingerprint,
+        key: Key,
+        meta: &Metadata,
+    ) -> EntryInfo {
         EntryInfo {
             name: name.to_owned(),
             fingerprint,
@@ -70,7 +75,7 @@ impl EntryInfo {
 
 /// Opens `name` for reading if it is still the file `ino`: `None` when it was removed or
 /// replaced since it was looked at. Never follows a symbolic link nor blocks on a FIFO.
-pub(super) fn open_unchanged(inner: &Inner, name: &str, ino: u64) -> Option<File> {
+fn open_unchanged(inner: &Inner, name: &str, ino: u64) -> Option<File> {
     let fd = rustix::fs::openat(
         &inner.dir,
         name,

@@ -70,7 +70,9 @@ pub struct kc_opencl_options {
     pub struct_size: usize,
     /// Programs kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
-    /// Total bytes of program binaries kept in memory at most; 0 = unlimited.
+    /// Total weight of the programs kept in memory at most; 0 = unlimited. A program loaded
+    /// from disk weighs its binary's size; one built from source weighs its source's length
+    /// (its binary is not asked for on the lookup's path).
     pub max_weight: u64,
     /// Keep program binaries on disk so that later processes skip the compiler.
     pub use_disk: bool,

@@ -42,7 +42,8 @@ pub struct OpenClStats {
 /// How an [`OpenClCache`] is set up.
 #[derive(Clone, Default)]
 pub struct OpenClOptions {
-    /// Caps and hooks of the memory tier.
+    /// Caps and hooks of the memory tier. A program loaded from disk weighs its binary's size
+    /// in `max_weight`; one built from source its source's length.
     pub memory: memory::Options,
     /// Where program binaries persist; `None` keeps everything in memory. Its operator key and
     /// key requirement are those of the [`DiskConfig`](crate::disk::DiskConfig) it was opened
