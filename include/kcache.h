@@ -464,7 +464,9 @@ typedef struct kc_opencl_options {
   size_t struct_size;
   // Programs kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
-  // Total bytes of program binaries kept in memory at most; 0 = unlimited.
+  // Total weight of the programs kept in memory at most; 0 = unlimited. A program loaded
+  // from disk weighs its binary's size; one built from source weighs its source's length
+  // (its binary is not asked for on the lookup's path).
   uint64_t max_weight;
   // Keep program binaries on disk so that later processes skip the compiler.
   bool use_disk;
