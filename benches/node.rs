@@ -10,8 +10,11 @@
 //! - **first process**: a process with kcache and an empty cache directory (cold) against a
 //!   plain build, same kernel, measured alternately: the miss's overhead;
 //! - **warm process**: a process whose cache directory an earlier process left warm (lookup,
-//!   launch, then dropping its cache, which flushes and refreshes the binaries) against the
-//!   plain build.
+//!   launch, then dropping its cache, which flushes: on PoCL that is when a lone process
+//!   stores its binaries) against the plain build.
+//!
+//! With kcache a process also flushes before it exits (on PoCL a lone process's binaries are
+//! made and written then): that time is reported apart, and in the fleet's second wall time.
 //!
 //! These are process-level figures, so criterion does not fit: each configuration is repeated
 //! and the median printed. Without `--bench` (as `cargo test --all-targets` runs it) it makes
@@ -197,15 +200,21 @@ fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>) {
         };
         println!("{}.launch_ns={}", kernel.name(), launch.as_nanos());
     }
-    let done = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
-    println!("done_unix_ns={}", done.unwrap().as_nanos());
+    let unix_now = || {
+        let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH);
+        now.unwrap().as_nanos()
+    };
+    println!("done_unix_ns={}", unix_now());
     let (builds, loads) = cache.as_ref().map_or((kernels.len() as u64, 0), |cache| {
-        // What dropping the cache would do: the sibling binaries written, then refreshed.
+        // What dropping the cache does: the held-back binaries made and written.
+        let start = Instant::now();
         cache.flush();
+        println!("flush_ns={}", start.elapsed().as_nanos());
         let stats = cache.stats();
         println!("lock_waits={}", stats.disk.lock_waits);
         (stats.source_builds, stats.binary_loads)
     });
+    println!("flushed_unix_ns={}", unix_now());
     println!("source_builds={builds}");
     println!("binary_loads={loads}");
 }
@@ -215,12 +224,15 @@ struct Report(String);
 
 impl Report {
     fn value(&self, name: &str) -> u128 {
+        self.find(name)
+            .unwrap_or_else(|| panic!("a worker did not report {name}:\n{}", self.0))
+    }
+
+    fn find(&self, name: &str) -> Option<u128> {
         self.0
             .lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-            .unwrap_or_else(|| panic!("a worker did not report {name}:\n{}", self.0))
-            .parse()
-            .unwrap()
+            .map(|v| v.parse().unwrap())
     }
 
     fn time(&self, kernel: Kernel, what: &str) -> Duration {
@@ -232,10 +244,14 @@ impl Report {
     fn step(&self, kernels: &[Kernel]) -> Step {
         let add = |what| kernels.iter().map(|&k| self.time(k, what)).sum();
         let (lookup, launch) = (add("lookup"), add("launch"));
+        // A plain process has nothing to flush.
+        let flush = Duration::from_nanos(self.find("flush_ns").unwrap_or(0) as u64);
         Step {
             lookup,
             launch,
             total: lookup + launch,
+            flush,
+            exit: lookup + launch + flush,
         }
     }
 }
@@ -273,8 +289,9 @@ fn run_worker(mode: Mode, kernels: &[Kernel], dir: &Path) -> Report {
     Report(stdout)
 }
 
-/// One fleet run: its wall time (go file to the last process's last launch) and its reports.
-fn fleet_once(mode: Mode, processes: usize) -> (Duration, Vec<Report>) {
+/// One fleet run: its wall times (go file to the last process's last launch, and to the end
+/// of the last flush) and its reports.
+fn fleet_once(mode: Mode, processes: usize) -> (Duration, Duration, Vec<Report>) {
     let root = tempfile::tempdir().unwrap();
     let (dir, go) = (root.path().join("kcache"), root.path().join("go"));
     let mut children: Vec<_> = (0..processes)
@@ -312,31 +329,38 @@ fn fleet_once(mode: Mode, processes: usize) -> (Duration, Vec<Report>) {
         })
         .collect();
     let start = start.duration_since(SystemTime::UNIX_EPOCH).unwrap();
-    let last = reports
-        .iter()
-        .map(|r| r.value("done_unix_ns"))
-        .max()
-        .unwrap();
-    let wall = Duration::from_nanos(last as u64) - start;
-    (wall, reports)
+    let until = |what| {
+        let last = reports.iter().map(|r| r.value(what)).max().unwrap();
+        Duration::from_nanos(last as u64) - start
+    };
+    (until("done_unix_ns"), until("flushed_unix_ns"), reports)
 }
 
 /// A fleet configuration's median wall time over `runs`, with the compiles and lock waits of
 /// the median run.
 struct Fleet {
     wall: Duration,
+    /// The median process's first launches (both kernels).
+    launch: Duration,
+    /// Up to the end of the last flush.
+    wall_flushed: Duration,
     compiles: u128,
     lock_waits: u128,
 }
 
 fn fleet(mode: Mode, processes: usize, runs: usize) -> Fleet {
-    let mut results: Vec<(Duration, Vec<Report>)> =
+    let mut results: Vec<(Duration, Duration, Vec<Report>)> =
         (0..runs).map(|_| fleet_once(mode, processes)).collect();
-    results.sort_by_key(|(wall, _)| *wall);
-    let (wall, reports) = &results[runs / 2];
+    results.sort_by_key(|(_, flushed, _)| *flushed);
+    let wall_flushed = results[runs / 2].1;
+    results.sort_by_key(|(wall, _, _)| *wall);
+    let (wall, _, reports) = &results[runs / 2];
     let sum = |name| reports.iter().map(|r| r.value(name)).sum();
+    let steps = reports.iter().map(|r| r.step(&Kernel::ALL)).collect();
     Fleet {
         wall: *wall,
+        launch: median(steps).launch,
+        wall_flushed,
         compiles: sum("source_builds"),
         lock_waits: match mode {
             Mode::Plain => 0,
@@ -352,11 +376,14 @@ fn fleets(sizes: &[usize], runs: usize) {
         Kernel::Matmul.name()
     );
     println!(
-        "{:>3} {:>11} {:>11} {:>13} {:>13} {:>15} {:>16} {:>10}",
+        "{:>3} {:>11} {:>11} {:>13} {:>13} {:>13} {:>17} {:>13} {:>15} {:>16} {:>10}",
         "N",
         "plain wall",
         "kcache wall",
+        "plain launch",
+        "kcache launch",
         "plain/kcache",
+        "kcache +flush",
         "kcache/alone",
         "plain compiles",
         "kcache compiles",
@@ -368,10 +395,17 @@ fn fleets(sizes: &[usize], runs: usize) {
         let kcache = fleet(Mode::Kcache, n, runs);
         let alone = *alone.get_or_insert(kcache.wall);
         println!(
-            "{n:>3} {:>11} {:>11} {:>12.2}x {:>12.2}x {:>15} {:>16} {:>10}",
+            "{n:>3} {:>11} {:>11} {:>13} {:>13} {:>12.2}x {:>17} {:>12.2}x {:>15} {:>16} {:>10}",
             format!("{:.2?}", plain.wall),
             format!("{:.2?}", kcache.wall),
+            format!("{:.2?}", plain.launch),
+            format!("{:.2?}", kcache.launch),
             plain.wall.as_secs_f64() / kcache.wall.as_secs_f64(),
+            format!(
+                "{:.2?} ({:.2}x)",
+                kcache.wall_flushed,
+                plain.wall.as_secs_f64() / kcache.wall_flushed.as_secs_f64()
+            ),
             kcache.wall.as_secs_f64() / alone.as_secs_f64(),
             plain.compiles,
             kcache.compiles,
@@ -379,6 +413,8 @@ fn fleets(sizes: &[usize], runs: usize) {
         );
     }
     println!("(compiles: clBuildProgram from source in the lookups, all processes together;");
+    println!(" launch: the median process's first launches of both kernels;");
+    println!(" kcache +flush: until the last process's flush, and plain/that;");
     println!(" kcache/alone: this fleet's wall time over one kcache process's)");
 }
 
@@ -388,6 +424,10 @@ struct Step {
     lookup: Duration,
     launch: Duration,
     total: Duration,
+    /// kcache's flush before the process exits.
+    flush: Duration,
+    /// `total` and `flush`.
+    exit: Duration,
 }
 
 /// The median of each column on its own.
@@ -401,6 +441,8 @@ fn median(mut steps: Vec<Step>) -> Step {
         lookup: pick(|s| s.lookup),
         launch: pick(|s| s.launch),
         total: pick(|s| s.total),
+        flush: pick(|s| s.flush),
+        exit: pick(|s| s.exit),
     }
 }
 
@@ -409,7 +451,7 @@ fn single_processes(kernel: Kernel, runs: usize) {
     let kernels = [kernel];
     let root = tempfile::tempdir().unwrap();
     let warm_dir = root.path().join("warm");
-    // The earlier process: lookup, launch, then its cache dropped (flushed and refreshed).
+    // The earlier process: lookup, launch, then its cache flushed.
     run_worker(Mode::Kcache, &kernels, &warm_dir);
     let (mut plain, mut cold, mut warm) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
@@ -435,8 +477,15 @@ fn single_processes(kernel: Kernel, runs: usize) {
         kernel.name()
     );
     println!(
-        "{:<38} {:>10} {:>10} {:>10} {:>15} {:>14}",
-        "process", "lookup", "launch", "total", "plain÷ (lookup)", "plain÷ (total)"
+        "{:<38} {:>10} {:>10} {:>10} {:>10} {:>15} {:>14} {:>15}",
+        "process",
+        "lookup",
+        "launch",
+        "total",
+        "flush",
+        "plain÷ (lookup)",
+        "plain÷ (total)",
+        "plain÷ (+flush)"
     );
     for (name, step) in [
         ("plain build, no cache", plain),
@@ -445,12 +494,14 @@ fn single_processes(kernel: Kernel, runs: usize) {
     ] {
         let vs = |of: fn(&Step) -> Duration| of(&plain).as_secs_f64() / of(&step).as_secs_f64();
         println!(
-            "{name:<38} {:>10} {:>10} {:>10} {:>14.2}x {:>13.2}x",
+            "{name:<38} {:>10} {:>10} {:>10} {:>10} {:>14.2}x {:>13.2}x {:>14.2}x",
             format!("{:.2?}", step.lookup),
             format!("{:.2?}", step.launch),
             format!("{:.2?}", step.total),
+            format!("{:.2?}", step.flush),
             vs(|s| s.lookup),
             vs(|s| s.total),
+            vs(|s| s.exit),
         );
     }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, DiskCache, KeyLock};
+use crate::disk::{Claim, DiskBytes, DiskCache, KeyLock};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
@@ -33,30 +33,6 @@ pub struct TieredCache<K, V> {
     memory: Arc<MemoryCache<K, V>>,
     disk: Option<Arc<DiskCache>>,
     counters: Arc<Counters>,
-}
-
-/// What the disk tier keeps of a built value: bytes made already, or a function the
-/// background writer runs to make them (a driver's binary query can cost more than the build,
-/// and nobody waits for it there).
-pub struct DiskBytes(Box<dyn FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send>);
-
-impl DiskBytes {
-    /// Bytes made on the background writer by `make`.
-    pub fn later(
-        make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static,
-    ) -> Self {
-        DiskBytes(Box::new(make))
-    }
-
-    fn make(self) -> std::result::Result<Vec<u8>, BuildError> {
-        (self.0)()
-    }
-}
-
-impl From<Vec<u8>> for DiskBytes {
-    fn from(bytes: Vec<u8>) -> Self {
-        DiskBytes::later(move || Ok(bytes))
-    }
 }
 
 /// What the tiers did, as [`TieredStats`] reports it.
@@ -263,19 +239,13 @@ where
             match serialize(lease.value()) {
                 Ok(bytes) => {
                     let counters = Arc::clone(self.counters);
-                    disk.write_back(
-                        key,
-                        build_time,
-                        lock,
-                        move || bytes.make(),
-                        move |written| {
-                            bump(if written {
-                                &counters.write_backs
-                            } else {
-                                &counters.write_back_failures
-                            })
-                        },
-                    );
+                    disk.write_back(key, build_time, lock, bytes, move |written| {
+                        bump(if written {
+                            &counters.write_backs
+                        } else {
+                            &counters.write_back_failures
+                        })
+                    });
                 }
                 Err(e) => {
                     log::info(|| {

@@ -22,7 +22,7 @@ use kcache::backend::cuda::{CudaCache, CudaOptions};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::cuda::{FakeDriver, PrimaryContext, Saxpy};
-use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
+use kcache_testkit::opencl::{Context, KernelArg, run_kernel_in_groups};
 use rustix::process::{Pid, Signal};
 
 /// Set to the backend (`opencl` or `cuda`) in a worker process.
@@ -35,10 +35,17 @@ const VARIANT_ENV: &str = "KCACHE_NODE_VARIANT";
 const TIMEOUT_ENV: &str = "KCACHE_NODE_TIMEOUT";
 /// A file to wait for before the lookup, so that several workers look up at the same moment.
 const GO_ENV: &str = "KCACHE_NODE_GO";
+/// A file to wait for after the launch and before the flush (OpenCL), so that the test can
+/// look at what a process that keeps its cache has written.
+const HOLD_ENV: &str = "KCACHE_NODE_HOLD";
 
 /// Work items of the OpenCL kernel, and the factor it scales by.
 const ITEMS: usize = 64;
 const FACTOR: f32 = 2.0;
+/// The work-group size of the launches: an explicit one, for which PoCL compiles work-group
+/// code at the first launch (a launch that leaves it to the driver uses the generic code that
+/// the binary holds anyway).
+const GROUP: usize = 16;
 /// Rounds of integer mixing in the `ok` and `heavy` kernels. A build on an empty PoCL cache
 /// takes seconds already; the heavy kernel's rounds add a little, for a leader that holds the
 /// lock long enough to be caught holding it even on a fast machine.
@@ -93,8 +100,9 @@ fn node_worker() {
         Err(e) => panic!("opening the cache: {e}"),
     };
     let go = std::env::var_os(GO_ENV).map(PathBuf::from);
+    let hold = std::env::var_os(HOLD_ENV).map(PathBuf::from);
     let line = match backend.as_str() {
-        "opencl" => opencl_lookup(disk, &var(VARIANT_ENV), go.as_deref()),
+        "opencl" => opencl_lookup(disk, &var(VARIANT_ENV), go.as_deref(), hold.as_deref()),
         "cuda" => cuda_lookup(disk, go.as_deref()),
         other => panic!("unknown backend {other}"),
     };
@@ -102,11 +110,16 @@ fn node_worker() {
     std::process::exit(0);
 }
 
-/// Says it is ready, then waits for `go` to exist (polling every millisecond).
+/// Says it is ready, then waits for `go` to exist.
 fn ready_then_wait(go: Option<&Path>) {
-    println!("ready");
-    if let Some(go) = go {
-        while !go.exists() {
+    say_then_wait("ready", go);
+}
+
+/// Prints `line`, then waits for `file` to exist (polling every millisecond).
+fn say_then_wait(line: &str, file: Option<&Path>) {
+    println!("{line}");
+    if let Some(file) = file {
+        while !file.exists() {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -130,7 +143,12 @@ fn report(
     )
 }
 
-fn opencl_lookup(disk: Option<Arc<DiskCache>>, variant: &str, go: Option<&Path>) -> String {
+fn opencl_lookup(
+    disk: Option<Arc<DiskCache>>,
+    variant: &str,
+    go: Option<&Path>,
+    hold: Option<&Path>,
+) -> String {
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
         disk,
@@ -149,13 +167,18 @@ fn opencl_lookup(disk: Option<Arc<DiskCache>>, variant: &str, go: Option<&Path>)
         Ok(program) => {
             let mut y: Vec<f32> = (0..ITEMS).map(|i| i as f32).collect();
             let mut args = [KernelArg::Floats(&mut y), KernelArg::Float(FACTOR)];
-            run_kernel(&context, program.value(), "scramble", &mut args, ITEMS).unwrap();
+            let value = program.value();
+            run_kernel_in_groups(&context, value, "scramble", &mut args, ITEMS, Some(GROUP))
+                .unwrap();
             let correct = (0..ITEMS as u32).all(|i| y[i as usize] == expected(i, rounds, i as f32));
             (correct, "")
         }
         Err(Error::Build(_)) => (false, "build"),
         Err(e) => panic!("lookup: {e}"),
     };
+    if hold.is_some() {
+        say_then_wait("launched", hold);
+    }
     cache.flush();
     let stats = cache.stats();
     // `disk_misses` counts every call to the build, including the failed ones that
@@ -215,6 +238,7 @@ struct Spawner<'a> {
     variant: &'a str,
     timeout: &'a str,
     go: Option<&'a Path>,
+    hold: Option<&'a Path>,
     env: &'a [(&'a str, &'a OsStr)],
 }
 
@@ -228,6 +252,7 @@ impl<'a> Spawner<'a> {
             variant,
             timeout: "60",
             go: None,
+            hold: None,
             env: &[],
         }
     }
@@ -261,6 +286,9 @@ impl<'a> Spawner<'a> {
         cmd.env("POCL_CACHE_DIR", pocl_cache);
         if let Some(go) = self.go {
             cmd.env(GO_ENV, go);
+        }
+        if let Some(hold) = self.hold {
+            cmd.env(HOLD_ENV, hold);
         }
         for (name, value) in self.env {
             cmd.env(name, value);
@@ -312,17 +340,22 @@ impl Worker {
     }
 
     fn wait_ready(&mut self) {
+        self.wait_for("ready");
+    }
+
+    /// Reads the worker's output up to a line that ends with `said`.
+    fn wait_for(&mut self, said: &str) {
         let mut line = String::new();
         loop {
             line.clear();
             let n = self.stdout.read_line(&mut line).unwrap();
             assert!(
                 n > 0,
-                "worker exited before it was ready: {}",
+                "worker exited before it said {said}: {}",
                 self.stderr()
             );
-            // libtest has printed `test node_worker ... ` on the same line.
-            if line.trim_end().ends_with("ready") {
+            // libtest has printed `test node_worker ... ` on the same line as `ready`.
+            if line.trim_end().ends_with(said) {
                 return;
             }
         }
@@ -429,8 +462,16 @@ fn lock_files(dir: &Path) -> Vec<String> {
 }
 
 /// Entries are the directory's files whose names do not start with a dot.
+fn entry_files(dir: &Path) -> Vec<PathBuf> {
+    names_in(dir)
+        .into_iter()
+        .filter(|n| !n.starts_with('.'))
+        .map(|n| dir.join(n))
+        .collect()
+}
+
 fn has_entry(dir: &Path) -> bool {
-    names_in(dir).iter().any(|n| !n.starts_with('.'))
+    !entry_files(dir).is_empty()
 }
 
 /// Whether process `pid` holds an `flock` on `path`, as `/proc/locks` says. Read rather than
@@ -525,6 +566,51 @@ fn six_processes_at_once_compile_once() {
             ("timeouts", 0),
             ("takeovers", 0),
         ],
+    );
+    assert_eq!(lock_files(&dir), Vec::<String>::new());
+}
+
+/// On PoCL (the driver of these tests) a process that built a program holds its binary back
+/// until its cache is flushed, so that the entry carries what its launches compiled; a process
+/// that waits for the entry meanwhile makes the first one write it at once.
+#[test]
+fn a_waiting_process_gets_a_held_back_entry_before_the_leader_flushes() {
+    let (tmp, dir, _go) = setup();
+    let hold = tmp.path().join("hold");
+    let mut leader = Spawner {
+        hold: Some(&hold),
+        ..Spawner::new("opencl", &dir, "ok")
+    }
+    .spawn();
+    leader.wait_for("launched");
+    // Built and launched, not written: the leader still holds the entry's lock.
+    assert!(!has_entry(&dir), "{:?}", names_in(&dir));
+    let lock = dir.join(lock_files(&dir).pop().expect("the leader's lock file"));
+    assert!(holds_flock(leader.pid(), &lock));
+
+    let follower = Spawner::new("opencl", &dir, "ok").spawn().finish();
+    assert!(all_correct(std::slice::from_ref(&follower)), "{follower:?}");
+    assert_sums(
+        std::slice::from_ref(&follower),
+        &[("builds", 0), ("loads", 1), ("waits", 1), ("timeouts", 0)],
+    );
+    let entry = entry_files(&dir)
+        .pop()
+        .expect("the entry the follower loaded");
+    let written_for_the_follower = std::fs::metadata(&entry).unwrap().len();
+    assert_eq!(lock_files(&dir), Vec::<String>::new());
+
+    std::fs::write(&hold, b"").unwrap();
+    let leader = leader.finish();
+    assert_sums(
+        std::slice::from_ref(&leader),
+        &[("builds", 1), ("waits", 0)],
+    );
+    let flushed = std::fs::metadata(&entry).unwrap().len();
+    assert!(
+        flushed >= written_for_the_follower,
+        "the flush replaced the entry ({written_for_the_follower} bytes) with a smaller one \
+         ({flushed} bytes)"
     );
     assert_eq!(lock_files(&dir), Vec::<String>::new());
 }

@@ -8,11 +8,12 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registration, Registry};
+use crate::disk::DiskBytes;
 use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::Key;
 use crate::memory::{self, Built, Lease, MemoryCache};
-use crate::tiered::{DiskBytes, TieredCache};
+use crate::tiered::TieredCache;
 
 /// How a cached value gives back its runtime object. The memory tier calls it once, when the
 /// value has left the cache and its last lease is gone; every backend's value type destroys

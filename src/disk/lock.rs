@@ -14,6 +14,10 @@
 //! - neither, the file unlinked: the leader finished but the entry is already gone (evicted);
 //!   it starts over.
 //!
+//! A waiter also marks the file as wanted ([`WANTED`], the file's second byte): a leader may hold
+//! an entry back until someone needs it (see `write_back`), and this is how it learns that
+//! someone does. A leader that takes over keeps that mark for its own waiters.
+//!
 //! Waiting polls a non-blocking `flock` (`flock` has no timeout), with a backoff capped at
 //! [`MAX_POLL`], until the directory's lock timeout; past it the waiter builds itself, so a
 //! hung leader costs the others that long and no more. A directory whose filesystem cannot
@@ -47,8 +51,12 @@ const MAX_POLL: Duration = Duration::from_millis(10);
 /// leader published an entry that was evicted at once) before building without it.
 const MAX_ATTEMPTS: u32 = 8;
 
-/// The mark a leader leaves when no entry will come: its build or its write failed.
+/// The mark a leader leaves when no entry will come: its build or its write failed. The lock
+/// file's first byte.
 const ABANDONED: u8 = b'F';
+
+/// The mark a waiter leaves: another process wants the entry now. The lock file's second byte.
+const WANTED: u8 = b'W';
 
 const LOCK_SUFFIX: &str = ".lock";
 
@@ -85,9 +93,16 @@ pub(crate) struct KeyLock {
 }
 
 impl KeyLock {
+    /// Whether a process has waited for this lock since it was taken (or, after a takeover,
+    /// since the flight began).
+    pub(crate) fn wanted(&self) -> bool {
+        let mut marks = [0u8; 2];
+        rustix::io::pread(&self.fd, &mut marks, 0).is_ok_and(|n| n == 2 && marks[1] == WANTED)
+    }
+
     /// Tells the waiting processes that no entry will come, so that they build themselves
     /// instead of taking over one after another.
-    pub(crate) fn abandon(self) {
+    pub(crate) fn abandon(&self) {
         // If the mark cannot be written, a waiter takes over and builds: one build more, no
         // harm.
         let _ = rustix::io::pwrite(&self.fd, &[ABANDONED], 0);
@@ -145,7 +160,13 @@ fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
     loop {
         match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => return Acquired::Held(fd, waited),
-            Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {}
+            Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
+                if !waited {
+                    // A leader that does not see it publishes at flush, or when a later waiter
+                    // marks it: this waiter then waits longer, for nothing worse.
+                    let _ = rustix::io::pwrite(&fd, &[WANTED], 1);
+                }
+            }
             Err(e) => {
                 crate::log::warn_once(Warning::NoLocks, || {
                     format!(
@@ -209,8 +230,9 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             return Claim::Published;
         }
         let mut mark = [0u8; 1];
-        let marked = rustix::io::pread(&held.fd, &mut mark, 0).is_ok_and(|n| n == 1);
-        if waited && marked && mark[0] == ABANDONED {
+        let abandoned =
+            rustix::io::pread(&held.fd, &mut mark, 0).is_ok_and(|n| n == 1 && mark[0] == ABANDONED);
+        if waited && abandoned {
             log::debug(|| {
                 format!(
                     "disk lock: {entry}: the process building it failed after {:?}: building \
@@ -224,8 +246,9 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             // The leader let go of a file it unlinked, and its entry is gone already.
             continue;
         }
-        if marked && rustix::fs::ftruncate(&held.fd, 0).is_err() {
-            // A stale mark this process cannot clear would send its own waiters away.
+        // A stale mark this process cannot clear would send its own waiters away. The wanted
+        // mark stays: the processes that left it still wait.
+        if abandoned && rustix::io::pwrite(&held.fd, &[0], 0).is_err() {
             return Claim::Alone;
         }
         if waited {

@@ -6,7 +6,8 @@
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`).
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory.
-//! - `writer`: writes made after the caller has its value, on a background thread.
+//! - `writer`: writes made after the caller has its value, on a background thread;
+//!   `write_back`: what it writes, and when.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
@@ -20,6 +21,7 @@ mod gc;
 mod listing;
 mod lock;
 mod store;
+mod write_back;
 mod writer;
 
 use std::os::fd::OwnedFd;
@@ -35,9 +37,10 @@ pub use listing::{Check, EntryInfo};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
 pub use store::MAX_ENTRY_SIZE;
-pub use writer::QUEUE_BOUND;
+pub use write_back::DiskBytes;
+pub use writer::{MAX_POLLED, POLL, QUEUE_BOUND};
 
-use crate::error::{BuildError, Result};
+use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use format::{HEADER_LEN, TAG_LEN, Tagger};
@@ -113,7 +116,7 @@ pub struct DiskStats {
     pub lock_timeouts: u64,
     /// Misses that found the lock released by a process that died building: they built.
     pub lock_takeovers: u64,
-    /// Background writes queued or running now.
+    /// Background writes queued, held back or running now.
     pub pending_writes: u64,
     /// Background writes that failed: the value could not be serialized or written (the
     /// caller had its value already; the next process builds it again).
@@ -281,36 +284,6 @@ impl DiskCache {
     /// interleave with (Vulkan's pipeline-cache data); `None` when it cannot be had in time.
     pub(crate) fn lock(&self, key: &Key) -> Option<KeyLock> {
         lock::exclusive(&self.inner, key)
-    }
-
-    /// Writes the entry for `key` on the background writer, with the bytes `make` returns
-    /// there, then releases `lock`; `done` learns whether it was written. A failure is
-    /// counted in `failed_writes` and marked on the lock, so that waiting processes build
-    /// rather than wait for an entry that will not come.
-    pub(crate) fn write_back(
-        &self,
-        key: Key,
-        build_time: Duration,
-        lock: Option<KeyLock>,
-        make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static,
-        done: impl FnOnce(bool) + Send + 'static,
-    ) {
-        let inner = Arc::clone(&self.inner);
-        self.inner.writer.submit(move || {
-            let written = make()
-                .map_err(|e| format!("the value could not be serialized: {}", e.message))
-                .and_then(|bytes| {
-                    store::put(&inner, &key, &bytes, build_time).map_err(|e| e.to_string())
-                });
-            if let Err(why) = &written {
-                log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(&key)));
-                bump(&inner.counters.failed_writes, 1);
-                if let Some(lock) = lock {
-                    lock.abandon();
-                }
-            }
-            done(written.is_ok());
-        });
     }
 }
 

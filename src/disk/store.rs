@@ -77,13 +77,6 @@ impl DiskCache {
         put(&self.inner, key, payload, build_time)
     }
 
-    /// The payload size of the entry for `key` as its file's size says, unverified and
-    /// uncounted: for deciding whether to rewrite it, not for trusting it.
-    pub(crate) fn stored_len(&self, key: &Key) -> Option<u64> {
-        let meta = lstat_at(&self.inner.dir, &self.inner.entry_name(key)).ok()?;
-        meta.is_file().then(|| meta.len().saturating_sub(OVERHEAD))
-    }
-
     /// Removes the entry for `key` (or an empty directory at its name); `Ok(false)` when
     /// there was none.
     pub fn remove(&self, key: &Key) -> Result<bool> {
@@ -112,6 +105,13 @@ impl DiskCache {
             }
         }
     }
+}
+
+/// The payload size of the entry for `key` as its file's size says, unverified and
+/// uncounted: for deciding whether to rewrite it, not for trusting it.
+pub(super) fn stored_len(inner: &Inner, key: &Key) -> Option<u64> {
+    let meta = lstat_at(&inner.dir, &inner.entry_name(key)).ok()?;
+    meta.is_file().then(|| meta.len().saturating_sub(OVERHEAD))
 }
 
 /// [`DiskCache::put`], for the background writer too.

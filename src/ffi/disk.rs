@@ -148,7 +148,8 @@ pub struct kc_disk_statistics {
     pub lock_timeouts: u64,
     /// Misses that found the lock released by a process that died building: they built.
     pub lock_takeovers: u64,
-    /// Background writes queued or running now (`kc_disk_flush` waits for them).
+    /// Background writes queued, held back or running now (`kc_disk_flush` writes and waits
+    /// for them).
     pub pending_writes: u64,
     /// Background writes that failed (the value could not be serialized or written).
     pub failed_writes: u64,

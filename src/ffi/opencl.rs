@@ -336,7 +336,9 @@ pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> k
 
 /// Waits until the binary of every program built so far is written to the disk tier (or
 /// failed to be: see `failed_writes`). Binaries are asked for and written on a background
-/// thread after the lookup returns; `kc_opencl_cache_free` waits for them too.
+/// thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
+/// are held back until another process waits for them or until this call, so that they carry
+/// the work-group code the programs' launches compiled: call it after your warm-up launches.
 ///
 /// # Safety
 /// `cache` must be a live cache.
@@ -345,8 +347,7 @@ pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> k
     // SAFETY: forwarded from the caller's contract.
     unsafe {
         with_cache(cache, |cache| {
-            // How many binaries were refreshed is for Rust callers and tests.
-            let _refreshed = cache.flush();
+            cache.flush();
             Ok(())
         })
     }

@@ -14,7 +14,8 @@ use super::key_builder::key_arg;
 use super::lease::kc_lease;
 use super::status::{byte_slice, guard, kc_status, non_null};
 use crate::BuildError;
-use crate::tiered::{DiskBytes, Tiers};
+use crate::disk::DiskBytes;
+use crate::tiered::Tiers;
 
 /// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
 /// the value and its weight, return 0; non-zero: the entry is removed and the value built).

@@ -4,17 +4,15 @@
 use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
-use super::refresh::{self, Refresh, Sibling};
+use super::pocl::{self, Sibling};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{DiskCache, DiskStats};
+use crate::disk::{DiskBytes, DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
-use crate::tiered::DiskBytes;
 
 /// What a lookup returns: the program stays alive (and retained by the cache) while any lease
 /// on it is held, even across eviction.
@@ -64,8 +62,8 @@ pub(crate) struct Input<'a> {
 pub(crate) struct OpenCl {
     api: &'static Api,
     source_builds: AtomicU64,
-    /// Programs built here whose stored binary may grow (on PoCL); `None` without a disk tier.
-    refresh: Option<Refresh>,
+    /// Whether binaries are wanted: there is a disk tier.
+    stores: bool,
 }
 
 impl Runtime for OpenCl {
@@ -110,7 +108,6 @@ impl Runtime for OpenCl {
         input: Input<'_>,
     ) -> std::result::Result<Compiled<Program>, BuildError> {
         let options = options_cstring(input.options)?;
-        let started = Instant::now();
         let program = runtime::build_from_source(
             self.api,
             input.context,
@@ -123,33 +120,35 @@ impl Runtime for OpenCl {
         // compiles work-group code, which can take longer than the build. Until then the
         // program weighs its source's length, its binary's size being unknown.
         let weight = input.sources.iter().map(|s| s.len() as u64).sum();
-        let bytes = match &self.refresh {
-            None => None,
-            Some(refresh) if refresh::applies_to(registered.info()) => {
-                // On PoCL the cached program's binary is taken at flush, with its launches' code
-                // (see `refresh`); waiting processes get a sibling's now.
-                if let Ok(key) = disk_key(registered.info(), input.sources, input.options) {
-                    refresh.note(key, &program, started.elapsed());
-                }
-                let sibling = Sibling::new(
-                    self.api,
-                    &program,
-                    input.context,
-                    input.device,
-                    input.sources,
-                    &options,
-                );
-                sibling.map(|sibling| DiskBytes::later(move || sibling.binary()))
-            }
-            // The writer holds its own reference, so the program outlives an early eviction.
-            // The program works without its binary; only the disk tier misses out.
-            Some(_) => program.retain().ok().map(|binary| {
-                DiskBytes::later(move || {
+        // The writer holds references of its own, so the program outlives an early eviction.
+        // The program works without its binary; only the disk tier misses out.
+        let query = self
+            .stores
+            .then(|| program.retain().ok())
+            .flatten()
+            .map(|binary| {
+                move || {
                     binary
                         .binary()
                         .map_err(|e| BuildError::new(0, e.to_string()))
-                })
-            }),
+                }
+            });
+        let bytes = if pocl::applies_to(registered.info()) {
+            // Held back until another process wants it (a sibling's binary) or the cache is
+            // flushed (the program's own); see `pocl`.
+            let sibling = Sibling::new(
+                self.api,
+                &program,
+                input.context,
+                input.device,
+                input.sources,
+                &options,
+            );
+            sibling
+                .zip(query)
+                .map(|(sibling, settled)| DiskBytes::held(move || sibling.binary(), settled))
+        } else {
+            query.map(DiskBytes::later)
         };
         Ok(Compiled {
             value: program,
@@ -171,7 +170,7 @@ impl OpenClCache {
         let runtime = OpenCl {
             api: Api::get()?,
             source_builds: AtomicU64::new(0),
-            refresh: options.disk.is_some().then(Refresh::default),
+            stores: options.disk.is_some(),
         };
         Ok(OpenClCache {
             cache: HandleCache::new(runtime, options.memory, options.disk),
@@ -223,17 +222,12 @@ impl OpenClCache {
     common_calls!();
 
     /// Waits until the binary of every program built so far is written to the disk tier (or
-    /// failed to be); dropping the cache does it too. On PoCL, the binaries of programs built
-    /// here are then refreshed with the work-group code their launches compiled (see
-    /// `docs/opencl.md`), so that the next process's first launches compile nothing. Returns
-    /// how many entries were rewritten.
-    pub fn flush(&self) -> u64 {
+    /// failed to be); dropping the cache does it too. On PoCL, binaries are held back until
+    /// another process waits for them or until this flush, so that they carry the work-group
+    /// code the programs' launches compiled and the next process's first launches compile
+    /// nothing (see `docs/node.md`): flush after your warm-up launches.
+    pub fn flush(&self) {
         self.cache.flush();
-        let runtime = self.cache.runtime();
-        match (&runtime.refresh, self.cache.disk()) {
-            (Some(refresh), Some(disk)) => refresh.run(disk),
-            _ => 0,
-        }
     }
 
     pub fn stats(&self) -> OpenClStats {
@@ -248,12 +242,6 @@ impl OpenClCache {
             disk_errors: tiers.disk_errors,
             disk: tiers.disk,
         }
-    }
-}
-
-impl Drop for OpenClCache {
-    fn drop(&mut self) {
-        self.flush();
     }
 }
 

@@ -4,7 +4,7 @@
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
 mod cache;
-mod refresh;
+mod pocl;
 pub(crate) mod runtime;
 pub(crate) mod sys;
 

@@ -1,34 +1,40 @@
 //! Warm end to end on PoCL: the stored binary carries the work-group code that launches
-//! compiled, so that the next process's first launches compile nothing.
+//! compiled, so that the next process's first launches compile nothing; and a lone process's
+//! miss costs what a plain build costs.
 //!
 //! A PoCL program binary is PoCL's own directory for the program, packed: its bitcode,
 //! work-group code for any local size (compiled by the first binary query, which can take
-//! longer than the build) and the code specialised for each launch configuration compiled so
-//! far. It is packed once, at the first query, and never again. Querying the cached program
-//! right after its build would freeze a binary without any launch's code, so on PoCL:
-//! - for the processes waiting on this build, the background writer builds a *sibling* from
-//!   the same source ([`Sibling`]) and stores its binary; the cached program is not queried;
-//! - at flush and at drop, [`Refresh::run`] queries each program built here, whose binary now
-//!   holds what its launches compiled, and rewrites the entry when that is larger.
+//! longer than the build, and holds PoCL's compiler meanwhile) and the code specialised for
+//! each launch configuration compiled so far. It is packed once, at the first query, and never
+//! again. Querying the cached program right after its build would freeze a binary without any
+//! launch's code, and compete with the caller's first launches for PoCL's compiler. So on PoCL
+//! the bytes are held back ([`DiskBytes::held`](crate::disk::DiskBytes::held)):
+//! - when another process waits for the entry, the background writer builds a *sibling* from
+//!   the same source ([`Sibling`]) and stores its binary. It costs a build more than querying
+//!   the cached program, but it leaves the caller's program alone: PoCL 3.1 aborts
+//!   (`pocl_release_dlhandle_cache: Assertion 'found->ref_count > 0' failed`) when a program's
+//!   binary is queried on one thread while the caller launches on another; measured in about
+//!   one in seven two-process runs of `benches/node.rs`, against none in eighteen with the
+//!   sibling;
+//! - at flush (and when the cache is freed), the cached program's binary, which then holds
+//!   what its launches compiled: stored, or replacing the sibling's when it is larger. With
+//!   PoCL's kernel cache off, a sibling's binary lacks the launches' code, and a process that
+//!   loads it compiles at its first launch; the one stored at flush spares later processes
+//!   that.
 //!
 //! Other drivers' binaries do not change with launches, and the cached program is queried
 //! directly on the background writer.
 
 use std::ffi::CString;
-use std::time::Duration;
-
-use parking_lot::Mutex;
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
-use crate::disk::DiskCache;
 use crate::error::BuildError;
-use crate::key::Key;
 
 /// The platform name PoCL reports.
 const POCL_PLATFORM: &str = "Portable Computing Language";
 
-/// Whether programs built for `identity` get a sibling and a refresh.
+/// Whether the binaries of programs built for `identity` are held back (see above).
 pub(super) fn applies_to(identity: &DeviceIdentity) -> bool {
     identity.platform_name == POCL_PLATFORM
 }
@@ -83,38 +89,5 @@ impl Sibling {
         sibling
             .binary()
             .map_err(|e| BuildError::new(0, e.to_string()))
-    }
-}
-
-/// Programs built here whose stored binary may grow with what their launches compiled.
-#[derive(Default)]
-pub(super) struct Refresh {
-    built: Mutex<Vec<(Key, Program, Duration)>>,
-}
-
-impl Refresh {
-    /// Remembers a program built here in `build_time`, with a reference of its own.
-    pub(super) fn note(&self, key: Key, program: &Program, build_time: Duration) {
-        if let Ok(program) = program.retain() {
-            self.built.lock().push((key, program, build_time));
-        }
-    }
-
-    /// Rewrites each remembered entry whose program's binary is larger than the stored one,
-    /// and forgets the program (its binary is packed now, and will not grow again). Returns
-    /// how many entries were rewritten; a failure costs only its refresh.
-    pub(super) fn run(&self, disk: &DiskCache) -> u64 {
-        let built = std::mem::take(&mut *self.built.lock());
-        let mut rewritten = 0;
-        for (key, program, build_time) in built {
-            let Ok(binary) = program.binary() else {
-                continue;
-            };
-            let stored = disk.stored_len(&key).unwrap_or(0);
-            if binary.len() as u64 > stored && disk.put(&key, &binary, build_time).is_ok() {
-                rewritten += 1;
-            }
-        }
-        rewritten
     }
 }

@@ -1,0 +1,138 @@
+//! Writing a built value's entry after its caller has it, and releasing the entry's lock once
+//! it is published.
+//!
+//! Most values' bytes are made and written as soon as the background writer gets to them. A
+//! backend whose bytes are costly to make, and better for waiting, holds them back
+//! ([`DiskBytes::held`]): the entry is written when another process waits for it (the lock's
+//! wanted mark), else at the next flush, which is when the process frees its cache at the
+//! latest. A lone process then pays for its bytes once, at flush, instead of beside the
+//! caller's next work; a process that waits gets them within the writer's poll interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::writer::Cause;
+use super::{DiskCache, Inner, KeyLock, bump, store};
+use crate::error::BuildError;
+use crate::key::Key;
+use crate::log;
+
+type Maker = Box<dyn FnOnce() -> Result<Vec<u8>, BuildError> + Send>;
+
+/// What the disk tier keeps of a built value: bytes made already, or functions the background
+/// writer runs to make them (a driver's binary query can cost more than the build, and nobody
+/// waits for it there).
+pub struct DiskBytes(Making);
+
+enum Making {
+    /// Made and written as soon as the writer gets to it.
+    Now(Maker),
+    /// Made and written when wanted or at flush, see [`DiskBytes::held`].
+    Held { wanted: Maker, settled: Maker },
+}
+
+impl DiskBytes {
+    /// Bytes made on the background writer by `make`.
+    pub fn later(make: impl FnOnce() -> Result<Vec<u8>, BuildError> + Send + 'static) -> Self {
+        DiskBytes(Making::Now(Box::new(make)))
+    }
+
+    /// Bytes held back, for a driver whose bytes are better made late (PoCL's binary carries
+    /// the code the program's launches compiled) and would slow the caller's next work down
+    /// if made now (PoCL's binary query compiles): made on the background writer by `wanted`
+    /// when another process waits for the entry, or else by `settled` at the next flush. After
+    /// `wanted`, `settled` still runs at the next flush, and its bytes replace the entry when
+    /// they are larger.
+    pub fn held(
+        wanted: impl FnOnce() -> Result<Vec<u8>, BuildError> + Send + 'static,
+        settled: impl FnOnce() -> Result<Vec<u8>, BuildError> + Send + 'static,
+    ) -> Self {
+        DiskBytes(Making::Held {
+            wanted: Box::new(wanted),
+            settled: Box::new(settled),
+        })
+    }
+}
+
+impl From<Vec<u8>> for DiskBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        DiskBytes::later(move || Ok(bytes))
+    }
+}
+
+impl DiskCache {
+    /// Writes the entry for `key` from `bytes` on the background writer, then releases
+    /// `lock`; `done` learns whether it was written. A failure is counted in `failed_writes`
+    /// and marked on the lock, so that waiting processes build rather than wait for an entry
+    /// that will not come.
+    pub(crate) fn write_back(
+        &self,
+        key: Key,
+        build_time: Duration,
+        lock: Option<KeyLock>,
+        bytes: DiskBytes,
+        done: impl FnOnce(bool) + Send + 'static,
+    ) {
+        let inner = Arc::clone(&self.inner);
+        let (wanted, settled) = match bytes.0 {
+            Making::Now(make) => {
+                return self.inner.writer.submit(move || {
+                    done(publish(&inner, &key, make, build_time, lock));
+                });
+            }
+            Making::Held { wanted, settled } => (wanted, settled),
+        };
+        // The poll reads the lock's mark; the write releases the lock (the last reference, the
+        // poll being dropped before the write runs).
+        let lock = lock.map(Arc::new);
+        let poll = lock
+            .clone()
+            .map(|lock| Box::new(move || lock.wanted()) as Box<dyn Fn() -> bool + Send>);
+        self.inner.writer.park(poll, move |cause| {
+            let lock = lock.and_then(|lock| Arc::try_unwrap(lock).ok());
+            if cause == Cause::Flush {
+                return done(publish(&inner, &key, settled, build_time, lock));
+            }
+            let written = publish(&inner, &key, wanted, build_time, lock);
+            done(written);
+            if written {
+                let writer = Arc::clone(&inner);
+                writer
+                    .writer
+                    .park(None, move |_| grow(&inner, &key, settled, build_time));
+            }
+        });
+    }
+}
+
+/// Makes the bytes and writes the entry, then releases `lock`; whether it was written.
+fn publish(
+    inner: &Arc<Inner>,
+    key: &Key,
+    make: Maker,
+    build_time: Duration,
+    lock: Option<KeyLock>,
+) -> bool {
+    let written = make()
+        .map_err(|e| format!("the value could not be serialized: {}", e.message))
+        .and_then(|bytes| store::put(inner, key, &bytes, build_time).map_err(|e| e.to_string()));
+    if let Err(why) = &written {
+        log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(key)));
+        bump(&inner.counters.failed_writes, 1);
+        if let Some(lock) = &lock {
+            lock.abandon();
+        }
+    }
+    written.is_ok()
+}
+
+/// Rewrites the entry for `key` with the bytes `make` returns when they are larger than the
+/// stored ones. A failure costs only this rewrite: the entry written before stays.
+fn grow(inner: &Arc<Inner>, key: &Key, make: Maker, build_time: Duration) {
+    let Ok(bytes) = make() else {
+        return;
+    };
+    if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0) {
+        let _ = store::put(inner, key, &bytes, build_time);
+    }
+}
