@@ -14,6 +14,7 @@ use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
+use crate::metrics::Backend;
 use crate::tiered::DiskBytes;
 
 /// What a lookup returns: the program stays alive (and retained by the cache) while any lease
@@ -74,6 +75,7 @@ impl Runtime for OpenCl {
     type Info = DeviceIdentity;
     type Value = Program;
     type Input<'a> = Input<'a>;
+    const BACKEND: Backend = Backend::OpenCl;
 
     fn describe(&self, input: Input<'_>) -> Result<DeviceIdentity> {
         DeviceIdentity::query_with(self.api, input.device)
