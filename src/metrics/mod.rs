@@ -1,5 +1,5 @@
 //! Prometheus metrics of every live cache in the process, in the text exposition format
-//! (version 0.0.4): [`render`] here, `kc_metrics_render` in C. `docs/metrics.md` lists the
+//! (version 0.0.4): [`render`](crate::metrics::render) here, `kc_metrics_render` in C. `docs/metrics.md` lists the
 //! families.
 //!
 //! Each memory tier and each disk tier registers itself when it is created (a weak reference
