@@ -1,15 +1,17 @@
-//! `kcache::metrics::render` after known lookups through the OpenCL backend on PoCL and a
-//! memory cache of the Rust API, read back by a real Prometheus parser: every counter equals
+//! `kcache::metrics::render` after known lookups through the OpenCL backend on PoCL, a
+//! memory cache of the Rust API and the CUDA backend on the test driver library, read back by a real Prometheus parser: every counter equals
 //! what the test did, and caches drop out when they are freed. One test, because the metrics
 //! are the whole process's.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use kcache::backend::cuda::{CudaCache, CudaOptions};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache::memory::{MemoryCache, Options};
 use kcache::metrics;
+use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::prometheus::{self, Parsed};
 
@@ -150,4 +152,29 @@ fn every_counter_equals_what_the_lookups_did() {
     assert_eq!(builds(&p, "opencl", "ok"), 0.0);
     assert_eq!(p.value("kcache_disk_tiers{}"), 1.0);
     drop((warm, warm_disk));
+
+    // The CUDA backend (on the test driver library): one build, one hit, under its own label.
+    let fake = FakeDriver::new();
+    let cuda = CudaCache::new(CudaOptions {
+        driver: Some(fake.driver()),
+        ..CudaOptions::default()
+    })
+    .unwrap();
+    let raw = fake.create_context(0);
+    // SAFETY: the test driver created the context; the cache is dropped before the driver.
+    let context = unsafe { kcache::backend::cuda::Context::from_raw(raw) };
+    for _ in 0..2 {
+        drop(
+            cuda.find_or_build_ptx(context, SAXPY_PTX.as_bytes(), &[])
+                .unwrap(),
+        );
+    }
+    let p = scrape();
+    assert_eq!(of_backend(&p, "kcache_caches", "cuda"), 1.0);
+    assert_eq!(of_backend(&p, "kcache_caches", "opencl"), 0.0);
+    assert_eq!(builds(&p, "cuda", "ok"), 1.0);
+    assert_eq!(lookups(&p, "memory", "hit"), 1.0);
+    assert_eq!(lookups(&p, "memory", "miss"), 1.0);
+    assert_eq!(p.value("kcache_disk_tiers{}"), 0.0);
+    drop(cuda);
 }
