@@ -379,7 +379,7 @@ static void version_and_status_names(void) {
       "KC_OK",           "KC_ERR_INVALID_ARGUMENT", "KC_ERR_BUILD_FAILED", "KC_ERR_DEVICE_DESTROYED",
       "KC_ERR_CACHE_CLEARED", "KC_ERR_DESTROY_FAILED", "KC_ERR_REENTRANT", "KC_ERR_NOT_FOUND",
       "KC_ERR_PANIC",    "KC_ERR_UNAVAILABLE",      "KC_ERR_IO",           "KC_ERR_INTEGRITY",
-      "KC_ERR_UNTRUSTED", "KC_ERR_BACKEND"};
+      "KC_ERR_UNTRUSTED", "KC_ERR_BACKEND",          "KC_ERR_BUFFER_TOO_SMALL"};
   char expected[64];
   int i;
 
@@ -390,9 +390,10 @@ static void version_and_status_names(void) {
   for (i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     CHECK(strcmp(kc_status_name(i), names[i]) == 0);
   CHECK(KC_ERR_BACKEND == 13);
+  CHECK(KC_ERR_BUFFER_TOO_SMALL == 14);
   CHECK(strcmp(kc_status_name(KC_ERR_CACHE_CLEARED), "KC_ERR_CACHE_CLEARED") == 0);
   CHECK(strcmp(kc_status_name(-1), "KC_UNKNOWN_STATUS") == 0);
-  CHECK(strcmp(kc_status_name(14), "KC_UNKNOWN_STATUS") == 0);
+  CHECK(strcmp(kc_status_name(15), "KC_UNKNOWN_STATUS") == 0);
   CHECK(strcmp(kc_status_name(1 << 30), "KC_UNKNOWN_STATUS") == 0);
   CHECK(KC_NO_DEVICE == -1);
 }

@@ -90,6 +90,10 @@ static void null_sweep(void) {
   CHECK(kc_last_error_message() != NULL);
   CHECK(kc_version() != NULL);
 
+  /* kc_metrics_render */
+  CHECK_STATUS(kc_metrics_render(NULL, 0, NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("out_needed");
+
   /* None of the above touched the cache. */
   s = stats_of(cache);
   CHECK_U64(s.hits + s.misses + s.builds + s.clears + s.device_evictions, 0);

@@ -110,6 +110,8 @@ typedef enum kc_status {
   KC_ERR_UNTRUSTED = 12,
   // A GPU runtime call failed.
   KC_ERR_BACKEND = 13,
+  // The caller's buffer cannot hold the result; the size it needs was reported.
+  KC_ERR_BUFFER_TOO_SMALL = 14,
 } kc_status;
 
 // A cache of opaque values keyed by byte strings. Thread-safe: every function taking a
@@ -1130,6 +1132,20 @@ void kc_lease_release(struct kc_lease *lease);
 // `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
 // replaced.
 void kc_set_log_callback(kc_log_fn callback, void *ctx);
+
+// Writes the metrics of every kcache cache alive in this process (memory tiers, disk tiers,
+// backends) into `buf`, in the Prometheus text exposition format (version 0.0.4),
+// NUL-terminated. `docs/metrics.md` lists the metric families.
+//
+// `*out_needed` is always set on `KC_OK` and `KC_ERR_BUFFER_TOO_SMALL`: the bytes the text
+// takes, its NUL included. `buf` NULL with `buf_len` 0 asks for that size only (`KC_OK`,
+// nothing written). A `buf_len` smaller than needed writes nothing to `buf` and returns
+// `KC_ERR_BUFFER_TOO_SMALL`. The figures move between two calls, so a size asked first may
+// fall short by the time of the second: call again with the newly reported size.
+//
+// # Safety
+// `buf` must be NULL or point to `buf_len` writable bytes; `out_needed` must be writable.
+enum kc_status kc_metrics_render(char *buf, size_t buf_len, size_t *out_needed);
 
 // Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
 // across processes.

@@ -4,6 +4,7 @@
 //!   eviction and clear generations.
 //! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
 //! - [`log`]: configuration problems and, at `debug`, why each miss missed (`KCACHE_LOG`).
+//! - [`metrics`]: every live cache's counters in the Prometheus text format.
 //! - `ffi`: the C ABI (`include/kcache.h`).
 
 /// cbindgen:ignore
@@ -21,6 +22,8 @@ pub mod key;
 pub mod log;
 /// cbindgen:ignore
 pub mod memory;
+/// cbindgen:ignore
+pub mod metrics;
 /// cbindgen:ignore
 pub mod tiered;
 

@@ -26,7 +26,7 @@ use crate::disk::{Claim, DiskBytes, DiskCache, KeyLock};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
-use crate::memory::{Built, Lease, MemoryCache};
+use crate::memory::{Built, Lease, Made, MemoryCache};
 
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {
@@ -190,18 +190,18 @@ where
     {
         let mut built: Option<(Duration, Key, Option<KeyLock>)> = None;
         let mut load = load;
-        let lease = self.memory.find_or_build(l1_key, device, || {
+        let lease = self.memory.find_or_make(l1_key, device, || {
             let key = self.disk_key(l2_key);
             let lock = match (&key, self.disk) {
                 (Some(key), Some(disk)) if load.is_some() => {
                     if let Some(value) = self.load_from_disk(disk, key, &mut load) {
-                        return Ok(value);
+                        return (Ok(value), Made::Loaded);
                     }
                     match disk.claim(key) {
                         Claim::Leader(lock) => Some(lock),
                         Claim::Published => {
                             if let Some(value) = self.load_from_disk(disk, key, &mut load) {
-                                return Ok(value);
+                                return (Ok(value), Made::Loaded);
                             }
                             None
                         }
@@ -212,9 +212,11 @@ where
             };
             bump(&self.counters.builds);
             let started = Instant::now();
-            match build() {
+            let result = build();
+            let build_time = started.elapsed();
+            let result = match result {
                 Ok(value) => {
-                    built = key.map(|key| (started.elapsed(), key, lock));
+                    built = key.map(|key| (build_time, key, lock));
                     Ok(value)
                 }
                 Err(e) => {
@@ -233,7 +235,8 @@ where
                     }
                     Err(e)
                 }
-            }
+            };
+            (result, Made::BuiltIn(build_time))
         })?;
         if let (Some((build_time, key, lock)), Some(disk)) = (built, self.disk) {
             match serialize(lease.value()) {

@@ -342,26 +342,29 @@ fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
 // --- stats --------------------------------------------------------------------------------
 
 #[derive(Serialize)]
-struct StatsJson {
+pub struct StatsJson {
     schema: u32,
     dir: String,
-    cap_bytes: u64,
-    entries: u64,
-    bytes: u64,
-    generations: Vec<GenerationJson>,
+    pub cap_bytes: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub generations: Vec<GenerationJson>,
     oldest_used_unix_ns: Option<u64>,
     newest_used_unix_ns: Option<u64>,
 }
 
 #[derive(Serialize)]
-struct GenerationJson {
+pub struct GenerationJson {
     fingerprint: String,
-    current: bool,
-    entries: u64,
-    bytes: u64,
+    pub current: bool,
+    pub entries: u64,
+    pub bytes: u64,
 }
 
-pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
+/// What `stats` (and `metrics`) report of the directory, with the least and most recent use.
+pub fn directory_stats(
+    target: &Target,
+) -> Result<(StatsJson, Option<SystemTime>, Option<SystemTime>), Failure> {
     let (cache, settings) = target.open()?;
     let entries: Vec<EntryInfo> = cache.entries()?.into_iter().filter(|e| e.regular).collect();
     let current = cache.fingerprint();
@@ -393,6 +396,11 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
         oldest_used_unix_ns: oldest.map(report::unix_nanos),
         newest_used_unix_ns: newest.map(report::unix_nanos),
     };
+    Ok((out, oldest, newest))
+}
+
+pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
+    let (out, oldest, newest) = directory_stats(target)?;
     if json {
         report::json(&out);
         return Ok(0);

@@ -26,6 +26,7 @@ macro_rules! out {
 }
 
 mod commands;
+mod metrics;
 mod report;
 
 use std::path::PathBuf;
@@ -110,6 +111,13 @@ enum Command {
     Clear {
         #[arg(long)]
         json: bool,
+    },
+    /// The directory's figures in the Prometheus text format
+    Metrics {
+        /// Write them to this file (for node_exporter's textfile collector), through a
+        /// temporary file renamed over it
+        #[arg(long, value_name = "PATH")]
+        textfile: Option<PathBuf>,
     },
 }
 
@@ -197,6 +205,7 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Clear { json } => commands::clear(&target, json),
+        Command::Metrics { textfile } => metrics::metrics(&target, textfile.as_deref()),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

@@ -12,6 +12,7 @@ use kcache::backend::opencl::{OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
 use kcache::key::Key;
 use kcache_testkit::opencl::Context;
+use kcache_testkit::prometheus;
 use serde_json::Value;
 
 /// Runs `kcache ARGS` with no `KCACHE_*` (nor any other) variable but those in `env`.
@@ -505,4 +506,97 @@ fn a_reader_that_went_away_ends_the_command_quietly() {
         .unwrap();
     assert_eq!(output.status.code(), Some(0), "stderr: {}", stderr(&output));
     assert_eq!(stderr(&output), "");
+}
+
+#[test]
+fn metrics_and_its_textfile_give_the_directory_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let context = Context::first_device().unwrap();
+    let source = "// kcache metrics\n__kernel void halve(__global float *y) {\n\
+                  size_t i = get_global_id(0);\n y[i] = 0.5f * y[i];\n}\n";
+    let disk = Arc::new(open(dir.path()));
+    let options = OpenClOptions {
+        disk: Some(Arc::clone(&disk)),
+        ..OpenClOptions::default()
+    };
+    let cache = OpenClCache::new(options).unwrap();
+    drop(
+        cache
+            .find_or_build(context.context(), context.device(), &[source], "")
+            .unwrap(),
+    );
+    cache.flush();
+    let program = program_disk_key(context.device(), &[source], "").unwrap();
+    let program_size = fs::metadata(disk.entry_path(&program)).unwrap().len();
+    disk.put(&key(1), &[1; 100], Duration::ZERO).unwrap();
+    open_keyed(dir.path(), 9)
+        .put(&key(2), &[2; 10], Duration::ZERO)
+        .unwrap();
+    set_age(&disk.entry_path(&key(1)), Duration::from_secs(3600));
+
+    let output = run(dir.path(), &["metrics"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let text = stdout(&output);
+    let p = prometheus::parse(&text);
+    assert_eq!(p.value("kcache_build_info{version=\"0.1.0\"}"), 1.0);
+    assert_eq!(p.value("kcache_entries{tier=\"disk\"}"), 3.0);
+    let current_bytes = program_size + 100 + OVERHEAD;
+    let other_bytes = 10 + OVERHEAD;
+    assert_eq!(
+        p.value("kcache_disk_bytes{}"),
+        (current_bytes + other_bytes) as f64
+    );
+    assert_eq!(
+        p.value("kcache_disk_max_bytes{}"),
+        kcache::disk::DEFAULT_MAX_SIZE as f64
+    );
+    let generation =
+        |name: &str, which: &str| p.value(&format!("{name}{{generation=\"{which}\"}}"));
+    assert_eq!(generation("kcache_disk_generation_entries", "current"), 2.0);
+    assert_eq!(generation("kcache_disk_generation_entries", "other"), 1.0);
+    assert_eq!(
+        generation("kcache_disk_generation_bytes", "current"),
+        current_bytes as f64
+    );
+    assert_eq!(
+        generation("kcache_disk_generation_bytes", "other"),
+        other_bytes as f64
+    );
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let oldest = p.value("kcache_disk_oldest_use_timestamp_seconds{}");
+    let newest = p.value("kcache_disk_newest_use_timestamp_seconds{}");
+    assert!((now - 3600.0 - oldest).abs() < 600.0, "{oldest} vs {now}");
+    assert!((now - newest).abs() < 600.0, "{newest} vs {now}");
+    assert_eq!(
+        p.types.get("kcache_entries").map(String::as_str),
+        Some("gauge")
+    );
+
+    // --textfile replaces the file whole, leaves no temporary behind and prints nothing.
+    let textdir = tempfile::tempdir().unwrap();
+    let prom = textdir.path().join("kcache.prom");
+    fs::write(&prom, "stale\n").unwrap();
+    let written = run(
+        dir.path(),
+        &["metrics", "--textfile", prom.to_str().unwrap()],
+    );
+    assert_eq!(written.status.code(), Some(0), "{}", stderr(&written));
+    assert_eq!(stdout(&written), "");
+    let from_file = prometheus::parse(&fs::read_to_string(&prom).unwrap());
+    assert_eq!(from_file.samples, p.samples);
+    let names: Vec<_> = fs::read_dir(textdir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["kcache.prom"]);
+
+    let nowhere = textdir.path().join("missing").join("kcache.prom");
+    let refused_write = run(
+        dir.path(),
+        &["metrics", "--textfile", nowhere.to_str().unwrap()],
+    );
+    refused(&refused_write, "cannot write the textfile");
 }

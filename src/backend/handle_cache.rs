@@ -13,6 +13,7 @@ use crate::disk::{DiskCache, DiskStats};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::Key;
 use crate::memory::{self, Built, Lease, MemoryCache};
+use crate::metrics::Backend;
 use crate::tiered::TieredCache;
 
 /// How a cached value gives back its runtime object. The memory tier calls it once, when the
@@ -45,6 +46,9 @@ pub trait Runtime: Send + Sync + 'static {
     type Value: Destroy + Send + Sync + 'static;
     /// What one value is built from.
     type Input<'a>: Copy;
+
+    /// The `backend` label of this backend's caches in the metrics.
+    const BACKEND: Backend;
 
     /// Queries the runtime about the handle of a lookup seen for the first time, through the
     /// lookup's input (which holds the live handle).
@@ -118,7 +122,11 @@ pub struct HandleCache<R: Runtime> {
 impl<R: Runtime> HandleCache<R> {
     /// The memory tier destroys values through [`Destroy`]; `disk: None` is memory only.
     pub fn new(runtime: R, memory: memory::Options, disk: Option<Arc<DiskCache>>) -> Self {
-        let memory = Arc::new(MemoryCache::new(memory, <R::Value as Destroy>::destroy));
+        let memory = Arc::new(MemoryCache::for_backend(
+            R::BACKEND,
+            memory,
+            <R::Value as Destroy>::destroy,
+        ));
         HandleCache {
             runtime,
             tiered: TieredCache::new(memory, disk),

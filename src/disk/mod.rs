@@ -43,13 +43,20 @@ pub use writer::{MAX_POLLED, POLL, QUEUE_BOUND};
 use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
+use crate::metrics::{self, Source, Totals};
 use format::{HEADER_LEN, TAG_LEN, Tagger};
 
 /// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
 /// any number of processes may use the same directory at once.
 pub struct DiskCache {
     inner: Arc<Inner>,
+    /// Keeps this tier in the process's metrics exactly as long as the handle lives (the
+    /// background writer and scan also hold `inner`, for a while after it is dropped).
+    _listed: Arc<Listed>,
 }
+
+/// A disk tier as the process's metrics see it.
+struct Listed(Arc<Inner>);
 
 struct Inner {
     dir: OwnedFd,
@@ -189,7 +196,12 @@ impl DiskCache {
             writer: writer::Writer::default(),
         });
         evict::start_scan(&inner);
-        Ok(DiskCache { inner })
+        let listed = Arc::new(Listed(Arc::clone(&inner)));
+        metrics::register(Arc::downgrade(&listed) as _);
+        Ok(DiskCache {
+            inner,
+            _listed: listed,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -228,29 +240,7 @@ impl DiskCache {
     }
 
     pub fn stats(&self) -> DiskStats {
-        let c = &self.inner.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (usage, scan_complete) = self.inner.index.known_usage();
-        DiskStats {
-            hits: get(&c.hits),
-            misses: get(&c.misses),
-            puts: get(&c.puts),
-            bytes_read: get(&c.bytes_read),
-            bytes_written: get(&c.bytes_written),
-            integrity_rejects: get(&c.integrity_rejects),
-            io_errors: get(&c.io_errors),
-            evictions: get(&c.evictions),
-            removes: get(&c.removes),
-            load_failures: get(&c.load_failures),
-            lock_waits: get(&c.lock_waits),
-            lock_timeouts: get(&c.lock_timeouts),
-            lock_takeovers: get(&c.lock_takeovers),
-            pending_writes: self.inner.writer.pending(),
-            failed_writes: get(&c.failed_writes),
-            entries: usage.entries,
-            bytes: usage.bytes,
-            scan_complete,
-        }
+        self.inner.stats()
     }
 
     /// Waits for the scan of the directory that `open` starts (milliseconds even for a full
@@ -301,12 +291,45 @@ const ENTRY_SUFFIX: &str = ".kce";
 const ENTRY_NAME_LEN: usize = 16 + 1 + 64 + ENTRY_SUFFIX.len();
 
 impl Inner {
+    fn stats(&self) -> DiskStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (usage, scan_complete) = self.index.known_usage();
+        DiskStats {
+            hits: get(&c.hits),
+            misses: get(&c.misses),
+            puts: get(&c.puts),
+            bytes_read: get(&c.bytes_read),
+            bytes_written: get(&c.bytes_written),
+            integrity_rejects: get(&c.integrity_rejects),
+            io_errors: get(&c.io_errors),
+            evictions: get(&c.evictions),
+            removes: get(&c.removes),
+            load_failures: get(&c.load_failures),
+            lock_waits: get(&c.lock_waits),
+            lock_timeouts: get(&c.lock_timeouts),
+            lock_takeovers: get(&c.lock_takeovers),
+            pending_writes: self.writer.pending(),
+            failed_writes: get(&c.failed_writes),
+            entries: usage.entries,
+            bytes: usage.bytes,
+            scan_complete,
+        }
+    }
+
     fn entry_name(&self, key: &Key) -> String {
         format!("{}-{}{ENTRY_SUFFIX}", self.fingerprint_hex, key.to_hex())
     }
 
     fn max_entry_size(&self) -> u64 {
         self.max_size.min(MAX_ENTRY_SIZE)
+    }
+}
+
+impl Source for Listed {
+    fn add_to(&self, totals: &mut Totals) {
+        totals.disk_tiers += 1;
+        totals.disk += self.0.stats();
     }
 }
 

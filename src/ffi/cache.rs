@@ -16,6 +16,7 @@ use super::args::{
 use super::lease::kc_lease;
 use super::status::{byte_slice, fail, guard, guard_value, kc_status, non_null};
 use crate::memory::{MemoryCache, Options, Stats};
+use crate::metrics::Backend;
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
 /// A value stored for C: an opaque pointer kcache never dereferences.
@@ -260,7 +261,7 @@ pub unsafe extern "C" fn kc_cache_new(
             on_destroy_error,
             ..Options::default()
         };
-        let inner = RawCache::new(options, move |value: RawValue| {
+        let inner = RawCache::for_backend(Backend::C, options, move |value: RawValue| {
             let ctx = destroy_ctx;
             let Some(destroy) = destroy else {
                 return Ok(());

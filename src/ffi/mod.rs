@@ -2,7 +2,8 @@
 //!
 //! One C object per file: `cache.rs` (`kc_cache`), `lease.rs` (`kc_lease`), `key_builder.rs`
 //! (`kc_key_builder`), `disk.rs` (`kc_disk`), `buffer.rs` (`kc_buffer`), `tiered.rs`
-//! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), one file per backend;
+//! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), `metrics.rs`
+//! (`kc_metrics_render`), one file per backend;
 //! `status.rs` holds the status codes and the other library-level functions, `args.rs` the
 //! argument conventions they all share.
 //!
@@ -34,6 +35,7 @@ pub mod disk;
 pub mod key_builder;
 mod lease;
 pub mod log;
+pub mod metrics;
 pub mod opencl;
 mod status;
 pub mod tiered;

@@ -76,10 +76,12 @@ pub enum kc_status {
     KC_ERR_UNTRUSTED = 12,
     /// A GPU runtime call failed.
     KC_ERR_BACKEND = 13,
+    /// The caller's buffer cannot hold the result; the size it needs was reported.
+    KC_ERR_BUFFER_TOO_SMALL = 14,
 }
 
 /// Every code, in numeric order.
-const ALL_STATUSES: [kc_status; 14] = [
+const ALL_STATUSES: [kc_status; 15] = [
     kc_status::KC_OK,
     kc_status::KC_ERR_INVALID_ARGUMENT,
     kc_status::KC_ERR_BUILD_FAILED,
@@ -94,6 +96,7 @@ const ALL_STATUSES: [kc_status; 14] = [
     kc_status::KC_ERR_INTEGRITY,
     kc_status::KC_ERR_UNTRUSTED,
     kc_status::KC_ERR_BACKEND,
+    kc_status::KC_ERR_BUFFER_TOO_SMALL,
 ];
 
 impl kc_status {
@@ -113,6 +116,7 @@ impl kc_status {
             kc_status::KC_ERR_INTEGRITY => c"KC_ERR_INTEGRITY",
             kc_status::KC_ERR_UNTRUSTED => c"KC_ERR_UNTRUSTED",
             kc_status::KC_ERR_BACKEND => c"KC_ERR_BACKEND",
+            kc_status::KC_ERR_BUFFER_TOO_SMALL => c"KC_ERR_BUFFER_TOO_SMALL",
         }
     }
 
@@ -193,6 +197,15 @@ pub fn guard_value<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
         record_panic(&*payload);
         on_panic
     })
+}
+
+/// Records that a buffer of `len` bytes cannot hold the `needed` ones, as this thread's last
+/// failure, and returns `KC_ERR_BUFFER_TOO_SMALL`.
+pub fn buffer_too_small(len: usize, needed: usize) -> kc_status {
+    record_message(&format!(
+        "the buffer holds {len} bytes, {needed} are needed"
+    ));
+    kc_status::KC_ERR_BUFFER_TOO_SMALL
 }
 
 /// Records "`name` is NULL" as this thread's last failure, for functions without a status.
@@ -290,7 +303,7 @@ mod tests {
             assert_eq!(kc_status::from_code(i as c_int), Some(status));
         }
         assert_eq!(kc_status::from_code(-1), None);
-        assert_eq!(kc_status::from_code(14), None);
+        assert_eq!(kc_status::from_code(15), None);
     }
 
     #[test]

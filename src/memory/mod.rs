@@ -40,6 +40,7 @@
 
 mod entry;
 mod flight;
+mod metrics;
 mod policy;
 mod shared;
 mod stats;
@@ -55,14 +56,17 @@ use std::time::{Duration, Instant};
 use hashbrown::HashTable;
 
 pub use entry::{Entry, Lease};
+pub(crate) use metrics::Made;
 pub use stats::Stats;
 pub(crate) use stats::counters;
 
 use flight::Flight;
+use metrics::MemorySource;
 use policy::Clock;
 use shared::{ErrorHook, Shared, Slot, bump};
 use sync::{AtomicU64, Mutex, Ordering};
 
+use crate::metrics::{self as process_metrics, Backend};
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
 /// Power of two: the shard index is a mask of the key's hash.
@@ -122,6 +126,8 @@ pub struct MemoryCache<K, V> {
     epochs: Mutex<HashMap<DeviceId, u64>>,
     /// Only consulted when a cap is set.
     clock: Mutex<Clock<K, V>>,
+    /// This cache's entry in the process's metrics, which lists it while this lives.
+    metrics: Arc<MemorySource>,
 }
 
 /// What a build's caller saw when the build started, checked again at install.
@@ -139,13 +145,29 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         options: Options,
         destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
     ) -> Self {
+        Self::for_backend(Backend::Rust, options, destroy)
+    }
+
+    /// [`MemoryCache::new`] for a cache whose builds the metrics count under `backend`.
+    pub(crate) fn for_backend(
+        backend: Backend,
+        options: Options,
+        destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
+    ) -> Self {
+        let shared = Arc::new(Shared::new(
+            SHARDS,
+            Box::new(destroy),
+            options.on_destroy_error,
+            options.eviction == Eviction::CostAware,
+        ));
+        let metrics = Arc::new(MemorySource::new(
+            backend,
+            Arc::clone(&shared.counters),
+            Arc::clone(shared.tally.counts()),
+        ));
+        process_metrics::register(Arc::downgrade(&metrics) as _);
         Self {
-            shared: Arc::new(Shared::new(
-                SHARDS,
-                Box::new(destroy),
-                options.on_destroy_error,
-                options.eviction == Eviction::CostAware,
-            )),
+            shared,
             hasher: foldhash::fast::RandomState::default(),
             max_entries: options.max_entries,
             max_weight: options.max_weight,
@@ -153,6 +175,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             generation: AtomicU64::new(0),
             epochs: Mutex::new(HashMap::new()),
             clock: Mutex::new(Clock::new()),
+            metrics,
         }
     }
 
@@ -169,6 +192,21 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.find_or_make(key, device, || (build(), Made::Built))
+    }
+
+    /// [`MemoryCache::find_or_build`] for a caller whose `make` may load the value rather
+    /// than build it, and says which (the build metrics count only builds).
+    pub(crate) fn find_or_make<Q>(
+        &self,
+        key: &Q,
+        device: Option<DeviceId>,
+        make: impl FnOnce() -> (Built<V>, Made),
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         let hash = self.hasher.hash_one(key);
         let flight = {
             let table = self.shared.shard_of(hash).table.read();
@@ -180,7 +218,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         };
         match flight {
             Some(flight) => self.join(&flight),
-            None => self.miss(key, hash, device, build),
+            None => self.miss(key, hash, device, make),
         }
     }
 
@@ -193,7 +231,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         key: &Q,
         hash: u64,
         device: Option<DeviceId>,
-        build: impl FnOnce() -> Built<V>,
+        make: impl FnOnce() -> (Built<V>, Made),
     ) -> Result<Lease<K, V>>
     where
         K: Borrow<Q>,
@@ -232,9 +270,10 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             armed: true,
         };
         let started = Instant::now();
-        let built = build();
+        let (built, made) = make();
         let build_time = started.elapsed();
         guard.armed = false;
+        self.metrics.made(made, build_time, built.is_ok());
 
         match built {
             Err(e) => {
@@ -361,23 +400,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     }
 
     pub fn stats(&self) -> Stats {
-        let c = &self.shared.counters;
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let mut stats = Stats {
-            builds: load(&c.builds),
-            build_failures: load(&c.build_failures),
-            waits: load(&c.waits),
-            discarded: load(&c.discarded),
-            capacity_evictions: load(&c.capacity_evictions),
-            device_evictions: load(&c.device_evictions),
-            clears: load(&c.clears),
-            destroys: load(&c.destroys),
-            destroy_errors: load(&c.destroy_errors),
-            entries: load(&c.entries),
-            weight: load(&c.weight),
-            ..Stats::default()
-        };
-        (stats.hits, stats.misses) = self.shared.tally.totals();
+        let mut stats = metrics::stats(&self.shared.counters, self.shared.tally.counts());
         stats.leases = self.shared.outstanding_leases();
         stats
     }

@@ -85,7 +85,8 @@ pub(super) struct Shared<K, V> {
     on_destroy_error: Option<ErrorHook>,
     /// Entries' eviction chances depend on their build time (see `policy.rs`).
     pub(super) cost_aware: bool,
-    pub(super) counters: Counters,
+    /// Shared with the cache's metrics source (`metrics.rs`).
+    pub(super) counters: Arc<Counters>,
     pub(super) tally: Tally,
     /// Entries unlinked from the table that may still be leased. Leases are plain strong
     /// references (so hits and releases touch no counter); the statistics find them here and
@@ -112,7 +113,7 @@ impl<K, V> Shared<K, V> {
             destroy,
             on_destroy_error,
             cost_aware,
-            counters: Counters::default(),
+            counters: Arc::default(),
             tally: Tally::new(),
             detached: Mutex::new(Detached {
                 entries: Vec::new(),

@@ -24,6 +24,14 @@ struct Counts {
 
 pub(super) struct Tally {
     id: u64,
+    /// Behind an `Arc` so that the process's metrics can add them up while the cache lives;
+    /// a count touches only `id` and the thread's own slot, never this pointer.
+    all: Arc<AllCounts>,
+}
+
+/// Every count of one tally.
+#[derive(Default)]
+pub(super) struct AllCounts {
     /// Every thread's slot, kept after the thread exits so that no count is lost.
     slots: Mutex<Vec<Arc<Counts>>>,
     /// For the rare count made while this thread's slots are being torn down.
@@ -34,9 +42,13 @@ impl Tally {
     pub(super) fn new() -> Self {
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            slots: Mutex::new(Vec::new()),
-            shared: Counts::default(),
+            all: Arc::default(),
         }
+    }
+
+    /// The counts, shared with the cache's metrics source (`metrics.rs`).
+    pub(super) fn counts(&self) -> &Arc<AllCounts> {
+        &self.all
     }
 
     #[inline]
@@ -46,21 +58,6 @@ impl Tally {
 
     pub(super) fn miss(&self) {
         self.count(|c| &c.misses);
-    }
-
-    /// (hits, misses) so far.
-    pub(super) fn totals(&self) -> (u64, u64) {
-        let load = |c: &Counts| {
-            (
-                c.hits.load(Ordering::Relaxed),
-                c.misses.load(Ordering::Relaxed),
-            )
-        };
-        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots
-            .iter()
-            .map(|c| load(c))
-            .fold(load(&self.shared), |(h, m), (dh, dm)| (h + dh, m + dm))
     }
 
     #[inline]
@@ -79,7 +76,7 @@ impl Tally {
             Ok(true) => {}
             Ok(false) => self.register(field),
             Err(_) => {
-                field(&self.shared).fetch_add(1, Ordering::Relaxed);
+                field(&self.all.shared).fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -90,7 +87,8 @@ impl Tally {
     fn register(&self, field: impl Fn(&Counts) -> &AtomicU64) {
         let counts = Arc::new(Counts::default());
         field(&counts).store(1, Ordering::Relaxed);
-        self.slots
+        self.all
+            .slots
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Arc::clone(&counts));
@@ -99,5 +97,22 @@ impl Tally {
             slots.retain(|(_, c)| Arc::strong_count(c) > 1);
             slots.push((self.id, counts));
         });
+    }
+}
+
+impl AllCounts {
+    /// (hits, misses) so far.
+    pub(super) fn totals(&self) -> (u64, u64) {
+        let load = |c: &Counts| {
+            (
+                c.hits.load(Ordering::Relaxed),
+                c.misses.load(Ordering::Relaxed),
+            )
+        };
+        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        slots
+            .iter()
+            .map(|c| load(c))
+            .fold(load(&self.shared), |(h, m), (dh, dm)| (h + dh, m + dm))
     }
 }

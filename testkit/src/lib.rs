@@ -5,6 +5,7 @@
 pub mod cuda;
 pub mod ffi;
 pub mod opencl;
+pub mod prometheus;
 pub mod strings;
 pub mod vulkan;
 

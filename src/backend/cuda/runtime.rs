@@ -14,6 +14,7 @@ use crate::backend::handle_cache::{Compiled, Registered, Runtime};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{Built, counters};
+use crate::metrics::Backend;
 
 /// What a module is built from.
 #[derive(Clone, Copy)]
@@ -59,6 +60,7 @@ impl Runtime for Cuda {
     type Info = ContextInfo;
     type Value = Module;
     type Input<'a> = Input<'a>;
+    const BACKEND: Backend = Backend::Cuda;
 
     fn describe(&self, input: Input<'_>) -> Result<ContextInfo> {
         // SAFETY: `Context` guarantees a live context.

@@ -13,6 +13,7 @@ use crate::disk::{DiskBytes, DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
+use crate::metrics::Backend;
 
 /// What a lookup returns: the program stays alive (and retained by the cache) while any lease
 /// on it is held, even across eviction.
@@ -72,6 +73,7 @@ impl Runtime for OpenCl {
     type Info = DeviceIdentity;
     type Value = Program;
     type Input<'a> = Input<'a>;
+    const BACKEND: Backend = Backend::OpenCl;
 
     fn describe(&self, input: Input<'_>) -> Result<DeviceIdentity> {
         DeviceIdentity::query_with(self.api, input.device)

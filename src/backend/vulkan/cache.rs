@@ -18,6 +18,7 @@ use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, c
 use crate::disk::DiskCache;
 use crate::key::Key;
 use crate::memory::{Lease, Options};
+use crate::metrics::Backend;
 use crate::{BuildError, Error, Result};
 
 /// A lease on a cached pipeline; the pipeline lives at least as long as the lease.
@@ -57,6 +58,7 @@ impl Runtime for VulkanRuntime {
     type Info = DeviceState;
     type Value = Pipeline;
     type Input<'a> = &'a PipelineSpec;
+    const BACKEND: Backend = Backend::Vulkan;
 
     fn describe(&self, _: &PipelineSpec) -> Result<DeviceState> {
         Err(Error::InvalidArgument(

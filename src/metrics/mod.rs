@@ -1,0 +1,313 @@
+//! Prometheus metrics of every live cache in the process, in the text exposition format
+//! (version 0.0.4): [`render`](crate::metrics::render) here, `kc_metrics_render` in C. `docs/metrics.md` lists the
+//! families.
+//!
+//! Each memory tier and each disk tier registers itself when it is created (a weak reference
+//! in a process-wide list, `registry`) and drops out when it is freed. Rendering reads the
+//! counters every tier keeps anyway, so a hit pays nothing for metrics; the build-duration
+//! histogram is recorded where builds are counted, never on a hit. Caches of one backend are
+//! summed, and so are the memory tiers and the disk tiers of all backends: labels name a
+//! backend, a tier, a result or a reason, never a key or a path.
+//!
+//! - `text`: the exposition format, shared with the `kcache metrics` command.
+//! - `histogram`: build durations in fixed buckets.
+
+mod histogram;
+mod registry;
+pub mod text;
+
+use crate::disk::DiskStats;
+use crate::memory;
+
+pub use histogram::BUILD_BUCKETS;
+pub(crate) use histogram::Histogram;
+pub(crate) use registry::{Source, register};
+use text::{Exposition, Kind};
+
+/// What a memory tier belongs to: the `backend` label of its builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A cache made through the Rust API (`MemoryCache`, `TieredCache`).
+    Rust,
+    /// A cache made through the C API (`kc_cache_new`, with `kc_tiered_find_or_build`).
+    C,
+    OpenCl,
+    Vulkan,
+    Cuda,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 5] = [
+        Backend::Rust,
+        Backend::C,
+        Backend::OpenCl,
+        Backend::Vulkan,
+        Backend::Cuda,
+    ];
+
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Rust => "rust",
+            Backend::C => "c",
+            Backend::OpenCl => "opencl",
+            Backend::Vulkan => "vulkan",
+            Backend::Cuda => "cuda",
+        }
+    }
+}
+
+/// One backend's memory tiers, added up.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BackendTotals {
+    pub caches: u64,
+    pub builds: u64,
+    pub build_failures: u64,
+    pub durations: histogram::Tally,
+}
+
+/// Every live cache's figures, added up.
+#[derive(Debug, Default)]
+pub(crate) struct Totals {
+    /// Indexed as [`Backend::ALL`].
+    pub backends: [BackendTotals; Backend::ALL.len()],
+    /// Every memory tier's counters (`leases` is not taken: it walks the tables).
+    pub memory: memory::Stats,
+    pub disk_tiers: u64,
+    pub disk: DiskStats,
+}
+
+impl Totals {
+    pub(crate) fn backend(&mut self, backend: Backend) -> &mut BackendTotals {
+        &mut self.backends[backend as usize]
+    }
+}
+
+/// `$into.f += $from.f` for every listed field.
+macro_rules! add_fields {
+    ($into:expr, $from:expr; $($field:ident),+ $(,)?) => {
+        $($into.$field += $from.$field;)+
+    };
+}
+
+impl std::ops::AddAssign for memory::Stats {
+    /// Another cache's counters added to these (metrics sum the caches of a process).
+    fn add_assign(&mut self, other: Self) {
+        add_fields!(self, other; hits, misses, builds, build_failures, waits, discarded,
+            capacity_evictions, device_evictions, clears, destroys, destroy_errors, entries,
+            weight, leases);
+    }
+}
+
+impl std::ops::AddAssign for DiskStats {
+    /// Another disk tier's counters added to these (`scan_complete` stays as it was).
+    fn add_assign(&mut self, other: Self) {
+        add_fields!(self, other; hits, misses, puts, bytes_read, bytes_written,
+            integrity_rejects, io_errors, evictions, removes, load_failures, lock_waits,
+            lock_timeouts, lock_takeovers, pending_writes, failed_writes, entries, bytes);
+    }
+}
+
+/// Writes `kcache_build_info{version}`, which every exposition of kcache starts with.
+pub fn write_build_info(out: &mut Exposition) {
+    out.family(
+        "kcache_build_info",
+        Kind::Gauge,
+        "The kcache version; always 1.",
+    )
+    .sample(
+        "kcache_build_info",
+        &[("version", env!("CARGO_PKG_VERSION"))],
+        1,
+    );
+}
+
+/// The metrics of every cache alive in this process, in the Prometheus text format.
+pub fn render() -> String {
+    let totals = registry::collect();
+    let mut out = Exposition::new();
+    write_build_info(&mut out);
+    write_backends(&mut out, &totals);
+    write_tiers(&mut out, &totals);
+    out.finish()
+}
+
+fn write_backends(out: &mut Exposition, totals: &Totals) {
+    let backends = || Backend::ALL.iter().map(|b| b.name()).zip(&totals.backends);
+    out.family(
+        "kcache_caches",
+        Kind::Gauge,
+        "Memory tiers alive, by what made them.",
+    )
+    .series(
+        "kcache_caches",
+        &[],
+        "backend",
+        backends().map(|(b, t)| (b, t.caches)),
+    );
+    out.family(
+        "kcache_builds_total",
+        Kind::Counter,
+        "Values compiled on a miss (loads from disk are not builds), by outcome.",
+    );
+    for (backend, t) in backends() {
+        let outcomes = [("ok", t.builds), ("failed", t.build_failures)];
+        out.series(
+            "kcache_builds_total",
+            &[("backend", backend)],
+            "result",
+            outcomes,
+        );
+    }
+    out.family(
+        "kcache_build_duration_seconds",
+        Kind::Histogram,
+        "How long builds took, failed ones included.",
+    );
+    for (backend, t) in backends() {
+        let buckets = t.durations.buckets();
+        out.histogram(
+            "kcache_build_duration_seconds",
+            &[("backend", backend)],
+            &buckets,
+        );
+    }
+}
+
+fn write_tiers(out: &mut Exposition, totals: &Totals) {
+    let (m, d) = (&totals.memory, &totals.disk);
+    let lookups = "kcache_lookups_total";
+    out.family(
+        lookups,
+        Kind::Counter,
+        "Lookups by tier and result; a memory lookup that joined a build in flight is a wait.",
+    )
+    .series(
+        lookups,
+        &[("tier", "memory")],
+        "result",
+        [("hit", m.hits), ("miss", m.misses), ("wait", m.waits)],
+    )
+    .series(
+        lookups,
+        &[("tier", "disk")],
+        "result",
+        [("hit", d.hits), ("miss", d.misses)],
+    );
+    out.family(
+        "kcache_entries",
+        Kind::Gauge,
+        "Entries by tier: values in memory, entry files in the directories of the disk tiers.",
+    )
+    .series(
+        "kcache_entries",
+        &[],
+        "tier",
+        [("memory", m.entries), ("disk", d.entries)],
+    );
+    out.family(
+        "kcache_memory_weight",
+        Kind::Gauge,
+        "Total weight of the values in memory, in the units their builds reported.",
+    )
+    .sample("kcache_memory_weight", &[], m.weight);
+    let evictions = "kcache_evictions_total";
+    out.family(
+        evictions,
+        Kind::Counter,
+        "Entries removed other than by clear: by a cap, for a destroyed device, by remove, \
+         or refused by the runtime.",
+    )
+    .series(
+        evictions,
+        &[("tier", "memory")],
+        "reason",
+        [
+            ("capacity", m.capacity_evictions),
+            ("device", m.device_evictions),
+        ],
+    )
+    .series(
+        evictions,
+        &[("tier", "disk")],
+        "reason",
+        [
+            ("capacity", d.evictions),
+            ("removed", d.removes),
+            ("unloadable", d.load_failures),
+        ],
+    );
+    out.family(
+        "kcache_integrity_rejects_total",
+        Kind::Counter,
+        "Disk entries refused by a read (bad tag, another key, truncated, ...) and removed.",
+    )
+    .sample("kcache_integrity_rejects_total", &[], d.integrity_rejects);
+    let counters: [(&str, &str, u64); 6] = [
+        (
+            "kcache_disk_read_bytes_total",
+            "Bytes of entries read.",
+            d.bytes_read,
+        ),
+        (
+            "kcache_disk_written_bytes_total",
+            "Bytes of entries written.",
+            d.bytes_written,
+        ),
+        (
+            "kcache_disk_io_errors_total",
+            "Disk reads and writes that failed.",
+            d.io_errors,
+        ),
+        (
+            "kcache_disk_lock_waits_total",
+            "Misses that waited for another process building the same entry.",
+            d.lock_waits,
+        ),
+        (
+            "kcache_disk_lock_timeouts_total",
+            "Waits for another process that reached the lock timeout.",
+            d.lock_timeouts,
+        ),
+        (
+            "kcache_disk_lock_takeovers_total",
+            "Misses that took over the build of a process that died building.",
+            d.lock_takeovers,
+        ),
+    ];
+    out.family(
+        "kcache_disk_writes_total",
+        Kind::Counter,
+        "Entries written by the disk tiers, by outcome.",
+    )
+    .series(
+        "kcache_disk_writes_total",
+        &[],
+        "result",
+        [("ok", d.puts), ("failed", d.failed_writes)],
+    );
+    for (name, help, value) in counters {
+        out.family(name, Kind::Counter, help)
+            .sample(name, &[], value);
+    }
+    let gauges: [(&str, &str, u64); 3] = [
+        (
+            "kcache_disk_bytes",
+            "Bytes of entry files in the directories of the disk tiers.",
+            d.bytes,
+        ),
+        (
+            "kcache_disk_pending_writes",
+            "Background writes queued or running.",
+            d.pending_writes,
+        ),
+        (
+            "kcache_disk_tiers",
+            "Disk tiers open; several may share a directory.",
+            totals.disk_tiers,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        out.family(name, Kind::Gauge, help).sample(name, &[], value);
+    }
+}
