@@ -754,6 +754,19 @@ size_t kc_cache_len(const struct kc_cache *cache);
 enum kc_status kc_cache_stats(const struct kc_cache *cache,
                               struct kc_cache_statistics *out);
 
+// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
+// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
+// `kc_cache_stats`.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_cache_reset_stats(struct kc_cache *cache);
+
+// `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
+// `hits + misses` to tell it from a cache that never hit). For any statistics struct's pair,
+// e.g. `kc_hit_rate(s.hits, s.misses)`.
+double kc_hit_rate(uint64_t hits, uint64_t misses);
+
 // Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
 // `disk_dir`) to keep cubins across processes.
 struct kc_cuda_options kc_cuda_options_default(void);
@@ -902,6 +915,14 @@ int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
 enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
                                    struct kc_cuda_cache_statistics *out);
 
+// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+// writes, what the disk index knows) stay. The directory's counters are not touched.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
+
 // Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
 // `libcuda.so.1`): `KC_OK`, or `KC_ERR_UNAVAILABLE` with the reason in
 // `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
@@ -977,6 +998,14 @@ enum kc_status kc_disk_gc(struct kc_disk *disk,
 // # Safety
 // `disk` live; `out` a writable struct of at least its `struct_size` bytes.
 enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statistics *out);
+
+// Zeroes this disk's event counters (`kc_disk_statistics`); `entries`, `bytes`,
+// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
+// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
+//
+// # Safety
+// `disk` live.
+enum kc_status kc_disk_reset_stats(struct kc_disk *disk);
 
 // The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
 // all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
@@ -1234,6 +1263,14 @@ enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
 enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
                                      struct kc_opencl_cache_statistics *out);
 
+// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+// writes, what the disk index knows) stay. The directory's counters are not touched.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_opencl_cache_reset_stats(struct kc_opencl_cache *cache);
+
 // Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
 // reason in `kc_last_error_message()`.
 enum kc_status kc_opencl_available(void);
@@ -1427,6 +1464,14 @@ void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 // `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
                                      struct kc_vulkan_cache_statistics *out);
+
+// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+// writes, what the disk index knows) stay. The directory's counters are not touched.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
 // with the reason in `kc_last_error_message()`.

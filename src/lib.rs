@@ -3,6 +3,7 @@
 //! - [`memory`]: the L1 tier, live values behind leases, single-flight builds, per-device
 //!   eviction and clear generations.
 //! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
+//! - [`stats`]: the hit rate and the reset every cache's statistics share.
 //! - [`log`]: configuration problems and, at `debug`, why each miss missed (`KCACHE_LOG`).
 //! - `ffi`: the C ABI (`include/kcache.h`).
 
@@ -21,6 +22,8 @@ pub mod key;
 pub mod log;
 /// cbindgen:ignore
 pub mod memory;
+/// cbindgen:ignore
+pub mod stats;
 /// cbindgen:ignore
 pub mod tiered;
 

@@ -460,3 +460,26 @@ pub unsafe extern "C" fn kc_cache_stats(
         unsafe { write_sized(out, stats, "out", "kc_cache_statistics", min) }
     })
 }
+
+/// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
+/// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
+/// `kc_cache_stats`.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_reset_stats(cache: *mut kc_cache) -> kc_status {
+    guard(|| {
+        // SAFETY: NULL or a live cache by contract.
+        unsafe { handle_ref(cache, "cache") }?.reset_stats();
+        Ok(())
+    })
+}
+
+/// `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
+/// `hits + misses` to tell it from a cache that never hit). For any statistics struct's pair,
+/// e.g. `kc_hit_rate(s.hits, s.misses)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_hit_rate(hits: u64, misses: u64) -> f64 {
+    crate::stats::hit_rate(hits, misses).unwrap_or(0.0)
+}

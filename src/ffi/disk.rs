@@ -406,6 +406,21 @@ pub unsafe extern "C" fn kc_disk_stats(
     })
 }
 
+/// Zeroes this disk's event counters (`kc_disk_statistics`); `entries`, `bytes`,
+/// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
+/// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
+///
+/// # Safety
+/// `disk` live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_reset_stats(disk: *mut kc_disk) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { handle_ref(disk, "disk") }?.reset_stats();
+        Ok(())
+    })
+}
+
 /// The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
 /// all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
 /// entries during a key rotation.

@@ -63,6 +63,7 @@ use policy::Clock;
 use shared::{ErrorHook, Shared, Slot, bump};
 use sync::{AtomicU64, Mutex, Ordering};
 
+use crate::stats::Baseline;
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
 /// Power of two: the shard index is a mask of the key's hash.
@@ -122,6 +123,8 @@ pub struct MemoryCache<K, V> {
     epochs: Mutex<HashMap<DeviceId, u64>>,
     /// Only consulted when a cap is set.
     clock: Mutex<Clock<K, V>>,
+    /// The counters at the last `reset_stats`.
+    baseline: Baseline<Stats>,
 }
 
 /// What a build's caller saw when the build started, checked again at install.
@@ -153,6 +156,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             generation: AtomicU64::new(0),
             epochs: Mutex::new(HashMap::new()),
             clock: Mutex::new(Clock::new()),
+            baseline: Baseline::default(),
         }
     }
 
@@ -360,26 +364,15 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         self.len() == 0
     }
 
+    /// The counters since the cache was created or [`MemoryCache::reset_stats`] last ran.
     pub fn stats(&self) -> Stats {
-        let c = &self.shared.counters;
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        let mut stats = Stats {
-            builds: load(&c.builds),
-            build_failures: load(&c.build_failures),
-            waits: load(&c.waits),
-            discarded: load(&c.discarded),
-            capacity_evictions: load(&c.capacity_evictions),
-            device_evictions: load(&c.device_evictions),
-            clears: load(&c.clears),
-            destroys: load(&c.destroys),
-            destroy_errors: load(&c.destroy_errors),
-            entries: load(&c.entries),
-            weight: load(&c.weight),
-            ..Stats::default()
-        };
-        (stats.hits, stats.misses) = self.shared.tally.totals();
-        stats.leases = self.shared.outstanding_leases();
-        stats
+        self.baseline.apply(&self.raw_stats())
+    }
+
+    /// Zeroes the event counters (not `entries`, `weight`, `leases`). No count made meanwhile
+    /// is lost: it shows in the next snapshot or was counted before the reset.
+    pub fn reset_stats(&self) {
+        self.baseline.reset(self.raw_stats());
     }
 
     fn hit(&self, entry: &Arc<Entry<K, V>>) -> Lease<K, V> {
@@ -571,6 +564,32 @@ fn destroy_all<K, V>(victims: Victims<K, V>) -> Result<usize> {
     match first {
         Some(e) => Err(Error::Destroy(e)),
         None => Ok(count),
+    }
+}
+
+impl<K, V> MemoryCache<K, V> {
+    /// The counters since the cache was created, whatever the resets: what the directory's
+    /// persisted counters add up.
+    pub(crate) fn raw_stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let mut stats = Stats {
+            builds: load(&c.builds),
+            build_failures: load(&c.build_failures),
+            waits: load(&c.waits),
+            discarded: load(&c.discarded),
+            capacity_evictions: load(&c.capacity_evictions),
+            device_evictions: load(&c.device_evictions),
+            clears: load(&c.clears),
+            destroys: load(&c.destroys),
+            destroy_errors: load(&c.destroy_errors),
+            entries: load(&c.entries),
+            weight: load(&c.weight),
+            ..Stats::default()
+        };
+        (stats.hits, stats.misses) = self.shared.tally.totals();
+        stats.leases = self.shared.outstanding_leases();
+        stats
     }
 }
 
