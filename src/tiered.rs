@@ -36,8 +36,8 @@ pub struct TieredCache<K, V> {
     counters: Arc<Counters>,
     /// The counters at the last `reset_stats`.
     baseline: Baseline<TieredStats>,
-    /// What the disk tier has been told of the memory tier's lookups and of the builds, for
-    /// the directory's counters.
+    /// What the disk tier has been told of the memory tier's lookups, for the directory's
+    /// counters.
     reported: Reporter,
 }
 
