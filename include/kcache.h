@@ -226,7 +226,8 @@ typedef int (*kc_build_fn)(void *ctx,
                            void **out_value,
                            uint64_t *out_weight);
 
-// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
+// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
+// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
 // `kc_cache_stats` belongs to the function). Set `struct_size` to
 // `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
 // fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
@@ -310,9 +311,10 @@ typedef struct kc_cuda_jit_option {
   uint32_t value;
 } kc_cuda_jit_option;
 
-// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
-// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
-// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+// Counters of one `kc_disk` since it was opened or its last `kc_disk_reset_stats` (the name
+// `kc_disk_stats` belongs to the function). Set `struct_size` to `sizeof(kc_disk_statistics)`
+// before calling `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the
+// bytes written.
 typedef struct kc_disk_statistics {
   // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;

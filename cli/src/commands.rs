@@ -521,7 +521,7 @@ fn print_counters(out: &StatsJson, zeroed: Option<SystemTime>, now: SystemTime) 
     );
     if out.counter_shards_ignored > 0 {
         out!(
-            "  ({} damaged or foreign counter files counted as zero)",
+            "  counter files damaged or foreign, counted as zero: {}",
             out.counter_shards_ignored
         );
     }

@@ -119,7 +119,8 @@ pub struct kc_cache_options {
     pub on_destroy_error_ctx: *mut c_void,
 }
 
-/// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
+/// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
+/// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
 /// `kc_cache_stats` belongs to the function). Set `struct_size` to
 /// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
 /// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under

@@ -104,9 +104,10 @@ unsafe impl GrownInput for kc_disk_options {
     };
 }
 
-/// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
-/// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
-/// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+/// Counters of one `kc_disk` since it was opened or its last `kc_disk_reset_stats` (the name
+/// `kc_disk_stats` belongs to the function). Set `struct_size` to `sizeof(kc_disk_statistics)`
+/// before calling `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the
+/// bytes written.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_disk_statistics {
