@@ -374,6 +374,43 @@ static void stats_struct_size(void) {
   kc_cache_free(cache);
 }
 
+/* kc_cache_reset_stats zeroes the event counters, keeps the gauges, and counts go on after it;
+ * kc_hit_rate is hits / (hits + misses), 0.0 without lookups. */
+static void reset_stats_and_hit_rate(void) {
+  destroy_log log;
+  tracked a = {1, 0};
+  simple_build build_a = {&a, 10, 0, 0};
+  kc_lease *l1 = NULL, *l2 = NULL, *l3 = NULL;
+  kc_cache *cache = new_tracked_cache(&log, 0, 0, false);
+  kc_cache_statistics s;
+
+  CHECK(kc_hit_rate(0, 0) == 0.0);
+  CHECK(kc_hit_rate(3, 1) == 0.75);
+  CHECK(kc_hit_rate(0, 4) == 0.0);
+  CHECK(kc_hit_rate(5, 0) == 1.0);
+
+  CHECK_STATUS(build_simple(cache, "a", KC_NO_DEVICE, &build_a, &l1), KC_OK);
+  CHECK_STATUS(build_simple(cache, "a", KC_NO_DEVICE, &build_a, &l2), KC_OK);
+  CHECK_STATS(cache, STAT(hits, 1), STAT(misses, 1), STAT(builds, 1));
+  s.struct_size = sizeof s;
+  CHECK_STATUS(kc_cache_stats(cache, &s), KC_OK);
+  CHECK(kc_hit_rate(s.hits, s.misses) == 0.5);
+
+  CHECK_STATUS(kc_cache_reset_stats(cache), KC_OK);
+  CHECK_STATS(cache, STAT(hits, 0), STAT(misses, 0), STAT(builds, 0), STAT(entries, 1),
+              STAT(weight, 10), STAT(leases, 2));
+
+  CHECK_STATUS(build_simple(cache, "a", KC_NO_DEVICE, &build_a, &l3), KC_OK);
+  CHECK_STATS(cache, STAT(hits, 1), STAT(misses, 0), STAT(builds, 0), STAT(leases, 3));
+  CHECK(build_a.calls == 1);
+
+  kc_lease_release(l1);
+  kc_lease_release(l2);
+  kc_lease_release(l3);
+  kc_cache_free(cache);
+  CHECK(a.destroys == 1);
+}
+
 static void version_and_status_names(void) {
   static const char *const names[] = {
       "KC_OK",           "KC_ERR_INVALID_ARGUMENT", "KC_ERR_BUILD_FAILED", "KC_ERR_DEVICE_DESTROYED",
@@ -412,6 +449,7 @@ static const scenario scenarios[] = {
      destroy_errors_without_a_caller_reach_the_hook},
     {"options_struct_size", options_struct_size},
     {"stats_struct_size", stats_struct_size},
+    {"reset_stats_and_hit_rate", reset_stats_and_hit_rate},
     {"version_and_status_names", version_and_status_names},
 };
 

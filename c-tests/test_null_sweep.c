@@ -84,6 +84,8 @@ static void null_sweep(void) {
   CHECK_NAMES("cache");
   CHECK_STATUS(kc_cache_stats(cache, NULL), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("out");
+  CHECK_STATUS(kc_cache_reset_stats(NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("cache");
 
   /* Never NULL, whatever came before. */
   CHECK(kc_status_name(-12345) != NULL);

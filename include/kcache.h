@@ -228,7 +228,8 @@ typedef int (*kc_build_fn)(void *ctx,
                            void **out_value,
                            uint64_t *out_weight);
 
-// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
+// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
+// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
 // `kc_cache_stats` belongs to the function). Set `struct_size` to
 // `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
 // fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
@@ -312,9 +313,10 @@ typedef struct kc_cuda_jit_option {
   uint32_t value;
 } kc_cuda_jit_option;
 
-// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
-// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
-// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+// Counters of one `kc_disk` since it was opened or its last `kc_disk_reset_stats` (the name
+// `kc_disk_stats` belongs to the function). Set `struct_size` to `sizeof(kc_disk_statistics)`
+// before calling `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the
+// bytes written.
 typedef struct kc_disk_statistics {
   // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
@@ -354,7 +356,8 @@ typedef struct kc_disk_statistics {
   uint64_t lock_timeouts;
   // Misses that found the lock released by a process that died building: they built.
   uint64_t lock_takeovers;
-  // Background writes queued or running now (`kc_disk_flush` waits for them).
+  // Background writes queued, held back or running now (`kc_disk_flush` writes and waits
+  // for them).
   uint64_t pending_writes;
   // Background writes that failed (the value could not be serialized or written).
   uint64_t failed_writes;
@@ -756,6 +759,19 @@ size_t kc_cache_len(const struct kc_cache *cache);
 enum kc_status kc_cache_stats(const struct kc_cache *cache,
                               struct kc_cache_statistics *out);
 
+// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
+// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
+// `kc_cache_stats`.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_cache_reset_stats(struct kc_cache *cache);
+
+// `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
+// `hits + misses` to tell it from a cache that never hit). For any statistics struct's pair,
+// e.g. `kc_hit_rate(s.hits, s.misses)`.
+double kc_hit_rate(uint64_t hits, uint64_t misses);
+
 // Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
 // `disk_dir`) to keep cubins across processes.
 struct kc_cuda_options kc_cuda_options_default(void);
@@ -904,6 +920,14 @@ int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
 enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
                                    struct kc_cuda_cache_statistics *out);
 
+// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+// writes, what the disk index knows) stay. The directory's counters are not touched.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
+
 // Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
 // `libcuda.so.1`): `KC_OK`, or `KC_ERR_UNAVAILABLE` with the reason in
 // `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
@@ -979,6 +1003,14 @@ enum kc_status kc_disk_gc(struct kc_disk *disk,
 // # Safety
 // `disk` live; `out` a writable struct of at least its `struct_size` bytes.
 enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statistics *out);
+
+// Zeroes this disk's event counters (`kc_disk_statistics`); `entries`, `bytes`,
+// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
+// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
+//
+// # Safety
+// `disk` live.
+enum kc_status kc_disk_reset_stats(struct kc_disk *disk);
 
 // The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
 // all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
@@ -1237,7 +1269,9 @@ enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 
 // Waits until the binary of every program built so far is written to the disk tier (or
 // failed to be: see `failed_writes`). Binaries are asked for and written on a background
-// thread after the lookup returns; `kc_opencl_cache_free` waits for them too.
+// thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
+// are held back until another process waits for them or until this call, so that they carry
+// the work-group code the programs' launches compiled: call it after your warm-up launches.
 //
 // # Safety
 // `cache` must be a live cache.
@@ -1249,6 +1283,14 @@ enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
 // `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
 enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
                                      struct kc_opencl_cache_statistics *out);
+
+// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+// writes, what the disk index knows) stay. The directory's counters are not touched.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_opencl_cache_reset_stats(struct kc_opencl_cache *cache);
 
 // Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
 // reason in `kc_last_error_message()`.
@@ -1443,6 +1485,14 @@ void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 // `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
                                      struct kc_vulkan_cache_statistics *out);
+
+// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+// writes, what the disk index knows) stay. The directory's counters are not touched.
+//
+// # Safety
+// `cache` must be a live cache.
+enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
 // with the reason in `kc_last_error_message()`.

@@ -3,6 +3,7 @@
 //! - [`memory`]: the L1 tier, live values behind leases, single-flight builds, per-device
 //!   eviction and clear generations.
 //! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
+//! - [`stats`]: the hit rate and the reset every cache's statistics share.
 //! - [`log`]: configuration problems and, at `debug`, why each miss missed (`KCACHE_LOG`).
 //! - [`metrics`]: every live cache's counters in the Prometheus text format.
 //! - `ffi`: the C ABI (`include/kcache.h`).
@@ -24,6 +25,7 @@ pub mod log;
 pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
+pub mod stats;
 /// cbindgen:ignore
 pub mod tiered;
 

@@ -22,17 +22,23 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, DiskBytes, DiskCache, KeyLock};
+use crate::disk::{Claim, DiskBytes, DiskCache, KeyLock, Reported, Reporter};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
+use crate::stats::Baseline;
 
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {
     memory: Arc<MemoryCache<K, V>>,
     disk: Option<Arc<DiskCache>>,
     counters: Arc<Counters>,
+    /// The counters at the last `reset_stats`.
+    baseline: Baseline<TieredStats>,
+    /// What the disk tier has been told of the memory tier's lookups, for the directory's
+    /// counters.
+    reported: Reporter,
 }
 
 /// What the tiers did, as [`TieredStats`] reports it.
@@ -72,6 +78,25 @@ pub struct TieredStats {
     pub write_back_failures: u64,
 }
 
+crate::stats::events!(TieredStats {
+    disk_hits,
+    disk_misses,
+    disk_absent,
+    disk_errors,
+    load_failures,
+    builds,
+    write_backs,
+    write_back_failures,
+});
+
+impl TieredStats {
+    /// `disk_hits / (disk_hits + disk_misses)`: the share of memory misses the disk tier
+    /// answered; `None` before the first memory miss.
+    pub fn hit_rate(&self) -> Option<f64> {
+        crate::stats::hit_rate(self.disk_hits, self.disk_misses)
+    }
+}
+
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -88,12 +113,16 @@ where
             memory,
             disk,
             counters: Arc::default(),
+            baseline: Baseline::default(),
+            reported: Reporter::default(),
         }
     }
 
-    /// Waits until every value built so far is written to the disk tier (or failed to be).
+    /// Waits until every value built so far is written to the disk tier (or failed to be),
+    /// and brings the directory's counters up to date with this cache's lookups.
     pub fn flush(&self) {
         if let Some(disk) = &self.disk {
+            self.report(disk);
             disk.flush();
         }
     }
@@ -115,7 +144,23 @@ where
         }
     }
 
+    /// What the tiers did since the cache was created or [`TieredCache::reset_stats`] last ran
+    /// (the memory and disk tiers' own counters are theirs: `memory().stats()`, `disk()`).
     pub fn stats(&self) -> TieredStats {
+        self.baseline.apply(&self.raw_stats())
+    }
+
+    /// Zeroes these counters and the memory and disk tiers' event counters (a disk tier shared
+    /// with other caches is reset for them too).
+    pub fn reset_stats(&self) {
+        self.baseline.reset(self.raw_stats());
+        self.memory.reset_stats();
+        if let Some(disk) = &self.disk {
+            disk.reset_stats();
+        }
+    }
+
+    fn raw_stats(&self) -> TieredStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         TieredStats {
@@ -157,6 +202,32 @@ where
         let serialize = |value: &V| serialize(value).map(DiskBytes::from);
         self.tiers()
             .find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
+    }
+}
+
+impl<K, V> TieredCache<K, V> {
+    /// Tells the disk tier what the memory tier did since the last report.
+    fn report(&self, disk: &DiskCache) {
+        let memory = self.memory.raw_stats();
+        self.reported.report(
+            disk,
+            // Builds are recorded where they happen (`Tiers::find_or_build`).
+            Reported {
+                memory_hits: memory.hits,
+                memory_misses: memory.misses,
+                builds: 0,
+            },
+        );
+    }
+}
+
+impl<K, V> Drop for TieredCache<K, V> {
+    /// The disk tier hears of this cache's lookups, which it persists when it flushes or
+    /// goes (it may be shared, and outlive this cache).
+    fn drop(&mut self) {
+        if let Some(disk) = &self.disk {
+            self.report(disk);
+        }
     }
 }
 
@@ -211,6 +282,13 @@ where
                 _ => None,
             };
             bump(&self.counters.builds);
+            if let Some(disk) = self.disk {
+                // For the directory's counters: a miss, so no hit pays for it.
+                disk.record(Reported {
+                    builds: 1,
+                    ..Reported::default()
+                });
+            }
             let started = Instant::now();
             let result = build();
             let build_time = started.elapsed();

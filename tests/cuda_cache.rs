@@ -521,3 +521,41 @@ fn a_tampered_cubin_shows_in_the_disk_tier_counters() {
     assert_eq!((s.disk.hits, s.disk.misses, s.disk.puts), (0, 1, 1));
     assert_eq!(cache(&fake, None).stats().disk, DiskStats::default());
 }
+
+#[test]
+fn reset_stats_zeroes_counters_keeps_gauges_and_hit_rate_follows() {
+    let (fake, _dir, cache) = fake_with_disk();
+    let c0 = fake.create_context(0);
+    assert_eq!(cache.stats().hit_rate(), None);
+    let lease = cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    drop(
+        cache
+            .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+            .unwrap(),
+    );
+    cache.flush();
+    let s = cache.stats();
+    assert_eq!((s.memory.hits, s.memory.misses, s.links), (1, 1, 1));
+    assert_eq!(s.hit_rate(), Some(0.5));
+
+    cache.reset_stats();
+    let s = cache.stats();
+    assert_eq!(s.hit_rate(), None);
+    assert_eq!((s.memory.hits, s.memory.misses, s.memory.builds), (0, 0, 0));
+    assert_eq!((s.links, s.disk_misses, s.disk.puts), (0, 0, 0));
+    assert_eq!(
+        (s.memory.entries, s.memory.leases, s.disk.entries),
+        (1, 1, 1)
+    );
+
+    drop(
+        cache
+            .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+            .unwrap(),
+    );
+    assert_eq!(cache.stats().hit_rate(), Some(1.0));
+    drop(lease);
+    cache.evict_context(c0).unwrap();
+}

@@ -350,3 +350,35 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
     assert!(matches!(s.disk.puts, 1 | 2), "puts: {}", s.disk.puts);
     assert_eq!(stats(&memory_only_cache()).disk, DiskStats::default());
 }
+
+#[test]
+fn reset_stats_zeroes_counters_keeps_gauges_and_hit_rate_follows() {
+    let (dir, context, source) = disk_setup("reset-stats");
+    let cache = cache_with_disk(dir.path());
+    assert_eq!(stats(&cache).hit_rate(), None);
+    let cold = checked_lease(&cache, &context, &source);
+    drop(find(&cache, &context, &[&source], "").unwrap());
+    cache.flush();
+    let s = stats(&cache);
+    assert_eq!((s.memory.hits, s.memory.misses, s.source_builds), (1, 1, 1));
+    assert_eq!(s.hit_rate(), Some(0.5));
+    assert_eq!(s.disk.puts, 1);
+
+    cache.reset_stats();
+    let s = stats(&cache);
+    assert_eq!(s.hit_rate(), None);
+    assert_eq!((s.memory.hits, s.memory.misses, s.memory.builds), (0, 0, 0));
+    assert_eq!(
+        (s.source_builds, s.disk_misses, s.disk.puts, s.disk.misses),
+        (0, 0, 0, 0)
+    );
+    // Gauges stay: one program in memory, leased once; one entry on disk.
+    assert_eq!((s.memory.entries, s.memory.leases), (1, 1));
+    assert_eq!(s.disk.entries, 1);
+
+    drop(find(&cache, &context, &[&source], "").unwrap());
+    let s = stats(&cache);
+    assert_eq!((s.memory.hits, s.memory.misses), (1, 0));
+    assert_eq!(s.hit_rate(), Some(1.0));
+    drop(cold);
+}

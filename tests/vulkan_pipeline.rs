@@ -189,3 +189,33 @@ fn a_device_is_used_only_with_the_cache_it_is_registered_with() {
     assert_eq!(cache.unregister_device(&device).unwrap(), 0);
     assert!(device.is_retired());
 }
+
+#[test]
+fn reset_stats_zeroes_counters_keeps_gauges_and_hit_rate_follows() {
+    let (_gpu, cache, device) = setup();
+    assert_eq!(cache.stats().hit_rate(), None);
+    let cold = cache.find_or_build(&device, &spec(3)).unwrap();
+    drop(cache.find_or_build(&device, &spec(3)).unwrap());
+    let s = cache.stats();
+    assert_eq!(
+        (s.memory.hits, s.memory.misses, s.pipelines_created),
+        (1, 1, 1)
+    );
+    assert_eq!(s.hit_rate(), Some(0.5));
+
+    cache.reset_stats();
+    let s = cache.stats();
+    assert_eq!(s.hit_rate(), None);
+    assert_eq!(
+        (s.memory.hits, s.memory.misses, s.pipelines_created),
+        (0, 0, 0)
+    );
+    assert_eq!((s.memory.entries, s.memory.leases), (1, 1));
+
+    drop(cache.find_or_build(&device, &spec(3)).unwrap());
+    let s = cache.stats();
+    assert_eq!((s.memory.hits, s.pipelines_created), (1, 0));
+    assert_eq!(s.hit_rate(), Some(1.0));
+    drop(cold);
+    assert_eq!(cache.unregister_device(&device).unwrap(), 0);
+}

@@ -60,6 +60,19 @@ static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir,
     EXPECT(kc_cuda_cache_flush(cache) == KC_OK);
     EXPECT(kc_cuda_cache_stats(cache, &stats) == KC_OK);
     EXPECT(stats.disk.pending_writes == 0 && stats.disk.failed_writes == 0);
+    /* A reset zeroes the counters (returned as they were before it) and keeps the gauges. */
+    {
+        kc_cuda_cache_statistics reset;
+        memset(&reset, 0, sizeof reset);
+        reset.struct_size = sizeof reset;
+        EXPECT(kc_cuda_cache_reset_stats(cache) == KC_OK);
+        EXPECT(kc_cuda_cache_stats(cache, &reset) == KC_OK);
+        EXPECT(reset.links == 0 && reset.cubin_loads == 0 && reset.memory.misses == 0);
+        EXPECT(reset.disk.puts == 0 && reset.disk.hits == 0);
+        EXPECT(reset.memory.entries == 1 && reset.memory.leases == 1);
+        EXPECT(kc_hit_rate(reset.memory.hits, reset.memory.misses) == 0.0);
+        EXPECT(kc_cuda_cache_reset_stats(NULL) == KC_ERR_INVALID_ARGUMENT);
+    }
     EXPECT(kc_cuda_cache_evict_context(cache, ctx, &evicted) == KC_OK && evicted == 1);
     /* A NULL context is refused, not taken as "evict nothing", and the count is left alone. */
     EXPECT(kc_cuda_cache_evict_context(cache, NULL, &evicted) == KC_ERR_INVALID_ARGUMENT);

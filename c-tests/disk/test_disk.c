@@ -180,6 +180,14 @@ static void test_disk(void) {
   CHECK_U64(s.misses, 2);
   CHECK_U64(s.puts, 1);
   CHECK_U64(s.integrity_rejects, 1);
+  CHECK(kc_hit_rate(s.hits, s.misses) == 1.0 / 3.0);
+
+  /* A reset zeroes the event counters and keeps the gauges. */
+  CHECK_STATUS(kc_disk_reset_stats(disk), KC_OK);
+  s = disk_stats(disk);
+  CHECK_U64(s.hits + s.misses + s.puts + s.integrity_rejects + s.bytes_read + s.bytes_written, 0);
+  CHECK_U64(s.entries, 0);
+  CHECK(s.scan_complete);
 
   CHECK_STATUS(kc_disk_put(disk, k, KEY("again"), 0), KC_OK);
   CHECK_STATUS(kc_disk_remove(disk, k), KC_OK);
@@ -614,6 +622,8 @@ static void test_null_sweep(void) {
   CHECK_STATUS(kc_disk_fingerprint(disk, NULL), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_fingerprint(NULL, k), KC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kc_disk_flush(NULL), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("disk");
+  CHECK_STATUS(kc_disk_reset_stats(NULL), KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("disk");
 
   kc_cache *cache = NULL;

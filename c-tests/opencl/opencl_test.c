@@ -124,6 +124,20 @@ int main(int argc, char **argv) {
     EXPECT(s.disk.puts >= 1 && s.disk.pending_writes == 0 && s.disk.failed_writes == 0);
     EXPECT(kc_opencl_cache_flush(NULL) == KC_ERR_INVALID_ARGUMENT);
 
+    /* A reset zeroes the counters, keeps the gauges; the next hit counts again. */
+    EXPECT(kc_hit_rate(s.memory.hits + s.binary_loads, s.memory.misses - s.binary_loads) == 0.5);
+    EXPECT(kc_opencl_cache_reset_stats(cache) == KC_OK);
+    s = stats_of(cache);
+    EXPECT(s.source_builds == 0 && s.memory.hits == 0 && s.memory.misses == 0);
+    EXPECT(s.disk_misses == 0 && s.disk.puts == 0);
+    EXPECT(s.memory.entries == 1 && s.memory.leases == 1);
+    EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &again) ==
+           KC_OK);
+    kc_opencl_lease_release(again);
+    s = stats_of(cache);
+    EXPECT(s.memory.hits == 1 && s.source_builds == 0);
+    EXPECT(kc_opencl_cache_reset_stats(NULL) == KC_ERR_INVALID_ARGUMENT);
+
     /* Evicting the context releases the program exactly once, when the last lease goes. */
     clRetainProgram((cl_program)program);
     EXPECT(reference_count(program) == 2);

@@ -293,6 +293,19 @@ int main(int argc, char **argv) {
     EXPECT(stats.memory.hits == 1);
     EXPECT(stats.memory.builds == 1);
     EXPECT(stats.layouts_created == 1);
+    EXPECT(kc_hit_rate(stats.memory.hits, stats.memory.misses) == 0.5);
+
+    /* A reset zeroes the counters and keeps the gauges; the next hit counts again. */
+    EXPECT(kc_vulkan_cache_reset_stats(NULL) == KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_cache_reset_stats(cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(stats.pipelines_created == 0 && stats.memory.hits == 0 && stats.memory.builds == 0);
+    EXPECT(stats.memory.entries == 1 && stats.memory.leases == 2);
+    kc_vulkan_lease *third = NULL;
+    REQUIRE(kc_vulkan_cache_find_or_build(cache, dev, spec, &third) == KC_OK);
+    kc_vulkan_lease_release(third);
+    REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
+    EXPECT(stats.memory.hits == 1 && stats.pipelines_created == 0);
 
     bool written = false;
     EXPECT(kc_vulkan_cache_flush(cache, dev, &written) == KC_OK);

@@ -11,8 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, Header, Tagger};
 use kcache::disk::{
-    Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, DirSource, DiskCache, DiskConfig, EntryInfo,
-    Fingerprint, OperatorKey,
+    Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, DirSource, DirectoryCounters, DiskCache,
+    DiskConfig, EntryInfo, Fingerprint, OperatorKey,
 };
 use serde::Serialize;
 
@@ -351,6 +351,48 @@ pub struct StatsJson {
     pub generations: Vec<GenerationJson>,
     oldest_used_unix_ns: Option<u64>,
     newest_used_unix_ns: Option<u64>,
+    counters: CountersJson,
+    memory_hit_rate: Option<f64>,
+    disk_hit_rate: Option<f64>,
+    counters_zeroed_unix_ns: Option<u64>,
+    counter_shards: u32,
+    counter_shards_ignored: u32,
+}
+
+/// `DirectoryCounters`, field for field.
+#[derive(Serialize)]
+struct CountersJson {
+    memory_hits: u64,
+    memory_misses: u64,
+    disk_hits: u64,
+    disk_misses: u64,
+    builds: u64,
+    disk_writes: u64,
+    integrity_rejects: u64,
+    evictions: u64,
+    lock_waits: u64,
+    lock_timeouts: u64,
+    lock_takeovers: u64,
+    failed_writes: u64,
+}
+
+impl From<DirectoryCounters> for CountersJson {
+    fn from(c: DirectoryCounters) -> CountersJson {
+        CountersJson {
+            memory_hits: c.memory_hits,
+            memory_misses: c.memory_misses,
+            disk_hits: c.disk_hits,
+            disk_misses: c.disk_misses,
+            builds: c.builds,
+            disk_writes: c.disk_writes,
+            integrity_rejects: c.integrity_rejects,
+            evictions: c.evictions,
+            lock_waits: c.lock_waits,
+            lock_timeouts: c.lock_timeouts,
+            lock_takeovers: c.lock_takeovers,
+            failed_writes: c.failed_writes,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -378,6 +420,7 @@ pub fn directory_stats(
     }
     let oldest = entries.iter().map(|e| e.modified).min();
     let newest = entries.iter().map(|e| e.modified).max();
+    let persisted = cache.directory_stats()?;
     let out = StatsJson {
         schema: SCHEMA,
         dir: cache.path().display().to_string(),
@@ -395,6 +438,12 @@ pub fn directory_stats(
             .collect(),
         oldest_used_unix_ns: oldest.map(report::unix_nanos),
         newest_used_unix_ns: newest.map(report::unix_nanos),
+        counters: persisted.counters.into(),
+        memory_hit_rate: persisted.counters.memory_hit_rate(),
+        disk_hit_rate: persisted.counters.disk_hit_rate(),
+        counters_zeroed_unix_ns: persisted.last_zeroed.map(report::unix_nanos),
+        counter_shards: persisted.shards,
+        counter_shards_ignored: persisted.shards_ignored,
     };
     Ok((out, oldest, newest))
 }
@@ -435,6 +484,85 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
             ]);
         }
         table.print();
+    }
+    let zeroed = out
+        .counters_zeroed_unix_ns
+        .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns));
+    print_counters(&out, zeroed, now);
+    Ok(0)
+}
+
+/// The directory's counters, for people.
+fn print_counters(out: &StatsJson, zeroed: Option<SystemTime>, now: SystemTime) {
+    let c = &out.counters;
+    let since = zeroed.map_or("since the directory was first used".into(), |t| {
+        format!("since zeroed {}", report::time(t, now))
+    });
+    let rate =
+        |r: Option<f64>| r.map_or("no lookups".into(), |r| format!("{:.1} % hits", r * 100.0));
+    out!("counters of every process ({since}):");
+    out!(
+        "  memory lookups  {} hits, {} misses ({})",
+        c.memory_hits,
+        c.memory_misses,
+        rate(out.memory_hit_rate)
+    );
+    out!(
+        "  disk reads      {} hits, {} misses ({})",
+        c.disk_hits,
+        c.disk_misses,
+        rate(out.disk_hit_rate)
+    );
+    out!(
+        "  builds {}, disk writes {}, failed writes {}",
+        c.builds,
+        c.disk_writes,
+        c.failed_writes
+    );
+    out!(
+        "  integrity rejects {}, evictions {}",
+        c.integrity_rejects,
+        c.evictions
+    );
+    out!(
+        "  waits for another process {}, timed out {}, taken over {}",
+        c.lock_waits,
+        c.lock_timeouts,
+        c.lock_takeovers
+    );
+    if out.counter_shards_ignored > 0 {
+        out!(
+            "  counter files damaged or foreign, counted as zero: {}",
+            out.counter_shards_ignored
+        );
+    }
+}
+
+// --- zero-stats ---------------------------------------------------------------------------
+
+#[derive(Serialize)]
+struct ZeroJson {
+    schema: u32,
+    dir: String,
+    zeroed_unix_ns: u64,
+}
+
+pub fn zero_stats(target: &Target, json: bool) -> Result<u8, Failure> {
+    let (cache, _) = target.open()?;
+    cache.zero_directory_stats()?;
+    let zeroed = cache
+        .directory_stats()?
+        .last_zeroed
+        .map_or(0, report::unix_nanos);
+    let out = ZeroJson {
+        schema: SCHEMA,
+        dir: cache.path().display().to_string(),
+        zeroed_unix_ns: zeroed,
+    };
+    if json {
+        report::json(&out);
+    } else {
+        out!("zeroed the counters of {}", out.dir);
     }
     Ok(0)
 }

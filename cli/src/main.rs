@@ -60,8 +60,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Entries and bytes, in total and per key generation; the cap; the oldest and newest entry
+    /// Entries and bytes, in total and per key generation; the cap; the oldest and newest
+    /// entry; the counters of every process that used the directory, with hit rates
     Stats {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Zeroes the counters of every process that used the directory
+    ZeroStats {
         #[arg(long)]
         json: bool,
     },
@@ -185,6 +191,7 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Config { json } => commands::config(&target, json),
         Command::Stats { json } => commands::stats(&target, json),
+        Command::ZeroStats { json } => commands::zero_stats(&target, json),
         Command::Ls { json, sort } => commands::ls(&target, json, sort),
         Command::Inspect { entry, json } => commands::inspect(&target, &entry, json),
         Command::Verify { remove, json } => commands::verify(&target, remove, json),

@@ -106,6 +106,14 @@ pub struct TierStats {
     pub disk: DiskStats,
 }
 
+impl TierStats {
+    /// The share of lookups that compiled nothing: memory hits and disk loads over the memory
+    /// tier's lookups; `None` before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        crate::stats::backend_hit_rate(&self.memory, self.loads)
+    }
+}
+
 thread_local! {
     /// The memory key is assembled here so that a hit allocates nothing. One buffer serves
     /// every backend: a lookup takes it and puts it back before it returns.
@@ -266,6 +274,12 @@ impl<R: Runtime> HandleCache<R> {
 
     pub fn is_empty(&self) -> bool {
         self.memory().is_empty()
+    }
+
+    /// Zeroes the tiers' event counters (a disk tier shared with other caches is reset for
+    /// them too); see [`crate::stats`].
+    pub fn reset_stats(&self) {
+        self.tiered.reset_stats();
     }
 
     pub fn stats(&self) -> TierStats {

@@ -9,6 +9,7 @@
 //! - `writer`: writes made after the caller has its value, on a background thread;
 //!   `write_back`: what it writes, and when.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
+//! - `shards`: counters every process using the directory adds to, for operators' tools.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
@@ -20,6 +21,7 @@ pub mod format;
 mod gc;
 mod listing;
 mod lock;
+mod shards;
 mod store;
 mod write_back;
 mod writer;
@@ -36,6 +38,8 @@ pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
 pub use listing::{Check, EntryInfo};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
+pub use shards::{DirectoryCounters, DirectoryStats, SHARDS};
+pub(crate) use shards::{Reported, Reporter};
 pub use store::MAX_ENTRY_SIZE;
 pub use write_back::DiskBytes;
 pub use writer::{MAX_POLLED, POLL, QUEUE_BOUND};
@@ -44,6 +48,7 @@ use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
+use crate::stats::Baseline;
 use format::{HEADER_LEN, TAG_LEN, Tagger};
 
 /// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
@@ -68,6 +73,10 @@ struct Inner {
     max_size: u64,
     lock_timeout: Duration,
     counters: Counters,
+    /// The counters at the last `reset_stats`.
+    baseline: Baseline<DiskStats>,
+    /// What this process has added to the directory's counters so far.
+    persisted: shards::Persisted,
     index: evict::Index,
     writer: writer::Writer,
 }
@@ -88,14 +97,20 @@ struct Counters {
     lock_timeouts: AtomicU64,
     lock_takeovers: AtomicU64,
     failed_writes: AtomicU64,
+    // Received from the caches in front of the tier, for the directory's counters only.
+    memory_hits: AtomicU64,
+    memory_misses: AtomicU64,
+    builds: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, by: u64) {
     counter.fetch_add(by, Ordering::Relaxed);
 }
 
-/// Counters since this `DiskCache` was opened (per process), plus what its index knows of
-/// the directory.
+/// Counters since this `DiskCache` was opened or its statistics last reset (per process),
+/// plus what its index knows of the directory. `pending_writes`, `entries`, `bytes` and
+/// `scan_complete` are gauges, never reset. The directory's counters, all processes
+/// together, are [`DiskCache::directory_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskStats {
     pub hits: u64,
@@ -136,6 +151,30 @@ pub struct DiskStats {
     /// Whether the scan of the directory that `open` starts has finished
     /// ([`DiskCache::wait_scan`] waits for it).
     pub scan_complete: bool,
+}
+
+crate::stats::events!(DiskStats {
+    hits,
+    misses,
+    puts,
+    bytes_read,
+    bytes_written,
+    integrity_rejects,
+    io_errors,
+    evictions,
+    removes,
+    load_failures,
+    lock_waits,
+    lock_timeouts,
+    lock_takeovers,
+    failed_writes,
+});
+
+impl DiskStats {
+    /// `hits / (hits + misses)`; `None` before the first read.
+    pub fn hit_rate(&self) -> Option<f64> {
+        crate::stats::hit_rate(self.hits, self.misses)
+    }
 }
 
 /// A verified entry. The payload is borrowed from the file's bytes, so a read copies once.
@@ -192,6 +231,8 @@ impl DiskCache {
             max_size: resolved.max_size,
             lock_timeout: resolved.lock_timeout,
             counters: Counters::default(),
+            baseline: Baseline::default(),
+            persisted: shards::Persisted::default(),
             index: evict::Index::default(),
             writer: writer::Writer::default(),
         });
@@ -239,8 +280,15 @@ impl DiskCache {
         self.inner.tagger.fingerprint()
     }
 
+    /// This process's counters since `open` or the last [`DiskCache::reset_stats`].
     pub fn stats(&self) -> DiskStats {
-        self.inner.stats()
+        self.inner.baseline.apply(&self.inner.stats())
+    }
+
+    /// Zeroes this handle's event counters (not the gauges, nor the directory's counters:
+    /// see [`DiskCache::zero_directory_stats`]).
+    pub fn reset_stats(&self) {
+        self.inner.baseline.reset(self.inner.stats());
     }
 
     /// Waits for the scan of the directory that `open` starts (milliseconds even for a full
@@ -259,9 +307,11 @@ impl DiskCache {
     }
 
     /// Waits until every background write submitted so far has finished (written or
-    /// failed). Dropping the disk tier flushes too.
+    /// failed), then adds what this process did since its last flush to the directory's
+    /// counters ([`DiskCache::directory_stats`]). Dropping the disk tier flushes too.
     pub fn flush(&self) {
         self.inner.writer.flush();
+        shards::persist(&self.inner);
     }
 
     /// What a lookup that missed `key` does: build as the leader, read what another process
@@ -279,7 +329,7 @@ impl DiskCache {
 
 impl Drop for DiskCache {
     /// Pending writes are finished first: a value built in this process is not lost because
-    /// the cache was dropped right after.
+    /// the cache was dropped right after; then the directory's counters are brought up to date.
     fn drop(&mut self) {
         self.flush();
     }

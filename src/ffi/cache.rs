@@ -120,7 +120,8 @@ pub struct kc_cache_options {
     pub on_destroy_error_ctx: *mut c_void,
 }
 
-/// Counters of one cache since its creation (`kc_cache_statistics` in C, where the name
+/// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
+/// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
 /// `kc_cache_stats` belongs to the function). Set `struct_size` to
 /// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
 /// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
@@ -460,4 +461,27 @@ pub unsafe extern "C" fn kc_cache_stats(
         // padding.
         unsafe { write_sized(out, stats, "out", "kc_cache_statistics", min) }
     })
+}
+
+/// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
+/// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
+/// `kc_cache_stats`.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cache_reset_stats(cache: *mut kc_cache) -> kc_status {
+    guard(|| {
+        // SAFETY: NULL or a live cache by contract.
+        unsafe { handle_ref(cache, "cache") }?.reset_stats();
+        Ok(())
+    })
+}
+
+/// `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
+/// `hits + misses` to tell it from a cache that never hit). For any statistics struct's pair,
+/// e.g. `kc_hit_rate(s.hits, s.misses)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_hit_rate(hits: u64, misses: u64) -> f64 {
+    crate::stats::hit_rate(hits, misses).unwrap_or(0.0)
 }

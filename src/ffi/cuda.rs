@@ -526,6 +526,23 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
     unsafe { write_stats(cache, out, "kc_cuda_cache_statistics", size, stats) }
 }
 
+/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+/// writes, what the disk index knows) stay. The directory's counters are not touched.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_cuda_cache_reset_stats(cache: *mut kc_cuda_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        with_cache(cache, |cache| {
+            cache.reset_stats();
+            Ok(())
+        })
+    }
+}
+
 /// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
 /// `libcuda.so.1`): `KC_OK`, or `KC_ERR_UNAVAILABLE` with the reason in
 /// `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.

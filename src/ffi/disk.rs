@@ -104,9 +104,10 @@ unsafe impl GrownInput for kc_disk_options {
     };
 }
 
-/// Counters of one `kc_disk` since it was opened (the name `kc_disk_stats` belongs to the
-/// function). Set `struct_size` to `sizeof(kc_disk_statistics)` before calling
-/// `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the bytes written.
+/// Counters of one `kc_disk` since it was opened or its last `kc_disk_reset_stats` (the name
+/// `kc_disk_stats` belongs to the function). Set `struct_size` to `sizeof(kc_disk_statistics)`
+/// before calling `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the
+/// bytes written.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_disk_statistics {
@@ -404,6 +405,21 @@ pub unsafe extern "C" fn kc_disk_stats(
         let stats = kc_disk_statistics::from(disk.stats());
         // SAFETY: non-NULL; its size is the caller's promise.
         unsafe { write_sized(out, stats, "out", "kc_disk_statistics", OUT_MIN_SIZE) }
+    })
+}
+
+/// Zeroes this disk's event counters (`kc_disk_statistics`); `entries`, `bytes`,
+/// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
+/// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
+///
+/// # Safety
+/// `disk` live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_reset_stats(disk: *mut kc_disk) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { handle_ref(disk, "disk") }?.reset_stats();
+        Ok(())
     })
 }
 

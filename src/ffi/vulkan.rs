@@ -552,6 +552,23 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     unsafe { write_stats(cache, out, "kc_vulkan_cache_statistics", size, stats) }
 }
 
+/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
+/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+/// writes, what the disk index knows) stay. The directory's counters are not touched.
+///
+/// # Safety
+/// `cache` must be a live cache.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_vulkan_cache_reset_stats(cache: *mut kc_vulkan_cache) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        with_cache(cache, |cache| {
+            cache.reset_stats();
+            Ok(())
+        })
+    }
+}
+
 /// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
 /// with the reason in `kc_last_error_message()`.
 #[unsafe(no_mangle)]

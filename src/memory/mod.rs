@@ -67,6 +67,7 @@ use shared::{ErrorHook, Shared, Slot, bump};
 use sync::{AtomicU64, Mutex, Ordering};
 
 use crate::metrics::{self as process_metrics, Backend};
+use crate::stats::Baseline;
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
 /// Power of two: the shard index is a mask of the key's hash.
@@ -128,6 +129,8 @@ pub struct MemoryCache<K, V> {
     clock: Mutex<Clock<K, V>>,
     /// This cache's entry in the process's metrics, which lists it while this lives.
     metrics: Arc<MemorySource>,
+    /// The counters at the last `reset_stats`.
+    baseline: Baseline<Stats>,
 }
 
 /// What a build's caller saw when the build started, checked again at install.
@@ -176,6 +179,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             epochs: Mutex::new(HashMap::new()),
             clock: Mutex::new(Clock::new()),
             metrics,
+            baseline: Baseline::default(),
         }
     }
 
@@ -399,10 +403,15 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         self.len() == 0
     }
 
+    /// The counters since the cache was created or [`MemoryCache::reset_stats`] last ran.
     pub fn stats(&self) -> Stats {
-        let mut stats = metrics::stats(&self.shared.counters, self.shared.tally.counts());
-        stats.leases = self.shared.outstanding_leases();
-        stats
+        self.baseline.apply(&self.raw_stats())
+    }
+
+    /// Zeroes the event counters (not `entries`, `weight`, `leases`). No count made meanwhile
+    /// is lost: it shows in the next snapshot or was counted before the reset.
+    pub fn reset_stats(&self) {
+        self.baseline.reset(self.raw_stats());
     }
 
     fn hit(&self, entry: &Arc<Entry<K, V>>) -> Lease<K, V> {
@@ -594,6 +603,16 @@ fn destroy_all<K, V>(victims: Victims<K, V>) -> Result<usize> {
     match first {
         Some(e) => Err(Error::Destroy(e)),
         None => Ok(count),
+    }
+}
+
+impl<K, V> MemoryCache<K, V> {
+    /// The counters since the cache was created, whatever the resets: what the directory's
+    /// persisted counters add up.
+    pub(crate) fn raw_stats(&self) -> Stats {
+        let mut stats = metrics::stats(&self.shared.counters, self.shared.tally.counts());
+        stats.leases = self.shared.outstanding_leases();
+        stats
     }
 }
 

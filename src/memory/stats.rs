@@ -13,7 +13,9 @@ macro_rules! counters {
 }
 pub(crate) use counters;
 
-/// Counters of one cache since it was created. Each field is read atomically but the
+/// Counters of one cache since it was created or its statistics were last reset
+/// ([`MemoryCache::reset_stats`](super::MemoryCache::reset_stats): `entries`, `weight` and
+/// `leases` are gauges, never reset). Each field is read atomically but the
 /// snapshot as a whole is not: under concurrent use, fields may be a few operations apart.
 /// Taking one visits every shard, so it costs in proportion to the number of entries.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,4 +50,25 @@ pub struct Stats {
     /// reference counts when the snapshot is taken (hits touch no counter for it), so it is
     /// exact whenever no other cache call is in progress.
     pub leases: u64,
+}
+
+crate::stats::events!(Stats {
+    hits,
+    misses,
+    builds,
+    build_failures,
+    waits,
+    discarded,
+    capacity_evictions,
+    device_evictions,
+    clears,
+    destroys,
+    destroy_errors,
+});
+
+impl Stats {
+    /// `hits / (hits + misses)`; `None` before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        crate::stats::hit_rate(self.hits, self.misses)
+    }
 }

@@ -55,6 +55,14 @@ pub struct CudaStats {
     pub disk: DiskStats,
 }
 
+impl CudaStats {
+    /// The share of lookups that compiled nothing: memory hits and cubin loads over the
+    /// memory tier's lookups; `None` before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        crate::stats::backend_hit_rate(&self.memory, self.cubin_loads)
+    }
+}
+
 /// Cache of `CUmodule`s per (context, PTX, JIT options), backed by cubins on disk keyed by
 /// (device name, compute capability, driver version, options, PTX).
 ///
@@ -195,6 +203,19 @@ impl CudaCache {
     /// dropping the cache does it too.
     pub fn flush(&self) {
         self.cache.flush();
+    }
+
+    /// Zeroes the event counters of the cache and of its tiers (a disk tier shared with other
+    /// caches is reset for them too); gauges (entries, leases, pending writes) stay.
+    pub fn reset_stats(&self) {
+        self.cache.reset_stats();
+        let c = &self.cache.runtime().counters;
+        crate::stats::zero(&[
+            &c.links,
+            &c.link_failures,
+            &c.nvrtc_compiles,
+            &c.nvrtc_failures,
+        ]);
     }
 
     pub fn stats(&self) -> CudaStats {

@@ -38,6 +38,14 @@ pub struct OpenClStats {
     pub disk: DiskStats,
 }
 
+impl OpenClStats {
+    /// The share of lookups that compiled nothing: memory hits and binary loads over the
+    /// memory tier's lookups; `None` before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        crate::stats::backend_hit_rate(&self.memory, self.binary_loads)
+    }
+}
+
 /// How an [`OpenClCache`] is set up.
 #[derive(Clone, Default)]
 pub struct OpenClOptions {
@@ -230,6 +238,13 @@ impl OpenClCache {
     /// nothing (see `docs/node.md`): flush after your warm-up launches.
     pub fn flush(&self) {
         self.cache.flush();
+    }
+
+    /// Zeroes the event counters of the cache and of its tiers (a disk tier shared with other
+    /// caches is reset for them too); gauges (entries, leases, pending writes) stay.
+    pub fn reset_stats(&self) {
+        self.cache.reset_stats();
+        crate::stats::zero(&[&self.cache.runtime().source_builds]);
     }
 
     pub fn stats(&self) -> OpenClStats {

@@ -15,7 +15,7 @@ use super::pipeline::{self, Pipeline};
 use super::spec::PipelineSpec;
 use super::stats::{Counters, VulkanStats};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::DiskCache;
+use crate::disk::{DiskCache, Reported, Reporter};
 use crate::key::Key;
 use crate::memory::{Lease, Options};
 use crate::metrics::Backend;
@@ -104,6 +104,8 @@ pub struct VulkanCache {
     id: u64,
     /// Where each registered device's pipeline-cache data persists.
     disk: Option<Arc<DiskCache>>,
+    /// What `disk` has been told of the memory tier's lookups and builds.
+    reported: Reporter,
 }
 
 impl VulkanCache {
@@ -121,6 +123,7 @@ impl VulkanCache {
             cache: HandleCache::new(runtime, options.memory, None),
             id: NEXT_CACHE.fetch_add(1, Ordering::Relaxed),
             disk: options.disk,
+            reported: Reporter::default(),
         })
     }
 
@@ -284,6 +287,16 @@ impl VulkanCache {
     // `clear` leaves the devices registered, with their pipeline caches.
     common_calls!();
 
+    /// Zeroes the event counters of the cache, its memory tier and its disk tier (a disk tier
+    /// shared with other caches is reset for them too); gauges stay.
+    pub fn reset_stats(&self) {
+        self.cache.memory().reset_stats();
+        self.counters().reset();
+        if let Some(disk) = &self.disk {
+            disk.reset_stats();
+        }
+    }
+
     pub fn stats(&self) -> VulkanStats {
         let disk = self.disk.as_ref().map(|d| d.stats()).unwrap_or_default();
         self.counters().stats(self.cache.memory().stats(), disk)
@@ -305,6 +318,18 @@ impl Drop for VulkanCache {
     fn drop(&mut self) {
         for registered in self.cache.take(|_| true) {
             let _ = self.retire(registered.info());
+        }
+        if let Some(disk) = &self.disk {
+            // Every memory build creates a pipeline.
+            let memory = self.cache.memory().raw_stats();
+            self.reported.report(
+                disk,
+                Reported {
+                    memory_hits: memory.hits,
+                    memory_misses: memory.misses,
+                    builds: memory.builds,
+                },
+            );
         }
     }
 }

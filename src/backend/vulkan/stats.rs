@@ -43,7 +43,30 @@ pub struct VulkanStats {
     pub disk: DiskStats,
 }
 
+impl VulkanStats {
+    /// The memory tier's hit rate: pipelines are created (with the help of the device's
+    /// pipeline cache) or found in memory. `None` before the first lookup.
+    pub fn hit_rate(&self) -> Option<f64> {
+        self.memory.hit_rate()
+    }
+}
+
 impl Counters {
+    /// Zeroes every counter (all are events).
+    pub(super) fn reset(&self) {
+        crate::stats::zero(&[
+            &self.pipelines_created,
+            &self.pipelines_destroyed,
+            &self.layouts_created,
+            &self.data_loaded,
+            &self.data_missing,
+            &self.data_rejected,
+            &self.data_written,
+            &self.data_merged,
+            &self.disk_errors,
+        ]);
+    }
+
     /// The counters, next to the tiers' own.
     pub(super) fn stats(&self, memory: crate::memory::Stats, disk: DiskStats) -> VulkanStats {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);

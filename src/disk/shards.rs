@@ -1,0 +1,458 @@
+//! Counters that outlive a process: what every process did with a directory, added up.
+//!
+//! A process adds what it did since its last write to one of [`SHARDS`] small files in the
+//! directory, `.stats-0` … `.stats-f`, the one its process id picks, at
+//! [`DiskCache::flush`] and when the disk tier is dropped; never on a lookup. Readers (`kcache
+//! stats`) add the shards up; `kcache zero-stats` rewrites each with zeros. Several files
+//! rather than one, as ccache does, so that processes ending at once rarely wait for the same
+//! lock.
+//!
+//! Each shard is opened through the directory descriptor with `O_NOFOLLOW` and `O_NONBLOCK`,
+//! must be a regular file, and is read, added to and rewritten in place under its `flock`
+//! (waited for [`LOCK_WAIT`] at most: past that the delta stays in the process for its next
+//! write). It is never unlinked, so every process locks the same inode. Content that is not a
+//! shard of this format (foreign, truncated, torn by a crash: its checksum fails) counts as
+//! zero and is overwritten by the next write. A directory the process cannot write keeps no
+//! shard, silently (at `debug`).
+//!
+//! Layout (little-endian): magic `KCSTATS\n`, format version (u16, 1), reserved (u16, 0),
+//! counter count `n` (u32, at most [`MAX_COUNTERS`]), time of the last zeroing (u64, ns since
+//! the Unix epoch, 0: never), `n` counters (u64, in [`DirectoryCounters`] field order; counters
+//! past those this version knows are kept as they are), BLAKE3 of everything before it (32).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::io::Errno;
+
+use super::evict::nanos_since_epoch;
+use super::{DiskCache, Inner};
+use crate::error::{Error, Result};
+use crate::log;
+
+/// Shard files per directory.
+pub const SHARDS: u32 = 16;
+
+/// The longest wait for a shard's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+
+const MAGIC: [u8; 8] = *b"KCSTATS\n";
+const VERSION: u16 = 1;
+const HEADER_LEN: usize = 24;
+const SUM_LEN: usize = 32;
+/// Counters a shard may hold: bounds what a read allocates, whatever is in the file.
+const MAX_COUNTERS: usize = 64;
+
+/// The file name of shard `index`.
+fn shard_name(index: u32) -> String {
+    format!(".stats-{index:x}")
+}
+
+macro_rules! directory_counters {
+    ($($(#[$doc:meta])* $field:ident,)+) => {
+        /// What the processes using a directory did with it, added up over every process since
+        /// the counters were last zeroed. Each process counts what its own caches did; the
+        /// memory-tier figures come from the caches that use this disk tier.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct DirectoryCounters {
+            $($(#[$doc])* pub $field: u64,)+
+        }
+
+        impl DirectoryCounters {
+            const LEN: usize = [$(stringify!($field)),+].len();
+
+            fn to_array(self) -> [u64; Self::LEN] {
+                [$(self.$field),+]
+            }
+
+            fn from_array(values: [u64; Self::LEN]) -> Self {
+                let [$($field),+] = values;
+                DirectoryCounters { $($field),+ }
+            }
+        }
+    };
+}
+
+directory_counters! {
+    /// Lookups a memory tier answered (from caches that report to this disk tier).
+    memory_hits,
+    /// Lookups a memory tier did not answer.
+    memory_misses,
+    /// Reads of this directory that returned a verified entry.
+    disk_hits,
+    /// Reads that returned none: absent, rejected or failed.
+    disk_misses,
+    /// Values built because neither tier had them.
+    builds,
+    /// Entries written.
+    disk_writes,
+    /// Entries refused by a read (and removed).
+    integrity_rejects,
+    /// Entries removed by the size cap.
+    evictions,
+    /// Misses that waited for another process building the same entry.
+    lock_waits,
+    /// Waits that reached the lock timeout.
+    lock_timeouts,
+    /// Builds taken over from a process that died building.
+    lock_takeovers,
+    /// Background writes that failed.
+    failed_writes,
+}
+
+impl DirectoryCounters {
+    fn zip(self, other: Self, f: impl Fn(u64, u64) -> u64) -> Self {
+        let (a, b) = (self.to_array(), other.to_array());
+        DirectoryCounters::from_array(std::array::from_fn(|i| f(a[i], b[i])))
+    }
+
+    /// `memory_hits / (memory_hits + memory_misses)`; `None` without lookups.
+    pub fn memory_hit_rate(&self) -> Option<f64> {
+        crate::stats::hit_rate(self.memory_hits, self.memory_misses)
+    }
+
+    /// `disk_hits / (disk_hits + disk_misses)`; `None` without reads.
+    pub fn disk_hit_rate(&self) -> Option<f64> {
+        crate::stats::hit_rate(self.disk_hits, self.disk_misses)
+    }
+}
+
+/// The directory's counters as [`DiskCache::directory_stats`] read them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirectoryStats {
+    pub counters: DirectoryCounters,
+    /// When `zero_directory_stats` last ran (the latest zeroing of any shard); `None`: never.
+    pub last_zeroed: Option<SystemTime>,
+    /// Shard files read and added.
+    pub shards: u32,
+    /// Shard files that were not valid shards (foreign or damaged content, not a regular file,
+    /// locked too long): counted as zero.
+    pub shards_ignored: u32,
+}
+
+/// Figures the disk tier cannot see itself, handed to it by the caches in front of it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Reported {
+    pub memory_hits: u64,
+    pub memory_misses: u64,
+    pub builds: u64,
+}
+
+/// What a cache in front of a disk tier has reported to it so far, so that it reports only
+/// what is new.
+#[derive(Default)]
+pub(crate) struct Reporter(Mutex<Reported>);
+
+impl Reporter {
+    /// Hands `disk` what `total` (the cache's figures since it was created) adds to the last
+    /// report.
+    pub(crate) fn report(&self, disk: &DiskCache, total: Reported) {
+        let mut last = self.0.lock();
+        disk.record(Reported {
+            memory_hits: total.memory_hits.saturating_sub(last.memory_hits),
+            memory_misses: total.memory_misses.saturating_sub(last.memory_misses),
+            builds: total.builds.saturating_sub(last.builds),
+        });
+        *last = total;
+    }
+}
+
+/// What this process has written to its shard so far.
+#[derive(Default)]
+pub(super) struct Persisted(Mutex<DirectoryCounters>);
+
+/// This process's figures since the disk tier was opened.
+fn current(inner: &Inner) -> DirectoryCounters {
+    let c = &inner.counters;
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    DirectoryCounters {
+        memory_hits: get(&c.memory_hits),
+        memory_misses: get(&c.memory_misses),
+        disk_hits: get(&c.hits),
+        disk_misses: get(&c.misses),
+        builds: get(&c.builds),
+        disk_writes: get(&c.puts),
+        integrity_rejects: get(&c.integrity_rejects),
+        evictions: get(&c.evictions),
+        lock_waits: get(&c.lock_waits),
+        lock_timeouts: get(&c.lock_timeouts),
+        lock_takeovers: get(&c.lock_takeovers),
+        failed_writes: get(&c.failed_writes),
+    }
+}
+
+/// Adds what this process did since its last write to its shard. A failure keeps the delta
+/// for the next write.
+pub(super) fn persist(inner: &Inner) {
+    let mut last = inner.persisted.0.lock();
+    let now = current(inner);
+    let delta = now.zip(*last, u64::saturating_sub);
+    if delta == DirectoryCounters::default() {
+        return;
+    }
+    let index = std::process::id() % SHARDS;
+    match add(inner, index, delta) {
+        Ok(()) => *last = now,
+        Err(e) => log::debug(|| {
+            format!(
+                "statistics not persisted in {} ({}): {e}",
+                inner.path.display(),
+                shard_name(index)
+            )
+        }),
+    }
+}
+
+/// A shard's content: the last zeroing and its counters, this version's and any later ones.
+struct Record {
+    zeroed_ns: u64,
+    values: Vec<u64>,
+}
+
+impl Record {
+    fn zero(zeroed_ns: u64) -> Record {
+        Record {
+            zeroed_ns,
+            values: vec![0; DirectoryCounters::LEN],
+        }
+    }
+
+    fn counters(&self) -> DirectoryCounters {
+        let mut known = [0u64; DirectoryCounters::LEN];
+        for (k, v) in known.iter_mut().zip(&self.values) {
+            *k = *v;
+        }
+        DirectoryCounters::from_array(known)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(HEADER_LEN + 8 * self.values.len() + SUM_LEN);
+        bytes.extend_from_slice(&MAGIC);
+        bytes.extend_from_slice(&VERSION.to_le_bytes());
+        bytes.extend_from_slice(&0u16.to_le_bytes());
+        bytes.extend_from_slice(&(self.values.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&self.zeroed_ns.to_le_bytes());
+        for v in &self.values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        let sum = blake3::hash(&bytes);
+        bytes.extend_from_slice(sum.as_bytes());
+        bytes
+    }
+
+    /// `None` for anything but a whole, undamaged shard of this format.
+    fn decode(bytes: &[u8]) -> Option<Record> {
+        let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
+        let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(SUM_LEN)?)?;
+        if body.len() < HEADER_LEN
+            || body[..8] != MAGIC
+            || body[8..10] != VERSION.to_le_bytes()
+            || body[10..12] != [0, 0]
+        {
+            return None;
+        }
+        let count = u32::from_le_bytes(body[12..16].try_into().ok()?) as usize;
+        if count > MAX_COUNTERS || body.len() != HEADER_LEN + 8 * count {
+            return None;
+        }
+        // Not secret: a plain comparison.
+        if blake3::hash(body).as_bytes() != sum {
+            return None;
+        }
+        Some(Record {
+            zeroed_ns: u64_at(16)?,
+            values: (0..count)
+                .map(|i| u64_at(HEADER_LEN + 8 * i))
+                .collect::<Option<_>>()?,
+        })
+    }
+}
+
+/// Opens shard `index` (created private when `create`), never through a symbolic link nor
+/// blocking on a FIFO; anything but a regular file is refused.
+fn open(inner: &Inner, index: u32, create: bool) -> io::Result<File> {
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    if create {
+        flags |= OFlags::CREATE;
+    }
+    let fd = rustix::fs::openat(
+        &inner.dir,
+        shard_name(index).as_str(),
+        flags,
+        Mode::from_raw_mode(0o600),
+    )?;
+    let file = File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other("not a regular file"));
+    }
+    Ok(file)
+}
+
+/// Locks `file` (`exclusive` or shared), waiting [`LOCK_WAIT`] at most.
+fn lock(file: &File, exclusive: bool) -> io::Result<()> {
+    let op = if exclusive {
+        FlockOperation::NonBlockingLockExclusive
+    } else {
+        FlockOperation::NonBlockingLockShared
+    };
+    let deadline = Instant::now() + LOCK_WAIT;
+    let mut pause = Duration::from_micros(250);
+    loop {
+        match rustix::fs::flock(file, op) {
+            Ok(()) => return Ok(()),
+            Err(Errno::WOULDBLOCK) | Err(Errno::INTR) if Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            Err(Errno::WOULDBLOCK) => return Err(io::Error::other("locked too long")),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The shard's record; `None` when its content is not one.
+fn read(file: &File) -> io::Result<Option<Record>> {
+    let max = HEADER_LEN + 8 * MAX_COUNTERS + SUM_LEN;
+    let mut bytes = vec![0u8; max + 1];
+    let mut len = 0;
+    loop {
+        match file.read_at(&mut bytes[len..], len as u64)? {
+            0 => break,
+            n => len += n,
+        }
+        if len > max {
+            return Ok(None);
+        }
+    }
+    Ok(Record::decode(&bytes[..len]))
+}
+
+fn write(file: &File, record: &Record) -> io::Result<()> {
+    let bytes = record.encode();
+    file.write_all_at(&bytes, 0)?;
+    file.set_len(bytes.len() as u64)
+}
+
+/// Adds `delta` to shard `index`, under its lock.
+fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
+    let file = open(inner, index, true)?;
+    lock(&file, true)?;
+    let mut record = read(&file)?.unwrap_or_else(|| Record::zero(0));
+    if record.values.len() < DirectoryCounters::LEN {
+        record.values.resize(DirectoryCounters::LEN, 0);
+    }
+    for (value, d) in record.values.iter_mut().zip(delta.to_array()) {
+        *value = value.saturating_add(d);
+    }
+    write(&file, &record)
+}
+
+impl DiskCache {
+    /// Adds figures of the caches in front of this disk tier (the memory tier's lookups,
+    /// builds) to what the next flush persists.
+    pub(crate) fn record(&self, figures: Reported) {
+        let c = &self.inner.counters;
+        super::bump(&c.memory_hits, figures.memory_hits);
+        super::bump(&c.memory_misses, figures.memory_misses);
+        super::bump(&c.builds, figures.builds);
+    }
+
+    /// The directory's counters: every process's figures since the last
+    /// [`DiskCache::zero_directory_stats`], added up from the shard files. This process's
+    /// figures are included up to its last [`DiskCache::flush`].
+    pub fn directory_stats(&self) -> Result<DirectoryStats> {
+        let inner = &self.inner;
+        let mut stats = DirectoryStats::default();
+        let mut sum = DirectoryCounters::default();
+        let mut zeroed = 0;
+        for index in 0..SHARDS {
+            let record = match open(inner, index, false) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(_) => None,
+                Ok(file) => lock(&file, false).and_then(|()| read(&file)).ok().flatten(),
+            };
+            let Some(record) = record else {
+                stats.shards_ignored += 1;
+                continue;
+            };
+            stats.shards += 1;
+            sum = sum.zip(record.counters(), u64::saturating_add);
+            zeroed = zeroed.max(record.zeroed_ns);
+        }
+        stats.counters = sum;
+        stats.last_zeroed = (zeroed > 0).then(|| UNIX_EPOCH + Duration::from_nanos(zeroed));
+        Ok(stats)
+    }
+
+    /// Zeroes every shard of the directory (each under its lock), recording when. Processes
+    /// running meanwhile add only what they do afterwards.
+    pub fn zero_directory_stats(&self) -> Result<()> {
+        let inner = &self.inner;
+        let now = nanos_since_epoch(SystemTime::now()).max(1);
+        for index in 0..SHARDS {
+            let zeroed = open(inner, index, true)
+                .and_then(|file| lock(&file, true).and_then(|()| write(&file, &Record::zero(now))));
+            zeroed.map_err(|e| {
+                Error::Io(format!(
+                    "cannot zero {} in {}: {e}",
+                    shard_name(index),
+                    inner.path.display()
+                ))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_refuse_damage() {
+        let record = Record {
+            zeroed_ns: 7,
+            values: (1..=DirectoryCounters::LEN as u64).collect(),
+        };
+        let bytes = record.encode();
+        let back = Record::decode(&bytes).unwrap();
+        assert_eq!(back.zeroed_ns, 7);
+        assert_eq!(back.counters().memory_hits, 1);
+        assert_eq!(back.counters().failed_writes, DirectoryCounters::LEN as u64);
+        for i in [0, 9, 20, bytes.len() - 1] {
+            let mut bad = bytes.clone();
+            bad[i] ^= 1;
+            assert!(Record::decode(&bad).is_none(), "byte {i}");
+        }
+        assert!(Record::decode(&bytes[..bytes.len() - 1]).is_none());
+        assert!(Record::decode(b"").is_none());
+        assert!(Record::decode(b"hello, world").is_none());
+    }
+
+    #[test]
+    fn later_counters_are_kept() {
+        let record = Record {
+            zeroed_ns: 0,
+            values: vec![5; DirectoryCounters::LEN + 3],
+        };
+        let back = Record::decode(&record.encode()).unwrap();
+        assert_eq!(back.values.len(), DirectoryCounters::LEN + 3);
+        assert_eq!(back.counters().builds, 5);
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(shard_name(0), ".stats-0");
+        assert_eq!(shard_name(SHARDS - 1), ".stats-f");
+        for i in 0..SHARDS {
+            let name = shard_name(i);
+            assert!(super::super::parse_entry_name(&name).is_none());
+            assert!(!super::super::is_temp_name(&name));
+            assert!(super::super::lock::entry_of_lock(&name).is_none());
+        }
+    }
+}
