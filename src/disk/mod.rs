@@ -3,7 +3,8 @@
 //!
 //! - [`config`]: where the directory is and what key authenticates entries.
 //! - `dir`: trust checks on the directory.
-//! - [`format`]: the entry encoding (see `docs/disk-format.md`).
+//! - [`format`]: the entry encoding (see `docs/disk-format.md`); `descriptor`: what an entry
+//!   says it holds (backend, device, name).
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory.
 //! - `writer`: writes made after the caller has its value, on a background thread.
@@ -13,6 +14,7 @@
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
 
 pub mod config;
+mod descriptor;
 mod dir;
 mod evict;
 pub mod format;
@@ -29,6 +31,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKey, parse_size};
+pub use descriptor::{
+    CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
+};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
 pub use listing::{Check, EntryInfo};
@@ -40,7 +45,7 @@ pub use writer::QUEUE_BOUND;
 use crate::error::{BuildError, Result};
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
-use format::{HEADER_LEN, TAG_LEN, Tagger};
+use format::{TAG_LEN, Tagger};
 
 /// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
 /// any number of processes may use the same directory at once.
@@ -132,23 +137,32 @@ pub struct DiskStats {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     bytes: Vec<u8>,
+    /// Where the payload starts: after the header, whose length depends on its format.
+    payload_start: usize,
     build_time: Duration,
+    descriptor: Option<Descriptor>,
 }
 
 impl Entry {
     pub fn payload(&self) -> &[u8] {
-        &self.bytes[HEADER_LEN..self.bytes.len() - TAG_LEN]
+        &self.bytes[self.payload_start..self.bytes.len() - TAG_LEN]
     }
 
     pub fn into_payload(mut self) -> Vec<u8> {
         self.bytes.truncate(self.bytes.len() - TAG_LEN);
-        self.bytes.drain(..HEADER_LEN);
+        self.bytes.drain(..self.payload_start);
         self.bytes
     }
 
     /// How long the value took to build, as recorded by the writer.
     pub fn build_time(&self) -> Duration {
         self.build_time
+    }
+
+    /// What the writer said the entry holds; `None` for an entry of format 1, which did not
+    /// say.
+    pub fn descriptor(&self) -> Option<&Descriptor> {
+        self.descriptor.as_ref()
     }
 }
 
@@ -283,14 +297,15 @@ impl DiskCache {
         lock::exclusive(&self.inner, key)
     }
 
-    /// Writes the entry for `key` on the background writer, with the bytes `make` returns
-    /// there, then releases `lock`; `done` learns whether it was written. A failure is
-    /// counted in `failed_writes` and marked on the lock, so that waiting processes build
-    /// rather than wait for an entry that will not come.
+    /// Writes the entry for `key`, described by `descriptor`, on the background writer, with
+    /// the bytes `make` returns there, then releases `lock`; `done` learns whether it was
+    /// written. A failure is counted in `failed_writes` and marked on the lock, so that
+    /// waiting processes build rather than wait for an entry that will not come.
     pub(crate) fn write_back(
         &self,
         key: Key,
         build_time: Duration,
+        descriptor: Descriptor,
         lock: Option<KeyLock>,
         make: impl FnOnce() -> std::result::Result<Vec<u8>, BuildError> + Send + 'static,
         done: impl FnOnce(bool) + Send + 'static,
@@ -300,7 +315,8 @@ impl DiskCache {
             let written = make()
                 .map_err(|e| format!("the value could not be serialized: {}", e.message))
                 .and_then(|bytes| {
-                    store::put(&inner, &key, &bytes, build_time).map_err(|e| e.to_string())
+                    store::put(&inner, &key, &bytes, build_time, &descriptor)
+                        .map_err(|e| e.to_string())
                 });
             if let Err(why) = &written {
                 log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(&key)));

@@ -10,7 +10,7 @@ use super::refresh::{self, Refresh, Sibling};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{DiskCache, DiskStats};
+use crate::disk::{Descriptor, DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
@@ -119,6 +119,12 @@ impl Runtime for OpenCl {
             &options,
         )?;
         self.source_builds.fetch_add(1, Ordering::Relaxed);
+        // A driver without the query (OpenCL 1.1) leaves the entry unnamed.
+        let descriptor = Descriptor::new(
+            "opencl",
+            &registered.info().device_name,
+            &program.kernel_names().unwrap_or_default(),
+        );
         // The binary is asked for on the background writer, not here: on PoCL the first query
         // compiles work-group code, which can take longer than the build. Until then the
         // program weighs its source's length, its binary's size being unknown.
@@ -129,7 +135,7 @@ impl Runtime for OpenCl {
                 // On PoCL the cached program's binary is taken at flush, with its launches' code
                 // (see `refresh`); waiting processes get a sibling's now.
                 if let Ok(key) = disk_key(registered.info(), input.sources, input.options) {
-                    refresh.note(key, &program, started.elapsed());
+                    refresh.note(key, &descriptor, &program, started.elapsed());
                 }
                 let sibling = Sibling::new(
                     self.api,
@@ -155,6 +161,7 @@ impl Runtime for OpenCl {
             value: program,
             weight,
             bytes,
+            descriptor,
         })
     }
 }

@@ -21,7 +21,7 @@ use parking_lot::Mutex;
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
-use crate::disk::DiskCache;
+use crate::disk::{Descriptor, DiskCache};
 use crate::error::BuildError;
 use crate::key::Key;
 
@@ -89,14 +89,21 @@ impl Sibling {
 /// Programs built here whose stored binary may grow with what their launches compiled.
 #[derive(Default)]
 pub(super) struct Refresh {
-    built: Mutex<Vec<(Key, Program, Duration)>>,
+    built: Mutex<Vec<(Key, Descriptor, Program, Duration)>>,
 }
 
 impl Refresh {
     /// Remembers a program built here in `build_time`, with a reference of its own.
-    pub(super) fn note(&self, key: Key, program: &Program, build_time: Duration) {
+    pub(super) fn note(
+        &self,
+        key: Key,
+        descriptor: &Descriptor,
+        program: &Program,
+        build_time: Duration,
+    ) {
         if let Ok(program) = program.retain() {
-            self.built.lock().push((key, program, build_time));
+            let noted = (key, descriptor.clone(), program, build_time);
+            self.built.lock().push(noted);
         }
     }
 
@@ -106,12 +113,16 @@ impl Refresh {
     pub(super) fn run(&self, disk: &DiskCache) -> u64 {
         let built = std::mem::take(&mut *self.built.lock());
         let mut rewritten = 0;
-        for (key, program, build_time) in built {
+        for (key, descriptor, program, build_time) in built {
             let Ok(binary) = program.binary() else {
                 continue;
             };
             let stored = disk.stored_len(&key).unwrap_or(0);
-            if binary.len() as u64 > stored && disk.put(&key, &binary, build_time).is_ok() {
+            if binary.len() as u64 > stored
+                && disk
+                    .put_described(&key, &binary, build_time, &descriptor)
+                    .is_ok()
+            {
                 rewritten += 1;
             }
         }
