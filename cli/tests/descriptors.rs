@@ -259,7 +259,14 @@ fn entries_are_listed_counted_and_evicted_by_what_they_hold() {
     // Neither criterion: a usage error.
     assert_eq!(run(dir, &["evict"]).status.code(), Some(2));
 
-    // gc removes the format-1 entry (documented rule), and keeps the rest.
+    // gc removes the format-1 entry (documented rule), and keeps the rest; a dry run says so
+    // first and removes nothing.
+    let dry = json(dir, &["gc", "--json", "--dry-run"]);
+    let would = dry["removed"].as_array().unwrap();
+    assert_eq!(would.len(), 1);
+    assert_eq!(would[0]["reason"], "old-format");
+    assert_eq!(would[0]["size"], old_size);
+    assert_eq!(entry_files(dir), 3);
     let gc = json(dir, &["gc", "--json"]);
     assert_eq!(gc["sweep"]["old_format"], 1);
     assert_eq!(gc["sweep"]["corrupt"], 0);
