@@ -33,6 +33,15 @@
 // `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 #define KC_DISK_DEFAULT_TEMP_MAX_AGE_S 900
 
+// Longest backend name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_BACKEND_MAX 32
+
+// Longest device name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_DEVICE_MAX 256
+
+// Longest entry name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_NAME_MAX 1024
+
 // Length of a cache key in bytes.
 #define KC_KEY_LEN 32
 
@@ -432,6 +441,20 @@ typedef struct kc_disk_options {
   uint64_t lock_timeout_ms;
 } kc_disk_options;
 
+// What an entry holds, for `kc_disk_put_described` and `kc_tiered_find_or_build_described`:
+// `kcache ls` shows it and `kcache evict` selects by it. Each string is NULL or UTF-8, and is
+// cut to its `KC_DESCRIPTOR_*_MAX` bytes on a character boundary.
+typedef struct kc_entry_descriptor {
+  // `sizeof(kc_entry_descriptor)` as the caller compiled it.
+  size_t struct_size;
+  // The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
+  const char *backend;
+  // The device's name; NULL: empty.
+  const char *device;
+  // What the entry holds (kernel or program names); NULL: empty.
+  const char *name;
+} kc_entry_descriptor;
+
 // What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
 // `kc_disk_statistics`.
 typedef struct kc_disk_gc_report {
@@ -454,6 +477,9 @@ typedef struct kc_disk_gc_report {
   uint64_t undeletable;
   // Lock files nobody held (left by processes that died building); held ones are kept.
   uint64_t lock_files;
+  // Entries of format 1, which do not say what they hold (reads accept them; `gc`
+  // removes them, and the next build writes them again with a descriptor).
+  uint64_t old_format;
 } kc_disk_gc_report;
 
 // Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
@@ -957,9 +983,10 @@ void kc_disk_free(struct kc_disk *disk);
 
 // Writes the entry for `key` (atomically: readers see the old entry or the new one).
 // `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
-// of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the directory
-// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
+// smaller of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the
+// directory scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+// The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
 //
 // # Safety
 // `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
@@ -968,6 +995,19 @@ enum kc_status kc_disk_put(struct kc_disk *disk,
                            const uint8_t *data,
                            size_t len,
                            uint64_t build_time_ns);
+
+// `kc_disk_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
+// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
+//
+// # Safety
+// As `kc_disk_put`; `descriptor` NULL or readable for its `struct_size`, its strings NULL or
+// C strings.
+enum kc_status kc_disk_put_described(struct kc_disk *disk,
+                                     const uint8_t *key,
+                                     const uint8_t *data,
+                                     size_t len,
+                                     uint64_t build_time_ns,
+                                     const struct kc_entry_descriptor *descriptor);
 
 // Reads and verifies the entry for `key` into `*out` (written on success only; free it
 // with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
@@ -1325,7 +1365,8 @@ const char *kc_version(void);
 // removed (and counted in `load_failures`). `serialize` runs on the calling thread before
 // the lookup returns; the write itself happens on the disk's background writer (see
 // `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
-// `kc_cache_find_or_build`.
+// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
+// (`kc_tiered_find_or_build_described` says more).
 //
 // # Safety
 // `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
@@ -1338,6 +1379,21 @@ enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
                                        const uint8_t *l2_key,
                                        const struct kc_tiered_callbacks *callbacks,
                                        struct kc_lease **out_lease);
+
+// `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
+// as `kc_disk_put_described` takes it; NULL: backend `custom`).
+//
+// # Safety
+// As `kc_tiered_find_or_build`; `descriptor` as for `kc_disk_put_described`.
+enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
+                                                 const uint8_t *l1_key,
+                                                 size_t l1_key_len,
+                                                 int64_t device_id,
+                                                 struct kc_disk *disk,
+                                                 const uint8_t *l2_key,
+                                                 const struct kc_tiered_callbacks *callbacks,
+                                                 const struct kc_entry_descriptor *descriptor,
+                                                 struct kc_lease **out_lease);
 
 // Memory only, unbounded, with the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);

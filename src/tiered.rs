@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, DiskBytes, DiskCache, KeyLock, Reported, Reporter};
+use crate::disk::{Claim, Descriptor, DiskBytes, DiskCache, KeyLock, Reported, Reporter};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
@@ -185,7 +185,8 @@ where
     /// to the disk tier's lock timeout, and reads what it wrote; when that process's build
     /// fails, this one builds too (and gets its own error). `serialize` runs on the calling
     /// thread; the write happens on the disk tier's background writer, and a failed one is
-    /// counted, not returned.
+    /// counted, not returned. The entry written says it holds a value of backend `custom`;
+    /// [`TieredCache::find_or_build_described`] says more.
     pub fn find_or_build<Q>(
         &self,
         l1_key: &Q,
@@ -199,7 +200,27 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let serialize = |value: &V| serialize(value).map(DiskBytes::from);
+        let described = |value: &V| Ok((serialize(value)?, Descriptor::default()));
+        self.find_or_build_described(l1_key, device, l2_key, load, build, described)
+    }
+
+    /// [`TieredCache::find_or_build`] whose `serialize` also says what the value is (its
+    /// backend, device and name), for the entry's header: `kcache ls` shows it and `kcache
+    /// evict` selects by it.
+    pub fn find_or_build_described<Q>(
+        &self,
+        l1_key: &Q,
+        device: Option<DeviceId>,
+        l2_key: impl FnOnce() -> Result<Key>,
+        load: impl FnOnce(&[u8]) -> Built<V>,
+        build: impl FnOnce() -> Built<V>,
+        serialize: impl FnOnce(&V) -> std::result::Result<(Vec<u8>, Descriptor), BuildError>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let serialize = |value: &V| serialize(value).map(|(b, d)| (DiskBytes::from(b), d));
         self.tiers()
             .find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
     }
@@ -253,7 +274,7 @@ where
         l2_key: impl FnOnce() -> Result<Key>,
         load: Option<impl FnOnce(&[u8]) -> Built<V>>,
         build: impl FnOnce() -> Built<V>,
-        serialize: impl FnOnce(&V) -> std::result::Result<DiskBytes, BuildError>,
+        serialize: impl FnOnce(&V) -> std::result::Result<(DiskBytes, Descriptor), BuildError>,
     ) -> Result<Lease<K, V>>
     where
         K: Borrow<Q>,
@@ -318,9 +339,9 @@ where
         })?;
         if let (Some((build_time, key, lock)), Some(disk)) = (built, self.disk) {
             match serialize(lease.value()) {
-                Ok(bytes) => {
+                Ok((bytes, descriptor)) => {
                     let counters = Arc::clone(self.counters);
-                    disk.write_back(key, build_time, lock, bytes, move |written| {
+                    disk.write_back(key, build_time, descriptor, lock, bytes, move |written| {
                         bump(if written {
                             &counters.write_backs
                         } else {

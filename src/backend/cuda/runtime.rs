@@ -11,6 +11,7 @@ use super::jit::JitOption;
 use super::module::{Context, Module};
 use super::nvrtc::Nvrtc;
 use crate::backend::handle_cache::{Compiled, Registered, Runtime};
+use crate::disk::Descriptor;
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{Built, counters};
@@ -131,11 +132,12 @@ impl Runtime for Cuda {
         input: Input<'_>,
     ) -> std::result::Result<Compiled<Module>, BuildError> {
         // A loaded module cannot give its cubin back: the link's is the one the disk keeps.
-        let (raw, cubin) = self.in_context(registered, || self.link(registered, input))?;
+        let (raw, cubin, kernels) = self.in_context(registered, || self.link(registered, input))?;
         Ok(Compiled {
             value: self.wrap(registered, raw),
             weight: cubin.len() as u64,
             bytes: Some(cubin.into()),
+            descriptor: Descriptor::new("cuda", &registered.info().device_name, &kernels),
         })
     }
 }
@@ -167,12 +169,13 @@ impl Cuda {
     }
 
     /// Compiles CUDA C++ to PTX if need be, links the PTX into a cubin and loads that; runs
-    /// with the module's context current. Returns the module and the cubin.
+    /// with the module's context current. Returns the module, the cubin and the names of the
+    /// PTX's kernels.
     fn link(
         &self,
         registered: &Registered<Self>,
         input: Input<'_>,
-    ) -> std::result::Result<(CUmodule, Vec<u8>), BuildError> {
+    ) -> std::result::Result<(CUmodule, Vec<u8>, String), BuildError> {
         let ptx = match input.source {
             Source::Ptx(ptx) => Cow::Borrowed(ptx),
             Source::Cuda {
@@ -208,7 +211,7 @@ impl Cuda {
             .driver
             .load_image(&cubin)
             .map_err(|code| self.load_error(code))?;
-        Ok((raw, cubin))
+        Ok((raw, cubin, entry_names(&ptx)))
     }
 
     fn load_error(&self, code: CUresult) -> BuildError {
@@ -244,6 +247,25 @@ fn compile_cuda(
         all.push(&arch);
     }
     nvrtc.compile(source, &all)
+}
+
+/// The names the PTX's `.entry` directives give its kernels, space-separated (mangled for
+/// CUDA C++ kernels not declared `extern "C"`, as the driver knows them).
+fn entry_names(ptx: &[u8]) -> String {
+    let text = String::from_utf8_lossy(ptx);
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if !words.any(|w| w == ".entry") {
+            continue;
+        }
+        // `.entry name(` or `.entry name (`: the name ends at the parenthesis.
+        match words.next().and_then(|w| w.split('(').next()) {
+            Some(name) if !name.is_empty() => names.push(name.to_owned()),
+            _ => {}
+        }
+    }
+    names.join(" ")
 }
 
 /// A count, then each string length-prefixed: no two lists encode alike.
@@ -293,4 +315,17 @@ fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Res
         builder.option(o.to_string(), v.to_string());
     }
     builder.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry_names;
+
+    #[test]
+    fn entry_names_are_the_ptx_kernels() {
+        let ptx = b".version 7.0\n.target sm_50\n.visible .entry add(\n .param .u64 a\n)\n{\n}\n\
+                    .entry _Z5scalePf (.param .u64 p)\n{\n}\n.func helper()\n";
+        assert_eq!(entry_names(ptx), "add _Z5scalePf");
+        assert_eq!(entry_names(b".version 7.0\n"), "");
+    }
 }

@@ -288,6 +288,28 @@ impl Program {
         Ok(binary)
     }
 
+    /// The names of the program's kernels, `;`-separated as the driver gives them
+    /// (`CL_PROGRAM_KERNEL_NAMES`, OpenCL 1.2).
+    pub fn kernel_names(&self) -> Result<String> {
+        query_bytes(
+            "clGetProgramInfo(CL_PROGRAM_KERNEL_NAMES)",
+            |size, value, size_ret| {
+                // SAFETY: `value` is null with size 0 or points to `size` writable bytes; the
+                // program is live.
+                unsafe {
+                    (self.api.clGetProgramInfo)(
+                        self.raw,
+                        CL_PROGRAM_KERNEL_NAMES,
+                        size,
+                        value,
+                        size_ret,
+                    )
+                }
+            },
+        )
+        .map(bytes_to_string)
+    }
+
     fn build_log(&self, device: cl_device_id) -> String {
         query_bytes("clGetProgramBuildInfo", |size, value, size_ret| {
             // SAFETY: `value` is null with size 0 or points to `size` writable bytes.

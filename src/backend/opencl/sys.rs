@@ -42,6 +42,7 @@ pub const CL_DEVICE_OPENCL_C_VERSION: cl_uint = 0x103D;
 
 pub const CL_PROGRAM_BINARY_SIZES: cl_uint = 0x1165;
 pub const CL_PROGRAM_BINARIES: cl_uint = 0x1166;
+pub const CL_PROGRAM_KERNEL_NAMES: cl_uint = 0x1168;
 
 pub const CL_PROGRAM_BUILD_LOG: cl_uint = 0x1183;
 

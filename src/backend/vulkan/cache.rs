@@ -188,6 +188,7 @@ impl VulkanCache {
             fns,
             identity,
             disk_key,
+            descriptor: persistence::descriptor(&props),
             limits: Limits {
                 max_push_constants_size: props.limits.max_push_constants_size,
                 max_bound_descriptor_sets: props.limits.max_bound_descriptor_sets,

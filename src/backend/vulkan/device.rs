@@ -13,6 +13,7 @@ use super::header::CacheIdentity;
 use super::loader::Vulkan;
 use super::pipeline::Layout;
 use crate::backend::registry::Registration;
+use crate::disk::Descriptor;
 use crate::key::Key;
 use crate::{DeviceId, Error, Result};
 
@@ -54,6 +55,8 @@ pub(super) struct DeviceState {
     pub(super) identity: CacheIdentity,
     /// Where this device's pipeline-cache data lives on disk.
     pub(super) disk_key: Key,
+    /// What that entry says it holds: the device's pipeline cache.
+    pub(super) descriptor: Descriptor,
     pub(super) limits: Limits,
     /// Null once unregistered. Read-locked while a pipeline is created with it, so that
     /// teardown cannot destroy it under a build.

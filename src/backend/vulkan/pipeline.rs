@@ -338,5 +338,6 @@ pub(super) fn build(
         weight: std::mem::size_of_val(spec.spirv.as_slice()) as u64,
         // The device's pipeline cache holds what the disk keeps, not each pipeline.
         bytes: None,
+        descriptor: state.descriptor.clone(),
     })
 }
