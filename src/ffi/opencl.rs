@@ -29,6 +29,9 @@
 //! ```
 //!
 //! `c-tests/opencl/example.c` is this example in full, compiled and run by the tests.
+//!
+//! Code that keeps its `cl_program`s and releases them itself uses
+//! `kc_opencl_cache_find_or_build_program` instead: no lease, a reference of its own.
 
 #![allow(non_camel_case_types)]
 
@@ -339,8 +342,8 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build_program(
             let devices = context_devices(context)?;
             if devices.len() != num_devices {
                 return Err(Error::InvalidArgument(format!(
-                    "device_list is NULL and num_devices is {num_devices}, but the context has \
-                     {} devices",
+                    "device_list is NULL and num_devices is {num_devices}, but the context's \
+                     device count is {}",
                     devices.len()
                 )));
             }
