@@ -170,13 +170,14 @@ typedef struct kc_vulkan_lease kc_vulkan_lease;
 // (`kc_vulkan_spec_new`) and look it up as often as needed.
 typedef struct kc_vulkan_spec kc_vulkan_spec;
 
-// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
+// Bytes kcache hands over: a verified payload read from disk (`kc_disk_get`) or a build log
+// (`kc_opencl_cache_find_or_build_program`). `data` stays valid until `kc_buffer_free`.
 typedef struct kc_buffer {
   // The payload bytes.
   const uint8_t *data;
   // Their length.
   size_t len;
-  // How long the value took to build, as recorded by its writer.
+  // How long the value took to build, as recorded by its writer; 0 for a build log.
   uint64_t build_time_ns;
   // Owned by kcache.
   void *owner;
@@ -690,10 +691,11 @@ typedef struct kc_vulkan_cache_statistics {
 extern "C" {
 #endif // __cplusplus
 
-// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
+// Releases a buffer from `kc_disk_get` or `kc_opencl_cache_find_or_build_program` and zeroes
+// it. NULL, or a zeroed buffer, is a no-op.
 //
 // # Safety
-// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
+// `buffer` must be NULL or a buffer kcache filled and not freed since.
 void kc_buffer_free(struct kc_buffer *buffer);
 
 // The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
@@ -1265,6 +1267,49 @@ enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
                                              size_t count,
                                              const char *options,
                                              struct kc_opencl_lease **out_lease);
+
+// The built program for `sources` and `options` on each of `num_devices` devices of
+// `context`, as `clCreateProgramWithSource` + `clBuildProgram` make it, except that it comes
+// from the cache: from memory, else from a binary on disk, else compiled. Unlike
+// `kc_opencl_cache_find_or_build`, no lease: `out_programs[i]` is a `cl_program` reference
+// of the caller's own, for `device_list[i]`, released with `clReleaseProgram` when the caller
+// is done with it. The cache keeps its own reference; eviction gives up only that one.
+// `device_list` is a `const cl_device_id *` and `out_programs` a `cl_program *`, passed as
+// `void *` like every OpenCL handle here, so that a `&program` converts without a cast:
+// `kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &source, NULL, 1, "",
+// &program, NULL)` stands for `clCreateProgramWithSource` + `clBuildProgram`.
+//
+// `device_list` NULL builds for every device of the context (as `clBuildProgram` does with
+// no list); `num_devices` must then be the context's device count (`CL_CONTEXT_NUM_DEVICES`),
+// since it is the length of `out_programs` and `out_logs`: another count is
+// `KC_ERR_INVALID_ARGUMENT`. Each device gets a program of its own, built and kept on disk
+// under that device's identity: a kernel created from `out_programs[i]` runs on
+// `device_list[i]`'s queues. `sources`, `lengths`, `count` and `options` are as for
+// `kc_opencl_cache_find_or_build`.
+//
+// `out_logs` is NULL, or `num_devices` buffers, written once the lookups have run: on
+// `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds `device_list[i]`'s whole build message (a first
+// line naming the OpenCL status, then the compiler's log; not NUL-terminated) if its build
+// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
+// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
+// and `kc_last_error_message()` are the first failing device's.
+//
+// # Safety
+// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
+// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
+// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
+// `cl_program`s; `out_logs` NULL or `num_devices`
+// writable `kc_buffer`s.
+enum kc_status kc_opencl_cache_find_or_build_program(struct kc_opencl_cache *cache,
+                                                     void *context,
+                                                     size_t num_devices,
+                                                     const void *device_list,
+                                                     const char *const *sources,
+                                                     const size_t *lengths,
+                                                     size_t count,
+                                                     const char *options,
+                                                     void *out_programs,
+                                                     struct kc_buffer *out_logs);
 
 // The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
 //
