@@ -172,8 +172,11 @@ impl VulkanCache {
         device::check_handles(instance, physical_device, device)?;
         let vulkan = &self.cache.runtime().vulkan;
         // SAFETY: forwarded from the caller's contract; the handles are not null.
-        let (fns, props) =
-            unsafe { device::open(vulkan, instance, physical_device, device, owner) }?;
+        let device::Opened {
+            fns,
+            props,
+            compute_subgroup_sizes,
+        } = unsafe { device::open(vulkan, instance, physical_device, device, owner) }?;
         let identity = device::identity(&props);
         let disk_key = persistence::pipeline_cache_key(&identity, &props)?;
         let (pipeline_cache, stored) = persistence::create_pipeline_cache(
@@ -191,6 +194,7 @@ impl VulkanCache {
             limits: Limits {
                 max_push_constants_size: props.limits.max_push_constants_size,
                 max_bound_descriptor_sets: props.limits.max_bound_descriptor_sets,
+                compute_subgroup_sizes,
             },
             pipeline_cache: RwLock::new(pipeline_cache),
             layouts: Mutex::new(HashMap::new()),
@@ -244,6 +248,24 @@ impl VulkanCache {
                  maxPushConstantsSize ({})",
                 limits.max_push_constants_size
             )));
+        }
+        if let Some(size) = spec.required_subgroup_size() {
+            match limits.compute_subgroup_sizes {
+                Some((min, max)) if (min..=max).contains(&size) => {}
+                Some((min, max)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "required subgroup size {size} is outside the device's compute \
+                         subgroup sizes {min}..={max}"
+                    )));
+                }
+                None => {
+                    return Err(Error::InvalidArgument(
+                        "the device cannot require a subgroup size for compute shaders \
+                         (no VK_EXT_subgroup_size_control or Vulkan 1.3)"
+                            .into(),
+                    ));
+                }
+            }
         }
         self.cache.find_or_build_registered(&device.0, spec)
     }

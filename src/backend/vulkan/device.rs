@@ -44,6 +44,9 @@ pub unsafe trait DeviceOwner: Send + Sync + 'static {
 pub(super) struct Limits {
     pub(super) max_push_constants_size: u32,
     pub(super) max_bound_descriptor_sets: u32,
+    /// `[minSubgroupSize, maxSubgroupSize]` when the device can require a subgroup size for
+    /// compute shaders; `None` when it cannot or does not say.
+    pub(super) compute_subgroup_sizes: Option<(u32, u32)>,
 }
 
 /// What the cache keeps about a registered device.
@@ -125,6 +128,14 @@ fn missing_function(name: &CStr) -> Error {
     ))
 }
 
+/// What [`open`] learns of a device.
+pub(super) struct Opened {
+    pub(super) fns: Arc<DeviceFns>,
+    pub(super) props: vk::PhysicalDeviceProperties,
+    /// See [`Limits::compute_subgroup_sizes`].
+    pub(super) compute_subgroup_sizes: Option<(u32, u32)>,
+}
+
 /// Loads the device's function table and reads its properties, after checking that the
 /// loader provides every function kcache calls.
 ///
@@ -137,7 +148,7 @@ pub(super) unsafe fn open(
     physical_device: vk::PhysicalDevice,
     device: vk::Device,
     owner: Option<Arc<dyn DeviceOwner>>,
-) -> Result<(Arc<DeviceFns>, vk::PhysicalDeviceProperties)> {
+) -> Result<Opened> {
     let get_instance_proc_addr = vulkan.entry.static_fn().get_instance_proc_addr;
     for name in [c"vkGetPhysicalDeviceProperties", c"vkGetDeviceProcAddr"] {
         // SAFETY: `instance` is live and belongs to this loader (caller's contract).
@@ -158,6 +169,9 @@ pub(super) unsafe fn open(
     }
     // SAFETY: `physical_device` belongs to `instance` (caller's contract).
     let props = unsafe { instance_fns.get_physical_device_properties(physical_device) };
+    // SAFETY: as above.
+    let subgroups =
+        unsafe { compute_subgroup_sizes(vulkan, &instance_fns, physical_device, &props) };
     // SAFETY: `device` was created from `physical_device` of `instance` (caller's contract).
     let fns = unsafe { ash::Device::load(instance_fns.fp_v1_0(), device) };
     let fns = Arc::new(DeviceFns {
@@ -166,7 +180,54 @@ pub(super) unsafe fn open(
         _owner: owner,
         _loader: vulkan.entry.clone(),
     });
-    Ok((fns, props))
+    Ok(Opened {
+        fns,
+        props,
+        compute_subgroup_sizes: subgroups,
+    })
+}
+
+/// The subgroup sizes a compute shader of this device may require: the physical device must
+/// support subgroup size control (Vulkan 1.3, or `VK_EXT_subgroup_size_control` on 1.1 and
+/// 1.2) for the compute stage. Whether the device was created with the `subgroupSizeControl`
+/// feature is its creator's to ensure.
+///
+/// # Safety
+/// `physical_device` must belong to the live instance `instance`, created through `vulkan`.
+unsafe fn compute_subgroup_sizes(
+    vulkan: &Vulkan,
+    instance: &ash::Instance,
+    physical_device: vk::PhysicalDevice,
+    props: &vk::PhysicalDeviceProperties,
+) -> Option<(u32, u32)> {
+    let version = props.api_version;
+    if vk::api_version_major(version) == 1 && vk::api_version_minor(version) < 1 {
+        return None;
+    }
+    let get_instance_proc_addr = vulkan.entry.static_fn().get_instance_proc_addr;
+    let name = c"vkGetPhysicalDeviceProperties2";
+    // SAFETY: `instance` is live and belongs to this loader (caller's contract).
+    unsafe { get_instance_proc_addr(instance.handle(), name.as_ptr()) }?;
+    let core = vk::api_version_minor(version) >= 3 || vk::api_version_major(version) > 1;
+    let extension = vk::EXT_SUBGROUP_SIZE_CONTROL_NAME;
+    // SAFETY: `physical_device` belongs to `instance` (caller's contract).
+    let listed = || unsafe { instance.enumerate_device_extension_properties(physical_device) };
+    if !core
+        && !listed()
+            .ok()?
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(extension))
+    {
+        return None;
+    }
+    let mut control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
+    let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut control);
+    // SAFETY: the function exists (checked above) and the device supports the chained struct.
+    unsafe { instance.get_physical_device_properties2(physical_device, &mut props2) };
+    control
+        .required_subgroup_size_stages
+        .contains(vk::ShaderStageFlags::COMPUTE)
+        .then_some((control.min_subgroup_size, control.max_subgroup_size))
 }
 
 /// What the pipeline-cache header names of a device.

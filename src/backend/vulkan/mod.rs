@@ -40,6 +40,9 @@ pub use device::{DeviceOwner, VulkanDevice};
 pub use header::{CacheIdentity, HEADER_LEN, HeaderMismatch, check as check_cache_header};
 pub use loader::Vulkan;
 pub use pipeline::{Pipeline, UncachedPipeline, create_uncached};
-pub use spec::{DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant};
+pub use spec::{
+    ALLOWED_PIPELINE_FLAGS, DescriptorBinding, LayoutDesc, PipelineDesc, PipelineSpec,
+    PushConstantRange, SpecConstant,
+};
 pub use spirv::words_from_bytes;
 pub use stats::VulkanStats;
