@@ -175,7 +175,7 @@ impl VulkanCache {
         let device::Opened {
             fns,
             props,
-            compute_subgroup_sizes,
+            subgroups,
         } = unsafe { device::open(vulkan, instance, physical_device, device, owner) }?;
         let identity = device::identity(&props);
         let disk_key = persistence::pipeline_cache_key(&identity, &props)?;
@@ -194,8 +194,8 @@ impl VulkanCache {
             limits: Limits {
                 max_push_constants_size: props.limits.max_push_constants_size,
                 max_bound_descriptor_sets: props.limits.max_bound_descriptor_sets,
-                compute_subgroup_sizes,
             },
+            subgroups,
             pipeline_cache: RwLock::new(pipeline_cache),
             layouts: Mutex::new(HashMap::new()),
             unsaved: AtomicU64::new(0),
@@ -250,7 +250,12 @@ impl VulkanCache {
             )));
         }
         if let Some(size) = spec.required_subgroup_size() {
-            match limits.compute_subgroup_sizes {
+            if device.is_retired() {
+                return Err(Error::DeviceDestroyed(device.id()));
+            }
+            // SAFETY: a registered device's instance and physical device are alive (the
+            // registration's contract).
+            match unsafe { device.state().subgroups.compute_sizes() } {
                 Some((min, max)) if (min..=max).contains(&size) => {}
                 Some((min, max)) => {
                     return Err(Error::InvalidArgument(format!(
