@@ -308,6 +308,28 @@ void main() { data.v[0] = pc.v[N - 1]; }
         push_constants: push(0, 16),
     };
     accepted(&words, &described);
+
+    // A set number no device binds (glslang refuses to write one, so the decoration is
+    // patched) would make a derived layout of 101 sets.
+    let mut far = compile(
+        r#"#version 450
+layout(local_size_x = 1) in;
+layout(std430, set = 7, binding = 0) buffer Data { uint v[]; } data;
+void main() { data.v[0] = 1u; }
+"#,
+    );
+    const OP_DECORATE_4_WORDS: u32 = (4 << 16) | 71;
+    const DESCRIPTOR_SET: u32 = 34;
+    let at = far
+        .windows(4)
+        .position(|w| w[0] == OP_DECORATE_4_WORDS && w[2] == DESCRIPTOR_SET && w[3] == 7)
+        .expect("the DescriptorSet decoration");
+    far[at + 3] = 100;
+    let message = match derived(&far) {
+        Err(Error::InvalidArgument(message)) => message,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    assert!(message.contains("set 100"), "{message}");
 }
 
 #[test]

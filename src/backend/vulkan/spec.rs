@@ -131,6 +131,11 @@ pub const ALLOWED_PIPELINE_FLAGS: vk::PipelineCreateFlags = vk::PipelineCreateFl
         | vk::PipelineCreateFlags::EARLY_RETURN_ON_FAILURE.as_raw(),
 );
 
+/// The most descriptor sets a derived layout may have: more than any device binds
+/// (`maxBoundDescriptorSets` is 32 at most on current drivers), few enough that a set number
+/// read from a shader cannot make the layout huge.
+const MAX_DERIVED_SETS: usize = 64;
+
 /// Vulkan's largest subgroup size (`maxSubgroupSize` is at most 128).
 const MAX_SUBGROUP_SIZE: u32 = 128;
 
@@ -342,7 +347,15 @@ fn derived_type(used: &reflect::UsedBinding) -> Result<vk::DescriptorType> {
 /// block's bytes, widened to multiples of 4.
 fn derive_layout(shader: &Interface) -> Result<LayoutDesc> {
     let set_count = shader.bindings.iter().map(|b| b.set as usize + 1).max();
-    let mut sets = vec![Vec::new(); set_count.unwrap_or(0)];
+    let set_count = set_count.unwrap_or(0);
+    if set_count > MAX_DERIVED_SETS {
+        return Err(invalid(format!(
+            "the shader uses descriptor set {}, beyond the {MAX_DERIVED_SETS} sets a derived \
+             layout may have; describe the layout",
+            set_count - 1
+        )));
+    }
+    let mut sets = vec![Vec::new(); set_count];
     for used in &shader.bindings {
         sets[used.set as usize].push(DescriptorBinding {
             binding: used.binding,
