@@ -634,6 +634,25 @@ typedef struct kc_vulkan_binding {
   uint32_t count;
 } kc_vulkan_binding;
 
+// One constant of a `kc_vulkan_specialization_info`: the same layout as
+// `VkSpecializationMapEntry`.
+typedef struct kc_vulkan_spec_map_entry {
+  uint32_t constant_id;
+  // Byte offset of the value in `data`.
+  uint32_t offset;
+  // Bytes of the value: 1, 2, 4 or 8.
+  size_t size;
+} kc_vulkan_spec_map_entry;
+
+// Specialization constants as Vulkan has them: the same layout as `VkSpecializationInfo`, so
+// a program's `const VkSpecializationInfo *` can be passed cast to this type.
+typedef struct kc_vulkan_specialization_info {
+  uint32_t map_entry_count;
+  const struct kc_vulkan_spec_map_entry *map_entries;
+  size_t data_size;
+  const void *data;
+} kc_vulkan_specialization_info;
+
 // Everything a compute pipeline is made of. The layout is described by content: kcache
 // creates the descriptor-set layouts and the pipeline layout (one per device and
 // description), so a lookup never depends on handle values. A layout the caller creates
@@ -648,12 +667,28 @@ typedef struct kc_vulkan_pipeline_desc {
   const char *entry_point;
   const struct kc_vulkan_spec_constant *constants;
   size_t constant_count;
-  // Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included).
+  // Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included). No
+  // bindings and no push-constant range: the layout is derived from what the entry point
+  // uses (one binding per resource, with the descriptor type it implies, and a push-constant
+  // range over the bytes it reads).
   const struct kc_vulkan_binding *bindings;
   size_t binding_count;
   // The compute push-constant range; `push_constant_size` 0 means none.
   uint32_t push_constant_offset;
   uint32_t push_constant_size;
+  // Since ABI 2.3. Specialization constants in `VkSpecializationInfo` form, in addition to
+  // `constants` (an id given in both is `KC_ERR_INVALID_ARGUMENT`); NULL: none.
+  const struct kc_vulkan_specialization_info *specialization;
+  // Since ABI 2.3. `VkPipelineCreateFlags` of the pipeline, part of its key: among
+  // `DISABLE_OPTIMIZATION`, `ALLOW_DERIVATIVES`, `DISPATCH_BASE`, `CAPTURE_STATISTICS_KHR`,
+  // `CAPTURE_INTERNAL_REPRESENTATIONS_KHR`, `FAIL_ON_PIPELINE_COMPILE_REQUIRED` and
+  // `EARLY_RETURN_ON_FAILURE`; any other bit is `KC_ERR_INVALID_ARGUMENT`.
+  uint32_t flags;
+  // Since ABI 2.3. The subgroup size the compute stage requires
+  // (`VkPipelineShaderStageRequiredSubgroupSizeCreateInfo`), part of the key; 0: none. A
+  // power of two the device supports for compute, with `subgroupSizeControl` enabled on the
+  // device; a size the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
+  uint32_t required_subgroup_size;
 } kc_vulkan_pipeline_desc;
 
 // Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
@@ -1515,9 +1550,11 @@ enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      bool *out_written);
 
 // Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-// GLCompute entry point of that name, unique specialization ids, a compute-usable layout
-// that covers every descriptor binding the entry point uses, with a compatible descriptor
-// type and enough descriptors, and every push-constant byte it reads) and digests it. A
+// GLCompute entry point of that name, unique specialization ids, map entries inside their
+// data, a compute-usable layout that covers every descriptor binding the entry point uses,
+// with a compatible descriptor type and enough descriptors, and every push-constant byte it
+// reads, or a layout derived from the shader when none is given; allowed flags; a power-of-two
+// subgroup size) and digests it. A
 // malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
 // reaches the driver. Everything is copied: the description's memory may be reused
 // afterwards.
