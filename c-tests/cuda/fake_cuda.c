@@ -16,7 +16,8 @@
  *     current, and with CUDA_ERROR_INVALID_HANDLE on a module already unloaded.
  *
  * Every call is counted; tests read the counters through fakecuda_counter("name"). Controls:
- * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_hold_links(1)
+ * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_fail_next_loads(n,
+ * code) for the failures of a good image (out of memory, ...), fakecuda_hold_links(1)
  * to park cuLinkComplete until fakecuda_hold_links(0), FAKECUDA_DRIVER_VERSION (default 12040)
  * and FAKECUDA_INIT_RESULT (the status cuInit returns, default 0).
  *
@@ -43,6 +44,7 @@ typedef int CUdevice;
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
@@ -50,6 +52,7 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
 };
@@ -119,6 +122,7 @@ static const char *const COUNTER_NAMES[C_COUNT] = {
 static unsigned long long counters[C_COUNT];
 static int initialized;
 static int reject_loads;
+static int reject_code = CUDA_ERROR_INVALID_IMAGE;
 static int hold_links;
 
 static void bump(enum counter c) { __atomic_add_fetch(&counters[c], 1, __ATOMIC_SEQ_CST); }
@@ -131,9 +135,18 @@ EXPORT unsigned long long fakecuda_counter(const char *name) {
     return ~0ull;
 }
 
+/* The next `n` cubin loads fail with `code`. cuModuleLoadDataEx documents more than image
+ * refusals: CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_CONTEXT, and the sticky error of an
+ * earlier asynchronous launch (CUDA_ERROR_ILLEGAL_ADDRESS, 700) all come back from a load of a
+ * perfectly good image. */
+EXPORT void fakecuda_fail_next_loads(int n, int code) {
+    __atomic_store_n(&reject_code, code, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&reject_loads, n, __ATOMIC_SEQ_CST);
+}
+
 /* The next `n` cubin loads fail with CUDA_ERROR_INVALID_IMAGE, as a driver does with an image
  * it cannot use. */
-EXPORT void fakecuda_reject_next_loads(int n) { __atomic_store_n(&reject_loads, n, __ATOMIC_SEQ_CST); }
+EXPORT void fakecuda_reject_next_loads(int n) { fakecuda_fail_next_loads(n, CUDA_ERROR_INVALID_IMAGE); }
 
 /* While on, cuLinkComplete waits (counted in "link_waiting") until it is turned off. */
 EXPORT void fakecuda_hold_links(int on) { __atomic_store_n(&hold_links, on, __ATOMIC_SEQ_CST); }
@@ -239,6 +252,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
     switch (error) {
     case CUDA_SUCCESS: *text = "no error"; break;
     case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; break;
     case CUDA_ERROR_NOT_INITIALIZED: *text = "initialization error"; break;
     case CUDA_ERROR_NO_DEVICE: *text = "no CUDA-capable device is detected"; break;
     case CUDA_ERROR_INVALID_DEVICE: *text = "invalid device ordinal"; break;
@@ -246,6 +260,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
     case CUDA_ERROR_INVALID_CONTEXT: *text = "invalid device context"; break;
     case CUDA_ERROR_NO_BINARY_FOR_GPU: *text = "no kernel image is available for execution on the device"; break;
     case CUDA_ERROR_INVALID_PTX: *text = "a PTX JIT compilation failed"; break;
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *text = "the provided PTX was compiled with an unsupported toolchain."; break;
     case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
     case CUDA_ERROR_NOT_FOUND: *text = "named symbol not found"; break;
     default: *text = NULL; return CUDA_ERROR_INVALID_VALUE;
@@ -559,7 +574,7 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         if (__atomic_compare_exchange_n(&reject_loads, &pending, pending - 1, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_SEQ_CST)) {
             bump(C_MODULE_LOAD_REJECTED);
-            return CUDA_ERROR_INVALID_IMAGE;
+            return __atomic_load_n(&reject_code, __ATOMIC_SEQ_CST);
         }
     }
     uint32_t total = get32(b + 8), target = get32(b + 12), nentries = get32(b + 24);

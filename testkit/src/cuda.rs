@@ -85,13 +85,13 @@ unsafe fn symbol<T: Copy>(library: &Library, name: &str) -> std::result::Result<
 
 type FnCounter = unsafe extern "C" fn(*const c_char) -> u64;
 type FnInt = unsafe extern "C" fn(c_int);
+type FnIntInt = unsafe extern "C" fn(c_int, c_int);
 type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
 type FnCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, c_int) -> c_int;
 type FnCtx = unsafe extern "C" fn(CUcontext) -> c_int;
 type FnCtxOut = unsafe extern "C" fn(*mut CUcontext) -> c_int;
 type FnCount = unsafe extern "C" fn() -> u64;
 type FnText = unsafe extern "C" fn() -> *const c_char;
-type FnVersion = unsafe extern "C" fn(c_int, c_int);
 
 /// One private instance of the driver stand-in, plus the calls kcache never makes (creating
 /// contexts, reading the call counters, the stand-in's switches).
@@ -132,6 +132,13 @@ impl FakeDriver {
     pub fn reject_next_loads(&self, n: i32) {
         // SAFETY: plain value argument.
         unsafe { self.0.sym::<FnInt>("fakecuda_reject_next_loads")(n) }
+    }
+
+    /// The next `n` cubin loads fail with `code` (a `CUresult`), as the driver's loads of a
+    /// good image do when the device is out of memory or an earlier launch failed.
+    pub fn fail_next_loads(&self, n: i32, code: i32) {
+        // SAFETY: plain value arguments.
+        unsafe { self.0.sym::<FnIntInt>("fakecuda_fail_next_loads")(n, code) }
     }
 
     pub fn hold_links(&self, on: bool) {
@@ -220,7 +227,7 @@ impl FakeNvrtc {
 
     pub fn set_version(&self, major: i32, minor: i32) {
         // SAFETY: plain value arguments.
-        unsafe { self.0.sym::<FnVersion>("fakenvrtc_set_version")(major, minor) }
+        unsafe { self.0.sym::<FnIntInt>("fakenvrtc_set_version")(major, minor) }
     }
 }
 

@@ -112,17 +112,28 @@ impl Runtime for Cuda {
     }
 
     fn load(&self, registered: &Registered<Self>, _: Input<'_>, cubin: &[u8]) -> Built<Module> {
-        // The cubin passed the integrity check, so a refusal is the driver's own (a driver
-        // build with the same version number, a changed GPU mode): the disk tier drops it and
-        // the PTX is linked again.
-        let raw = self.in_context(registered, || {
-            self.driver.load_image(cubin).map_err(|code| {
-                BuildError::new(
-                    code,
-                    format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
-                )
+        // The cubin passed the integrity check, so a refusal of the image itself is the
+        // driver's own (a new driver build, another GPU mode): the disk tier drops it and the
+        // PTX is linked again. Any other failure (out of memory, a lost context, the error of
+        // an earlier asynchronous launch) says nothing about the cubin: the entry stays and the
+        // caller gets the error, as a link would fail the same way.
+        let raw = self
+            .in_context(registered, || {
+                self.driver.load_image(cubin).map_err(|code| {
+                    BuildError::new(
+                        code,
+                        format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
+                    )
+                })
             })
-        })?;
+            // A failed context push or pop is never an image refusal: transient too.
+            .map_err(|e| {
+                if refuses_image(e.code) {
+                    e
+                } else {
+                    BuildError::transient(e.code, e.message)
+                }
+            })?;
         Ok((self.wrap(registered, raw), cubin.len() as u64))
     }
 
@@ -223,6 +234,13 @@ impl Cuda {
             ),
         )
     }
+}
+
+/// The `cuModuleLoadDataEx` results that condemn the image rather than the moment:
+/// `CUDA_ERROR_INVALID_IMAGE` (200), `CUDA_ERROR_NO_BINARY_FOR_GPU` (209),
+/// `CUDA_ERROR_INVALID_PTX` (218) and `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222).
+fn refuses_image(code: CUresult) -> bool {
+    matches!(code, 200 | 209 | 218 | 222)
 }
 
 fn bump(counter: &AtomicU64) {

@@ -1,0 +1,103 @@
+//! The CUDA cache against what NVIDIA documents of the driver, on the test driver library.
+//!
+//! No GPU or CUDA driver can run in CI, so `kcache_testkit::cuda::FakeDriver` (a copy of
+//! `c-tests/cuda/fake_cuda.c`) is a test double for `libcuda.so.1`. Each test here switches on
+//! a documented driver behaviour in the stand-in (a load of a good image failing with
+//! `CUDA_ERROR_OUT_OF_MEMORY`, say) and asserts what kcache does about it.
+
+use std::sync::Arc;
+
+use tempfile::TempDir;
+
+use kcache::Error;
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions};
+use kcache::disk::{DiskCache, DiskConfig};
+use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
+
+const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
+const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
+const CUDA_ERROR_NO_BINARY_FOR_GPU: i32 = 209;
+const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: i32 = 222;
+const CUDA_ERROR_ILLEGAL_ADDRESS: i32 = 700;
+
+fn ctx(raw: CUcontext) -> Option<Context> {
+    // SAFETY: the fake driver created `raw`; no test here destroys a context.
+    unsafe { Context::from_raw(raw) }
+}
+
+fn cache(fake: &FakeDriver, dir: &TempDir) -> CudaCache {
+    let disk = DiskCache::open(DiskConfig::in_dir(dir.path().join("l2"))).unwrap();
+    CudaCache::new(CudaOptions {
+        disk: Some(Arc::new(disk)),
+        driver: Some(fake.driver()),
+        ..CudaOptions::default()
+    })
+    .unwrap()
+}
+
+/// A disk tier in a new directory holding SAXPY's cubin for device 0, and a context there.
+fn cubin_on_disk(fake: &FakeDriver) -> (TempDir, CUcontext) {
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = fake.create_context(0);
+    let cold = cache(fake, &dir);
+    cold.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    cold.flush();
+    assert_eq!(fake.counter("link_create"), 1);
+    (dir, c0)
+}
+
+/// `cuModuleLoadDataEx` also fails for reasons that say nothing about the image: out of memory,
+/// an invalid context, the sticky error of an earlier launch. Such a failure reaches the caller
+/// with its `CUresult`, and the cubin stays on disk: the next lookup loads it, never links.
+#[test]
+fn a_load_failing_for_the_moment_keeps_the_cubin() {
+    for code in [
+        CUDA_ERROR_OUT_OF_MEMORY,
+        CUDA_ERROR_INVALID_CONTEXT,
+        CUDA_ERROR_ILLEGAL_ADDRESS,
+    ] {
+        let fake = FakeDriver::new();
+        let (dir, c0) = cubin_on_disk(&fake);
+        let warm = cache(&fake, &dir);
+        fake.fail_next_loads(1, code);
+        match warm.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[]) {
+            Err(Error::Build(e)) => {
+                assert_eq!(e.code, code, "{e}");
+                assert!(e.message.contains("cuModuleLoadDataEx"), "{e}");
+            }
+            other => panic!("code {code}: expected the load's error, got {other:?}"),
+        }
+        let stats = warm.stats();
+        assert_eq!((stats.cubins_rejected, stats.links), (0, 0), "code {code}");
+        assert_eq!(fake.counter("link_create"), 1, "code {code}: not relinked");
+
+        let lease = warm
+            .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+            .unwrap();
+        assert!(!lease.function("saxpy").unwrap().is_null());
+        let stats = warm.stats();
+        assert_eq!((stats.cubin_loads, stats.links), (1, 0), "code {code}");
+    }
+}
+
+/// The results that condemn the image itself (`CUDA_ERROR_INVALID_IMAGE`,
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU`, `CUDA_ERROR_UNSUPPORTED_PTX_VERSION`) drop the cubin and
+/// relink the PTX; the caller never sees them.
+#[test]
+fn a_load_refusing_the_image_relinks() {
+    for code in [
+        CUDA_ERROR_NO_BINARY_FOR_GPU,
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+    ] {
+        let fake = FakeDriver::new();
+        let (dir, c0) = cubin_on_disk(&fake);
+        let warm = cache(&fake, &dir);
+        fake.fail_next_loads(1, code);
+        warm.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+            .unwrap();
+        let stats = warm.stats();
+        assert_eq!((stats.cubins_rejected, stats.links), (1, 1), "code {code}");
+        assert_eq!(fake.counter("link_create"), 2, "code {code}");
+    }
+}
