@@ -10,9 +10,9 @@ use std::sync::Arc;
 use tempfile::TempDir;
 
 use kcache::Error;
-use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions};
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
+use kcache_testkit::cuda::{FakeDriver, FakeNvrtc, SAXPY_CUDA, SAXPY_PTX};
 
 const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
 const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
@@ -100,4 +100,56 @@ fn a_load_refusing_the_image_relinks() {
         assert_eq!((stats.cubins_rejected, stats.links), (1, 1), "code {code}");
         assert_eq!(fake.counter("link_create"), 2, "code {code}");
     }
+}
+
+fn nvrtc_cache(fake: &FakeDriver, nvrtc: &FakeNvrtc) -> CudaCache {
+    CudaCache::new(CudaOptions {
+        driver: Some(fake.driver()),
+        nvrtc: Some(nvrtc.nvrtc()),
+        ..CudaOptions::default()
+    })
+    .unwrap()
+}
+
+/// PTX from an NVRTC newer than the driver names a PTX ISA the driver's JIT does not know
+/// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). For a device NVRTC knows, kcache has NVRTC make the
+/// cubin itself (`-arch=sm_XY`, `nvrtcGetCUBIN`): no driver JIT, so CUDA 13's NVRTC works on a
+/// 12.4 driver. JIT options need the driver's JIT, and fail there as the driver says.
+#[test]
+fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
+    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    nvrtc.set_version(13, 0);
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &nvrtc);
+    let lease = cache
+        .find_or_build_source(ctx(c0), SAXPY_CUDA, &[], &[])
+        .unwrap();
+    assert!(!lease.function("saxpy").unwrap().is_null());
+    assert_eq!(nvrtc.last_arch(), "sm_80");
+    assert_eq!((fake.counter("link_create"), cache.stats().links), (0, 0));
+
+    let jit = [JitOption::MaxRegisters(32)];
+    match cache.find_or_build_source(ctx(c0), SAXPY_CUDA, &[], &jit) {
+        Err(Error::Build(e)) => assert_eq!(e.code, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "{e}"),
+        other => panic!("expected the driver's PTX version error, got {other:?}"),
+    }
+    assert_eq!(nvrtc.last_arch(), "compute_80");
+}
+
+/// On a device newer than NVRTC knows (Blackwell with NVRTC 12.6, here device 1's 9.0 with an
+/// NVRTC that stops at 8.6), the PTX targets the highest architecture NVRTC lists up to the
+/// device's, and the driver JIT-compiles it for the device.
+#[test]
+fn a_device_beyond_nvrtc_gets_ptx_for_the_highest_architecture_nvrtc_knows() {
+    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    nvrtc.set_max_arch(86);
+    let c1 = fake.create_context(1);
+    let cache = nvrtc_cache(&fake, &nvrtc);
+    let lease = cache
+        .find_or_build_source(ctx(c1), SAXPY_CUDA, &[], &[])
+        .unwrap();
+    assert!(!lease.function("saxpy").unwrap().is_null());
+    assert_eq!(nvrtc.last_arch(), "compute_86");
+    assert_eq!(cache.stats().links, 1);
+    assert_eq!(cache.nvrtc().unwrap().supported_archs().last(), Some(&86));
 }

@@ -216,10 +216,12 @@ EXPORT CUresult cuInit(unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
+static int driver_version(void) { return env_int("FAKECUDA_DRIVER_VERSION", 12040); }
+
 EXPORT CUresult cuDriverGetVersion(int *version) {
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
-    *version = env_int("FAKECUDA_DRIVER_VERSION", 12040);
+    *version = driver_version();
     return CUDA_SUCCESS;
 }
 
@@ -438,6 +440,45 @@ static int contains(const char *hay, size_t n, const char *needle) {
     return 0;
 }
 
+/* The number after the first `directive` in the PTX, read as "major.minor" or "sm_NN"
+ * (major * 10 + minor, or NN); -1 when absent. */
+static int ptx_number(const char *ptx, size_t n, const char *directive) {
+    size_t m = strlen(directive);
+    for (size_t i = 0; i + m < n; i++) {
+        if (memcmp(ptx + i, directive, m) != 0)
+            continue;
+        const char *p = ptx + i + m;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (strncmp(p, "sm_", 3) == 0)
+            return atoi(p + 3);
+        int major = atoi(p), minor = 0;
+        const char *dot = strchr(p, '.');
+        if (dot && dot - p < 4)
+            minor = atoi(dot + 1);
+        return major * 10 + minor;
+    }
+    return -1;
+}
+
+/* The driver's JIT refuses PTX of a newer PTX ISA than its own CUDA release knows
+ * (CUDA_ERROR_UNSUPPORTED_PTX_VERSION; the ISA approximated as major - 4 . minor: 12.4 knows
+ * 8.4) and PTX whose .target is above the architecture it compiles for (CUDA_ERROR_INVALID_PTX,
+ * as ptxas does). Returns 0 or that error, with the message in `*why`. */
+static CUresult ptx_refusal(const char *ptx, size_t n, int target, const char **why) {
+    int v = driver_version();
+    int known = (v / 1000 - 4) * 10 + (v % 1000) / 10;
+    if (ptx_number(ptx, n, ".version") > known) {
+        *why = "ptxas application ptx input, line 1; fatal   : Unsupported .version; current version is older";
+        return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    }
+    if (ptx_number(ptx, n, ".target") > target) {
+        *why = "ptxas fatal   : SM version specified by .target is higher than default SM version assumed";
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuLinkAddData_v2(struct fake_link *l, unsigned int type, void *data, size_t size,
                                  const char *name, unsigned int n, unsigned int *options, void **values) {
     (void)name, (void)n, (void)options, (void)values;
@@ -453,6 +494,13 @@ EXPORT CUresult cuLinkAddData_v2(struct fake_link *l, unsigned int type, void *d
         log_error(l, "ptxas fatal   : input is not PTX (missing .version or .target)");
         bump(C_LINK_FAILED);
         return CUDA_ERROR_INVALID_PTX;
+    }
+    const char *why = NULL;
+    CUresult refused = ptx_refusal(ptx, len, l->target, &why);
+    if (refused != CUDA_SUCCESS) {
+        log_error(l, why);
+        bump(C_LINK_FAILED);
+        return refused;
     }
     if (!parse_entries(l, ptx, len)) {
         log_error(l, "ptxas fatal   : malformed or too many .entry directives");
@@ -567,6 +615,10 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target") ||
             !parse_entries(&jit, ptx, len))
             return load_failed(CUDA_ERROR_INVALID_IMAGE);
+        const char *why = NULL;
+        CUresult refused = ptx_refusal(ptx, len, capability(c->device), &why);
+        if (refused != CUDA_SUCCESS)
+            return load_failed(refused);
         return new_module(out, c, jit.nentries, (const char *)jit.entries, C_MODULE_LOAD_PTX);
     }
     int pending = __atomic_load_n(&reject_loads, __ATOMIC_SEQ_CST);

@@ -80,8 +80,9 @@ pub struct kc_cuda_options {
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
     /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
-    /// call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
-    /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
+    /// call from `KCACHE_NVRTC_LIBRARY`, else the first found of the driver's own release
+    /// (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
+    /// `libnvrtc.so.11.2`.
     pub nvrtc_library: *const c_char,
     /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
     /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
@@ -316,9 +317,10 @@ unsafe fn jit_options(
         .collect()
 }
 
-/// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-/// context's device unless they name an architecture), then as
-/// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+/// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
+/// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
+/// options are given, else to PTX for the highest architecture NVRTC supports up to the
+/// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
 /// `extern "C"`.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.

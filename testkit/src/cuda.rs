@@ -225,6 +225,12 @@ impl FakeNvrtc {
             .into_owned()
     }
 
+    /// The newest architecture `nvrtcGetSupportedArchs` lists (`major * 10 + minor`).
+    pub fn set_max_arch(&self, arch: i32) {
+        // SAFETY: plain value argument.
+        unsafe { self.0.sym::<FnInt>("fakenvrtc_set_max_arch")(arch) }
+    }
+
     pub fn set_version(&self, major: i32, minor: i32) {
         // SAFETY: plain value arguments.
         unsafe { self.0.sym::<FnIntInt>("fakenvrtc_set_version")(major, minor) }

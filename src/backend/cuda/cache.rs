@@ -25,7 +25,7 @@ pub struct CudaOptions {
     pub disk: Option<Arc<DiskCache>>,
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,
-    /// NVRTC already loaded; `None` loads it with [`Nvrtc::load`] on the first
+    /// NVRTC already loaded; `None` loads it with [`Nvrtc::load_for_driver`] on the first
     /// [`CudaCache::find_or_build_source`].
     pub nvrtc: Option<Arc<Nvrtc>>,
 }
@@ -101,7 +101,7 @@ impl CudaCache {
     /// NVRTC, loaded on first use; a failed load is remembered, not retried.
     pub fn nvrtc(&self) -> Result<&Arc<Nvrtc>> {
         self.nvrtc
-            .get_or_init(|| Nvrtc::load().map(Arc::new))
+            .get_or_init(|| Nvrtc::load_for_driver(self.driver().version()).map(Arc::new))
             .as_ref()
             .map_err(Clone::clone)
     }

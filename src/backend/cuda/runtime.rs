@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::driver::{CUcontext, CUdevice, CUmodule, CUresult, Driver};
 use super::jit::JitOption;
 use super::module::{Context, Module};
-use super::nvrtc::Nvrtc;
+use super::nvrtc::{Compiled as NvrtcOutput, Nvrtc};
 use crate::backend::handle_cache::{Compiled, Registered, Runtime};
 use crate::disk::Descriptor;
 use crate::error::{BuildError, Error, Result};
@@ -195,11 +195,20 @@ impl Cuda {
                 nvrtc,
             } => {
                 bump(&self.counters.nvrtc_compiles);
-                let ptx =
-                    compile_cuda(nvrtc, registered.info(), source, options).inspect_err(|_| {
+                let jit = !input.options.is_empty();
+                let compiled = compile_cuda(nvrtc, registered.info(), source, options, jit)
+                    .inspect_err(|_| {
                         bump(&self.counters.nvrtc_failures);
                     })?;
-                Cow::Owned(ptx)
+                if compiled.is_cubin {
+                    // NVRTC's own cubin: no driver JIT, so no PTX version for it to refuse.
+                    let raw = self
+                        .driver
+                        .load_image(&compiled.image)
+                        .map_err(|code| self.load_error(code))?;
+                    return Ok((raw, compiled.image, entry_names(&compiled.ptx)));
+                }
+                Cow::Owned(compiled.image)
             }
         };
         bump(&self.counters.links);
@@ -247,24 +256,58 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Runs NVRTC for the context's device unless the options pick an architecture.
+/// Runs NVRTC for the context's device unless the options pick an architecture (a real one,
+/// `sm_XY`, gives a cubin; a virtual one PTX). For the device, a cubin for its own
+/// architecture when NVRTC knows it and no JIT options (`jit`) ask for the driver's JIT: it
+/// needs no driver JIT, so an NVRTC newer than the driver works, and it is the
+/// non-relocatable code a program gets from `nvcc`. Otherwise PTX for the highest
+/// architecture NVRTC supports up to the device's, which the driver JIT-compiles upward.
 fn compile_cuda(
     nvrtc: &Nvrtc,
     context: &ContextInfo,
     source: &str,
     options: &[&str],
-) -> std::result::Result<Vec<u8>, BuildError> {
-    let picks_arch = options
-        .iter()
-        .any(|o| o.starts_with("-arch") || o.starts_with("--gpu-architecture"));
-    let arch;
-    let mut all: Vec<&str> = options.to_vec();
-    if !picks_arch {
-        let (major, minor) = context.capability;
-        arch = format!("--gpu-architecture=compute_{major}{minor}");
-        all.push(&arch);
+    jit: bool,
+) -> std::result::Result<NvrtcOutput, BuildError> {
+    if let Some(arch) = picked_arch(options) {
+        return nvrtc.compile_to(source, options, arch.starts_with("sm_"));
     }
-    nvrtc.compile(source, &all)
+    let (major, minor) = context.capability;
+    let device = major * 10 + minor;
+    let archs = nvrtc.supported_archs();
+    let cubin = !jit && archs.contains(&device);
+    let arch = if cubin {
+        format!("--gpu-architecture=sm_{device}")
+    } else {
+        let best = archs.iter().rev().find(|&&a| a <= device).ok_or_else(|| {
+            let (nvrtc_major, nvrtc_minor) = nvrtc.version();
+            BuildError::new(
+                -1,
+                format!(
+                    "NVRTC {nvrtc_major}.{nvrtc_minor} supports no architecture up to the \
+                     device's {major}.{minor}"
+                ),
+            )
+        })?;
+        format!("--gpu-architecture=compute_{best}")
+    };
+    let mut all: Vec<&str> = options.to_vec();
+    all.push(&arch);
+    nvrtc.compile_to(source, &all, cubin)
+}
+
+/// The architecture the NVRTC options name (`-arch=X`, `--gpu-architecture=X`, or either
+/// flag followed by `X`), if any.
+fn picked_arch<'a>(options: &[&'a str]) -> Option<&'a str> {
+    const FLAGS: [&str; 2] = ["-arch", "--gpu-architecture"];
+    options.iter().enumerate().find_map(|(i, o)| {
+        if FLAGS.contains(o) {
+            return options.get(i + 1).copied();
+        }
+        FLAGS
+            .iter()
+            .find_map(|flag| o.strip_prefix(flag)?.strip_prefix('='))
+    })
 }
 
 /// The names the PTX's `.entry` directives give its kernels, space-separated (mangled for
@@ -337,7 +380,18 @@ fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Res
 
 #[cfg(test)]
 mod tests {
-    use super::entry_names;
+    use super::{entry_names, picked_arch};
+
+    #[test]
+    fn the_architecture_an_option_names() {
+        assert_eq!(picked_arch(&["-DX", "-arch=sm_80"]), Some("sm_80"));
+        assert_eq!(
+            picked_arch(&["--gpu-architecture=compute_75"]),
+            Some("compute_75")
+        );
+        assert_eq!(picked_arch(&["-arch", "sm_90"]), Some("sm_90"));
+        assert_eq!(picked_arch(&["-architecture=x", "-DARCH"]), None);
+    }
 
     #[test]
     fn entry_names_are_the_ptx_kernels() {
