@@ -5,7 +5,7 @@
 //! a documented driver behaviour in the stand-in (a load of a good image failing with
 //! `CUDA_ERROR_OUT_OF_MEMORY`, say) and asserts what kcache does about it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tempfile::TempDir;
 
@@ -152,4 +152,61 @@ fn a_device_beyond_nvrtc_gets_ptx_for_the_highest_architecture_nvrtc_knows() {
     assert_eq!(nvrtc.last_arch(), "compute_86");
     assert_eq!(cache.stats().links, 1);
     assert_eq!(cache.nvrtc().unwrap().supported_archs().last(), Some(&86));
+}
+
+/// What NVIDIA documents as invalid for a link is refused before any driver call:
+/// `CU_JIT_FALLBACK_STRATEGY` "cannot be used with cuLink* APIs", and `CU_JIT_THREADS_PER_BLOCK`
+/// cannot be combined with `CU_JIT_TARGET`. (The stand-in refuses both too, as a build error.)
+#[test]
+fn jit_options_the_link_cannot_take_are_invalid_arguments() {
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    for options in [
+        vec![JitOption::FallbackStrategy(1)],
+        vec![JitOption::ThreadsPerBlock(128), JitOption::Target(80)],
+    ] {
+        match cache.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &options) {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains("CU_JIT_"), "{message}")
+            }
+            other => panic!("{options:?}: expected an invalid argument, got {other:?}"),
+        }
+    }
+    assert_eq!(fake.counter("link_create"), 0);
+    // Each alone is fine.
+    for option in [JitOption::ThreadsPerBlock(128), JitOption::Target(80)] {
+        cache
+            .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[option])
+            .unwrap();
+    }
+    assert_eq!(fake.counter("link_create"), 2);
+}
+
+/// `CU_JIT_LOG_VERBOSE` writes to the JIT's information log, which kcache passes and writes to
+/// its own log at `info`.
+#[test]
+fn log_verbose_reaches_kcaches_log() {
+    let messages = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&messages);
+    kcache::log::set_level(kcache::log::Level::Info);
+    kcache::log::set_hook(move |_, message| sink.lock().unwrap().push(message.to_owned()));
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    cache
+        .find_or_build_ptx(
+            ctx(c0),
+            SAXPY_PTX.as_bytes(),
+            &[JitOption::LogVerbose(true)],
+        )
+        .unwrap();
+    kcache::log::reset_hook();
+    let messages = messages.lock().unwrap();
+    let info: Vec<_> = messages
+        .iter()
+        .filter(|m| m.contains("Compiling entry function 'saxpy' for 'sm_80'"))
+        .collect();
+    assert_eq!(info.len(), 1, "{messages:?}");
+    assert!(info[0].contains("Used 8 registers"), "{}", info[0]);
 }

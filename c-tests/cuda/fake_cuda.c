@@ -95,6 +95,9 @@ struct fake_link {
     int target; /* compute capability, major * 10 + minor */
     char *error_log;
     size_t error_log_size;
+    char *info_log;
+    size_t info_log_size;
+    int verbose;
     uint64_t hash;
     int added;
     int nentries;
@@ -385,15 +388,23 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
     l->ctx = c;
     l->target = capability(c->device);
     l->hash = 0xcbf29ce484222325ull;
+    int threads_per_block = 0, target = 0;
     for (unsigned i = 0; i < n; i++) {
         uintptr_t v = (uintptr_t)values[i];
         switch (options[i]) {
         case 0: /* CU_JIT_MAX_REGISTERS */
             __atomic_store_n(&counters[C_LAST_MAX_REGISTERS], (unsigned long long)v, __ATOMIC_SEQ_CST);
             break;
+        case 1: threads_per_block = 1; break; /* CU_JIT_THREADS_PER_BLOCK */
+        case 3: l->info_log = (char *)values[i]; break;
+        case 4: l->info_log_size = (size_t)v; break;
         case 5: l->error_log = (char *)values[i]; break;
         case 6: l->error_log_size = (size_t)v; break;
-        case 9: l->target = (int)v; break; /* CU_JIT_TARGET */
+        case 9: l->target = (int)v; target = 1; break; /* CU_JIT_TARGET */
+        case 10: /* CU_JIT_FALLBACK_STRATEGY: "cannot be used with cuLink* APIs" */
+            free(l);
+            return CUDA_ERROR_INVALID_VALUE;
+        case 12: l->verbose = v != 0; break; /* CU_JIT_LOG_VERBOSE */
         default:
             if (options[i] > 30) {
                 free(l);
@@ -402,8 +413,12 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
         }
         /* The hash covers the options, so different options give a different image. */
         l->hash = fnv1a(l->hash, (const unsigned char *)&options[i], sizeof options[i]);
-        if (options[i] != 5 && options[i] != 6)
+        if (options[i] < 3 || options[i] > 6) /* not a log buffer or its size */
             l->hash = fnv1a(l->hash, (const unsigned char *)&v, sizeof v);
+    }
+    if (threads_per_block && target) { /* documented as not combinable */
+        free(l);
+        return CUDA_ERROR_INVALID_VALUE;
     }
     bump(C_LINK_CREATE);
     *out = l;
@@ -553,6 +568,11 @@ EXPORT CUresult cuLinkComplete(struct fake_link *l, void **cubin, size_t *size) 
     l->cubin_size = total;
     *cubin = b;
     *size = total;
+    /* What CU_JIT_LOG_VERBOSE adds to the information log, as ptxas words it. */
+    if (l->verbose && l->info_log && l->info_log_size > 0 && l->nentries > 0)
+        snprintf(l->info_log, l->info_log_size,
+                 "ptxas info    : Compiling entry function '%s' for 'sm_%d'\n"
+                 "ptxas info    : Used 8 registers", l->entries[0], l->target);
     bump(C_LINK_COMPLETE);
     return CUDA_SUCCESS;
 }

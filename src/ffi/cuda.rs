@@ -108,9 +108,12 @@ backend_handles!(
 );
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
-/// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
-/// FALLBACK_STRATEGY (10), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12), GENERATE_LINE_INFO (13),
-/// CACHE_MODE (14). Log buffers and other pointer or output options belong to kcache.
+/// MAX_REGISTERS (0), THREADS_PER_BLOCK (1, not with TARGET), OPTIMIZATION_LEVEL (7), TARGET
+/// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT's information log goes to kcache's
+/// log at `info`), GENERATE_LINE_INFO (13), CACHE_MODE (14). FALLBACK_STRATEGY (10) cannot be
+/// used with the `cuLink*` calls kcache links with, and THREADS_PER_BLOCK with TARGET cannot be
+/// combined (NVIDIA's documentation): both are `KC_ERR_INVALID_ARGUMENT`. Log buffers and other
+/// pointer or output options belong to kcache.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_jit_option {

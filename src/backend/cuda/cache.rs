@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::driver::{CUcontext, CUdevice, Driver};
-use super::jit::{JitOption, check_unique};
+use super::jit::{JitOption, check};
 use super::module::Context;
 // Also where the test helpers find it.
 pub(super) use super::module::ModuleLease;
@@ -174,7 +174,7 @@ impl CudaCache {
                 )
             })?,
         };
-        check_unique(options)?;
+        check(options)?;
         let input = Input {
             context,
             source,

@@ -26,6 +26,8 @@ const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
+const CU_JIT_INFO_LOG_BUFFER: c_uint = 3;
+const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_uint = 4;
 const CU_JIT_ERROR_LOG_BUFFER: c_uint = 5;
 const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_uint = 6;
 const CU_JIT_INPUT_PTX: c_uint = 1;
@@ -300,7 +302,8 @@ impl Driver {
     }
 
     /// Links PTX into a cubin for the current context's device. A PTX or link error comes back
-    /// as `Err((CUresult, error log))`.
+    /// as `Err((CUresult, error log))`. The JIT's information log (what `CU_JIT_LOG_VERBOSE`
+    /// asks for) goes to kcache's log at `info`.
     pub(crate) fn link_ptx(
         &self,
         ptx: &[u8],
@@ -313,16 +316,28 @@ impl Driver {
             ptx_z.push(0);
         }
         let mut log = vec![0u8; 16 * 1024];
+        let mut info = vec![0u8; 16 * 1024];
         let mut keys: Vec<c_uint> = options.iter().map(|&(k, _)| k).collect();
         let mut values: Vec<*mut c_void> = options.iter().map(|&(_, v)| v as *mut c_void).collect();
-        keys.push(CU_JIT_ERROR_LOG_BUFFER);
-        values.push(log.as_mut_ptr().cast());
-        keys.push(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
-        values.push(log.len() as *mut c_void);
+        for (buffer, size, bytes) in [
+            (
+                CU_JIT_ERROR_LOG_BUFFER,
+                CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                &mut log,
+            ),
+            (
+                CU_JIT_INFO_LOG_BUFFER,
+                CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                &mut info,
+            ),
+        ] {
+            keys.extend([buffer, size]);
+            values.extend([bytes.as_mut_ptr().cast(), bytes.len() as *mut c_void]);
+        }
 
         let mut state: CUlinkState = std::ptr::null_mut();
         // SAFETY: the option arrays have `keys.len()` entries and outlive the link state,
-        // which reads the log buffer pointer until cuLinkDestroy below.
+        // which reads the log buffer pointers until cuLinkDestroy below.
         let status = unsafe {
             (self.link_create)(
                 keys.len() as c_uint,
@@ -366,11 +381,7 @@ impl Driver {
         // SAFETY: `state` came from cuLinkCreate and is destroyed exactly once.
         unsafe { (self.link_destroy)(state) };
         if status != CUDA_SUCCESS {
-            let last = log.len() - 1;
-            log[last] = 0;
-            let text = CStr::from_bytes_until_nul(&log)
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let text = log_text(&mut log);
             let detail = if text.trim().is_empty() {
                 self.describe(status)
             } else {
@@ -380,6 +391,10 @@ impl Driver {
         }
         if cubin.is_empty() {
             return Err((status, "cuLinkComplete returned an empty image".into()));
+        }
+        let info = log_text(&mut info);
+        if !info.trim().is_empty() {
+            crate::log::info(|| format!("JIT information log: {}", info.trim_end()));
         }
         Ok(cubin)
     }
@@ -431,4 +446,14 @@ impl Driver {
         self.check("cuModuleGetFunction", status)?;
         Ok(Some(function))
     }
+}
+
+/// The text a JIT log buffer holds, up to its NUL (the last byte is made one).
+fn log_text(log: &mut [u8]) -> String {
+    if let Some(last) = log.last_mut() {
+        *last = 0;
+    }
+    CStr::from_bytes_until_nul(log)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
