@@ -210,3 +210,37 @@ fn log_verbose_reaches_kcaches_log() {
     assert_eq!(info.len(), 1, "{messages:?}");
     assert!(info[0].contains("Used 8 registers"), "{}", info[0]);
 }
+
+/// `cuDriverGetVersion` is the CUDA release a driver supports (12040 for every 12.4 driver
+/// build), but a driver update can change its PTX JIT: the disk key holds the driver build, the
+/// real file name of the loaded `libcuda.so.1`, so cubins of another build are not reused.
+#[test]
+fn the_disk_key_holds_the_driver_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = FakeDriver::with_build("550.54.15");
+    assert_eq!(old.driver().build(), "libcuda.so.550.54.15");
+    let c_old = old.create_context(0);
+    let cold = cache(&old, &dir);
+    cold.find_or_build_ptx(ctx(c_old), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    cold.flush();
+
+    let same = FakeDriver::with_build("550.54.15");
+    let c_same = same.create_context(0);
+    let warm = cache(&same, &dir);
+    warm.find_or_build_ptx(ctx(c_same), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    assert_eq!((warm.stats().cubin_loads, warm.stats().links), (1, 0));
+
+    let new = FakeDriver::with_build("555.42.02");
+    assert_eq!(new.driver().version(), old.driver().version());
+    let c_new = new.create_context(0);
+    let upgraded = cache(&new, &dir);
+    upgraded
+        .find_or_build_ptx(ctx(c_new), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    assert_eq!(
+        (upgraded.stats().cubin_loads, upgraded.stats().links),
+        (0, 1)
+    );
+}

@@ -52,9 +52,18 @@ struct PrivateCopy {
 impl PrivateCopy {
     /// Copies `built` under `file_name` and loads the copy.
     fn new(built: &Path, file_name: &str) -> PrivateCopy {
+        Self::linked(built, file_name, file_name)
+    }
+
+    /// Copies `built` under `file_name`, links `link_name` to it (unless the same), and loads
+    /// the copy through the link, as `libcuda.so.1` links to `libcuda.so.<build>`.
+    fn linked(built: &Path, file_name: &str, link_name: &str) -> PrivateCopy {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(file_name);
-        std::fs::copy(built, &path).unwrap();
+        std::fs::copy(built, dir.path().join(file_name)).unwrap();
+        let path = dir.path().join(link_name);
+        if link_name != file_name {
+            std::os::unix::fs::symlink(file_name, &path).unwrap();
+        }
         // SAFETY: the stand-ins have no initialisers with preconditions.
         let library = unsafe { Library::new(&path) }.unwrap();
         PrivateCopy {
@@ -105,7 +114,22 @@ impl Default for FakeDriver {
 
 impl FakeDriver {
     pub fn new() -> FakeDriver {
-        let fake = FakeDriver(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"));
+        Self::init(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"))
+    }
+
+    /// A driver installed as the real one is: the file `libcuda.so.<build>`, loaded through the
+    /// link `libcuda.so.1`.
+    pub fn with_build(build: &str) -> FakeDriver {
+        let file_name = format!("libcuda.so.{build}");
+        Self::init(PrivateCopy::linked(
+            stand_in_driver_path(),
+            &file_name,
+            "libcuda.so.1",
+        ))
+    }
+
+    fn init(copy: PrivateCopy) -> FakeDriver {
+        let fake = FakeDriver(copy);
         // SAFETY: cuInit(0) per the driver API.
         assert_eq!(unsafe { fake.0.sym::<FnInit>("cuInit")(0) }, 0);
         fake

@@ -5,7 +5,8 @@
 //! and every CUDA call returns [`Error::Unavailable`]. The entry points are the versioned names
 //! the driver exports (`cuLinkCreate_v2`, `cuCtxPushCurrent_v2`, …), not the `cuda.h` macros.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, CString, OsStr, c_char, c_int, c_uint, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::backend::library::{self, RuntimeLibrary};
@@ -76,6 +77,7 @@ type FnGetErrorString = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CU
 pub struct Driver {
     path: PathBuf,
     version: i32,
+    build: String,
     init: FnInit,
     driver_get_version: FnDriverGetVersion,
     device_get: FnDeviceGet,
@@ -95,7 +97,12 @@ pub struct Driver {
     get_error_string: FnGetErrorString,
 }
 
-debug_fields!(Driver { path, version, .. });
+debug_fields!(Driver {
+    path,
+    version,
+    build,
+    ..
+});
 
 impl Driver {
     /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
@@ -116,6 +123,7 @@ impl Driver {
             Driver {
                 path: path.to_path_buf(),
                 version: 0,
+                build: String::new(),
                 init: library.symbol("cuInit")?,
                 driver_get_version: library.symbol("cuDriverGetVersion")?,
                 device_get: library.symbol("cuDeviceGet")?,
@@ -156,6 +164,7 @@ impl Driver {
         let status = unsafe { (self.driver_get_version)(&mut version) };
         self.check("cuDriverGetVersion", status)?;
         self.version = version;
+        self.build = loaded_file_name(self.init as *const c_void, &self.path);
         Ok(self)
     }
 
@@ -164,9 +173,17 @@ impl Driver {
         &self.path
     }
 
-    /// `cuDriverGetVersion`, e.g. 12040 for CUDA 12.4.
+    /// `cuDriverGetVersion`, e.g. 12040 for CUDA 12.4: the CUDA release the driver supports,
+    /// the same for every driver build of that release.
     pub fn version(&self) -> i32 {
         self.version
+    }
+
+    /// The driver build: the real file name of the loaded library (`libcuda.so.1` is a link to
+    /// `libcuda.so.<build>`, e.g. `libcuda.so.550.54.15`). A driver update changes it, and
+    /// with it the PTX JIT, so the disk key holds it.
+    pub fn build(&self) -> &str {
+        &self.build
     }
 
     /// The driver's name for `status` (`cuGetErrorString`), with the numeric code.
@@ -455,5 +472,27 @@ fn log_text(log: &mut [u8]) -> String {
     }
     CStr::from_bytes_until_nul(log)
         .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The file name, links resolved, of the library that holds `symbol` (`fallback` when the
+/// loader cannot say).
+fn loaded_file_name(symbol: *const c_void, fallback: &Path) -> String {
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value to be overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `symbol` is an address in a loaded library (or not, and dladdr returns 0); `info`
+    // is a live local.
+    let found = unsafe { libc::dladdr(symbol, &mut info) } != 0 && !info.dli_fname.is_null();
+    let path = if found {
+        // SAFETY: dladdr set `dli_fname` to the NUL-terminated name of a loaded object, which
+        // stays loaded (the driver is never closed).
+        let name = unsafe { CStr::from_ptr(info.dli_fname) };
+        PathBuf::from(OsStr::from_bytes(name.to_bytes()))
+    } else {
+        fallback.to_path_buf()
+    };
+    let real = std::fs::canonicalize(&path).unwrap_or(path);
+    real.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
 }

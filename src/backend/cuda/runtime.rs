@@ -108,7 +108,7 @@ impl Runtime for Cuda {
     }
 
     fn disk_key(&self, context: &ContextInfo, input: Input<'_>) -> Result<Key> {
-        disk_key(context, self.driver.version(), input)
+        disk_key(context, &self.driver, input)
     }
 
     fn load(&self, registered: &Registered<Self>, _: Input<'_>, cubin: &[u8]) -> Built<Module> {
@@ -338,16 +338,17 @@ fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
     }
 }
 
-/// The disk key: what makes a cubin valid for a GPU (device name, compute capability, driver
-/// version, which is also the PTX compiler's; for CUDA C++ the NVRTC version) and what it was
-/// built from, but no handle, so it holds across processes and contexts. NVRTC options keep
-/// their order: `-I` search order and repeated `-D` depend on it.
-fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Result<Key> {
+/// The disk key: what makes a cubin valid for a GPU (device name, compute capability, the
+/// driver's CUDA version and its build, whose PTX JIT made the cubin; for CUDA C++ the NVRTC
+/// version) and what it was built from, but no handle, so it holds across processes and
+/// contexts. NVRTC options keep their order: `-I` search order and repeated `-D` depend on it.
+fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<Key> {
     let mut builder = KeyBuilder::new();
     builder
         .backend("cuda")
         .device_name(&context.device_name)
-        .driver_version(driver_version.to_string())
+        .driver_version(driver.version().to_string())
+        .extra("driver_build", driver.build())
         .extra(
             "compute_capability",
             format!("{}.{}", context.capability.0, context.capability.1),
