@@ -244,3 +244,26 @@ fn the_disk_key_holds_the_driver_build() {
         (0, 1)
     );
 }
+
+/// The driver's JIT refuses PTX whose `.target` is above the architecture it compiles for, as
+/// ptxas does (`CUDA_ERROR_INVALID_PTX`). The repository's saxpy targets `sm_75`, the oldest
+/// architecture CUDA 13 still compiles for: a link for `sm_70` is refused, one for the device
+/// (8.0) is not.
+#[test]
+fn ptx_above_the_link_target_is_refused() {
+    const CUDA_ERROR_INVALID_PTX: i32 = 218;
+    assert!(SAXPY_PTX.contains("\n.target sm_75\n"));
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    match cache.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[JitOption::Target(70)]) {
+        Err(Error::Build(e)) => {
+            assert_eq!(e.code, CUDA_ERROR_INVALID_PTX, "{e}");
+            assert!(e.message.contains(".target"), "{e}");
+        }
+        other => panic!("expected the JIT's refusal, got {other:?}"),
+    }
+    cache
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[JitOption::Target(80)])
+        .unwrap();
+}

@@ -515,6 +515,21 @@ impl Saxpy<'_> {
         }
     }
 
+    /// `cuModuleGetFunction` for the kernel, with the module's context current on this thread.
+    /// Under lazy loading (the Linux default since CUDA 12.2) this is where the driver loads
+    /// the kernel onto the device, so a timing of "getting a module" includes it.
+    pub fn function(&self) -> Result<CUfunction> {
+        self.check_current()?;
+        match &self.module {
+            Loaded::Leased(lease) => lease.function("saxpy"),
+            // SAFETY: loaded by `load` in the current context (checked above), and unloaded only
+            // by `unload`, which consumes `self`.
+            Loaded::Owned(module) => {
+                unsafe { self.launch.driver.function(*module, "saxpy") }?.ok_or(Error::NotFound)
+            }
+        }
+    }
+
     /// Runs the kernel over `x` and `y` (the same, non-zero length) with the module's context
     /// current on this thread, and returns the new `y`.
     pub fn run(&self, a: f32, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
@@ -524,22 +539,15 @@ impl Saxpy<'_> {
             .ok_or_else(|| {
                 Error::InvalidArgument("x and y need one equal, non-zero length".into())
             })?;
-        self.check_current()?;
-        let function = match &self.module {
-            Loaded::Leased(lease) => lease.function("saxpy")?,
-            // SAFETY: loaded by `load` in the current context (checked above), and unloaded only
-            // by `unload`, which consumes `self`.
-            Loaded::Owned(module) => {
-                unsafe { self.launch.driver.function(*module, "saxpy") }?.ok_or(Error::NotFound)?
-            }
-        };
+        let function = self.function()?;
         let launch = &self.launch;
         let bytes = size_of_val(x);
         let dx = launch.mem_alloc(bytes)?;
         let out = launch.mem_alloc(bytes).and_then(|dy| {
             // SAFETY: `function` is the saxpy kernel of this module, live in the current
             // context; `dx` and `dy` were allocated above with `n` floats each.
-            let out = unsafe { self.launch(function, n, a, (dx, x), (dy, y)) };
+            let out =
+                unsafe { self.launch(function, n, a, (dx, x), (dy, y), 1) }.map(|(out, _)| out);
             // SAFETY: allocated above, freed once.
             let freed = unsafe { launch.mem_free(dy) };
             let out = out?;
@@ -552,7 +560,39 @@ impl Saxpy<'_> {
         Ok(out)
     }
 
-    /// Copies `x` and `y` to their device buffers, runs the kernel, and returns the new `y`.
+    /// The kernel's own time, in milliseconds per launch: `rounds` launches over `x` and `y`
+    /// (one warm-up launch before), then one synchronize. Launches queue back to back, so the
+    /// figure is the device's time for the code the module holds, whatever made it; `y`'s
+    /// result is not checked (see [`Saxpy::run`]).
+    pub fn kernel_time(&self, x: &[f32], y: &[f32], rounds: u32) -> Result<f64> {
+        let n = u32::try_from(x.len())
+            .ok()
+            .filter(|&n| n > 0 && x.len() == y.len() && rounds > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument("x and y need one equal, non-zero length".into())
+            })?;
+        let function = self.function()?;
+        let launch = &self.launch;
+        let bytes = size_of_val(x);
+        let dx = launch.mem_alloc(bytes)?;
+        let out = launch.mem_alloc(bytes).and_then(|dy| {
+            // SAFETY: as in `run`.
+            let out = unsafe { self.launch(function, n, 1.0, (dx, x), (dy, y), rounds) };
+            // SAFETY: allocated above, freed once.
+            let freed = unsafe { launch.mem_free(dy) };
+            let (_, elapsed) = out?;
+            freed.map(|()| elapsed / f64::from(rounds))
+        });
+        // SAFETY: allocated above, freed once.
+        let freed = unsafe { launch.mem_free(dx) };
+        let out = out?;
+        freed?;
+        Ok(out)
+    }
+
+    /// Copies `x` and `y` to their device buffers, runs the kernel `rounds` times (after one
+    /// warm-up launch when `rounds > 1`), and returns the new `y` and the milliseconds from
+    /// the first timed launch to the end of the synchronize.
     ///
     /// # Safety
     /// `saxpy` must be the saxpy kernel, live in the current context, and `dx` and `dy` device
@@ -564,11 +604,13 @@ impl Saxpy<'_> {
         a: f32,
         (dx, x): (CUdeviceptr, &[f32]),
         (dy, y): (CUdeviceptr, &[f32]),
-    ) -> Result<Vec<f32>> {
+        rounds: u32,
+    ) -> Result<(Vec<f32>, f64)> {
         let l = &self.launch;
         let to_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_ne_bytes()).collect() };
         let (x, y) = (to_bytes(x), to_bytes(y));
         let mut out = vec![0u8; y.len()];
+        let elapsed;
         // SAFETY: the buffers hold `n` floats, as long as `x`, `y` and `out` (the caller's
         // guarantee, with `n` their length); the kernel's parameters are (u32 n, f32 a,
         // f32 *x, f32 *y), passed as pointers to locals of those types that outlive the
@@ -589,28 +631,40 @@ impl Saxpy<'_> {
                 (&raw mut x_arg).cast(),
                 (&raw mut y_arg).cast(),
             ];
-            let status = (l.launch_kernel)(
-                saxpy,
-                n.div_ceil(256),
-                1,
-                1,
-                256,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            );
-            l.check("cuLaunchKernel", status)?;
+            let mut launch_once = || {
+                let status = (l.launch_kernel)(
+                    saxpy,
+                    n.div_ceil(256),
+                    1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                );
+                l.check("cuLaunchKernel", status)
+            };
+            if rounds > 1 {
+                launch_once()?;
+                l.check("cuCtxSynchronize", (l.ctx_synchronize)())?;
+            }
+            let start = std::time::Instant::now();
+            for _ in 0..rounds {
+                launch_once()?;
+            }
             l.check("cuCtxSynchronize", (l.ctx_synchronize)())?;
+            elapsed = start.elapsed().as_secs_f64() * 1e3;
             let status = (l.memcpy_dtoh)(out.as_mut_ptr().cast(), dy, out.len());
             l.check("cuMemcpyDtoH", status)?;
         }
-        Ok(out
+        let out = out
             .chunks_exact(4)
             .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+            .collect();
+        Ok((out, elapsed))
     }
 
     /// Unloads a module from [`Saxpy::load`], with its context current; releases the lease of
