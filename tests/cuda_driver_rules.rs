@@ -35,16 +35,20 @@ fn cache(fake: &FakeDriver, dir: &TempDir) -> CudaCache {
     .unwrap()
 }
 
-/// A disk tier in a new directory holding SAXPY's cubin for device 0, and a context there.
-fn cubin_on_disk(fake: &FakeDriver) -> (TempDir, CUcontext) {
+/// A new driver; a disk tier in a new directory holding SAXPY's cubin for device 0; a context
+/// there; and a fresh cache on that tier whose next cubin load fails with `code`.
+fn next_load_fails(code: i32) -> (FakeDriver, TempDir, CUcontext, CudaCache) {
+    let fake = FakeDriver::new();
     let dir = tempfile::tempdir().unwrap();
     let c0 = fake.create_context(0);
-    let cold = cache(fake, &dir);
+    let cold = cache(&fake, &dir);
     cold.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
         .unwrap();
     cold.flush();
     assert_eq!(fake.counter("link_create"), 1);
-    (dir, c0)
+    let warm = cache(&fake, &dir);
+    fake.fail_next_loads(1, code);
+    (fake, dir, c0, warm)
 }
 
 /// `cuModuleLoadDataEx` also fails for reasons that say nothing about the image: out of memory,
@@ -57,10 +61,7 @@ fn a_load_failing_for_the_moment_keeps_the_cubin() {
         CUDA_ERROR_INVALID_CONTEXT,
         CUDA_ERROR_ILLEGAL_ADDRESS,
     ] {
-        let fake = FakeDriver::new();
-        let (dir, c0) = cubin_on_disk(&fake);
-        let warm = cache(&fake, &dir);
-        fake.fail_next_loads(1, code);
+        let (fake, _dir, c0, warm) = next_load_fails(code);
         match warm.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[]) {
             Err(Error::Build(e)) => {
                 assert_eq!(e.code, code, "{e}");
@@ -90,10 +91,7 @@ fn a_load_refusing_the_image_relinks() {
         CUDA_ERROR_NO_BINARY_FOR_GPU,
         CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
     ] {
-        let fake = FakeDriver::new();
-        let (dir, c0) = cubin_on_disk(&fake);
-        let warm = cache(&fake, &dir);
-        fake.fail_next_loads(1, code);
+        let (fake, _dir, c0, warm) = next_load_fails(code);
         warm.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
             .unwrap();
         let stats = warm.stats();

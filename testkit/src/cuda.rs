@@ -533,6 +533,23 @@ impl Saxpy<'_> {
     /// Runs the kernel over `x` and `y` (the same, non-zero length) with the module's context
     /// current on this thread, and returns the new `y`.
     pub fn run(&self, a: f32, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
+        self.run_rounds(a, x, y, 1).map(|(out, _)| out)
+    }
+
+    /// The kernel's own time, in milliseconds per launch: `rounds` launches over `x` and `y`
+    /// (one warm-up launch before), then one synchronize. Launches queue back to back, so the
+    /// figure is the device's time for the code the module holds, whatever made it; `y`'s
+    /// result is not checked (see [`Saxpy::run`]).
+    pub fn kernel_time(&self, x: &[f32], y: &[f32], rounds: u32) -> Result<f64> {
+        if rounds == 0 {
+            return Err(Error::InvalidArgument("no rounds to time".into()));
+        }
+        let (_, elapsed) = self.run_rounds(1.0, x, y, rounds)?;
+        Ok(elapsed / f64::from(rounds))
+    }
+
+    /// [`Saxpy::launch`] on device copies of `x` and `y`, freed afterwards.
+    fn run_rounds(&self, a: f32, x: &[f32], y: &[f32], rounds: u32) -> Result<(Vec<f32>, f64)> {
         let n = u32::try_from(x.len())
             .ok()
             .filter(|&n| n > 0 && x.len() == y.len())
@@ -546,42 +563,11 @@ impl Saxpy<'_> {
         let out = launch.mem_alloc(bytes).and_then(|dy| {
             // SAFETY: `function` is the saxpy kernel of this module, live in the current
             // context; `dx` and `dy` were allocated above with `n` floats each.
-            let out =
-                unsafe { self.launch(function, n, a, (dx, x), (dy, y), 1) }.map(|(out, _)| out);
+            let out = unsafe { self.launch(function, n, a, (dx, x), (dy, y), rounds) };
             // SAFETY: allocated above, freed once.
             let freed = unsafe { launch.mem_free(dy) };
             let out = out?;
             freed.map(|()| out)
-        });
-        // SAFETY: allocated above, freed once.
-        let freed = unsafe { launch.mem_free(dx) };
-        let out = out?;
-        freed?;
-        Ok(out)
-    }
-
-    /// The kernel's own time, in milliseconds per launch: `rounds` launches over `x` and `y`
-    /// (one warm-up launch before), then one synchronize. Launches queue back to back, so the
-    /// figure is the device's time for the code the module holds, whatever made it; `y`'s
-    /// result is not checked (see [`Saxpy::run`]).
-    pub fn kernel_time(&self, x: &[f32], y: &[f32], rounds: u32) -> Result<f64> {
-        let n = u32::try_from(x.len())
-            .ok()
-            .filter(|&n| n > 0 && x.len() == y.len() && rounds > 0)
-            .ok_or_else(|| {
-                Error::InvalidArgument("x and y need one equal, non-zero length".into())
-            })?;
-        let function = self.function()?;
-        let launch = &self.launch;
-        let bytes = size_of_val(x);
-        let dx = launch.mem_alloc(bytes)?;
-        let out = launch.mem_alloc(bytes).and_then(|dy| {
-            // SAFETY: as in `run`.
-            let out = unsafe { self.launch(function, n, 1.0, (dx, x), (dy, y), rounds) };
-            // SAFETY: allocated above, freed once.
-            let freed = unsafe { launch.mem_free(dy) };
-            let (_, elapsed) = out?;
-            freed.map(|()| elapsed / f64::from(rounds))
         });
         // SAFETY: allocated above, freed once.
         let freed = unsafe { launch.mem_free(dx) };
