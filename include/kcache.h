@@ -952,8 +952,11 @@ enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
                                            void *context,
                                            size_t *out_count);
 
-// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
-// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
+// Unlinks every module of every context on `device` (a `CUdevice` ordinal). Required before
+// the last `cuDevicePrimaryCtxRelease` of the device's primary context and before
+// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
+// context retained again has the same address, which the cache would take for the old one.
+// `*out_count` (if not NULL) receives how many were unlinked.
 //
 // # Safety
 // As `kc_cuda_cache_evict_context`.

@@ -12,7 +12,7 @@ use tempfile::TempDir;
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache_testkit::cuda::{FakeDriver, FakeNvrtc, SAXPY_CUDA, SAXPY_PTX};
+use kcache_testkit::cuda::{FakeDriver, FakeNvrtc, PrimaryContext, SAXPY_CUDA, SAXPY_PTX};
 
 const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
 const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
@@ -264,4 +264,49 @@ fn ptx_above_the_link_target_is_refused() {
     cache
         .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[JitOption::Target(80)])
         .unwrap();
+}
+
+/// The last `cuDevicePrimaryCtxRelease` destroys the primary context, and the next retain makes
+/// a new one at the same address, where the old modules are gone. The cache knows contexts by
+/// address, so the caller evicts the device before the last release (and before a reset): the
+/// modules are unloaded while their context lives, and the new context gets new ones.
+#[test]
+fn a_primary_context_is_evicted_before_its_last_release() {
+    let fake = FakeDriver::new();
+    let driver = fake.driver();
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let lookup = |cache: &CudaCache| {
+        let lease = cache.find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[])?;
+        lease.function("saxpy").map(|_| lease.context())
+    };
+
+    // Evicted first: unloaded in the live context; the new context builds anew.
+    let bound = PrimaryContext::bind(&driver, 0).unwrap();
+    let first = lookup(&cache).unwrap();
+    assert_eq!(cache.evict_device(0).unwrap(), 1);
+    assert_eq!(fake.counter("module_unload"), 1);
+    bound.release().unwrap();
+    assert_eq!(fake.counter("primary_destroyed"), 1);
+    let bound = PrimaryContext::bind(&driver, 0).unwrap();
+    assert_eq!(lookup(&cache).unwrap(), first, "the same address");
+    assert_eq!(fake.counter("link_create"), 2);
+
+    // Not evicted: the memory tier hands out a module of the destroyed context.
+    bound.release().unwrap();
+    assert_eq!(fake.counter("primary_destroyed"), 2);
+    let bound = PrimaryContext::bind(&driver, 0).unwrap();
+    match lookup(&cache) {
+        Err(Error::Backend(message)) => {
+            assert!(message.contains("cuModuleGetFunction"), "{message}")
+        }
+        other => panic!("expected the stale module to fail, got {other:?}"),
+    }
+    assert_eq!(fake.counter("link_create"), 2, "a stale hit, not a build");
+    // And its unload fails (on a real driver: undefined behaviour).
+    match cache.evict_device(0) {
+        Err(Error::Destroy(e)) => assert_eq!(e.code, 400, "CUDA_ERROR_INVALID_HANDLE: {e}"),
+        other => panic!("expected the stale unload to fail, got {other:?}"),
+    }
+    assert_eq!(fake.counter("unload_invalid"), 1);
+    bound.release().unwrap();
 }

@@ -74,6 +74,11 @@ static const char CUBIN_MAGIC[8] = {'K', 'C', 'F', 'A', 'K', 'E', 'C', 'B'};
 struct fake_ctx {
     unsigned magic;
     int device;
+    /* Primary contexts only: the retain count, and how many times the context was destroyed
+     * (by the last release). A primary context comes back at the same address when retained
+     * again, as the driver's does; its modules from before do not. */
+    int retained;
+    unsigned generation;
 };
 
 struct fake_function {
@@ -85,6 +90,7 @@ struct fake_function {
 struct fake_module {
     unsigned magic;
     struct fake_ctx *ctx;
+    unsigned generation; /* the context's when loaded */
     int nentries;
     struct fake_function functions[MAX_ENTRIES];
 };
@@ -112,14 +118,14 @@ enum counter {
     C_INIT, C_LINK_CREATE, C_LINK_ADD_DATA, C_LINK_COMPLETE, C_LINK_DESTROY, C_LINK_FAILED,
     C_MODULE_LOAD, C_MODULE_LOAD_PTX, C_MODULE_LOAD_REJECTED, C_MODULE_LOAD_FAILED,
     C_MODULE_UNLOAD, C_UNLOAD_WRONG_CONTEXT, C_UNLOAD_INVALID, C_GET_FUNCTION, C_CTX_PUSH,
-    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_COUNT
+    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_PRIMARY_DESTROYED, C_COUNT
 };
 
 static const char *const COUNTER_NAMES[C_COUNT] = {
     "init", "link_create", "link_add_data", "link_complete", "link_destroy", "link_failed",
     "module_load", "module_load_ptx", "module_load_rejected", "module_load_failed",
     "module_unload", "unload_wrong_context", "unload_invalid", "get_function", "ctx_push",
-    "ctx_pop", "live_modules", "last_max_registers", "link_waiting",
+    "ctx_pop", "live_modules", "last_max_registers", "link_waiting", "primary_destroyed",
 };
 
 static unsigned long long counters[C_COUNT];
@@ -596,6 +602,11 @@ static CUresult load_failed(CUresult result) {
     return result;
 }
 
+/* A module not unloaded whose context is live and has not been destroyed since the load. */
+static int live_module(const struct fake_module *m) {
+    return m && m->magic == MOD_MAGIC && live_ctx(m->ctx) && m->generation == m->ctx->generation;
+}
+
 /* A live module of context `c` with `nentries` kernels, named by NUL-padded MAX_NAME-byte slots
  * from `names` on; counted as a load of `kind`. */
 static CUresult new_module(struct fake_module **out, struct fake_ctx *c, int nentries,
@@ -603,6 +614,7 @@ static CUresult new_module(struct fake_module **out, struct fake_ctx *c, int nen
     struct fake_module *m;
     NEW_HANDLE(m, MOD_MAGIC);
     m->ctx = c;
+    m->generation = c->generation;
     m->nentries = nentries;
     for (int i = 0; i < nentries; i++) {
         m->functions[i].magic = FUN_MAGIC;
@@ -659,7 +671,7 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
 
 EXPORT CUresult cuModuleUnload(struct fake_module *m) {
     REQUIRE_INIT();
-    if (!m || m->magic != MOD_MAGIC) {
+    if (!live_module(m)) {
         bump(C_UNLOAD_INVALID);
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -677,7 +689,7 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
     REQUIRE_INIT();
     if (!out || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!m || m->magic != MOD_MAGIC)
+    if (!live_module(m))
         return CUDA_ERROR_INVALID_HANDLE;
     bump(C_GET_FUNCTION);
     for (int i = 0; i < m->nentries; i++)
@@ -695,16 +707,32 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
 
 typedef unsigned long long CUdeviceptr;
 
-static struct fake_ctx primary[NUM_DEVICES] = {{CTX_MAGIC, 0}, {CTX_MAGIC, 1}};
+/* Not live until retained. */
+static struct fake_ctx primary[NUM_DEVICES] = {{0, 0, 0, 0}, {0, 1, 0, 0}};
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(struct fake_ctx **out, CUdevice device) {
     REQUIRE_DEVICE_CALL(out != NULL, device);
-    *out = &primary[device];
+    struct fake_ctx *c = &primary[device];
+    if (c->retained++ == 0)
+        c->magic = CTX_MAGIC;
+    *out = c;
     return CUDA_SUCCESS;
 }
 
+/* The last release destroys the primary context, as the driver documents: its modules are gone
+ * (using them is CUDA_ERROR_INVALID_HANDLE here, undefined behaviour on the driver), and the
+ * next retain makes a new context at the same address. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    return check_device_call(1, device);
+    REQUIRE_DEVICE_CALL(1, device);
+    struct fake_ctx *c = &primary[device];
+    if (c->retained == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (--c->retained == 0) {
+        c->magic = DEAD_MAGIC;
+        c->generation++;
+        bump(C_PRIMARY_DESTROYED);
+    }
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
@@ -747,7 +775,7 @@ EXPORT CUresult cuLaunchKernel(struct fake_function *f, unsigned gx, unsigned gy
                                void *stream, void **params, void **extra) {
     (void)shared, (void)stream, (void)extra;
     REQUIRE_INIT();
-    if (!f || f->magic != FUN_MAGIC || f->module->magic != MOD_MAGIC)
+    if (!f || f->magic != FUN_MAGIC || !live_module(f->module))
         return CUDA_ERROR_INVALID_HANDLE;
     if (current() != f->module->ctx)
         return CUDA_ERROR_INVALID_CONTEXT;

@@ -451,8 +451,11 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     unsafe { evict_by(cache, context, "context", out_count, evict) }
 }
 
-/// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
-/// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
+/// Unlinks every module of every context on `device` (a `CUdevice` ordinal). Required before
+/// the last `cuDevicePrimaryCtxRelease` of the device's primary context and before
+/// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
+/// context retained again has the same address, which the cache would take for the old one.
+/// `*out_count` (if not NULL) receives how many were unlinked.
 ///
 /// # Safety
 /// As `kc_cuda_cache_evict_context`.

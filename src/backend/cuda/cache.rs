@@ -64,11 +64,15 @@ impl CudaStats {
 }
 
 /// Cache of `CUmodule`s per (context, PTX, JIT options), backed by cubins on disk keyed by
-/// (device name, compute capability, driver version, options, PTX).
+/// (device name, compute capability, driver version and build, options, PTX).
 ///
-/// The caller owns its contexts. Before destroying one (or resetting a device's primary
-/// context), call [`CudaCache::evict_context`] (or [`CudaCache::evict_device`]): the modules
-/// are unloaded then, with their context current, or when the last lease on each drops.
+/// The caller owns its contexts. Before destroying one, call [`CudaCache::evict_context`];
+/// before the last `cuDevicePrimaryCtxRelease` of a device's primary context, and before
+/// `cuDevicePrimaryCtxReset` or `cudaDeviceReset`, call [`CudaCache::evict_device`]. The
+/// modules are unloaded then, with their context current, or when the last lease on each
+/// drops. The cache knows a context by its address, and a primary context retained again
+/// comes back at the same address without its modules: without the eviction, lookups there
+/// hand out modules of the destroyed context.
 pub struct CudaCache {
     cache: HandleCache<Cuda>,
     nvrtc: OnceLock<Result<Arc<Nvrtc>>>,
@@ -191,8 +195,9 @@ impl CudaCache {
         self.cache.evict(|r| r.handle() == context)
     }
 
-    /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): for a
-    /// primary-context reset or a device going away.
+    /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): call
+    /// it before the last `cuDevicePrimaryCtxRelease` of the device's primary context, before
+    /// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`, or when the device goes away.
     pub fn evict_device(&self, device: CUdevice) -> Result<usize> {
         self.cache.evict(|r| r.info().device == device)
     }
