@@ -15,8 +15,10 @@
  *
  * A source containing `#error` fails with NVRTC_ERROR_COMPILATION and a log.
  *
- * Controls and observations for tests: fakenvrtc_set_version(major, minor) (default 12.4),
- * fakenvrtc_set_max_arch(n) (the newest supported architecture, default 90),
+ * Controls and observations for tests: fakenvrtc_set_version(major, minor) (default 12.4, or
+ * FAKENVRTC_VERSION=major.minor), fakenvrtc_set_max_arch(n) (the newest supported
+ * architecture, default 90, or FAKENVRTC_MAX_ARCH=n; the variables are read when the library
+ * is loaded, for runs of the cuda_check example),
  * fakenvrtc_compiles() (number of successful and failed compiles), fakenvrtc_last_arch() (the
  * architecture option of the last compile, "" if none).
  */
@@ -59,6 +61,15 @@ EXPORT void fakenvrtc_set_version(int major, int minor) {
 }
 
 EXPORT void fakenvrtc_set_max_arch(int arch) { max_arch = arch; }
+
+__attribute__((constructor)) static void configure(void) {
+    const char *version = getenv("FAKENVRTC_VERSION");
+    if (version && *version)
+        sscanf(version, "%d.%d", &version_major, &version_minor);
+    const char *arch = getenv("FAKENVRTC_MAX_ARCH");
+    if (arch && *arch)
+        max_arch = atoi(arch);
+}
 
 static int supported(int arch) {
     for (int i = 0; i < NUM_ARCHS; i++)
