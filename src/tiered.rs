@@ -181,7 +181,8 @@ where
     /// only on an L1 miss with a disk tier, so a memory hit never pays for hashing the
     /// content; a key it cannot make leaves that lookup without the disk. `load` and `build`
     /// return the value and its L1 weight. A disk entry that `load` refuses is removed and the
-    /// value built instead. A disk miss waits for another process building the same entry, up
+    /// value built instead; a transient refusal (`BuildError::transient`: out of memory, say)
+    /// keeps the entry and fails the lookup with that error. A disk miss waits for another process building the same entry, up
     /// to the disk tier's lock timeout, and reads what it wrote; when that process's build
     /// fails, this one builds too (and gets its own error). `serialize` runs on the calling
     /// thread; the write happens on the disk tier's background writer, and a failed one is
@@ -286,14 +287,14 @@ where
             let key = self.disk_key(l2_key);
             let lock = match (&key, self.disk) {
                 (Some(key), Some(disk)) if load.is_some() => {
-                    if let Some(value) = self.load_from_disk(disk, key, &mut load) {
-                        return (Ok(value), Made::Loaded);
+                    if let Some(loaded) = self.load_from_disk(disk, key, &mut load) {
+                        return (loaded, Made::Loaded);
                     }
                     match disk.claim(key) {
                         Claim::Leader(lock) => Some(lock),
                         Claim::Published => {
-                            if let Some(value) = self.load_from_disk(disk, key, &mut load) {
-                                return (Ok(value), Made::Loaded);
+                            if let Some(loaded) = self.load_from_disk(disk, key, &mut load) {
+                                return (loaded, Made::Loaded);
                             }
                             None
                         }
@@ -379,13 +380,13 @@ where
     }
 
     /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)
-    /// accepts.
+    /// accepts; `load`'s error when it is transient (`BuildError::transient`): the entry stays.
     fn load_from_disk(
         &self,
         disk: &DiskCache,
         l2_key: &Key,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
-    ) -> Option<(V, u64)> {
+    ) -> Option<Built<V>> {
         let entry = match disk.get(l2_key) {
             Ok(Some(entry)) => entry,
             // A corrupt entry was removed by the disk tier: as good as absent.
@@ -402,8 +403,9 @@ where
         match load(entry.payload()) {
             Ok(value) => {
                 bump(&self.counters.disk_hits);
-                Some(value)
+                Some(Ok(value))
             }
+            Err(e) if e.transient => Some(Err(e)),
             Err(e) => {
                 log::debug(|| {
                     format!(
