@@ -35,8 +35,14 @@ def test_a_hit_reuses_the_value_and_counts() -> None:
         assert (stats.hits, stats.misses, stats.builds) == (1, 1, 1)
         assert (stats.entries, stats.weight, stats.leases) == (1, 6, 1)
         assert stats.hit_rate == 0.5
+        second = lease.clone()
         lease.release()
         lease.release()  # a second release does nothing
+        assert cache.stats().leases == 1
+        assert second.value == "kernel"
+        second.release()
+        with pytest.raises(ValueError):
+            second.weight
         assert cache.stats().leases == 0
         assert len(cache) == 1
 

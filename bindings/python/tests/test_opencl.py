@@ -73,6 +73,24 @@ def test_a_compile_error_carries_the_log(context: object) -> None:
         assert "error" in str(info.value).lower()
 
 
+def test_without_an_opencl_runtime_the_cache_is_unavailable() -> None:
+    script = textwrap.dedent(
+        """
+        import kcache, kcache.opencl
+        assert not kcache.opencl.available()
+        try:
+            kcache.opencl.ProgramCache(use_disk=False)
+        except kcache.UnavailableError as exc:
+            print(exc.status_name)
+        """
+    )
+    env = dict(os.environ, KCACHE_OPENCL_LIBRARY="/nonexistent/libOpenCL.so.1")
+    out = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, env=env
+    )
+    assert out.stdout.strip() == "KC_ERR_UNAVAILABLE"
+
+
 SECOND = textwrap.dedent(
     """
     import json, sys
