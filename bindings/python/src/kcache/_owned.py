@@ -32,7 +32,10 @@ class Owned:
 
     def close(self) -> None:
         """Frees the kcache object. A second call does nothing."""
-        ptr = getattr(self, "_ptr", None)  # None too when __init__ failed before setting it
+        try:
+            ptr = self._ptr
+        except AttributeError:  # __init__ failed before setting it
+            return
         self._ptr = None
         if ptr is not None:
             self._free(ptr)
@@ -42,7 +45,7 @@ class Owned:
         return getattr(self, "_ptr", None) is None
 
     def _handle(self) -> int:
-        ptr: int | None = getattr(self, "_ptr", None)
+        ptr = self._ptr
         if ptr is None:
             raise ValueError(f"the {self._what} is closed")
         return ptr
