@@ -87,6 +87,12 @@
 // Patch version of the library this header belongs to.
 #define KCACHE_VERSION_PATCH 0
 
+// What a `kc_load_fn` returns when its failure says nothing about the entry (out of memory, a
+// device lost for the moment): the entry stays on disk and the lookup fails with
+// `KC_ERR_BUILD_FAILED`, `kc_last_build_error()` returning this value. Any other non-zero
+// return removes the entry as refused.
+#define KC_LOAD_TRANSIENT 1000000
+
 // The outcome of a kcache call. `KC_OK` is zero. Every other code also leaves a detail for
 // `kc_last_error_message()` on the calling thread. New codes may be added at the end.
 typedef enum kc_status {
@@ -553,7 +559,8 @@ typedef struct kc_opencl_cache_statistics {
 } kc_opencl_cache_statistics;
 
 // Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
-// the value and its weight, return 0; non-zero: the entry is removed and the value built).
+// the value and its weight, return 0; non-zero: the entry is removed and the value built),
+// except for `KC_LOAD_TRANSIENT`.
 typedef int (*kc_load_fn)(void *ctx,
                           const uint8_t *bytes,
                           size_t len,

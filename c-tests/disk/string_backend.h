@@ -37,6 +37,8 @@ static inline kc_disk_statistics disk_stats(const kc_disk *disk) {
 /* The ctx of the callbacks below: what they did, and how builds behave. */
 typedef struct backend {
   int builds, loads, serializes, refuse_load;
+  /* Non-zero: what load_fn returns (after refuse_load). */
+  int load_fails_with;
   long build_ms;    /* each build takes this long first */
   int build_result; /* non-zero: builds fail with this code */
 } backend;
@@ -60,6 +62,7 @@ static inline int load_fn(void *ctx, const uint8_t *bytes, size_t len, void **ou
   backend *b = ctx;
   b->loads++;
   if (b->refuse_load) return 17;
+  if (b->load_fails_with) return b->load_fails_with;
   char *v = malloc(len + 1);
   memcpy(v, bytes, len);
   v[len] = '\0';

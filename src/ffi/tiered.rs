@@ -18,7 +18,8 @@ use crate::disk::DiskBytes;
 use crate::tiered::Tiers;
 
 /// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
-/// the value and its weight, return 0; non-zero: the entry is removed and the value built).
+/// the value and its weight, return 0; non-zero: the entry is removed and the value built),
+/// except for `KC_LOAD_TRANSIENT`.
 pub type kc_load_fn = Option<
     unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -28,6 +29,12 @@ pub type kc_load_fn = Option<
         out_weight: *mut u64,
     ) -> c_int,
 >;
+
+/// What a `kc_load_fn` returns when its failure says nothing about the entry (out of memory, a
+/// device lost for the moment): the entry stays on disk and the lookup fails with
+/// `KC_ERR_BUILD_FAILED`, `kc_last_build_error()` returning this value. Any other non-zero
+/// return removes the entry as refused.
+pub const KC_LOAD_TRANSIENT: c_int = 1_000_000;
 
 /// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
 /// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
@@ -181,7 +188,16 @@ pub unsafe extern "C" fn kc_tiered_find_or_build_described(
             move |bytes: &[u8]| {
                 // SAFETY: the caller promised a callable `load` for `ctx`; the payload is
                 // live for the call.
-                unsafe { make_value(load, ctx, bytes.as_ptr(), bytes.len(), "load") }
+                unsafe { make_value(load, ctx, bytes.as_ptr(), bytes.len(), "load") }.map_err(|e| {
+                    match e.code {
+                        KC_LOAD_TRANSIENT => BuildError::transient(
+                            e.code,
+                            "the load callback failed for the moment (KC_LOAD_TRANSIENT): \
+                             the entry stays",
+                        ),
+                        _ => e,
+                    }
+                })
             }
         });
         let tiers = Tiers {
