@@ -41,6 +41,9 @@ end
 
 exception Error of Status.t * string
 
+module Key = Key
+module Disk = Disk
+
 (* Raised by the stubs on KC_ERR_BUILD_FAILED with kc_last_build_error()'s code; never leaves
    this module. *)
 exception Build_code of int
@@ -96,6 +99,18 @@ external cache_free : raw_cache -> unit = "ml_kc_cache_free"
 
 external cache_find_or_build : raw_cache -> string -> int -> (string -> 'a) -> raw_lease
   = "ml_kc_cache_find_or_build"
+
+(* Passed whole to ml_kc_tiered_find_or_build, which reads the fields in this order. *)
+type 'a tiered = {
+  t_build : string -> 'a;
+  t_load : string -> 'a;
+  t_serialize : 'a -> string;
+  t_disk_key : string;
+}
+
+external tiered_find_or_build :
+  raw_cache -> string -> int -> Disk.t option -> 'a tiered -> raw_lease
+  = "ml_kc_tiered_find_or_build"
 
 external cache_remove : raw_cache -> string -> bool = "ml_kc_cache_remove"
 external cache_evict_device : raw_cache -> int -> unit = "ml_kc_cache_evict_device"
@@ -181,12 +196,13 @@ let with_cache ?max_entries ?max_weight ?invalidated_by_clear ?weight ?destroy f
 
 let no_device = -1
 
-let acquire t device key build =
-  if device < no_device then invalid_arg "Kcache: a negative device";
-  try cache_find_or_build t.raw key device build with Build_code code -> raise_failure t.state code
+let check_device device = if device < no_device then invalid_arg "Kcache: a negative device"
 
-let with_lease_weight t ?(device = no_device) key ~build f =
-  let lease = acquire t device key build in
+(* Takes a lease with [lookup], turning a build's code back into its exception. *)
+let acquire t lookup = try lookup () with Build_code code -> raise_failure t.state code
+
+(* Runs [f] under the lease and releases it however [f] returns. *)
+let under lease f =
   match f (lease_value lease) (lease_weight lease) with
   | r ->
       lease_release lease;
@@ -195,6 +211,16 @@ let with_lease_weight t ?(device = no_device) key ~build f =
       let bt = Printexc.get_raw_backtrace () in
       lease_release lease;
       Printexc.raise_with_backtrace e bt
+
+let with_lease_weight t ?(device = no_device) key ~build f =
+  check_device device;
+  under (acquire t (fun () -> cache_find_or_build t.raw key device build)) f
+
+let with_lease_tiered t ?(device = no_device) ?disk key ~disk_key ~build ~load ~serialize f =
+  check_device device;
+  if String.length disk_key <> Key.length then invalid_arg "Kcache.with_lease_tiered: disk_key";
+  let cbs = { t_build = build; t_load = load; t_serialize = serialize; t_disk_key = disk_key } in
+  under (acquire t (fun () -> tiered_find_or_build t.raw key device disk cbs)) (fun v _ -> f v)
 
 let with_lease t ?device key ~build f = with_lease_weight t ?device key ~build (fun v _ -> f v)
 let find_or_build t ?device key ~build = with_lease t ?device key ~build Fun.id

@@ -33,6 +33,9 @@ exception Error of Status.t * string
 (** A failed call: the status and kcache's detail ([kc_last_error_message]). A build that
     raised is not reported this way: its own exception is raised again. *)
 
+module Key = Key
+module Disk = Disk
+
 type 'a t
 (** A cache of values of type ['a], keyed by strings (compared by content). *)
 
@@ -83,6 +86,24 @@ val with_lease : 'a t -> ?device:int -> string -> build:(string -> 'a) -> ('a ->
 val with_lease_weight :
   'a t -> ?device:int -> string -> build:(string -> 'a) -> ('a -> int -> 'b) -> 'b
 (** {!with_lease}, with the value's weight passed to [f] too. *)
+
+val with_lease_tiered :
+  'a t ->
+  ?device:int ->
+  ?disk:Disk.t ->
+  string ->
+  disk_key:string ->
+  build:(string -> 'a) ->
+  load:(string -> 'a) ->
+  serialize:('a -> string) ->
+  ('a -> 'b) ->
+  'b
+(** {!with_lease} with the disk tier under the cache: on a miss in memory, [load] turns the
+    disk entry for [disk_key] (32 bytes, {!Key.make}) into a value, else [build key] builds
+    it and [serialize]'s bytes are written back to [disk] (in the background: {!Disk.flush}
+    waits for them). One read or build per key across threads, and across processes sharing
+    the directory. A [load] that raises makes kcache remove the entry and build; a
+    [serialize] that raises skips the write-back. Without [disk], memory only. *)
 
 val find_or_build : 'a t -> ?device:int -> string -> build:(string -> 'a) -> 'a
 (** The value for [key], built on a miss; its lease ends on return, so [destroy] may run on

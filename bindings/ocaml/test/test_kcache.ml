@@ -2,19 +2,7 @@
    builder and every waiter, values surviving Gc.compact under leases, destroys exactly once,
    device eviction, and a scaled-down version of the C stress test. *)
 
-let failures = ref 0
-
-let check name cond =
-  if not cond then begin
-    incr failures;
-    Printf.printf "FAIL: %s\n%!" name
-  end
-
-let check_int name expected got =
-  if expected <> got then begin
-    incr failures;
-    Printf.printf "FAIL: %s: expected %d, got %d\n%!" name expected got
-  end
+open Check
 
 (* A counter shared by threads. *)
 let counter () = (ref 0, Mutex.create ())
@@ -268,8 +256,4 @@ let () =
   test_destroy_and_eviction ();
   test_reentrant ();
   test_stress ();
-  if !failures > 0 then begin
-    Printf.printf "%d failed checks\n" !failures;
-    exit 1
-  end;
-  print_endline "OCaml binding tests: all checks passed"
+  finish "OCaml binding tests"

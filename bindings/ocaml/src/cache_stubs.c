@@ -1,41 +1,5 @@
-/* C stubs binding kcache's memory-tier cache to OCaml.
- *
- * Three rules of the OCaml runtime shape every function here:
- * - A call that can wait (a build of the same key elsewhere) or run a callback (a build or a
- *   destroy) runs with the runtime lock released; the callbacks take it back before touching
- *   any OCaml value. Holding it across such a call deadlocks: the thread waiting inside kcache
- *   would hold the lock that the building thread needs to run its OCaml build.
- * - While the lock is released the GC may move OCaml values, so kcache never sees a pointer
- *   into the OCaml heap: keys are copied out, and each cached value lives in a malloc'd box
- *   registered as a generational global root, unregistered exactly once, in destroy.
- * - OCaml exceptions cannot cross C: the OCaml side of a build (kcache.ml, run_build) catches
- *   them and returns a code, which kcache hands to the builder and every waiter.
- */
-#define CAML_NAME_SPACE
-#include <caml/alloc.h>
-#include <caml/callback.h>
-#include <caml/custom.h>
-#include <caml/fail.h>
-#include <caml/memory.h>
-#include <caml/mlvalues.h>
-#include <caml/threads.h>
-
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "kcache.h"
-
-/* One OCaml cache. `refs` counts the cache itself and every value not yet destroyed, since
- * destroys may run after kc_cache_free returns (for values still leased); `calls` counts
- * calls running with the runtime lock released, so that a free during one is refused rather
- * than racing it. Both change only with the runtime lock held. */
-struct ml_cache {
-  kc_cache *cache;
-  value state; /* the OCaml state record, a generational global root */
-  intnat refs;
-  intnat calls;
-};
+/* The memory-tier cache and its leases (kc_cache_*, kc_lease_*). */
+#include "ml_kcache.h"
 
 /* What a build callback needs: `build` points at a local root of the calling stub, which the
  * GC updates if the closure moves while the runtime lock is released. */
@@ -43,10 +7,6 @@ struct ml_build_ctx {
   struct ml_cache *mc;
   value *build;
 };
-
-/* Keys up to this length are copied onto the stack: a hit allocates nothing outside the
- * OCaml heap. */
-#define ML_SMALL_KEY 256
 
 /* A build whose OCaml wrapper itself raised (out of memory, stack overflow). */
 #define ML_BUILD_UNCAUGHT (-1)
@@ -66,39 +26,21 @@ static struct custom_operations ml_lease_ops = {
     custom_hash_default,     custom_serialize_default,   custom_deserialize_default,
     custom_compare_ext_default, custom_fixed_length_default};
 
-static const value *ml_named(const char *name) {
-  const value *v = caml_named_value(name);
-  if (v == NULL) caml_failwith(name);
-  return v;
-}
-
-/* Raises Kcache.Error for a failed call, or the internal Build_code exception that the OCaml
- * side turns back into the build's own exception. Runs on the thread that made the call, so
- * kcache's per-thread details are that call's. */
-static void ml_raise_status(kc_status status) {
-  CAMLparam0();
-  CAMLlocal1(msg);
-  if (status == KC_ERR_BUILD_FAILED)
-    caml_raise_with_arg(*ml_named("kcache.build_code"), Val_int(kc_last_build_error()));
-  msg = caml_copy_string(kc_last_error_message());
-  /* Kcache.Status.t lists the codes from KC_ERR_INVALID_ARGUMENT on, then Unknown. */
-  int index = (status >= KC_ERR_INVALID_ARGUMENT && status <= KC_ERR_BUFFER_TOO_SMALL)
-                  ? (int)status - 1
-                  : KC_ERR_BUFFER_TOO_SMALL;
-  value args[2] = {Val_int(index), msg};
-  caml_raise_with_args(*ml_named("kcache.error"), 2, args);
-  CAMLreturn0;
-}
-
 /* The OCaml halves of the callbacks, looked up when a cache is created (where a missing one
  * can raise) so that the callbacks themselves never raise. */
 static const value *ml_run_build;
 static const value *ml_run_destroy;
 
-static struct ml_cache *ml_cache_of(value v) {
-  struct ml_cache *mc = Cache_ptr(v);
+struct ml_cache *ml_cache_of(value vcache) {
+  struct ml_cache *mc = Cache_ptr(vcache);
   if (mc == NULL) caml_invalid_argument("Kcache: the cache was freed");
   return mc;
+}
+
+value ml_lease_alloc(kc_lease *lease) {
+  value vlease = caml_alloc_custom(&ml_lease_ops, sizeof(kc_lease *), 0, 1);
+  Lease_ptr(vlease) = lease;
+  return vlease;
 }
 
 /* Drops one reference; the last one unroots the state. Runtime lock held. */
@@ -109,26 +51,15 @@ static void ml_cache_unref(struct ml_cache *mc) {
   }
 }
 
-/* Copies an OCaml string out of the heap: into `small` when it fits, else into malloc'd
- * memory the caller frees when the result is not `small`. */
-static uint8_t *ml_key_copy(value vkey, uint8_t *small, size_t *len) {
-  *len = caml_string_length(vkey);
-  uint8_t *key = *len <= ML_SMALL_KEY ? small : malloc(*len);
-  if (key == NULL) caml_raise_out_of_memory();
-  memcpy(key, String_val(vkey), *len);
-  return key;
-}
-
-static int ml_build(void *ctx, const uint8_t *key, size_t key_len, void **out_value,
-                    uint64_t *out_weight) {
-  struct ml_build_ctx *b = ctx;
+int ml_run(struct ml_cache *mc, const value *fn, const uint8_t *bytes, size_t len,
+           void **out_value, uint64_t *out_weight) {
   int code;
   caml_acquire_runtime_system();
   {
     CAMLparam0();
-    CAMLlocal2(vkey, built);
-    vkey = caml_alloc_initialized_string(key_len, (const char *)key);
-    value res = caml_callback3_exn(*ml_run_build, b->mc->state, *b->build, vkey);
+    CAMLlocal2(vbytes, built);
+    vbytes = caml_alloc_initialized_string(len, (const char *)bytes);
+    value res = caml_callback3_exn(*ml_run_build, mc->state, *fn, vbytes);
     if (Is_exception_result(res)) {
       code = ML_BUILD_UNCAUGHT;
     } else if (Tag_val(res) == 0) { /* Built (value, weight) */
@@ -139,7 +70,7 @@ static int ml_build(void *ctx, const uint8_t *key, size_t key_len, void **out_va
       } else {
         *box = Field(built, 0);
         caml_register_generational_global_root(box);
-        b->mc->refs++;
+        mc->refs++;
         *out_value = box;
         *out_weight = (uint64_t)Long_val(Field(built, 1));
         code = 0;
@@ -151,6 +82,12 @@ static int ml_build(void *ctx, const uint8_t *key, size_t key_len, void **out_va
   }
   caml_release_runtime_system();
   return code;
+}
+
+static int ml_build(void *ctx, const uint8_t *key, size_t key_len, void **out_value,
+                    uint64_t *out_weight) {
+  struct ml_build_ctx *b = ctx;
+  return ml_run(b->mc, b->build, key, key_len, out_value, out_weight);
 }
 
 static int ml_destroy(void *ctx, void *v) {
@@ -217,27 +154,15 @@ value ml_kc_cache_find_or_build(value vcache, value vkey, value vdevice, value v
   int64_t device = Long_val(vdevice);
   struct ml_build_ctx ctx = {mc, &vbuild};
   kc_lease *lease = NULL;
-  mc->calls++;
-  caml_release_runtime_system();
-  kc_status status = kc_cache_find_or_build(mc->cache, key, len, device, ml_build, &ctx, &lease);
-  caml_acquire_runtime_system();
-  mc->calls--;
+  kc_status status;
+  ML_UNLOCKED_CALL(mc->calls, status,
+                   kc_cache_find_or_build(mc->cache, key, len, device, ml_build, &ctx, &lease));
   if (key != small) free(key);
-  if (status != KC_OK) ml_raise_status(status);
-  vlease = caml_alloc_custom(&ml_lease_ops, sizeof(kc_lease *), 0, 1);
-  Lease_ptr(vlease) = lease;
+  ml_check(status);
+  vlease = ml_lease_alloc(lease);
   CAMLreturn(vlease);
 }
 
-/* Runs a call that may destroy values (and so needs the runtime lock free). */
-#define ML_UNLOCKED_CALL(mc, status, call)                                                     \
-  do {                                                                                         \
-    (mc)->calls++;                                                                             \
-    caml_release_runtime_system();                                                             \
-    (status) = (call);                                                                         \
-    caml_acquire_runtime_system();                                                             \
-    (mc)->calls--;                                                                             \
-  } while (0)
 
 value ml_kc_cache_remove(value vcache, value vkey) {
   CAMLparam2(vcache, vkey);
@@ -246,10 +171,10 @@ value ml_kc_cache_remove(value vcache, value vkey) {
   size_t len;
   uint8_t *key = ml_key_copy(vkey, small, &len);
   kc_status status;
-  ML_UNLOCKED_CALL(mc, status, kc_cache_remove(mc->cache, key, len));
+  ML_UNLOCKED_CALL(mc->calls, status, kc_cache_remove(mc->cache, key, len));
   if (key != small) free(key);
   if (status == KC_ERR_NOT_FOUND) CAMLreturn(Val_false);
-  if (status != KC_OK) ml_raise_status(status);
+  ml_check(status);
   CAMLreturn(Val_true);
 }
 
@@ -258,8 +183,8 @@ value ml_kc_cache_evict_device(value vcache, value vdevice) {
   struct ml_cache *mc = ml_cache_of(vcache);
   int64_t device = Long_val(vdevice);
   kc_status status;
-  ML_UNLOCKED_CALL(mc, status, kc_cache_evict_device(mc->cache, device));
-  if (status != KC_OK) ml_raise_status(status);
+  ML_UNLOCKED_CALL(mc->calls, status, kc_cache_evict_device(mc->cache, device));
+  ml_check(status);
   CAMLreturn(Val_unit);
 }
 
@@ -267,8 +192,8 @@ value ml_kc_cache_clear(value vcache) {
   CAMLparam1(vcache);
   struct ml_cache *mc = ml_cache_of(vcache);
   kc_status status;
-  ML_UNLOCKED_CALL(mc, status, kc_cache_clear(mc->cache));
-  if (status != KC_OK) ml_raise_status(status);
+  ML_UNLOCKED_CALL(mc->calls, status, kc_cache_clear(mc->cache));
+  ml_check(status);
   CAMLreturn(Val_unit);
 }
 
@@ -279,29 +204,23 @@ value ml_kc_cache_len(value vcache) {
 }
 
 value ml_kc_cache_reset_stats(value vcache) {
-  kc_status status = kc_cache_reset_stats(ml_cache_of(vcache)->cache);
-  if (status != KC_OK) ml_raise_status(status);
+  ml_check(kc_cache_reset_stats(ml_cache_of(vcache)->cache));
   return Val_unit;
 }
 
 /* The fields in the order of Kcache.stats. */
 value ml_kc_cache_stats(value vcache) {
-  CAMLparam1(vcache);
-  CAMLlocal1(vstats);
   kc_cache_statistics s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  kc_status status = kc_cache_stats(ml_cache_of(vcache)->cache, &s);
-  if (status != KC_OK) ml_raise_status(status);
+  ml_check(kc_cache_stats(ml_cache_of(vcache)->cache, &s));
   const uint64_t fields[] = {s.hits,      s.misses,          s.builds,
                              s.build_failures, s.waits,      s.discarded,
                              s.capacity_evictions, s.device_evictions, s.clears,
                              s.destroys,  s.destroy_errors,  s.entries,
                              s.weight,    s.leases};
   const size_t n = sizeof fields / sizeof fields[0];
-  vstats = caml_alloc_tuple(n);
-  for (size_t i = 0; i < n; i++) Store_field(vstats, i, Val_long((intnat)fields[i]));
-  CAMLreturn(vstats);
+  return ml_counters(fields, n, n);
 }
 
 value ml_kc_lease_value(value vlease) {
