@@ -90,16 +90,25 @@ static int ml_build(void *ctx, const uint8_t *key, size_t key_len, void **out_va
   return ml_run(b->mc, b->build, key, key_len, out_value, out_weight);
 }
 
+/* Set while this thread releases a lease with the runtime lock held (see
+ * ml_kc_lease_release): a destroy run by that release is on this thread, which has the lock
+ * already. Cleared while the destroy runs OCaml code, so that a kcache call made from that
+ * code, which releases the lock, gets destroys that take it back. */
+static _Thread_local int ml_lock_held;
+
 static int ml_destroy(void *ctx, void *v) {
   struct ml_cache *mc = ctx;
   value *box = v;
-  caml_acquire_runtime_system();
+  int held = ml_lock_held;
+  ml_lock_held = 0;
+  if (!held) caml_acquire_runtime_system();
   value res = caml_callback2_exn(*ml_run_destroy, mc->state, *box);
   int code = Is_exception_result(res) ? 1 : Int_val(res);
   caml_remove_generational_global_root(box);
   free(box);
   ml_cache_unref(mc);
-  caml_release_runtime_system();
+  if (!held) caml_release_runtime_system();
+  ml_lock_held = held;
   return code;
 }
 
@@ -235,15 +244,16 @@ value ml_kc_lease_weight(value vlease) {
   return Val_long((intnat)kc_lease_weight(lease));
 }
 
-/* Releases once: the pointer is cleared before the lock is let go, so a second release is a
- * no-op rather than a double free. */
+/* Releases once: the pointer is cleared first, so a second release is a no-op rather than a
+ * double free. A release never waits, and the destroy it may run runs on this thread: the
+ * runtime lock stays held, and ml_destroy is told so, which halves the lock traffic of a hit. */
 value ml_kc_lease_release(value vlease) {
   kc_lease *lease = Lease_ptr(vlease);
   if (lease == NULL) return Val_unit;
   Lease_ptr(vlease) = NULL;
-  caml_release_runtime_system();
+  ml_lock_held = 1;
   kc_lease_release(lease);
-  caml_acquire_runtime_system();
+  ml_lock_held = 0;
   return Val_unit;
 }
 

@@ -6,7 +6,9 @@
  *   build, a load, a serialize, a destroy) runs with the runtime lock released; the callbacks
  *   take it back before touching any OCaml value. Holding it across such a call deadlocks: the
  *   thread waiting inside kcache would hold the lock that the building thread needs to run its
- *   OCaml build.
+ *   OCaml build. The one exception is a lease's release, which never waits and runs its
+ *   destroy on the releasing thread: it keeps the lock, and says so to the destroy callback
+ *   (cache_stubs.c).
  * - While the lock is released the GC may move OCaml values, so kcache never sees a pointer
  *   into the OCaml heap: keys are copied out, and each cached value lives in a malloc'd box
  *   registered as a generational global root, unregistered exactly once, in destroy.

@@ -193,6 +193,18 @@ let test_destroy_and_eviction () =
   Kcache.free c;
   check "a call after free" (match Kcache.length c with _ -> false | exception Invalid_argument _ -> true)
 
+(* A lease's release runs the destroy on the releasing thread; that destroy may call kcache,
+   whose own destroys then run as from any other call. *)
+let test_destroy_calls_kcache () =
+  let inner_destroyed = counter () in
+  Kcache.with_cache ~destroy:(fun _ -> bump inner_destroyed) (fun inner ->
+      Kcache.with_cache ~destroy:(fun _ -> Kcache.clear inner) (fun outer ->
+          ignore (Kcache.find_or_build inner "x" ~build:Fun.id);
+          Kcache.with_lease outer "o" ~build:Fun.id (fun _ -> Kcache.clear outer);
+          check_int "the destroy run by the release cleared the other cache" 1
+            (count inner_destroyed);
+          check_int "that cache is empty" 0 (Kcache.length inner)))
+
 let test_reentrant () =
   Kcache.with_cache (fun c ->
       let rec build k = "x" ^ Kcache.find_or_build c k ~build in
@@ -254,6 +266,7 @@ let () =
   test_build_raises ();
   test_gc_compact_under_leases ();
   test_destroy_and_eviction ();
+  test_destroy_calls_kcache ();
   test_reentrant ();
   test_stress ();
   finish "OCaml binding tests"
