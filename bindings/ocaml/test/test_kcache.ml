@@ -146,6 +146,30 @@ let test_gc_compact_under_leases () =
       Gc.compact ();
       check "the same value after compaction" (Kcache.find_or_build c "three" ~build == v))
 
+(* Runs [action] while a build of [key] is in flight on another thread; the status that build's
+   lookup failed with, if it failed. *)
+let during_build c ?device key action =
+  let started = ref false and go = ref false in
+  let result = ref None in
+  let t =
+    Thread.create
+      (fun () ->
+        match
+          Kcache.find_or_build c ?device key ~build:(fun k ->
+              started := true;
+              await "the action" (fun () -> !go);
+              k ^ k)
+        with
+        | _ -> ()
+        | exception Kcache.Error (status, _) -> result := Some status)
+      ()
+  in
+  await "build started" (fun () -> !started);
+  action ();
+  go := true;
+  Thread.join t;
+  !result
+
 let test_destroy_and_eviction () =
   let destroyed = counter () in
   let c = Kcache.create ~max_entries:2 ~weight:String.length ~destroy:(fun _ -> bump destroyed) () in
@@ -162,27 +186,8 @@ let test_destroy_and_eviction () =
   check_int "device 2 evicted" 2 (count destroyed);
   check_int "one entry left" 1 (Kcache.length c);
   (* A build in flight when its device is evicted fails, and its value is destroyed. *)
-  let started = ref false and go = ref false in
-  let m = Mutex.create () in
-  let result = ref false in
-  let t =
-    Thread.create
-      (fun () ->
-        result :=
-          raises_status Kcache.Status.Device_destroyed (fun () ->
-              Kcache.find_or_build c ~device:3 "d" ~build:(fun k ->
-                  Mutex.lock m;
-                  started := true;
-                  Mutex.unlock m;
-                  await "evicted" (fun () -> !go);
-                  k)))
-      ()
-  in
-  await "build started" (fun () -> !started);
-  Kcache.evict_device c 3;
-  go := true;
-  Thread.join t;
-  check "in-flight build fails with Device_destroyed" !result;
+  let result = during_build c ~device:3 "d" (fun () -> Kcache.evict_device c 3) in
+  check "in-flight build fails with Device_destroyed" (result = Some Kcache.Status.Device_destroyed);
   check_int "its value destroyed" 3 (count destroyed);
   (* A value leased across free is destroyed when its lease ends. *)
   Kcache.with_lease c "e" ~build (fun v ->
@@ -204,6 +209,18 @@ let test_destroy_calls_kcache () =
           check_int "the destroy run by the release cleared the other cache" 1
             (count inner_destroyed);
           check_int "that cache is empty" 0 (Kcache.length inner)))
+
+let test_invalidated_by_clear () =
+  let destroyed = counter () in
+  Kcache.with_cache ~invalidated_by_clear:true ~destroy:(fun _ -> bump destroyed) (fun c ->
+      check "a build in flight across a clear fails with Cache_cleared"
+        (during_build c "k" (fun () -> Kcache.clear c) = Some Kcache.Status.Cache_cleared);
+      check_int "its value destroyed" 1 (count destroyed);
+      check_int "stats discarded" 1 (Kcache.stats c).discarded);
+  Kcache.with_cache (fun c ->
+      check "without invalidated_by_clear it is installed"
+        (during_build c "k" (fun () -> Kcache.clear c) = None);
+      check_int "one entry" 1 (Kcache.length c))
 
 let test_reentrant () =
   Kcache.with_cache (fun c ->
@@ -267,6 +284,7 @@ let () =
   test_gc_compact_under_leases ();
   test_destroy_and_eviction ();
   test_destroy_calls_kcache ();
+  test_invalidated_by_clear ();
   test_reentrant ();
   test_stress ();
   finish "OCaml binding tests"
