@@ -1,0 +1,243 @@
+/* The disk tier (kc_disk_*) and the tiered lookup (kc_tiered_find_or_build). Disk calls do
+ * I/O and a tiered lookup runs callbacks: all of them run with the runtime lock released, on
+ * copies of the keys and data. */
+#include "ml_kcache.h"
+
+/* One OCaml disk; `calls` as in struct ml_cache. */
+struct ml_disk {
+  kc_disk *disk;
+  intnat calls;
+};
+
+#define Disk_ptr(v) (*(struct ml_disk **)Data_custom_val(v))
+
+/* No finalizer: freeing waits for the background writes, which Kcache.Disk.free does with
+ * the runtime lock released. */
+static struct custom_operations ml_disk_ops = {
+    "kcache.disk",           custom_finalize_default,    custom_compare_default,
+    custom_hash_default,     custom_serialize_default,   custom_deserialize_default,
+    custom_compare_ext_default, custom_fixed_length_default};
+
+static struct ml_disk *ml_disk_of(value vdisk) {
+  struct ml_disk *md = Disk_ptr(vdisk);
+  if (md == NULL) caml_invalid_argument("Kcache.Disk: the disk was freed");
+  return md;
+}
+
+/* A disk key: exactly KC_KEY_LEN bytes, copied to `out`. */
+static void ml_disk_key(value vkey, uint8_t *out) {
+  if (caml_string_length(vkey) != KC_KEY_LEN)
+    caml_invalid_argument("Kcache.Disk: a disk key is 32 bytes (Kcache.Key.make)");
+  memcpy(out, String_val(vkey), KC_KEY_LEN);
+}
+
+/* `vopts` is a Kcache.Disk options record: dir, max_size, key, relaxed_durability,
+ * ignore_env, require_key, lock_timeout_ms. kc_disk_new neither waits nor runs callbacks and
+ * copies what it keeps, so OCaml strings are passed straight through, the lock held. */
+value ml_kc_disk_new(value vopts) {
+  CAMLparam1(vopts);
+  CAMLlocal1(vdisk);
+  kc_disk_options opts = kc_disk_options_default();
+  value vdir = Field(vopts, 0), vkey = Field(vopts, 2);
+  if (Is_block(vdir)) {
+    if (!caml_string_is_c_safe(Field(vdir, 0)))
+      caml_invalid_argument("Kcache.Disk.create: a NUL byte in dir");
+    opts.dir = String_val(Field(vdir, 0));
+  }
+  opts.max_size = (uint64_t)Long_val(Field(vopts, 1));
+  if (Is_block(vkey)) {
+    opts.key = (const uint8_t *)String_val(Field(vkey, 0));
+    opts.key_len = caml_string_length(Field(vkey, 0));
+  }
+  opts.relaxed_durability = Bool_val(Field(vopts, 3));
+  opts.ignore_env = Bool_val(Field(vopts, 4));
+  opts.require_key = Bool_val(Field(vopts, 5));
+  opts.lock_timeout_ms = (uint64_t)Long_val(Field(vopts, 6));
+  struct ml_disk *md = malloc(sizeof *md);
+  if (md == NULL) caml_raise_out_of_memory();
+  md->calls = 0;
+  kc_status status = kc_disk_new(&opts, &md->disk);
+  if (status != KC_OK) {
+    free(md);
+    ml_raise_status(status);
+  }
+  vdisk = caml_alloc_custom(&ml_disk_ops, sizeof(struct ml_disk *), 0, 1);
+  Disk_ptr(vdisk) = md;
+  CAMLreturn(vdisk);
+}
+
+value ml_kc_disk_free(value vdisk) {
+  struct ml_disk *md = Disk_ptr(vdisk);
+  if (md == NULL) return Val_unit;
+  if (md->calls > 0) caml_invalid_argument("Kcache.Disk.free: calls on the disk are running");
+  Disk_ptr(vdisk) = NULL;
+  caml_release_runtime_system();
+  kc_disk_free(md->disk);
+  caml_acquire_runtime_system();
+  free(md);
+  return Val_unit;
+}
+
+value ml_kc_disk_put(value vdisk, value vkey, value vdata) {
+  CAMLparam3(vdisk, vkey, vdata);
+  struct ml_disk *md = ml_disk_of(vdisk);
+  uint8_t key[KC_KEY_LEN];
+  ml_disk_key(vkey, key);
+  size_t len = caml_string_length(vdata);
+  uint8_t *data = malloc(len > 0 ? len : 1);
+  if (data == NULL) caml_raise_out_of_memory();
+  memcpy(data, String_val(vdata), len);
+  kc_status status;
+  ML_UNLOCKED_CALL(md->calls, status, kc_disk_put(md->disk, key, data, len, 0));
+  free(data);
+  ml_check(status);
+  CAMLreturn(Val_unit);
+}
+
+/* Some payload, or None for a miss (no entry, or one that failed verification and was
+ * removed). */
+value ml_kc_disk_get(value vdisk, value vkey) {
+  CAMLparam2(vdisk, vkey);
+  CAMLlocal2(vdata, vsome);
+  struct ml_disk *md = ml_disk_of(vdisk);
+  uint8_t key[KC_KEY_LEN];
+  ml_disk_key(vkey, key);
+  kc_buffer buf;
+  memset(&buf, 0, sizeof buf);
+  kc_status status;
+  ML_UNLOCKED_CALL(md->calls, status, kc_disk_get(md->disk, key, &buf));
+  if (status == KC_ERR_NOT_FOUND || status == KC_ERR_INTEGRITY) CAMLreturn(Val_none);
+  ml_check(status);
+  vdata = caml_alloc_initialized_string(buf.len, (const char *)buf.data);
+  kc_buffer_free(&buf);
+  vsome = caml_alloc_some(vdata);
+  CAMLreturn(vsome);
+}
+
+value ml_kc_disk_remove(value vdisk, value vkey) {
+  CAMLparam2(vdisk, vkey);
+  struct ml_disk *md = ml_disk_of(vdisk);
+  uint8_t key[KC_KEY_LEN];
+  ml_disk_key(vkey, key);
+  kc_status status;
+  ML_UNLOCKED_CALL(md->calls, status, kc_disk_remove(md->disk, key));
+  if (status == KC_ERR_NOT_FOUND) CAMLreturn(Val_false);
+  ml_check(status);
+  CAMLreturn(Val_true);
+}
+
+value ml_kc_disk_flush(value vdisk) {
+  CAMLparam1(vdisk);
+  struct ml_disk *md = ml_disk_of(vdisk);
+  kc_status status;
+  ML_UNLOCKED_CALL(md->calls, status, kc_disk_flush(md->disk));
+  ml_check(status);
+  CAMLreturn(Val_unit);
+}
+
+value ml_kc_disk_reset_stats(value vdisk) {
+  ml_check(kc_disk_reset_stats(ml_disk_of(vdisk)->disk));
+  return Val_unit;
+}
+
+/* The fields in the order of Kcache.Disk.stats. */
+value ml_kc_disk_stats(value vdisk) {
+  kc_disk_statistics s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  ml_check(kc_disk_stats(ml_disk_of(vdisk)->disk, &s));
+  const uint64_t fields[] = {s.hits,          s.misses,         s.puts,
+                             s.bytes_read,    s.bytes_written,  s.integrity_rejects,
+                             s.io_errors,     s.evictions,      s.removes,
+                             s.load_failures, s.entries,        s.bytes,
+                             s.lock_waits,    s.lock_timeouts,  s.lock_takeovers,
+                             s.pending_writes, s.failed_writes};
+  const size_t n = sizeof fields / sizeof fields[0];
+  value vstats = ml_counters(fields, n, n + 1);
+  Store_field(vstats, n, Val_bool(s.scan_complete));
+  return vstats;
+}
+
+/* What the tiered callbacks need: each points at a local root of the calling stub. `bytes`
+ * holds serialize's result between its two calls. */
+struct ml_tiered_ctx {
+  struct ml_cache *mc;
+  value *build;
+  value *load;
+  value *serialize;
+  value *bytes;
+};
+
+static int ml_tiered_build(void *ctx, const uint8_t *key, size_t key_len, void **out_value,
+                           uint64_t *out_weight) {
+  struct ml_tiered_ctx *t = ctx;
+  return ml_run(t->mc, t->build, key, key_len, out_value, out_weight);
+}
+
+static int ml_tiered_load(void *ctx, const uint8_t *bytes, size_t len, void **out_value,
+                          uint64_t *out_weight) {
+  struct ml_tiered_ctx *t = ctx;
+  return ml_run(t->mc, t->load, bytes, len, out_value, out_weight);
+}
+
+/* First call: runs the OCaml serialize and keeps its string; second: copies it out. An
+ * exception from serialize skips the write-back, as a non-zero return is documented to. */
+static int ml_tiered_serialize(void *ctx, void *v, uint8_t *buf, size_t *len) {
+  struct ml_tiered_ctx *t = ctx;
+  int code = 0;
+  caml_acquire_runtime_system();
+  if (buf == NULL) {
+    value res = caml_callback_exn(*t->serialize, *(value *)v);
+    if (Is_exception_result(res)) {
+      code = 1;
+    } else {
+      *t->bytes = res;
+      *len = caml_string_length(res);
+    }
+  } else if (Is_block(*t->bytes) && caml_string_length(*t->bytes) <= *len) {
+    *len = caml_string_length(*t->bytes);
+    memcpy(buf, String_val(*t->bytes), *len);
+  } else {
+    code = 1;
+  }
+  caml_release_runtime_system();
+  return code;
+}
+
+/* `vdisk` is a disk option; `vcbs` the record { build; load; serialize; disk_key }. */
+value ml_kc_tiered_find_or_build(value vcache, value vkey, value vdevice, value vdisk,
+                                 value vcbs) {
+  CAMLparam5(vcache, vkey, vdevice, vdisk, vcbs);
+  CAMLlocal5(vbuild, vload, vserialize, vbytes, vlease);
+  struct ml_cache *mc = ml_cache_of(vcache);
+  struct ml_disk *md = Is_block(vdisk) ? ml_disk_of(Field(vdisk, 0)) : NULL;
+  uint8_t l2_key[KC_KEY_LEN];
+  ml_disk_key(Field(vcbs, 3), l2_key);
+  vbuild = Field(vcbs, 0);
+  vload = Field(vcbs, 1);
+  vserialize = Field(vcbs, 2);
+  vbytes = Val_unit;
+  struct ml_tiered_ctx ctx = {mc, &vbuild, &vload, &vserialize, &vbytes};
+  kc_tiered_callbacks cbs;
+  memset(&cbs, 0, sizeof cbs);
+  cbs.struct_size = sizeof cbs;
+  cbs.build = ml_tiered_build;
+  cbs.load = ml_tiered_load;
+  cbs.serialize = ml_tiered_serialize;
+  cbs.ctx = &ctx;
+  uint8_t small[ML_SMALL_KEY];
+  size_t len;
+  uint8_t *key = ml_key_copy(vkey, small, &len);
+  int64_t device = Long_val(vdevice);
+  kc_lease *lease = NULL;
+  kc_status status;
+  if (md != NULL) md->calls++;
+  ML_UNLOCKED_CALL(mc->calls, status,
+                   kc_tiered_find_or_build(mc->cache, key, len, device,
+                                           md != NULL ? md->disk : NULL, l2_key, &cbs, &lease));
+  if (md != NULL) md->calls--;
+  if (key != small) free(key);
+  ml_check(status);
+  vlease = ml_lease_alloc(lease);
+  CAMLreturn(vlease);
+}

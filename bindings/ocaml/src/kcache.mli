@@ -1,0 +1,152 @@
+(** A concurrency-safe cache of OCaml values over kcache's memory tier: one build per key
+    however many threads ask for it, leases that keep a value from being destroyed while it is
+    in use, eviction by device, and counters.
+
+    Every call that can wait or run a callback releases the OCaml runtime lock, so other
+    threads (systhreads) run meanwhile; builds and destroys take it back. *)
+
+module Status : sig
+  (** kcache's failure codes ([kc_status] without [KC_OK]); [Unknown] for a code this
+      binding does not know. *)
+  type t =
+    | Invalid_argument
+    | Build_failed
+    | Device_destroyed
+    | Cache_cleared
+    | Destroy_failed
+    | Reentrant
+    | Not_found
+    | Panic
+    | Unavailable
+    | Io
+    | Integrity
+    | Untrusted
+    | Backend
+    | Buffer_too_small
+    | Unknown
+
+  val to_string : t -> string
+  (** The C name, e.g. ["KC_ERR_DEVICE_DESTROYED"]. *)
+end
+
+exception Error of Status.t * string
+(** A failed call: the status and kcache's detail ([kc_last_error_message]). A build that
+    raised is not reported this way: its own exception is raised again. *)
+
+module Key = Key
+module Disk = Disk
+
+type 'a t
+(** A cache of values of type ['a], keyed by strings (compared by content). *)
+
+val create :
+  ?max_entries:int ->
+  ?max_weight:int ->
+  ?invalidated_by_clear:bool ->
+  ?weight:('a -> int) ->
+  ?destroy:('a -> unit) ->
+  unit ->
+  'a t
+(** A cache. [max_entries] and [max_weight] bound it (0, the default: unbounded); [weight]
+    gives each built value's weight (default 0); [destroy] runs exactly once per built value,
+    when it has left the cache and no lease holds it (an exception from it is counted in
+    [destroy_errors] and reported as [Error (Destroy_failed, _)] by the call that ran it, when
+    that call reports anything). With [invalidated_by_clear], a build in flight across a
+    [clear] fails with [Error (Cache_cleared, _)].
+
+    Free the cache with {!free} (or use {!with_cache}): the GC does not, because freeing runs
+    [destroy] callbacks, which a finalizer cannot. [destroy] must not call into this cache. *)
+
+val free : 'a t -> unit
+(** Frees the cache: destroys every value no lease holds now, the others when their lease
+    ends. Later calls on the cache raise [Invalid_argument]; a second [free] does nothing.
+    Raises [Invalid_argument] while another thread is inside a call on the cache. *)
+
+val with_cache :
+  ?max_entries:int ->
+  ?max_weight:int ->
+  ?invalidated_by_clear:bool ->
+  ?weight:('a -> int) ->
+  ?destroy:('a -> unit) ->
+  ('a t -> 'b) ->
+  'b
+(** [with_cache f] creates a cache, runs [f] on it and frees it, however [f] returns. *)
+
+val with_lease : 'a t -> ?device:int -> string -> build:(string -> 'a) -> ('a -> 'b) -> 'b
+(** [with_lease t key ~build f] runs [f] on the value for [key], building it with
+    [build key] on a miss. Threads asking for the same key share one build: they wait for it
+    (with the runtime lock released) and get its value, or its exception, raised again with
+    its backtrace in each of them. The value is not destroyed while [f] runs, whatever other
+    threads remove, evict or clear; the lease ends when [f] returns or raises.
+
+    [device] (>= 0) is recorded by the build that installs the entry, for {!evict_device}.
+    [build] may use any cache, but asking this cache for [key] raises
+    [Error (Reentrant, _)]. *)
+
+val with_lease_weight :
+  'a t -> ?device:int -> string -> build:(string -> 'a) -> ('a -> int -> 'b) -> 'b
+(** {!with_lease}, with the value's weight passed to [f] too. *)
+
+val with_lease_tiered :
+  'a t ->
+  ?device:int ->
+  ?disk:Disk.t ->
+  string ->
+  disk_key:string ->
+  build:(string -> 'a) ->
+  load:(string -> 'a) ->
+  serialize:('a -> string) ->
+  ('a -> 'b) ->
+  'b
+(** {!with_lease} with the disk tier under the cache: on a miss in memory, [load] turns the
+    disk entry for [disk_key] (32 bytes, {!Key.make}) into a value, else [build key] builds
+    it and [serialize]'s bytes are written back to [disk] (in the background: {!Disk.flush}
+    waits for them). One read or build per key across threads, and across processes sharing
+    the directory. A [load] that raises makes kcache remove the entry and build; a
+    [serialize] that raises skips the write-back. Without [disk], memory only. *)
+
+val find_or_build : 'a t -> ?device:int -> string -> build:(string -> 'a) -> 'a
+(** The value for [key], built on a miss; its lease ends on return, so [destroy] may run on
+    it from then on. Use {!with_lease} when [destroy] frees what the value refers to. *)
+
+val remove : 'a t -> string -> bool
+(** Removes the entry for [key]; false if there was none. Its value is destroyed now, or
+    when its last lease ends. *)
+
+val evict_device : 'a t -> int -> unit
+(** Removes every entry built for the device, and makes its builds in flight fail with
+    [Error (Device_destroyed, _)]. *)
+
+val clear : 'a t -> unit
+(** Removes every entry. *)
+
+val length : 'a t -> int
+(** The number of entries now. *)
+
+type stats = {
+  hits : int;  (** lookups answered from a ready entry *)
+  misses : int;  (** lookups that found neither a ready entry nor a build to wait for *)
+  builds : int;  (** builds that produced a value *)
+  build_failures : int;  (** builds that raised *)
+  waits : int;  (** lookups that waited for another thread's build *)
+  discarded : int;  (** values built but destroyed instead of installed *)
+  capacity_evictions : int;
+  device_evictions : int;
+  clears : int;
+  destroys : int;  (** values released *)
+  destroy_errors : int;  (** destroys that raised *)
+  entries : int;  (** entries now *)
+  weight : int;  (** their total weight now *)
+  leases : int;  (** leases held now *)
+}
+(** The counters of [kc_cache_statistics]. *)
+
+val stats : 'a t -> stats
+val reset_stats : 'a t -> unit
+(** Zeroes the event counters; [entries], [weight] and [leases] stay. *)
+
+val hit_rate : stats -> float option
+(** [hits / (hits + misses)]; [None] before the first lookup. *)
+
+val version : unit -> string
+(** The library's version, ["MAJOR.MINOR.PATCH"]. *)
