@@ -1,4 +1,4 @@
-//! L1 → L2 → build for any backend, including ones kcache knows nothing about.
+//! L1 → L2 → L3 → build for any backend, including ones kcache knows nothing about.
 //!
 //! A backend supplies four callbacks: `l2_key` (the content key), `build` (compile from
 //! scratch), `serialize` (live value → bytes for the disk) and `load` (bytes → live value).
@@ -12,9 +12,12 @@
 //! concurrent misses on one key read the disk (or compile) once. A miss on the disk then
 //! claims the entry's cross-process lock (see `disk::lock`), so that of the processes sharing
 //! the directory one builds and the others wait and read its entry; one process's waiters
-//! share its one wait. The write-back happens after the flight, on the disk tier's background
+//! share its one wait. Before claiming it, a disk miss asks the remote tier behind the disk
+//! (`crate::remote`), when there is one; its entry is loaded and copied to the disk. The
+//! write-back happens after the flight, on the disk tier's background
 //! writer, which releases the lock once the entry is published: the caller has its value as
-//! soon as it is built, and waits neither for serializing nor for a fsync.
+//! soon as it is built, and waits neither for serializing nor for a fsync, nor for the
+//! remote, which the writer sends the entry to after the disk.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -45,6 +48,7 @@ pub struct TieredCache<K, V> {
 #[derive(Default)]
 pub(crate) struct Counters {
     disk_hits: AtomicU64,
+    remote_hits: AtomicU64,
     disk_absent: AtomicU64,
     disk_errors: AtomicU64,
     load_failures: AtomicU64,
@@ -60,6 +64,9 @@ pub struct TieredStats {
     pub disk_hits: u64,
     /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
     pub disk_misses: u64,
+    /// Of those, values loaded from the remote tier instead of built (its own counters are
+    /// [`DiskCache::remote_stats`]).
+    pub remote_hits: u64,
     /// Of those, the ones where the disk tier had no entry for the key, or only a corrupt one
     /// (which it removed).
     pub disk_absent: u64,
@@ -81,6 +88,7 @@ pub struct TieredStats {
 crate::stats::events!(TieredStats {
     disk_hits,
     disk_misses,
+    remote_hits,
     disk_absent,
     disk_errors,
     load_failures,
@@ -165,8 +173,9 @@ where
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         TieredStats {
             disk_hits: get(&c.disk_hits),
-            // Every L1 miss the disk does not answer is built.
-            disk_misses: get(&c.builds),
+            // Every L1 miss the disk does not answer is loaded from the remote or built.
+            disk_misses: get(&c.builds) + get(&c.remote_hits),
+            remote_hits: get(&c.remote_hits),
             disk_absent: get(&c.disk_absent),
             disk_errors: get(&c.disk_errors),
             load_failures: get(&c.load_failures),
@@ -268,6 +277,9 @@ where
                     if let Some(value) = self.load_from_disk(disk, key, &mut load) {
                         return (Ok(value), Made::Loaded);
                     }
+                    if let Some(value) = self.load_from_remote(disk, key, &mut load) {
+                        return (Ok(value), Made::Loaded);
+                    }
                     match disk.claim(key) {
                         Claim::Leader(lock) => Some(lock),
                         Claim::Published => {
@@ -357,6 +369,18 @@ where
             .ok()
     }
 
+    /// The value loaded from the remote tier's entry for `l2_key` (which the disk tier keeps
+    /// a copy of), if there is one `load` (taken then) accepts.
+    fn load_from_remote(
+        &self,
+        disk: &DiskCache,
+        l2_key: &Key,
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
+    ) -> Option<(V, u64)> {
+        let entry = disk.fetch_remote(l2_key)?;
+        self.load_stored(disk, l2_key, entry.payload(), load, Stored::Remote)
+    }
+
     /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)
     /// accepts.
     fn load_from_disk(
@@ -377,29 +401,66 @@ where
                 return None;
             }
         };
+        self.load_stored(disk, l2_key, entry.payload(), load, Stored::Disk)
+    }
+
+    /// `load` (taken) run on a verified payload; a refusal is counted and logged, and a
+    /// refused disk entry removed (the remote's is replaced when the rebuild is written).
+    fn load_stored(
+        &self,
+        disk: &DiskCache,
+        l2_key: &Key,
+        payload: &[u8],
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
+        stored: Stored,
+    ) -> Option<(V, u64)> {
         let load = load.take()?;
-        match load(entry.payload()) {
+        match load(payload) {
             Ok(value) => {
-                bump(&self.counters.disk_hits);
+                bump(match stored {
+                    Stored::Disk => &self.counters.disk_hits,
+                    Stored::Remote => &self.counters.remote_hits,
+                });
                 Some(value)
             }
             Err(e) => {
                 log::debug(|| {
                     format!(
-                        "disk miss: {}: the runtime refused the stored value (code {}): {}; \
-                         removed",
+                        "{} miss: {}: the runtime refused the stored value (code {}): {}{}",
+                        stored.name(),
                         disk.entry_name(l2_key),
                         e.code,
-                        e.message
+                        e.message,
+                        if stored == Stored::Disk {
+                            "; removed"
+                        } else {
+                            ""
+                        }
                     )
                 });
                 bump(&self.counters.load_failures);
                 // A rebuild overwrites the entry anyway; this only counts as a disk error.
-                if disk.discard_unloadable(l2_key).is_err() {
+                if stored == Stored::Disk && disk.discard_unloadable(l2_key).is_err() {
                     bump(&self.counters.disk_errors);
                 }
                 None
             }
+        }
+    }
+}
+
+/// Where a payload handed to `load` came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    Disk,
+    Remote,
+}
+
+impl Stored {
+    fn name(self) -> &'static str {
+        match self {
+            Stored::Disk => "disk",
+            Stored::Remote => "remote",
         }
     }
 }

@@ -10,6 +10,8 @@
 //!   `write_back`: what it writes, and when.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //! - `shards`: counters every process using the directory adds to, for operators' tools.
+//! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
+//!   as here.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
@@ -22,6 +24,7 @@ mod gc;
 mod listing;
 mod lock;
 mod shards;
+mod shared;
 mod store;
 mod write_back;
 mod writer;
@@ -48,6 +51,7 @@ use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
+use crate::remote::Remote;
 use crate::stats::Baseline;
 use format::{HEADER_LEN, TAG_LEN, Tagger};
 
@@ -79,6 +83,8 @@ struct Inner {
     persisted: shards::Persisted,
     index: evict::Index,
     writer: writer::Writer,
+    /// The remote tier behind this one, if configured.
+    remote: Option<Remote>,
 }
 
 #[derive(Default)]
@@ -221,6 +227,9 @@ impl DiskCache {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
         let tagger = Tagger::new(resolved.key.as_ref());
+        let remote = resolved
+            .remote
+            .and_then(|config| Remote::open(config, resolved.key.is_some()));
         let inner = Arc::new(Inner {
             dir,
             path: resolved.dir,
@@ -235,6 +244,7 @@ impl DiskCache {
             persisted: shards::Persisted::default(),
             index: evict::Index::default(),
             writer: writer::Writer::default(),
+            remote,
         });
         evict::start_scan(&inner);
         let listed = Arc::new(Listed(Arc::clone(&inner)));
@@ -285,10 +295,13 @@ impl DiskCache {
         self.inner.baseline.apply(&self.inner.stats())
     }
 
-    /// Zeroes this handle's event counters (not the gauges, nor the directory's counters:
+    /// Zeroes this handle's event counters, the remote tier's included (not the gauges, nor the directory's counters:
     /// see [`DiskCache::zero_directory_stats`]).
     pub fn reset_stats(&self) {
         self.inner.baseline.reset(self.inner.stats());
+        if let Some(remote) = &self.inner.remote {
+            remote.reset_stats();
+        }
     }
 
     /// Waits for the scan of the directory that `open` starts (milliseconds even for a full

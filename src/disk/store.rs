@@ -21,7 +21,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epoch};
-use super::format::{self, Expect, FORMAT_VERSION, Header, OVERHEAD};
+use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD, TAG_LEN};
 use super::{DiskCache, Durability, Entry, Inner, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
@@ -128,17 +128,7 @@ pub(super) fn put(
             inner.max_entry_size()
         )));
     }
-    let header = Header {
-        version: FORMAT_VERSION,
-        algorithm: inner.tagger.algorithm(),
-        schema: inner.schema,
-        fingerprint: inner.tagger.fingerprint(),
-        key: *key,
-        payload_len: payload.len() as u64,
-        build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
-    }
-    .encode();
-    let tag = inner.tagger.tag(&[&header, payload]);
+    let (header, tag) = seal(inner, key, payload, build_time);
     let name = inner.entry_name(key);
     match write_entry(inner, &name, &[&header, payload, &tag]) {
         Ok(()) => {
@@ -155,6 +145,43 @@ pub(super) fn put(
             )))
         }
     }
+}
+
+/// The header and tag that make `payload` the entry for `key`, as written to disk and to the
+/// remote tier.
+pub(super) fn seal(
+    inner: &Inner,
+    key: &Key,
+    payload: &[u8],
+    build_time: Duration,
+) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
+    let header = Header {
+        version: FORMAT_VERSION,
+        algorithm: inner.tagger.algorithm(),
+        schema: inner.schema,
+        fingerprint: inner.tagger.fingerprint(),
+        key: *key,
+        payload_len: payload.len() as u64,
+        build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
+    }
+    .encode();
+    let tag = inner.tagger.tag(&[&header, payload]);
+    (header, tag)
+}
+
+/// `bytes` as the verified entry for `key`, or why they are refused: the check of every read,
+/// from disk or from the remote tier.
+pub(super) fn verified(inner: &Inner, key: &Key, bytes: Vec<u8>) -> Result<Entry, &'static str> {
+    let expect = Expect {
+        tagger: &inner.tagger,
+        schema: inner.schema,
+        key,
+    };
+    let header = format::verify(&bytes, &expect)?;
+    Ok(Entry {
+        bytes,
+        build_time: Duration::from_nanos(header.build_nanos),
+    })
 }
 
 fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
@@ -192,13 +219,8 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     if bytes.len() as u64 != size {
         return Err(reject(inner, name, Some(meta.ino()), "changed while read"));
     }
-    let expect = Expect {
-        tagger: &inner.tagger,
-        schema: inner.schema,
-        key,
-    };
-    let header = match format::verify(&bytes, &expect) {
-        Ok(header) => header,
+    let entry = match verified(inner, key, bytes) {
+        Ok(entry) => entry,
         Err(reason) => return Err(reject(inner, name, Some(meta.ino()), reason)),
     };
     let now = SystemTime::now();
@@ -209,10 +231,7 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     if stale && file.set_modified(now).is_ok() {
         inner.index.touch(name, nanos_since_epoch(now));
     }
-    Ok(Some(Entry {
-        bytes,
-        build_time: Duration::from_nanos(header.build_nanos),
-    }))
+    Ok(Some(entry))
 }
 
 /// Reads a whole file of `size` bytes (as its metadata said), allocating fallibly: a file

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::writer::Cause;
-use super::{DiskCache, Inner, KeyLock, bump, store};
+use super::{DiskCache, Inner, KeyLock, bump, shared, store};
 use crate::error::BuildError;
 use crate::key::Key;
 use crate::log;
@@ -115,15 +115,27 @@ fn publish(
 ) -> bool {
     let written = make()
         .map_err(|e| format!("the value could not be serialized: {}", e.message))
-        .and_then(|bytes| store::put(inner, key, &bytes, build_time).map_err(|e| e.to_string()));
-    if let Err(why) = &written {
-        log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(key)));
-        bump(&inner.counters.failed_writes, 1);
-        if let Some(lock) = &lock {
-            lock.abandon();
+        .and_then(|bytes| {
+            store::put(inner, key, &bytes, build_time)
+                .map(|()| bytes)
+                .map_err(|e| e.to_string())
+        });
+    match written {
+        Ok(bytes) => {
+            // Published: processes of this node waiting for it need not wait for the remote.
+            drop(lock);
+            shared::share(inner, key, &bytes, build_time);
+            true
+        }
+        Err(why) => {
+            log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(key)));
+            bump(&inner.counters.failed_writes, 1);
+            if let Some(lock) = &lock {
+                lock.abandon();
+            }
+            false
         }
     }
-    written.is_ok()
 }
 
 /// Rewrites the entry for `key` with the bytes `make` returns when they are larger than the
@@ -132,7 +144,9 @@ fn grow(inner: &Arc<Inner>, key: &Key, make: Maker, build_time: Duration) {
     let Ok(bytes) = make() else {
         return;
     };
-    if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0) {
-        let _ = store::put(inner, key, &bytes, build_time);
+    if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0)
+        && store::put(inner, key, &bytes, build_time).is_ok()
+    {
+        shared::share(inner, key, &bytes, build_time);
     }
 }

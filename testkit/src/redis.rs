@@ -1,0 +1,128 @@
+//! A `redis-server` of the test's own on a loopback port, for the remote tier's tests: started,
+//! killed, restarted on the same port, stopped and continued by the test.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rustix::process::{Pid, Signal};
+use tempfile::TempDir;
+
+/// A running (or killed) `redis-server`, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence on a free loopback port and waits until it answers.
+    /// Panics when `redis-server` is not installed (`scripts/test` installs it).
+    pub fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut server = RedisServer {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Starts the server again (on the same port) after [`RedisServer::kill`].
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "the server is running");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/test installs it)");
+        self.child = Some(child);
+        for _ in 0..1000 {
+            if self.try_connection().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not answer on port {}", self.port);
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the server: a stopped one accepts
+    /// connections (the kernel does) and answers nothing.
+    pub fn pause(&self, paused: bool) {
+        let child = self.child.as_ref().expect("the server is running");
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        let signal = if paused { Signal::STOP } else { Signal::CONT };
+        rustix::process::kill_process(pid, signal).unwrap();
+    }
+
+    /// A connection for looking at what the store holds.
+    pub fn connection(&self) -> redis::Connection {
+        self.try_connection().expect("the server answers")
+    }
+
+    fn try_connection(&self) -> Option<redis::Connection> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()?;
+        redis::cmd("PING").query::<String>(&mut con).ok()?;
+        Some(con)
+    }
+
+    /// Every key in the store.
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query(&mut self.connection())
+            .unwrap();
+        keys.sort();
+        keys
+    }
+
+    /// The value at `key`.
+    pub fn get(&self, key: &str) -> Vec<u8> {
+        redis::cmd("GET")
+            .arg(key)
+            .query(&mut self.connection())
+            .unwrap()
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&self, key: &str, value: &[u8]) {
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query::<()>(&mut self.connection())
+            .unwrap();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            // A stopped server would not die of SIGTERM; SIGKILL works either way.
+            self.kill();
+        }
+    }
+}
