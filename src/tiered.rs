@@ -25,11 +25,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, DiskBytes, DiskCache, KeyLock, Reported, Reporter};
+use crate::disk::{Claim, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
+use crate::remote::{Flight, LeaseGuard};
 use crate::stats::Baseline;
 
 /// A memory tier with an optional disk tier behind it.
@@ -268,11 +269,11 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut built: Option<(Duration, Key, Option<KeyLock>)> = None;
+        let mut built: Option<(Duration, Key, Option<KeyLock>, Option<LeaseGuard>)> = None;
         let mut load = load;
         let lease = self.memory.find_or_make(l1_key, device, || {
             let key = self.disk_key(l2_key);
-            let lock = match (&key, self.disk) {
+            let (lock, remote_lease) = match (&key, self.disk) {
                 (Some(key), Some(disk)) if load.is_some() => {
                     if let Some(value) = self.load_from_disk(disk, key, &mut load) {
                         return (Ok(value), Made::Loaded);
@@ -280,7 +281,7 @@ where
                     if let Some(value) = self.load_from_remote(disk, key, &mut load) {
                         return (Ok(value), Made::Loaded);
                     }
-                    match disk.claim(key) {
+                    let lock = match disk.claim(key) {
                         Claim::Leader(lock) => Some(lock),
                         Claim::Published => {
                             if let Some(value) = self.load_from_disk(disk, key, &mut load) {
@@ -289,9 +290,19 @@ where
                             None
                         }
                         Claim::Alone => None,
+                    };
+                    match disk.remote_flight(key) {
+                        Flight::Found(entry) => {
+                            match self.load_remote_entry(disk, key, entry, lock, &mut load) {
+                                Ok(value) => return (Ok(value), Made::Loaded),
+                                Err(lock) => (lock, None),
+                            }
+                        }
+                        Flight::Lead(remote_lease) => (lock, Some(remote_lease)),
+                        Flight::Build => (lock, None),
                     }
                 }
-                _ => None,
+                _ => (None, None),
             };
             bump(&self.counters.builds);
             if let Some(disk) = self.disk {
@@ -306,7 +317,7 @@ where
             let build_time = started.elapsed();
             let result = match result {
                 Ok(value) => {
-                    built = key.map(|key| (build_time, key, lock));
+                    built = key.map(|key| (build_time, key, lock, remote_lease));
                     Ok(value)
                 }
                 Err(e) => {
@@ -328,11 +339,14 @@ where
             };
             (result, Made::BuiltIn(build_time))
         })?;
-        if let (Some((build_time, key, lock)), Some(disk)) = (built, self.disk) {
+        if let (Some((build_time, key, lock, remote_lease)), Some(disk)) = (built, self.disk) {
             match serialize(lease.value()) {
                 Ok(bytes) => {
                     let counters = Arc::clone(self.counters);
                     disk.write_back(key, build_time, lock, bytes, move |written| {
+                        // The entry is in the remote now (or will not be): other nodes
+                        // waiting for it read it (or build).
+                        drop(remote_lease);
                         bump(if written {
                             &counters.write_backs
                         } else {
@@ -378,7 +392,26 @@ where
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
     ) -> Option<(V, u64)> {
         let entry = disk.fetch_remote(l2_key)?;
-        self.load_stored(disk, l2_key, entry.payload(), load, Stored::Remote)
+        self.load_remote_entry(disk, l2_key, entry, None, load).ok()
+    }
+
+    /// The value `load` makes of a remote entry; an entry it accepts is copied to the disk,
+    /// after which `lock` is released. A refused one gives `lock` back, for the build.
+    fn load_remote_entry(
+        &self,
+        disk: &DiskCache,
+        l2_key: &Key,
+        entry: Entry,
+        lock: Option<KeyLock>,
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
+    ) -> std::result::Result<(V, u64), Option<KeyLock>> {
+        match self.load_stored(disk, l2_key, entry.payload(), load, Stored::Remote) {
+            Some(value) => {
+                disk.backfill(l2_key, entry, lock);
+                Ok(value)
+            }
+            None => Err(lock),
+        }
     }
 
     /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)

@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
@@ -22,6 +22,8 @@ use kcache_testkit::successful_stdout;
 use tempfile::TempDir;
 
 const WORKER_ENV: &str = "KCACHE_REMOTE_WORKER";
+/// A file to wait for before the lookup, so that several workers miss at the same moment.
+const GO_ENV: &str = "KCACHE_REMOTE_GO";
 const ITEMS: usize = 64;
 
 const SOURCE: &str = "__kernel void twice_plus(__global float *y) {\n  uint i = get_global_id(0);\n  y[i] = 2.0f * y[i] + (float)(i ^ 5u);\n}\n";
@@ -39,6 +41,11 @@ fn remote_worker() {
         ..OpenClOptions::default()
     })
     .unwrap();
+    if let Some(go) = std::env::var_os(GO_ENV) {
+        while !Path::new(&go).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
     let program = cache
         .find_or_build(context.context(), context.device(), &[SOURCE], "")
         .unwrap();
@@ -100,6 +107,12 @@ impl Setup {
     /// Runs a worker on a disk directory of its own, with `env` on top of the remote tier's
     /// variables, and returns its counters line.
     fn run(&self, server: &RedisServer, node: &str, env: &[(&str, &str)]) -> String {
+        let out = successful_stdout(node, &mut self.worker(server, node, env));
+        counters(node, &out)
+    }
+
+    /// The command of a worker on a disk directory of its own.
+    fn worker(&self, server: &RedisServer, node: &str, env: &[(&str, &str)]) -> Command {
         let dir = self.tmp.path().join(node);
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
@@ -122,13 +135,16 @@ impl Setup {
         for (name, value) in env {
             cmd.env(name, value);
         }
-        let out = successful_stdout(node, &mut cmd);
-        // After the test harness's "test remote_worker ... ".
-        let at = out
-            .find("remote=")
-            .unwrap_or_else(|| panic!("{node} printed no counters:\n{out}"));
-        out[at..].lines().next().unwrap().to_owned()
+        cmd
     }
+}
+
+/// The counters line of a worker's output, after the test harness's "test remote_worker ... ".
+fn counters(node: &str, out: &str) -> String {
+    let at = out
+        .find("remote=")
+        .unwrap_or_else(|| panic!("{node} printed no counters:\n{out}"));
+    out[at..].lines().next().unwrap().to_owned()
 }
 
 fn pocl_cache(dir: &Path) -> PathBuf {
@@ -177,4 +193,42 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
 
     let bad = setup.run(&server, "bad", &[("KCACHE_REMOTE_TIMEOUT_MS", "soon")]);
     assert_eq!(bad, "remote=off builds=1 loads=0 correct=1");
+}
+
+#[test]
+fn four_processes_cold_starting_one_program_compile_it_once() {
+    let server = RedisServer::start();
+    let setup = Setup::new();
+    let go = setup.tmp.path().join("go");
+    let go_env = go.to_str().unwrap();
+    let workers: Vec<_> = (0..4)
+        .map(|n| {
+            setup
+                .worker(&server, &format!("node{n}"), &[(GO_ENV, go_env)])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    std::fs::write(&go, b"").unwrap();
+    let lines: Vec<String> = workers
+        .into_iter()
+        .enumerate()
+        .map(|(n, w)| {
+            let out = w.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "node{n}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            counters(&format!("node{n}"), &stdout)
+        })
+        .collect();
+    let count = |word: &str| lines.iter().filter(|l| l.contains(word)).count();
+    assert_eq!(count("builds=1"), 1, "{lines:#?}");
+    assert_eq!(count("builds=0 loads=1 hits=1"), 3, "{lines:#?}");
+    assert_eq!(count("correct=1"), 4, "{lines:#?}");
+    assert_eq!(server.keys().len(), 1, "{:?}", server.keys());
 }

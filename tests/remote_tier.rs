@@ -6,14 +6,15 @@
 //! counts and values, not times.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::RedisServer;
-use kcache_testkit::strings::{Cache, l2_key, lookup, tiered};
+use kcache_testkit::strings::{Cache, find_or_build, l2_key, lookup, serialize, tiered};
 use tempfile::TempDir;
 
 /// The operator key every "node" shares, and another one.
@@ -289,4 +290,115 @@ fn a_stalled_store_costs_each_lookup_at_most_its_timeout() {
     assert_eq!(s.breaker_trips, 1);
     assert!(s.breaker_open);
     assert!(s.skipped >= 5, "{s:?}");
+}
+
+/// Four nodes (threads with disk directories of their own) miss one entry at once: one builds
+/// it under the lease, the others wait and read its entry from the store.
+#[test]
+fn four_nodes_cold_starting_one_entry_build_it_once() {
+    let server = RedisServer::start();
+    let (builds, results) = nodes_at_once(&server, 4, false);
+    assert_eq!(builds, 1);
+    assert!(
+        results
+            .iter()
+            .all(|(v, _)| v.as_deref() == Ok("compiled(k)"))
+    );
+    let total = |f: fn(&RemoteStats) -> u64| results.iter().map(|(_, s)| f(s)).sum::<u64>();
+    assert_eq!(total(|s| s.leases), 1);
+    assert_eq!(total(|s| s.puts), 1);
+    // Every other node read the leader's entry, whether it waited for it or came late.
+    assert_eq!(total(|s| s.hits), 3);
+    assert_eq!(total(|s| s.lease_timeouts), 0);
+}
+
+/// A leader whose build fails releases the lease: one of the waiting nodes builds instead.
+#[test]
+fn a_failed_leader_lets_a_follower_build() {
+    let server = RedisServer::start();
+    let (builds, results) = nodes_at_once(&server, 3, true);
+    // The first build failed (its node got the error); the second succeeded and was shared.
+    assert_eq!(builds, 2);
+    assert_eq!(results.iter().filter(|(v, _)| v.is_err()).count(), 1);
+}
+
+/// A node's value (or error) and remote counters.
+type NodeResult = (Result<String, String>, RemoteStats);
+
+/// `n` nodes look `k` up at once with [`slow_lookup`]: the builds they made together, and
+/// each one's result and remote counters.
+fn nodes_at_once(server: &RedisServer, n: usize, fail_first: bool) -> (usize, Vec<NodeResult>) {
+    let builds = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(Barrier::new(n));
+    let nodes: Vec<_> = (0..n)
+        .map(|_| {
+            let (server_url, builds, go) = (server.url(), builds.clone(), go.clone());
+            std::thread::spawn(move || {
+                let node = Node::new(Some(KEY), RemoteConfig::at(server_url));
+                go.wait();
+                let value = slow_lookup(&node, "k", &builds, fail_first);
+                node.cache.flush();
+                (value.map_err(|e| e.to_string()), node.remote())
+            })
+        })
+        .collect();
+    let results = nodes.into_iter().map(|n| n.join().unwrap()).collect();
+    (builds.load(Ordering::SeqCst), results)
+}
+
+/// A lease left by a node that died expires, and the waiting node builds; a lease held past
+/// the wait deadline sends the waiting node to build too.
+#[test]
+fn an_expired_or_overlong_lease_ends_the_wait() {
+    let server = RedisServer::start();
+    let a = Node::new(Some(KEY), remote(&server));
+    let lease = format!("kcache:lease:{}", &a.remote_key("k")["kcache:".len()..]);
+    redis::cmd("SET")
+        .arg(&lease)
+        .arg("dead")
+        .arg("PX")
+        .arg(300)
+        .query::<()>(&mut server.connection())
+        .unwrap();
+    assert_eq!(a.lookup("k"), "compiled(k)");
+    let s = a.remote();
+    assert_eq!((s.lease_waits, s.lease_timeouts, s.leases), (1, 0, 1));
+    assert_eq!(a.builds(), 1);
+
+    let b = Node::new(
+        Some(KEY),
+        RemoteConfig {
+            lease_wait: Some(Duration::from_millis(100)),
+            ..remote(&server)
+        },
+    );
+    server.set(
+        &lease.replace(
+            &a.remote_key("k")["kcache:".len()..],
+            &b.remote_key("j")["kcache:".len()..],
+        ),
+        b"held",
+    );
+    assert_eq!(b.lookup("j"), "compiled(j)");
+    let s = b.remote();
+    assert_eq!((s.lease_waits, s.lease_timeouts, s.leases), (1, 1, 0));
+}
+
+/// A lookup whose build takes a while (so that the nodes' misses overlap), and fails the first
+/// time when `fail_first`.
+fn slow_lookup(
+    node: &Node,
+    source: &str,
+    builds: &AtomicUsize,
+    fail_first: bool,
+) -> kcache::Result<String> {
+    let build = || {
+        let n = builds.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(200));
+        if fail_first && n == 0 {
+            return Err(BuildError::new(1, "the first build fails"));
+        }
+        Ok((format!("compiled({source})"), 1))
+    };
+    find_or_build(&node.cache, source, build, serialize).map(|lease| lease.value().clone())
 }

@@ -84,7 +84,7 @@ struct Inner {
     index: evict::Index,
     writer: writer::Writer,
     /// The remote tier behind this one, if configured.
-    remote: Option<Remote>,
+    remote: Option<Arc<Remote>>,
 }
 
 #[derive(Default)]
@@ -229,7 +229,8 @@ impl DiskCache {
         let tagger = Tagger::new(resolved.key.as_ref());
         let remote = resolved
             .remote
-            .and_then(|config| Remote::open(config, resolved.key.is_some()));
+            .and_then(|config| Remote::open(config, resolved.key.is_some()))
+            .map(Arc::new);
         let inner = Arc::new(Inner {
             dir,
             path: resolved.dir,

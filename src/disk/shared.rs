@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DiskCache, Entry, Inner, store};
+use super::{DiskCache, Entry, Inner, KeyLock, store};
 use crate::key::Key;
 use crate::log;
-use crate::remote::RemoteStats;
+use crate::remote::{Flight, RemoteStats};
 
 impl DiskCache {
     /// The remote tier's counters since `open` or the last reset; `None` without a remote.
@@ -16,25 +16,44 @@ impl DiskCache {
         self.inner.remote.as_ref().map(|r| r.stats())
     }
 
-    /// The verified entry for `key` from the remote tier, if it has one; it is then written to
-    /// the disk on the background writer, so that the next process on this node reads it there.
+    /// The verified entry for `key` from the remote tier, if it has one.
     pub(crate) fn fetch_remote(&self, key: &Key) -> Option<Entry> {
         let inner = &self.inner;
         let remote = inner.remote.as_ref()?;
-        let name = inner.entry_name(key);
-        let entry = remote.fetch(&name, |bytes| {
+        remote.fetch(&inner.entry_name(key), |bytes| {
             store::verified(inner, key, bytes).map_err(str::to_owned)
-        })?;
-        let backfill = entry.clone();
-        let writer = Arc::clone(inner);
+        })
+    }
+
+    /// After a miss everywhere: lead the build of `key` for every node sharing the remote, or
+    /// get the entry another node built meanwhile, or build without a lease (see
+    /// `remote::lease`). Without a remote tier: build.
+    pub(crate) fn remote_flight(&self, key: &Key) -> Flight<Entry> {
+        let inner = &self.inner;
+        let Some(remote) = &inner.remote else {
+            return Flight::Build;
+        };
+        remote.flight(&inner.entry_name(key), |bytes| {
+            store::verified(inner, key, bytes).map_err(str::to_owned)
+        })
+    }
+
+    /// Writes a remote entry that was loaded to the disk on the background writer, so that
+    /// the next process of this node reads it there, then releases `lock` (the processes of
+    /// this node waiting for it then read the entry).
+    pub(crate) fn backfill(&self, key: &Key, entry: Entry, lock: Option<KeyLock>) {
+        let inner = Arc::clone(&self.inner);
         let key = *key;
-        inner.writer.submit(move || {
-            let written = store::put(&writer, &key, backfill.payload(), backfill.build_time());
+        self.inner.writer.submit(move || {
+            let written = store::put(&inner, &key, entry.payload(), entry.build_time());
             if let Err(e) = written {
-                log::info(|| format!("disk copy of remote entry {name} failed: {e}"));
+                log::info(|| format!("disk copy of a remote entry failed: {e}"));
+                if let Some(lock) = &lock {
+                    lock.abandon();
+                }
             }
+            drop(lock);
         });
-        Some(entry)
     }
 }
 

@@ -17,6 +17,9 @@ pub const DEFAULT_PREFIX: &str = "kcache:";
 pub const DEFAULT_MAX_ENTRY_SIZE: u64 = 64 << 20;
 /// Consecutive failures that open the breaker.
 pub const DEFAULT_BREAKER_THRESHOLD: u32 = 3;
+/// How long a miss waits for another node building the same entry (its lease) before it
+/// builds too: as the disk tier's lock timeout, longer than nearly every kernel build.
+pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_secs(120);
 /// How long an open breaker skips the remote before probing it.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 
@@ -31,6 +34,7 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// | `ttl`            | `KCACHE_REMOTE_TTL` (seconds, 0: none) | 7 days           |
 /// | `prefix`         | `KCACHE_REMOTE_PREFIX`             | `kcache:`            |
 /// | `max_entry_size` | `KCACHE_REMOTE_MAX_ENTRY_SIZE` (bytes, or K/M/G suffix) | 64 MiB |
+/// | `lease_wait`     | `KCACHE_REMOTE_LEASE_WAIT` (seconds, 0: no leases) | 120 s |
 /// | `allow_unkeyed`  | `KCACHE_REMOTE_ALLOW_UNKEYED=1`    | a key is required    |
 ///
 /// `url` is `redis://[user:password@]host[:port][/db]`, `rediss://…` (TLS) or
@@ -45,6 +49,9 @@ pub struct RemoteConfig {
     pub ttl: Option<Duration>,
     pub prefix: Option<String>,
     pub max_entry_size: Option<u64>,
+    /// How long a miss waits for another node that holds the entry's lease (builds it);
+    /// `Some(Duration::ZERO)` takes no leases and never waits.
+    pub lease_wait: Option<Duration>,
     /// **Unsafe.** Use the remote without an operator key: entries then carry only a
     /// checksum, so anyone who can write the store can make every reader load code of their
     /// choosing onto its GPUs. Only for a store nobody untrusted can write.
@@ -135,6 +142,11 @@ impl RemoteConfig {
             },
             (None, None) => DEFAULT_MAX_ENTRY_SIZE,
         };
+        let lease_wait = match (self.lease_wait, env("KCACHE_REMOTE_LEASE_WAIT")) {
+            (Some(w), _) => w,
+            (None, Some(text)) => Duration::from_secs(number(&text, "KCACHE_REMOTE_LEASE_WAIT")?),
+            (None, None) => DEFAULT_LEASE_WAIT,
+        };
         if max_entry_size == 0 {
             return refuse("the remote entry size limit must be positive");
         }
@@ -146,6 +158,7 @@ impl RemoteConfig {
             ttl,
             prefix,
             max_entry_size,
+            lease_wait,
             breaker_threshold: self.breaker_threshold.unwrap_or(DEFAULT_BREAKER_THRESHOLD),
             breaker_cooldown: self.breaker_cooldown.unwrap_or(DEFAULT_BREAKER_COOLDOWN),
         })
@@ -160,6 +173,7 @@ pub(crate) struct Resolved {
     pub ttl: Duration,
     pub prefix: String,
     pub max_entry_size: u64,
+    pub lease_wait: Duration,
     pub breaker_threshold: u32,
     pub breaker_cooldown: Duration,
 }

@@ -14,16 +14,20 @@
 //! - [`config`]: the settings and the environment.
 //! - `client`: connections and per-operation budgets.
 //! - `breaker`: the circuit breaker.
+//! - `lease`: compile once across nodes, a per-entry lease in the store.
 
 mod breaker;
 mod client;
 pub mod config;
+mod lease;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use breaker::{Breaker, Change};
 pub use config::RemoteConfig;
+pub use lease::LEASE_TTL;
+pub(crate) use lease::{Flight, LeaseGuard};
 
 use crate::log::{self, Warning};
 use crate::stats::Baseline;
@@ -45,6 +49,12 @@ pub struct RemoteStats {
     pub skipped: u64,
     /// Times the breaker opened after consecutive failures.
     pub breaker_trips: u64,
+    /// Leases taken: builds this process led for every node.
+    pub leases: u64,
+    /// Misses that waited for another node holding the lease (then read its entry, or built).
+    pub lease_waits: u64,
+    /// Of those, waits that reached the deadline and built.
+    pub lease_timeouts: u64,
     /// Entries written.
     pub puts: u64,
     pub bytes_read: u64,
@@ -61,6 +71,9 @@ crate::stats::events!(RemoteStats {
     timeouts,
     skipped,
     breaker_trips,
+    leases,
+    lease_waits,
+    lease_timeouts,
     puts,
     bytes_read,
     bytes_written,
@@ -82,6 +95,9 @@ struct Counters {
     timeouts: AtomicU64,
     skipped: AtomicU64,
     breaker_trips: AtomicU64,
+    leases: AtomicU64,
+    lease_waits: AtomicU64,
+    lease_timeouts: AtomicU64,
     puts: AtomicU64,
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
@@ -99,6 +115,8 @@ pub(crate) struct Remote {
     ttl: Duration,
     prefix: String,
     max_entry_size: u64,
+    /// How long a miss waits for another node's build (zero: no leases).
+    lease_wait: Duration,
     counters: Counters,
     baseline: Baseline<RemoteStats>,
 }
@@ -123,6 +141,7 @@ impl Remote {
             ttl: r.ttl,
             prefix: r.prefix,
             max_entry_size: r.max_entry_size,
+            lease_wait: r.lease_wait,
             counters: Counters::default(),
             baseline: Baseline::default(),
         })
@@ -147,6 +166,9 @@ impl Remote {
             timeouts: get(&c.timeouts),
             skipped: get(&c.skipped),
             breaker_trips: get(&c.breaker_trips),
+            leases: get(&c.leases),
+            lease_waits: get(&c.lease_waits),
+            lease_timeouts: get(&c.lease_timeouts),
             puts: get(&c.puts),
             bytes_read: get(&c.bytes_read),
             bytes_written: get(&c.bytes_written),
@@ -161,6 +183,23 @@ impl Remote {
         name: &str,
         verify: impl FnOnce(Vec<u8>) -> Result<T, String>,
     ) -> Option<T> {
+        let found = self.peek(name, verify);
+        bump(
+            if found.is_some() {
+                &self.counters.hits
+            } else {
+                &self.counters.misses
+            },
+            1,
+        );
+        if found.is_none() {
+            log::debug(|| format!("remote miss: {name}"));
+        }
+        found
+    }
+
+    /// [`Remote::fetch`] without counting the hit or miss (a wait looks many times).
+    fn peek<T>(&self, name: &str, verify: impl FnOnce(Vec<u8>) -> Result<T, String>) -> Option<T> {
         let key = format!("{}{name}", self.prefix);
         let limit = self.max_entry_size;
         // GETRANGE bounds what a planted value of any size costs to read: one byte over the
@@ -171,40 +210,22 @@ impl Remote {
                 .arg(0)
                 .arg(limit)
                 .query::<Vec<u8>>(con)
-        });
-        let c = &self.counters;
-        let outcome = match bytes {
-            None => None,
-            Some(bytes) if bytes.is_empty() => {
-                log::debug(|| format!("remote miss: {name}: absent"));
-                None
-            }
-            Some(bytes) => {
-                bump(&c.bytes_read, bytes.len() as u64);
-                let checked = if bytes.len() as u64 > limit {
-                    Err(format!("larger than the entry size limit of {limit} bytes"))
-                } else {
-                    verify(bytes)
-                };
-                match checked {
-                    Ok(value) => Some(value),
-                    Err(why) => {
-                        log::info(|| format!("remote entry {name} rejected: {why}"));
-                        bump(&c.rejects, 1);
-                        None
-                    }
-                }
-            }
+        })?;
+        if bytes.is_empty() {
+            return None;
+        }
+        bump(&self.counters.bytes_read, bytes.len() as u64);
+        let checked = if bytes.len() as u64 > limit {
+            Err(format!("larger than the entry size limit of {limit} bytes"))
+        } else {
+            verify(bytes)
         };
-        bump(
-            if outcome.is_some() {
-                &c.hits
-            } else {
-                &c.misses
-            },
-            1,
-        );
-        outcome
+        checked
+            .inspect_err(|why| {
+                log::info(|| format!("remote entry {name} rejected: {why}"));
+                bump(&self.counters.rejects, 1);
+            })
+            .ok()
     }
 
     /// Writes the entry `name` (unless read-only, or larger than the limit).
