@@ -402,3 +402,62 @@ fn slow_lookup(
     };
     find_or_build(&node.cache, source, build, serialize).map(|lease| lease.value().clone())
 }
+
+/// ACL users in the URL: a writer, and a reader whose user may only read, which as a read-only
+/// node never needs more; a client without the password gets nothing and builds.
+#[test]
+fn acl_users_and_passwords_in_the_url() {
+    let users = "--user default off \
+                 --user writer on >wpass ~* +@all \
+                 --user reader on >rpass ~kcache:* +getrange +exists";
+    let users: Vec<&str> = users.split_whitespace().collect();
+    let server = RedisServer::start_with(&users, "writer:wpass");
+    let port = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    let as_user = |auth: &str| RemoteConfig::at(format!("redis://{auth}127.0.0.1:{port}/"));
+    let writer = Node::new(Some(KEY), as_user("writer:wpass@"));
+    writer.lookup("k");
+    writer.cache.flush();
+    assert_eq!((writer.remote().puts, writer.remote().errors), (1, 0));
+
+    let reader = Node::new(
+        Some(KEY),
+        RemoteConfig {
+            read_only: Some(true),
+            ..as_user("reader:rpass@")
+        },
+    );
+    assert_eq!(reader.lookup("k"), "compiled(k)");
+    reader.lookup("j");
+    reader.cache.flush();
+    assert_eq!(reader.builds(), 1);
+    let s = reader.remote();
+    assert_eq!((s.hits, s.errors, s.puts), (1, 0, 0));
+
+    let anonymous = Node::new(Some(KEY), as_user(""));
+    assert_eq!(anonymous.lookup("k"), "compiled(k)");
+    assert_eq!(anonymous.builds(), 1);
+    assert!(anonymous.remote().errors >= 1);
+    assert_eq!(anonymous.remote().hits, 0);
+}
+
+#[test]
+fn a_unix_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let socket = socket.to_str().unwrap();
+    let server = RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"], "");
+    let url = format!("redis+unix://{socket}");
+    let a = Node::new(Some(KEY), RemoteConfig::at(url.clone()));
+    a.lookup("k");
+    a.cache.flush();
+    let b = Node::new(Some(KEY), RemoteConfig::at(url));
+    b.lookup("k");
+    assert_eq!((b.builds(), b.remote().hits), (0, 1));
+    assert_eq!(server.keys(), vec![a.remote_key("k")]);
+}

@@ -12,6 +12,10 @@ use tempfile::TempDir;
 pub struct RedisServer {
     port: u16,
     dir: TempDir,
+    /// Settings on top of the defaults (`--name value` pairs).
+    args: Vec<String>,
+    /// A client's `user:password@`, for the test's own connections.
+    auth: String,
     child: Option<Child>,
 }
 
@@ -19,6 +23,12 @@ impl RedisServer {
     /// Starts a server with no persistence on a free loopback port and waits until it answers.
     /// Panics when `redis-server` is not installed (`scripts/test` installs it).
     pub fn start() -> Self {
+        Self::start_with(&[], "")
+    }
+
+    /// As [`RedisServer::start`], with more settings (ACL users, a Unix socket); the test's own
+    /// connections authenticate as `auth` (`user:password`, or empty).
+    pub fn start_with(args: &[&str], auth: &str) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -27,6 +37,8 @@ impl RedisServer {
         let mut server = RedisServer {
             port,
             dir: tempfile::tempdir().unwrap(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            auth: auth.to_owned(),
             child: None,
         };
         server.restart();
@@ -45,6 +57,7 @@ impl RedisServer {
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -82,7 +95,11 @@ impl RedisServer {
     }
 
     fn try_connection(&self) -> Option<redis::Connection> {
-        let client = redis::Client::open(self.url()).ok()?;
+        let url = match self.auth.as_str() {
+            "" => self.url(),
+            auth => format!("redis://{auth}@127.0.0.1:{}/", self.port),
+        };
+        let client = redis::Client::open(url).ok()?;
         let mut con = client
             .get_connection_with_timeout(Duration::from_secs(1))
             .ok()?;
