@@ -17,6 +17,7 @@ use std::sync::Arc;
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
+use kcache_testkit::prometheus;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::successful_stdout;
 use tempfile::TempDir;
@@ -63,15 +64,27 @@ fn remote_worker() {
     cache.flush();
     let stats = cache.stats();
     let line = match disk.remote_stats() {
-        Some(r) => format!(
-            "remote=on builds={} loads={} hits={} rejects={} puts={} correct={}",
-            stats.source_builds,
-            stats.binary_loads,
-            r.hits,
-            r.rejects,
-            r.puts,
-            u8::from(correct)
-        ),
+        Some(r) => {
+            // The process's metrics say the same as its counters.
+            let metrics = prometheus::parse(&kcache::metrics::render());
+            let metric = |series: &str| metrics.value(series) as u64;
+            assert_eq!(metric("kcache_remote_tiers{}"), 1);
+            assert_eq!(
+                metric("kcache_lookups_total{result=\"hit\",tier=\"remote\"}"),
+                r.hits
+            );
+            assert_eq!(metric("kcache_remote_rejects_total{}"), r.rejects);
+            assert_eq!(metric("kcache_remote_writes_total{}"), r.puts);
+            format!(
+                "remote=on builds={} loads={} hits={} rejects={} puts={} correct={}",
+                stats.source_builds,
+                stats.binary_loads,
+                r.hits,
+                r.rejects,
+                r.puts,
+                u8::from(correct)
+            )
+        }
         None => format!(
             "remote=off builds={} loads={} correct={}",
             stats.source_builds,

@@ -51,7 +51,7 @@ use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
-use crate::remote::Remote;
+use crate::remote::{Remote, RemoteStats};
 use crate::stats::Baseline;
 use format::{HEADER_LEN, TAG_LEN, Tagger};
 
@@ -157,6 +157,8 @@ pub struct DiskStats {
     /// Whether the scan of the directory that `open` starts has finished
     /// ([`DiskCache::wait_scan`] waits for it).
     pub scan_complete: bool,
+    /// The remote tier's counters ([`DiskCache::remote_stats`]); `None` without one.
+    pub remote: Option<RemoteStats>,
 }
 
 crate::stats::events!(DiskStats {
@@ -378,6 +380,8 @@ impl Inner {
             entries: usage.entries,
             bytes: usage.bytes,
             scan_complete,
+            // Reset with this tier's counters, by its own baseline.
+            remote: self.remote.as_ref().map(|r| r.stats()),
         }
     }
 
@@ -393,7 +397,13 @@ impl Inner {
 impl Source for Listed {
     fn add_to(&self, totals: &mut Totals) {
         totals.disk_tiers += 1;
-        totals.disk += self.0.stats();
+        let stats = self.0.stats();
+        if let Some(remote) = stats.remote {
+            totals.remote_tiers += 1;
+            totals.remote_breakers_open += u64::from(remote.breaker_open);
+            totals.remote += remote;
+        }
+        totals.disk += stats;
     }
 }
 
