@@ -13,7 +13,7 @@ use std::time::Duration;
 use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::remote::{RemoteConfig, RemoteStats};
-use kcache_testkit::redis::RedisServer;
+use kcache_testkit::redis::{RedisCluster, RedisServer};
 use kcache_testkit::strings::{Cache, find_or_build, l2_key, lookup, serialize, tiered};
 use tempfile::TempDir;
 
@@ -460,4 +460,32 @@ fn a_unix_socket() {
     b.lookup("k");
     assert_eq!((b.builds(), b.remote().hits), (0, 1));
     assert_eq!(server.keys(), vec![a.remote_key("k")]);
+}
+
+/// A Redis Cluster of three masters: entries spread over its nodes by slot, and a second node
+/// reads every one of them.
+#[test]
+fn a_redis_cluster_of_three_masters() {
+    let cluster = RedisCluster::start(3);
+    let config = || RemoteConfig {
+        timeout: Some(Duration::from_secs(1)),
+        ..RemoteConfig::at(cluster.url())
+    };
+    let sources: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    let a = Node::new(Some(KEY), config());
+    for source in &sources {
+        a.lookup(source);
+    }
+    a.cache.flush();
+    let s = a.remote();
+    assert_eq!((s.puts, s.leases, s.errors, s.timeouts), (12, 12, 0, 0));
+    let by_node = cluster.keys_by_node();
+    assert_eq!(by_node.iter().map(Vec::len).sum::<usize>(), 12);
+    assert!(by_node.iter().filter(|keys| !keys.is_empty()).count() > 1);
+
+    let b = Node::new(Some(KEY), config());
+    for source in &sources {
+        assert_eq!(b.lookup(source), format!("compiled({source})"));
+    }
+    assert_eq!((b.builds(), b.remote().hits, b.remote().errors), (0, 12, 0));
 }

@@ -1,26 +1,68 @@
-//! Connections to the store: a few kept open between operations, each operation bounded by
-//! the configured budget (connecting included), so that a store that stalls costs a lookup
-//! at most that budget.
+//! Connections to the store, standalone or Redis Cluster: a few kept open between operations,
+//! each operation bounded by the configured budget (connecting included), so that a store
+//! that stalls costs a lookup at most that budget.
 
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Connection, ConnectionLike, RedisResult};
 
 /// Connections kept open for later operations; more may be open at once, and are closed
 /// after their operation.
 const POOL: usize = 4;
 
+/// What the remote URL names.
+pub(crate) enum Target {
+    Single(redis::Client),
+    /// A Redis Cluster, reached through its seed nodes; the client follows its slots.
+    Cluster(ClusterClient),
+}
+
+enum Conn {
+    Single(Connection),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    fn like(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Conn::Single(c) => c,
+            Conn::Cluster(c) => c,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        match self {
+            Conn::Single(c) => c.is_open(),
+            Conn::Cluster(c) => c.is_open(),
+        }
+    }
+
+    fn set_timeouts(&self, timeout: Duration) -> RedisResult<()> {
+        match self {
+            Conn::Single(c) => {
+                c.set_read_timeout(Some(timeout))?;
+                c.set_write_timeout(Some(timeout))
+            }
+            Conn::Cluster(c) => {
+                c.set_read_timeout(Some(timeout))?;
+                c.set_write_timeout(Some(timeout))
+            }
+        }
+    }
+}
+
 pub(super) struct Client {
-    client: redis::Client,
+    target: Target,
     timeout: Duration,
-    idle: Mutex<Vec<Connection>>,
+    idle: Mutex<Vec<Conn>>,
 }
 
 impl Client {
-    pub(super) fn new(client: redis::Client, timeout: Duration) -> Self {
+    pub(super) fn new(target: Target, timeout: Duration) -> Self {
         Client {
-            client,
+            target,
             timeout,
             idle: Mutex::default(),
         }
@@ -30,7 +72,7 @@ impl Client {
     /// operation failed is dropped: what it would read next is unknown.
     pub(super) fn run<T>(
         &self,
-        op: impl FnOnce(&mut Connection) -> RedisResult<T>,
+        op: impl FnOnce(&mut dyn ConnectionLike) -> RedisResult<T>,
     ) -> RedisResult<T> {
         let started = Instant::now();
         let idle = {
@@ -39,16 +81,15 @@ impl Client {
         };
         let mut con = match idle {
             Some(con) => con,
-            None => self.client.get_connection_with_timeout(self.timeout)?,
+            None => self.connect()?,
         };
         // At least a millisecond: a zero timeout means none to the socket.
         let left = self
             .timeout
             .saturating_sub(started.elapsed())
             .max(Duration::from_millis(1));
-        con.set_read_timeout(Some(left))?;
-        con.set_write_timeout(Some(left))?;
-        let out = op(&mut con);
+        con.set_timeouts(left)?;
+        let out = op(con.like());
         if out.is_ok() {
             let mut idle = self.idle.lock();
             if idle.len() < POOL {
@@ -56,6 +97,16 @@ impl Client {
             }
         }
         out
+    }
+
+    fn connect(&self) -> RedisResult<Conn> {
+        Ok(match &self.target {
+            Target::Single(client) => {
+                Conn::Single(client.get_connection_with_timeout(self.timeout)?)
+            }
+            // The cluster client's own connection and response timeouts bound this.
+            Target::Cluster(client) => Conn::Cluster(client.get_connection()?),
+        })
     }
 
     /// Closes the idle connections (after a failure: they may lead to the same dead server).

@@ -5,6 +5,9 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use redis::cluster::ClusterClient;
+
+use super::client::Target;
 use crate::log::Warning;
 
 /// Default per-operation budget (connecting included).
@@ -35,10 +38,12 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// | `prefix`         | `KCACHE_REMOTE_PREFIX`             | `kcache:`            |
 /// | `max_entry_size` | `KCACHE_REMOTE_MAX_ENTRY_SIZE` (bytes, or K/M/G suffix) | 64 MiB |
 /// | `lease_wait`     | `KCACHE_REMOTE_LEASE_WAIT` (seconds, 0: no leases) | 120 s |
+/// | `cluster`        | `KCACHE_REMOTE_CLUSTER=1`          | a single server      |
 /// | `allow_unkeyed`  | `KCACHE_REMOTE_ALLOW_UNKEYED=1`    | a key is required    |
 ///
 /// `url` is `redis://[user:password@]host[:port][/db]`, `rediss://…` (TLS) or
-/// `redis+unix:///path/to/socket`.
+/// `redis+unix:///path/to/socket`; for a Redis Cluster, one or more seed nodes' URLs,
+/// comma-separated.
 #[derive(Clone, Debug, Default)]
 pub struct RemoteConfig {
     pub url: Option<String>,
@@ -49,6 +54,9 @@ pub struct RemoteConfig {
     pub ttl: Option<Duration>,
     pub prefix: Option<String>,
     pub max_entry_size: Option<u64>,
+    /// `url` names a Redis Cluster (one seed node is enough); a comma-separated list of URLs
+    /// names one whatever this says.
+    pub cluster: Option<bool>,
     /// How long a miss waits for another node that holds the entry's lease (builds it);
     /// `Some(Duration::ZERO)` takes no leases and never waits.
     pub lease_wait: Option<Duration>,
@@ -96,8 +104,20 @@ impl RemoteConfig {
                 Err(_) => return refuse("KCACHE_REMOTE_URL is not valid UTF-8"),
             },
         };
-        let client = match redis::Client::open(url.as_str()) {
-            Ok(client) => client,
+        let cluster = match self.cluster {
+            Some(c) => c,
+            None => flag(env("KCACHE_REMOTE_CLUSTER"), "KCACHE_REMOTE_CLUSTER")?,
+        };
+        let timeout = match (self.timeout, env("KCACHE_REMOTE_TIMEOUT_MS")) {
+            (Some(t), _) => t,
+            (None, Some(text)) => Duration::from_millis(number(&text, "KCACHE_REMOTE_TIMEOUT_MS")?),
+            (None, None) => DEFAULT_TIMEOUT,
+        };
+        if timeout.is_zero() {
+            return refuse("the remote timeout must be positive");
+        }
+        let target = match target(&url, cluster, timeout) {
+            Ok(target) => target,
             Err(e) => return refuse(&format!("the remote URL cannot be used: {e}")),
         };
         let read_only = match self.read_only {
@@ -109,14 +129,6 @@ impl RemoteConfig {
                 env("KCACHE_REMOTE_ALLOW_UNKEYED"),
                 "KCACHE_REMOTE_ALLOW_UNKEYED",
             )?;
-        let timeout = match (self.timeout, env("KCACHE_REMOTE_TIMEOUT_MS")) {
-            (Some(t), _) => t,
-            (None, Some(text)) => Duration::from_millis(number(&text, "KCACHE_REMOTE_TIMEOUT_MS")?),
-            (None, None) => DEFAULT_TIMEOUT,
-        };
-        if timeout.is_zero() {
-            return refuse("the remote timeout must be positive");
-        }
         let ttl = match (self.ttl, env("KCACHE_REMOTE_TTL")) {
             (Some(t), _) => t,
             (None, Some(text)) => Duration::from_secs(number(&text, "KCACHE_REMOTE_TTL")?),
@@ -151,7 +163,7 @@ impl RemoteConfig {
             return refuse("the remote entry size limit must be positive");
         }
         Some(Resolved {
-            client,
+            target,
             read_only,
             allow_unkeyed,
             timeout,
@@ -166,7 +178,7 @@ impl RemoteConfig {
 }
 
 pub(crate) struct Resolved {
-    pub client: redis::Client,
+    pub target: Target,
     pub read_only: bool,
     pub allow_unkeyed: bool,
     pub timeout: Duration,
@@ -176,6 +188,20 @@ pub(crate) struct Resolved {
     pub lease_wait: Duration,
     pub breaker_threshold: u32,
     pub breaker_cooldown: Duration,
+}
+
+/// A single server, or a Redis Cluster when `cluster` is set or `url` lists several seed nodes
+/// (comma-separated).
+fn target(url: &str, cluster: bool, timeout: Duration) -> redis::RedisResult<Target> {
+    let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
+    if !cluster && seeds.len() == 1 {
+        return redis::Client::open(url).map(Target::Single);
+    }
+    ClusterClient::builder(seeds)
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .build()
+        .map(Target::Cluster)
 }
 
 fn refuse<T>(why: &str) -> Option<T> {

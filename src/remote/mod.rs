@@ -12,7 +12,7 @@
 //! remote for a while.
 //!
 //! - [`config`]: the settings and the environment.
-//! - `client`: connections and per-operation budgets.
+//! - `client`: connections (standalone or Redis Cluster) and per-operation budgets.
 //! - `breaker`: the circuit breaker.
 //! - `lease`: compile once across nodes, a per-entry lease in the store.
 
@@ -35,7 +35,8 @@ use crate::stats::Baseline;
 /// What the remote tier did, since it was opened or its statistics last reset.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteStats {
-    /// Entries read and verified.
+    /// Entries read and verified (a lookup that waited for another node's lease counts its
+    /// first look as a miss, then the entry it got as a hit).
     pub hits: u64,
     /// Reads that returned no usable entry: absent, rejected, failed, timed out or skipped.
     pub misses: u64,
@@ -135,7 +136,7 @@ impl Remote {
             return None;
         }
         Some(Remote {
-            client: client::Client::new(r.client, r.timeout),
+            client: client::Client::new(r.target, r.timeout),
             breaker: Breaker::new(r.breaker_threshold, r.breaker_cooldown),
             read_only: r.read_only,
             ttl: r.ttl,
@@ -265,7 +266,7 @@ impl Remote {
         &self,
         what: &str,
         name: &str,
-        op: impl FnOnce(&mut redis::Connection) -> redis::RedisResult<T>,
+        op: impl FnOnce(&mut dyn redis::ConnectionLike) -> redis::RedisResult<T>,
     ) -> Option<T> {
         let c = &self.counters;
         if !self.breaker.allow() {

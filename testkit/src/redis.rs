@@ -49,6 +49,10 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
     /// Starts the server again (on the same port) after [`RedisServer::kill`].
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "the server is running");
@@ -141,5 +145,60 @@ impl Drop for RedisServer {
             // A stopped server would not die of SIGTERM; SIGKILL works either way.
             self.kill();
         }
+    }
+}
+
+/// A Redis Cluster of masters on loopback ports, its slots assigned and its state `ok`.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` servers in cluster mode and makes them one cluster (`redis-cli --cluster
+    /// create`, which the `redis-server` package's `redis-tools` provides).
+    pub fn start(masters: usize) -> Self {
+        let settings = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        ];
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_with(&settings, ""))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(RedisServer::address))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("redis-cli must be installed (with redis-server)");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        for node in &nodes {
+            let ok = (0..1000).any(|_| {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut node.connection())
+                    .unwrap();
+                let ok = info.contains("cluster_state:ok");
+                if !ok {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                ok
+            });
+            assert!(ok, "the cluster did not become ok");
+        }
+        RedisCluster { nodes }
+    }
+
+    /// Every node's URL, comma-separated: what `KCACHE_REMOTE_URL` takes for a cluster.
+    pub fn url(&self) -> String {
+        let urls: Vec<String> = self.nodes.iter().map(RedisServer::url).collect();
+        urls.join(",")
+    }
+
+    /// The keys of each node.
+    pub fn keys_by_node(&self) -> Vec<Vec<String>> {
+        self.nodes.iter().map(RedisServer::keys).collect()
     }
 }
