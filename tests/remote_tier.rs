@@ -13,7 +13,7 @@ use std::time::Duration;
 use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::remote::{RemoteConfig, RemoteStats};
-use kcache_testkit::redis::{RedisCluster, RedisServer};
+use kcache_testkit::redis::{RedisCluster, RedisServer, TlsFiles, free_port};
 use kcache_testkit::strings::{Cache, find_or_build, l2_key, lookup, serialize, tiered};
 use tempfile::TempDir;
 
@@ -488,4 +488,49 @@ fn a_redis_cluster_of_three_masters() {
         assert_eq!(b.lookup(source), format!("compiled({source})"));
     }
     assert_eq!((b.builds(), b.remote().hits, b.remote().errors), (0, 12, 0));
+}
+
+/// `rediss://` to a server whose certificate the operator's CA file vouches for; without that
+/// CA the server is not trusted, and the lookup builds.
+#[test]
+fn tls_with_the_operators_certificate_authority() {
+    let certs = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::make(certs.path());
+    let tls_port = free_port().to_string();
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
+    let (ca, cert, key) = (path(&tls.ca), path(&tls.cert), path(&tls.key));
+    let _server = RedisServer::start_with(
+        &[
+            "--tls-port",
+            &tls_port,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-ca-cert-file",
+            &ca,
+            "--tls-auth-clients",
+            "no",
+        ],
+        "",
+    );
+    let url = format!("rediss://127.0.0.1:{tls_port}/");
+    let config = |ca_file: Option<&Path>| RemoteConfig {
+        timeout: Some(Duration::from_secs(2)),
+        ca_file: ca_file.map(Path::to_path_buf),
+        ..RemoteConfig::at(url.clone())
+    };
+    let a = Node::new(Some(KEY), config(Some(&tls.ca)));
+    a.lookup("k");
+    a.cache.flush();
+    assert_eq!((a.remote().puts, a.remote().errors), (1, 0));
+    let b = Node::new(Some(KEY), config(Some(&tls.ca)));
+    assert_eq!(b.lookup("k"), "compiled(k)");
+    assert_eq!((b.builds(), b.remote().hits), (0, 1));
+
+    let untrusting = Node::new(Some(KEY), config(None));
+    assert_eq!(untrusting.lookup("k"), "compiled(k)");
+    assert_eq!(untrusting.builds(), 1);
+    assert_eq!(untrusting.remote().hits, 0);
+    assert!(untrusting.remote().errors >= 1);
 }

@@ -21,14 +21,15 @@ pub(crate) enum Target {
 
 enum Conn {
     Single(Connection),
-    Cluster(ClusterConnection),
+    /// Boxed: it holds a connection per node and the slot map.
+    Cluster(Box<ClusterConnection>),
 }
 
 impl Conn {
     fn like(&mut self) -> &mut dyn ConnectionLike {
         match self {
             Conn::Single(c) => c,
-            Conn::Cluster(c) => c,
+            Conn::Cluster(c) => c.as_mut(),
         }
     }
 
@@ -105,7 +106,7 @@ impl Client {
                 Conn::Single(client.get_connection_with_timeout(self.timeout)?)
             }
             // The cluster client's own connection and response timeouts bound this.
-            Target::Cluster(client) => Conn::Cluster(client.get_connection()?),
+            Target::Cluster(client) => Conn::Cluster(Box::new(client.get_connection()?)),
         })
     }
 

@@ -3,8 +3,12 @@
 //! a remote the operator configured wrongly is never guessed at.
 
 use std::ffi::OsString;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use redis::TlsCertificates;
 use redis::cluster::ClusterClient;
 
 use super::client::Target;
@@ -39,6 +43,7 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// | `max_entry_size` | `KCACHE_REMOTE_MAX_ENTRY_SIZE` (bytes, or K/M/G suffix) | 64 MiB |
 /// | `lease_wait`     | `KCACHE_REMOTE_LEASE_WAIT` (seconds, 0: no leases) | 120 s |
 /// | `cluster`        | `KCACHE_REMOTE_CLUSTER=1`          | a single server      |
+/// | `ca_file`        | `KCACHE_REMOTE_CA_FILE`            | the system's roots   |
 /// | `allow_unkeyed`  | `KCACHE_REMOTE_ALLOW_UNKEYED=1`    | a key is required    |
 ///
 /// `url` is `redis://[user:password@]host[:port][/db]`, `rediss://…` (TLS) or
@@ -57,6 +62,9 @@ pub struct RemoteConfig {
     /// `url` names a Redis Cluster (one seed node is enough); a comma-separated list of URLs
     /// names one whatever this says.
     pub cluster: Option<bool>,
+    /// The certificate authority (PEM) a `rediss://` server's certificate must chain to,
+    /// instead of the system's; an absolute path.
+    pub ca_file: Option<PathBuf>,
     /// How long a miss waits for another node that holds the entry's lease (builds it);
     /// `Some(Duration::ZERO)` takes no leases and never waits.
     pub lease_wait: Option<Duration>,
@@ -116,7 +124,14 @@ impl RemoteConfig {
         if timeout.is_zero() {
             return refuse("the remote timeout must be positive");
         }
-        let target = match target(&url, cluster, timeout) {
+        let ca_file = self
+            .ca_file
+            .or_else(|| env("KCACHE_REMOTE_CA_FILE").map(PathBuf::from));
+        let ca = match ca_file.map(|path| read_ca(&path)).transpose() {
+            Ok(ca) => ca,
+            Err(why) => return refuse(&why),
+        };
+        let target = match target(&url, cluster, timeout, ca) {
             Ok(target) => target,
             Err(e) => return refuse(&format!("the remote URL cannot be used: {e}")),
         };
@@ -192,16 +207,50 @@ pub(crate) struct Resolved {
 
 /// A single server, or a Redis Cluster when `cluster` is set or `url` lists several seed nodes
 /// (comma-separated).
-fn target(url: &str, cluster: bool, timeout: Duration) -> redis::RedisResult<Target> {
+/// With `ca`, `rediss://` servers are verified against it alone.
+fn target(
+    url: &str,
+    cluster: bool,
+    timeout: Duration,
+    ca: Option<Vec<u8>>,
+) -> redis::RedisResult<Target> {
     let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
+    let certificates = |root_cert| TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    };
     if !cluster && seeds.len() == 1 {
-        return redis::Client::open(url).map(Target::Single);
+        return match ca {
+            Some(ca) => redis::Client::build_with_tls(url, certificates(ca)),
+            None => redis::Client::open(url),
+        }
+        .map(Target::Single);
     }
-    ClusterClient::builder(seeds)
+    let mut builder = ClusterClient::builder(seeds)
         .connection_timeout(timeout)
-        .response_timeout(timeout)
-        .build()
-        .map(Target::Cluster)
+        .response_timeout(timeout);
+    if let Some(ca) = ca {
+        builder = builder.certs(certificates(ca));
+    }
+    builder.build().map(Target::Cluster)
+}
+
+/// The largest certificate authority file read: a bundle of a few hundred certificates.
+const MAX_CA_FILE: u64 = 1 << 20;
+
+/// The PEM bytes of a certificate authority file (an absolute path).
+fn read_ca(path: &Path) -> Result<Vec<u8>, String> {
+    if !path.is_absolute() {
+        return Err(format!("the CA file {} is a relative path", path.display()));
+    }
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_CA_FILE {
+        return Err(format!("the CA file {} is over 1 MiB", path.display()));
+    }
+    Ok(bytes)
 }
 
 fn refuse<T>(why: &str) -> Option<T> {

@@ -2,6 +2,7 @@
 //! killed, restarted on the same port, stopped and continued by the test.
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -29,11 +30,7 @@ impl RedisServer {
     /// As [`RedisServer::start`], with more settings (ACL users, a Unix socket); the test's own
     /// connections authenticate as `auth` (`user:password`, or empty).
     pub fn start_with(args: &[&str], auth: &str) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut server = RedisServer {
             port,
             dir: tempfile::tempdir().unwrap(),
@@ -201,4 +198,86 @@ impl RedisCluster {
     pub fn keys_by_node(&self) -> Vec<Vec<String>> {
         self.nodes.iter().map(RedisServer::keys).collect()
     }
+}
+
+/// A certificate authority and a server certificate for 127.0.0.1 it signed, made with the
+/// `openssl` command in `dir`, for a TLS server.
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    pub fn make(dir: &Path) -> TlsFiles {
+        let run = |args: &[&str]| {
+            let status = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("openssl must be installed");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=kcache test CA",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+        ]);
+        TlsFiles {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("server.crt"),
+            key: dir.join("server.key"),
+        }
+    }
+}
+
+/// A loopback port nothing listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
