@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group};
-use kcache::backend::opencl::{OpenClCache, OpenClOptions};
+use kcache::backend::opencl::{OpenClCache, OpenClOptions, OpenClStats};
 use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::opencl::Context;
@@ -120,44 +120,42 @@ fn child(mode: Mode, iters: u64, dir: &Path, remote: &str) {
                 drop(program);
             }
             Mode::KcacheDisk => {
-                let cache = OpenClCache::new(OpenClOptions {
-                    disk: Some(Arc::clone(&disk)),
-                    ..OpenClOptions::default()
-                })
-                .unwrap();
-                let start = Instant::now();
-                let lease = cache
-                    .find_or_build(context.context(), device, &[SOURCE], "")
-                    .unwrap();
-                total += start.elapsed();
-                assert_eq!(cache.stats().binary_loads, 1, "served from disk");
-                drop(lease);
+                let (time, stats) = timed_lookup(&disk, &context);
+                total += time;
+                assert_eq!(stats.binary_loads, 1, "served from disk");
             }
             Mode::KcacheRemote => {
                 // A new node: its disk tier is empty.
                 let empty = tempfile::tempdir().unwrap();
                 let disk = Arc::new(DiskCache::open(keyed(empty.path(), remote)).unwrap());
-                let cache = OpenClCache::new(OpenClOptions {
-                    disk: Some(Arc::clone(&disk)),
-                    ..OpenClOptions::default()
-                })
-                .unwrap();
-                let start = Instant::now();
-                let lease = cache
-                    .find_or_build(context.context(), device, &[SOURCE], "")
-                    .unwrap();
-                total += start.elapsed();
+                let (time, stats) = timed_lookup(&disk, &context);
+                total += time;
                 assert_eq!(
                     disk.remote_stats().unwrap().hits,
                     1,
                     "served from the remote"
                 );
-                assert_eq!(cache.stats().source_builds, 0);
-                drop(lease);
+                assert_eq!(stats.source_builds, 0);
             }
         }
     }
     println!("nanos={}", total.as_nanos());
+}
+
+/// How long the first lookup of a new kcache on `disk` takes, and the cache's counters after.
+fn timed_lookup(disk: &Arc<DiskCache>, context: &Context) -> (Duration, OpenClStats) {
+    let cache = OpenClCache::new(OpenClOptions {
+        disk: Some(Arc::clone(disk)),
+        ..OpenClOptions::default()
+    })
+    .unwrap();
+    let start = Instant::now();
+    let lease = cache
+        .find_or_build(context.context(), context.device(), &[SOURCE], "")
+        .unwrap();
+    let time = start.elapsed();
+    drop(lease);
+    (time, cache.stats())
 }
 
 struct Dirs {
