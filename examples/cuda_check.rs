@@ -1,6 +1,9 @@
 //! Runs the repository's saxpy PTX (`c-tests/cuda/kernels/saxpy.ptx`) on a real GPU, checks
-//! the result, and times how the module was obtained. Driven by `scripts/gpu-check`, which runs
-//! it in several processes with different environments:
+//! the result, and times how the module was obtained (up to and including
+//! `cuModuleGetFunction`, where lazy loading, the Linux default since CUDA 12.2, loads the
+//! kernel) and the kernel itself: a cubin kcache linked from PTX is relocatable code, which may
+//! run differently from the PTX the driver JIT-compiles whole. Driven by `scripts/gpu-check`,
+//! which runs it in several processes with different environments:
 //!
 //! - `cuda_check jit`: `cuModuleLoadDataEx` on the PTX, without kcache. With
 //!   `CUDA_CACHE_DISABLE=1` this is a cold JIT; with a warm `CUDA_CACHE_PATH`, a hit in CUDA's
@@ -9,10 +12,12 @@
 //!   `KCACHE_DIR`; the argument says where the first lookup must come from (a PTX link, or a
 //!   cubin from disk). Then times memory-tier hits.
 //!
-//! - `cuda_check nvrtc link|disk`: as `kcache`, from CUDA C++ source compiled by NVRTC.
+//! - `cuda_check nvrtc link|disk`: as `kcache`, from CUDA C++ source compiled by NVRTC (`link`:
+//!   built, by NVRTC's own cubin or through a link).
 //!
 //! Prints `RESULT <name> <milliseconds>` lines. Exit status 2 means no usable CUDA driver,
-//! 3 no NVRTC library (for `nvrtc`).
+//! 3 no NVRTC library, or one newer than the driver that cannot make a cubin for the device
+//! (for `nvrtc`: its PTX would need a newer driver).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,6 +29,8 @@ use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::cuda::{PrimaryContext, Saxpy};
 
 const L1_ROUNDS: u32 = 10_000;
+/// Launches timed for the kernel's own figure.
+const KERNEL_ROUNDS: u32 = 20;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,9 +63,10 @@ fn run(args: &[String]) -> Result<(), Error> {
     let device = driver.device(0)?;
     let (major, minor) = driver.compute_capability(device)?;
     println!(
-        "device 0: {} (compute capability {major}.{minor}), driver {}",
+        "device 0: {} (compute capability {major}.{minor}), driver {} ({})",
         driver.device_name(device)?,
-        driver.version()
+        driver.version(),
+        driver.build()
     );
     let context = PrimaryContext::bind(&driver, device)?;
     let outcome = match mode.as_str() {
@@ -75,8 +83,9 @@ fn run(args: &[String]) -> Result<(), Error> {
 fn run_jit(driver: &Driver) -> Result<(), Error> {
     let start = Instant::now();
     let saxpy = Saxpy::load(driver)?;
+    saxpy.function()?;
     println!("RESULT jit_load {:.3}", ms(start));
-    let checked = run_saxpy(&saxpy);
+    let checked = run_saxpy(&saxpy, "jit");
     saxpy.unload()?;
     checked
 }
@@ -96,15 +105,29 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
             found.version(),
             found.path().display()
         );
+        let device = driver.device(0)?;
+        let (major, minor) = driver.compute_capability(device)?;
+        if found.is_newer_than(driver.version())
+            && !found.supported_archs().contains(&(major * 10 + minor))
+        {
+            return Err(Error::Unavailable(format!(
+                "NVRTC {:?} is newer than the driver ({}) and cannot make a cubin for sm_{major}{minor}: \
+                 its PTX would need a newer driver",
+                found.version(),
+                driver.version()
+            )));
+        }
     }
     let prefix = if nvrtc { "nvrtc" } else { "kcache" };
     let start = Instant::now();
     let lease = lookup()?;
+    lease.function()?;
     let first = ms(start);
     let stats = cache.stats();
-    let source = match (stats.links, stats.cubin_loads) {
-        (1, 0) => "link",
-        (0, 1) => "disk",
+    let built = stats.links + stats.nvrtc_compiles;
+    let source = match (built > 0, stats.cubin_loads) {
+        (true, 0) => "link",
+        (false, 1) => "disk",
         _ => {
             return Err(Error::Backend(format!(
                 "unexpected first lookup: {stats:?}"
@@ -117,7 +140,7 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
         )));
     }
     println!("RESULT {prefix}_{source} {first:.3}");
-    run_saxpy(&lease)?;
+    run_saxpy(&lease, &format!("{prefix}_{source}"))?;
 
     let start = Instant::now();
     for _ in 0..L1_ROUNDS {
@@ -142,8 +165,9 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
     Ok(())
 }
 
-/// y = a * x + y on 2^20 floats, compared exactly with the host's fused multiply-add.
-fn run_saxpy(saxpy: &Saxpy) -> Result<(), Error> {
+/// y = a * x + y on 2^20 floats, compared exactly with the host's fused multiply-add; then the
+/// kernel's own time, as `RESULT <name>_kernel`.
+fn run_saxpy(saxpy: &Saxpy, name: &str) -> Result<(), Error> {
     let n: u32 = 1 << 20;
     let a: f32 = 2.5;
     let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
@@ -158,5 +182,7 @@ fn run_saxpy(saxpy: &Saxpy) -> Result<(), Error> {
         )));
     }
     println!("saxpy: {n} results correct");
+    let kernel = saxpy.kernel_time(&x, &y, KERNEL_ROUNDS)?;
+    println!("RESULT {name}_kernel {kernel:.4}");
     Ok(())
 }

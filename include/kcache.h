@@ -33,6 +33,15 @@
 // `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 #define KC_DISK_DEFAULT_TEMP_MAX_AGE_S 900
 
+// Longest backend name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_BACKEND_MAX 32
+
+// Longest device name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_DEVICE_MAX 256
+
+// Longest entry name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_NAME_MAX 1024
+
 // Length of a cache key in bytes.
 #define KC_KEY_LEN 32
 
@@ -161,13 +170,14 @@ typedef struct kc_vulkan_lease kc_vulkan_lease;
 // (`kc_vulkan_spec_new`) and look it up as often as needed.
 typedef struct kc_vulkan_spec kc_vulkan_spec;
 
-// A verified payload read from disk. `data` stays valid until `kc_buffer_free`.
+// Bytes kcache hands over: a verified payload read from disk (`kc_disk_get`) or a build log
+// (`kc_opencl_cache_find_or_build_program`). `data` stays valid until `kc_buffer_free`.
 typedef struct kc_buffer {
   // The payload bytes.
   const uint8_t *data;
   // Their length.
   size_t len;
-  // How long the value took to build, as recorded by its writer.
+  // How long the value took to build, as recorded by its writer; 0 for a build log.
   uint64_t build_time_ns;
   // Owned by kcache.
   void *owner;
@@ -285,8 +295,9 @@ typedef struct kc_cuda_options {
   // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
   const char *driver_library;
   // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
-  // call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
-  // `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
+  // call from `KCACHE_NVRTC_LIBRARY`, else the first found of the driver's own release
+  // (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
+  // `libnvrtc.so.11.2`.
   const char *nvrtc_library;
   // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
   // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
@@ -305,9 +316,12 @@ typedef struct kc_cuda_options {
 } kc_cuda_options;
 
 // One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
-// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
-// FALLBACK_STRATEGY (10), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12), GENERATE_LINE_INFO (13),
-// CACHE_MODE (14). Log buffers and other pointer or output options belong to kcache.
+// MAX_REGISTERS (0), THREADS_PER_BLOCK (1, not with TARGET), OPTIMIZATION_LEVEL (7), TARGET
+// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT's information log goes to kcache's
+// log at `info`), GENERATE_LINE_INFO (13), CACHE_MODE (14). FALLBACK_STRATEGY (10) cannot be
+// used with the `cuLink*` calls kcache links with, and THREADS_PER_BLOCK with TARGET cannot be
+// combined (NVIDIA's documentation): both are `KC_ERR_INVALID_ARGUMENT`. Log buffers and other
+// pointer or output options belong to kcache.
 typedef struct kc_cuda_jit_option {
   uint32_t option;
   uint32_t value;
@@ -486,6 +500,20 @@ typedef struct kc_disk_options {
   uint64_t remote_lease_wait_ms;
 } kc_disk_options;
 
+// What an entry holds, for `kc_disk_put_described` and `kc_tiered_find_or_build_described`:
+// `kcache ls` shows it and `kcache evict` selects by it. Each string is NULL or UTF-8, and is
+// cut to its `KC_DESCRIPTOR_*_MAX` bytes on a character boundary.
+typedef struct kc_entry_descriptor {
+  // `sizeof(kc_entry_descriptor)` as the caller compiled it.
+  size_t struct_size;
+  // The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
+  const char *backend;
+  // The device's name; NULL: empty.
+  const char *device;
+  // What the entry holds (kernel or program names); NULL: empty.
+  const char *name;
+} kc_entry_descriptor;
+
 // What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
 // `kc_disk_statistics`.
 typedef struct kc_disk_gc_report {
@@ -508,6 +536,9 @@ typedef struct kc_disk_gc_report {
   uint64_t undeletable;
   // Lock files nobody held (left by processes that died building); held ones are kept.
   uint64_t lock_files;
+  // Entries of format 1, which do not say what they hold (reads accept them; `gc`
+  // removes them, and the next build writes them again with a descriptor).
+  uint64_t old_format;
 } kc_disk_gc_report;
 
 // Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
@@ -661,6 +692,25 @@ typedef struct kc_vulkan_binding {
   uint32_t count;
 } kc_vulkan_binding;
 
+// One constant of a `kc_vulkan_specialization_info`: the same layout as
+// `VkSpecializationMapEntry`.
+typedef struct kc_vulkan_spec_map_entry {
+  uint32_t constant_id;
+  // Byte offset of the value in `data`.
+  uint32_t offset;
+  // Bytes of the value: 1, 2, 4 or 8.
+  size_t size;
+} kc_vulkan_spec_map_entry;
+
+// Specialization constants as Vulkan has them: the same layout as `VkSpecializationInfo`, so
+// a program's `const VkSpecializationInfo *` can be passed cast to this type.
+typedef struct kc_vulkan_specialization_info {
+  uint32_t map_entry_count;
+  const struct kc_vulkan_spec_map_entry *map_entries;
+  size_t data_size;
+  const void *data;
+} kc_vulkan_specialization_info;
+
 // Everything a compute pipeline is made of. The layout is described by content: kcache
 // creates the descriptor-set layouts and the pipeline layout (one per device and
 // description), so a lookup never depends on handle values. A layout the caller creates
@@ -675,12 +725,28 @@ typedef struct kc_vulkan_pipeline_desc {
   const char *entry_point;
   const struct kc_vulkan_spec_constant *constants;
   size_t constant_count;
-  // Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included).
+  // Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included). No
+  // bindings and no push-constant range: the layout is derived from what the entry point
+  // uses (one binding per resource, with the descriptor type it implies, and a push-constant
+  // range over the bytes it reads).
   const struct kc_vulkan_binding *bindings;
   size_t binding_count;
   // The compute push-constant range; `push_constant_size` 0 means none.
   uint32_t push_constant_offset;
   uint32_t push_constant_size;
+  // Since ABI 2.3. Specialization constants in `VkSpecializationInfo` form, in addition to
+  // `constants` (an id given in both is `KC_ERR_INVALID_ARGUMENT`); NULL: none.
+  const struct kc_vulkan_specialization_info *specialization;
+  // Since ABI 2.3. `VkPipelineCreateFlags` of the pipeline, part of its key: among
+  // `DISABLE_OPTIMIZATION`, `ALLOW_DERIVATIVES`, `DISPATCH_BASE`, `CAPTURE_STATISTICS_KHR`,
+  // `CAPTURE_INTERNAL_REPRESENTATIONS_KHR`, `FAIL_ON_PIPELINE_COMPILE_REQUIRED` and
+  // `EARLY_RETURN_ON_FAILURE`; any other bit is `KC_ERR_INVALID_ARGUMENT`.
+  uint32_t flags;
+  // Since ABI 2.3. The subgroup size the compute stage requires
+  // (`VkPipelineShaderStageRequiredSubgroupSizeCreateInfo`), part of the key; 0: none. A
+  // power of two the device supports for compute, with `subgroupSizeControl` enabled on the
+  // device; a size the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
+  uint32_t required_subgroup_size;
 } kc_vulkan_pipeline_desc;
 
 // Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
@@ -718,10 +784,11 @@ typedef struct kc_vulkan_cache_statistics {
 extern "C" {
 #endif // __cplusplus
 
-// Releases a buffer from `kc_disk_get` and zeroes it. NULL, or a zeroed buffer, is a no-op.
+// Releases a buffer from `kc_disk_get` or `kc_opencl_cache_find_or_build_program` and zeroes
+// it. NULL, or a zeroed buffer, is a no-op.
 //
 // # Safety
-// `buffer` must be NULL or a buffer filled by `kc_disk_get` and not freed since.
+// `buffer` must be NULL or a buffer kcache filled and not freed since.
 void kc_buffer_free(struct kc_buffer *buffer);
 
 // The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
@@ -873,9 +940,10 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                size_t option_count,
                                                struct kc_cuda_lease **out_lease);
 
-// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-// context's device unless they name an architecture), then as
-// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
+// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
+// options are given, else to PTX for the highest architecture NVRTC supports up to the
+// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
 // `extern "C"`.
 //
 // `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
@@ -938,8 +1006,11 @@ enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
                                            void *context,
                                            size_t *out_count);
 
-// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
-// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
+// Unlinks every module of every context on `device` (a `CUdevice` ordinal). Required before
+// the last `cuDevicePrimaryCtxRelease` of the device's primary context and before
+// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
+// context retained again has the same address, which the cache would take for the old one.
+// `*out_count` (if not NULL) receives how many were unlinked.
 //
 // # Safety
 // As `kc_cuda_cache_evict_context`.
@@ -1011,9 +1082,10 @@ void kc_disk_free(struct kc_disk *disk);
 
 // Writes the entry for `key` (atomically: readers see the old entry or the new one).
 // `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
-// of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the directory
-// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
+// smaller of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the
+// directory scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+// The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
 //
 // # Safety
 // `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
@@ -1022,6 +1094,19 @@ enum kc_status kc_disk_put(struct kc_disk *disk,
                            const uint8_t *data,
                            size_t len,
                            uint64_t build_time_ns);
+
+// `kc_disk_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
+// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
+//
+// # Safety
+// As `kc_disk_put`; `descriptor` NULL or readable for its `struct_size`, its strings NULL or
+// C strings.
+enum kc_status kc_disk_put_described(struct kc_disk *disk,
+                                     const uint8_t *key,
+                                     const uint8_t *data,
+                                     size_t len,
+                                     uint64_t build_time_ns,
+                                     const struct kc_entry_descriptor *descriptor);
 
 // Reads and verifies the entry for `key` into `*out` (written on success only; free it
 // with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
@@ -1280,6 +1365,49 @@ enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
                                              const char *options,
                                              struct kc_opencl_lease **out_lease);
 
+// The built program for `sources` and `options` on each of `num_devices` devices of
+// `context`, as `clCreateProgramWithSource` + `clBuildProgram` make it, except that it comes
+// from the cache: from memory, else from a binary on disk, else compiled. Unlike
+// `kc_opencl_cache_find_or_build`, no lease: `out_programs[i]` is a `cl_program` reference
+// of the caller's own, for `device_list[i]`, released with `clReleaseProgram` when the caller
+// is done with it. The cache keeps its own reference; eviction gives up only that one.
+// `device_list` is a `const cl_device_id *` and `out_programs` a `cl_program *`, passed as
+// `void *` like every OpenCL handle here, so that a `&program` converts without a cast:
+// `kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &source, NULL, 1, "",
+// &program, NULL)` stands for `clCreateProgramWithSource` + `clBuildProgram`.
+//
+// `device_list` NULL builds for every device of the context (as `clBuildProgram` does with
+// no list); `num_devices` must then be the context's device count (`CL_CONTEXT_NUM_DEVICES`),
+// since it is the length of `out_programs` and `out_logs`: another count is
+// `KC_ERR_INVALID_ARGUMENT`. Each device gets a program of its own, built and kept on disk
+// under that device's identity: a kernel created from `out_programs[i]` runs on
+// `device_list[i]`'s queues. `sources`, `lengths`, `count` and `options` are as for
+// `kc_opencl_cache_find_or_build`.
+//
+// `out_logs` is NULL, or `num_devices` buffers, written once the lookups have run: on
+// `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds `device_list[i]`'s whole build message (a first
+// line naming the OpenCL status, then the compiler's log; not NUL-terminated) if its build
+// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
+// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
+// and `kc_last_error_message()` are the first failing device's.
+//
+// # Safety
+// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
+// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
+// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
+// `cl_program`s; `out_logs` NULL or `num_devices`
+// writable `kc_buffer`s.
+enum kc_status kc_opencl_cache_find_or_build_program(struct kc_opencl_cache *cache,
+                                                     void *context,
+                                                     size_t num_devices,
+                                                     const void *device_list,
+                                                     const char *const *sources,
+                                                     const size_t *lengths,
+                                                     size_t count,
+                                                     const char *options,
+                                                     void *out_programs,
+                                                     struct kc_buffer *out_logs);
+
 // The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
 //
 // # Safety
@@ -1379,7 +1507,8 @@ const char *kc_version(void);
 // removed (and counted in `load_failures`). `serialize` runs on the calling thread before
 // the lookup returns; the write itself happens on the disk's background writer (see
 // `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
-// `kc_cache_find_or_build`.
+// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
+// (`kc_tiered_find_or_build_described` says more).
 //
 // # Safety
 // `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
@@ -1392,6 +1521,21 @@ enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
                                        const uint8_t *l2_key,
                                        const struct kc_tiered_callbacks *callbacks,
                                        struct kc_lease **out_lease);
+
+// `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
+// as `kc_disk_put_described` takes it; NULL: backend `custom`).
+//
+// # Safety
+// As `kc_tiered_find_or_build`; `descriptor` as for `kc_disk_put_described`.
+enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
+                                                 const uint8_t *l1_key,
+                                                 size_t l1_key_len,
+                                                 int64_t device_id,
+                                                 struct kc_disk *disk,
+                                                 const uint8_t *l2_key,
+                                                 const struct kc_tiered_callbacks *callbacks,
+                                                 const struct kc_entry_descriptor *descriptor,
+                                                 struct kc_lease **out_lease);
 
 // Memory only, unbounded, with the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);
@@ -1468,9 +1612,11 @@ enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      bool *out_written);
 
 // Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-// GLCompute entry point of that name, unique specialization ids, a compute-usable layout
-// that covers every descriptor binding the entry point uses, with a compatible descriptor
-// type and enough descriptors, and every push-constant byte it reads) and digests it. A
+// GLCompute entry point of that name, unique specialization ids, map entries inside their
+// data, a compute-usable layout that covers every descriptor binding the entry point uses,
+// with a compatible descriptor type and enough descriptors, and every push-constant byte it
+// reads, or a layout derived from the shader when none is given; allowed flags; a power-of-two
+// subgroup size) and digests it. A
 // malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
 // reaches the driver. Everything is copied: the description's memory may be reused
 // afterwards.

@@ -9,12 +9,16 @@ pub type DeviceId = i64;
 /// Declares a callback's error: a caller-defined code and a human-readable detail, shown as
 /// "`$what` failed with code N: detail".
 macro_rules! callback_error {
-    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+    (
+        $(#[$doc:meta])* $name:ident, $what:literal
+        $(, $(#[$field_doc:meta])* $flag:ident)?
+    ) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub struct $name {
             pub code: i32,
             pub message: String,
+            $($(#[$field_doc])* pub $flag: bool,)?
         }
 
         impl $name {
@@ -22,6 +26,7 @@ macro_rules! callback_error {
                 Self {
                     code,
                     message: message.into(),
+                    $($flag: false,)?
                 }
             }
         }
@@ -43,8 +48,23 @@ callback_error!(
     /// a human-readable detail such as a compiler log. Shared unchanged with every single-flight
     /// waiter.
     BuildError,
-    "build"
+    "build",
+    /// Set by the `transient` constructor: the failure says nothing about the input (out of
+    /// memory, a lost context), so a `load` that fails this way keeps the disk entry and the
+    /// lookup fails with this error instead of building.
+    transient
 );
+
+impl BuildError {
+    /// A failure of the moment rather than of the input (the `transient` field says what a
+    /// `load` does with it).
+    pub fn transient(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            transient: true,
+            ..Self::new(code, message)
+        }
+    }
+}
 
 callback_error!(
     /// Why a destroy callback failed.

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter};
+use crate::disk::{Claim, Descriptor, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
@@ -191,11 +191,13 @@ where
     /// only on an L1 miss with a disk tier, so a memory hit never pays for hashing the
     /// content; a key it cannot make leaves that lookup without the disk. `load` and `build`
     /// return the value and its L1 weight. A disk entry that `load` refuses is removed and the
-    /// value built instead. A disk miss waits for another process building the same entry, up
+    /// value built instead; a transient refusal (`BuildError::transient`: out of memory, say)
+    /// keeps the entry and fails the lookup with that error. A disk miss waits for another process building the same entry, up
     /// to the disk tier's lock timeout, and reads what it wrote; when that process's build
     /// fails, this one builds too (and gets its own error). `serialize` runs on the calling
     /// thread; the write happens on the disk tier's background writer, and a failed one is
-    /// counted, not returned.
+    /// counted, not returned. The entry written says it holds a value of backend `custom`;
+    /// [`TieredCache::find_or_build_described`] says more.
     pub fn find_or_build<Q>(
         &self,
         l1_key: &Q,
@@ -209,7 +211,27 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let serialize = |value: &V| serialize(value).map(DiskBytes::from);
+        let described = |value: &V| Ok((serialize(value)?, Descriptor::default()));
+        self.find_or_build_described(l1_key, device, l2_key, load, build, described)
+    }
+
+    /// [`TieredCache::find_or_build`] whose `serialize` also says what the value is (its
+    /// backend, device and name), for the entry's header: `kcache ls` shows it and `kcache
+    /// evict` selects by it.
+    pub fn find_or_build_described<Q>(
+        &self,
+        l1_key: &Q,
+        device: Option<DeviceId>,
+        l2_key: impl FnOnce() -> Result<Key>,
+        load: impl FnOnce(&[u8]) -> Built<V>,
+        build: impl FnOnce() -> Built<V>,
+        serialize: impl FnOnce(&V) -> std::result::Result<(Vec<u8>, Descriptor), BuildError>,
+    ) -> Result<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let serialize = |value: &V| serialize(value).map(|(b, d)| (DiskBytes::from(b), d));
         self.tiers()
             .find_or_build(l1_key, device, l2_key, Some(load), build, serialize)
     }
@@ -263,7 +285,7 @@ where
         l2_key: impl FnOnce() -> Result<Key>,
         load: Option<impl FnOnce(&[u8]) -> Built<V>>,
         build: impl FnOnce() -> Built<V>,
-        serialize: impl FnOnce(&V) -> std::result::Result<DiskBytes, BuildError>,
+        serialize: impl FnOnce(&V) -> std::result::Result<(DiskBytes, Descriptor), BuildError>,
     ) -> Result<Lease<K, V>>
     where
         K: Borrow<Q>,
@@ -275,17 +297,17 @@ where
             let key = self.disk_key(l2_key);
             let (lock, remote_lease) = match (&key, self.disk) {
                 (Some(key), Some(disk)) if load.is_some() => {
-                    if let Some(value) = self.load_from_disk(disk, key, &mut load) {
-                        return (Ok(value), Made::Loaded);
+                    if let Some(loaded) = self.load_from_disk(disk, key, &mut load) {
+                        return (loaded, Made::Loaded);
                     }
-                    if let Some(value) = self.load_from_remote(disk, key, &mut load) {
-                        return (Ok(value), Made::Loaded);
+                    if let Some(loaded) = self.load_from_remote(disk, key, &mut load) {
+                        return (loaded, Made::Loaded);
                     }
                     let lock = match disk.claim(key) {
                         Claim::Leader(lock) => Some(lock),
                         Claim::Published => {
-                            if let Some(value) = self.load_from_disk(disk, key, &mut load) {
-                                return (Ok(value), Made::Loaded);
+                            if let Some(loaded) = self.load_from_disk(disk, key, &mut load) {
+                                return (loaded, Made::Loaded);
                             }
                             None
                         }
@@ -294,7 +316,7 @@ where
                     match disk.remote_flight(key) {
                         Flight::Found(entry) => {
                             match self.load_remote_entry(disk, key, entry, lock, &mut load) {
-                                Ok(value) => return (Ok(value), Made::Loaded),
+                                Ok(loaded) => return (loaded, Made::Loaded),
                                 Err(lock) => (lock, None),
                             }
                         }
@@ -341,9 +363,9 @@ where
         })?;
         if let (Some((build_time, key, lock, remote_lease)), Some(disk)) = (built, self.disk) {
             match serialize(lease.value()) {
-                Ok(bytes) => {
+                Ok((bytes, descriptor)) => {
                     let counters = Arc::clone(self.counters);
-                    disk.write_back(key, build_time, lock, bytes, move |written| {
+                    disk.write_back(key, build_time, descriptor, lock, bytes, move |written| {
                         // The entry is in the remote now (or will not be): other nodes
                         // waiting for it read it (or build).
                         drop(remote_lease);
@@ -384,19 +406,20 @@ where
     }
 
     /// The value loaded from the remote tier's entry for `l2_key` (which the disk tier keeps
-    /// a copy of), if there is one `load` (taken then) accepts.
+    /// a copy of), if there is one `load` (taken then) accepts; `load`'s error when it is
+    /// transient.
     fn load_from_remote(
         &self,
         disk: &DiskCache,
         l2_key: &Key,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
-    ) -> Option<(V, u64)> {
+    ) -> Option<Built<V>> {
         let entry = disk.fetch_remote(l2_key)?;
         self.load_remote_entry(disk, l2_key, entry, None, load).ok()
     }
 
-    /// The value `load` makes of a remote entry; an entry it accepts is copied to the disk,
-    /// after which `lock` is released. A refused one gives `lock` back, for the build.
+    /// What `load` makes of a remote entry; an entry it accepts is copied to the disk, after
+    /// which `lock` is released. A refused one gives `lock` back, for the build.
     fn load_remote_entry(
         &self,
         disk: &DiskCache,
@@ -404,24 +427,25 @@ where
         entry: Entry,
         lock: Option<KeyLock>,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
-    ) -> std::result::Result<(V, u64), Option<KeyLock>> {
+    ) -> std::result::Result<Built<V>, Option<KeyLock>> {
         match self.load_stored(disk, l2_key, entry.payload(), load, Stored::Remote) {
-            Some(value) => {
+            Some(Ok(value)) => {
                 disk.backfill(l2_key, entry, lock);
-                Ok(value)
+                Ok(Ok(value))
             }
+            Some(Err(e)) => Ok(Err(e)),
             None => Err(lock),
         }
     }
 
     /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)
-    /// accepts.
+    /// accepts; `load`'s error when it is transient (`BuildError::transient`): the entry stays.
     fn load_from_disk(
         &self,
         disk: &DiskCache,
         l2_key: &Key,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
-    ) -> Option<(V, u64)> {
+    ) -> Option<Built<V>> {
         let entry = match disk.get(l2_key) {
             Ok(Some(entry)) => entry,
             // A corrupt entry was removed by the disk tier: as good as absent.
@@ -437,8 +461,9 @@ where
         self.load_stored(disk, l2_key, entry.payload(), load, Stored::Disk)
     }
 
-    /// `load` (taken) run on a verified payload; a refusal is counted and logged, and a
-    /// refused disk entry removed (the remote's is replaced when the rebuild is written).
+    /// `load` (taken) run on a verified payload: its value, its transient error, or `None`
+    /// when it refused the payload (counted and logged; a refused disk entry is removed, the
+    /// remote's is replaced when the rebuild is written).
     fn load_stored(
         &self,
         disk: &DiskCache,
@@ -446,7 +471,7 @@ where
         payload: &[u8],
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
         stored: Stored,
-    ) -> Option<(V, u64)> {
+    ) -> Option<Built<V>> {
         let load = load.take()?;
         match load(payload) {
             Ok(value) => {
@@ -454,8 +479,9 @@ where
                     Stored::Disk => &self.counters.disk_hits,
                     Stored::Remote => &self.counters.remote_hits,
                 });
-                Some(value)
+                Some(Ok(value))
             }
+            Err(e) if e.transient => Some(Err(e)),
             Err(e) => {
                 log::debug(|| {
                     format!(

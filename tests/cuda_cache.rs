@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache::disk::{Descriptor, DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, Handle};
 use kcache_testkit::{assert_err, rerun_test, successful_stdout};
@@ -100,6 +100,22 @@ fn cold_path_links_and_loads_once_then_hits() {
         fake.counter("ctx_pop") - pops_before
     );
     assert!(fake.current().is_null());
+}
+
+#[test]
+fn the_stored_cubin_says_which_kernels_and_device_it_is_for() {
+    let fake = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = fake.create_context(0);
+    drop(built_on_disk(&fake, &dir, c0));
+    let disk = disk(&dir);
+    let entries = disk.entries().unwrap();
+    assert_eq!(entries.len(), 1);
+    let entry = disk.get(&entries[0].key).unwrap().unwrap();
+    assert_eq!(
+        entry.descriptor(),
+        Some(&Descriptor::new("cuda", "kcache fake GPU 0", "saxpy"))
+    );
 }
 
 #[test]

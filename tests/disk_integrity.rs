@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION, Header};
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Descriptor, DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
 use kcache_testkit::assert_err;
 
@@ -34,6 +34,10 @@ fn open_temp(operator: Option<&[u8]>) -> (tempfile::TempDir, DiskCache) {
 
 const OPERATOR: &[u8] = b"0123456789abcdef0123456789abcdef";
 
+/// Bytes `put` adds to a payload: the fixed header, the descriptor length and the default
+/// descriptor (`custom`, no device, no name), and the tag.
+const OVERHEAD: usize = 72 + 2 + (2 + 6 + 2 + 2) + 32;
+
 #[test]
 fn round_trip_and_counters() {
     let (_tmp, disk) = open_temp(None);
@@ -52,8 +56,8 @@ fn round_trip_and_counters() {
     assert_eq!(disk.get(&k).unwrap(), None);
     let s = disk.stats();
     assert_eq!((s.hits, s.misses, s.puts, s.removes), (2, 2, 2, 1));
-    assert_eq!(s.bytes_written, 13 + 8 + 2 * 104);
-    assert_eq!(s.bytes_read, 13 + 8 + 2 * 104);
+    assert_eq!(s.bytes_written, 13 + 8 + 2 * OVERHEAD as u64);
+    assert_eq!(s.bytes_read, 13 + 8 + 2 * OVERHEAD as u64);
     assert_eq!((s.integrity_rejects, s.io_errors), (0, 0));
     let mode = std::fs::metadata(disk.path()).unwrap();
     assert_eq!(
@@ -76,7 +80,7 @@ fn tamper_every_byte(operator: Option<&[u8]>) {
         .unwrap();
     let path = disk.entry_path(&k);
     let original = std::fs::read(&path).unwrap();
-    assert_eq!(original.len(), 16 + 104);
+    assert_eq!(original.len(), 16 + OVERHEAD);
     for i in 0..original.len() {
         let mut bad = original.clone();
         bad[i] ^= 0x01;
@@ -173,6 +177,7 @@ fn forged_blake3_entry_is_rejected_when_a_key_is_configured() {
         key: k,
         payload_len: payload.len() as u64,
         build_nanos: 0,
+        descriptor: Some(Descriptor::default()),
     }
     .encode();
     let mut bytes = header.to_vec();
@@ -257,19 +262,26 @@ fn oversized_entry_is_refused() {
         Error::InvalidArgument(_)
     );
     assert!(!disk.entry_path(&k).exists());
-    disk.put(&k, &[0u8; 1024 - 104], Duration::ZERO).unwrap();
-    assert_eq!(disk.get(&k).unwrap().unwrap().payload().len(), 1024 - 104);
+    disk.put(&k, &[0u8; 1024 - OVERHEAD], Duration::ZERO)
+        .unwrap();
+    assert_eq!(
+        disk.get(&k).unwrap().unwrap().payload().len(),
+        1024 - OVERHEAD
+    );
 }
 
 #[test]
 fn file_layout_matches_the_documented_format() {
     let (_tmp, disk) = open_temp(None);
     let k = key("layout");
-    disk.put(&k, b"abc", Duration::from_nanos(0x0102)).unwrap();
+    let descriptor = Descriptor::new("opencl", "cpu", "add");
+    disk.put_described(&k, b"abc", Duration::from_nanos(0x0102), &descriptor)
+        .unwrap();
     let bytes = std::fs::read(disk.entry_path(&k)).unwrap();
-    assert_eq!(bytes.len(), 72 + 3 + 32);
+    let d = 2 + 6 + 2 + 3 + 2 + 3;
+    assert_eq!(bytes.len(), 72 + 2 + d + 3 + 32);
     assert_eq!(&bytes[0..8], b"\x89KCACHE\n");
-    assert_eq!(&bytes[8..10], &[1, 0]); // format version 1
+    assert_eq!(&bytes[8..10], &[2, 0]); // format version 2
     assert_eq!(bytes[10], ALG_BLAKE3);
     assert_eq!(bytes[11], 0);
     assert_eq!(&bytes[12..16], &KEY_SCHEMA_VERSION.to_le_bytes());
@@ -277,8 +289,18 @@ fn file_layout_matches_the_documented_format() {
     assert_eq!(&bytes[24..56], k.as_bytes());
     assert_eq!(&bytes[56..64], &3u64.to_le_bytes());
     assert_eq!(&bytes[64..72], &0x0102u64.to_le_bytes());
-    assert_eq!(&bytes[72..75], b"abc");
-    assert_eq!(&bytes[75..], blake3::hash(&bytes[..75]).as_bytes());
+    assert_eq!(&bytes[72..74], &(d as u16).to_le_bytes());
+    assert_eq!(&bytes[74..74 + d], b"\x06\0opencl\x03\0cpu\x03\0add");
+    let payload = 74 + d;
+    assert_eq!(&bytes[payload..payload + 3], b"abc");
+    assert_eq!(
+        &bytes[payload + 3..],
+        blake3::hash(&bytes[..payload + 3]).as_bytes()
+    );
+    assert_eq!(
+        disk.get(&k).unwrap().unwrap().descriptor(),
+        Some(&descriptor)
+    );
     let name = disk.entry_path(&k);
     let name = name.file_name().unwrap().to_string_lossy();
     assert_eq!(name, format!("0000000000000000-{}.kce", k.to_hex()));

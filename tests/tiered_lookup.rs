@@ -135,6 +135,40 @@ fn an_entry_that_does_not_load_is_removed_and_rebuilt() {
 }
 
 #[test]
+fn a_transient_load_failure_keeps_the_entry_and_fails_the_lookup() {
+    let (_tmp, d, cache) = tiered_on_temp_disk();
+    d.put(&l2_key("k"), b"stored(k)", Duration::ZERO).unwrap();
+    let builds = AtomicUsize::new(0);
+    let build = || {
+        builds.fetch_add(1, Ordering::SeqCst);
+        Ok(("compiled(k)".to_owned(), 1))
+    };
+    let out_of_memory = |_: &[u8]| Err(BuildError::transient(2, "out of memory"));
+    let failed = cache.find_or_build(
+        b"k".as_slice(),
+        None,
+        || Ok(l2_key("k")),
+        out_of_memory,
+        build,
+        serialize,
+    );
+    match failed {
+        Err(Error::Build(e)) => assert_eq!((e.code, e.transient), (2, true)),
+        other => panic!("expected the transient error, got {other:?}"),
+    }
+    assert_eq!(builds.load(Ordering::SeqCst), 0);
+    let s = cache.stats();
+    assert_eq!((s.load_failures, s.builds, s.disk_hits), (0, 0, 0));
+    assert_eq!(
+        d.get(&l2_key("k")).unwrap().unwrap().payload(),
+        b"stored(k)"
+    );
+    // The entry is still there for the next lookup.
+    assert_eq!(lookup(&cache, "k", &builds).unwrap(), "stored(k)");
+    assert_eq!(builds.load(Ordering::SeqCst), 0);
+}
+
+#[test]
 fn memory_only_without_a_disk() {
     let cache = tiered(None);
     let builds = AtomicUsize::new(0);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use kcache::backend::vulkan::{
     CacheIdentity, HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
 };
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Descriptor, DiskCache, DiskConfig};
 use kcache_testkit::vulkan::TestGpu;
 use kcache_testkit::{rerun_test, successful_stdout};
 use vulkan_common::{dispatch, expected, spec, vulkan};
@@ -74,6 +74,12 @@ fn pipeline_cache_data_round_trips_through_disk() {
         let blob = stored_blob(&disk, &device).expect("written back");
         assert!(blob.len() >= HEADER_LEN);
         check_cache_header(&blob, device.identity()).unwrap();
+        // The entry says what it holds: this device's pipeline-cache data.
+        let entry = disk.get(&device.pipeline_cache_key()).unwrap().unwrap();
+        assert_eq!(
+            entry.descriptor(),
+            Some(&Descriptor::new("vulkan", gpu.name(), "VkPipelineCache"))
+        );
     }
 
     // The reader is a new process: nothing but the directory carries over.

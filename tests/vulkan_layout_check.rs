@@ -1,7 +1,8 @@
 //! A pipeline description whose layout does not cover what its shader uses is refused before
 //! any driver sees it: lavapipe crashes in vkCreateComputePipelines on some such pipelines
 //! (a storage buffer with no binding in the layout). Layouts that cover the shader, including
-//! ones that describe more than it uses, still build and run on lavapipe.
+//! ones that describe more than it uses, still build and run on lavapipe. A description with
+//! no layout gets the one the shader implies.
 
 mod vulkan_common;
 
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use ash::vk;
 use kcache::Error;
 use kcache::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant,
+    DescriptorBinding, LayoutDesc, PipelineDesc, PipelineSpec, PushConstantRange, SpecConstant,
 };
 use kcache_testkit::vulkan::TestGpu;
 use vulkan_common::{cache, compile, dispatch, expected, layout, spirv, vulkan};
@@ -234,5 +235,117 @@ void main() {
     let out = dispatch(&gpu, &lease, 3);
     assert_eq!(out, expected(2, 3));
     drop(lease);
+    cache.unregister_device(&device).unwrap();
+}
+
+/// The spec of `words` with no layout: the one derived from the shader.
+fn derived(words: &[u32]) -> kcache::Result<PipelineSpec> {
+    PipelineSpec::from_desc(&PipelineDesc {
+        specialization: &[SpecConstant::u32(0, 2)],
+        ..PipelineDesc::new(words, "main")
+    })
+}
+
+#[test]
+fn a_missing_layout_is_derived_from_the_shader() {
+    // The test shader's storage buffer and 4-byte push constant: the derived layout is the
+    // one the other tests describe by hand, so both share a key.
+    let spec = derived(spirv()).unwrap();
+    assert_eq!(spec.layout(), &layout());
+    assert_eq!(spec.digest(), accepted(spirv(), &layout()).digest());
+
+    let words = compile(
+        r#"#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) uniform sampler2D tex;
+layout(set = 0, binding = 1, rgba8) uniform writeonly image2D img[3];
+layout(set = 2, binding = 4) uniform Params { vec4 scale; } params;
+layout(set = 2, binding = 1) uniform samplerBuffer texels;
+layout(push_constant) uniform Push { layout(offset = 8) uint a; uint b; } pc;
+void main() {
+    vec4 v = texture(tex, vec2(0.5)) * params.scale + texelFetch(texels, int(pc.b));
+    imageStore(img[pc.a], ivec2(0), v);
+}
+"#,
+    );
+    use vk::DescriptorType as D;
+    let expected = LayoutDesc {
+        sets: vec![
+            vec![
+                binding(0, D::COMBINED_IMAGE_SAMPLER, 1),
+                binding(1, D::STORAGE_IMAGE, 3),
+            ],
+            vec![],
+            vec![
+                binding(1, D::UNIFORM_TEXEL_BUFFER, 1),
+                binding(4, D::UNIFORM_BUFFER, 1),
+            ],
+        ],
+        push_constants: push(8, 8),
+    };
+    assert_eq!(derived(&words).unwrap().layout(), &expected);
+}
+
+#[test]
+fn a_layout_the_shader_does_not_decide_must_be_described() {
+    // A push-constant block sized by a specialization constant: its range is the caller's.
+    let words = compile(
+        r#"#version 450
+layout(local_size_x = 1) in;
+layout(constant_id = 1) const int N = 4;
+layout(push_constant) uniform Push { uint v[N]; } pc;
+layout(std430, set = 0, binding = 0) buffer Data { uint v[]; } data;
+void main() { data.v[0] = pc.v[N - 1]; }
+"#,
+    );
+    let message = match derived(&words) {
+        Err(Error::InvalidArgument(message)) => message,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    assert!(message.contains("describe the layout"), "{message}");
+    let described = LayoutDesc {
+        sets: vec![vec![storage(0)]],
+        push_constants: push(0, 16),
+    };
+    accepted(&words, &described);
+
+    // A set number no device binds (glslang refuses to write one, so the decoration is
+    // patched) would make a derived layout of 101 sets.
+    let mut far = compile(
+        r#"#version 450
+layout(local_size_x = 1) in;
+layout(std430, set = 7, binding = 0) buffer Data { uint v[]; } data;
+void main() { data.v[0] = 1u; }
+"#,
+    );
+    const OP_DECORATE_4_WORDS: u32 = (4 << 16) | 71;
+    const DESCRIPTOR_SET: u32 = 34;
+    let at = far
+        .windows(4)
+        .position(|w| w[0] == OP_DECORATE_4_WORDS && w[2] == DESCRIPTOR_SET && w[3] == 7)
+        .expect("the DescriptorSet decoration");
+    far[at + 3] = 100;
+    let message = match derived(&far) {
+        Err(Error::InvalidArgument(message)) => message,
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    assert!(message.contains("set 100"), "{message}");
+}
+
+#[test]
+fn a_derived_layout_builds_and_dispatches_under_validation() {
+    let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
+    let cache = cache(vulkan());
+    let device = cache.register_owned_device(gpu.clone()).unwrap();
+    let spec = derived(spirv()).unwrap();
+    let lease = cache.find_or_build(&device, &spec).unwrap();
+    assert_eq!(dispatch(&gpu, &lease, 4), expected(2, 4));
+    // The hand-written equivalent is the same pipeline.
+    let described = cache
+        .find_or_build(&device, &accepted(spirv(), &layout()))
+        .unwrap();
+    assert_eq!(described.value().pipeline(), lease.value().pipeline());
+    assert_eq!(cache.stats().pipelines_created, 1);
+    drop((lease, described));
     cache.unregister_device(&device).unwrap();
 }

@@ -219,3 +219,21 @@ fn reset_stats_zeroes_counters_keeps_gauges_and_hit_rate_follows() {
     drop(cold);
     assert_eq!(cache.unregister_device(&device).unwrap(), 0);
 }
+
+#[test]
+fn the_validation_layer_reports_misuse_to_the_tests() {
+    // Every dispatching test passes only when the validation layer stays silent: here it must
+    // speak, so pushing 8 bytes into the layout's 4-byte push-constant range is seen.
+    let (gpu, cache, device) = setup();
+    let lease = cache.find_or_build(&device, &spec(1)).unwrap();
+    gpu.dispatch(&lease, &vulkan_common::input(), &[0; 8], 4)
+        .unwrap();
+    let messages = gpu.take_validation_messages();
+    assert!(
+        messages.iter().any(|m| m.contains("vkCmdPushConstants")),
+        "{messages:?}"
+    );
+    assert!(gpu.validation_messages().is_empty());
+    drop(lease);
+    cache.unregister_device(&device).unwrap();
+}

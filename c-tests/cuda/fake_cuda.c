@@ -16,7 +16,8 @@
  *     current, and with CUDA_ERROR_INVALID_HANDLE on a module already unloaded.
  *
  * Every call is counted; tests read the counters through fakecuda_counter("name"). Controls:
- * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_hold_links(1)
+ * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_fail_next_loads(n,
+ * code) for the failures of a good image (out of memory, ...), fakecuda_hold_links(1)
  * to park cuLinkComplete until fakecuda_hold_links(0), FAKECUDA_DRIVER_VERSION (default 12040)
  * and FAKECUDA_INIT_RESULT (the status cuInit returns, default 0).
  *
@@ -43,6 +44,7 @@ typedef int CUdevice;
 enum {
     CUDA_SUCCESS = 0,
     CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
@@ -50,6 +52,7 @@ enum {
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
 };
@@ -71,6 +74,11 @@ static const char CUBIN_MAGIC[8] = {'K', 'C', 'F', 'A', 'K', 'E', 'C', 'B'};
 struct fake_ctx {
     unsigned magic;
     int device;
+    /* Primary contexts only: the retain count, and how many times the context was destroyed
+     * (by the last release). A primary context comes back at the same address when retained
+     * again, as the driver's does; its modules from before do not. */
+    int retained;
+    unsigned generation;
 };
 
 struct fake_function {
@@ -82,6 +90,7 @@ struct fake_function {
 struct fake_module {
     unsigned magic;
     struct fake_ctx *ctx;
+    unsigned generation; /* the context's when loaded */
     int nentries;
     struct fake_function functions[MAX_ENTRIES];
 };
@@ -92,6 +101,9 @@ struct fake_link {
     int target; /* compute capability, major * 10 + minor */
     char *error_log;
     size_t error_log_size;
+    char *info_log;
+    size_t info_log_size;
+    int verbose;
     uint64_t hash;
     int added;
     int nentries;
@@ -106,19 +118,20 @@ enum counter {
     C_INIT, C_LINK_CREATE, C_LINK_ADD_DATA, C_LINK_COMPLETE, C_LINK_DESTROY, C_LINK_FAILED,
     C_MODULE_LOAD, C_MODULE_LOAD_PTX, C_MODULE_LOAD_REJECTED, C_MODULE_LOAD_FAILED,
     C_MODULE_UNLOAD, C_UNLOAD_WRONG_CONTEXT, C_UNLOAD_INVALID, C_GET_FUNCTION, C_CTX_PUSH,
-    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_COUNT
+    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_PRIMARY_DESTROYED, C_COUNT
 };
 
 static const char *const COUNTER_NAMES[C_COUNT] = {
     "init", "link_create", "link_add_data", "link_complete", "link_destroy", "link_failed",
     "module_load", "module_load_ptx", "module_load_rejected", "module_load_failed",
     "module_unload", "unload_wrong_context", "unload_invalid", "get_function", "ctx_push",
-    "ctx_pop", "live_modules", "last_max_registers", "link_waiting",
+    "ctx_pop", "live_modules", "last_max_registers", "link_waiting", "primary_destroyed",
 };
 
 static unsigned long long counters[C_COUNT];
 static int initialized;
 static int reject_loads;
+static int reject_code = CUDA_ERROR_INVALID_IMAGE;
 static int hold_links;
 
 static void bump(enum counter c) { __atomic_add_fetch(&counters[c], 1, __ATOMIC_SEQ_CST); }
@@ -131,9 +144,18 @@ EXPORT unsigned long long fakecuda_counter(const char *name) {
     return ~0ull;
 }
 
+/* The next `n` cubin loads fail with `code`. cuModuleLoadDataEx documents more than image
+ * refusals: CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_INVALID_CONTEXT, and the sticky error of an
+ * earlier asynchronous launch (CUDA_ERROR_ILLEGAL_ADDRESS, 700) all come back from a load of a
+ * perfectly good image. */
+EXPORT void fakecuda_fail_next_loads(int n, int code) {
+    __atomic_store_n(&reject_code, code, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&reject_loads, n, __ATOMIC_SEQ_CST);
+}
+
 /* The next `n` cubin loads fail with CUDA_ERROR_INVALID_IMAGE, as a driver does with an image
  * it cannot use. */
-EXPORT void fakecuda_reject_next_loads(int n) { __atomic_store_n(&reject_loads, n, __ATOMIC_SEQ_CST); }
+EXPORT void fakecuda_reject_next_loads(int n) { fakecuda_fail_next_loads(n, CUDA_ERROR_INVALID_IMAGE); }
 
 /* While on, cuLinkComplete waits (counted in "link_waiting") until it is turned off. */
 EXPORT void fakecuda_hold_links(int on) { __atomic_store_n(&hold_links, on, __ATOMIC_SEQ_CST); }
@@ -203,10 +225,12 @@ EXPORT CUresult cuInit(unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
+static int driver_version(void) { return env_int("FAKECUDA_DRIVER_VERSION", 12040); }
+
 EXPORT CUresult cuDriverGetVersion(int *version) {
     if (!version)
         return CUDA_ERROR_INVALID_VALUE;
-    *version = env_int("FAKECUDA_DRIVER_VERSION", 12040);
+    *version = driver_version();
     return CUDA_SUCCESS;
 }
 
@@ -239,6 +263,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
     switch (error) {
     case CUDA_SUCCESS: *text = "no error"; break;
     case CUDA_ERROR_INVALID_VALUE: *text = "invalid argument"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; break;
     case CUDA_ERROR_NOT_INITIALIZED: *text = "initialization error"; break;
     case CUDA_ERROR_NO_DEVICE: *text = "no CUDA-capable device is detected"; break;
     case CUDA_ERROR_INVALID_DEVICE: *text = "invalid device ordinal"; break;
@@ -246,6 +271,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
     case CUDA_ERROR_INVALID_CONTEXT: *text = "invalid device context"; break;
     case CUDA_ERROR_NO_BINARY_FOR_GPU: *text = "no kernel image is available for execution on the device"; break;
     case CUDA_ERROR_INVALID_PTX: *text = "a PTX JIT compilation failed"; break;
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *text = "the provided PTX was compiled with an unsupported toolchain."; break;
     case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
     case CUDA_ERROR_NOT_FOUND: *text = "named symbol not found"; break;
     default: *text = NULL; return CUDA_ERROR_INVALID_VALUE;
@@ -368,15 +394,23 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
     l->ctx = c;
     l->target = capability(c->device);
     l->hash = 0xcbf29ce484222325ull;
+    int threads_per_block = 0, target = 0;
     for (unsigned i = 0; i < n; i++) {
         uintptr_t v = (uintptr_t)values[i];
         switch (options[i]) {
         case 0: /* CU_JIT_MAX_REGISTERS */
             __atomic_store_n(&counters[C_LAST_MAX_REGISTERS], (unsigned long long)v, __ATOMIC_SEQ_CST);
             break;
+        case 1: threads_per_block = 1; break; /* CU_JIT_THREADS_PER_BLOCK */
+        case 3: l->info_log = (char *)values[i]; break;
+        case 4: l->info_log_size = (size_t)v; break;
         case 5: l->error_log = (char *)values[i]; break;
         case 6: l->error_log_size = (size_t)v; break;
-        case 9: l->target = (int)v; break; /* CU_JIT_TARGET */
+        case 9: l->target = (int)v; target = 1; break; /* CU_JIT_TARGET */
+        case 10: /* CU_JIT_FALLBACK_STRATEGY: "cannot be used with cuLink* APIs" */
+            free(l);
+            return CUDA_ERROR_INVALID_VALUE;
+        case 12: l->verbose = v != 0; break; /* CU_JIT_LOG_VERBOSE */
         default:
             if (options[i] > 30) {
                 free(l);
@@ -385,8 +419,12 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
         }
         /* The hash covers the options, so different options give a different image. */
         l->hash = fnv1a(l->hash, (const unsigned char *)&options[i], sizeof options[i]);
-        if (options[i] != 5 && options[i] != 6)
+        if (options[i] < 3 || options[i] > 6) /* not a log buffer or its size */
             l->hash = fnv1a(l->hash, (const unsigned char *)&v, sizeof v);
+    }
+    if (threads_per_block && target) { /* documented as not combinable */
+        free(l);
+        return CUDA_ERROR_INVALID_VALUE;
     }
     bump(C_LINK_CREATE);
     *out = l;
@@ -423,6 +461,45 @@ static int contains(const char *hay, size_t n, const char *needle) {
     return 0;
 }
 
+/* The number after the first `directive` in the PTX, read as "major.minor" or "sm_NN"
+ * (major * 10 + minor, or NN); -1 when absent. */
+static int ptx_number(const char *ptx, size_t n, const char *directive) {
+    size_t m = strlen(directive);
+    for (size_t i = 0; i + m < n; i++) {
+        if (memcmp(ptx + i, directive, m) != 0)
+            continue;
+        const char *p = ptx + i + m;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (strncmp(p, "sm_", 3) == 0)
+            return atoi(p + 3);
+        int major = atoi(p), minor = 0;
+        const char *dot = strchr(p, '.');
+        if (dot && dot - p < 4)
+            minor = atoi(dot + 1);
+        return major * 10 + minor;
+    }
+    return -1;
+}
+
+/* The driver's JIT refuses PTX of a newer PTX ISA than its own CUDA release knows
+ * (CUDA_ERROR_UNSUPPORTED_PTX_VERSION; the ISA approximated as major - 4 . minor: 12.4 knows
+ * 8.4) and PTX whose .target is above the architecture it compiles for (CUDA_ERROR_INVALID_PTX,
+ * as ptxas does). Returns 0 or that error, with the message in `*why`. */
+static CUresult ptx_refusal(const char *ptx, size_t n, int target, const char **why) {
+    int v = driver_version();
+    int known = (v / 1000 - 4) * 10 + (v % 1000) / 10;
+    if (ptx_number(ptx, n, ".version") > known) {
+        *why = "ptxas application ptx input, line 1; fatal   : Unsupported .version; current version is older";
+        return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+    }
+    if (ptx_number(ptx, n, ".target") > target) {
+        *why = "ptxas fatal   : SM version specified by .target is higher than default SM version assumed";
+        return CUDA_ERROR_INVALID_PTX;
+    }
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuLinkAddData_v2(struct fake_link *l, unsigned int type, void *data, size_t size,
                                  const char *name, unsigned int n, unsigned int *options, void **values) {
     (void)name, (void)n, (void)options, (void)values;
@@ -438,6 +515,13 @@ EXPORT CUresult cuLinkAddData_v2(struct fake_link *l, unsigned int type, void *d
         log_error(l, "ptxas fatal   : input is not PTX (missing .version or .target)");
         bump(C_LINK_FAILED);
         return CUDA_ERROR_INVALID_PTX;
+    }
+    const char *why = NULL;
+    CUresult refused = ptx_refusal(ptx, len, l->target, &why);
+    if (refused != CUDA_SUCCESS) {
+        log_error(l, why);
+        bump(C_LINK_FAILED);
+        return refused;
     }
     if (!parse_entries(l, ptx, len)) {
         log_error(l, "ptxas fatal   : malformed or too many .entry directives");
@@ -490,6 +574,11 @@ EXPORT CUresult cuLinkComplete(struct fake_link *l, void **cubin, size_t *size) 
     l->cubin_size = total;
     *cubin = b;
     *size = total;
+    /* What CU_JIT_LOG_VERBOSE adds to the information log, as ptxas words it. */
+    if (l->verbose && l->info_log && l->info_log_size > 0 && l->nentries > 0)
+        snprintf(l->info_log, l->info_log_size,
+                 "ptxas info    : Compiling entry function '%s' for 'sm_%d'\n"
+                 "ptxas info    : Used 8 registers", l->entries[0], l->target);
     bump(C_LINK_COMPLETE);
     return CUDA_SUCCESS;
 }
@@ -513,6 +602,11 @@ static CUresult load_failed(CUresult result) {
     return result;
 }
 
+/* A module not unloaded whose context is live and has not been destroyed since the load. */
+static int live_module(const struct fake_module *m) {
+    return m && m->magic == MOD_MAGIC && live_ctx(m->ctx) && m->generation == m->ctx->generation;
+}
+
 /* A live module of context `c` with `nentries` kernels, named by NUL-padded MAX_NAME-byte slots
  * from `names` on; counted as a load of `kind`. */
 static CUresult new_module(struct fake_module **out, struct fake_ctx *c, int nentries,
@@ -520,6 +614,7 @@ static CUresult new_module(struct fake_module **out, struct fake_ctx *c, int nen
     struct fake_module *m;
     NEW_HANDLE(m, MOD_MAGIC);
     m->ctx = c;
+    m->generation = c->generation;
     m->nentries = nentries;
     for (int i = 0; i < nentries; i++) {
         m->functions[i].magic = FUN_MAGIC;
@@ -552,6 +647,10 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target") ||
             !parse_entries(&jit, ptx, len))
             return load_failed(CUDA_ERROR_INVALID_IMAGE);
+        const char *why = NULL;
+        CUresult refused = ptx_refusal(ptx, len, capability(c->device), &why);
+        if (refused != CUDA_SUCCESS)
+            return load_failed(refused);
         return new_module(out, c, jit.nentries, (const char *)jit.entries, C_MODULE_LOAD_PTX);
     }
     int pending = __atomic_load_n(&reject_loads, __ATOMIC_SEQ_CST);
@@ -559,7 +658,7 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         if (__atomic_compare_exchange_n(&reject_loads, &pending, pending - 1, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_SEQ_CST)) {
             bump(C_MODULE_LOAD_REJECTED);
-            return CUDA_ERROR_INVALID_IMAGE;
+            return __atomic_load_n(&reject_code, __ATOMIC_SEQ_CST);
         }
     }
     uint32_t total = get32(b + 8), target = get32(b + 12), nentries = get32(b + 24);
@@ -572,7 +671,7 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
 
 EXPORT CUresult cuModuleUnload(struct fake_module *m) {
     REQUIRE_INIT();
-    if (!m || m->magic != MOD_MAGIC) {
+    if (!live_module(m)) {
         bump(C_UNLOAD_INVALID);
         return CUDA_ERROR_INVALID_HANDLE;
     }
@@ -590,7 +689,7 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
     REQUIRE_INIT();
     if (!out || !name)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!m || m->magic != MOD_MAGIC)
+    if (!live_module(m))
         return CUDA_ERROR_INVALID_HANDLE;
     bump(C_GET_FUNCTION);
     for (int i = 0; i < m->nentries; i++)
@@ -608,16 +707,32 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
 
 typedef unsigned long long CUdeviceptr;
 
-static struct fake_ctx primary[NUM_DEVICES] = {{CTX_MAGIC, 0}, {CTX_MAGIC, 1}};
+/* Not live until retained. */
+static struct fake_ctx primary[NUM_DEVICES] = {{0, 0, 0, 0}, {0, 1, 0, 0}};
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(struct fake_ctx **out, CUdevice device) {
     REQUIRE_DEVICE_CALL(out != NULL, device);
-    *out = &primary[device];
+    struct fake_ctx *c = &primary[device];
+    if (c->retained++ == 0)
+        c->magic = CTX_MAGIC;
+    *out = c;
     return CUDA_SUCCESS;
 }
 
+/* The last release destroys the primary context, as the driver documents: its modules are gone
+ * (using them is CUDA_ERROR_INVALID_HANDLE here, undefined behaviour on the driver), and the
+ * next retain makes a new context at the same address. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
-    return check_device_call(1, device);
+    REQUIRE_DEVICE_CALL(1, device);
+    struct fake_ctx *c = &primary[device];
+    if (c->retained == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (--c->retained == 0) {
+        c->magic = DEAD_MAGIC;
+        c->generation++;
+        bump(C_PRIMARY_DESTROYED);
+    }
+    return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t bytes) {
@@ -660,7 +775,7 @@ EXPORT CUresult cuLaunchKernel(struct fake_function *f, unsigned gx, unsigned gy
                                void *stream, void **params, void **extra) {
     (void)shared, (void)stream, (void)extra;
     REQUIRE_INIT();
-    if (!f || f->magic != FUN_MAGIC || f->module->magic != MOD_MAGIC)
+    if (!f || f->magic != FUN_MAGIC || !live_module(f->module))
         return CUDA_ERROR_INVALID_HANDLE;
     if (current() != f->module->ctx)
         return CUDA_ERROR_INVALID_CONTEXT;

@@ -4,14 +4,26 @@
  * No CUDA toolkit is installed on the build and CI machines, so kcache's NVRTC tests load this
  * library instead. It exports the NVRTC entry points kcache resolves and "compiles" CUDA C++ to
  * PTX that the test driver library (fake_cuda.c) accepts: one `.entry` per `__global__ void
- * NAME(` in the source, for the architecture named by --gpu-architecture / -arch. A source
- * containing `#error` fails with NVRTC_ERROR_COMPILATION and a log.
+ * NAME(` in the source, for the architecture named by --gpu-architecture / -arch. As NVRTC
+ * documents:
  *
- * Controls and observations for tests: fakenvrtc_set_version(major, minor) (default 12.4),
+ *   - the PTX's `.version` is the PTX ISA of NVRTC's CUDA release (approximated as
+ *     major - 4 . minor: 12.4 writes 8.4, 13.0 writes 9.0), which an older driver refuses;
+ *   - a real architecture (sm_XY) also gives a cubin (nvrtcGetCUBIN), in fake_cuda.c's cubin
+ *     layout; a virtual one (compute_XY) gives none (NVRTC_ERROR_INVALID_INPUT);
+ *   - an architecture outside nvrtcGetSupportedArchs is NVRTC_ERROR_INVALID_OPTION.
+ *
+ * A source containing `#error` fails with NVRTC_ERROR_COMPILATION and a log.
+ *
+ * Controls and observations for tests: fakenvrtc_set_version(major, minor) (default 12.4, or
+ * FAKENVRTC_VERSION=major.minor), fakenvrtc_set_max_arch(n) (the newest supported
+ * architecture, default 90, or FAKENVRTC_MAX_ARCH=n; the variables are read when the library
+ * is loaded, for runs of the cuda_check example),
  * fakenvrtc_compiles() (number of successful and failed compiles), fakenvrtc_last_arch() (the
  * architecture option of the last compile, "" if none).
  */
 #define _GNU_SOURCE
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,15 +44,56 @@ struct program {
     char *source;
     char *ptx;
     char *log;
+    unsigned char *cubin;
+    size_t cubin_size;
 };
 
 static int version_major = 12, version_minor = 4;
+static int max_arch = 90;
+static const int ARCHS[] = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90};
+#define NUM_ARCHS ((int)(sizeof ARCHS / sizeof ARCHS[0]))
 static unsigned long long compiles;
 static char last_arch[64];
 
 EXPORT void fakenvrtc_set_version(int major, int minor) {
     version_major = major;
     version_minor = minor;
+}
+
+EXPORT void fakenvrtc_set_max_arch(int arch) { max_arch = arch; }
+
+__attribute__((constructor)) static void configure(void) {
+    const char *version = getenv("FAKENVRTC_VERSION");
+    if (version && *version)
+        sscanf(version, "%d.%d", &version_major, &version_minor);
+    const char *arch = getenv("FAKENVRTC_MAX_ARCH");
+    if (arch && *arch)
+        max_arch = atoi(arch);
+}
+
+static int supported(int arch) {
+    for (int i = 0; i < NUM_ARCHS; i++)
+        if (ARCHS[i] == arch && arch <= max_arch)
+            return 1;
+    return 0;
+}
+
+EXPORT nvrtcResult nvrtcGetNumSupportedArchs(int *n) {
+    if (!n)
+        return NVRTC_ERROR_INVALID_INPUT;
+    *n = 0;
+    for (int i = 0; i < NUM_ARCHS; i++)
+        *n += ARCHS[i] <= max_arch;
+    return NVRTC_SUCCESS;
+}
+
+EXPORT nvrtcResult nvrtcGetSupportedArchs(int *archs) {
+    if (!archs)
+        return NVRTC_ERROR_INVALID_INPUT;
+    for (int i = 0, n = 0; i < NUM_ARCHS; i++)
+        if (ARCHS[i] <= max_arch)
+            archs[n++] = ARCHS[i];
+    return NVRTC_SUCCESS;
 }
 
 EXPORT unsigned long long fakenvrtc_compiles(void) {
@@ -90,6 +143,7 @@ EXPORT nvrtcResult nvrtcDestroyProgram(struct program **p) {
     free((*p)->source);
     free((*p)->ptx);
     free((*p)->log);
+    free((*p)->cubin);
     free(*p);
     *p = NULL;
     return NVRTC_SUCCESS;
@@ -107,11 +161,45 @@ static int append(char **s, size_t *len, const char *text, size_t n) {
     return 1;
 }
 
+/* fake_cuda.c's cubin layout: magic[8], u32 total size, u32 target, u64 hash, u32 entry
+ * count, then per entry a NUL-padded name of 64 bytes; the entries are the PTX's. */
+#define CUBIN_HEADER 28
+#define MAX_NAME 64
+
+static int make_cubin(struct program *p, int target) {
+    uint32_t count = 0;
+    for (const char *s = strstr(p->ptx, ".entry "); s; s = strstr(s + 1, ".entry "))
+        count++;
+    size_t total = CUBIN_HEADER + (size_t)count * MAX_NAME;
+    unsigned char *b = calloc(1, total);
+    if (!b)
+        return 0;
+    uint64_t hash = 0xcbf29ce484222325ull;
+    for (const char *c = p->ptx; *c; c++)
+        hash = (hash ^ (unsigned char)*c) * 0x100000001b3ull;
+    uint32_t total32 = (uint32_t)total, target32 = (uint32_t)target;
+    memcpy(b, "KCFAKECB", 8);
+    memcpy(b + 8, &total32, 4);
+    memcpy(b + 12, &target32, 4);
+    memcpy(b + 16, &hash, 8);
+    memcpy(b + 24, &count, 4);
+    unsigned char *slot = b + CUBIN_HEADER;
+    for (const char *s = strstr(p->ptx, ".entry "); s; s = strstr(s + 1, ".entry ")) {
+        size_t len = strcspn(s + 7, "(");
+        memcpy(slot, s + 7, len < MAX_NAME ? len : MAX_NAME - 1);
+        slot += MAX_NAME;
+    }
+    p->cubin = b;
+    p->cubin_size = total;
+    return 1;
+}
+
 EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const char *const *options) {
     if (!p || noptions < 0 || (noptions > 0 && !options))
         return NVRTC_ERROR_INVALID_INPUT;
     __atomic_add_fetch(&compiles, 1, __ATOMIC_SEQ_CST);
     const char *sm = "52";
+    int real = 0;
     last_arch[0] = '\0';
     for (int i = 0; i < noptions; i++) {
         const char *o = options[i];
@@ -125,9 +213,10 @@ EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const ch
         if (value) {
             snprintf(last_arch, sizeof last_arch, "%s", value);
             const char *digits = strchr(value, '_');
-            if (!digits)
+            if (!digits || !supported(atoi(digits + 1)))
                 return NVRTC_ERROR_INVALID_OPTION;
             sm = digits + 1;
+            real = strncmp(value, "sm_", 3) == 0;
         }
     }
     if (strstr(p->source, "#error")) {
@@ -139,7 +228,8 @@ EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const ch
     char *ptx = NULL;
     size_t len = 0;
     char header[128];
-    int n = snprintf(header, sizeof header, ".version 7.0\n.target sm_%s\n.address_size 64\n", sm);
+    int n = snprintf(header, sizeof header, ".version %d.%d\n.target sm_%s\n.address_size 64\n",
+                     version_major - 4, version_minor, sm);
     if (!append(&ptx, &len, header, (size_t)n))
         return NVRTC_ERROR_OUT_OF_MEMORY;
     for (const char *s = strstr(p->source, "__global__ void "); s;
@@ -154,6 +244,10 @@ EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const ch
     }
     free(p->ptx);
     p->ptx = ptx;
+    free(p->cubin);
+    p->cubin = NULL;
+    if (real && !make_cubin(p, atoi(sm)))
+        return NVRTC_ERROR_OUT_OF_MEMORY;
     return NVRTC_SUCCESS;
 }
 
@@ -185,4 +279,20 @@ EXPORT nvrtcResult nvrtcGetProgramLogSize(struct program *p, size_t *size) {
 
 EXPORT nvrtcResult nvrtcGetProgramLog(struct program *p, char *out) {
     return p ? copy_out(p->log, out) : NVRTC_ERROR_INVALID_PROGRAM;
+}
+
+EXPORT nvrtcResult nvrtcGetCUBINSize(struct program *p, size_t *size) {
+    if (!p || !size)
+        return NVRTC_ERROR_INVALID_INPUT;
+    if (!p->cubin)
+        return NVRTC_ERROR_INVALID_INPUT; /* compiled for a virtual architecture */
+    *size = p->cubin_size;
+    return NVRTC_SUCCESS;
+}
+
+EXPORT nvrtcResult nvrtcGetCUBIN(struct program *p, char *out) {
+    if (!p || !out || !p->cubin)
+        return NVRTC_ERROR_INVALID_INPUT;
+    memcpy(out, p->cubin, p->cubin_size);
+    return NVRTC_SUCCESS;
 }

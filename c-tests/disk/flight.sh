@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Cross-process single flight through kc_tiered_find_or_build: flight_worker processes that
 # miss one entry of one directory at the same moment. Of six, one builds and five load what it
-# wrote; when every build fails, each process reports its own failure and none hangs; with a
-# tiny lock timeout, processes behind a slow builder build themselves; four processes with
-# directories of their own and one redis-server build once between them.
-# Usage: flight.sh WORKER WORK_DIR (WORK_DIR must not exist yet)
+# wrote, and the `kcache` command ($KCACHE_COMMAND) reads that back from the directory; when
+# every build fails, each process reports its own failure and none hangs; with a tiny lock
+# timeout, processes behind a slow builder build themselves; four processes with directories
+# of their own and one redis-server build once between them.
+# Usage: KCACHE_COMMAND=kcache flight.sh WORKER WORK_DIR (WORK_DIR must not exist yet)
 set -euo pipefail
 worker=$1 work=$2
 mkdir -m 700 "$work"
@@ -77,6 +78,21 @@ launch single 6 "$work/single" 300 0 0
 finish single "${pids[@]}"
 expect "single flight" "$(sums single)" "builds=1 loads=5 waits=[0-5] timeouts=0"
 settled "$work/single" 1
+
+# What the command reads of that directory: one entry, written through kc_tiered_find_or_build
+# (backend `custom`), and the six processes' counters added up.
+"$KCACHE_COMMAND" --dir "$work/single" stats --json >"$work/single.stats.json"
+"$KCACHE_COMMAND" --dir "$work/single" ls --json --backend custom >"$work/single.ls.json"
+expect "kcache stats and ls" "$(python3 - "$work/single.stats.json" "$work/single.ls.json" <<'PY'
+import json, sys
+stats = json.load(open(sys.argv[1]))
+ls = json.load(open(sys.argv[2]))
+c = stats["counters"]
+backends = {b["backend"]: b["entries"] for b in stats["backends"]}
+print(f"entries={stats['entries']} listed={len(ls['entries'])} backends={backends} "
+      f"builds={c['builds']} writes={c['disk_writes']} disk_hits={c['disk_hits']}")
+PY
+)" "entries=1 listed=1 backends=\{'custom': 1\} builds=1 writes=1 disk_hits=5"
 
 # Every build fails: each process gets its own failure (the waiters build in turn) and no
 # process loads anything.

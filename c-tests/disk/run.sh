@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the disk tier C tests against the debug libkcache.so (built first) or LIB_DIR and runs
 # them, plain and under ASan+UBSan, each in a fresh private work directory: kc_test_disk, then
-# flight.sh, whose kc_flight_worker processes share one directory.
+# flight.sh, whose kc_flight_worker processes share one directory (and which reads that
+# directory back with the `kcache` command, built here).
 # Usage: c-tests/disk/run.sh [LIB_DIR]
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
 kc_library debug "${1:-}"
+cargo build --quiet -p kcache-cli
+export KCACHE_COMMAND="$KC_TARGET/debug/kcache"
 kc_run() {
   local build=$1 variant=$2
   mkdir -m 700 "$KC_WORK/$variant"

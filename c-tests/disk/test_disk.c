@@ -746,7 +746,9 @@ static void test_scan_and_directories(void) {
   kc_disk_statistics s = disk_stats(disk);
   CHECK(s.scan_complete);
   CHECK_U64(s.entries, 2);
-  CHECK_U64(s.bytes, 2 * (1 + 104));
+  /* Each entry: 1 payload byte, 118 of header (72 fixed, 2 + 12 for the default descriptor)
+   * and tag (32). */
+  CHECK_U64(s.bytes, 2 * (1 + 118));
   CHECK_STATUS(kc_disk_wait_scan(NULL), KC_ERR_INVALID_ARGUMENT);
 
   uint8_t d[KC_KEY_LEN];
@@ -826,6 +828,86 @@ static void test_remote_options(void) {
   kc_disk_free(disk);
 }
 
+/* The whole file at `path` into `buf` (at most `cap` bytes); returns its length. */
+static size_t read_file(const char *path, uint8_t *buf, size_t cap) {
+  FILE *f = fopen(path, "rb");
+  CHECK(f != NULL);
+  size_t n = fread(buf, 1, cap, f);
+  CHECK(feof(f));
+  fclose(f);
+  return n;
+}
+
+/* Checks that the entry file at `path` is of format 2 and describes itself as the
+ * length-prefixed `expected` (backend, device, name). */
+static void check_descriptor(const char *path, const uint8_t *expected, size_t expected_len) {
+  uint8_t bytes[1024];
+  size_t n = read_file(path, bytes, sizeof bytes);
+  CHECK(n > 74 + expected_len);
+  CHECK(bytes[8] == 2 && bytes[9] == 0); /* format version 2 */
+  CHECK(bytes[72] == expected_len && bytes[73] == 0);
+  CHECK(memcmp(bytes + 74, expected, expected_len) == 0);
+}
+
+/* Entries written through kc_disk_put_described and kc_tiered_find_or_build_described say
+ * what they hold in their header; those of kc_disk_put and kc_tiered_find_or_build (and a NULL
+ * descriptor) say `custom`. */
+static void test_descriptors(void) {
+  kc_disk *disk = open_disk("described");
+  uint8_t k[KC_KEY_LEN];
+  char path[8192];
+  static const uint8_t custom[] = "\x06\0custom\0\0\0\0";
+
+  make_key("described put", k);
+  kc_entry_descriptor d = {sizeof d, "mine", "gpu 0", "saxpy"};
+  CHECK_STATUS(kc_disk_put_described(disk, k, KEY("bytes"), 5, &d), KC_OK);
+  entry_file("described", k, "", "", path, sizeof path);
+  check_descriptor(path, (const uint8_t *)"\x04\0mine\x05\0gpu 0\x05\0saxpy", 20);
+  kc_buffer buf;
+  CHECK_STATUS(kc_disk_get(disk, k, &buf), KC_OK);
+  CHECK(buf.len == 5 && memcmp(buf.data, "bytes", 5) == 0);
+  kc_buffer_free(&buf);
+  /* NULL: the default descriptor, as kc_disk_put writes it. */
+  make_key("plain put", k);
+  CHECK_STATUS(kc_disk_put(disk, k, KEY("p"), 0), KC_OK);
+  entry_file("described", k, "", "", path, sizeof path);
+  check_descriptor(path, custom, 12);
+  make_key("null descriptor", k);
+  CHECK_STATUS(kc_disk_put_described(disk, k, KEY("p"), 0, NULL), KC_OK);
+  entry_file("described", k, "", "", path, sizeof path);
+  check_descriptor(path, custom, 12);
+  /* Text that is not UTF-8 is refused; a struct_size of 0 too. */
+  kc_entry_descriptor bad = {sizeof bad, "\xff", NULL, NULL};
+  CHECK_STATUS(kc_disk_put_described(disk, k, KEY("p"), 0, &bad), KC_ERR_INVALID_ARGUMENT);
+  CHECK_NAMES("UTF-8");
+  bad.struct_size = 0;
+  CHECK_STATUS(kc_disk_put_described(disk, k, KEY("p"), 0, &bad), KC_ERR_INVALID_ARGUMENT);
+
+  kc_cache *cache = new_cache();
+  backend b = {0};
+  kc_tiered_callbacks cb = {sizeof cb, build_fn, load_fn, serialize_fn, &b};
+  kc_entry_descriptor td = {sizeof td, "mine", "gpu 1", "reduce"};
+  kc_lease *lease = NULL;
+  make_key("described lookup", k);
+  CHECK_STATUS(kc_tiered_find_or_build_described(cache, KEY("v1"), KC_NO_DEVICE, disk, k, &cb,
+                                                 &td, &lease),
+               KC_OK);
+  kc_lease_release(lease);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  entry_file("described", k, "", "", path, sizeof path);
+  check_descriptor(path, (const uint8_t *)"\x04\0mine\x05\0gpu 1\x06\0reduce", 21);
+  make_key("plain lookup", k);
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("v2"), KC_NO_DEVICE, disk, k, &cb, &lease),
+               KC_OK);
+  kc_lease_release(lease);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  entry_file("described", k, "", "", path, sizeof path);
+  check_descriptor(path, custom, 12);
+  CHECK(b.builds == 2 && b.serializes == 2);
+  kc_cache_free(cache);
+  kc_disk_free(disk);
+}
+
 int main(int argc, char **argv) {
   CHECK(argc == 2);
   work = argv[1];
@@ -845,6 +927,7 @@ int main(int argc, char **argv) {
   test_fingerprints();
   test_scan_and_directories();
   test_remote_options();
+  test_descriptors();
   printf("test_disk: ok\n");
   return 0;
 }

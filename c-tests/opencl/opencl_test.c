@@ -58,6 +58,98 @@ static void open_first_device(cl_device_id *device, cl_context *context, cl_comm
     REQUIRE(err == CL_SUCCESS);
 }
 
+/* kc_opencl_cache_find_or_build_program: the caller's own reference (no lease), for a device
+ * list or every device of the context, a build log per device. A memory-only cache, so that no
+ * background writer holds references of its own. PoCL offers one device: the lists hold it. */
+static void test_own_reference(cl_context context, cl_device_id device, cl_command_queue queue) {
+    kc_opencl_options opts = kc_opencl_options_default();
+    kc_opencl_cache *cache = NULL;
+    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_OK);
+    const char *tagged =
+        "// own-reference\n"
+        "__kernel void add_one(__global float *x) { x[get_global_id(0)] += 1.0f; }\n";
+    cl_uint devices = 0;
+    EXPECT(clGetContextInfo(context, CL_CONTEXT_NUM_DEVICES, sizeof devices, &devices, NULL) ==
+           CL_SUCCESS);
+    EXPECT(devices == 1);
+
+    /* Invalid arguments never crash and never write the out-parameters. */
+    cl_program sentinel = (cl_program)&opts;
+    cl_program program = sentinel;
+    kc_buffer log = {.len = 7};
+    EXPECT(kc_opencl_cache_find_or_build_program(NULL, context, 1, &device, &tagged, NULL, 1, "",
+                                                 &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "cache") != NULL);
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, NULL, 1, &device, &tagged, NULL, 1, "",
+                                                 &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "context") != NULL);
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 0, &device, &tagged, NULL, 1, "",
+                                                 &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "num_devices") != NULL);
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 2, NULL, &tagged, NULL, 1, "",
+                                                 &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "device count is 1") != NULL);
+    cl_device_id no_device = NULL;
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 1, &no_device, &tagged, NULL, 1,
+                                                 "", &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "device_list[0]") != NULL);
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 1, &device, NULL, NULL, 1, "",
+                                                 &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "sources") != NULL);
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &tagged, NULL, 0, "",
+                                                 &program, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &tagged, NULL, 1, "",
+                                                 NULL, &log) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "out_programs") != NULL);
+    EXPECT(program == sentinel && log.len == 7 && log.data == NULL);
+
+    /* The port of clCreateProgramWithSource + clBuildProgram: one call, and the program is the
+     * caller's to release. */
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &tagged, NULL, 1, "",
+                                                 &program, &log) == KC_OK);
+    EXPECT(program != sentinel && run_add_one(context, queue, program));
+    EXPECT(log.data == NULL && log.len == 0 && log.owner == NULL);
+    EXPECT(reference_count(program) == 2); /* the cache's and the caller's */
+    clRetainProgram(program);              /* a watcher, to see the program go */
+    clReleaseProgram(program);             /* the ported code's own release */
+    EXPECT(reference_count(program) == 2);
+
+    /* Every device of the context: the same cached program, from memory. */
+    cl_program again = NULL;
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, devices, NULL, &tagged, NULL, 1,
+                                                 NULL, &again, NULL) == KC_OK);
+    EXPECT(again == program && run_add_one(context, queue, again));
+    EXPECT(reference_count(program) == 3);
+    clReleaseProgram(again);
+    kc_opencl_cache_statistics s = stats_of(cache);
+    EXPECT(s.source_builds == 1 && s.memory.hits == 1 && s.memory.leases == 0);
+
+    /* Eviction gives up the cache's reference only: the watcher's is the last one. */
+    size_t evicted = 0;
+    EXPECT(kc_opencl_cache_evict_context(cache, context, &evicted) == KC_OK && evicted == 1);
+    EXPECT(reference_count(program) == 1);
+    EXPECT(stats_of(cache).memory.destroys == 1);
+    clReleaseProgram(program);
+
+    /* A build failure: each device's log in a buffer, no program handed out. */
+    const char *broken = "__kernel void broken(__global float *x) { x[0] = log_marker; }";
+    program = sentinel;
+    EXPECT(kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &broken, NULL, 1, "",
+                                                 &program, &log) == KC_ERR_BUILD_FAILED);
+    EXPECT(kc_last_build_error() == CL_BUILD_PROGRAM_FAILURE);
+    EXPECT(program == sentinel);
+    EXPECT(log.data != NULL && log.len > 0 && log.build_time_ns == 0);
+    char *text = calloc(log.len + 1, 1);
+    REQUIRE(text != NULL);
+    memcpy(text, log.data, log.len);
+    EXPECT(strstr(text, "CL_BUILD_PROGRAM_FAILURE") != NULL && strstr(text, "log_marker") != NULL);
+    free(text);
+    kc_buffer_free(&log);
+    EXPECT(log.data == NULL && log.owner == NULL);
+    EXPECT(stats_of(cache).memory.entries == 0);
+    kc_opencl_cache_free(cache);
+}
+
 static int test_unavailable(void) {
     EXPECT(kc_opencl_available() == KC_ERR_UNAVAILABLE);
     EXPECT(strstr(kc_last_error_message(), "OpenCL") != NULL);
@@ -180,6 +272,8 @@ int main(int argc, char **argv) {
     EXPECT(kc_opencl_cache_clear(cache) == KC_OK);
     EXPECT(stats_of(cache).memory.entries == 0);
     kc_opencl_cache_free(cache);
+
+    test_own_reference(context, device, queue);
 
     clReleaseCommandQueue(queue);
     clReleaseContext(context);

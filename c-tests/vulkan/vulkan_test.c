@@ -1,9 +1,12 @@
 /* The Vulkan C API on the system's Vulkan driver (lavapipe in CI): pipelines from kcache
- * dispatched and their output checked, memory hits, argument checks, malformed SPIR-V, device
- * teardown with a lease held, and a loader that lacks functions.
+ * dispatched and their output checked, memory hits, argument checks, malformed SPIR-V, a layout
+ * derived from the shader, specialization from a VkSpecializationInfo, pipeline flags and a
+ * required subgroup size, device teardown with a lease held, and a loader that lacks functions.
+ * The Khronos validation layer runs throughout: any error or warning it reports fails the test.
  * Usage: vulkan_test CACHE_DIR SHADER.spv */
 #include <vulkan/vulkan.h>
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +15,44 @@
 
 #define N 256u
 
+/* kcache's specialization structs have Vulkan's layout, so a program's own
+ * VkSpecializationInfo can be passed as it is. */
+_Static_assert(sizeof(kc_vulkan_specialization_info) == sizeof(VkSpecializationInfo), "size");
+_Static_assert(offsetof(kc_vulkan_specialization_info, map_entries) ==
+                   offsetof(VkSpecializationInfo, pMapEntries), "map entries");
+_Static_assert(offsetof(kc_vulkan_specialization_info, data_size) ==
+                   offsetof(VkSpecializationInfo, dataSize), "data size");
+_Static_assert(offsetof(kc_vulkan_specialization_info, data) ==
+                   offsetof(VkSpecializationInfo, pData), "data");
+_Static_assert(sizeof(kc_vulkan_spec_map_entry) == sizeof(VkSpecializationMapEntry), "entry");
+_Static_assert(offsetof(kc_vulkan_spec_map_entry, size) == offsetof(VkSpecializationMapEntry, size),
+               "entry size");
+
+/* Errors and warnings from the validation layer. */
+static unsigned validation_messages;
+
+static VKAPI_ATTR VkBool32 VKAPI_CALL on_validation(
+    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT types,
+    const VkDebugUtilsMessengerCallbackDataEXT *data, void *user) {
+    (void)severity;
+    (void)types;
+    (void)user;
+    validation_messages++;
+    fprintf(stderr, "validation: %s\n", data->pMessage);
+    return VK_FALSE;
+}
+
+static const VkDebugUtilsMessengerCreateInfoEXT messenger_info = {
+    .sType = VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
+    .messageSeverity =
+        VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT,
+    .messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                   VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                   VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT,
+    .pfnUserCallback = on_validation};
+
 typedef struct gpu {
+    VkDebugUtilsMessengerEXT messenger;
     VkInstance instance;
     VkPhysicalDevice physical;
     VkDevice device;
@@ -23,9 +63,23 @@ typedef struct gpu {
 static void gpu_create(gpu *g) {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
                              .apiVersion = VK_API_VERSION_1_1};
+    const char *layer = "VK_LAYER_KHRONOS_validation";
+    const char *extension = VK_EXT_DEBUG_UTILS_EXTENSION_NAME;
+    /* Chained, the messenger also reports on instance creation and destruction. */
     VkInstanceCreateInfo ici = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO,
-                                .pApplicationInfo = &app};
+                                .pNext = &messenger_info,
+                                .pApplicationInfo = &app,
+                                .enabledLayerCount = 1,
+                                .ppEnabledLayerNames = &layer,
+                                .enabledExtensionCount = 1,
+                                .ppEnabledExtensionNames = &extension};
+    /* Without the layer (package vulkan-validationlayers) this fails. */
     REQUIRE(vkCreateInstance(&ici, NULL, &g->instance) == VK_SUCCESS);
+    PFN_vkCreateDebugUtilsMessengerEXT create_messenger =
+        (PFN_vkCreateDebugUtilsMessengerEXT)vkGetInstanceProcAddr(g->instance,
+                                                                 "vkCreateDebugUtilsMessengerEXT");
+    REQUIRE(create_messenger != NULL);
+    REQUIRE(create_messenger(g->instance, &messenger_info, NULL, &g->messenger) == VK_SUCCESS);
     uint32_t count = 1;
     REQUIRE(vkEnumeratePhysicalDevices(g->instance, &count, &g->physical) >= 0 && count == 1);
     VkQueueFamilyProperties families[16];
@@ -53,6 +107,11 @@ static void gpu_create(gpu *g) {
 
 static void gpu_destroy(gpu *g) {
     vkDestroyDevice(g->device, NULL);
+    PFN_vkDestroyDebugUtilsMessengerEXT destroy_messenger =
+        (PFN_vkDestroyDebugUtilsMessengerEXT)vkGetInstanceProcAddr(
+            g->instance, "vkDestroyDebugUtilsMessengerEXT");
+    REQUIRE(destroy_messenger != NULL);
+    destroy_messenger(g->instance, g->messenger, NULL);
     vkDestroyInstance(g->instance, NULL);
 }
 
@@ -205,6 +264,120 @@ static void (*global_functions_only(void *instance, const char *name))(void) {
     return (void (*)(void))vkGetInstanceProcAddr(NULL, name);
 }
 
+/* Builds `desc` into a spec and a lease on `dev`; returns the status of the first that fails. */
+static kc_status lease_of(kc_vulkan_cache *cache, kc_vulkan_device *dev,
+                          const kc_vulkan_pipeline_desc *desc, kc_vulkan_lease **out) {
+    kc_vulkan_spec *spec = NULL;
+    kc_status status = kc_vulkan_spec_new(desc, &spec);
+    if (status == KC_OK) status = kc_vulkan_cache_find_or_build(cache, dev, spec, out);
+    kc_vulkan_spec_free(spec);
+    return status;
+}
+
+static uint64_t pipelines_created(kc_vulkan_cache *cache) {
+    kc_vulkan_cache_statistics stats = {.struct_size = sizeof stats};
+    REQUIRE(kc_vulkan_cache_stats(cache, &stats) == KC_OK);
+    return stats.pipelines_created;
+}
+
+/* What ABI 2.3 added to kc_vulkan_pipeline_desc, and the layout derived when none is given. */
+static void test_descriptions(const gpu *g, const uint32_t *code, size_t size) {
+    kc_vulkan_cache *cache = NULL;
+    kc_vulkan_options opts = kc_vulkan_options_default();
+    REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
+    kc_vulkan_device *dev = NULL;
+    REQUIRE(kc_vulkan_cache_register_device(cache, g->instance, g->physical, g->device, &dev) ==
+            KC_OK);
+    uint32_t mul = 4;
+    kc_vulkan_lease *described = NULL, *derived = NULL, *lease = NULL;
+    kc_vulkan_pipeline_desc desc = describe(code, size, &mul);
+    REQUIRE(lease_of(cache, dev, &desc, &described) == KC_OK);
+    EXPECT(check_output(g, described, 4, 1));
+
+    /* No bindings and no push-constant range: the layout comes from the shader, and equals the
+     * described one, so the lookup is a hit on the same pipeline. */
+    desc.bindings = NULL;
+    desc.binding_count = 0;
+    desc.push_constant_size = 0;
+    REQUIRE(lease_of(cache, dev, &desc, &derived) == KC_OK);
+    EXPECT(kc_vulkan_lease_pipeline(derived) == kc_vulkan_lease_pipeline(described));
+    EXPECT(pipelines_created(cache) == 1);
+    EXPECT(check_output(g, derived, 4, 2));
+    kc_vulkan_lease_release(derived);
+
+    /* A program's own VkSpecializationInfo, passed as it is. */
+    uint32_t values[2] = {9, 6};
+    VkSpecializationMapEntry entry = {.constantID = 0, .offset = 4, .size = 4};
+    VkSpecializationInfo info = {
+        .mapEntryCount = 1, .pMapEntries = &entry, .dataSize = sizeof values, .pData = values};
+    desc = describe(code, size, &mul);
+    desc.constants = NULL;
+    desc.constant_count = 0;
+    desc.specialization = (const kc_vulkan_specialization_info *)&info;
+    REQUIRE(lease_of(cache, dev, &desc, &lease) == KC_OK);
+    EXPECT(check_output(g, lease, 6, 3));
+    kc_vulkan_lease_release(lease);
+    lease = NULL;
+    entry.offset = 6;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "past the 8 bytes") != NULL);
+    entry.offset = 4;
+    info.pMapEntries = NULL;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "specialization->map_entries") != NULL);
+    info.pMapEntries = &entry;
+    info.pData = NULL;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "specialization->data") != NULL);
+    info.pData = values;
+    /* The same id in `constants` and in the specialization info is given twice. */
+    desc.constants = describe(code, size, &mul).constants;
+    desc.constant_count = 1;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "twice") != NULL);
+    EXPECT(lease == NULL);
+
+    /* Flags are part of the key; a derivative cannot be cached. */
+    uint64_t before = pipelines_created(cache);
+    desc = describe(code, size, &mul);
+    desc.flags = VK_PIPELINE_CREATE_DISABLE_OPTIMIZATION_BIT;
+    REQUIRE(lease_of(cache, dev, &desc, &lease) == KC_OK);
+    EXPECT(kc_vulkan_lease_pipeline(lease) != kc_vulkan_lease_pipeline(described));
+    EXPECT(pipelines_created(cache) == before + 1);
+    EXPECT(check_output(g, lease, 4, 5));
+    kc_vulkan_lease_release(lease);
+    lease = NULL;
+    desc.flags = VK_PIPELINE_CREATE_DERIVATIVE_BIT;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "flags") != NULL);
+
+    /* A subgroup size that is no power of two, or beyond what the device can require. */
+    desc.flags = 0;
+    desc.required_subgroup_size = 3;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "power of two") != NULL);
+    desc.required_subgroup_size = 128;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(strstr(kc_last_error_message(), "subgroup") != NULL);
+    EXPECT(lease == NULL);
+
+    /* A caller compiled against ABI 2.2 passes the shorter struct: the new fields default. */
+    desc = describe(code, size, &mul);
+    desc.struct_size = offsetof(kc_vulkan_pipeline_desc, specialization);
+    desc.flags = VK_PIPELINE_CREATE_DERIVATIVE_BIT; /* beyond its struct_size: not read */
+    REQUIRE(lease_of(cache, dev, &desc, &lease) == KC_OK);
+    EXPECT(kc_vulkan_lease_pipeline(lease) == kc_vulkan_lease_pipeline(described));
+    kc_vulkan_lease_release(lease);
+    desc.struct_size = offsetof(kc_vulkan_pipeline_desc, specialization) - 1;
+    EXPECT(lease_of(cache, dev, &desc, &lease) == KC_ERR_INVALID_ARGUMENT);
+
+    kc_vulkan_lease_release(described);
+    uint64_t still_leased = 99;
+    EXPECT(kc_vulkan_cache_unregister_device(cache, dev, &still_leased) == KC_OK);
+    EXPECT(still_leased == 0);
+    kc_vulkan_cache_free(cache);
+}
+
 int main(int argc, char **argv) {
     REQUIRE(argc == 3);
     size_t size;
@@ -352,7 +525,10 @@ int main(int argc, char **argv) {
     kc_vulkan_cache_free(cache);
     kc_vulkan_cache_free(NULL);
 
+    test_descriptions(&g, code, size);
+
     gpu_destroy(&g);
+    EXPECT(validation_messages == 0);
     free(code);
     return check_finish("vulkan_test");
 }

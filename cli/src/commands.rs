@@ -11,8 +11,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, Header, Tagger};
 use kcache::disk::{
-    Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, DirSource, DirectoryCounters, DiskCache,
-    DiskConfig, EntryInfo, Fingerprint, OperatorKey,
+    Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, Descriptor, DirSource, DirectoryCounters,
+    DiskCache, DiskConfig, EntryInfo, Fingerprint, OperatorKey,
 };
 use serde::Serialize;
 
@@ -21,7 +21,24 @@ use crate::{Failure, Sort};
 
 /// Version of every `--json` schema (`docs/command.md`): bumped only when a field changes
 /// meaning or goes away; fields may be added without a bump.
-const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 1;
+
+/// The backend shown for an entry whose descriptor is not known: format 1 (it has none), or
+/// not verified with this process's key (another key generation, corrupt).
+const UNKNOWN_BACKEND: &str = "unknown";
+
+/// The descriptor of a checked entry, when its tag was checked and it has one.
+pub fn descriptor_of(check: &Check) -> Option<&Descriptor> {
+    match check {
+        Check::Verified(h) | Check::StaleSchema(h) => h.descriptor.as_ref(),
+        Check::OtherKey(_) | Check::Corrupt(_) | Check::Gone => None,
+    }
+}
+
+/// The backend `ls --backend` and `stats` file a checked entry under.
+fn backend_of(check: &Check) -> &str {
+    descriptor_of(check).map_or(UNKNOWN_BACKEND, Descriptor::backend)
+}
 
 /// Which directory and key the command works on: `--dir` and `--key-file`, else the
 /// environment as the library reads it.
@@ -105,7 +122,7 @@ impl Target {
     /// Opens the directory as the library does. A directory that does not exist is an error
     /// rather than created: nothing has been cached there, and a mistyped `--dir` should say
     /// so instead of leaving an empty cache behind.
-    fn open(&self) -> Result<(DiskCache, Settings), Failure> {
+    pub fn open(&self) -> Result<(DiskCache, Settings), Failure> {
         let mut config = self.base_config()?;
         let (dir, source) = config
             .locate_dir()
@@ -349,6 +366,7 @@ pub struct StatsJson {
     pub entries: u64,
     pub bytes: u64,
     pub generations: Vec<GenerationJson>,
+    pub backends: Vec<BackendJson>,
     oldest_used_unix_ns: Option<u64>,
     newest_used_unix_ns: Option<u64>,
     counters: CountersJson,
@@ -396,6 +414,13 @@ impl From<DirectoryCounters> for CountersJson {
 }
 
 #[derive(Serialize)]
+pub struct BackendJson {
+    pub backend: String,
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+#[derive(Serialize)]
 pub struct GenerationJson {
     fingerprint: String,
     pub current: bool,
@@ -418,6 +443,17 @@ pub fn directory_stats(
         g.0 += 1;
         g.1 += e.size;
     }
+    // Per backend as each entry's verified descriptor says: every entry is read whole.
+    let mut backends: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for e in &entries {
+        let check = cache.check(e);
+        if check == Check::Gone {
+            continue;
+        }
+        let b = backends.entry(backend_of(&check).to_owned()).or_default();
+        b.0 += 1;
+        b.1 += e.size;
+    }
     let oldest = entries.iter().map(|e| e.modified).min();
     let newest = entries.iter().map(|e| e.modified).max();
     let persisted = cache.directory_stats()?;
@@ -432,6 +468,14 @@ pub fn directory_stats(
             .map(|(&(other, fp), &(entries, bytes))| GenerationJson {
                 fingerprint: hex(&fp),
                 current: !other,
+                entries,
+                bytes,
+            })
+            .collect(),
+        backends: backends
+            .into_iter()
+            .map(|(backend, (entries, bytes))| BackendJson {
+                backend,
                 entries,
                 bytes,
             })
@@ -481,6 +525,18 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
                 g.entries.to_string(),
                 report::size(g.bytes),
                 generation_note(g.current, &g.fingerprint),
+            ]);
+        }
+        table.print();
+    }
+    if !out.backends.is_empty() {
+        out!("backends:");
+        let mut table = Table::new(&[("  BACKEND", false), ("ENTRIES", true), ("SIZE", true)]);
+        for b in &out.backends {
+            table.row(vec![
+                format!("  {}", b.backend),
+                b.entries.to_string(),
+                report::size(b.bytes),
             ]);
         }
         table.print();
@@ -591,6 +647,10 @@ struct EntryJson {
     key: String,
     fingerprint: String,
     current: bool,
+    /// The descriptor's backend, `unknown` without a verified descriptor.
+    backend: String,
+    device: Option<String>,
+    entry_name: Option<String>,
     size: u64,
     status: &'static str,
     reason: Option<&'static str>,
@@ -611,11 +671,15 @@ fn describe(check: &Check) -> (&'static str, Option<&'static str>, Option<&Heade
 
 fn entry_json(cache: &DiskCache, entry: &EntryInfo, check: &Check) -> EntryJson {
     let (status, reason, header) = describe(check);
+    let descriptor = descriptor_of(check);
     EntryJson {
         name: entry.name.clone(),
         key: entry.key.to_hex(),
         fingerprint: hex(&entry.fingerprint),
         current: entry.fingerprint == cache.fingerprint(),
+        backend: backend_of(check).to_owned(),
+        device: descriptor.map(|d| d.device().to_owned()),
+        entry_name: descriptor.map(|d| d.name().to_owned()),
         size: entry.size,
         status,
         reason,
@@ -624,7 +688,22 @@ fn entry_json(cache: &DiskCache, entry: &EntryInfo, check: &Check) -> EntryJson 
     }
 }
 
-pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure> {
+/// Text cut to `limit` characters for a table cell, with `…` when cut.
+fn cell(text: &str, limit: usize) -> String {
+    if text.chars().count() <= limit {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(limit - 1).collect();
+    cut.push('…');
+    cut
+}
+
+pub fn ls(
+    target: &Target,
+    json: bool,
+    backend: Option<&str>,
+    sort: Option<Sort>,
+) -> Result<u8, Failure> {
     let (cache, _) = target.open()?;
     let mut entries = cache.entries()?;
     match sort {
@@ -637,6 +716,7 @@ pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure
         .iter()
         .map(|e| entry_json(&cache, e, &cache.check(e)))
         .filter(|row| row.status != "gone")
+        .filter(|row| backend.is_none_or(|b| row.backend == b))
         .collect();
     if json {
         report::json(&LsJson {
@@ -650,6 +730,9 @@ pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure
     let mut table = Table::new(&[
         ("KEY", false),
         ("GENERATION", false),
+        ("BACKEND", false),
+        ("DEVICE", false),
+        ("NAME", false),
         ("SIZE", true),
         ("BUILD", true),
         ("LAST USED (WRITTEN OR READ)", false),
@@ -663,6 +746,9 @@ pub fn ls(target: &Target, json: bool, sort: Option<Sort>) -> Result<u8, Failure
             } else {
                 row.fingerprint.clone()
             },
+            row.backend.clone(),
+            cell(row.device.as_deref().unwrap_or("-"), 24),
+            cell(row.entry_name.as_deref().unwrap_or("-"), 32),
             report::size(row.size),
             row.build_time_ns
                 .map_or("-".into(), |n| report::duration(Duration::from_nanos(n))),
@@ -798,6 +884,11 @@ pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
         report::time(entry.modified, SystemTime::now())
     );
     out!("status:         {verdict}");
+    out!("backend:        {}", out.entry.backend);
+    if let (Some(device), Some(name)) = (&out.entry.device, &out.entry.entry_name) {
+        out!("device:         {device}");
+        out!("name:           {name}");
+    }
     if let Some(h) = &out.header {
         out!("format version: {}", h.format_version);
         out!("tag:            {}", h.tag);
@@ -948,6 +1039,7 @@ struct SweepJson {
     stale_fingerprint: u64,
     stale_schema: u64,
     corrupt: u64,
+    old_format: u64,
     temp_files: u64,
     lock_files: u64,
     undeletable: u64,
@@ -991,6 +1083,9 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
                     Check::Corrupt(_) => Some("corrupt"),
                     Check::StaleSchema(_) => Some("stale-schema"),
                     Check::Gone => continue,
+                    Check::Verified(h) | Check::OtherKey(h) if h.descriptor.is_none() => {
+                        Some("old-format")
+                    }
                     Check::Verified(_) | Check::OtherKey(_) => None,
                 }
             };
@@ -1009,6 +1104,7 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
             stale_fingerprint: report.stale_fingerprint,
             stale_schema: report.stale_schema,
             corrupt: report.corrupt,
+            old_format: report.old_format,
             temp_files: report.temp_files,
             lock_files: report.lock_files,
             undeletable: report.undeletable,
@@ -1066,11 +1162,12 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
     }
     if let Some(s) = &out.sweep {
         out!(
-            "sweep: {} of retired keys, {} of other key schemas, {} corrupt, {} temporaries, \
-             {} idle lock files{}",
+            "sweep: {} of retired keys, {} of other key schemas, {} corrupt, {} of format 1, \
+             {} temporaries, {} idle lock files{}",
             s.stale_fingerprint,
             s.stale_schema,
             s.corrupt,
+            s.old_format,
             s.temp_files,
             s.lock_files,
             if s.undeletable > 0 {

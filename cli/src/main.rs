@@ -10,7 +10,8 @@
 //! - serde and serde_json: the `--json` output, written from typed structs so that its
 //!   schema is the structs' fields and cannot drift by a typo.
 //!
-//! Exit status: 0 success; 1 the command ran and found a problem (`verify`: corrupt entries;
+//! Exit status: 0 success (`evict` too when nothing matched); 1 the command ran and found a
+//! problem (`verify`: corrupt entries;
 //! `inspect`: the entry does not verify; `config`: the disk tier is off); 2 a usage error, or
 //! the directory cannot be used.
 
@@ -26,6 +27,7 @@ macro_rules! out {
 }
 
 mod commands;
+mod evict;
 mod metrics;
 mod report;
 
@@ -71,10 +73,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// One row per entry
+    /// One row per entry: backend, device, name, size, build time, last use
     Ls {
         #[arg(long)]
         json: bool,
+        /// Only the entries of this backend (`unknown`: those without a verified descriptor)
+        #[arg(long, value_name = "B")]
+        backend: Option<String>,
         /// Order of the rows [default: by key]
         #[arg(long, value_enum)]
         sort: Option<Sort>,
@@ -115,6 +120,18 @@ enum Command {
     },
     /// Removes every entry of this key (other key generations and other files stay)
     Clear {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Removes the entries of one backend or device (entries that verify with this key only)
+    #[command(group(clap::ArgGroup::new("selection").required(true).multiple(true)))]
+    Evict {
+        /// Entries written by this backend (opencl, vulkan, cuda, custom, …)
+        #[arg(long, value_name = "B", group = "selection")]
+        backend: Option<String>,
+        /// Entries built for the device of this name, exactly as `ls` shows it
+        #[arg(long, value_name = "NAME", group = "selection")]
+        device: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -192,7 +209,11 @@ fn main() -> ExitCode {
         Command::Config { json } => commands::config(&target, json),
         Command::Stats { json } => commands::stats(&target, json),
         Command::ZeroStats { json } => commands::zero_stats(&target, json),
-        Command::Ls { json, sort } => commands::ls(&target, json, sort),
+        Command::Ls {
+            json,
+            backend,
+            sort,
+        } => commands::ls(&target, json, backend.as_deref(), sort),
         Command::Inspect { entry, json } => commands::inspect(&target, &entry, json),
         Command::Verify { remove, json } => commands::verify(&target, remove, json),
         Command::Gc {
@@ -213,6 +234,11 @@ fn main() -> ExitCode {
         ),
         Command::Clear { json } => commands::clear(&target, json),
         Command::Metrics { textfile } => metrics::metrics(&target, textfile.as_deref()),
+        Command::Evict {
+            backend,
+            device,
+            json,
+        } => evict::evict(&target, &evict::Selection { backend, device }, json),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kcache::backend::opencl::{OpenClCache, OpenClOptions, program_disk_key};
+use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
 use kcache::key::Key;
 use kcache_testkit::opencl::Context;
@@ -86,8 +86,9 @@ fn open_keyed(dir: &Path, byte: u8) -> DiskCache {
     .unwrap()
 }
 
-/// Bytes an entry adds to its payload (header and tag).
-const OVERHEAD: u64 = 104;
+/// Bytes an entry written by `DiskCache::put` adds to its payload: the format 2 header with
+/// the default descriptor (backend `custom`, no device, no name: 2 + 12 bytes) and the tag.
+const OVERHEAD: u64 = 104 + 2 + 12;
 
 /// Flips one bit of the byte at `offset` of the file, as storage corruption would.
 fn flip_byte(path: &Path, offset: usize) {
@@ -219,11 +220,20 @@ fn an_opencl_program_shows_in_ls_and_verifies() {
     assert_eq!(rows[0]["size"], size);
     assert_eq!(rows[0]["status"], "ok");
     assert!(rows[0]["build_time_ns"].as_u64().unwrap() > 0);
+    // The descriptor the backend wrote: its name, the device's, the program's kernels.
+    let device = DeviceIdentity::query(context.device()).unwrap().device_name;
+    assert_eq!(rows[0]["backend"], "opencl");
+    assert_eq!(rows[0]["device"], device.as_str());
+    assert_eq!(rows[0]["entry_name"], "twice");
 
     let inspect = json(dir.path(), &["inspect", "--json", &key.to_hex()[..12]]);
     assert_eq!(inspect["status"], "ok");
     assert_eq!(inspect["header"]["key"], key.to_hex());
-    assert_eq!(inspect["header"]["payload_len"], size - OVERHEAD);
+    let descriptor = (2 + "opencl".len() + 2 + device.len() + 2 + "twice".len()) as u64;
+    assert_eq!(
+        inspect["header"]["payload_len"],
+        size - 72 - 2 - descriptor - 32
+    );
     assert_eq!(inspect["header"]["tag"], "blake3");
     let verify = run(dir.path(), &["verify"]);
     assert_eq!(verify.status.code(), Some(0), "{}", stderr(&verify));

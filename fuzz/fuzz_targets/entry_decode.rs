@@ -11,16 +11,18 @@
 //! - even: the rest is an entry file, checked against a BLAKE3 (mode 0) or HMAC (mode 2)
 //!   configuration that expects the key and schema the file's own header names (so that the
 //!   later checks are reachable at all);
-//! - odd: the rest drives a structured case: a valid entry is encoded, mutated (bytes set,
-//!   flipped, cut, appended, the tag optionally recomputed so that header edits get past it),
-//!   then verified under the writer's or another configuration.
+//! - odd: the rest drives a structured case: a valid entry (format 2 with a descriptor, or
+//!   format 1 without) is encoded, mutated (bytes set, flipped, cut, appended, the tag
+//!   optionally recomputed so that header edits get past it), then verified under the
+//!   writer's or another configuration.
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
-use kcache::disk::OperatorKey;
 use kcache::disk::format::{
-    ALG_BLAKE3, ALG_HMAC_SHA256, Expect, FORMAT_VERSION, HEADER_LEN, Header, MAGIC, TAG_LEN, Tagger,
+    ALG_BLAKE3, ALG_HMAC_SHA256, Expect, FORMAT_VERSION, FORMAT_VERSION_1, HEADER_LEN, Header,
+    MAGIC, TAG_LEN, Tagger,
 };
+use kcache::disk::{Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_NAME_LEN, OperatorKey};
 use kcache::key::{KEY_SCHEMA_VERSION, Key};
 use libfuzzer_sys::fuzz_target;
 
@@ -48,19 +50,54 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
+/// Whether `d` is a descriptor as the format table has it: backend, device and name, each a
+/// u16 length within its limit and that many bytes of UTF-8, and nothing after.
+fn oracle_descriptor(d: &[u8]) -> bool {
+    let mut at = 0;
+    for limit in [MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_NAME_LEN] {
+        if at + 2 > d.len() {
+            return false;
+        }
+        let n = usize::from(le_u16(d, at));
+        at += 2;
+        if n > limit || at + n > d.len() || std::str::from_utf8(&d[at..at + n]).is_err() {
+            return false;
+        }
+        at += n;
+    }
+    at == d.len()
+}
+
+/// The length of the header at the start of `bytes` by the format table: 72 for format 1,
+/// 74 + its descriptor's length for format 2 when the descriptor is whole and well formed;
+/// `None` for anything else (short, bad magic or reserved byte, another version).
+fn oracle_header_len(bytes: &[u8]) -> Option<usize> {
+    if bytes.len() < HEADER_LEN || bytes[0..8] != MAGIC || bytes[11] != 0 {
+        return None;
+    }
+    match le_u16(bytes, 8) {
+        FORMAT_VERSION_1 => Some(HEADER_LEN),
+        FORMAT_VERSION if bytes.len() >= HEADER_LEN + 2 => {
+            let end = HEADER_LEN + 2 + usize::from(le_u16(bytes, HEADER_LEN));
+            (end <= bytes.len() && oracle_descriptor(&bytes[HEADER_LEN + 2..end])).then_some(end)
+        }
+        _ => None,
+    }
+}
+
 /// Whether the documented format accepts `bytes` for `expect`, decided from the byte offsets
 /// of the format table, not from the library's `Header`.
 fn oracle_accepts(bytes: &[u8], tagger: &Tagger, schema: u32, key: &Key) -> bool {
     if bytes.len() < HEADER_LEN + TAG_LEN {
         return false;
     }
+    let Some(header_len) = oracle_header_len(bytes) else {
+        return false;
+    };
     let (body, tag) = bytes.split_at(bytes.len() - TAG_LEN);
-    bytes[0..8] == MAGIC
-        && bytes[11] == 0
-        && le_u16(bytes, 8) == FORMAT_VERSION
-        && bytes[10] == tagger.algorithm()
+    bytes[10] == tagger.algorithm()
         && bytes[16..24] == tagger.fingerprint()
-        && le_u64(bytes, 56) == (bytes.len() - HEADER_LEN - TAG_LEN) as u64
+        && le_u64(bytes, 56).checked_add((header_len + TAG_LEN) as u64) == Some(bytes.len() as u64)
         && tagger.tag(&[body]) == tag
         && le_u32(bytes, 12) == schema
         && bytes[24..56] == key.as_bytes()[..]
@@ -68,20 +105,20 @@ fn oracle_accepts(bytes: &[u8], tagger: &Tagger, schema: u32, key: &Key) -> bool
 
 /// Decodes, verifies and compares with the oracle. Returns whether `verify` accepted.
 fn check(bytes: &[u8], tagger: &Tagger, schema: u32, key: &Key) -> bool {
-    // `decode` reads the fixed header only; whatever it accepts must re-encode to the same 72
-    // bytes (every field is kept and the reserved byte is zero), or a field is lost or moved.
+    // `decode` reads the header only (fixed part and, in format 2, the descriptor); whatever
+    // it accepts must re-encode to the same bytes (every field is kept and the reserved byte
+    // is zero), or a field is lost or moved. It refuses exactly what the table refuses.
     let decoded = Header::decode(bytes);
-    if let Some(header) = decoded {
+    let header_len = oracle_header_len(bytes);
+    if let Ok(header) = &decoded {
+        assert_eq!(Some(header.encoded_len()), header_len);
         assert_eq!(
             header.encode()[..],
-            bytes[..HEADER_LEN],
+            bytes[..header.encoded_len()],
             "decode/encode round trip"
         );
     } else {
-        assert!(
-            bytes.len() < HEADER_LEN || bytes[0..8] != MAGIC || bytes[11] != 0,
-            "decode refused a header with the right magic and reserved byte"
-        );
+        assert_eq!(header_len, None, "decode refused a header the format table accepts");
     }
 
     let expect = Expect {
@@ -96,17 +133,18 @@ fn check(bytes: &[u8], tagger: &Tagger, schema: u32, key: &Key) -> bool {
         accepted,
         "verify said {verified:?}, the documented format says accepted={accepted}"
     );
-    if let Ok(header) = verified {
+    if let Ok(header) = &verified {
         // What a successful verify returns is what the bytes say, and what was expected.
-        assert_eq!(Some(header), decoded);
-        assert_eq!(header.version, FORMAT_VERSION);
+        assert_eq!(Ok(header), decoded.as_ref());
+        assert!(header.version == FORMAT_VERSION || header.version == FORMAT_VERSION_1);
+        assert_eq!(header.descriptor.is_some(), header.version == FORMAT_VERSION);
         assert_eq!(header.algorithm, tagger.algorithm());
         assert!(header.algorithm == ALG_BLAKE3 || header.algorithm == ALG_HMAC_SHA256);
         assert_eq!(header.fingerprint, tagger.fingerprint());
         assert_eq!(header.schema, schema);
         assert_eq!(header.key, *key);
         assert_eq!(
-            header.payload_len as usize + HEADER_LEN + TAG_LEN,
+            header.payload_len as usize + header.encoded_len() + TAG_LEN,
             bytes.len()
         );
     }
@@ -146,19 +184,34 @@ struct Structured {
     schema_delta: u8,
     key: [u8; 32],
     build_nanos: u64,
+    /// Backend, device and name of a format 2 entry (cut to their limits); `None` writes
+    /// format 1.
+    descriptor: Option<(String, String, String)>,
     payload: Vec<u8>,
     mutations: Vec<Mutation>,
 }
 
-fn encode(tagger: &Tagger, schema: u32, key: Key, build_nanos: u64, payload: &[u8]) -> Vec<u8> {
+fn encode(
+    tagger: &Tagger,
+    schema: u32,
+    key: Key,
+    build_nanos: u64,
+    descriptor: Option<Descriptor>,
+    payload: &[u8],
+) -> Vec<u8> {
     let header = Header {
-        version: FORMAT_VERSION,
+        version: if descriptor.is_some() {
+            FORMAT_VERSION
+        } else {
+            FORMAT_VERSION_1
+        },
         algorithm: tagger.algorithm(),
         schema,
         fingerprint: tagger.fingerprint(),
         key,
         payload_len: payload.len() as u64,
         build_nanos,
+        descriptor,
     }
     .encode();
     let tag = tagger.tag(&[&header, payload]);
@@ -178,7 +231,11 @@ fn structured(s: Structured) {
     let writer = tagger(s.writer);
     let key = Key::from_bytes(s.key);
     let schema = KEY_SCHEMA_VERSION;
-    let original = encode(&writer, schema, key, s.build_nanos, &s.payload);
+    let descriptor = s
+        .descriptor
+        .as_ref()
+        .map(|(backend, device, name)| Descriptor::new(backend, device, name));
+    let original = encode(&writer, schema, key, s.build_nanos, descriptor, &s.payload);
 
     // The untouched entry verifies under its writer's configuration, and the header it
     // returns is the one written.

@@ -18,7 +18,8 @@
 use arbitrary::{Arbitrary, Unstructured};
 use ash::vk;
 use kcache::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant, words_from_bytes,
+    DescriptorBinding, LayoutDesc, PipelineDesc, PipelineSpec, PushConstantRange, SpecConstant,
+    words_from_bytes,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -90,7 +91,9 @@ fn layout_ok(layout: &LayoutDesc) -> bool {
 /// (its descriptor bindings and push constants) and checking that the layout covers it.
 fn beyond_structure(err: &kcache::Error) -> bool {
     matches!(err, kcache::Error::InvalidArgument(m)
-        if m.starts_with("SPIR-V interface: ") || m.contains("the shader"))
+        if m.starts_with("SPIR-V interface: ")
+            || m.contains("the shader")
+            || m.contains("describe the layout"))
 }
 
 fn check(words: &[u32], entry: &str, spec: &[SpecConstant], layout: &LayoutDesc) {
@@ -150,6 +153,20 @@ fn check(words: &[u32], entry: &str, spec: &[SpecConstant], layout: &LayoutDesc)
             other.digest(),
             "{first:?} value not digested"
         );
+    }
+    // A layout derived from the shader, when it can be, is one the shader accepts when given,
+    // under the same key.
+    let derived = PipelineSpec::from_desc(&PipelineDesc {
+        specialization: spec,
+        ..PipelineDesc::new(words, entry)
+    });
+    match derived {
+        Ok(derived) => {
+            let given = PipelineSpec::new(words, entry, spec, derived.layout())
+                .expect("a derived layout is accepted when given");
+            assert_eq!(derived.digest(), given.digest());
+        }
+        Err(e) => assert!(beyond_structure(&e), "{e:?}"),
     }
     let mut longer = words.to_vec();
     longer.push(1 << 16); // OpNop: still a valid module, one word longer.

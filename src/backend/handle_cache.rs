@@ -8,8 +8,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registration, Registry};
-use crate::disk::DiskBytes;
-use crate::disk::{DiskCache, DiskStats};
+use crate::disk::{Descriptor, DiskBytes, DiskCache, DiskStats};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::Key;
 use crate::memory::{self, Built, Lease, MemoryCache};
@@ -33,6 +32,9 @@ pub struct Compiled<V> {
     pub weight: u64,
     /// The serialized value for the disk tier; `None` leaves the disk without it.
     pub bytes: Option<DiskBytes>,
+    /// What the entry says it holds: the backend's short name, the device's name and the
+    /// value's (see [`Descriptor`]).
+    pub descriptor: Descriptor,
 }
 
 /// The runtime calls of one backend.
@@ -217,7 +219,7 @@ impl<R: Runtime> HandleCache<R> {
                     return Err(BuildError::new(0, "the device was unregistered"));
                 }
                 let compiled = self.runtime.build(registered, input)?;
-                bytes.set(compiled.bytes);
+                bytes.set(compiled.bytes.map(|b| (b, compiled.descriptor)));
                 Ok((compiled.value, compiled.weight))
             },
             |_| {

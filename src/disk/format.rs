@@ -3,7 +3,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic            89 4B 43 41 43 48 45 0A  ("\x89KCACHE\n")
-//!      8     2  format version   u16 little-endian, currently 1
+//!      8     2  format version   u16 little-endian, currently 2 (1 is still read)
 //!     10     1  tag algorithm    1 = BLAKE3 checksum, 2 = HMAC-SHA256
 //!     11     1  reserved         0
 //!     12     4  key schema       u32 little-endian
@@ -11,21 +11,33 @@
 //!     24    32  full key
 //!     56     8  payload length   u64 little-endian
 //!     64     8  build time       u64 little-endian, nanoseconds
-//!     72     n  payload
-//!   72+n    32  tag over bytes [0, 72+n)
+//!     72     2  descriptor length d, u16 little-endian        (format 2 only)
+//!     74     d  descriptor (see `descriptor`)                  (format 2 only)
+//!   74+d     n  payload          (at 72 in format 1)
+//! 74+d+n    32  tag over every byte before it
 //! ```
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::config::OperatorKey;
+use super::descriptor::{self, Descriptor};
 use crate::key::{KEY_LEN, Key};
 
 pub const MAGIC: [u8; 8] = *b"\x89KCACHE\n";
-pub const FORMAT_VERSION: u16 = 1;
+/// The version written.
+pub const FORMAT_VERSION: u16 = 2;
+/// The previous version, without a descriptor: still read, removed by `gc`.
+pub const FORMAT_VERSION_1: u16 = 1;
+/// The fixed part of the header, the whole header of format 1.
 pub const HEADER_LEN: usize = 72;
+/// The descriptor length field of format 2.
+pub const DESCRIPTOR_LEN_FIELD: usize = 2;
+/// The longest header: format 2 with the longest descriptor.
+pub const MAX_HEADER_LEN: usize = HEADER_LEN + DESCRIPTOR_LEN_FIELD + descriptor::MAX_ENCODED_LEN;
 pub const TAG_LEN: usize = 32;
-/// Bytes an entry adds to its payload.
+/// The fewest bytes an entry adds to its payload (a format 1 header and the tag); a file
+/// shorter than this is no entry.
 pub const OVERHEAD: u64 = (HEADER_LEN + TAG_LEN) as u64;
 
 pub const ALG_BLAKE3: u8 = 1;
@@ -124,7 +136,7 @@ impl Tagger {
 }
 
 /// The fields of a header, as read; nothing in it is trusted before the tag is checked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
     pub version: u16,
     pub algorithm: u8,
@@ -133,11 +145,15 @@ pub struct Header {
     pub key: Key,
     pub payload_len: u64,
     pub build_nanos: u64,
+    /// What the entry holds; `None` in format 1, which had no descriptor (and is the only
+    /// version encoded without one).
+    pub descriptor: Option<Descriptor>,
 }
 
 impl Header {
-    pub fn encode(&self) -> [u8; HEADER_LEN] {
-        let mut h = [0u8; HEADER_LEN];
+    /// The header's bytes: format 1 when it has no descriptor, else format 2.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut h = vec![0u8; HEADER_LEN];
         h[0..8].copy_from_slice(&MAGIC);
         h[8..10].copy_from_slice(&self.version.to_le_bytes());
         h[10] = self.algorithm;
@@ -146,29 +162,79 @@ impl Header {
         h[24..56].copy_from_slice(self.key.as_bytes());
         h[56..64].copy_from_slice(&self.payload_len.to_le_bytes());
         h[64..72].copy_from_slice(&self.build_nanos.to_le_bytes());
+        if let Some(descriptor) = &self.descriptor {
+            let encoded = descriptor.encode();
+            // Within u16: `Descriptor` bounds its fields.
+            h.extend_from_slice(&(encoded.len() as u16).to_le_bytes());
+            h.extend_from_slice(&encoded);
+        }
         h
     }
 
-    /// Parses the fixed header; `None` when the magic or reserved byte is wrong.
-    pub fn decode(bytes: &[u8]) -> Option<Header> {
-        let h: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
+    /// Bytes the encoded header takes: where the payload starts.
+    pub fn encoded_len(&self) -> usize {
+        HEADER_LEN
+            + self
+                .descriptor
+                .as_ref()
+                .map_or(0, |d| DESCRIPTOR_LEN_FIELD + d.encoded_len())
+    }
+
+    /// Bytes the entry adds to its payload: header and tag.
+    pub fn overhead(&self) -> u64 {
+        (self.encoded_len() + TAG_LEN) as u64
+    }
+
+    /// Parses the header at the start of `bytes` (which may go on into the payload), or says
+    /// why it cannot: bad magic or reserved byte, a version other than 1 and 2, or (format 2)
+    /// a descriptor that is cut short or malformed.
+    pub fn decode(bytes: &[u8]) -> Result<Header, &'static str> {
+        let h: &[u8; HEADER_LEN] = bytes
+            .get(..HEADER_LEN)
+            .and_then(|h| h.try_into().ok())
+            .ok_or("shorter than a header and a tag")?;
         if h[0..8] != MAGIC || h[11] != 0 {
-            return None;
+            return Err("bad magic");
         }
+        let version = u16::from_le_bytes([h[8], h[9]]);
+        let descriptor = match version {
+            FORMAT_VERSION_1 => None,
+            FORMAT_VERSION => Some(decode_descriptor(&bytes[HEADER_LEN..])?),
+            _ => return Err("unknown format version"),
+        };
         let mut key = [0u8; KEY_LEN];
         key.copy_from_slice(&h[24..56]);
         let mut fingerprint = [0u8; 8];
         fingerprint.copy_from_slice(&h[16..24]);
-        Some(Header {
-            version: u16::from_le_bytes([h[8], h[9]]),
+        let u64_at = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
+        Ok(Header {
+            version,
             algorithm: h[10],
-            schema: u32::from_le_bytes(h[12..16].try_into().ok()?),
+            schema: u32::from_le_bytes([h[12], h[13], h[14], h[15]]),
             fingerprint,
             key: Key::from_bytes(key),
-            payload_len: u64::from_le_bytes(h[56..64].try_into().ok()?),
-            build_nanos: u64::from_le_bytes(h[64..72].try_into().ok()?),
+            payload_len: u64_at(56),
+            build_nanos: u64_at(64),
+            descriptor,
         })
     }
+}
+
+/// The length-prefixed descriptor at the start of `bytes`.
+fn decode_descriptor(bytes: &[u8]) -> Result<Descriptor, &'static str> {
+    let (len, rest) = bytes
+        .split_first_chunk::<DESCRIPTOR_LEN_FIELD>()
+        .ok_or("shorter than its descriptor")?;
+    let len = usize::from(u16::from_le_bytes(*len));
+    if len > descriptor::MAX_ENCODED_LEN {
+        return Err("bad descriptor");
+    }
+    let encoded = rest.get(..len).ok_or("shorter than its descriptor")?;
+    Descriptor::decode(encoded).ok_or("bad descriptor")
 }
 
 /// What a read expects an entry to be.
@@ -183,17 +249,14 @@ pub fn verify(bytes: &[u8], expect: &Expect<'_>) -> Result<Header, &'static str>
     if bytes.len() < HEADER_LEN + TAG_LEN {
         return Err("shorter than a header and a tag");
     }
-    let header = Header::decode(bytes).ok_or("bad magic")?;
-    if header.version != FORMAT_VERSION {
-        return Err("unknown format version");
-    }
+    let header = Header::decode(bytes)?;
     if header.algorithm != expect.tagger.algorithm() {
         return Err("tag algorithm differs from the configured one");
     }
     if header.fingerprint != expect.tagger.fingerprint() {
         return Err("written under another operator key");
     }
-    if header.payload_len != (bytes.len() - HEADER_LEN - TAG_LEN) as u64 {
+    if header.payload_len.checked_add(header.overhead()) != Some(bytes.len() as u64) {
         return Err("payload length does not match the file size");
     }
     let (body, tag) = bytes.split_at(bytes.len() - TAG_LEN);
@@ -225,8 +288,39 @@ mod tests {
             key: Key::from_bytes([9; 32]),
             payload_len: 1234,
             build_nanos: 5678,
+            descriptor: Some(Descriptor::new("opencl", "cpu", "add")),
         };
-        assert_eq!(Header::decode(&h.encode()), Some(h));
+        let bytes = h.encode();
+        assert_eq!(bytes.len(), h.encoded_len());
+        assert_eq!(bytes.len(), HEADER_LEN + 2 + 6 + 6 + 3 + 3);
+        assert_eq!(Header::decode(&bytes), Ok(h.clone()));
+        // Cut inside the descriptor: refused, never read past.
+        assert!(Header::decode(&bytes[..bytes.len() - 1]).is_err());
+        let old = Header {
+            version: FORMAT_VERSION_1,
+            descriptor: None,
+            ..h
+        };
+        assert_eq!(old.encode().len(), HEADER_LEN);
+        assert_eq!(Header::decode(&old.encode()), Ok(old));
+    }
+
+    #[test]
+    fn unknown_versions_are_refused() {
+        let mut bytes = Header {
+            version: 3,
+            algorithm: ALG_BLAKE3,
+            schema: 1,
+            fingerprint: [0; 8],
+            key: Key::from_bytes([1; 32]),
+            payload_len: 0,
+            build_nanos: 0,
+            descriptor: None,
+        }
+        .encode();
+        assert_eq!(Header::decode(&bytes), Err("unknown format version"));
+        bytes[8] = 2;
+        assert_eq!(Header::decode(&bytes), Err("shorter than its descriptor"));
     }
 
     #[test]

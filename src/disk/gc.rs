@@ -1,6 +1,7 @@
 //! Collection of what reads never clean up: temporaries of crashed writers, lock files of
-//! processes that died building, entries of other
-//! key schemas, entries of retired operator keys, and corrupt entries nobody asked for since.
+//! processes that died building, entries of other key schemas, entries of retired operator
+//! keys, entries of format 1 (which do not say what they hold), and corrupt entries nobody
+//! asked for since.
 //! Only names of kcache's own two patterns are considered; anything else is left alone. A
 //! directory at an entry name is removed if empty, and reported as undeletable otherwise.
 
@@ -28,6 +29,9 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Lock files nobody held (left by processes that died building); held ones are kept.
     pub lock_files: u64,
+    /// Entries of format 1: reads accept them, but they carry no descriptor, so `gc` removes
+    /// them and the next build writes them again with one.
+    pub old_format: u64,
     /// Files and directories that should have gone but could not be removed (a non-empty
     /// directory at an entry name, a permission error, …): left in place.
     pub undeletable: u64,
@@ -35,6 +39,7 @@ pub struct GcReport {
 
 enum Verdict {
     Keep,
+    OldFormat,
     StaleSchema,
     StaleFingerprint,
     Corrupt,
@@ -48,6 +53,8 @@ impl DiskCache {
     /// [`DiskCache::max_entry_size`]. Anything at an entry name but a regular file is corrupt
     /// (an empty directory is removed; a non-empty one is counted in `undeletable`).
     /// Temporary files older than `temp_older_than` are removed, and lock files nobody holds.
+    /// Entries of format 1 that would be kept are removed (`old_format`): they do not say what
+    /// they hold.
     pub fn gc(&self, retain: &[Fingerprint], temp_older_than: Duration) -> Result<GcReport> {
         let inner = &self.inner;
         let dir = rustix::fs::Dir::read_from(&inner.dir)
@@ -88,6 +95,7 @@ impl DiskCache {
                     report.kept += 1;
                     continue;
                 }
+                Verdict::OldFormat => |r| &mut r.old_format,
                 Verdict::StaleSchema => |r| &mut r.stale_schema,
                 Verdict::StaleFingerprint => |r| &mut r.stale_fingerprint,
                 Verdict::Corrupt => |r| &mut r.corrupt,
@@ -144,10 +152,13 @@ fn classify(cache: &DiskCache, entry: &EntryInfo, retain: &[Fingerprint]) -> Ver
         return Verdict::StaleFingerprint;
     }
     match cache.check(entry) {
-        Check::Verified(_) | Check::Gone => Verdict::Keep,
+        Check::Gone => Verdict::Keep,
         Check::StaleSchema(_) => Verdict::StaleSchema,
         Check::OtherKey(header) if header.schema != inner.schema => Verdict::StaleSchema,
-        Check::OtherKey(_) => Verdict::Keep,
+        Check::Verified(header) | Check::OtherKey(header) if header.descriptor.is_none() => {
+            Verdict::OldFormat
+        }
+        Check::Verified(_) | Check::OtherKey(_) => Verdict::Keep,
         Check::Corrupt(_) => Verdict::Corrupt,
     }
 }

@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustix::fs::{Mode, OFlags};
 
 use super::evict::{Index, Unlinked, lstat_at};
-use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
+use super::format::{self, Expect, Header, MAX_HEADER_LEN, OVERHEAD};
 use super::store::read_bounded;
 use super::{DiskCache, Fingerprint, Inner, parse_entry_name};
 use crate::error::{Error, Result};
@@ -36,7 +36,8 @@ pub struct EntryInfo {
     ino: u64,
 }
 
-/// What [`DiskCache::check`] found at an entry's name.
+/// What [`DiskCache::check`] found at an entry's name. A header of format 1 has no
+/// descriptor (`Header::descriptor` is `None`): such entries are read, and `gc` removes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Check {
     /// An entry of this cache's key that verifies in full, as a read would accept it.
@@ -139,20 +140,20 @@ impl DiskCache {
         let Some(mut file) = open_unchanged(inner, &entry.name, entry.ino) else {
             return Check::Gone;
         };
-        let mut head = [0u8; HEADER_LEN];
-        if file.read_exact(&mut head).is_err() {
-            return Check::Corrupt("shorter than a header and a tag");
+        // The longest header there can be, or the whole file when shorter.
+        let mut head = Vec::new();
+        let limit = entry.size.min(MAX_HEADER_LEN as u64);
+        if (&mut file).take(limit).read_to_end(&mut head).is_err() {
+            return Check::Corrupt("cannot be read whole");
         }
-        let Some(header) = Header::decode(&head) else {
-            return Check::Corrupt("bad magic");
+        let header = match Header::decode(&head) {
+            Ok(header) => header,
+            Err(reason) => return Check::Corrupt(reason),
         };
-        if header.version != FORMAT_VERSION {
-            return Check::Corrupt("unknown format version");
-        }
         if header.fingerprint != entry.fingerprint || header.key != entry.key {
             return Check::Corrupt("header does not match the file name");
         }
-        if header.payload_len.checked_add(OVERHEAD) != Some(entry.size) {
+        if header.payload_len.checked_add(header.overhead()) != Some(entry.size) {
             return Check::Corrupt("payload length does not match the file size");
         }
         if entry.fingerprint != inner.tagger.fingerprint() {

@@ -3,7 +3,8 @@
 //!
 //! - [`config`]: where the directory is and what key authenticates entries.
 //! - `dir`: trust checks on the directory.
-//! - [`format`]: the entry encoding (see `docs/disk-format.md`).
+//! - [`format`]: the entry encoding (see `docs/disk-format.md`); `descriptor`: what an entry
+//!   says it holds (backend, device, name).
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory.
 //! - `writer`: writes made after the caller has its value, on a background thread;
@@ -17,6 +18,7 @@
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
 
 pub mod config;
+mod descriptor;
 mod dir;
 mod evict;
 pub mod format;
@@ -36,6 +38,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKey, parse_size};
+pub use descriptor::{
+    CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
+};
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
 pub use listing::{Check, EntryInfo};
@@ -53,7 +58,7 @@ use crate::log;
 use crate::metrics::{self, Source, Totals};
 use crate::remote::{Remote, RemoteStats};
 use crate::stats::Baseline;
-use format::{HEADER_LEN, TAG_LEN, Tagger};
+use format::{TAG_LEN, Tagger};
 
 /// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
 /// any number of processes may use the same directory at once.
@@ -189,23 +194,32 @@ impl DiskStats {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     bytes: Vec<u8>,
+    /// Where the payload starts: after the header, whose length depends on its format.
+    payload_start: usize,
     build_time: Duration,
+    descriptor: Option<Descriptor>,
 }
 
 impl Entry {
     pub fn payload(&self) -> &[u8] {
-        &self.bytes[HEADER_LEN..self.bytes.len() - TAG_LEN]
+        &self.bytes[self.payload_start..self.bytes.len() - TAG_LEN]
     }
 
     pub fn into_payload(mut self) -> Vec<u8> {
         self.bytes.truncate(self.bytes.len() - TAG_LEN);
-        self.bytes.drain(..HEADER_LEN);
+        self.bytes.drain(..self.payload_start);
         self.bytes
     }
 
     /// How long the value took to build, as recorded by the writer.
     pub fn build_time(&self) -> Duration {
         self.build_time
+    }
+
+    /// What the writer said the entry holds; `None` for an entry of format 1, which did not
+    /// say.
+    pub fn descriptor(&self) -> Option<&Descriptor> {
+        self.descriptor.as_ref()
     }
 }
 

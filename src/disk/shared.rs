@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DiskCache, Entry, Inner, KeyLock, store};
+use super::{Descriptor, DiskCache, Entry, Inner, KeyLock, store};
 use crate::key::Key;
 use crate::log;
 use crate::remote::{Flight, RemoteStats};
@@ -45,7 +45,14 @@ impl DiskCache {
         let inner = Arc::clone(&self.inner);
         let key = *key;
         self.inner.writer.submit(move || {
-            let written = store::put(&inner, &key, entry.payload(), entry.build_time());
+            let descriptor = entry.descriptor().cloned().unwrap_or_default();
+            let written = store::put(
+                &inner,
+                &key,
+                entry.payload(),
+                entry.build_time(),
+                &descriptor,
+            );
             if let Err(e) = written {
                 log::info(|| format!("disk copy of a remote entry failed: {e}"));
                 if let Some(lock) = &lock {
@@ -58,11 +65,17 @@ impl DiskCache {
 }
 
 /// Writes a built value's entry, just published on disk, to the remote tier too.
-pub(super) fn share(inner: &Inner, key: &Key, payload: &[u8], build_time: Duration) {
+pub(super) fn share(
+    inner: &Inner,
+    key: &Key,
+    payload: &[u8],
+    build_time: Duration,
+    descriptor: &Descriptor,
+) {
     let Some(remote) = &inner.remote else {
         return;
     };
-    let (header, tag) = store::seal(inner, key, payload, build_time);
+    let (header, tag) = store::seal(inner, key, payload, build_time, descriptor);
     remote.store(
         &inner.entry_name(key),
         &[&header[..], payload, &tag].concat(),

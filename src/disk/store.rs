@@ -21,8 +21,8 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epoch};
-use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD, TAG_LEN};
-use super::{DiskCache, Durability, Entry, Inner, bump};
+use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
+use super::{Descriptor, DiskCache, Durability, Entry, Inner, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
 use crate::log;
@@ -72,9 +72,22 @@ impl DiskCache {
     /// `open` waits for the opening scan to know what is there. An entry larger than
     /// [`DiskCache::max_entry_size`] is refused with `InvalidArgument`. An empty directory
     /// at the entry's name is removed (counted in `integrity_rejects`); a non-empty one makes
-    /// the write fail with `Io`.
+    /// the write fail with `Io`. The entry's descriptor is the default one (backend
+    /// `custom`, no device, no name); [`DiskCache::put_described`] gives one.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
-        put(&self.inner, key, payload, build_time)
+        self.put_described(key, payload, build_time, &Descriptor::default())
+    }
+
+    /// [`DiskCache::put`], with what the entry holds (`kcache ls` shows it, `kcache evict`
+    /// selects by it).
+    pub fn put_described(
+        &self,
+        key: &Key,
+        payload: &[u8],
+        build_time: Duration,
+        descriptor: &Descriptor,
+    ) -> Result<()> {
+        put(&self.inner, key, payload, build_time, descriptor)
     }
 
     /// Removes the entry for `key` (or an empty directory at its name); `Ok(false)` when
@@ -107,11 +120,25 @@ impl DiskCache {
     }
 }
 
-/// The payload size of the entry for `key` as its file's size says, unverified and
-/// uncounted: for deciding whether to rewrite it, not for trusting it.
+/// The payload size of the entry for `key` as its header says, unverified and uncounted: for
+/// deciding whether to rewrite it, not for trusting it.
 pub(super) fn stored_len(inner: &Inner, key: &Key) -> Option<u64> {
-    let meta = lstat_at(&inner.dir, &inner.entry_name(key)).ok()?;
-    meta.is_file().then(|| meta.len().saturating_sub(OVERHEAD))
+    let name = inner.entry_name(key);
+    let meta = lstat_at(&inner.dir, &name).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let fd = rustix::fs::openat(
+        &inner.dir,
+        name.as_str(),
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    let mut head = [0u8; HEADER_LEN];
+    File::from(fd).read_exact(&mut head).ok()?;
+    // The fixed part holds the payload length in every format.
+    Some(u64::from_le_bytes(head[56..64].try_into().ok()?))
 }
 
 /// [`DiskCache::put`], for the background writer too.
@@ -120,15 +147,16 @@ pub(super) fn put(
     key: &Key,
     payload: &[u8],
     build_time: Duration,
+    descriptor: &Descriptor,
 ) -> Result<()> {
-    let size = payload.len() as u64 + OVERHEAD;
+    let (header, tag) = seal(inner, key, payload, build_time, descriptor);
+    let size = (payload.len() + header.len() + tag.len()) as u64;
     if size > inner.max_entry_size() {
         return Err(Error::InvalidArgument(format!(
             "an entry of {size} bytes exceeds the entry size limit of {} bytes",
             inner.max_entry_size()
         )));
     }
-    let (header, tag) = seal(inner, key, payload, build_time);
     let name = inner.entry_name(key);
     match write_entry(inner, &name, &[&header, payload, &tag]) {
         Ok(()) => {
@@ -154,7 +182,8 @@ pub(super) fn seal(
     key: &Key,
     payload: &[u8],
     build_time: Duration,
-) -> ([u8; HEADER_LEN], [u8; TAG_LEN]) {
+    descriptor: &Descriptor,
+) -> (Vec<u8>, [u8; format::TAG_LEN]) {
     let header = Header {
         version: FORMAT_VERSION,
         algorithm: inner.tagger.algorithm(),
@@ -163,6 +192,7 @@ pub(super) fn seal(
         key: *key,
         payload_len: payload.len() as u64,
         build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
+        descriptor: Some(descriptor.clone()),
     }
     .encode();
     let tag = inner.tagger.tag(&[&header, payload]);
@@ -179,8 +209,10 @@ pub(super) fn verified(inner: &Inner, key: &Key, bytes: Vec<u8>) -> Result<Entry
     };
     let header = format::verify(&bytes, &expect)?;
     Ok(Entry {
-        bytes,
+        payload_start: header.encoded_len(),
         build_time: Duration::from_nanos(header.build_nanos),
+        descriptor: header.descriptor,
+        bytes,
     })
 }
 

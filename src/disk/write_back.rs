@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::writer::Cause;
-use super::{DiskCache, Inner, KeyLock, bump, shared, store};
+use super::{Descriptor, DiskCache, Inner, KeyLock, bump, shared, store};
 use crate::error::BuildError;
 use crate::key::Key;
 use crate::log;
@@ -61,7 +61,8 @@ impl From<Vec<u8>> for DiskBytes {
 }
 
 impl DiskCache {
-    /// Writes the entry for `key` from `bytes` on the background writer, then releases
+    /// Writes the entry for `key`, described by `descriptor`, from `bytes` on the background
+    /// writer, then releases
     /// `lock`; `done` learns whether it was written. A failure is counted in `failed_writes`
     /// and marked on the lock, so that waiting processes build rather than wait for an entry
     /// that will not come.
@@ -69,6 +70,7 @@ impl DiskCache {
         &self,
         key: Key,
         build_time: Duration,
+        descriptor: Descriptor,
         lock: Option<KeyLock>,
         bytes: DiskBytes,
         done: impl FnOnce(bool) + Send + 'static,
@@ -77,7 +79,7 @@ impl DiskCache {
         let (wanted, settled) = match bytes.0 {
             Making::Now(make) => {
                 return self.inner.writer.submit(move || {
-                    done(publish(&inner, &key, make, build_time, lock));
+                    done(publish(&inner, &key, &descriptor, make, build_time, lock));
                 });
             }
             Making::Held { wanted, settled } => (wanted, settled),
@@ -91,15 +93,22 @@ impl DiskCache {
         self.inner.writer.park(poll, move |cause| {
             let lock = lock.and_then(|lock| Arc::try_unwrap(lock).ok());
             if cause == Cause::Flush {
-                return done(publish(&inner, &key, settled, build_time, lock));
+                return done(publish(
+                    &inner,
+                    &key,
+                    &descriptor,
+                    settled,
+                    build_time,
+                    lock,
+                ));
             }
-            let written = publish(&inner, &key, wanted, build_time, lock);
+            let written = publish(&inner, &key, &descriptor, wanted, build_time, lock);
             done(written);
             if written {
                 let writer = Arc::clone(&inner);
-                writer
-                    .writer
-                    .park(None, move |_| grow(&inner, &key, settled, build_time));
+                writer.writer.park(None, move |_| {
+                    grow(&inner, &key, &descriptor, settled, build_time)
+                });
             }
         });
     }
@@ -109,6 +118,7 @@ impl DiskCache {
 fn publish(
     inner: &Arc<Inner>,
     key: &Key,
+    descriptor: &Descriptor,
     make: Maker,
     build_time: Duration,
     lock: Option<KeyLock>,
@@ -116,7 +126,7 @@ fn publish(
     let written = make()
         .map_err(|e| format!("the value could not be serialized: {}", e.message))
         .and_then(|bytes| {
-            store::put(inner, key, &bytes, build_time)
+            store::put(inner, key, &bytes, build_time, descriptor)
                 .map(|()| bytes)
                 .map_err(|e| e.to_string())
         });
@@ -124,7 +134,7 @@ fn publish(
         Ok(bytes) => {
             // Published: processes of this node waiting for it need not wait for the remote.
             drop(lock);
-            shared::share(inner, key, &bytes, build_time);
+            shared::share(inner, key, &bytes, build_time, descriptor);
             true
         }
         Err(why) => {
@@ -140,13 +150,13 @@ fn publish(
 
 /// Rewrites the entry for `key` with the bytes `make` returns when they are larger than the
 /// stored ones. A failure costs only this rewrite: the entry written before stays.
-fn grow(inner: &Arc<Inner>, key: &Key, make: Maker, build_time: Duration) {
+fn grow(inner: &Arc<Inner>, key: &Key, descriptor: &Descriptor, make: Maker, build_time: Duration) {
     let Ok(bytes) = make() else {
         return;
     };
     if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0)
-        && store::put(inner, key, &bytes, build_time).is_ok()
+        && store::put(inner, key, &bytes, build_time, descriptor).is_ok()
     {
-        shared::share(inner, key, &bytes, build_time);
+        shared::share(inner, key, &bytes, build_time, descriptor);
     }
 }

@@ -80,8 +80,9 @@ pub struct kc_cuda_options {
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
     /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
-    /// call from `KCACHE_NVRTC_LIBRARY`, else the first of `libnvrtc.so`, `libnvrtc.so.13`,
-    /// `libnvrtc.so.12`, `libnvrtc.so.11.2` found.
+    /// call from `KCACHE_NVRTC_LIBRARY`, else the first found of the driver's own release
+    /// (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
+    /// `libnvrtc.so.11.2`.
     pub nvrtc_library: *const c_char,
     /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
     /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
@@ -107,9 +108,12 @@ backend_handles!(
 );
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
-/// MAX_REGISTERS (0), THREADS_PER_BLOCK (1), OPTIMIZATION_LEVEL (7), TARGET (9),
-/// FALLBACK_STRATEGY (10), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12), GENERATE_LINE_INFO (13),
-/// CACHE_MODE (14). Log buffers and other pointer or output options belong to kcache.
+/// MAX_REGISTERS (0), THREADS_PER_BLOCK (1, not with TARGET), OPTIMIZATION_LEVEL (7), TARGET
+/// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT's information log goes to kcache's
+/// log at `info`), GENERATE_LINE_INFO (13), CACHE_MODE (14). FALLBACK_STRATEGY (10) cannot be
+/// used with the `cuLink*` calls kcache links with, and THREADS_PER_BLOCK with TARGET cannot be
+/// combined (NVIDIA's documentation): both are `KC_ERR_INVALID_ARGUMENT`. Log buffers and other
+/// pointer or output options belong to kcache.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_jit_option {
@@ -316,9 +320,10 @@ unsafe fn jit_options(
         .collect()
 }
 
-/// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` (for the
-/// context's device unless they name an architecture), then as
-/// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
+/// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
+/// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
+/// options are given, else to PTX for the highest architecture NVRTC supports up to the
+/// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
 /// `extern "C"`.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
@@ -446,8 +451,11 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     unsafe { evict_by(cache, context, "context", out_count, evict) }
 }
 
-/// Unlinks every module of every context on `device` (a `CUdevice` ordinal), e.g. before
-/// `cuDevicePrimaryCtxReset`. `*out_count` (if not NULL) receives how many were unlinked.
+/// Unlinks every module of every context on `device` (a `CUdevice` ordinal). Required before
+/// the last `cuDevicePrimaryCtxRelease` of the device's primary context and before
+/// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
+/// context retained again has the same address, which the cache would take for the old one.
+/// `*out_count` (if not NULL) receives how many were unlinked.
 ///
 /// # Safety
 /// As `kc_cuda_cache_evict_context`.

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use super::args::{
     GrownInput, Handle, c_statistics, c_str, dir_arg, free_handle, handle_ref, invalid, new_handle,
-    operator_key_arg, read_input, write_sized,
+    operator_key_arg, read_input, read_sized, write_sized,
 };
 use super::buffer::kc_buffer;
 use super::key_builder::key_arg;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
-use crate::disk::{DiskCache, DiskConfig, DiskStats, Durability, GcReport};
+use crate::disk::{Descriptor, DiskCache, DiskConfig, DiskStats, Durability, GcReport};
 use crate::remote::RemoteConfig;
 use crate::{Error, Result};
 
@@ -287,11 +287,14 @@ pub struct kc_disk_gc_report {
     pub undeletable: u64,
     /// Lock files nobody held (left by processes that died building); held ones are kept.
     pub lock_files: u64,
+    /// Entries of format 1, which do not say what they hold (reads accept them; `gc`
+    /// removes them, and the next build writes them again with a descriptor).
+    pub old_format: u64,
 }
 
 c_statistics!(GcReport => kc_disk_gc_report {
     temp_files, stale_schema, stale_fingerprint, corrupt, kept, bytes_freed, undeletable,
-    lock_files,
+    lock_files, old_format,
 });
 
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
@@ -406,9 +409,10 @@ pub unsafe extern "C" fn kc_disk_free(disk: *mut kc_disk) {
 
 /// Writes the entry for `key` (atomically: readers see the old entry or the new one).
 /// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-/// `KC_ERR_INVALID_ARGUMENT` when the entry (payload + 104 bytes) is larger than the smaller
-/// of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the directory
-/// scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+/// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
+/// smaller of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the
+/// directory scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+/// The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
 ///
 /// # Safety
 /// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
@@ -420,17 +424,92 @@ pub unsafe extern "C" fn kc_disk_put(
     len: usize,
     build_time_ns: u64,
 ) -> kc_status {
+    // SAFETY: forwarded from the caller's contract; a NULL descriptor is the default one.
+    unsafe { kc_disk_put_described(disk, key, data, len, build_time_ns, ptr::null()) }
+}
+
+/// What an entry holds, for `kc_disk_put_described` and `kc_tiered_find_or_build_described`:
+/// `kcache ls` shows it and `kcache evict` selects by it. Each string is NULL or UTF-8, and is
+/// cut to its `KC_DESCRIPTOR_*_MAX` bytes on a character boundary.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_entry_descriptor {
+    /// `sizeof(kc_entry_descriptor)` as the caller compiled it.
+    pub struct_size: usize,
+    /// The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
+    pub backend: *const c_char,
+    /// The device's name; NULL: empty.
+    pub device: *const c_char,
+    /// What the entry holds (kernel or program names); NULL: empty.
+    pub name: *const c_char,
+}
+
+/// `kc_disk_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
+/// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// As `kc_disk_put`; `descriptor` NULL or readable for its `struct_size`, its strings NULL or
+/// C strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_disk_put_described(
+    disk: *mut kc_disk,
+    key: *const u8,
+    data: *const u8,
+    len: usize,
+    build_time_ns: u64,
+    descriptor: *const kc_entry_descriptor,
+) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let (disk, key, data) = unsafe {
+        let (disk, key, data, descriptor) = unsafe {
             (
                 handle_ref(disk, "disk")?,
                 key_arg(key)?,
                 byte_slice(data, len, "data")?,
+                descriptor_arg(descriptor)?,
             )
         };
-        disk.put(&key, data, Duration::from_nanos(build_time_ns))
+        disk.put_described(&key, data, Duration::from_nanos(build_time_ns), &descriptor)
     })
+}
+
+/// Longest backend name an entry keeps, in bytes.
+pub const KC_DESCRIPTOR_BACKEND_MAX: usize = 32;
+/// Longest device name an entry keeps, in bytes.
+pub const KC_DESCRIPTOR_DEVICE_MAX: usize = 256;
+/// Longest entry name an entry keeps, in bytes.
+pub const KC_DESCRIPTOR_NAME_MAX: usize = 1024;
+
+const _: () = {
+    assert!(KC_DESCRIPTOR_BACKEND_MAX == crate::disk::MAX_BACKEND_LEN);
+    assert!(KC_DESCRIPTOR_DEVICE_MAX == crate::disk::MAX_DEVICE_LEN);
+    assert!(KC_DESCRIPTOR_NAME_MAX == crate::disk::MAX_NAME_LEN);
+};
+
+/// The caller's descriptor; NULL is the default one.
+///
+/// # Safety
+/// `p` NULL or readable for its `struct_size`, its strings NULL or C strings.
+pub(super) unsafe fn descriptor_arg(p: *const kc_entry_descriptor) -> Result<Descriptor> {
+    if p.is_null() {
+        return Ok(Descriptor::default());
+    }
+    // SAFETY: non-NULL and readable for its `struct_size` by contract; every field is valid
+    // for any bits (a size, raw pointers).
+    let d = unsafe { read_sized(p, "descriptor", "kc_entry_descriptor") }?;
+    let text = |p: *const c_char, what| {
+        if p.is_null() {
+            Ok("")
+        } else {
+            // SAFETY: non-NULL, hence a C string by the caller's contract.
+            unsafe { c_str(p, what) }
+        }
+    };
+    Ok(Descriptor::new(
+        text(d.backend, "descriptor->backend")?,
+        text(d.device, "descriptor->device")?,
+        text(d.name, "descriptor->name")?,
+    ))
 }
 
 /// Reads and verifies the entry for `key` into `*out` (written on success only; free it

@@ -29,6 +29,9 @@
 //! ```
 //!
 //! `c-tests/opencl/example.c` is this example in full, compiled and run by the tests.
+//!
+//! Code that keeps its `cl_program`s and releases them itself uses
+//! `kc_opencl_cache_find_or_build_program` instead: no lease, a reference of its own.
 
 #![allow(non_camel_case_types)]
 
@@ -41,11 +44,12 @@ use super::args::{
     release_lease,
 };
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
+use super::buffer::kc_buffer;
 use super::cache::kc_cache_stats;
 use super::disk::kc_disk_statistics;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::opencl::{
-    ContextRef, Device, OpenClCache, OpenClOptions, OpenClStats, Program,
+    ContextRef, Device, OpenClCache, OpenClOptions, OpenClStats, Program, context_devices,
 };
 use crate::error::Error;
 
@@ -216,40 +220,8 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
         non_null(context, "context")?;
         non_null(device, "device")?;
         non_null(out_lease, "out_lease")?;
-        if count == 0 {
-            return Err(Error::InvalidArgument("count is 0: no source".into()));
-        }
-        // SAFETY: `sources` holds `count` pointers by contract.
-        let pointers = unsafe { elements(sources, count, "sources") }?;
-        let lengths = if lengths.is_null() {
-            None
-        } else {
-            // SAFETY: a non-NULL `lengths` holds `count` sizes by contract.
-            Some(unsafe { elements(lengths, count, "lengths") }?)
-        };
-        let mut texts = Vec::with_capacity(count);
-        for (i, &pointer) in pointers.iter().enumerate() {
-            let bytes = match lengths {
-                // SAFETY: `lengths[i]` readable bytes at `sources[i]` by contract.
-                Some(lengths) => unsafe { byte_slice(pointer.cast(), lengths[i], "sources[i]") }?,
-                None => {
-                    non_null(pointer, "sources[i]")?;
-                    // SAFETY: without lengths each string is NUL-terminated by contract.
-                    unsafe { CStr::from_ptr(pointer) }.to_bytes()
-                }
-            };
-            texts.push(
-                std::str::from_utf8(bytes).map_err(|_| {
-                    Error::InvalidArgument(format!("sources[{i}] is not valid UTF-8"))
-                })?,
-            );
-        }
-        let options = if options.is_null() {
-            ""
-        } else {
-            // SAFETY: a non-NULL `options` is a C string by contract.
-            unsafe { c_str(options, "options") }?
-        };
+        // SAFETY: forwarded from the caller's contract.
+        let (texts, options) = unsafe { program_text(sources, lengths, count, options) }?;
         // SAFETY: the caller passes a live context and one of its devices, which stay live
         // during the call; the cache keeps no borrow of the context beyond it (programs hold
         // their own reference to it).
@@ -258,6 +230,162 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
         let lease = cache.find_or_build(context, device, &texts, options)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
+        Ok(())
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_cache(cache, find) }
+}
+
+/// The source strings and the options of a lookup, checked: at least one string, each
+/// UTF-8, and NULL options read as none.
+///
+/// # Safety
+/// As `kc_opencl_cache_find_or_build` says of `sources`, `lengths`, `count` and `options`.
+unsafe fn program_text<'a>(
+    sources: *const *const c_char,
+    lengths: *const usize,
+    count: usize,
+    options: *const c_char,
+) -> Result<(Vec<&'a str>, &'a str), Error> {
+    if count == 0 {
+        return Err(Error::InvalidArgument("count is 0: no source".into()));
+    }
+    // SAFETY: `sources` holds `count` pointers by contract.
+    let pointers = unsafe { elements(sources, count, "sources") }?;
+    let lengths = if lengths.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL `lengths` holds `count` sizes by contract.
+        Some(unsafe { elements(lengths, count, "lengths") }?)
+    };
+    let mut texts = Vec::with_capacity(count);
+    for (i, &pointer) in pointers.iter().enumerate() {
+        let bytes = match lengths {
+            // SAFETY: `lengths[i]` readable bytes at `sources[i]` by contract.
+            Some(lengths) => unsafe { byte_slice(pointer.cast(), lengths[i], "sources[i]") }?,
+            None => {
+                non_null(pointer, "sources[i]")?;
+                // SAFETY: without lengths each string is NUL-terminated by contract.
+                unsafe { CStr::from_ptr(pointer) }.to_bytes()
+            }
+        };
+        texts.push(
+            std::str::from_utf8(bytes)
+                .map_err(|_| Error::InvalidArgument(format!("sources[{i}] is not valid UTF-8")))?,
+        );
+    }
+    let options = if options.is_null() {
+        ""
+    } else {
+        // SAFETY: a non-NULL `options` is a C string by contract.
+        unsafe { c_str(options, "options") }?
+    };
+    Ok((texts, options))
+}
+
+/// The built program for `sources` and `options` on each of `num_devices` devices of
+/// `context`, as `clCreateProgramWithSource` + `clBuildProgram` make it, except that it comes
+/// from the cache: from memory, else from a binary on disk, else compiled. Unlike
+/// `kc_opencl_cache_find_or_build`, no lease: `out_programs[i]` is a `cl_program` reference
+/// of the caller's own, for `device_list[i]`, released with `clReleaseProgram` when the caller
+/// is done with it. The cache keeps its own reference; eviction gives up only that one.
+/// `device_list` is a `const cl_device_id *` and `out_programs` a `cl_program *`, passed as
+/// `void *` like every OpenCL handle here, so that a `&program` converts without a cast:
+/// `kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &source, NULL, 1, "",
+/// &program, NULL)` stands for `clCreateProgramWithSource` + `clBuildProgram`.
+///
+/// `device_list` NULL builds for every device of the context (as `clBuildProgram` does with
+/// no list); `num_devices` must then be the context's device count (`CL_CONTEXT_NUM_DEVICES`),
+/// since it is the length of `out_programs` and `out_logs`: another count is
+/// `KC_ERR_INVALID_ARGUMENT`. Each device gets a program of its own, built and kept on disk
+/// under that device's identity: a kernel created from `out_programs[i]` runs on
+/// `device_list[i]`'s queues. `sources`, `lengths`, `count` and `options` are as for
+/// `kc_opencl_cache_find_or_build`.
+///
+/// `out_logs` is NULL, or `num_devices` buffers, written once the lookups have run: on
+/// `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds `device_list[i]`'s whole build message (a first
+/// line naming the OpenCL status, then the compiler's log; not NUL-terminated) if its build
+/// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
+/// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
+/// and `kc_last_error_message()` are the first failing device's.
+///
+/// # Safety
+/// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
+/// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
+/// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
+/// `cl_program`s; `out_logs` NULL or `num_devices`
+/// writable `kc_buffer`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_opencl_cache_find_or_build_program(
+    cache: *mut kc_opencl_cache,
+    context: *mut c_void,
+    num_devices: usize,
+    device_list: *const c_void,
+    sources: *const *const c_char,
+    lengths: *const usize,
+    count: usize,
+    options: *const c_char,
+    out_programs: *mut c_void,
+    out_logs: *mut kc_buffer,
+) -> kc_status {
+    let find = |cache: &OpenClCache| {
+        non_null(context, "context")?;
+        non_null(out_programs, "out_programs")?;
+        if num_devices == 0 {
+            return Err(Error::InvalidArgument("num_devices is 0: no device".into()));
+        }
+        // SAFETY: forwarded from the caller's contract.
+        let (texts, options) = unsafe { program_text(sources, lengths, count, options) }?;
+        // SAFETY: the caller passes a live context, which stays live during the call.
+        let context = unsafe { ContextRef::from_raw(context) };
+        let devices = if device_list.is_null() {
+            let devices = context_devices(context)?;
+            if devices.len() != num_devices {
+                return Err(Error::InvalidArgument(format!(
+                    "device_list is NULL and num_devices is {num_devices}, but the context's \
+                     device count is {}",
+                    devices.len()
+                )));
+            }
+            devices
+        } else {
+            // SAFETY: a non-NULL `device_list` holds `num_devices` handles by contract.
+            let handles = unsafe {
+                elements(
+                    device_list.cast::<*mut c_void>(),
+                    num_devices,
+                    "device_list",
+                )
+            }?;
+            let mut devices = Vec::with_capacity(num_devices);
+            for (i, &handle) in handles.iter().enumerate() {
+                non_null(handle, &format!("device_list[{i}]"))?;
+                // SAFETY: the listed handles are live devices of the context by contract.
+                devices.push(unsafe { Device::from_raw(handle) });
+            }
+            devices
+        };
+        let outcomes = cache.find_or_build_programs(context, Some(&devices), &texts, options)?;
+        if !out_logs.is_null() {
+            for (i, outcome) in outcomes.iter().enumerate() {
+                let log = match outcome {
+                    Err(Error::Build(build)) => kc_buffer::from_text(build.message.clone()),
+                    _ => kc_buffer::EMPTY,
+                };
+                // SAFETY: a non-NULL `out_logs` holds `num_devices` writable buffers by
+                // contract, and there is one outcome per device.
+                unsafe { out_logs.add(i).write(log) };
+            }
+        }
+        // On a failure the programs already found are dropped: each releases its reference.
+        let programs = outcomes
+            .into_iter()
+            .collect::<Result<Vec<Program>, Error>>()?;
+        let out_programs = out_programs.cast::<*mut c_void>();
+        for (i, program) in programs.into_iter().enumerate() {
+            // SAFETY: `out_programs` holds `num_devices` writable pointers by contract.
+            unsafe { out_programs.add(i).write(program.into_raw()) };
+        }
         Ok(())
     };
     // SAFETY: forwarded from the caller's contract.

@@ -9,7 +9,7 @@ use std::ptr;
 
 use super::args::{handle_ref, invalid, lease_into_raw, read_sized};
 use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, make_value};
-use super::disk::kc_disk;
+use super::disk::{descriptor_arg, kc_disk, kc_entry_descriptor};
 use super::key_builder::key_arg;
 use super::lease::kc_lease;
 use super::status::{byte_slice, guard, kc_status, non_null};
@@ -101,7 +101,8 @@ unsafe fn serialize_value(
 /// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
 /// the lookup returns; the write itself happens on the disk's background writer (see
 /// `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
-/// `kc_cache_find_or_build`.
+/// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
+/// (`kc_tiered_find_or_build_described` says more).
 ///
 /// # Safety
 /// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
@@ -117,6 +118,40 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
     callbacks: *const kc_tiered_callbacks,
     out_lease: *mut *mut kc_lease,
 ) -> kc_status {
+    // SAFETY: forwarded from the caller's contract; a NULL descriptor is the default one.
+    unsafe {
+        kc_tiered_find_or_build_described(
+            cache,
+            l1_key,
+            l1_key_len,
+            device_id,
+            disk,
+            l2_key,
+            callbacks,
+            ptr::null(),
+            out_lease,
+        )
+    }
+}
+
+/// `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
+/// as `kc_disk_put_described` takes it; NULL: backend `custom`).
+///
+/// # Safety
+/// As `kc_tiered_find_or_build`; `descriptor` as for `kc_disk_put_described`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kc_tiered_find_or_build_described(
+    cache: *mut kc_cache,
+    l1_key: *const u8,
+    l1_key_len: usize,
+    device_id: i64,
+    disk: *mut kc_disk,
+    l2_key: *const u8,
+    callbacks: *const kc_tiered_callbacks,
+    descriptor: *const kc_entry_descriptor,
+    out_lease: *mut *mut kc_lease,
+) -> kc_status {
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
         let memory = unsafe { handle_ref(cache, "cache") }?;
@@ -128,6 +163,8 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
         let build = cb
             .build
             .ok_or_else(|| invalid("callbacks->build is NULL"))?;
+        // SAFETY: NULL or readable, with NULL or C strings, by contract.
+        let descriptor = unsafe { descriptor_arg(descriptor) }?;
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
         let l2_key = unsafe { key_arg(l2_key) }?;
         let disk = if disk.is_null() {
@@ -162,7 +199,8 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
             || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
             // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
             |value: &RawValue| {
-                unsafe { serialize_value(cb.serialize, ctx, value.0) }.map(DiskBytes::from)
+                unsafe { serialize_value(cb.serialize, ctx, value.0) }
+                    .map(|bytes| (DiskBytes::from(bytes), descriptor))
             },
         )?;
         // SAFETY: non-NULL and writable by contract.

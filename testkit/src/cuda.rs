@@ -52,9 +52,18 @@ struct PrivateCopy {
 impl PrivateCopy {
     /// Copies `built` under `file_name` and loads the copy.
     fn new(built: &Path, file_name: &str) -> PrivateCopy {
+        Self::linked(built, file_name, file_name)
+    }
+
+    /// Copies `built` under `file_name`, links `link_name` to it (unless the same), and loads
+    /// the copy through the link, as `libcuda.so.1` links to `libcuda.so.<build>`.
+    fn linked(built: &Path, file_name: &str, link_name: &str) -> PrivateCopy {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(file_name);
-        std::fs::copy(built, &path).unwrap();
+        std::fs::copy(built, dir.path().join(file_name)).unwrap();
+        let path = dir.path().join(link_name);
+        if link_name != file_name {
+            std::os::unix::fs::symlink(file_name, &path).unwrap();
+        }
         // SAFETY: the stand-ins have no initialisers with preconditions.
         let library = unsafe { Library::new(&path) }.unwrap();
         PrivateCopy {
@@ -85,13 +94,13 @@ unsafe fn symbol<T: Copy>(library: &Library, name: &str) -> std::result::Result<
 
 type FnCounter = unsafe extern "C" fn(*const c_char) -> u64;
 type FnInt = unsafe extern "C" fn(c_int);
+type FnIntInt = unsafe extern "C" fn(c_int, c_int);
 type FnInit = unsafe extern "C" fn(c_uint) -> c_int;
 type FnCtxCreate = unsafe extern "C" fn(*mut CUcontext, c_uint, c_int) -> c_int;
 type FnCtx = unsafe extern "C" fn(CUcontext) -> c_int;
 type FnCtxOut = unsafe extern "C" fn(*mut CUcontext) -> c_int;
 type FnCount = unsafe extern "C" fn() -> u64;
 type FnText = unsafe extern "C" fn() -> *const c_char;
-type FnVersion = unsafe extern "C" fn(c_int, c_int);
 
 /// One private instance of the driver stand-in, plus the calls kcache never makes (creating
 /// contexts, reading the call counters, the stand-in's switches).
@@ -105,7 +114,22 @@ impl Default for FakeDriver {
 
 impl FakeDriver {
     pub fn new() -> FakeDriver {
-        let fake = FakeDriver(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"));
+        Self::init(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"))
+    }
+
+    /// A driver installed as the real one is: the file `libcuda.so.<build>`, loaded through the
+    /// link `libcuda.so.1`.
+    pub fn with_build(build: &str) -> FakeDriver {
+        let file_name = format!("libcuda.so.{build}");
+        Self::init(PrivateCopy::linked(
+            stand_in_driver_path(),
+            &file_name,
+            "libcuda.so.1",
+        ))
+    }
+
+    fn init(copy: PrivateCopy) -> FakeDriver {
+        let fake = FakeDriver(copy);
         // SAFETY: cuInit(0) per the driver API.
         assert_eq!(unsafe { fake.0.sym::<FnInit>("cuInit")(0) }, 0);
         fake
@@ -132,6 +156,13 @@ impl FakeDriver {
     pub fn reject_next_loads(&self, n: i32) {
         // SAFETY: plain value argument.
         unsafe { self.0.sym::<FnInt>("fakecuda_reject_next_loads")(n) }
+    }
+
+    /// The next `n` cubin loads fail with `code` (a `CUresult`), as the driver's loads of a
+    /// good image do when the device is out of memory or an earlier launch failed.
+    pub fn fail_next_loads(&self, n: i32, code: i32) {
+        // SAFETY: plain value arguments.
+        unsafe { self.0.sym::<FnIntInt>("fakecuda_fail_next_loads")(n, code) }
     }
 
     pub fn hold_links(&self, on: bool) {
@@ -218,9 +249,15 @@ impl FakeNvrtc {
             .into_owned()
     }
 
+    /// The newest architecture `nvrtcGetSupportedArchs` lists (`major * 10 + minor`).
+    pub fn set_max_arch(&self, arch: i32) {
+        // SAFETY: plain value argument.
+        unsafe { self.0.sym::<FnInt>("fakenvrtc_set_max_arch")(arch) }
+    }
+
     pub fn set_version(&self, major: i32, minor: i32) {
         // SAFETY: plain value arguments.
-        unsafe { self.0.sym::<FnVersion>("fakenvrtc_set_version")(major, minor) }
+        unsafe { self.0.sym::<FnIntInt>("fakenvrtc_set_version")(major, minor) }
     }
 }
 
@@ -478,31 +515,55 @@ impl Saxpy<'_> {
         }
     }
 
+    /// `cuModuleGetFunction` for the kernel, with the module's context current on this thread.
+    /// Under lazy loading (the Linux default since CUDA 12.2) this is where the driver loads
+    /// the kernel onto the device, so a timing of "getting a module" includes it.
+    pub fn function(&self) -> Result<CUfunction> {
+        self.check_current()?;
+        match &self.module {
+            Loaded::Leased(lease) => lease.function("saxpy"),
+            // SAFETY: loaded by `load` in the current context (checked above), and unloaded only
+            // by `unload`, which consumes `self`.
+            Loaded::Owned(module) => {
+                unsafe { self.launch.driver.function(*module, "saxpy") }?.ok_or(Error::NotFound)
+            }
+        }
+    }
+
     /// Runs the kernel over `x` and `y` (the same, non-zero length) with the module's context
     /// current on this thread, and returns the new `y`.
     pub fn run(&self, a: f32, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
+        self.run_rounds(a, x, y, 1).map(|(out, _)| out)
+    }
+
+    /// The kernel's own time, in milliseconds per launch: `rounds` launches over `x` and `y`
+    /// (one warm-up launch before), then one synchronize. Launches queue back to back, so the
+    /// figure is the device's time for the code the module holds, whatever made it; `y`'s
+    /// result is not checked (see [`Saxpy::run`]).
+    pub fn kernel_time(&self, x: &[f32], y: &[f32], rounds: u32) -> Result<f64> {
+        if rounds == 0 {
+            return Err(Error::InvalidArgument("no rounds to time".into()));
+        }
+        let (_, elapsed) = self.run_rounds(1.0, x, y, rounds)?;
+        Ok(elapsed / f64::from(rounds))
+    }
+
+    /// [`Saxpy::launch`] on device copies of `x` and `y`, freed afterwards.
+    fn run_rounds(&self, a: f32, x: &[f32], y: &[f32], rounds: u32) -> Result<(Vec<f32>, f64)> {
         let n = u32::try_from(x.len())
             .ok()
             .filter(|&n| n > 0 && x.len() == y.len())
             .ok_or_else(|| {
                 Error::InvalidArgument("x and y need one equal, non-zero length".into())
             })?;
-        self.check_current()?;
-        let function = match &self.module {
-            Loaded::Leased(lease) => lease.function("saxpy")?,
-            // SAFETY: loaded by `load` in the current context (checked above), and unloaded only
-            // by `unload`, which consumes `self`.
-            Loaded::Owned(module) => {
-                unsafe { self.launch.driver.function(*module, "saxpy") }?.ok_or(Error::NotFound)?
-            }
-        };
+        let function = self.function()?;
         let launch = &self.launch;
         let bytes = size_of_val(x);
         let dx = launch.mem_alloc(bytes)?;
         let out = launch.mem_alloc(bytes).and_then(|dy| {
             // SAFETY: `function` is the saxpy kernel of this module, live in the current
             // context; `dx` and `dy` were allocated above with `n` floats each.
-            let out = unsafe { self.launch(function, n, a, (dx, x), (dy, y)) };
+            let out = unsafe { self.launch(function, n, a, (dx, x), (dy, y), rounds) };
             // SAFETY: allocated above, freed once.
             let freed = unsafe { launch.mem_free(dy) };
             let out = out?;
@@ -515,7 +576,9 @@ impl Saxpy<'_> {
         Ok(out)
     }
 
-    /// Copies `x` and `y` to their device buffers, runs the kernel, and returns the new `y`.
+    /// Copies `x` and `y` to their device buffers, runs the kernel `rounds` times (after one
+    /// warm-up launch when `rounds > 1`), and returns the new `y` and the milliseconds from
+    /// the first timed launch to the end of the synchronize.
     ///
     /// # Safety
     /// `saxpy` must be the saxpy kernel, live in the current context, and `dx` and `dy` device
@@ -527,11 +590,13 @@ impl Saxpy<'_> {
         a: f32,
         (dx, x): (CUdeviceptr, &[f32]),
         (dy, y): (CUdeviceptr, &[f32]),
-    ) -> Result<Vec<f32>> {
+        rounds: u32,
+    ) -> Result<(Vec<f32>, f64)> {
         let l = &self.launch;
         let to_bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_ne_bytes()).collect() };
         let (x, y) = (to_bytes(x), to_bytes(y));
         let mut out = vec![0u8; y.len()];
+        let elapsed;
         // SAFETY: the buffers hold `n` floats, as long as `x`, `y` and `out` (the caller's
         // guarantee, with `n` their length); the kernel's parameters are (u32 n, f32 a,
         // f32 *x, f32 *y), passed as pointers to locals of those types that outlive the
@@ -552,28 +617,40 @@ impl Saxpy<'_> {
                 (&raw mut x_arg).cast(),
                 (&raw mut y_arg).cast(),
             ];
-            let status = (l.launch_kernel)(
-                saxpy,
-                n.div_ceil(256),
-                1,
-                1,
-                256,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            );
-            l.check("cuLaunchKernel", status)?;
+            let mut launch_once = || {
+                let status = (l.launch_kernel)(
+                    saxpy,
+                    n.div_ceil(256),
+                    1,
+                    1,
+                    256,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                );
+                l.check("cuLaunchKernel", status)
+            };
+            if rounds > 1 {
+                launch_once()?;
+                l.check("cuCtxSynchronize", (l.ctx_synchronize)())?;
+            }
+            let start = std::time::Instant::now();
+            for _ in 0..rounds {
+                launch_once()?;
+            }
             l.check("cuCtxSynchronize", (l.ctx_synchronize)())?;
+            elapsed = start.elapsed().as_secs_f64() * 1e3;
             let status = (l.memcpy_dtoh)(out.as_mut_ptr().cast(), dy, out.len());
             l.check("cuMemcpyDtoH", status)?;
         }
-        Ok(out
+        let out = out
             .chunks_exact(4)
             .map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+            .collect();
+        Ok((out, elapsed))
     }
 
     /// Unloads a module from [`Saxpy::load`], with its context current; releases the lease of

@@ -343,6 +343,17 @@ pub fn reference_count(program: &Program) -> Result<u32> {
     Ok(count)
 }
 
+/// `clReleaseProgram` on a handle, as a C caller gives back a program reference it was handed
+/// (`Program::into_raw`).
+///
+/// # Safety
+/// `raw` must be a program reference the caller owns; it is given up here.
+pub unsafe fn release_program(raw: cl_program) -> Result<()> {
+    let api = Api::get()?;
+    // SAFETY: the caller owns the reference and gives it up.
+    check(unsafe { (api.clReleaseProgram)(raw) }, "clReleaseProgram")
+}
+
 /// The buffers of an `n` x `n` row-major matrix product C = A * B, for a kernel taking
 /// `(c, a, b, n)`. Its inputs are small integers and halves, so that every partial sum is exact
 /// in `f32` and a device's result equals the CPU's.

@@ -1,8 +1,10 @@
 //! A minimal Vulkan instance/device owner and compute dispatcher for kcache's own tests and
 //! benchmarks: a real caller brings its own instance and device.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, c_void};
+use std::sync::Mutex;
 
+use ash::ext::debug_utils;
 use ash::vk;
 use kcache::backend::vulkan::{DeviceOwner, Pipeline, PipelineSpec, create_uncached};
 use kcache::{Error, Result};
@@ -11,8 +13,60 @@ fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
     move |r| Error::Backend(format!("{what}: {r}"))
 }
 
-/// An instance and a device with one compute queue, destroyed on drop.
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// The errors and warnings the validation layer reported, in the order it reported them.
+#[derive(Default)]
+struct Messages(Mutex<Vec<String>>);
+
+/// The debug-utils callback: records errors and warnings (not info or verbose messages).
+unsafe extern "system" fn record(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _kind: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    user: *mut c_void,
+) -> vk::Bool32 {
+    // SAFETY: `user` is the `Messages` the messenger was created with, alive until the
+    // instance is destroyed; `data` is valid for the call (Vulkan spec).
+    let (messages, data) = unsafe { (&*user.cast::<Messages>(), &*data) };
+    // SAFETY: as above; the message is a NUL-terminated string when not null.
+    let text = unsafe { data.message_as_c_str() }
+        .map(|m| m.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if let Ok(mut list) = messages.0.lock() {
+        list.push(format!("{severity:?}: {text}"));
+    }
+    vk::FALSE
+}
+
+/// The validation layer with a messenger that records errors and warnings.
+struct Validation {
+    debug: debug_utils::Instance,
+    messenger: vk::DebugUtilsMessengerEXT,
+    messages: Box<Messages>,
+}
+
+fn messenger_info(messages: &Messages) -> vk::DebugUtilsMessengerCreateInfoEXT<'static> {
+    vk::DebugUtilsMessengerCreateInfoEXT::default()
+        .message_severity(
+            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+        )
+        .message_type(
+            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+        )
+        .pfn_user_callback(Some(record))
+        .user_data((messages as *const Messages).cast_mut().cast())
+}
+
+/// An instance and a device with one compute queue, destroyed on drop. Made by
+/// [`TestGpu::new`], the instance runs the Khronos validation layer, and the errors and
+/// warnings it reports are a test failure: [`TestGpu::validation_messages`] lists them, and
+/// dropping a `TestGpu` that has any panics (unless the thread is already panicking).
 pub struct TestGpu {
+    validation: Option<Validation>,
     instance: ash::Instance,
     physical: vk::PhysicalDevice,
     device: ash::Device,
@@ -20,14 +74,27 @@ pub struct TestGpu {
     queue_family: u32,
     memory: vk::PhysicalDeviceMemoryProperties,
     name: String,
+    /// The compute subgroup sizes the device can require, with `subgroupSizeControl` enabled.
+    subgroup_sizes: Option<(u32, u32)>,
     /// Keeps the loader library loaded while the instance's functions are in use.
     _loader: ash::Entry,
 }
 
 impl TestGpu {
-    /// Creates an instance and a device on the first physical device with a compute queue,
+    /// Creates an instance with the Khronos validation layer (Debian `vulkan-validationlayers`;
+    /// without it this fails) and a device on the first physical device with a compute queue,
     /// through the system's Vulkan loader (`libvulkan.so.1`), the one kcache loads by default.
     pub fn new() -> Result<Self> {
+        Self::create(true)
+    }
+
+    /// As [`TestGpu::new`] without the validation layer, for measurements: the layer's checks
+    /// would be counted in every Vulkan call timed.
+    pub fn unvalidated() -> Result<Self> {
+        Self::create(false)
+    }
+
+    fn create(validate: bool) -> Result<Self> {
         // SAFETY: loading the Vulkan loader runs its initialisers, which have no preconditions;
         // the entry keeps the library loaded while it lives.
         let loader = unsafe { ash::Entry::load() }
@@ -35,21 +102,168 @@ impl TestGpu {
         let app = vk::ApplicationInfo::default()
             .application_name(c"kcache-tests")
             .api_version(vk::API_VERSION_1_1);
-        let info = vk::InstanceCreateInfo::default().application_info(&app);
+        let messages = Box::<Messages>::default();
+        // Chained to the instance's create info, it also reports on instance creation and
+        // destruction.
+        let mut chained = messenger_info(&messages);
+        let layers = [VALIDATION_LAYER.as_ptr()];
+        let extensions = [debug_utils::NAME.as_ptr()];
+        let mut info = vk::InstanceCreateInfo::default().application_info(&app);
+        if validate {
+            info = info
+                .enabled_layer_names(&layers)
+                .enabled_extension_names(&extensions)
+                .push_next(&mut chained);
+        }
         // SAFETY: the create info and everything it points to live across the call.
-        let instance =
-            unsafe { loader.create_instance(&info, None) }.map_err(vk_err("vkCreateInstance"))?;
-        match Self::with_instance(instance.clone(), loader) {
+        let instance = unsafe { loader.create_instance(&info, None) }.map_err(|r| {
+            Error::Unavailable(format!(
+                "vkCreateInstance{}: {r}",
+                if validate {
+                    " with VK_LAYER_KHRONOS_validation (package vulkan-validationlayers)"
+                } else {
+                    ""
+                }
+            ))
+        })?;
+        let validation = if validate {
+            let debug = debug_utils::Instance::new(&loader, &instance);
+            // SAFETY: live instance with the extension enabled; `messages` outlives the
+            // messenger (both are dropped with the `TestGpu`, the messenger first).
+            match unsafe { debug.create_debug_utils_messenger(&messenger_info(&messages), None) } {
+                Ok(messenger) => Some(Validation {
+                    debug,
+                    messenger,
+                    messages,
+                }),
+                Err(r) => {
+                    // SAFETY: nothing else was created from the instance.
+                    unsafe { instance.destroy_instance(None) };
+                    return Err(vk_err("vkCreateDebugUtilsMessengerEXT")(r));
+                }
+            }
+        } else {
+            None
+        };
+        match Self::with_instance(instance.clone(), loader, validation) {
             Ok(gpu) => Ok(gpu),
-            Err(e) => {
+            Err((e, validation)) => {
                 // SAFETY: nothing was created from the instance that is still alive.
-                unsafe { instance.destroy_instance(None) };
+                unsafe {
+                    if let Some(v) = &validation {
+                        v.debug.destroy_debug_utils_messenger(v.messenger, None);
+                    }
+                    instance.destroy_instance(None);
+                }
                 Err(e)
             }
         }
     }
 
-    fn with_instance(instance: ash::Instance, loader: ash::Entry) -> Result<Self> {
+    /// The errors and warnings the validation layer reported so far (none without the layer).
+    pub fn validation_messages(&self) -> Vec<String> {
+        self.validation
+            .as_ref()
+            .map(|v| v.messages.0.lock().map(|m| m.clone()).unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    /// Returns the messages recorded so far and forgets them: for a test that provokes one on
+    /// purpose.
+    pub fn take_validation_messages(&self) -> Vec<String> {
+        self.validation
+            .as_ref()
+            .map(|v| {
+                v.messages
+                    .0
+                    .lock()
+                    .map(|mut m| std::mem::take(&mut *m))
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether the device can require subgroup size `size` for compute shaders (it was created
+    /// with `subgroupSizeControl` when the physical device supports it).
+    pub fn supports_subgroup_size(&self, size: u32) -> bool {
+        self.subgroup_sizes
+            .is_some_and(|(min, max)| (min..=max).contains(&size))
+    }
+
+    #[allow(clippy::result_large_err)]
+    fn with_instance(
+        instance: ash::Instance,
+        loader: ash::Entry,
+        validation: Option<Validation>,
+    ) -> std::result::Result<Self, (Error, Option<Validation>)> {
+        match Self::open_device(&instance) {
+            Ok((physical, device, queue, queue_family, subgroup_sizes)) => {
+                // SAFETY: `physical` belongs to `instance`.
+                let (memory, props) = unsafe {
+                    (
+                        instance.get_physical_device_memory_properties(physical),
+                        instance.get_physical_device_properties(physical),
+                    )
+                };
+                let name = device_name(&props);
+                Ok(Self {
+                    validation,
+                    instance,
+                    physical,
+                    device,
+                    queue,
+                    queue_family,
+                    memory,
+                    name,
+                    subgroup_sizes,
+                    _loader: loader,
+                })
+            }
+            Err(e) => Err((e, validation)),
+        }
+    }
+
+    /// The compute subgroup sizes the physical device can require, when it supports
+    /// `VK_EXT_subgroup_size_control` (or Vulkan 1.3) with the `subgroupSizeControl` feature.
+    fn subgroup_control(
+        instance: &ash::Instance,
+        physical: vk::PhysicalDevice,
+    ) -> Option<(u32, u32)> {
+        // SAFETY: `physical` belongs to `instance`.
+        let extensions =
+            unsafe { instance.enumerate_device_extension_properties(physical) }.ok()?;
+        let name = vk::EXT_SUBGROUP_SIZE_CONTROL_NAME;
+        if !extensions
+            .iter()
+            .any(|e| e.extension_name_as_c_str() == Ok(name))
+        {
+            return None;
+        }
+        let mut features = vk::PhysicalDeviceSubgroupSizeControlFeatures::default();
+        let mut all = vk::PhysicalDeviceFeatures2::default().push_next(&mut features);
+        // SAFETY: as above; the 1.1 instance provides the query.
+        unsafe { instance.get_physical_device_features2(physical, &mut all) };
+        let mut control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
+        let mut props = vk::PhysicalDeviceProperties2::default().push_next(&mut control);
+        // SAFETY: as above.
+        unsafe { instance.get_physical_device_properties2(physical, &mut props) };
+        (features.subgroup_size_control == vk::TRUE
+            && control
+                .required_subgroup_size_stages
+                .contains(vk::ShaderStageFlags::COMPUTE))
+        .then_some((control.min_subgroup_size, control.max_subgroup_size))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn open_device(
+        instance: &ash::Instance,
+    ) -> Result<(
+        vk::PhysicalDevice,
+        ash::Device,
+        vk::Queue,
+        u32,
+        Option<(u32, u32)>,
+    )> {
         // SAFETY: `instance` is a live instance.
         let physicals = unsafe { instance.enumerate_physical_devices() }
             .map_err(vk_err("vkEnumeratePhysicalDevices"))?;
@@ -68,30 +282,22 @@ impl TestGpu {
             let queues = [vk::DeviceQueueCreateInfo::default()
                 .queue_family_index(family)
                 .queue_priorities(&priorities)];
-            let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+            let subgroup_sizes = Self::subgroup_control(instance, physical);
+            let extensions = [vk::EXT_SUBGROUP_SIZE_CONTROL_NAME.as_ptr()];
+            let mut control = vk::PhysicalDeviceSubgroupSizeControlFeatures::default()
+                .subgroup_size_control(true);
+            let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+            if subgroup_sizes.is_some() {
+                info = info
+                    .enabled_extension_names(&extensions)
+                    .push_next(&mut control);
+            }
             // SAFETY: `physical` belongs to `instance`; the create info outlives the call.
             let device = unsafe { instance.create_device(physical, &info, None) }
                 .map_err(vk_err("vkCreateDevice"))?;
             // SAFETY: queue 0 of `family` was requested above.
             let queue = unsafe { device.get_device_queue(family, 0) };
-            // SAFETY: `physical` belongs to `instance`.
-            let (memory, props) = unsafe {
-                (
-                    instance.get_physical_device_memory_properties(physical),
-                    instance.get_physical_device_properties(physical),
-                )
-            };
-            let name = device_name(&props);
-            return Ok(Self {
-                instance,
-                physical,
-                device,
-                queue,
-                queue_family: family,
-                memory,
-                name,
-                _loader: loader,
-            });
+            return Ok((physical, device, queue, family, subgroup_sizes));
         }
         Err(Error::Unavailable(
             "no Vulkan device with a compute queue".into(),
@@ -167,7 +373,14 @@ impl Drop for TestGpu {
         unsafe {
             let _ = self.device.device_wait_idle();
             self.device.destroy_device(None);
+            if let Some(v) = &self.validation {
+                v.debug.destroy_debug_utils_messenger(v.messenger, None);
+            }
             self.instance.destroy_instance(None);
+        }
+        let messages = self.validation_messages();
+        if !messages.is_empty() && !std::thread::panicking() {
+            panic!("validation layer messages:\n{}", messages.join("\n"));
         }
     }
 }

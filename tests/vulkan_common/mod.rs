@@ -36,14 +36,20 @@ pub fn spirv() -> &'static [u32] {
     WORDS.get_or_init(|| compile(SHADER))
 }
 
-/// Compiles a GLSL compute shader to SPIR-V with `glslangValidator`.
+/// Compiles a GLSL compute shader to SPIR-V with `glslangValidator`, for Vulkan 1.0.
 pub fn compile(glsl: &str) -> Vec<u32> {
+    compile_for(glsl, "vulkan1.0")
+}
+
+/// Compiles a GLSL compute shader for the target environment `env` (`vulkan1.1`: SPIR-V 1.3,
+/// which subgroup operations need).
+pub fn compile_for(glsl: &str, env: &str) -> Vec<u32> {
     let dir = tempfile::tempdir().expect("temp dir");
     let src = dir.path().join("shader.comp");
     let out = dir.path().join("shader.spv");
     std::fs::write(&src, glsl).expect("write shader");
     let status = Command::new("glslangValidator")
-        .args(["-V", "--target-env", "vulkan1.0", "-o"])
+        .args(["-V", "--target-env", env, "-o"])
         .arg(&out)
         .arg(&src)
         .output()
@@ -80,10 +86,14 @@ pub fn expected(mul: u32, add: u32) -> Vec<u32> {
     (0..ELEMENTS).map(|i| i * mul + add).collect()
 }
 
-/// Runs `pipeline` on `gpu` over [`input`], with `add` as its push constant.
+/// Runs `pipeline` on `gpu` over [`input`], with `add` as its push constant, and checks that
+/// the validation layer reported nothing up to here.
 pub fn dispatch(gpu: &TestGpu, pipeline: &Pipeline, add: u32) -> Vec<u32> {
-    gpu.dispatch(pipeline, &input(), &add.to_ne_bytes(), 4)
-        .unwrap()
+    let out = gpu
+        .dispatch(pipeline, &input(), &add.to_ne_bytes(), 4)
+        .unwrap();
+    assert_eq!(gpu.validation_messages(), Vec::<String>::new());
+    out
 }
 
 pub fn vulkan() -> Vulkan {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::driver::{CUcontext, CUdevice, Driver};
-use super::jit::{JitOption, check_unique};
+use super::jit::{JitOption, check};
 use super::module::Context;
 // Also where the test helpers find it.
 pub(super) use super::module::ModuleLease;
@@ -25,7 +25,7 @@ pub struct CudaOptions {
     pub disk: Option<Arc<DiskCache>>,
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,
-    /// NVRTC already loaded; `None` loads it with [`Nvrtc::load`] on the first
+    /// NVRTC already loaded; `None` loads it with [`Nvrtc::load_for_driver`] on the first
     /// [`CudaCache::find_or_build_source`].
     pub nvrtc: Option<Arc<Nvrtc>>,
 }
@@ -65,11 +65,15 @@ impl CudaStats {
 }
 
 /// Cache of `CUmodule`s per (context, PTX, JIT options), backed by cubins on disk keyed by
-/// (device name, compute capability, driver version, options, PTX).
+/// (device name, compute capability, driver version and build, options, PTX).
 ///
-/// The caller owns its contexts. Before destroying one (or resetting a device's primary
-/// context), call [`CudaCache::evict_context`] (or [`CudaCache::evict_device`]): the modules
-/// are unloaded then, with their context current, or when the last lease on each drops.
+/// The caller owns its contexts. Before destroying one, call [`CudaCache::evict_context`];
+/// before the last `cuDevicePrimaryCtxRelease` of a device's primary context, and before
+/// `cuDevicePrimaryCtxReset` or `cudaDeviceReset`, call [`CudaCache::evict_device`]. The
+/// modules are unloaded then, with their context current, or when the last lease on each
+/// drops. The cache knows a context by its address, and a primary context retained again
+/// comes back at the same address without its modules: without the eviction, lookups there
+/// hand out modules of the destroyed context.
 pub struct CudaCache {
     cache: HandleCache<Cuda>,
     nvrtc: OnceLock<Result<Arc<Nvrtc>>>,
@@ -102,7 +106,7 @@ impl CudaCache {
     /// NVRTC, loaded on first use; a failed load is remembered, not retried.
     pub fn nvrtc(&self) -> Result<&Arc<Nvrtc>> {
         self.nvrtc
-            .get_or_init(|| Nvrtc::load().map(Arc::new))
+            .get_or_init(|| Nvrtc::load_for_driver(self.driver().version()).map(Arc::new))
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -175,7 +179,7 @@ impl CudaCache {
                 )
             })?,
         };
-        check_unique(options)?;
+        check(options)?;
         let input = Input {
             context,
             source,
@@ -192,8 +196,9 @@ impl CudaCache {
         self.cache.evict(|r| r.handle() == context)
     }
 
-    /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): for a
-    /// primary-context reset or a device going away.
+    /// Unlinks every module of every context on device `device` (a `CUdevice` ordinal): call
+    /// it before the last `cuDevicePrimaryCtxRelease` of the device's primary context, before
+    /// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`, or when the device goes away.
     pub fn evict_device(&self, device: CUdevice) -> Result<usize> {
         self.cache.evict(|r| r.info().device == device)
     }

@@ -5,7 +5,8 @@
 //! and every CUDA call returns [`Error::Unavailable`]. The entry points are the versioned names
 //! the driver exports (`cuLinkCreate_v2`, `cuCtxPushCurrent_v2`, …), not the `cuda.h` macros.
 
-use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, CString, OsStr, c_char, c_int, c_uint, c_void};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::backend::library::{self, RuntimeLibrary};
@@ -26,6 +27,8 @@ const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
+const CU_JIT_INFO_LOG_BUFFER: c_uint = 3;
+const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: c_uint = 4;
 const CU_JIT_ERROR_LOG_BUFFER: c_uint = 5;
 const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_uint = 6;
 const CU_JIT_INPUT_PTX: c_uint = 1;
@@ -74,6 +77,7 @@ type FnGetErrorString = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CU
 pub struct Driver {
     path: PathBuf,
     version: i32,
+    build: String,
     init: FnInit,
     driver_get_version: FnDriverGetVersion,
     device_get: FnDeviceGet,
@@ -93,7 +97,12 @@ pub struct Driver {
     get_error_string: FnGetErrorString,
 }
 
-debug_fields!(Driver { path, version, .. });
+debug_fields!(Driver {
+    path,
+    version,
+    build,
+    ..
+});
 
 impl Driver {
     /// Loads the driver named by `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
@@ -114,6 +123,7 @@ impl Driver {
             Driver {
                 path: path.to_path_buf(),
                 version: 0,
+                build: String::new(),
                 init: library.symbol("cuInit")?,
                 driver_get_version: library.symbol("cuDriverGetVersion")?,
                 device_get: library.symbol("cuDeviceGet")?,
@@ -154,6 +164,7 @@ impl Driver {
         let status = unsafe { (self.driver_get_version)(&mut version) };
         self.check("cuDriverGetVersion", status)?;
         self.version = version;
+        self.build = loaded_file_name(self.init as *const c_void, &self.path);
         Ok(self)
     }
 
@@ -162,9 +173,17 @@ impl Driver {
         &self.path
     }
 
-    /// `cuDriverGetVersion`, e.g. 12040 for CUDA 12.4.
+    /// `cuDriverGetVersion`, e.g. 12040 for CUDA 12.4: the CUDA release the driver supports,
+    /// the same for every driver build of that release.
     pub fn version(&self) -> i32 {
         self.version
+    }
+
+    /// The driver build: the real file name of the loaded library (`libcuda.so.1` is a link to
+    /// `libcuda.so.<build>`, e.g. `libcuda.so.550.54.15`). A driver update changes it, and
+    /// with it the PTX JIT, so the disk key holds it.
+    pub fn build(&self) -> &str {
+        &self.build
     }
 
     /// The driver's name for `status` (`cuGetErrorString`), with the numeric code.
@@ -300,7 +319,8 @@ impl Driver {
     }
 
     /// Links PTX into a cubin for the current context's device. A PTX or link error comes back
-    /// as `Err((CUresult, error log))`.
+    /// as `Err((CUresult, error log))`. The JIT's information log (what `CU_JIT_LOG_VERBOSE`
+    /// asks for) goes to kcache's log at `info`.
     pub(crate) fn link_ptx(
         &self,
         ptx: &[u8],
@@ -313,16 +333,28 @@ impl Driver {
             ptx_z.push(0);
         }
         let mut log = vec![0u8; 16 * 1024];
+        let mut info = vec![0u8; 16 * 1024];
         let mut keys: Vec<c_uint> = options.iter().map(|&(k, _)| k).collect();
         let mut values: Vec<*mut c_void> = options.iter().map(|&(_, v)| v as *mut c_void).collect();
-        keys.push(CU_JIT_ERROR_LOG_BUFFER);
-        values.push(log.as_mut_ptr().cast());
-        keys.push(CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES);
-        values.push(log.len() as *mut c_void);
+        for (buffer, size, bytes) in [
+            (
+                CU_JIT_ERROR_LOG_BUFFER,
+                CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+                &mut log,
+            ),
+            (
+                CU_JIT_INFO_LOG_BUFFER,
+                CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+                &mut info,
+            ),
+        ] {
+            keys.extend([buffer, size]);
+            values.extend([bytes.as_mut_ptr().cast(), bytes.len() as *mut c_void]);
+        }
 
         let mut state: CUlinkState = std::ptr::null_mut();
         // SAFETY: the option arrays have `keys.len()` entries and outlive the link state,
-        // which reads the log buffer pointer until cuLinkDestroy below.
+        // which reads the log buffer pointers until cuLinkDestroy below.
         let status = unsafe {
             (self.link_create)(
                 keys.len() as c_uint,
@@ -366,11 +398,7 @@ impl Driver {
         // SAFETY: `state` came from cuLinkCreate and is destroyed exactly once.
         unsafe { (self.link_destroy)(state) };
         if status != CUDA_SUCCESS {
-            let last = log.len() - 1;
-            log[last] = 0;
-            let text = CStr::from_bytes_until_nul(&log)
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let text = log_text(&mut log);
             let detail = if text.trim().is_empty() {
                 self.describe(status)
             } else {
@@ -380,6 +408,10 @@ impl Driver {
         }
         if cubin.is_empty() {
             return Err((status, "cuLinkComplete returned an empty image".into()));
+        }
+        let info = log_text(&mut info);
+        if !info.trim().is_empty() {
+            crate::log::info(|| format!("JIT information log: {}", info.trim_end()));
         }
         Ok(cubin)
     }
@@ -431,4 +463,36 @@ impl Driver {
         self.check("cuModuleGetFunction", status)?;
         Ok(Some(function))
     }
+}
+
+/// The text a JIT log buffer holds, up to its NUL (the last byte is made one).
+fn log_text(log: &mut [u8]) -> String {
+    if let Some(last) = log.last_mut() {
+        *last = 0;
+    }
+    CStr::from_bytes_until_nul(log)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// The file name, links resolved, of the library that holds `symbol` (`fallback` when the
+/// loader cannot say).
+fn loaded_file_name(symbol: *const c_void, fallback: &Path) -> String {
+    // SAFETY: `Dl_info` is plain data; all-zero is a valid value to be overwritten.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `symbol` is an address in a loaded library (or not, and dladdr returns 0); `info`
+    // is a live local.
+    let found = unsafe { libc::dladdr(symbol, &mut info) } != 0 && !info.dli_fname.is_null();
+    let path = if found {
+        // SAFETY: dladdr set `dli_fname` to the NUL-terminated name of a loaded object, which
+        // stays loaded (the driver is never closed).
+        let name = unsafe { CStr::from_ptr(info.dli_fname) };
+        PathBuf::from(OsStr::from_bytes(name.to_bytes()))
+    } else {
+        fallback.to_path_buf()
+    };
+    let real = std::fs::canonicalize(&path).unwrap_or(path);
+    real.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }

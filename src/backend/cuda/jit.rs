@@ -8,17 +8,20 @@ use crate::error::{Error, Result};
 pub enum JitOption {
     /// `CU_JIT_MAX_REGISTERS`.
     MaxRegisters(u32),
-    /// `CU_JIT_THREADS_PER_BLOCK`.
+    /// `CU_JIT_THREADS_PER_BLOCK`. Not with [`JitOption::Target`], which NVIDIA documents it
+    /// cannot be combined with: the lookup is refused.
     ThreadsPerBlock(u32),
     /// `CU_JIT_OPTIMIZATION_LEVEL` (0–4).
     OptimizationLevel(u32),
     /// `CU_JIT_TARGET`: a `CUjit_target` value such as 90 for `sm_90`.
     Target(u32),
-    /// `CU_JIT_FALLBACK_STRATEGY`.
+    /// `CU_JIT_FALLBACK_STRATEGY`. NVIDIA documents that it "cannot be used with cuLink*
+    /// APIs", and kcache always links: a lookup given it is refused.
     FallbackStrategy(u32),
     /// `CU_JIT_GENERATE_DEBUG_INFO`.
     GenerateDebugInfo(bool),
-    /// `CU_JIT_LOG_VERBOSE`.
+    /// `CU_JIT_LOG_VERBOSE`: the JIT's information log (registers, spills, …) goes to kcache's
+    /// log at `info` (`KCACHE_LOG=info`), one message per link.
     LogVerbose(bool),
     /// `CU_JIT_GENERATE_LINE_INFO`.
     GenerateLineInfo(bool),
@@ -64,15 +67,27 @@ impl JitOption {
     }
 }
 
-/// The same option twice would make the link order-dependent; refuse it up front.
-pub(super) fn check_unique(options: &[JitOption]) -> Result<()> {
+/// Refuses what the driver documents as invalid for a link, up front: the same option twice
+/// (the link would depend on the order), `CU_JIT_FALLBACK_STRATEGY` (not for `cuLink*`), and
+/// `CU_JIT_THREADS_PER_BLOCK` with `CU_JIT_TARGET`.
+pub(super) fn check(options: &[JitOption]) -> Result<()> {
+    let refuse = |why: String| Err(Error::InvalidArgument(why));
     for (i, a) in options.iter().enumerate() {
         if options[..i].iter().any(|b| b.raw().0 == a.raw().0) {
-            return Err(Error::InvalidArgument(format!(
-                "JIT option {} is given twice",
-                a.raw().0
-            )));
+            return refuse(format!("JIT option {} is given twice", a.raw().0));
         }
+    }
+    let has = |f: fn(&JitOption) -> bool| options.iter().any(f);
+    if has(|o| matches!(o, JitOption::FallbackStrategy(_))) {
+        return refuse(
+            "CU_JIT_FALLBACK_STRATEGY cannot be used with the cuLink* calls kcache links with"
+                .into(),
+        );
+    }
+    if has(|o| matches!(o, JitOption::ThreadsPerBlock(_)))
+        && has(|o| matches!(o, JitOption::Target(_)))
+    {
+        return refuse("CU_JIT_THREADS_PER_BLOCK cannot be combined with CU_JIT_TARGET".into());
     }
     Ok(())
 }

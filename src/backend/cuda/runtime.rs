@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::driver::{CUcontext, CUdevice, CUmodule, CUresult, Driver};
 use super::jit::JitOption;
 use super::module::{Context, Module};
-use super::nvrtc::Nvrtc;
+use super::nvrtc::{Compiled as NvrtcOutput, Nvrtc};
 use crate::backend::handle_cache::{Compiled, Registered, Runtime};
+use crate::disk::Descriptor;
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{Built, counters};
@@ -107,21 +108,32 @@ impl Runtime for Cuda {
     }
 
     fn disk_key(&self, context: &ContextInfo, input: Input<'_>) -> Result<Key> {
-        disk_key(context, self.driver.version(), input)
+        disk_key(context, &self.driver, input)
     }
 
     fn load(&self, registered: &Registered<Self>, _: Input<'_>, cubin: &[u8]) -> Built<Module> {
-        // The cubin passed the integrity check, so a refusal is the driver's own (a driver
-        // build with the same version number, a changed GPU mode): the disk tier drops it and
-        // the PTX is linked again.
-        let raw = self.in_context(registered, || {
-            self.driver.load_image(cubin).map_err(|code| {
-                BuildError::new(
-                    code,
-                    format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
-                )
+        // The cubin passed the integrity check, so a refusal of the image itself is the
+        // driver's own (a new driver build, another GPU mode): the disk tier drops it and the
+        // PTX is linked again. Any other failure (out of memory, a lost context, the error of
+        // an earlier asynchronous launch) says nothing about the cubin: the entry stays and the
+        // caller gets the error, as a link would fail the same way.
+        let raw = self
+            .in_context(registered, || {
+                self.driver.load_image(cubin).map_err(|code| {
+                    BuildError::new(
+                        code,
+                        format!("cuModuleLoadDataEx: {}", self.driver.describe(code)),
+                    )
+                })
             })
-        })?;
+            // A failed context push or pop is never an image refusal: transient too.
+            .map_err(|e| {
+                if refuses_image(e.code) {
+                    e
+                } else {
+                    BuildError::transient(e.code, e.message)
+                }
+            })?;
         Ok((self.wrap(registered, raw), cubin.len() as u64))
     }
 
@@ -131,11 +143,12 @@ impl Runtime for Cuda {
         input: Input<'_>,
     ) -> std::result::Result<Compiled<Module>, BuildError> {
         // A loaded module cannot give its cubin back: the link's is the one the disk keeps.
-        let (raw, cubin) = self.in_context(registered, || self.link(registered, input))?;
+        let (raw, cubin, kernels) = self.in_context(registered, || self.link(registered, input))?;
         Ok(Compiled {
             value: self.wrap(registered, raw),
             weight: cubin.len() as u64,
             bytes: Some(cubin.into()),
+            descriptor: Descriptor::new("cuda", &registered.info().device_name, &kernels),
         })
     }
 }
@@ -167,12 +180,13 @@ impl Cuda {
     }
 
     /// Compiles CUDA C++ to PTX if need be, links the PTX into a cubin and loads that; runs
-    /// with the module's context current. Returns the module and the cubin.
+    /// with the module's context current. Returns the module, the cubin and the names of the
+    /// PTX's kernels.
     fn link(
         &self,
         registered: &Registered<Self>,
         input: Input<'_>,
-    ) -> std::result::Result<(CUmodule, Vec<u8>), BuildError> {
+    ) -> std::result::Result<(CUmodule, Vec<u8>, String), BuildError> {
         let ptx = match input.source {
             Source::Ptx(ptx) => Cow::Borrowed(ptx),
             Source::Cuda {
@@ -181,11 +195,20 @@ impl Cuda {
                 nvrtc,
             } => {
                 bump(&self.counters.nvrtc_compiles);
-                let ptx =
-                    compile_cuda(nvrtc, registered.info(), source, options).inspect_err(|_| {
+                let jit = !input.options.is_empty();
+                let compiled = compile_cuda(nvrtc, registered.info(), source, options, jit)
+                    .inspect_err(|_| {
                         bump(&self.counters.nvrtc_failures);
                     })?;
-                Cow::Owned(ptx)
+                if compiled.is_cubin {
+                    // NVRTC's own cubin: no driver JIT, so no PTX version for it to refuse.
+                    let raw = self
+                        .driver
+                        .load_image(&compiled.image)
+                        .map_err(|code| self.load_error(code))?;
+                    return Ok((raw, compiled.image, entry_names(&compiled.ptx)));
+                }
+                Cow::Owned(compiled.image)
             }
         };
         bump(&self.counters.links);
@@ -208,7 +231,7 @@ impl Cuda {
             .driver
             .load_image(&cubin)
             .map_err(|code| self.load_error(code))?;
-        Ok((raw, cubin))
+        Ok((raw, cubin, entry_names(&ptx)))
     }
 
     fn load_error(&self, code: CUresult) -> BuildError {
@@ -222,28 +245,88 @@ impl Cuda {
     }
 }
 
+/// The `cuModuleLoadDataEx` results that condemn the image rather than the moment:
+/// `CUDA_ERROR_INVALID_IMAGE` (200), `CUDA_ERROR_NO_BINARY_FOR_GPU` (209),
+/// `CUDA_ERROR_INVALID_PTX` (218) and `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222).
+fn refuses_image(code: CUresult) -> bool {
+    matches!(code, 200 | 209 | 218 | 222)
+}
+
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Runs NVRTC for the context's device unless the options pick an architecture.
+/// Runs NVRTC for the context's device unless the options pick an architecture (a real one,
+/// `sm_XY`, gives a cubin; a virtual one PTX). For the device, a cubin for its own
+/// architecture when NVRTC knows it and no JIT options (`jit`) ask for the driver's JIT: it
+/// needs no driver JIT, so an NVRTC newer than the driver works, and it is the
+/// non-relocatable code a program gets from `nvcc`. Otherwise PTX for the highest
+/// architecture NVRTC supports up to the device's, which the driver JIT-compiles upward.
 fn compile_cuda(
     nvrtc: &Nvrtc,
     context: &ContextInfo,
     source: &str,
     options: &[&str],
-) -> std::result::Result<Vec<u8>, BuildError> {
-    let picks_arch = options
-        .iter()
-        .any(|o| o.starts_with("-arch") || o.starts_with("--gpu-architecture"));
-    let arch;
-    let mut all: Vec<&str> = options.to_vec();
-    if !picks_arch {
-        let (major, minor) = context.capability;
-        arch = format!("--gpu-architecture=compute_{major}{minor}");
-        all.push(&arch);
+    jit: bool,
+) -> std::result::Result<NvrtcOutput, BuildError> {
+    if let Some(arch) = picked_arch(options) {
+        return nvrtc.compile_to(source, options, arch.starts_with("sm_"));
     }
-    nvrtc.compile(source, &all)
+    let (major, minor) = context.capability;
+    let device = major * 10 + minor;
+    let archs = nvrtc.supported_archs();
+    let cubin = !jit && archs.contains(&device);
+    let arch = if cubin {
+        format!("--gpu-architecture=sm_{device}")
+    } else {
+        let best = archs.iter().rev().find(|&&a| a <= device).ok_or_else(|| {
+            let (nvrtc_major, nvrtc_minor) = nvrtc.version();
+            BuildError::new(
+                -1,
+                format!(
+                    "NVRTC {nvrtc_major}.{nvrtc_minor} supports no architecture up to the \
+                     device's {major}.{minor}"
+                ),
+            )
+        })?;
+        format!("--gpu-architecture=compute_{best}")
+    };
+    let mut all: Vec<&str> = options.to_vec();
+    all.push(&arch);
+    nvrtc.compile_to(source, &all, cubin)
+}
+
+/// The architecture the NVRTC options name (`-arch=X`, `--gpu-architecture=X`, or either
+/// flag followed by `X`), if any.
+fn picked_arch<'a>(options: &[&'a str]) -> Option<&'a str> {
+    const FLAGS: [&str; 2] = ["-arch", "--gpu-architecture"];
+    options.iter().enumerate().find_map(|(i, o)| {
+        if FLAGS.contains(o) {
+            return options.get(i + 1).copied();
+        }
+        FLAGS
+            .iter()
+            .find_map(|flag| o.strip_prefix(flag)?.strip_prefix('='))
+    })
+}
+
+/// The names the PTX's `.entry` directives give its kernels, space-separated (mangled for
+/// CUDA C++ kernels not declared `extern "C"`, as the driver knows them).
+fn entry_names(ptx: &[u8]) -> String {
+    let text = String::from_utf8_lossy(ptx);
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        if !words.any(|w| w == ".entry") {
+            continue;
+        }
+        // `.entry name(` or `.entry name (`: the name ends at the parenthesis.
+        match words.next().and_then(|w| w.split('(').next()) {
+            Some(name) if !name.is_empty() => names.push(name.to_owned()),
+            _ => {}
+        }
+    }
+    names.join(" ")
 }
 
 /// A count, then each string length-prefixed: no two lists encode alike.
@@ -255,16 +338,17 @@ fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
     }
 }
 
-/// The disk key: what makes a cubin valid for a GPU (device name, compute capability, driver
-/// version, which is also the PTX compiler's; for CUDA C++ the NVRTC version) and what it was
-/// built from, but no handle, so it holds across processes and contexts. NVRTC options keep
-/// their order: `-I` search order and repeated `-D` depend on it.
-fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Result<Key> {
+/// The disk key: what makes a cubin valid for a GPU (device name, compute capability, the
+/// driver's CUDA version and its build, whose PTX JIT made the cubin; for CUDA C++ the NVRTC
+/// version) and what it was built from, but no handle, so it holds across processes and
+/// contexts. NVRTC options keep their order: `-I` search order and repeated `-D` depend on it.
+fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<Key> {
     let mut builder = KeyBuilder::new();
     builder
         .backend("cuda")
         .device_name(&context.device_name)
-        .driver_version(driver_version.to_string())
+        .driver_version(driver.version().to_string())
+        .extra("driver_build", driver.build())
         .extra(
             "compute_capability",
             format!("{}.{}", context.capability.0, context.capability.1),
@@ -293,4 +377,28 @@ fn disk_key(context: &ContextInfo, driver_version: i32, input: Input<'_>) -> Res
         builder.option(o.to_string(), v.to_string());
     }
     builder.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{entry_names, picked_arch};
+
+    #[test]
+    fn the_architecture_an_option_names() {
+        assert_eq!(picked_arch(&["-DX", "-arch=sm_80"]), Some("sm_80"));
+        assert_eq!(
+            picked_arch(&["--gpu-architecture=compute_75"]),
+            Some("compute_75")
+        );
+        assert_eq!(picked_arch(&["-arch", "sm_90"]), Some("sm_90"));
+        assert_eq!(picked_arch(&["-architecture=x", "-DARCH"]), None);
+    }
+
+    #[test]
+    fn entry_names_are_the_ptx_kernels() {
+        let ptx = b".version 7.0\n.target sm_50\n.visible .entry add(\n .param .u64 a\n)\n{\n}\n\
+                    .entry _Z5scalePf (.param .u64 p)\n{\n}\n.func helper()\n";
+        assert_eq!(entry_names(ptx), "add _Z5scalePf");
+        assert_eq!(entry_names(b".version 7.0\n"), "");
+    }
 }

@@ -9,7 +9,7 @@ use super::pocl::{self, Sibling};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{DiskBytes, DiskCache, DiskStats};
+use crate::disk::{Descriptor, DiskBytes, DiskCache, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
@@ -127,6 +127,12 @@ impl Runtime for OpenCl {
             &options,
         )?;
         self.source_builds.fetch_add(1, Ordering::Relaxed);
+        // A driver without the query (OpenCL 1.1) leaves the entry unnamed.
+        let descriptor = Descriptor::new(
+            "opencl",
+            &registered.info().device_name,
+            &program.kernel_names().unwrap_or_default(),
+        );
         // The binary is asked for on the background writer, not here: on PoCL the first query
         // compiles work-group code, which can take longer than the build. Until then the
         // program weighs its source's length, its binary's size being unknown.
@@ -165,6 +171,7 @@ impl Runtime for OpenCl {
             value: program,
             weight,
             bytes,
+            descriptor,
         })
     }
 }

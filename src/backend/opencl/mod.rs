@@ -5,10 +5,12 @@
 
 mod cache;
 mod pocl;
+mod programs;
 pub(crate) mod runtime;
 pub(crate) mod sys;
 
 pub use cache::{OpenClCache, OpenClOptions, OpenClStats, ProgramLease, program_disk_key};
+pub use programs::context_devices;
 pub use runtime::{ContextRef, Device, DeviceIdentity, Program};
 pub use sys::{
     CL_BUILD_PROGRAM_FAILURE, cl_context, cl_device_id, cl_int, cl_program, status_name,

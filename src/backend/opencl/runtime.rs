@@ -107,6 +107,24 @@ impl ContextRef<'_> {
     pub fn raw(self) -> cl_context {
         self.raw
     }
+
+    /// The devices the context was created with (`CL_CONTEXT_DEVICES`), in its order.
+    pub(crate) fn devices(self, api: &Api) -> Result<Vec<Device>> {
+        let what = "clGetContextInfo(CL_CONTEXT_DEVICES)";
+        let query = |size, value: *mut cl_device_id, size_ret| {
+            // SAFETY: the context is live (`ContextRef`); `value` is null with size 0 or
+            // points to `size` writable bytes.
+            unsafe {
+                (api.clGetContextInfo)(self.raw, CL_CONTEXT_DEVICES, size, value.cast(), size_ret)
+            }
+        };
+        let mut size = 0usize;
+        check(query(0, ptr::null_mut(), &mut size), what)?;
+        let mut devices = vec![ptr::null_mut(); size / size_of::<cl_device_id>()];
+        let size = devices.len() * size_of::<cl_device_id>();
+        check(query(size, devices.as_mut_ptr(), ptr::null_mut()), what)?;
+        Ok(devices.into_iter().map(Device).collect())
+    }
 }
 
 /// Every device of every platform the loader reports, in platform order. An ICD loader with
@@ -223,6 +241,11 @@ impl Program {
         self.raw
     }
 
+    /// Gives the reference up to the caller, who releases it with `clReleaseProgram`.
+    pub fn into_raw(self) -> cl_program {
+        ManuallyDrop::new(self).raw
+    }
+
     /// Another reference to the same program (`clRetainProgram`).
     pub fn retain(&self) -> Result<Program> {
         // SAFETY: `self` owns a reference, so the program is live.
@@ -286,6 +309,28 @@ impl Program {
         };
         check(code, "clGetProgramInfo(CL_PROGRAM_BINARIES)")?;
         Ok(binary)
+    }
+
+    /// The names of the program's kernels, `;`-separated as the driver gives them
+    /// (`CL_PROGRAM_KERNEL_NAMES`, OpenCL 1.2).
+    pub fn kernel_names(&self) -> Result<String> {
+        query_bytes(
+            "clGetProgramInfo(CL_PROGRAM_KERNEL_NAMES)",
+            |size, value, size_ret| {
+                // SAFETY: `value` is null with size 0 or points to `size` writable bytes; the
+                // program is live.
+                unsafe {
+                    (self.api.clGetProgramInfo)(
+                        self.raw,
+                        CL_PROGRAM_KERNEL_NAMES,
+                        size,
+                        value,
+                        size_ret,
+                    )
+                }
+            },
+        )
+        .map(bytes_to_string)
     }
 
     fn build_log(&self, device: cl_device_id) -> String {

@@ -40,8 +40,11 @@ pub const CL_DRIVER_VERSION: cl_uint = 0x102D;
 pub const CL_DEVICE_PLATFORM: cl_uint = 0x1031;
 pub const CL_DEVICE_OPENCL_C_VERSION: cl_uint = 0x103D;
 
+pub const CL_CONTEXT_DEVICES: cl_uint = 0x1081;
+
 pub const CL_PROGRAM_BINARY_SIZES: cl_uint = 0x1165;
 pub const CL_PROGRAM_BINARIES: cl_uint = 0x1166;
+pub const CL_PROGRAM_KERNEL_NAMES: cl_uint = 0x1168;
 
 pub const CL_PROGRAM_BUILD_LOG: cl_uint = 0x1183;
 
@@ -67,6 +70,8 @@ pub struct Api {
     ) -> cl_int,
     pub clGetDeviceInfo:
         unsafe extern "C" fn(cl_device_id, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
+    pub clGetContextInfo:
+        unsafe extern "C" fn(cl_context, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
     pub clCreateProgramWithSource: unsafe extern "C" fn(
         cl_context,
         cl_uint,
@@ -123,6 +128,7 @@ impl Api {
             clGetPlatformInfo: resolve!(clGetPlatformInfo),
             clGetDeviceIDs: resolve!(clGetDeviceIDs),
             clGetDeviceInfo: resolve!(clGetDeviceInfo),
+            clGetContextInfo: resolve!(clGetContextInfo),
             clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
             clCreateProgramWithBinary: resolve!(clCreateProgramWithBinary),
             clBuildProgram: resolve!(clBuildProgram),

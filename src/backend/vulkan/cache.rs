@@ -172,8 +172,11 @@ impl VulkanCache {
         device::check_handles(instance, physical_device, device)?;
         let vulkan = &self.cache.runtime().vulkan;
         // SAFETY: forwarded from the caller's contract; the handles are not null.
-        let (fns, props) =
-            unsafe { device::open(vulkan, instance, physical_device, device, owner) }?;
+        let device::Opened {
+            fns,
+            props,
+            subgroups,
+        } = unsafe { device::open(vulkan, instance, physical_device, device, owner) }?;
         let identity = device::identity(&props);
         let disk_key = persistence::pipeline_cache_key(&identity, &props)?;
         let (pipeline_cache, stored) = persistence::create_pipeline_cache(
@@ -188,10 +191,12 @@ impl VulkanCache {
             fns,
             identity,
             disk_key,
+            descriptor: persistence::descriptor(&props),
             limits: Limits {
                 max_push_constants_size: props.limits.max_push_constants_size,
                 max_bound_descriptor_sets: props.limits.max_bound_descriptor_sets,
             },
+            subgroups,
             pipeline_cache: RwLock::new(pipeline_cache),
             layouts: Mutex::new(HashMap::new()),
             unsaved: AtomicU64::new(0),
@@ -244,6 +249,29 @@ impl VulkanCache {
                  maxPushConstantsSize ({})",
                 limits.max_push_constants_size
             )));
+        }
+        if let Some(size) = spec.required_subgroup_size() {
+            if device.is_retired() {
+                return Err(Error::DeviceDestroyed(device.id()));
+            }
+            // SAFETY: a registered device's instance and physical device are alive (the
+            // registration's contract).
+            match unsafe { device.state().subgroups.compute_sizes() } {
+                Some((min, max)) if (min..=max).contains(&size) => {}
+                Some((min, max)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "required subgroup size {size} is outside the device's compute \
+                         subgroup sizes {min}..={max}"
+                    )));
+                }
+                None => {
+                    return Err(Error::InvalidArgument(
+                        "the device cannot require a subgroup size for compute shaders \
+                         (no VK_EXT_subgroup_size_control or Vulkan 1.3)"
+                            .into(),
+                    ));
+                }
+            }
         }
         self.cache.find_or_build_registered(&device.0, spec)
     }

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 use std::ffi::CStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use ash::vk;
 use parking_lot::{Mutex, RwLock};
@@ -13,6 +13,7 @@ use super::header::CacheIdentity;
 use super::loader::Vulkan;
 use super::pipeline::Layout;
 use crate::backend::registry::Registration;
+use crate::disk::Descriptor;
 use crate::key::Key;
 use crate::{DeviceId, Error, Result};
 
@@ -46,6 +47,71 @@ pub(super) struct Limits {
     pub(super) max_bound_descriptor_sets: u32,
 }
 
+/// What the device says about requiring a subgroup size, asked the first time a pipeline
+/// requires one: registration calls no Vulkan 1.1 function, which a program whose instance was
+/// created for Vulkan 1.0 may not call.
+pub(super) struct Subgroups {
+    instance: ash::Instance,
+    physical_device: vk::PhysicalDevice,
+    api_version: u32,
+    get_instance_proc_addr: vk::PFN_vkGetInstanceProcAddr,
+    sizes: OnceLock<Option<(u32, u32)>>,
+}
+
+impl Subgroups {
+    /// `[minSubgroupSize, maxSubgroupSize]` when the device can require a subgroup size for
+    /// compute shaders; `None` when it cannot or does not say.
+    ///
+    /// # Safety
+    /// The instance and physical device must still be alive: the device is registered.
+    pub(super) unsafe fn compute_sizes(&self) -> Option<(u32, u32)> {
+        // SAFETY: forwarded from the caller's contract.
+        *self.sizes.get_or_init(|| unsafe { self.query() })
+    }
+
+    /// Subgroup size control (Vulkan 1.3, or `VK_EXT_subgroup_size_control` on 1.1 and 1.2)
+    /// with the compute stage among `requiredSubgroupSizeStages`. Whether the device was
+    /// created with the `subgroupSizeControl` feature is its creator's to ensure.
+    ///
+    /// # Safety
+    /// As for [`Subgroups::compute_sizes`].
+    unsafe fn query(&self) -> Option<(u32, u32)> {
+        let (major, minor) = (
+            vk::api_version_major(self.api_version),
+            vk::api_version_minor(self.api_version),
+        );
+        if major == 1 && minor < 1 {
+            return None;
+        }
+        let name = c"vkGetPhysicalDeviceProperties2";
+        let get_instance_proc_addr = self.get_instance_proc_addr;
+        // SAFETY: the instance is live and belongs to this loader (caller's contract).
+        unsafe { get_instance_proc_addr(self.instance.handle(), name.as_ptr()) }?;
+        let (instance, physical) = (&self.instance, self.physical_device);
+        if major == 1 && minor < 3 {
+            // SAFETY: `physical` belongs to `instance` (caller's contract).
+            let listed = unsafe { instance.enumerate_device_extension_properties(physical) };
+            let extension = vk::EXT_SUBGROUP_SIZE_CONTROL_NAME;
+            if !listed
+                .ok()?
+                .iter()
+                .any(|e| e.extension_name_as_c_str() == Ok(extension))
+            {
+                return None;
+            }
+        }
+        let mut control = vk::PhysicalDeviceSubgroupSizeControlProperties::default();
+        let mut props2 = vk::PhysicalDeviceProperties2::default().push_next(&mut control);
+        // SAFETY: the function exists (checked above) and the device supports the chained
+        // struct (core or extension, checked above).
+        unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
+        control
+            .required_subgroup_size_stages
+            .contains(vk::ShaderStageFlags::COMPUTE)
+            .then_some((control.min_subgroup_size, control.max_subgroup_size))
+    }
+}
+
 /// What the cache keeps about a registered device.
 pub(super) struct DeviceState {
     /// The [`VulkanCache`](super::VulkanCache) the device is registered with.
@@ -54,7 +120,10 @@ pub(super) struct DeviceState {
     pub(super) identity: CacheIdentity,
     /// Where this device's pipeline-cache data lives on disk.
     pub(super) disk_key: Key,
+    /// What that entry says it holds: the device's pipeline cache.
+    pub(super) descriptor: Descriptor,
     pub(super) limits: Limits,
+    pub(super) subgroups: Subgroups,
     /// Null once unregistered. Read-locked while a pipeline is created with it, so that
     /// teardown cannot destroy it under a build.
     pub(super) pipeline_cache: RwLock<vk::PipelineCache>,
@@ -125,6 +194,13 @@ fn missing_function(name: &CStr) -> Error {
     ))
 }
 
+/// What [`open`] learns of a device.
+pub(super) struct Opened {
+    pub(super) fns: Arc<DeviceFns>,
+    pub(super) props: vk::PhysicalDeviceProperties,
+    pub(super) subgroups: Subgroups,
+}
+
 /// Loads the device's function table and reads its properties, after checking that the
 /// loader provides every function kcache calls.
 ///
@@ -137,7 +213,7 @@ pub(super) unsafe fn open(
     physical_device: vk::PhysicalDevice,
     device: vk::Device,
     owner: Option<Arc<dyn DeviceOwner>>,
-) -> Result<(Arc<DeviceFns>, vk::PhysicalDeviceProperties)> {
+) -> Result<Opened> {
     let get_instance_proc_addr = vulkan.entry.static_fn().get_instance_proc_addr;
     for name in [c"vkGetPhysicalDeviceProperties", c"vkGetDeviceProcAddr"] {
         // SAFETY: `instance` is live and belongs to this loader (caller's contract).
@@ -166,7 +242,18 @@ pub(super) unsafe fn open(
         _owner: owner,
         _loader: vulkan.entry.clone(),
     });
-    Ok((fns, props))
+    let subgroups = Subgroups {
+        instance: instance_fns,
+        physical_device,
+        api_version: props.api_version,
+        get_instance_proc_addr,
+        sizes: OnceLock::new(),
+    };
+    Ok(Opened {
+        fns,
+        props,
+        subgroups,
+    })
 }
 
 /// What the pipeline-cache header names of a device.

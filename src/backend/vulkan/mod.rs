@@ -9,8 +9,9 @@
 //!   [`VulkanCache::unregister_device`] (device teardown) writes it back, destroys it and
 //!   evicts every pipeline of that device.
 //! - **Pipelines.** [`VulkanCache::find_or_build`] returns a lease on a compute pipeline built
-//!   from a [`PipelineSpec`]: SPIR-V, entry point, specialization constants and a layout
-//!   *described by content* ([`LayoutDesc`]). kcache creates the descriptor-set layouts and the
+//!   from a [`PipelineSpec`] ([`PipelineDesc`]): SPIR-V, entry point, specialization
+//!   constants, creation flags, a required subgroup size and a layout *described by content*
+//!   ([`LayoutDesc`]), or derived from the shader when none is given. kcache creates the descriptor-set layouts and the
 //!   pipeline layout itself (once per device and description) so that no key depends on a
 //!   handle value and a key can never name a pipeline built against a different layout than the
 //!   one it is used with. The memory key is the content digest plus the device's registration
@@ -40,6 +41,9 @@ pub use device::{DeviceOwner, VulkanDevice};
 pub use header::{CacheIdentity, HEADER_LEN, HeaderMismatch, check as check_cache_header};
 pub use loader::Vulkan;
 pub use pipeline::{Pipeline, UncachedPipeline, create_uncached};
-pub use spec::{DescriptorBinding, LayoutDesc, PipelineSpec, PushConstantRange, SpecConstant};
+pub use spec::{
+    ALLOWED_PIPELINE_FLAGS, DescriptorBinding, LayoutDesc, PipelineDesc, PipelineSpec,
+    PushConstantRange, SpecConstant,
+};
 pub use spirv::words_from_bytes;
 pub use stats::VulkanStats;

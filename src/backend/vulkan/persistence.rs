@@ -15,7 +15,7 @@ use ash::vk;
 use super::device::DeviceState;
 use super::header::{self, CacheIdentity};
 use super::stats::{Counters, bump};
-use crate::disk::DiskCache;
+use crate::disk::{Descriptor, DiskCache};
 use crate::key::{Key, KeyBuilder};
 use crate::{Error, Result};
 
@@ -46,6 +46,12 @@ pub(super) fn pipeline_cache_key(
         .extra("deviceID", identity.device_id.to_le_bytes())
         .extra("pipelineCacheUUID", identity.pipeline_cache_uuid);
     k.finish()
+}
+
+/// What a device's pipeline-cache entry says it holds.
+pub(super) fn descriptor(props: &vk::PhysicalDeviceProperties) -> Descriptor {
+    let name = props.device_name_as_c_str().unwrap_or_default();
+    Descriptor::new("vulkan", &name.to_string_lossy(), "VkPipelineCache")
 }
 
 /// Creates the device's pipeline cache, from disk data when its header names this device.
@@ -170,7 +176,7 @@ fn write_data(
         return Ok(false);
     }
     let build_time = Duration::from_nanos(state.build_nanos.load(Ordering::Relaxed));
-    disk.put(&state.disk_key, &data, build_time)
+    disk.put_described(&state.disk_key, &data, build_time, &state.descriptor)
         .inspect_err(|_| {
             bump(&counters.disk_errors);
         })?;

@@ -173,6 +173,8 @@ pub(super) unsafe fn create_pipeline(
     let specialization = vk::SpecializationInfo::default()
         .map_entries(&entries)
         .data(&data);
+    let mut subgroup = vk::PipelineShaderStageRequiredSubgroupSizeCreateInfo::default()
+        .required_subgroup_size(spec.required_subgroup_size.unwrap_or(0));
     let mut stage = vk::PipelineShaderStageCreateInfo::default()
         .stage(vk::ShaderStageFlags::COMPUTE)
         .module(module)
@@ -180,7 +182,11 @@ pub(super) unsafe fn create_pipeline(
     if !entries.is_empty() {
         stage = stage.specialization_info(&specialization);
     }
+    if spec.required_subgroup_size.is_some() {
+        stage = stage.push_next(&mut subgroup);
+    }
     let info = vk::ComputePipelineCreateInfo::default()
+        .flags(spec.flags)
         .stage(stage)
         .layout(layout);
     // SAFETY: forwarded from the caller's contract; the create info outlives the call.
@@ -338,5 +344,6 @@ pub(super) fn build(
         weight: std::mem::size_of_val(spec.spirv.as_slice()) as u64,
         // The device's pipeline cache holds what the disk keeps, not each pipeline.
         bytes: None,
+        descriptor: state.descriptor.clone(),
     })
 }

@@ -52,7 +52,92 @@ impl SpecConstant {
             value: value.to_ne_bytes().to_vec(),
         }
     }
+
+    /// The constants of a `VkSpecializationInfo`: each map entry's `size` bytes at its
+    /// `offset` in `data`. An entry that reaches past `data` is an invalid argument; sizes and
+    /// duplicate ids are checked by [`PipelineSpec::new`], as for constants given one by one.
+    pub fn from_map_entries(
+        entries: &[vk::SpecializationMapEntry],
+        data: &[u8],
+    ) -> Result<Vec<SpecConstant>> {
+        entries
+            .iter()
+            .map(|e| {
+                let start = e.offset as usize;
+                let value = start
+                    .checked_add(e.size)
+                    .and_then(|end| data.get(start..end))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "specialization map entry for constant {} (offset {}, size {}) \
+                             reaches past the {} bytes of data",
+                            e.constant_id,
+                            e.offset,
+                            e.size,
+                            data.len()
+                        ))
+                    })?;
+                Ok(SpecConstant {
+                    id: e.constant_id,
+                    value: value.to_vec(),
+                })
+            })
+            .collect()
+    }
 }
+
+/// Everything a compute pipeline is made of, as [`PipelineSpec::from_desc`] takes it. Start
+/// from [`PipelineDesc::new`] and set what the pipeline needs.
+#[derive(Debug, Clone, Copy)]
+pub struct PipelineDesc<'a> {
+    pub spirv: &'a [u32],
+    pub entry_point: &'a str,
+    pub specialization: &'a [SpecConstant],
+    /// `None`: the layout is derived from the bindings and push constants the entry point
+    /// uses (see [`PipelineSpec::from_desc`]).
+    pub layout: Option<&'a LayoutDesc>,
+    /// `VkComputePipelineCreateInfo::flags`: one of [`ALLOWED_PIPELINE_FLAGS`].
+    pub flags: vk::PipelineCreateFlags,
+    /// `VkPipelineShaderStageRequiredSubgroupSizeCreateInfo::requiredSubgroupSize`: a power of
+    /// two the device supports for compute (`VK_EXT_subgroup_size_control`, core in 1.3), with
+    /// the `subgroupSizeControl` feature enabled on the device by its creator.
+    pub required_subgroup_size: Option<u32>,
+}
+
+impl<'a> PipelineDesc<'a> {
+    /// No specialization, a layout derived from the shader, no flags.
+    pub fn new(spirv: &'a [u32], entry_point: &'a str) -> Self {
+        Self {
+            spirv,
+            entry_point,
+            specialization: &[],
+            layout: None,
+            flags: vk::PipelineCreateFlags::empty(),
+            required_subgroup_size: None,
+        }
+    }
+}
+
+/// The pipeline-creation flags a cached compute pipeline may carry. `DERIVATIVE` is not among
+/// them (a cached pipeline cannot name a base pipeline), nor are flags of other pipeline kinds
+/// or of extensions that change what the layout means (descriptor buffers).
+pub const ALLOWED_PIPELINE_FLAGS: vk::PipelineCreateFlags = vk::PipelineCreateFlags::from_raw(
+    vk::PipelineCreateFlags::DISABLE_OPTIMIZATION.as_raw()
+        | vk::PipelineCreateFlags::ALLOW_DERIVATIVES.as_raw()
+        | vk::PipelineCreateFlags::DISPATCH_BASE.as_raw()
+        | vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR.as_raw()
+        | vk::PipelineCreateFlags::CAPTURE_INTERNAL_REPRESENTATIONS_KHR.as_raw()
+        | vk::PipelineCreateFlags::FAIL_ON_PIPELINE_COMPILE_REQUIRED.as_raw()
+        | vk::PipelineCreateFlags::EARLY_RETURN_ON_FAILURE.as_raw(),
+);
+
+/// The most descriptor sets a derived layout may have: more than any device binds
+/// (`maxBoundDescriptorSets` is 32 at most on current drivers), few enough that a set number
+/// read from a shader cannot make the layout huge.
+const MAX_DERIVED_SETS: usize = 64;
+
+/// Vulkan's largest subgroup size (`maxSubgroupSize` is at most 128).
+const MAX_SUBGROUP_SIZE: u32 = 128;
 
 /// A validated compute pipeline description with its content digest. Build it once per kernel
 /// and reuse it for every lookup.
@@ -64,6 +149,8 @@ pub struct PipelineSpec {
     pub(crate) specialization: Vec<SpecConstant>,
     /// Bindings sorted by binding number within each set.
     pub(crate) layout: LayoutDesc,
+    pub(crate) flags: vk::PipelineCreateFlags,
+    pub(crate) required_subgroup_size: Option<u32>,
     pub(crate) digest: [u8; 32],
     pub(crate) layout_digest: [u8; 32],
 }
@@ -230,6 +317,96 @@ fn check_covers(shader: &Interface, layout: &LayoutDesc) -> Result<()> {
     }
 }
 
+/// The descriptor type a derived layout gives a resource the shader uses.
+fn derived_type(used: &reflect::UsedBinding) -> Result<vk::DescriptorType> {
+    use vk::DescriptorType as D;
+    Ok(match used.resource {
+        Resource::Sampler => D::SAMPLER,
+        Resource::SampledImage => D::SAMPLED_IMAGE,
+        Resource::CombinedImageSampler => D::COMBINED_IMAGE_SAMPLER,
+        Resource::StorageImage => D::STORAGE_IMAGE,
+        Resource::UniformTexelBuffer => D::UNIFORM_TEXEL_BUFFER,
+        Resource::StorageTexelBuffer => D::STORAGE_TEXEL_BUFFER,
+        Resource::UniformBuffer => D::UNIFORM_BUFFER,
+        Resource::StorageBuffer => D::STORAGE_BUFFER,
+        Resource::Image | Resource::Other => {
+            return Err(invalid(format!(
+                "descriptor set {} binding {} is {} whose descriptor type the shader does not \
+                 decide; describe the layout",
+                used.set,
+                used.binding,
+                used.resource.name()
+            )));
+        }
+    })
+}
+
+/// The smallest layout that covers what the shader uses: each used binding with the
+/// descriptor type its resource implies (never a dynamic one) and its array size, the sets up
+/// to the highest one used (those in between empty), and a push-constant range over the
+/// block's bytes, widened to multiples of 4.
+fn derive_layout(shader: &Interface) -> Result<LayoutDesc> {
+    let set_count = shader.bindings.iter().map(|b| b.set as usize + 1).max();
+    let set_count = set_count.unwrap_or(0);
+    if set_count > MAX_DERIVED_SETS {
+        return Err(invalid(format!(
+            "the shader uses descriptor set {}, beyond the {MAX_DERIVED_SETS} sets a derived \
+             layout may have; describe the layout",
+            set_count - 1
+        )));
+    }
+    let mut sets = vec![Vec::new(); set_count];
+    for used in &shader.bindings {
+        sets[used.set as usize].push(DescriptorBinding {
+            binding: used.binding,
+            descriptor_type: derived_type(used)?,
+            count: used.count,
+        });
+    }
+    let push_constants = match shader.push_constants {
+        None => None,
+        Some(PushConstants::Unsized) => {
+            return Err(invalid(
+                "the shader's push-constant block is sized by specialization constants; \
+                 describe the layout",
+            ));
+        }
+        Some(PushConstants::Bytes(first, end)) => {
+            let offset = first & !3;
+            let end = end
+                .checked_add(3)
+                .ok_or_else(|| invalid("push constants overflow"))?
+                & !3;
+            (end > offset).then_some(PushConstantRange {
+                offset,
+                size: end - offset,
+            })
+        }
+    };
+    Ok(LayoutDesc {
+        sets,
+        push_constants,
+    })
+}
+
+fn check_create_settings(flags: vk::PipelineCreateFlags, subgroup: Option<u32>) -> Result<()> {
+    let unknown = flags & !ALLOWED_PIPELINE_FLAGS;
+    if !unknown.is_empty() {
+        return Err(invalid(format!(
+            "pipeline creation flags {:#x} are not supported for cached compute pipelines \
+             (allowed: {:#x})",
+            unknown.as_raw(),
+            ALLOWED_PIPELINE_FLAGS.as_raw()
+        )));
+    }
+    match subgroup {
+        Some(size) if !size.is_power_of_two() || size > MAX_SUBGROUP_SIZE => Err(invalid(format!(
+            "required subgroup size {size} is not a power of two up to {MAX_SUBGROUP_SIZE}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn layout_digest(layout: &LayoutDesc) -> [u8; 32] {
     let mut d = Digest::new("kcache vulkan pipeline layout v1");
     d.u32(layout.sets.len() as u32);
@@ -255,24 +432,52 @@ impl std::fmt::Debug for PipelineSpec {
             .field("entry_point", &self.entry_point)
             .field("specialization", &self.specialization)
             .field("layout", &self.layout)
+            .field("flags", &self.flags)
+            .field("required_subgroup_size", &self.required_subgroup_size)
             .field("digest", &crate::key::Key::from_bytes(self.digest))
             .finish()
     }
 }
 
 impl PipelineSpec {
-    /// Validates every part (SPIR-V header and bounds, a `GLCompute` entry point of that name,
-    /// unique specialization ids with 1/2/4/8-byte values, a compute-usable layout that covers
-    /// every descriptor binding and push-constant byte the entry point uses) and digests the
-    /// normalized content. Errors are [`Error::InvalidArgument`]; the layout may describe more
-    /// than the shader uses.
+    /// [`PipelineSpec::from_desc`] with the layout given, no flags and no required subgroup
+    /// size.
     pub fn new(
         spirv: &[u32],
         entry_point: &str,
         specialization: &[SpecConstant],
         layout: &LayoutDesc,
     ) -> Result<Self> {
+        Self::from_desc(&PipelineDesc {
+            specialization,
+            layout: Some(layout),
+            ..PipelineDesc::new(spirv, entry_point)
+        })
+    }
+
+    /// Validates every part (SPIR-V header and bounds, a `GLCompute` entry point of that name,
+    /// unique specialization ids with 1/2/4/8-byte values, a compute-usable layout that covers
+    /// every descriptor binding and push-constant byte the entry point uses) and digests the
+    /// normalized content. Errors are [`Error::InvalidArgument`]; the layout may describe more
+    /// than the shader uses. Without a layout, the layout is derived from the shader: each
+    /// binding it uses with the descriptor type its resource implies (a storage buffer, a
+    /// uniform buffer, a storage image, …; an image whose use the shader leaves open, or an
+    /// unknown resource kind, must be described), and a push-constant range over the bytes it
+    /// reads. Flags outside [`ALLOWED_PIPELINE_FLAGS`] and a required subgroup size that is not
+    /// a power of two up to 128 are refused here; whether the device supports that size is
+    /// checked by [`VulkanCache::find_or_build`](super::VulkanCache::find_or_build). Flags and
+    /// subgroup size are part of the digest.
+    pub fn from_desc(desc: &PipelineDesc<'_>) -> Result<Self> {
+        let PipelineDesc {
+            spirv,
+            entry_point,
+            specialization,
+            layout,
+            flags,
+            required_subgroup_size,
+        } = *desc;
         spirv::validate(spirv, entry_point)?;
+        check_create_settings(flags, required_subgroup_size)?;
         let entry = CString::new(entry_point)
             .map_err(|_| invalid("entry point name contains a NUL byte"))?;
         let spec = sorted_unique(
@@ -287,8 +492,12 @@ impl PipelineSpec {
                 c.value.len()
             )));
         }
-        let layout = normalize_layout(layout)?;
-        check_covers(&reflect::interface(spirv, entry_point)?, &layout)?;
+        let shader = reflect::interface(spirv, entry_point)?;
+        let layout = match layout {
+            Some(layout) => normalize_layout(layout)?,
+            None => derive_layout(&shader)?,
+        };
+        check_covers(&shader, &layout)?;
         let layout_digest = layout_digest(&layout);
 
         let mut d = Digest::new("kcache vulkan compute pipeline v1");
@@ -299,11 +508,15 @@ impl PipelineSpec {
             d.u32(c.id).bytes(&c.value);
         }
         d.bytes(&layout_digest);
+        d.u32(flags.as_raw())
+            .u32(required_subgroup_size.unwrap_or(0));
         Ok(Self {
             spirv: spirv.to_vec(),
             entry_point: entry,
             specialization: spec,
             layout,
+            flags,
+            required_subgroup_size,
             digest: d.finish(),
             layout_digest,
         })
@@ -314,8 +527,17 @@ impl PipelineSpec {
         &self.digest
     }
 
+    /// The layout given, normalized (bindings sorted), or the one derived from the shader.
     pub fn layout(&self) -> &LayoutDesc {
         &self.layout
+    }
+
+    pub fn flags(&self) -> vk::PipelineCreateFlags {
+        self.flags
+    }
+
+    pub fn required_subgroup_size(&self) -> Option<u32> {
+        self.required_subgroup_size
     }
 }
 
