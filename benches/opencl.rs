@@ -3,6 +3,8 @@
 //! - `cold`: `clCreateProgramWithSource` + `clBuildProgram` with PoCL's kernel cache off;
 //! - `pocl cache hit`: the same with PoCL's own kernel cache on and warm;
 //! - `kcache disk hit`: a new kcache (empty memory) in a new context, the binary on disk;
+//! - `kcache remote hit`: the same with an empty disk tier and the binary in the remote tier
+//!   (a `redis-server` on loopback), as on a new node;
 //! - `kcache memory hit`: a lookup that finds the program in memory.
 //!
 //! PoCL reads its cache settings once per process, so the first three run in child processes
@@ -17,9 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group};
-use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::backend::opencl::{OpenClCache, OpenClOptions, OpenClStats};
+use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::remote::RemoteConfig;
 use kcache_testkit::opencl::Context;
+use kcache_testkit::redis::RedisServer;
 use kcache_testkit::successful_stdout;
 
 const SOURCE: &str = r#"
@@ -40,6 +44,9 @@ __kernel void nbody_step(__global float4 *pos, __global float4 *vel, float dt, i
 const CHILD_MODE: &str = "KCACHE_BENCH_OPENCL_MODE";
 const CHILD_ITERS: &str = "KCACHE_BENCH_OPENCL_ITERS";
 const CHILD_DIR: &str = "KCACHE_BENCH_OPENCL_DIR";
+const CHILD_REMOTE: &str = "KCACHE_BENCH_OPENCL_REMOTE";
+/// The operator key of the remote mode's disk tiers (the remote tier needs one).
+const OPERATOR_KEY: [u8; 32] = [7; 32];
 
 /// One way of getting the program, run in a child process.
 #[derive(Clone, Copy)]
@@ -47,6 +54,7 @@ enum Mode {
     Cold,
     PoclHit,
     KcacheDisk,
+    KcacheRemote,
 }
 
 impl Mode {
@@ -55,13 +63,19 @@ impl Mode {
             Mode::Cold => "cold",
             Mode::PoclHit => "pocl-hit",
             Mode::KcacheDisk => "kcache-disk",
+            Mode::KcacheRemote => "kcache-remote",
         }
     }
 
     fn parse(name: &str) -> Option<Mode> {
-        [Mode::Cold, Mode::PoclHit, Mode::KcacheDisk]
-            .into_iter()
-            .find(|m| m.name() == name)
+        [
+            Mode::Cold,
+            Mode::PoclHit,
+            Mode::KcacheDisk,
+            Mode::KcacheRemote,
+        ]
+        .into_iter()
+        .find(|m| m.name() == name)
     }
 }
 
@@ -69,7 +83,7 @@ impl Mode {
 fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
     let pocl_cache = match mode {
         Mode::PoclHit => "1",
-        Mode::Cold | Mode::KcacheDisk => "0",
+        Mode::Cold | Mode::KcacheDisk | Mode::KcacheRemote => "0",
     };
     let stdout = successful_stdout(
         &format!("the {} child", mode.name()),
@@ -77,6 +91,7 @@ fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
             .env(CHILD_MODE, mode.name())
             .env(CHILD_ITERS, iters.to_string())
             .env(CHILD_DIR, &dirs.kcache)
+            .env(CHILD_REMOTE, dirs.redis.url())
             .env("POCL_KERNEL_CACHE", pocl_cache)
             .env("POCL_CACHE_DIR", &dirs.pocl),
     );
@@ -91,7 +106,7 @@ fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
 
 /// The child side: times `iters` lookups, each in a new context (and, for kcache, a new
 /// cache), so nothing but the tier under test can answer.
-fn child(mode: Mode, iters: u64, dir: &Path) {
+fn child(mode: Mode, iters: u64, dir: &Path, remote: &str) {
     let device = Context::first_device().unwrap().device();
     let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
     let mut total = Duration::ZERO;
@@ -105,41 +120,83 @@ fn child(mode: Mode, iters: u64, dir: &Path) {
                 drop(program);
             }
             Mode::KcacheDisk => {
-                let cache = OpenClCache::new(OpenClOptions {
-                    disk: Some(Arc::clone(&disk)),
-                    ..OpenClOptions::default()
-                })
-                .unwrap();
-                let start = Instant::now();
-                let lease = cache
-                    .find_or_build(context.context(), device, &[SOURCE], "")
-                    .unwrap();
-                total += start.elapsed();
-                assert_eq!(cache.stats().binary_loads, 1, "served from disk");
-                drop(lease);
+                let (time, stats) = timed_lookup(&disk, &context);
+                total += time;
+                assert_eq!(stats.binary_loads, 1, "served from disk");
+            }
+            Mode::KcacheRemote => {
+                // A new node: its disk tier is empty.
+                let empty = tempfile::tempdir().unwrap();
+                let disk = Arc::new(DiskCache::open(keyed(empty.path(), remote)).unwrap());
+                let (time, stats) = timed_lookup(&disk, &context);
+                total += time;
+                assert_eq!(
+                    disk.remote_stats().unwrap().hits,
+                    1,
+                    "served from the remote"
+                );
+                assert_eq!(stats.source_builds, 0);
             }
         }
     }
     println!("nanos={}", total.as_nanos());
 }
 
+/// How long the first lookup of a new kcache on `disk` takes, and the cache's counters after.
+fn timed_lookup(disk: &Arc<DiskCache>, context: &Context) -> (Duration, OpenClStats) {
+    let cache = OpenClCache::new(OpenClOptions {
+        disk: Some(Arc::clone(disk)),
+        ..OpenClOptions::default()
+    })
+    .unwrap();
+    let start = Instant::now();
+    let lease = cache
+        .find_or_build(context.context(), context.device(), &[SOURCE], "")
+        .unwrap();
+    let time = start.elapsed();
+    drop(lease);
+    (time, cache.stats())
+}
+
 struct Dirs {
     kcache: std::path::PathBuf,
     pocl: std::path::PathBuf,
+    redis: RedisServer,
     _root: tempfile::TempDir,
 }
 
-/// Fresh cache directories, both warm: the binary is on kcache's disk and in PoCL's cache.
+/// A disk tier in `dir` under [`OPERATOR_KEY`], with the remote tier at `url` behind it.
+fn keyed(dir: &Path, url: &str) -> DiskConfig {
+    DiskConfig {
+        key: Some(OperatorKey::new(OPERATOR_KEY.to_vec()).unwrap()),
+        remote: Some(RemoteConfig::at(url)),
+        ..DiskConfig::in_dir(dir)
+    }
+}
+
+/// Fresh cache directories and store, all warm: the binary is on kcache's disk, in its remote
+/// tier and in PoCL's cache.
 fn warm_dirs() -> Dirs {
     let root = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    // Another node's disk: the build it makes goes to the remote.
+    warm(DiskCache::open(keyed(&root.path().join("node"), &redis.url())).unwrap());
     let dirs = Dirs {
         kcache: root.path().join("kcache"),
         pocl: root.path().join("pocl"),
+        redis,
         _root: root,
     };
     std::fs::create_dir(&dirs.pocl).unwrap();
+    warm(DiskCache::open(DiskConfig::in_dir(&dirs.kcache)).unwrap());
+    in_child(Mode::PoclHit, 1, &dirs);
+    dirs
+}
+
+/// Builds the program through a cache on `disk`, and flushes its binary to the disk (and to
+/// the remote tier behind it, if any).
+fn warm(disk: DiskCache) {
     let context = Context::first_device().unwrap();
-    let disk = DiskCache::open(DiskConfig::in_dir(&dirs.kcache)).unwrap();
     let cache = OpenClCache::new(OpenClOptions {
         disk: Some(Arc::new(disk)),
         ..OpenClOptions::default()
@@ -150,8 +207,6 @@ fn warm_dirs() -> Dirs {
             .find_or_build(context.context(), context.device(), &[SOURCE], "")
             .unwrap(),
     );
-    in_child(Mode::PoclHit, 1, &dirs);
-    dirs
 }
 
 fn lookups(c: &mut Criterion) {
@@ -166,6 +221,7 @@ fn lookups(c: &mut Criterion) {
         ("cold (POCL_KERNEL_CACHE=0)", Mode::Cold),
         ("pocl cache hit", Mode::PoclHit),
         ("kcache disk hit", Mode::KcacheDisk),
+        ("kcache remote hit", Mode::KcacheRemote),
     ] {
         group.bench_function(name, |b| {
             b.iter_custom(|iters| in_child(mode, iters, &dirs))
@@ -217,6 +273,7 @@ fn ratios() {
     let cold = median(Mode::Cold);
     let pocl = median(Mode::PoclHit);
     let disk = median(Mode::KcacheDisk);
+    let remote = median(Mode::KcacheRemote);
     let warm = MemoryHit::new();
     const HITS: u32 = 1_000_000;
     let start = Instant::now();
@@ -231,6 +288,7 @@ fn ratios() {
         ("cold build (POCL_KERNEL_CACHE=0)", cold),
         ("PoCL kernel cache hit", pocl),
         ("kcache disk (L2) hit", disk),
+        ("kcache remote (L3) hit", remote),
         ("kcache memory (L1) hit", memory),
     ] {
         println!(
@@ -250,7 +308,8 @@ fn main() {
         let mode = Mode::parse(&mode).expect("a known mode");
         let iters = std::env::var(CHILD_ITERS).unwrap().parse().unwrap();
         let dir = std::env::var_os(CHILD_DIR).unwrap();
-        child(mode, iters, Path::new(&dir));
+        let remote = std::env::var(CHILD_REMOTE).unwrap();
+        child(mode, iters, Path::new(&dir), &remote);
         return;
     }
     benches();

@@ -381,6 +381,37 @@ typedef struct kc_disk_statistics {
   uint64_t pending_writes;
   // Background writes that failed (the value could not be serialized or written).
   uint64_t failed_writes;
+  // Whether a remote tier is behind this disk (`remote_url`, `KCACHE_REMOTE_URL`); the
+  // `remote_*` counters stay zero without one. See `docs/remote.md`.
+  bool remote;
+  // Remote entries read and verified.
+  uint64_t remote_hits;
+  // Remote reads that returned no usable entry (absent, rejected, failed, skipped).
+  uint64_t remote_misses;
+  // Remote entries refused by verification (changed, another key, too large).
+  uint64_t remote_rejects;
+  // Remote operations that failed, timeouts apart.
+  uint64_t remote_errors;
+  // Remote operations that ran past `remote_timeout_ms`.
+  uint64_t remote_timeouts;
+  // Remote operations skipped because the breaker was open.
+  uint64_t remote_skipped;
+  // Times the breaker opened after consecutive failures.
+  uint64_t remote_breaker_trips;
+  // Whether the breaker is open now.
+  bool remote_breaker_open;
+  // Leases taken: builds led for every node.
+  uint64_t remote_leases;
+  // Misses that waited for another node holding the lease.
+  uint64_t remote_lease_waits;
+  // Of those, waits that reached the deadline and built.
+  uint64_t remote_lease_timeouts;
+  // Entries written to the remote.
+  uint64_t remote_puts;
+  // Bytes read from the remote.
+  uint64_t remote_bytes_read;
+  // Bytes written to the remote.
+  uint64_t remote_bytes_written;
 } kc_disk_statistics;
 
 // Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
@@ -450,6 +481,29 @@ typedef struct kc_disk_options {
   // How long a lookup that misses waits for another process building the same entry, in
   // milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
   uint64_t lock_timeout_ms;
+  // The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
+  // `redis+unix:///path`; NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used
+  // leaves the remote off (one warning), not the disk. It needs an operator key unless
+  // `remote_allow_unkeyed`. See `docs/remote.md`.
+  const char *remote_url;
+  // Read the remote, never write it (`KCACHE_REMOTE_READ_ONLY=1` sets it too).
+  bool remote_read_only;
+  // **Unsafe**: use the remote without an operator key, so that anyone who can write the
+  // store can run code on this process's GPUs (`KCACHE_REMOTE_ALLOW_UNKEYED=1` too).
+  bool remote_allow_unkeyed;
+  // Budget of one remote operation in milliseconds; 0: `KCACHE_REMOTE_TIMEOUT_MS`, else 250.
+  uint64_t remote_timeout_ms;
+  // Lifetime of a remote entry in seconds; 0: `KCACHE_REMOTE_TTL`, else 7 days.
+  uint64_t remote_ttl_s;
+  // Namespace of the remote's keys (NUL-terminated); NULL: `KCACHE_REMOTE_PREFIX`, else
+  // `kcache:`.
+  const char *remote_prefix;
+  // Largest remote entry read or written, in bytes; 0: `KCACHE_REMOTE_MAX_ENTRY_SIZE`,
+  // else 64 MiB.
+  uint64_t remote_max_entry_size;
+  // How long a miss waits for another node building the same entry, in milliseconds; 0:
+  // `KCACHE_REMOTE_LEASE_WAIT` (seconds), else 120 s.
+  uint64_t remote_lease_wait_ms;
 } kc_disk_options;
 
 // What an entry holds, for `kc_disk_put_described` and `kc_tiered_find_or_build_described`:

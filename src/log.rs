@@ -215,6 +215,10 @@ pub(crate) enum Warning {
     LockTimeout,
     /// The cache directory's filesystem cannot lock: processes may build the same kernel.
     NoLocks,
+    /// A remote tier setting cannot be used: the remote tier is off.
+    RemoteConfig,
+    /// A remote tier is configured without an operator key or the unkeyed opt-in: it is off.
+    RemoteUnkeyed,
     /// `KCACHE_LOG` names no level: `warn` is used.
     LogLevel,
 }

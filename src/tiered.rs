@@ -1,4 +1,4 @@
-//! L1 → L2 → build for any backend, including ones kcache knows nothing about.
+//! L1 → L2 → L3 → build for any backend, including ones kcache knows nothing about.
 //!
 //! A backend supplies four callbacks: `l2_key` (the content key), `build` (compile from
 //! scratch), `serialize` (live value → bytes for the disk) and `load` (bytes → live value).
@@ -12,9 +12,12 @@
 //! concurrent misses on one key read the disk (or compile) once. A miss on the disk then
 //! claims the entry's cross-process lock (see `disk::lock`), so that of the processes sharing
 //! the directory one builds and the others wait and read its entry; one process's waiters
-//! share its one wait. The write-back happens after the flight, on the disk tier's background
+//! share its one wait. Before claiming it, a disk miss asks the remote tier behind the disk
+//! (`crate::remote`), when there is one; its entry is loaded and copied to the disk. The
+//! write-back happens after the flight, on the disk tier's background
 //! writer, which releases the lock once the entry is published: the caller has its value as
-//! soon as it is built, and waits neither for serializing nor for a fsync.
+//! soon as it is built, and waits neither for serializing nor for a fsync, nor for the
+//! remote, which the writer sends the entry to after the disk.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -22,11 +25,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, Descriptor, DiskBytes, DiskCache, KeyLock, Reported, Reporter};
+use crate::disk::{Claim, Descriptor, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
+use crate::remote::{Flight, LeaseGuard};
 use crate::stats::Baseline;
 
 /// A memory tier with an optional disk tier behind it.
@@ -45,6 +49,7 @@ pub struct TieredCache<K, V> {
 #[derive(Default)]
 pub(crate) struct Counters {
     disk_hits: AtomicU64,
+    remote_hits: AtomicU64,
     disk_absent: AtomicU64,
     disk_errors: AtomicU64,
     load_failures: AtomicU64,
@@ -60,6 +65,9 @@ pub struct TieredStats {
     pub disk_hits: u64,
     /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
     pub disk_misses: u64,
+    /// Of those, values loaded from the remote tier instead of built (its own counters are
+    /// [`DiskCache::remote_stats`]).
+    pub remote_hits: u64,
     /// Of those, the ones where the disk tier had no entry for the key, or only a corrupt one
     /// (which it removed).
     pub disk_absent: u64,
@@ -81,6 +89,7 @@ pub struct TieredStats {
 crate::stats::events!(TieredStats {
     disk_hits,
     disk_misses,
+    remote_hits,
     disk_absent,
     disk_errors,
     load_failures,
@@ -165,8 +174,9 @@ where
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         TieredStats {
             disk_hits: get(&c.disk_hits),
-            // Every L1 miss the disk does not answer is built.
-            disk_misses: get(&c.builds),
+            // Every L1 miss the disk does not answer is loaded from the remote or built.
+            disk_misses: get(&c.builds) + get(&c.remote_hits),
+            remote_hits: get(&c.remote_hits),
             disk_absent: get(&c.disk_absent),
             disk_errors: get(&c.disk_errors),
             load_failures: get(&c.load_failures),
@@ -281,16 +291,19 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut built: Option<(Duration, Key, Option<KeyLock>)> = None;
+        let mut built: Option<(Duration, Key, Option<KeyLock>, Option<LeaseGuard>)> = None;
         let mut load = load;
         let lease = self.memory.find_or_make(l1_key, device, || {
             let key = self.disk_key(l2_key);
-            let lock = match (&key, self.disk) {
+            let (lock, remote_lease) = match (&key, self.disk) {
                 (Some(key), Some(disk)) if load.is_some() => {
                     if let Some(loaded) = self.load_from_disk(disk, key, &mut load) {
                         return (loaded, Made::Loaded);
                     }
-                    match disk.claim(key) {
+                    if let Some(loaded) = self.load_from_remote(disk, key, &mut load) {
+                        return (loaded, Made::Loaded);
+                    }
+                    let lock = match disk.claim(key) {
                         Claim::Leader(lock) => Some(lock),
                         Claim::Published => {
                             if let Some(loaded) = self.load_from_disk(disk, key, &mut load) {
@@ -299,9 +312,19 @@ where
                             None
                         }
                         Claim::Alone => None,
+                    };
+                    match disk.remote_flight(key) {
+                        Flight::Found(entry) => {
+                            match self.load_remote_entry(disk, key, entry, lock, &mut load) {
+                                Ok(loaded) => return (loaded, Made::Loaded),
+                                Err(lock) => (lock, None),
+                            }
+                        }
+                        Flight::Lead(remote_lease) => (lock, Some(remote_lease)),
+                        Flight::Build => (lock, None),
                     }
                 }
-                _ => None,
+                _ => (None, None),
             };
             bump(&self.counters.builds);
             if let Some(disk) = self.disk {
@@ -316,7 +339,7 @@ where
             let build_time = started.elapsed();
             let result = match result {
                 Ok(value) => {
-                    built = key.map(|key| (build_time, key, lock));
+                    built = key.map(|key| (build_time, key, lock, remote_lease));
                     Ok(value)
                 }
                 Err(e) => {
@@ -338,11 +361,14 @@ where
             };
             (result, Made::BuiltIn(build_time))
         })?;
-        if let (Some((build_time, key, lock)), Some(disk)) = (built, self.disk) {
+        if let (Some((build_time, key, lock, remote_lease)), Some(disk)) = (built, self.disk) {
             match serialize(lease.value()) {
                 Ok((bytes, descriptor)) => {
                     let counters = Arc::clone(self.counters);
                     disk.write_back(key, build_time, descriptor, lock, bytes, move |written| {
+                        // The entry is in the remote now (or will not be): other nodes
+                        // waiting for it read it (or build).
+                        drop(remote_lease);
                         bump(if written {
                             &counters.write_backs
                         } else {
@@ -379,6 +405,39 @@ where
             .ok()
     }
 
+    /// The value loaded from the remote tier's entry for `l2_key` (which the disk tier keeps
+    /// a copy of), if there is one `load` (taken then) accepts; `load`'s error when it is
+    /// transient.
+    fn load_from_remote(
+        &self,
+        disk: &DiskCache,
+        l2_key: &Key,
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
+    ) -> Option<Built<V>> {
+        let entry = disk.fetch_remote(l2_key)?;
+        self.load_remote_entry(disk, l2_key, entry, None, load).ok()
+    }
+
+    /// What `load` makes of a remote entry; an entry it accepts is copied to the disk, after
+    /// which `lock` is released. A refused one gives `lock` back, for the build.
+    fn load_remote_entry(
+        &self,
+        disk: &DiskCache,
+        l2_key: &Key,
+        entry: Entry,
+        lock: Option<KeyLock>,
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
+    ) -> std::result::Result<Built<V>, Option<KeyLock>> {
+        match self.load_stored(disk, l2_key, entry.payload(), load, Stored::Remote) {
+            Some(Ok(value)) => {
+                disk.backfill(l2_key, entry, lock);
+                Ok(Ok(value))
+            }
+            Some(Err(e)) => Ok(Err(e)),
+            None => Err(lock),
+        }
+    }
+
     /// The value loaded from the entry for `l2_key`, if there is one `load` (taken then)
     /// accepts; `load`'s error when it is transient (`BuildError::transient`): the entry stays.
     fn load_from_disk(
@@ -399,30 +458,68 @@ where
                 return None;
             }
         };
+        self.load_stored(disk, l2_key, entry.payload(), load, Stored::Disk)
+    }
+
+    /// `load` (taken) run on a verified payload: its value, its transient error, or `None`
+    /// when it refused the payload (counted and logged; a refused disk entry is removed, the
+    /// remote's is replaced when the rebuild is written).
+    fn load_stored(
+        &self,
+        disk: &DiskCache,
+        l2_key: &Key,
+        payload: &[u8],
+        load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
+        stored: Stored,
+    ) -> Option<Built<V>> {
         let load = load.take()?;
-        match load(entry.payload()) {
+        match load(payload) {
             Ok(value) => {
-                bump(&self.counters.disk_hits);
+                bump(match stored {
+                    Stored::Disk => &self.counters.disk_hits,
+                    Stored::Remote => &self.counters.remote_hits,
+                });
                 Some(Ok(value))
             }
             Err(e) if e.transient => Some(Err(e)),
             Err(e) => {
                 log::debug(|| {
                     format!(
-                        "disk miss: {}: the runtime refused the stored value (code {}): {}; \
-                         removed",
+                        "{} miss: {}: the runtime refused the stored value (code {}): {}{}",
+                        stored.name(),
                         disk.entry_name(l2_key),
                         e.code,
-                        e.message
+                        e.message,
+                        if stored == Stored::Disk {
+                            "; removed"
+                        } else {
+                            ""
+                        }
                     )
                 });
                 bump(&self.counters.load_failures);
                 // A rebuild overwrites the entry anyway; this only counts as a disk error.
-                if disk.discard_unloadable(l2_key).is_err() {
+                if stored == Stored::Disk && disk.discard_unloadable(l2_key).is_err() {
                     bump(&self.counters.disk_errors);
                 }
                 None
             }
+        }
+    }
+}
+
+/// Where a payload handed to `load` came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    Disk,
+    Remote,
+}
+
+impl Stored {
+    fn name(self) -> &'static str {
+        match self {
+            Stored::Disk => "disk",
+            Stored::Remote => "remote",
         }
     }
 }

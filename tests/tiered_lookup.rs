@@ -7,9 +7,10 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kcache::disk::DiskCache;
-use kcache::memory::Lease;
 use kcache::{BuildError, Error};
-use kcache_testkit::strings::{Cache, disk, l2_key, load, serialize, tiered};
+use kcache_testkit::strings::{
+    Cache, disk, find_or_build, l2_key, load, lookup, serialize, tiered,
+};
 use kcache_testkit::{rerun_test, successful_stdout};
 use tempfile::TempDir;
 
@@ -20,32 +21,6 @@ fn tiered_on_temp_disk() -> (TempDir, Arc<DiskCache>, Cache) {
     let d = disk(tmp.path());
     let cache = tiered(Some(d.clone()));
     (tmp, d, cache)
-}
-
-/// Looks `source` up under `l2_key(source)`, loading with [`load`] and building and serializing
-/// with the steps given.
-fn find_or_build(
-    cache: &Cache,
-    source: &str,
-    build: impl FnOnce() -> Result<(String, u64), BuildError>,
-    serialize: impl FnOnce(&String) -> Result<Vec<u8>, BuildError>,
-) -> kcache::Result<Lease<Vec<u8>, String>> {
-    cache.find_or_build(
-        source.as_bytes(),
-        None,
-        || Ok(l2_key(source)),
-        load,
-        build,
-        serialize,
-    )
-}
-
-fn lookup(cache: &Cache, source: &str, builds: &AtomicUsize) -> kcache::Result<String> {
-    let build = || {
-        builds.fetch_add(1, Ordering::SeqCst);
-        Ok((format!("compiled({source})"), 1))
-    };
-    find_or_build(cache, source, build, serialize).map(|lease| lease.value().clone())
 }
 
 #[test]

@@ -3,7 +3,8 @@
 # miss one entry of one directory at the same moment. Of six, one builds and five load what it
 # wrote, and the `kcache` command ($KCACHE_COMMAND) reads that back from the directory; when
 # every build fails, each process reports its own failure and none hangs; with a tiny lock
-# timeout, processes behind a slow builder build themselves.
+# timeout, processes behind a slow builder build themselves; four processes with directories
+# of their own and one redis-server build once between them.
 # Usage: KCACHE_COMMAND=kcache flight.sh WORKER WORK_DIR (WORK_DIR must not exist yet)
 set -euo pipefail
 worker=$1 work=$2
@@ -14,15 +15,16 @@ fail() {
   exit 1
 }
 
-# launch GROUP COUNT DIR BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS: starts COUNT workers on the
-# cache directory DIR, waits until all are ready, then lets them go at once. Their ids are left
-# in `pids`; worker I of GROUP writes to $work/GROUP.I.out and .err.
+# launch GROUP COUNT DIR BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS [REMOTE_URL]: starts COUNT
+# workers on the cache directory DIR ("{i}" in it: the worker's number), waits until all are
+# ready, then lets them go at once. Their ids are left in `pids`; worker I of GROUP writes to
+# $work/GROUP.I.out and .err.
 launch() {
   local group=$1 count=$2 dir=$3 i ready
   shift 3
   pids=()
   for ((i = 0; i < count; i++)); do
-    timeout 120 "$worker" "$dir" "$work/$group.$i.ready" "$work/$group.go" "$@" \
+    timeout 120 "$worker" "${dir//\{i\}/$i}" "$work/$group.$i.ready" "$work/$group.go" "$@" \
       >"$work/$group.$i.out" 2>"$work/$group.$i.err" &
     pids+=($!)
   done
@@ -116,3 +118,24 @@ done
 finish leader "$leader"
 expect "lock timeout, the builder" "$(sums leader)" "builds=1 loads=0 waits=0 timeouts=0"
 settled "$work/timeout" 1
+
+# Across nodes: four workers with directories of their own and one redis-server on loopback
+# (the remote tier through kc_disk_options): one builds under the entry's lease, the others
+# wait for it and load its entry from the store.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+mkdir -m 700 "$work/redis"
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work/redis" \
+  >"$work/redis.log" 2>&1 &
+redis=$!
+trap 'kill "$redis" 2>/dev/null || true' EXIT
+for ((i = 0; i < 500; i++)); do
+  [[ $(redis-cli -p "$port" ping 2>/dev/null) != PONG ]] || break
+  sleep 0.02
+done
+[[ $(redis-cli -p "$port" ping) == PONG ]] || fail "redis-server did not start"
+launch remote 4 "$work/node.{i}" 300 0 0 "redis://127.0.0.1:$port/"
+finish remote "${pids[@]}"
+expect "across nodes" "$(sums remote)" "builds=1 loads=3 waits=0 timeouts=0"
+for ((i = 0; i < 4; i++)); do
+  settled "$work/node.$i" 1
+done

@@ -6,8 +6,9 @@
  * (its build and load callbacks' calls; the disk's lock_waits and lock_timeouts). Exits 0 when
  * the lookup gave what BUILD_RESULT calls for: the value, or KC_ERR_BUILD_FAILED with that
  * code.
- * Usage: flight_worker DIR READY GO BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS
- * (LOCK_TIMEOUT_MS 0: the default). */
+ * Usage: flight_worker DIR READY GO BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS [REMOTE_URL]
+ * (LOCK_TIMEOUT_MS 0: the default). With REMOTE_URL the disk is keyed and has that remote tier
+ * behind it (kc_disk_options' remote fields). */
 #include <unistd.h>
 
 #include "string_backend.h"
@@ -17,13 +18,22 @@
 /* How long a worker waits for GO before it gives up. */
 #define GO_TIMEOUT_MS 60000
 
+/* The operator key every worker with a remote tier shares. */
+#define REMOTE_KEY "flight-test-operator-key"
+
 int main(int argc, char **argv) {
-  REQUIRE(argc == 7);
+  REQUIRE(argc == 7 || argc == 8);
   backend b = {0};
   b.build_ms = atol(argv[4]);
   b.build_result = atoi(argv[5]);
   kc_disk_options opts = options_in(argv[1]);
   opts.lock_timeout_ms = strtoull(argv[6], NULL, 10);
+  if (argc == 8) {
+    opts.key = (const uint8_t *)REMOTE_KEY;
+    opts.key_len = strlen(REMOTE_KEY);
+    opts.remote_url = argv[7];
+    opts.remote_timeout_ms = 2000;
+  }
   kc_disk *disk = NULL;
   CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
   kc_cache *cache = new_cache();

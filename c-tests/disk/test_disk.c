@@ -799,6 +799,52 @@ static void test_scan_and_directories(void) {
   kc_disk_free(disk);
 }
 
+/* The remote tier's options: a usable URL with an operator key puts a remote behind the disk,
+ * whose failures (nothing listens on port 1) cost the lookup nothing but counters; no remote
+ * without a key, and a URL that cannot be used leaves the remote off, not the disk. */
+static void test_remote_options(void) {
+  char dir[4096];
+  path_in(dir, sizeof dir, "remote");
+  const char *operator_key = "remote-test-operator-key";
+  kc_disk_options opts = options_in(dir);
+  opts.key = (const uint8_t *)operator_key;
+  opts.key_len = strlen(operator_key);
+  opts.remote_url = "redis://127.0.0.1:1/";
+  opts.remote_timeout_ms = 100;
+  opts.remote_lease_wait_ms = 100;
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(disk_stats(disk).remote);
+  backend b = {0};
+  kc_lease *lease = NULL;
+  kc_cache *cache = new_cache();
+  CHECK(strcmp(tiered_lookup(cache, disk, &b, &lease), "value-of-tiered") == 0);
+  kc_lease_release(lease);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  kc_disk_statistics s = disk_stats(disk);
+  CHECK(b.builds == 1);
+  CHECK(s.remote_errors >= 1);
+  CHECK_U64(s.remote_hits + s.remote_puts, 0);
+  CHECK_U64(s.remote_misses, 1);
+  CHECK_STATUS(kc_disk_reset_stats(disk), KC_OK);
+  CHECK_U64(disk_stats(disk).remote_errors + disk_stats(disk).remote_misses, 0);
+  kc_cache_free(cache);
+  kc_disk_free(disk);
+
+  opts.key = NULL;
+  opts.key_len = 0;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(!disk_stats(disk).remote);
+  kc_disk_free(disk);
+
+  opts.key = (const uint8_t *)operator_key;
+  opts.key_len = strlen(operator_key);
+  opts.remote_url = "http://127.0.0.1:1/";
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(!disk_stats(disk).remote);
+  kc_disk_free(disk);
+}
+
 /* The whole file at `path` into `buf` (at most `cap` bytes); returns its length. */
 static size_t read_file(const char *path, uint8_t *buf, size_t cap) {
   FILE *f = fopen(path, "rb");
@@ -897,6 +943,7 @@ int main(int argc, char **argv) {
   test_full_disk();
   test_fingerprints();
   test_scan_and_directories();
+  test_remote_options();
   test_descriptors();
   printf("test_disk: ok\n");
   return 0;

@@ -1,6 +1,6 @@
 //! The lookup every backend shares, written once: the caller's handles registered under the
 //! numbers the memory tier evicts by ([`Registry`]), the memory key assembled in a per-thread
-//! buffer, memory → disk → build through [`TieredCache`], eviction, and the tiers' counters.
+//! buffer, memory → disk → remote → build through [`TieredCache`], eviction, and the tiers' counters.
 //! A backend supplies only its runtime calls, through [`Runtime`]; a new tier or counter is
 //! added here, for all of them.
 
@@ -94,7 +94,7 @@ pub type Registered<R> = Registration<<R as Runtime>::Handle, <R as Runtime>::In
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierStats {
     pub memory: memory::Stats,
-    /// Values made from a disk entry.
+    /// Values made from a stored entry: the disk tier's, or the remote tier's behind it.
     pub loads: u64,
     /// Disk entries the runtime refused; each was removed and the value built instead.
     pub rejected: u64,
@@ -288,7 +288,7 @@ impl<R: Runtime> HandleCache<R> {
         let tiers = self.tiered.stats();
         TierStats {
             memory: self.memory().stats(),
-            loads: tiers.disk_hits,
+            loads: tiers.disk_hits + tiers.remote_hits,
             rejected: tiers.load_failures,
             // An entry the runtime refused was still found on disk.
             disk_hits: tiers.disk_hits + tiers.load_failures,

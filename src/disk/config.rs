@@ -15,6 +15,7 @@ use super::lock::DEFAULT_LOCK_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
 use crate::log::Warning;
+use crate::remote::RemoteConfig;
 
 /// Default size cap: 1 GiB.
 pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
@@ -192,6 +193,9 @@ pub struct DiskConfig {
     /// Entries record the key schema they were written under; `gc` removes other schemas.
     pub key_schema: u32,
     pub read_env: bool,
+    /// The remote tier behind the disk; `None` takes it from the environment when `read_env`
+    /// is set (`KCACHE_REMOTE_URL`, see [`RemoteConfig`]), else none.
+    pub remote: Option<RemoteConfig>,
 }
 
 impl Default for DiskConfig {
@@ -205,6 +209,7 @@ impl Default for DiskConfig {
             durability: Durability::Sync,
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
+            remote: None,
         }
     }
 }
@@ -313,6 +318,9 @@ impl DiskConfig {
             key,
             durability: self.durability,
             key_schema: self.key_schema,
+            remote: self
+                .remote
+                .or_else(|| read_env.then(RemoteConfig::from_env)),
         })
     }
 }
@@ -337,6 +345,7 @@ pub(crate) struct Resolved {
     pub key: Option<OperatorKey>,
     pub durability: Durability,
     pub key_schema: u32,
+    pub remote: Option<RemoteConfig>,
 }
 
 /// `KCACHE_MAX_SIZE`: a value that is not a positive size turns the tier off, since the

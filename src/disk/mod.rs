@@ -11,6 +11,8 @@
 //!   `write_back`: what it writes, and when.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //! - `shards`: counters every process using the directory adds to, for operators' tools.
+//! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
+//!   as here.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
@@ -24,6 +26,7 @@ mod gc;
 mod listing;
 mod lock;
 mod shards;
+mod shared;
 mod store;
 mod write_back;
 mod writer;
@@ -53,6 +56,7 @@ use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
+use crate::remote::{Remote, RemoteStats};
 use crate::stats::Baseline;
 use format::{TAG_LEN, Tagger};
 
@@ -84,6 +88,8 @@ struct Inner {
     persisted: shards::Persisted,
     index: evict::Index,
     writer: writer::Writer,
+    /// The remote tier behind this one, if configured.
+    remote: Option<Arc<Remote>>,
 }
 
 #[derive(Default)]
@@ -156,6 +162,8 @@ pub struct DiskStats {
     /// Whether the scan of the directory that `open` starts has finished
     /// ([`DiskCache::wait_scan`] waits for it).
     pub scan_complete: bool,
+    /// The remote tier's counters ([`DiskCache::remote_stats`]); `None` without one.
+    pub remote: Option<RemoteStats>,
 }
 
 crate::stats::events!(DiskStats {
@@ -235,6 +243,10 @@ impl DiskCache {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
         let tagger = Tagger::new(resolved.key.as_ref());
+        let remote = resolved
+            .remote
+            .and_then(|config| Remote::open(config, resolved.key.is_some()))
+            .map(Arc::new);
         let inner = Arc::new(Inner {
             dir,
             path: resolved.dir,
@@ -249,6 +261,7 @@ impl DiskCache {
             persisted: shards::Persisted::default(),
             index: evict::Index::default(),
             writer: writer::Writer::default(),
+            remote,
         });
         evict::start_scan(&inner);
         let listed = Arc::new(Listed(Arc::clone(&inner)));
@@ -299,10 +312,13 @@ impl DiskCache {
         self.inner.baseline.apply(&self.inner.stats())
     }
 
-    /// Zeroes this handle's event counters (not the gauges, nor the directory's counters:
+    /// Zeroes this handle's event counters, the remote tier's included (not the gauges, nor the directory's counters:
     /// see [`DiskCache::zero_directory_stats`]).
     pub fn reset_stats(&self) {
         self.inner.baseline.reset(self.inner.stats());
+        if let Some(remote) = &self.inner.remote {
+            remote.reset_stats();
+        }
     }
 
     /// Waits for the scan of the directory that `open` starts (milliseconds even for a full
@@ -378,6 +394,8 @@ impl Inner {
             entries: usage.entries,
             bytes: usage.bytes,
             scan_complete,
+            // Reset with this tier's counters, by its own baseline.
+            remote: self.remote.as_ref().map(|r| r.stats()),
         }
     }
 
@@ -393,7 +411,13 @@ impl Inner {
 impl Source for Listed {
     fn add_to(&self, totals: &mut Totals) {
         totals.disk_tiers += 1;
-        totals.disk += self.0.stats();
+        let stats = self.0.stats();
+        if let Some(remote) = stats.remote {
+            totals.remote_tiers += 1;
+            totals.remote_breakers_open += u64::from(remote.breaker_open);
+            totals.remote += remote;
+        }
+        totals.disk += stats;
     }
 }
 

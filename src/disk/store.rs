@@ -149,25 +149,14 @@ pub(super) fn put(
     build_time: Duration,
     descriptor: &Descriptor,
 ) -> Result<()> {
-    let header = Header {
-        version: FORMAT_VERSION,
-        algorithm: inner.tagger.algorithm(),
-        schema: inner.schema,
-        fingerprint: inner.tagger.fingerprint(),
-        key: *key,
-        payload_len: payload.len() as u64,
-        build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
-        descriptor: Some(descriptor.clone()),
-    }
-    .encode();
-    let size = (payload.len() + header.len()) as u64 + format::TAG_LEN as u64;
+    let (header, tag) = seal(inner, key, payload, build_time, descriptor);
+    let size = (payload.len() + header.len() + tag.len()) as u64;
     if size > inner.max_entry_size() {
         return Err(Error::InvalidArgument(format!(
             "an entry of {size} bytes exceeds the entry size limit of {} bytes",
             inner.max_entry_size()
         )));
     }
-    let tag = inner.tagger.tag(&[&header, payload]);
     let name = inner.entry_name(key);
     match write_entry(inner, &name, &[&header, payload, &tag]) {
         Ok(()) => {
@@ -184,6 +173,47 @@ pub(super) fn put(
             )))
         }
     }
+}
+
+/// The header and tag that make `payload` the entry for `key`, as written to disk and to the
+/// remote tier.
+pub(super) fn seal(
+    inner: &Inner,
+    key: &Key,
+    payload: &[u8],
+    build_time: Duration,
+    descriptor: &Descriptor,
+) -> (Vec<u8>, [u8; format::TAG_LEN]) {
+    let header = Header {
+        version: FORMAT_VERSION,
+        algorithm: inner.tagger.algorithm(),
+        schema: inner.schema,
+        fingerprint: inner.tagger.fingerprint(),
+        key: *key,
+        payload_len: payload.len() as u64,
+        build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
+        descriptor: Some(descriptor.clone()),
+    }
+    .encode();
+    let tag = inner.tagger.tag(&[&header, payload]);
+    (header, tag)
+}
+
+/// `bytes` as the verified entry for `key`, or why they are refused: the check of every read,
+/// from disk or from the remote tier.
+pub(super) fn verified(inner: &Inner, key: &Key, bytes: Vec<u8>) -> Result<Entry, &'static str> {
+    let expect = Expect {
+        tagger: &inner.tagger,
+        schema: inner.schema,
+        key,
+    };
+    let header = format::verify(&bytes, &expect)?;
+    Ok(Entry {
+        payload_start: header.encoded_len(),
+        build_time: Duration::from_nanos(header.build_nanos),
+        descriptor: header.descriptor,
+        bytes,
+    })
 }
 
 fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
@@ -221,13 +251,8 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     if bytes.len() as u64 != size {
         return Err(reject(inner, name, Some(meta.ino()), "changed while read"));
     }
-    let expect = Expect {
-        tagger: &inner.tagger,
-        schema: inner.schema,
-        key,
-    };
-    let header = match format::verify(&bytes, &expect) {
-        Ok(header) => header,
+    let entry = match verified(inner, key, bytes) {
+        Ok(entry) => entry,
         Err(reason) => return Err(reject(inner, name, Some(meta.ino()), reason)),
     };
     let now = SystemTime::now();
@@ -238,12 +263,7 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     if stale && file.set_modified(now).is_ok() {
         inner.index.touch(name, nanos_since_epoch(now));
     }
-    Ok(Some(Entry {
-        payload_start: header.encoded_len(),
-        build_time: Duration::from_nanos(header.build_nanos),
-        descriptor: header.descriptor,
-        bytes,
-    }))
+    Ok(Some(entry))
 }
 
 /// Reads a whole file of `size` bytes (as its metadata said), allocating fallibly: a file

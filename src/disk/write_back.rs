@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::writer::Cause;
-use super::{Descriptor, DiskCache, Inner, KeyLock, bump, store};
+use super::{Descriptor, DiskCache, Inner, KeyLock, bump, shared, store};
 use crate::error::BuildError;
 use crate::key::Key;
 use crate::log;
@@ -126,16 +126,26 @@ fn publish(
     let written = make()
         .map_err(|e| format!("the value could not be serialized: {}", e.message))
         .and_then(|bytes| {
-            store::put(inner, key, &bytes, build_time, descriptor).map_err(|e| e.to_string())
+            store::put(inner, key, &bytes, build_time, descriptor)
+                .map(|()| bytes)
+                .map_err(|e| e.to_string())
         });
-    if let Err(why) = &written {
-        log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(key)));
-        bump(&inner.counters.failed_writes, 1);
-        if let Some(lock) = &lock {
-            lock.abandon();
+    match written {
+        Ok(bytes) => {
+            // Published: processes of this node waiting for it need not wait for the remote.
+            drop(lock);
+            shared::share(inner, key, &bytes, build_time, descriptor);
+            true
+        }
+        Err(why) => {
+            log::info(|| format!("disk write of {} failed: {why}", inner.entry_name(key)));
+            bump(&inner.counters.failed_writes, 1);
+            if let Some(lock) = &lock {
+                lock.abandon();
+            }
+            false
         }
     }
-    written.is_ok()
 }
 
 /// Rewrites the entry for `key` with the bytes `make` returns when they are larger than the
@@ -144,7 +154,9 @@ fn grow(inner: &Arc<Inner>, key: &Key, descriptor: &Descriptor, make: Maker, bui
     let Ok(bytes) = make() else {
         return;
     };
-    if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0) {
-        let _ = store::put(inner, key, &bytes, build_time, descriptor);
+    if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0)
+        && store::put(inner, key, &bytes, build_time, descriptor).is_ok()
+    {
+        shared::share(inner, key, &bytes, build_time, descriptor);
     }
 }

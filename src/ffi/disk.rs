@@ -17,6 +17,7 @@ use super::buffer::kc_buffer;
 use super::key_builder::key_arg;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::disk::{Descriptor, DiskCache, DiskConfig, DiskStats, Durability, GcReport};
+use crate::remote::RemoteConfig;
 use crate::{Error, Result};
 
 /// Length of an operator key fingerprint in bytes.
@@ -79,6 +80,29 @@ pub struct kc_disk_options {
     /// How long a lookup that misses waits for another process building the same entry, in
     /// milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
     pub lock_timeout_ms: u64,
+    /// The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
+    /// `redis+unix:///path`; NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used
+    /// leaves the remote off (one warning), not the disk. It needs an operator key unless
+    /// `remote_allow_unkeyed`. See `docs/remote.md`.
+    pub remote_url: *const c_char,
+    /// Read the remote, never write it (`KCACHE_REMOTE_READ_ONLY=1` sets it too).
+    pub remote_read_only: bool,
+    /// **Unsafe**: use the remote without an operator key, so that anyone who can write the
+    /// store can run code on this process's GPUs (`KCACHE_REMOTE_ALLOW_UNKEYED=1` too).
+    pub remote_allow_unkeyed: bool,
+    /// Budget of one remote operation in milliseconds; 0: `KCACHE_REMOTE_TIMEOUT_MS`, else 250.
+    pub remote_timeout_ms: u64,
+    /// Lifetime of a remote entry in seconds; 0: `KCACHE_REMOTE_TTL`, else 7 days.
+    pub remote_ttl_s: u64,
+    /// Namespace of the remote's keys (NUL-terminated); NULL: `KCACHE_REMOTE_PREFIX`, else
+    /// `kcache:`.
+    pub remote_prefix: *const c_char,
+    /// Largest remote entry read or written, in bytes; 0: `KCACHE_REMOTE_MAX_ENTRY_SIZE`,
+    /// else 64 MiB.
+    pub remote_max_entry_size: u64,
+    /// How long a miss waits for another node building the same entry, in milliseconds; 0:
+    /// `KCACHE_REMOTE_LEASE_WAIT` (seconds), else 120 s.
+    pub remote_lease_wait_ms: u64,
 }
 
 // SAFETY: every field but the bools is an integer or a raw pointer.
@@ -90,6 +114,8 @@ unsafe impl GrownInput for kc_disk_options {
         offset_of!(kc_disk_options, relaxed_durability),
         offset_of!(kc_disk_options, ignore_env),
         offset_of!(kc_disk_options, require_key),
+        offset_of!(kc_disk_options, remote_read_only),
+        offset_of!(kc_disk_options, remote_allow_unkeyed),
     ];
     const DEFAULT: kc_disk_options = kc_disk_options {
         struct_size: size_of::<kc_disk_options>(),
@@ -101,6 +127,14 @@ unsafe impl GrownInput for kc_disk_options {
         ignore_env: false,
         require_key: false,
         lock_timeout_ms: 0,
+        remote_url: ptr::null(),
+        remote_read_only: false,
+        remote_allow_unkeyed: false,
+        remote_timeout_ms: 0,
+        remote_ttl_s: 0,
+        remote_prefix: ptr::null(),
+        remote_max_entry_size: 0,
+        remote_lease_wait_ms: 0,
     };
 }
 
@@ -154,13 +188,80 @@ pub struct kc_disk_statistics {
     pub pending_writes: u64,
     /// Background writes that failed (the value could not be serialized or written).
     pub failed_writes: u64,
+    /// Whether a remote tier is behind this disk (`remote_url`, `KCACHE_REMOTE_URL`); the
+    /// `remote_*` counters stay zero without one. See `docs/remote.md`.
+    pub remote: bool,
+    /// Remote entries read and verified.
+    pub remote_hits: u64,
+    /// Remote reads that returned no usable entry (absent, rejected, failed, skipped).
+    pub remote_misses: u64,
+    /// Remote entries refused by verification (changed, another key, too large).
+    pub remote_rejects: u64,
+    /// Remote operations that failed, timeouts apart.
+    pub remote_errors: u64,
+    /// Remote operations that ran past `remote_timeout_ms`.
+    pub remote_timeouts: u64,
+    /// Remote operations skipped because the breaker was open.
+    pub remote_skipped: u64,
+    /// Times the breaker opened after consecutive failures.
+    pub remote_breaker_trips: u64,
+    /// Whether the breaker is open now.
+    pub remote_breaker_open: bool,
+    /// Leases taken: builds led for every node.
+    pub remote_leases: u64,
+    /// Misses that waited for another node holding the lease.
+    pub remote_lease_waits: u64,
+    /// Of those, waits that reached the deadline and built.
+    pub remote_lease_timeouts: u64,
+    /// Entries written to the remote.
+    pub remote_puts: u64,
+    /// Bytes read from the remote.
+    pub remote_bytes_read: u64,
+    /// Bytes written to the remote.
+    pub remote_bytes_written: u64,
 }
 
-c_statistics!(DiskStats => kc_disk_statistics {
-    hits, misses, puts, bytes_read, bytes_written, integrity_rejects, io_errors, evictions,
-    removes, load_failures, entries, bytes, scan_complete, lock_waits, lock_timeouts,
-    lock_takeovers, pending_writes, failed_writes,
-});
+impl From<DiskStats> for kc_disk_statistics {
+    fn from(s: DiskStats) -> Self {
+        let r = s.remote.unwrap_or_default();
+        kc_disk_statistics {
+            struct_size: size_of::<kc_disk_statistics>(),
+            hits: s.hits,
+            misses: s.misses,
+            puts: s.puts,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            integrity_rejects: s.integrity_rejects,
+            io_errors: s.io_errors,
+            evictions: s.evictions,
+            removes: s.removes,
+            load_failures: s.load_failures,
+            entries: s.entries,
+            bytes: s.bytes,
+            scan_complete: s.scan_complete,
+            lock_waits: s.lock_waits,
+            lock_timeouts: s.lock_timeouts,
+            lock_takeovers: s.lock_takeovers,
+            pending_writes: s.pending_writes,
+            failed_writes: s.failed_writes,
+            remote: s.remote.is_some(),
+            remote_hits: r.hits,
+            remote_misses: r.misses,
+            remote_rejects: r.rejects,
+            remote_errors: r.errors,
+            remote_timeouts: r.timeouts,
+            remote_skipped: r.skipped,
+            remote_breaker_trips: r.breaker_trips,
+            remote_breaker_open: r.breaker_open,
+            remote_leases: r.leases,
+            remote_lease_waits: r.lease_waits,
+            remote_lease_timeouts: r.lease_timeouts,
+            remote_puts: r.puts,
+            remote_bytes_read: r.bytes_read,
+            remote_bytes_written: r.bytes_written,
+        }
+    }
+}
 
 /// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
 /// `kc_disk_statistics`.
@@ -231,7 +332,37 @@ unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> 
         read_env: !opts.ignore_env,
         lock_timeout: (opts.lock_timeout_ms != 0)
             .then(|| Duration::from_millis(opts.lock_timeout_ms)),
+        // SAFETY: NULL or C strings by contract.
+        remote: Some(unsafe { remote_options(&opts) }?),
         ..DiskConfig::from_env()
+    })
+}
+
+/// The remote tier's fields of `opts`; unset ones come from the environment unless
+/// `ignore_env`.
+///
+/// # Safety
+/// `remote_url` and `remote_prefix` NULL or C strings.
+unsafe fn remote_options(opts: &kc_disk_options) -> Result<RemoteConfig> {
+    let text = |p: *const c_char, name: &str| -> Result<Option<String>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: non-NULL, hence a C string by the caller's contract.
+        unsafe { c_str(p, name) }.map(|s| Some(s.to_owned()))
+    };
+    let nonzero = |n: u64| (n != 0).then_some(n);
+    Ok(RemoteConfig {
+        url: text(opts.remote_url, "opts->remote_url")?,
+        read_only: opts.remote_read_only.then_some(true),
+        timeout: nonzero(opts.remote_timeout_ms).map(Duration::from_millis),
+        ttl: nonzero(opts.remote_ttl_s).map(Duration::from_secs),
+        prefix: text(opts.remote_prefix, "opts->remote_prefix")?,
+        max_entry_size: nonzero(opts.remote_max_entry_size),
+        lease_wait: nonzero(opts.remote_lease_wait_ms).map(Duration::from_millis),
+        allow_unkeyed: opts.remote_allow_unkeyed,
+        read_env: !opts.ignore_env,
+        ..RemoteConfig::default()
     })
 }
 

@@ -18,6 +18,7 @@ pub mod text;
 
 use crate::disk::DiskStats;
 use crate::memory;
+use crate::remote::RemoteStats;
 
 pub use histogram::BUILD_BUCKETS;
 pub(crate) use histogram::Histogram;
@@ -75,6 +76,11 @@ pub(crate) struct Totals {
     pub memory: memory::Stats,
     pub disk_tiers: u64,
     pub disk: DiskStats,
+    /// Every disk tier's remote tier, added up (`breaker_open` unused: see
+    /// `remote_breakers_open`).
+    pub remote: RemoteStats,
+    pub remote_tiers: u64,
+    pub remote_breakers_open: u64,
 }
 
 impl Totals {
@@ -105,6 +111,14 @@ impl std::ops::AddAssign for DiskStats {
         add_fields!(self, other; hits, misses, puts, bytes_read, bytes_written,
             integrity_rejects, io_errors, evictions, removes, load_failures, lock_waits,
             lock_timeouts, lock_takeovers, pending_writes, failed_writes, entries, bytes);
+    }
+}
+
+impl std::ops::AddAssign for RemoteStats {
+    /// Another remote tier's counters added to these (`breaker_open` stays as it was).
+    fn add_assign(&mut self, other: Self) {
+        add_fields!(self, other; hits, misses, rejects, errors, timeouts, skipped,
+            breaker_trips, leases, lease_waits, lease_timeouts, puts, bytes_read, bytes_written);
     }
 }
 
@@ -193,6 +207,12 @@ fn write_tiers(out: &mut Exposition, totals: &Totals) {
         &[("tier", "disk")],
         "result",
         [("hit", d.hits), ("miss", d.misses)],
+    )
+    .series(
+        lookups,
+        &[("tier", "remote")],
+        "result",
+        [("hit", totals.remote.hits), ("miss", totals.remote.misses)],
     );
     out.family(
         "kcache_entries",
@@ -286,10 +306,7 @@ fn write_tiers(out: &mut Exposition, totals: &Totals) {
         "result",
         [("ok", d.puts), ("failed", d.failed_writes)],
     );
-    for (name, help, value) in counters {
-        out.family(name, Kind::Counter, help)
-            .sample(name, &[], value);
-    }
+    unlabelled(out, Kind::Counter, &counters);
     let gauges: [(&str, &str, u64); 3] = [
         (
             "kcache_disk_bytes",
@@ -307,7 +324,87 @@ fn write_tiers(out: &mut Exposition, totals: &Totals) {
             totals.disk_tiers,
         ),
     ];
-    for (name, help, value) in gauges {
-        out.family(name, Kind::Gauge, help).sample(name, &[], value);
+    unlabelled(out, Kind::Gauge, &gauges);
+    write_remote(out, totals);
+}
+
+/// One family of one sample, without labels, for each `(name, help, value)`.
+fn unlabelled(out: &mut Exposition, kind: Kind, families: &[(&str, &str, u64)]) {
+    for &(name, help, value) in families {
+        out.family(name, kind, help).sample(name, &[], value);
     }
+}
+
+/// The remote tiers' families (zeros without one, so that no series appears out of nowhere).
+fn write_remote(out: &mut Exposition, totals: &Totals) {
+    let r = &totals.remote;
+    let operations = "kcache_remote_failures_total";
+    out.family(
+        operations,
+        Kind::Counter,
+        "Remote operations that failed, ran past their timeout, or were skipped by an open breaker.",
+    )
+    .series(
+        operations,
+        &[],
+        "reason",
+        [("error", r.errors), ("timeout", r.timeouts), ("skipped", r.skipped)],
+    );
+    let leases = "kcache_remote_leases_total";
+    out.family(
+        leases,
+        Kind::Counter,
+        "Cross-node leases: taken (builds led), waited for, waits that timed out.",
+    )
+    .series(
+        leases,
+        &[],
+        "result",
+        [
+            ("taken", r.leases),
+            ("waited", r.lease_waits),
+            ("timed_out", r.lease_timeouts),
+        ],
+    );
+    let counters: [(&str, &str, u64); 5] = [
+        (
+            "kcache_remote_rejects_total",
+            "Remote entries refused by verification (changed, another key, too large).",
+            r.rejects,
+        ),
+        (
+            "kcache_remote_breaker_trips_total",
+            "Times a remote tier's breaker opened after consecutive failures.",
+            r.breaker_trips,
+        ),
+        (
+            "kcache_remote_writes_total",
+            "Entries written to the remote tiers.",
+            r.puts,
+        ),
+        (
+            "kcache_remote_read_bytes_total",
+            "Bytes read from the remote tiers.",
+            r.bytes_read,
+        ),
+        (
+            "kcache_remote_written_bytes_total",
+            "Bytes written to the remote tiers.",
+            r.bytes_written,
+        ),
+    ];
+    unlabelled(out, Kind::Counter, &counters);
+    let gauges: [(&str, &str, u64); 2] = [
+        (
+            "kcache_remote_tiers",
+            "Remote tiers configured behind the open disk tiers.",
+            totals.remote_tiers,
+        ),
+        (
+            "kcache_remote_breakers_open",
+            "Remote tiers whose breaker is open now (the store is being skipped).",
+            totals.remote_breakers_open,
+        ),
+    ];
+    unlabelled(out, Kind::Gauge, &gauges);
 }

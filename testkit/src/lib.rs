@@ -6,6 +6,7 @@ pub mod cuda;
 pub mod ffi;
 pub mod opencl;
 pub mod prometheus;
+pub mod redis;
 pub mod strings;
 pub mod vulkan;
 

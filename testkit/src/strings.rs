@@ -3,12 +3,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability};
 use kcache::key::{Key, KeyBuilder};
-use kcache::memory::{MemoryCache, Options};
+use kcache::memory::{Lease, MemoryCache, Options};
 use kcache::tiered::TieredCache;
 
 pub type Cache = TieredCache<Vec<u8>, String>;
@@ -51,4 +52,31 @@ pub fn load(bytes: &[u8]) -> Result<(String, u64), BuildError> {
 
 pub fn serialize(value: &String) -> Result<Vec<u8>, BuildError> {
     Ok(value.as_bytes().to_vec())
+}
+
+/// Looks `source` up under `l2_key(source)`, loading with [`load`] and building and serializing
+/// with the steps given.
+pub fn find_or_build(
+    cache: &Cache,
+    source: &str,
+    build: impl FnOnce() -> Result<(String, u64), BuildError>,
+    serialize: impl FnOnce(&String) -> Result<Vec<u8>, BuildError>,
+) -> kcache::Result<Lease<Vec<u8>, String>> {
+    cache.find_or_build(
+        source.as_bytes(),
+        None,
+        || Ok(l2_key(source)),
+        load,
+        build,
+        serialize,
+    )
+}
+
+/// Looks `source` up, building `compiled(<source>)` (counted in `builds`) on a miss.
+pub fn lookup(cache: &Cache, source: &str, builds: &AtomicUsize) -> kcache::Result<String> {
+    let build = || {
+        builds.fetch_add(1, Ordering::SeqCst);
+        Ok((format!("compiled({source})"), 1))
+    };
+    find_or_build(cache, source, build, serialize).map(|lease| lease.value().clone())
 }

@@ -38,7 +38,8 @@ pub struct CudaStats {
     pub links: u64,
     /// Links that failed (bad PTX, bad options); the caller got [`Error::Build`].
     pub link_failures: u64,
-    /// Modules loaded from a disk cubin without any PTX JIT.
+    /// Modules loaded from a stored cubin (the disk tier's or the remote tier's) without any
+    /// PTX JIT.
     pub cubin_loads: u64,
     /// Disk cubins the driver refused; each was removed and the PTX linked again.
     pub cubins_rejected: u64,

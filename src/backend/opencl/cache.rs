@@ -25,7 +25,8 @@ pub struct OpenClStats {
     pub memory: memory::Stats,
     /// Programs compiled from source (`clBuildProgram` on a source program).
     pub source_builds: u64,
-    /// Programs loaded from a disk binary (`clCreateProgramWithBinary` + `clBuildProgram`).
+    /// Programs loaded from a stored binary, the disk tier's or the remote tier's
+    /// (`clCreateProgramWithBinary` + `clBuildProgram`).
     pub binary_loads: u64,
     /// Disk binaries the driver refused; each was removed and the source built instead.
     pub binaries_rejected: u64,

@@ -1,0 +1,206 @@
+//! Compile once across nodes: a per-entry lease in the store. Of the nodes that miss an entry
+//! at once, the one that sets `<prefix>lease:<entry name>` (`SET NX PX`) builds it; the others
+//! wait for its entry to appear in the store, reading it when it does. The leader renews the
+//! lease from a thread of its own while it builds, and releases it once its entry is in the
+//! store (or its build failed); a leader that dies lets it expire.
+//!
+//! Every failure opens the flight up rather than stalling it: a store that cannot be reached
+//! means build here; a follower builds once the lease is gone without an entry (the leader
+//! failed; it takes the lease itself if it can), and when its wait reaches the deadline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{Remote, bump};
+use crate::key::hex;
+use crate::log;
+
+/// How long a lease lasts unless renewed: how long followers wait for a leader that died.
+pub const LEASE_TTL: Duration = Duration::from_secs(10);
+/// How often a follower looks for the entry (and the lease).
+const POLL: Duration = Duration::from_millis(25);
+
+/// Deletes the lease only if it is still this holder's: an expired lease may be another's now.
+const RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0";
+/// Extends the lease only if it is still this holder's.
+const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
+                     return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
+
+/// What a node that missed an entry everywhere does.
+pub(crate) enum Flight<T> {
+    /// Build it: this node holds the lease until the guard is dropped.
+    Lead(LeaseGuard),
+    /// Another node built it meanwhile: here it is, verified.
+    Found(T),
+    /// Build it without a lease (no lease to be had, the leader failed, or the wait ran out).
+    Build,
+}
+
+/// A held lease, renewed until dropped, then released (by the dropping thread, so that the
+/// lease is gone once the write that drops it has finished).
+pub(crate) struct LeaseGuard {
+    remote: Arc<Remote>,
+    lease: String,
+    token: String,
+    /// Dropping it stops the renewals.
+    _renewing: mpsc::Sender<()>,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        // A renewal running meanwhile finds the lease gone, or not this holder's: a no-op.
+        self.remote.release(&self.lease, &self.token);
+    }
+}
+
+impl Remote {
+    /// Takes the lease on `name` or waits for the node holding it, as [`Flight`] says; `verify`
+    /// checks what the store hands back, as for [`Remote::fetch`].
+    pub(crate) fn flight<T>(
+        self: &Arc<Self>,
+        name: &str,
+        verify: impl Fn(Vec<u8>) -> Result<T, String>,
+    ) -> Flight<T> {
+        if self.lease_wait.is_zero() {
+            return Flight::Build;
+        }
+        let lease = format!("{}lease:{name}", self.prefix);
+        let deadline = Instant::now() + self.lease_wait;
+        let mut waited = false;
+        loop {
+            let token = if self.read_only {
+                // A reader never leads (it writes nothing), but it follows a writer that does.
+                match self.lease_exists(&lease) {
+                    Some(true) => None,
+                    None | Some(false) => return Flight::Build,
+                }
+            } else {
+                match self.acquire(&lease) {
+                    Some(token) => token,
+                    None => return Flight::Build,
+                }
+            };
+            if let Some(token) = token {
+                // After a wait, the leader may have written the entry just before it released
+                // the lease. (Before any wait, the caller has just looked: a node that wrote
+                // and released in between costs one build more, never a wrong value.)
+                if let Some(found) = waited.then(|| self.peek(name, &verify)).flatten() {
+                    bump(&self.counters.hits, 1);
+                    self.release(&lease, &token);
+                    return Flight::Found(found);
+                }
+                return match self.renew_while_held(lease, token) {
+                    Some(guard) => Flight::Lead(guard),
+                    None => Flight::Build,
+                };
+            }
+            if !waited {
+                waited = true;
+                bump(&self.counters.lease_waits, 1);
+                log::debug(|| format!("remote lease: {name}: another node builds it: waiting"));
+            }
+            std::thread::sleep(POLL);
+            if let Some(found) = self.peek(name, &verify) {
+                bump(&self.counters.hits, 1);
+                return Flight::Found(found);
+            }
+            if Instant::now() >= deadline {
+                bump(&self.counters.lease_timeouts, 1);
+                log::debug(|| {
+                    format!(
+                        "remote lease: {name}: timed out after {:?} waiting for another node: \
+                         building here too",
+                        self.lease_wait
+                    )
+                });
+                return Flight::Build;
+            }
+        }
+    }
+
+    /// `Some(Some(token))`: taken; `Some(None)`: another node holds it; `None`: the store
+    /// failed.
+    fn acquire(&self, lease: &str) -> Option<Option<String>> {
+        let token = token();
+        let ttl = LEASE_TTL.as_millis() as u64;
+        let set = self.guarded("lease", lease, |con| {
+            redis::cmd("SET")
+                .arg(lease)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .query::<Option<String>>(con)
+        })?;
+        Some(set.map(|_| token))
+    }
+
+    fn lease_exists(&self, lease: &str) -> Option<bool> {
+        self.guarded("lease", lease, |con| {
+            redis::cmd("EXISTS").arg(lease).query::<bool>(con)
+        })
+    }
+
+    fn release(&self, lease: &str, token: &str) {
+        self.guarded("lease release", lease, |con| {
+            redis::cmd("EVAL")
+                .arg(RELEASE)
+                .arg(1)
+                .arg(lease)
+                .arg(token)
+                .query::<i64>(con)
+        });
+    }
+
+    /// A thread that renews the lease until the guard is dropped; `None` (the lease
+    /// released) when no thread can be started.
+    fn renew_while_held(self: &Arc<Self>, lease: String, token: String) -> Option<LeaseGuard> {
+        bump(&self.counters.leases, 1);
+        let (tx, rx) = mpsc::channel::<()>();
+        let remote = Arc::clone(self);
+        let ttl = LEASE_TTL.as_millis() as u64;
+        let (held, mine) = (lease.clone(), token.clone());
+        let renewing = std::thread::Builder::new()
+            .name("kcache-lease".into())
+            .spawn(move || {
+                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(LEASE_TTL / 3) {
+                    remote.guarded("lease renewal", &held, |con| {
+                        redis::cmd("EVAL")
+                            .arg(RENEW)
+                            .arg(1)
+                            .arg(&held)
+                            .arg(&mine)
+                            .arg(ttl)
+                            .query::<i64>(con)
+                    });
+                }
+            });
+        if renewing.is_err() {
+            self.release(&lease, &token);
+            return None;
+        }
+        Some(LeaseGuard {
+            remote: Arc::clone(self),
+            lease,
+            token,
+            _renewing: tx,
+        })
+    }
+}
+
+static TOKENS: AtomicU64 = AtomicU64::new(0);
+
+/// A value no other holder (thread, process or node) will pick.
+fn token() -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&TOKENS.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.update(&now.as_nanos().to_le_bytes());
+    hex(&h.finalize().as_bytes()[..16])
+}
