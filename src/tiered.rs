@@ -192,8 +192,9 @@ where
     /// content; a key it cannot make leaves that lookup without the disk. `load` and `build`
     /// return the value and its L1 weight. A disk entry that `load` refuses is removed and the
     /// value built instead; a transient refusal (`BuildError::transient`: out of memory, say)
-    /// keeps the entry and fails the lookup with that error. A disk miss waits for another process building the same entry, up
-    /// to the disk tier's lock timeout, and reads what it wrote; when that process's build
+    /// keeps the entry and fails the lookup with that error. A disk miss waits for another
+    /// process building the same entry, up to the disk tier's lock timeout, and reads what it
+    /// wrote; when that process's build
     /// fails, this one builds too (and gets its own error). `serialize` runs on the calling
     /// thread; the write happens on the disk tier's background writer, and a failed one is
     /// counted, not returned. The entry written says it holds a value of backend `custom`;
@@ -365,7 +366,11 @@ where
             match serialize(lease.value()) {
                 Ok((bytes, descriptor)) => {
                     let counters = Arc::clone(self.counters);
-                    disk.write_back(key, build_time, descriptor, lock, bytes, move |written| {
+                    // Other nodes may be waiting on the lease: nothing tells this process, so
+                    // a write it would hold back is wanted now.
+                    let wanted = remote_lease.is_some();
+                    let entry = (key, build_time, descriptor);
+                    disk.write_back(entry, lock, bytes, wanted, move |written| {
                         // The entry is in the remote now (or will not be): other nodes
                         // waiting for it read it (or build).
                         drop(remote_lease);

@@ -3,12 +3,13 @@
 //! directory of its own. The second process loads what the first built without compiling; an
 //! entry changed in the store is rejected and rebuilt, with correct output; a read-only
 //! process writes no key; a remote setting kcache cannot use leaves the remote off and the
-//! lookup working.
+//! lookup working; a process that holds an entry's lease writes it before its cache is
+//! flushed, although PoCL's binaries are otherwise held back until then.
 //!
 //! Each process is this test binary run again with [`WORKER_ENV`] set (see
 //! [`remote_worker`]); it prints one line of counters.
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,6 +26,8 @@ use tempfile::TempDir;
 const WORKER_ENV: &str = "KCACHE_REMOTE_WORKER";
 /// A file to wait for before the lookup, so that several workers miss at the same moment.
 const GO_ENV: &str = "KCACHE_REMOTE_GO";
+/// A file to wait for after the launch and before the flush (saying `launched` first).
+const HOLD_ENV: &str = "KCACHE_REMOTE_HOLD";
 const ITEMS: usize = 64;
 
 const SOURCE: &str = "__kernel void twice_plus(__global float *y) {\n  uint i = get_global_id(0);\n  y[i] = 2.0f * y[i] + (float)(i ^ 5u);\n}\n";
@@ -61,6 +64,12 @@ fn remote_worker() {
     .unwrap();
     let correct = (0..ITEMS).all(|i| y[i] == 2.0 * i as f32 + (i ^ 5) as f32);
     drop(program);
+    if let Some(hold) = std::env::var_os(HOLD_ENV) {
+        println!("launched");
+        while !Path::new(&hold).exists() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
     cache.flush();
     let stats = cache.stats();
     let line = match disk.remote_stats() {
@@ -244,4 +253,63 @@ fn four_processes_cold_starting_one_program_compile_it_once() {
     assert_eq!(count("builds=0 loads=1 hits=1"), 3, "{lines:#?}");
     assert_eq!(count("correct=1"), 4, "{lines:#?}");
     assert_eq!(server.keys().len(), 1, "{:?}", server.keys());
+}
+
+/// PoCL's binaries are held back until a local process wants them or the cache is flushed;
+/// a process that holds the entry's lease writes at once instead, since other nodes may be
+/// waiting and cannot say so: the entry is in Redis while the process still runs, unflushed,
+/// and another node loads it.
+#[test]
+fn a_lease_holder_writes_before_its_flush() {
+    let server = RedisServer::start();
+    let setup = Setup::new();
+    let hold = setup.tmp.path().join("hold");
+    let mut holder = KillOnDrop(
+        setup
+            .worker(&server, "holder", &[(HOLD_ENV, hold.to_str().unwrap())])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.trim_end().ends_with("launched") {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the holder ended early"
+        );
+    }
+    // Written by the writer thread, which may still be at it: wait for the key.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while server.keys().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no key while the holder runs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let other = setup.run(&server, "other", &[]);
+    assert_eq!(
+        other,
+        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
+    );
+    std::fs::write(&hold, b"").unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(holder.0.wait().unwrap().success());
+    assert!(
+        counters("holder", &rest).starts_with("remote=on builds=1 loads=0 hits=0 rejects=0"),
+        "{rest}"
+    );
+}
+
+/// A worker that a failed assertion leaves behind is killed, not left waiting for its file.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

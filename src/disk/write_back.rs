@@ -62,17 +62,16 @@ impl From<Vec<u8>> for DiskBytes {
 
 impl DiskCache {
     /// Writes the entry for `key`, described by `descriptor`, from `bytes` on the background
-    /// writer, then releases
-    /// `lock`; `done` learns whether it was written. A failure is counted in `failed_writes`
-    /// and marked on the lock, so that waiting processes build rather than wait for an entry
-    /// that will not come.
+    /// writer, then releases `lock`; `done` learns whether it was written. Bytes held back
+    /// ([`DiskBytes::held`]) are made as wanted at once when `wanted`. A failure is counted in
+    /// `failed_writes` and marked on the lock, so that waiting processes build rather than
+    /// wait for an entry that will not come.
     pub(crate) fn write_back(
         &self,
-        key: Key,
-        build_time: Duration,
-        descriptor: Descriptor,
+        (key, build_time, descriptor): (Key, Duration, Descriptor),
         lock: Option<KeyLock>,
         bytes: DiskBytes,
+        wanted_now: bool,
         done: impl FnOnce(bool) + Send + 'static,
     ) {
         let inner = Arc::clone(&self.inner);
@@ -84,14 +83,7 @@ impl DiskCache {
             }
             Making::Held { wanted, settled } => (wanted, settled),
         };
-        // The poll reads the lock's mark; the write releases the lock (the last reference, the
-        // poll being dropped before the write runs).
-        let lock = lock.map(Arc::new);
-        let poll = lock
-            .clone()
-            .map(|lock| Box::new(move || lock.wanted()) as Box<dyn Fn() -> bool + Send>);
-        self.inner.writer.park(poll, move |cause| {
-            let lock = lock.and_then(|lock| Arc::try_unwrap(lock).ok());
+        let job = move |cause, lock: Option<KeyLock>| {
             if cause == Cause::Flush {
                 return done(publish(
                     &inner,
@@ -110,6 +102,18 @@ impl DiskCache {
                     grow(&inner, &key, &descriptor, settled, build_time)
                 });
             }
+        };
+        if wanted_now {
+            return self.inner.writer.submit(move || job(Cause::Wanted, lock));
+        }
+        // The poll reads the lock's mark; the write releases the lock (the last reference, the
+        // poll being dropped before the write runs).
+        let lock = lock.map(Arc::new);
+        let poll = lock
+            .clone()
+            .map(|lock| Box::new(move || lock.wanted()) as Box<dyn Fn() -> bool + Send>);
+        self.inner.writer.park(poll, move |cause| {
+            job(cause, lock.and_then(|lock| Arc::try_unwrap(lock).ok()))
         });
     }
 }
