@@ -99,6 +99,14 @@ class DiskOptions(Structure):
         ("ignore_env", c_bool),
         ("require_key", c_bool),
         ("lock_timeout_ms", c_uint64),
+        ("remote_url", c_char_p),
+        ("remote_read_only", c_bool),
+        ("remote_allow_unkeyed", c_bool),
+        ("remote_timeout_ms", c_uint64),
+        ("remote_ttl_s", c_uint64),
+        ("remote_prefix", c_char_p),
+        ("remote_max_entry_size", c_uint64),
+        ("remote_lease_wait_ms", c_uint64),
     ]
 
 
@@ -123,6 +131,21 @@ class DiskStatistics(Structure):
         ("lock_takeovers", c_uint64),
         ("pending_writes", c_uint64),
         ("failed_writes", c_uint64),
+        ("remote", c_bool),
+        ("remote_hits", c_uint64),
+        ("remote_misses", c_uint64),
+        ("remote_rejects", c_uint64),
+        ("remote_errors", c_uint64),
+        ("remote_timeouts", c_uint64),
+        ("remote_skipped", c_uint64),
+        ("remote_breaker_trips", c_uint64),
+        ("remote_breaker_open", c_bool),
+        ("remote_leases", c_uint64),
+        ("remote_lease_waits", c_uint64),
+        ("remote_lease_timeouts", c_uint64),
+        ("remote_puts", c_uint64),
+        ("remote_bytes_read", c_uint64),
+        ("remote_bytes_written", c_uint64),
     ]
 
 
