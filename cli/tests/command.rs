@@ -8,6 +8,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+mod common;
+
+use common::{json, run};
 use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
 use kcache::key::Key;
@@ -23,13 +26,6 @@ fn run_env(env: &[(&str, &str)], args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-/// Runs `kcache --dir DIR ARGS`.
-fn run(dir: &Path, args: &[&str]) -> Output {
-    let mut all = vec!["--dir", dir.to_str().unwrap()];
-    all.extend_from_slice(args);
-    run_env(&[], &all)
 }
 
 fn stdout(output: &Output) -> String {
@@ -48,14 +44,6 @@ fn refused(output: &Output, why: &str) {
 }
 
 /// Runs a `--json` command that must succeed and parses its output.
-fn json(dir: &Path, args: &[&str]) -> Value {
-    let output = run(dir, args);
-    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
-    let value: Value = serde_json::from_str(&stdout(&output)).unwrap();
-    assert_eq!(value["schema"], 1);
-    value
-}
-
 fn key(n: u8) -> Key {
     Key::from_bytes([n; 32])
 }

@@ -6,8 +6,11 @@
 //! Each process is this test binary run again with [`WORKER_DIR`] set (see [`counters_worker`]).
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 
+mod common;
+
+use common::{json, run};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{disk, l2_key, load, serialize, tiered};
 use serde_json::Value;
@@ -52,29 +55,6 @@ fn counters_worker() {
     let own = format!("worker {id}");
     assert_eq!(lookup(&own), format!("built {own}"));
     // Dropping the cache and its disk tier writes this process's counters.
-}
-
-fn kcache(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kcache"))
-        .env_clear()
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json(dir: &Path, args: &[&str]) -> Value {
-    let output = kcache(dir, args);
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let value: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(value["schema"], 1);
-    value
 }
 
 fn counter(stats: &Value, name: &str) -> u64 {
@@ -145,7 +125,7 @@ fn two_processes_hits_add_up_and_zero_stats_zeroes_them() {
     assert!((1..=3).contains(&shards), "{shards} shards");
     assert_eq!(stats["entries"], stored + 2);
 
-    let human = String::from_utf8(kcache(dir, &["stats"]).stdout).unwrap();
+    let human = String::from_utf8(run(dir, &["stats"]).stdout).unwrap();
     assert!(
         human.contains("memory lookups  12 hits, 8 misses (60.0 % hits)"),
         "{human}"

@@ -6,10 +6,12 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod common;
+
+use common::{json, run};
 use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION_1, Header};
 use kcache::disk::{Descriptor, DiskCache, DiskConfig};
@@ -17,25 +19,6 @@ use kcache::key::{KEY_SCHEMA_VERSION, Key};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::strings::{l2_key, load, serialize, tiered};
 use serde_json::Value;
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kcache"))
-        .env_clear()
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn json(dir: &Path, args: &[&str]) -> Value {
-    let output = run(dir, args);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let value: Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(value["schema"], 1);
-    value
-}
 
 /// Entry files in `dir`.
 fn entry_files(dir: &Path) -> usize {
