@@ -17,10 +17,8 @@
 //!   one in seven two-process runs of `benches/node.rs`, against none in eighteen with the
 //!   sibling;
 //! - at flush (and when the cache is freed), the cached program's binary, which then holds
-//!   what its launches compiled: stored, or replacing the sibling's when it is larger. With
-//!   PoCL's kernel cache off, a sibling's binary lacks the launches' code, and a process that
-//!   loads it compiles at its first launch; the one stored at flush spares later processes
-//!   that.
+//!   what its launches compiled: stored, or replacing the sibling's when it is larger (in
+//!   `tests/node_flight.rs` on PoCL 3.1 it was the same size, and nothing was rewritten).
 //!
 //! Other drivers' binaries do not change with launches, and the cached program is queried
 //! directly on the background writer.
