@@ -104,7 +104,7 @@ fn run(peer: &Arc<dyn Peer>, keys: &Arc<Vec<Vec<u8>>>, threads: usize, ops: usiz
                 let mut sum = 0u64;
                 let mut i = t * 7919;
                 for _ in 0..ops {
-                    i = (i + 7_001) % KEYS;
+                    i = (i + 7_001) % keys.len();
                     sum = sum.wrapping_add(peer.hit(&keys[i]));
                 }
                 black_box(sum);
@@ -316,7 +316,56 @@ fn policies() {
     );
 }
 
+/// `KCACHE_BENCH_PEER=<peer> KCACHE_BENCH_OPS=<n>`: only `n` single-thread hits of one peer
+/// (`kcache`, `quick_cache`, `moka`, `mutex`, or `loop` for the loop and key walk alone), for
+/// an instruction counter: two runs with different `n` give the cost of one hit as the
+/// difference over the difference in `n` (see docs/benchmarks.md).
+fn one_peer(name: &str) {
+    let ops = std::env::var("KCACHE_BENCH_OPS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(OPS_PER_THREAD);
+    let keys = Arc::new(keys());
+    let peers = peers(&keys);
+    let peer: Arc<dyn Peer> = match name {
+        "kcache" => Arc::clone(&peers[0]),
+        "quick_cache" => Arc::clone(&peers[1]),
+        "moka" => Arc::clone(&peers[2]),
+        "mutex" => Arc::clone(&peers[3]),
+        "loop" => Arc::new(Walk),
+        other => panic!("KCACHE_BENCH_PEER={other:?}: not a peer"),
+    };
+    let threads = std::env::var("KCACHE_BENCH_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    // `KCACHE_BENCH_HOT=1`: every thread hits the same key.
+    let walk = match std::env::var("KCACHE_BENCH_HOT") {
+        Ok(_) => Arc::new(keys[..1].to_vec()),
+        Err(_) => keys,
+    };
+    let took = run(&peer, &walk, threads, ops);
+    println!(
+        "{name}: {threads} thread(s), {ops} hits each, {:.1} ns each",
+        took.as_nanos() as f64 / ops as f64
+    );
+}
+
+/// The harness without a cache: the loop and the key it would look up.
+struct Walk;
+impl Peer for Walk {
+    fn name(&self) -> &'static str {
+        "loop alone"
+    }
+    fn hit(&self, key: &[u8]) -> u64 {
+        black_box(key).len() as u64
+    }
+}
+
 fn main() {
+    if let Ok(name) = std::env::var("KCACHE_BENCH_PEER") {
+        return one_peer(&name);
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
     // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.

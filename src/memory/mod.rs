@@ -46,6 +46,7 @@ mod shared;
 mod stats;
 mod sync;
 mod tally;
+mod thread_index;
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -63,7 +64,7 @@ pub(crate) use stats::counters;
 use flight::Flight;
 use metrics::MemorySource;
 use policy::Clock;
-use shared::{ErrorHook, Shared, Slot, bump};
+use shared::{Building, ErrorHook, Shared, Slot, bump};
 use sync::{AtomicU64, Mutex, Ordering};
 
 use crate::metrics::{self as process_metrics, Backend};
@@ -216,7 +217,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             let table = self.shared.shard_of(hash).table.read();
             match table.find(hash, |slot| slot.matches(hash, key)) {
                 Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
-                Some(Slot::Building { flight, .. }) => Some(Arc::clone(flight)),
+                Some(Slot::Building(building)) => Some(Arc::clone(&building.flight)),
                 None => None,
             }
         };
@@ -244,8 +245,8 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let mut table = self.shared.shard_of(hash).table.write();
         match table.find(hash, |slot| slot.matches(hash, key)) {
             Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
-            Some(Slot::Building { flight, .. }) => {
-                let flight = Arc::clone(flight);
+            Some(Slot::Building(building)) => {
+                let flight = Arc::clone(&building.flight);
                 drop(table);
                 return self.join(&flight);
             }
@@ -257,11 +258,11 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let flight = Arc::new(Flight::new());
         table.insert_unique(
             hash,
-            Slot::Building {
+            Slot::Building(Box::new(Building {
                 key: key.to_owned(),
                 hash,
                 flight: Arc::clone(&flight),
-            },
+            })),
             Slot::hash,
         );
         drop(table);
@@ -442,11 +443,11 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let found = table
             .find_entry(
                 hash,
-                |slot| matches!(slot, Slot::Building { flight: f, .. } if Arc::ptr_eq(f, flight)),
+                |slot| matches!(slot, Slot::Building(b) if Arc::ptr_eq(&b.flight, flight)),
             )
             .unwrap_or_else(|_| unreachable!("only the builder removes its flight's slot"));
         match found.remove().0 {
-            Slot::Building { key, flight, .. } => (key, flight),
+            Slot::Building(building) => (building.key, building.flight),
             Slot::Ready(_) => unreachable!("matched a building slot"),
         }
     }

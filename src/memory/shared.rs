@@ -15,21 +15,25 @@ use crate::DestroyError;
 pub(super) type DestroyFn<V> = Box<dyn Fn(V) -> Result<(), DestroyError> + Send + Sync>;
 pub(super) type ErrorHook = Arc<dyn Fn(&DestroyError) + Send + Sync>;
 
-/// A table slot: a ready entry, or a build in flight that later lookups wait for.
+/// A table slot: a ready entry, or a build in flight that later lookups wait for. Two words
+/// wide: a build's key is boxed, so that the table a hit probes stays small.
 pub(super) enum Slot<K, V> {
     Ready(Arc<Entry<K, V>>),
-    Building {
-        key: K,
-        hash: u64,
-        flight: Arc<Flight<K, V>>,
-    },
+    Building(Box<Building<K, V>>),
+}
+
+/// A key being built: the key (moved into the entry at install) and its flight.
+pub(super) struct Building<K, V> {
+    pub(super) key: K,
+    pub(super) hash: u64,
+    pub(super) flight: Arc<Flight<K, V>>,
 }
 
 impl<K, V> Slot<K, V> {
     pub(super) fn key(&self) -> &K {
         match self {
             Slot::Ready(entry) => entry.key(),
-            Slot::Building { key, .. } => key,
+            Slot::Building(building) => &building.key,
         }
     }
 
@@ -47,7 +51,7 @@ impl<K, V> Slot<K, V> {
     pub(super) fn hash(&self) -> u64 {
         match self {
             Slot::Ready(entry) => entry.hash,
-            Slot::Building { hash, .. } => *hash,
+            Slot::Building(building) => building.hash,
         }
     }
 }

@@ -1,19 +1,16 @@
 //! Hit and miss counters that hits can afford. A shared atomic counter costs a locked
 //! read-modify-write per hit, the single largest item of the hit path when measured; here each
-//! thread counts into a slot of its own with a plain load and store, and `stats()` adds the
-//! slots up.
+//! thread counts into the slot of its index (`thread_index.rs`) with a plain load and store,
+//! and `stats()` adds the slots up.
 
-use std::cell::RefCell;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
-/// Every tally's identity, so that a thread can tell its slots apart.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+use super::thread_index;
 
-thread_local! {
-    /// This thread's slot in each tally it has counted into.
-    static SLOTS: RefCell<Vec<(u64, Arc<Counts>)>> = const { RefCell::new(Vec::new()) };
-}
+/// Threads with an index below this count into a slot of their own; the rest share one with
+/// atomic additions. Each slot is two cache lines wide, so a cache spends 8 KiB on them.
+const SLOTS: usize = 64;
 
 #[derive(Default)]
 #[repr(align(128))]
@@ -23,26 +20,26 @@ struct Counts {
 }
 
 pub(super) struct Tally {
-    id: u64,
-    /// Behind an `Arc` so that the process's metrics can add them up while the cache lives;
-    /// a count touches only `id` and the thread's own slot, never this pointer.
+    /// Behind an `Arc` so that the process's metrics can add them up while the cache lives.
     all: Arc<AllCounts>,
 }
 
 /// Every count of one tally.
-#[derive(Default)]
 pub(super) struct AllCounts {
-    /// Every thread's slot, kept after the thread exits so that no count is lost.
-    slots: Mutex<Vec<Arc<Counts>>>,
-    /// For the rare count made while this thread's slots are being torn down.
+    /// Slot `i` is written only by the live thread of index `i`; kept after the thread exits
+    /// so that no count is lost, and taken over by the next thread given that index.
+    slots: [Counts; SLOTS],
+    /// Threads past the slots, and counts made while a thread's storage is torn down.
     shared: Counts,
 }
 
 impl Tally {
     pub(super) fn new() -> Self {
         Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-            all: Arc::default(),
+            all: Arc::new(AllCounts {
+                slots: std::array::from_fn(|_| Counts::default()),
+                shared: Counts::default(),
+            }),
         }
     }
 
@@ -62,41 +59,16 @@ impl Tally {
 
     #[inline]
     fn count(&self, field: impl Fn(&Counts) -> &AtomicU64) {
-        let counted = SLOTS.try_with(|slots| {
-            let slots = slots.borrow();
-            let mine = slots.iter().find(|(id, _)| *id == self.id);
-            if let Some((_, counts)) = mine {
+        match thread_index::current().and_then(|i| self.all.slots.get(i)) {
+            Some(mine) => {
                 // Only this thread writes its slot: a plain load and store cannot lose a count.
-                let counter = field(counts);
+                let counter = field(mine);
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             }
-            mine.is_some()
-        });
-        match counted {
-            Ok(true) => {}
-            Ok(false) => self.register(field),
-            Err(_) => {
+            None => {
                 field(&self.all.shared).fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-
-    /// This thread's first count in this tally: give it a slot.
-    #[cold]
-    #[inline(never)]
-    fn register(&self, field: impl Fn(&Counts) -> &AtomicU64) {
-        let counts = Arc::new(Counts::default());
-        field(&counts).store(1, Ordering::Relaxed);
-        self.all
-            .slots
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::clone(&counts));
-        SLOTS.with_borrow_mut(|slots| {
-            // Forget slots of tallies that are gone (their cache was dropped).
-            slots.retain(|(_, c)| Arc::strong_count(c) > 1);
-            slots.push((self.id, counts));
-        });
     }
 }
 
@@ -109,10 +81,9 @@ impl AllCounts {
                 c.misses.load(Ordering::Relaxed),
             )
         };
-        let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
-        slots
+        self.slots
             .iter()
-            .map(|c| load(c))
+            .map(load)
             .fold(load(&self.shared), |(h, m), (dh, dm)| (h + dh, m + dm))
     }
 }
