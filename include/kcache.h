@@ -769,7 +769,8 @@ typedef struct kc_vulkan_cache_statistics {
   uint64_t pipelines_destroyed;
   // Pipeline layouts created (one per device and layout description).
   uint64_t layouts_created;
-  // Pipeline-cache blobs read from disk, validated and handed to the driver.
+  // Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
+  // to the driver.
   uint64_t cache_data_loaded;
   // Device registrations that found no pipeline-cache data on disk.
   uint64_t cache_data_missing;
@@ -777,7 +778,8 @@ typedef struct kc_vulkan_cache_statistics {
   uint64_t cache_data_rejected;
   // Pipeline-cache blobs written to disk.
   uint64_t cache_data_written;
-  // Blobs another process stored meanwhile, merged in before a write.
+  // Blobs another process (or node, through the remote tier) stored meanwhile, merged in
+  // before a write.
   uint64_t cache_data_merged;
   // Disk reads or writes that failed (a failed write is also returned by the flushing call).
   uint64_t disk_errors;
@@ -1608,9 +1610,11 @@ enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
 // `cache` must be a live cache.
 enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 
-// Writes the device's pipeline-cache data to disk now if pipelines were created since the
-// last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
-// says whether it wrote. Without a disk tier it writes nothing and succeeds.
+// Writes the device's pipeline-cache data to disk now if pipelines were created (or data
+// loaded from the remote tier) since the last write, merging what other processes stored
+// meanwhile; with a remote tier that takes writes (`KCACHE_REMOTE_URL`), merges the remote's
+// data too and writes the result there in the background. `*out_written` (if not NULL) says
+// whether it wrote to disk. Without a disk tier it writes nothing and succeeds.
 //
 // # Safety
 // `cache` and `device` must be live and belong together; `out_written` NULL or writable.

@@ -9,8 +9,7 @@
 //! Each process is this test binary run again with [`WORKER_ENV`] set (see
 //! [`remote_worker`]); it prints one line of counters.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -20,7 +19,7 @@ use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
 use kcache_testkit::prometheus;
 use kcache_testkit::redis::RedisServer;
-use kcache_testkit::successful_stdout;
+use kcache_testkit::{successful_stdout, write_key_file};
 use tempfile::TempDir;
 
 const WORKER_ENV: &str = "KCACHE_REMOTE_WORKER";
@@ -115,14 +114,7 @@ impl Setup {
     fn new() -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let key_file = tmp.path().join("operator.key");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&key_file)
-            .unwrap()
-            .write_all(&[42u8; 32])
-            .unwrap();
+        write_key_file(&key_file, &[42u8; 32]);
         Setup { tmp, key_file }
     }
 

@@ -25,6 +25,28 @@ impl DiskCache {
         })
     }
 
+    /// Whether entries written here go to a remote tier too (there is one, not read-only).
+    pub(crate) fn shares(&self) -> bool {
+        self.inner.remote.as_ref().is_some_and(|r| r.writes())
+    }
+
+    /// Writes `payload`, already the disk's entry for `key`, to the remote tier on the
+    /// background writer, as a built value's entry is (Vulkan's pipeline-cache data, which is
+    /// written to disk by its own read-merge-write).
+    pub(crate) fn share_later(
+        &self,
+        key: &Key,
+        payload: Vec<u8>,
+        build_time: Duration,
+        descriptor: Descriptor,
+    ) {
+        let inner = Arc::clone(&self.inner);
+        let key = *key;
+        self.inner
+            .writer
+            .submit(move || share(&inner, &key, &payload, build_time, &descriptor));
+    }
+
     /// After a miss everywhere: lead the build of `key` for every node sharing the remote, or
     /// get the entry another node built meanwhile, or build without a lease (see
     /// `remote::lease`). Without a remote tier: build.

@@ -226,7 +226,8 @@ pub struct kc_vulkan_cache_statistics {
     pub pipelines_destroyed: u64,
     /// Pipeline layouts created (one per device and layout description).
     pub layouts_created: u64,
-    /// Pipeline-cache blobs read from disk, validated and handed to the driver.
+    /// Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
+    /// to the driver.
     pub cache_data_loaded: u64,
     /// Device registrations that found no pipeline-cache data on disk.
     pub cache_data_missing: u64,
@@ -234,7 +235,8 @@ pub struct kc_vulkan_cache_statistics {
     pub cache_data_rejected: u64,
     /// Pipeline-cache blobs written to disk.
     pub cache_data_written: u64,
-    /// Blobs another process stored meanwhile, merged in before a write.
+    /// Blobs another process (or node, through the remote tier) stored meanwhile, merged in
+    /// before a write.
     pub cache_data_merged: u64,
     /// Disk reads or writes that failed (a failed write is also returned by the flushing call).
     pub disk_errors: u64,
@@ -405,9 +407,11 @@ pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> k
     unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
 }
 
-/// Writes the device's pipeline-cache data to disk now if pipelines were created since the
-/// last write (merging what other processes stored meanwhile). `*out_written` (if not NULL)
-/// says whether it wrote. Without a disk tier it writes nothing and succeeds.
+/// Writes the device's pipeline-cache data to disk now if pipelines were created (or data
+/// loaded from the remote tier) since the last write, merging what other processes stored
+/// meanwhile; with a remote tier that takes writes (`KCACHE_REMOTE_URL`), merges the remote's
+/// data too and writes the result there in the background. `*out_written` (if not NULL) says
+/// whether it wrote to disk. Without a disk tier it writes nothing and succeeds.
 ///
 /// # Safety
 /// `cache` and `device` must be live and belong together; `out_written` NULL or writable.

@@ -229,6 +229,11 @@ impl Remote {
             .ok()
     }
 
+    /// Whether [`Remote::store`] writes (the remote is not read-only).
+    pub(crate) fn writes(&self) -> bool {
+        !self.read_only
+    }
+
     /// Writes the entry `name` (unless read-only, or larger than the limit).
     pub(crate) fn store(&self, name: &str, entry: &[u8]) {
         if self.read_only {

@@ -10,6 +10,9 @@ pub mod redis;
 pub mod strings;
 pub mod vulkan;
 
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::process::Command;
 
 /// This test executable again, set to run only the test `name`, on one thread, with its output
@@ -32,6 +35,19 @@ pub fn successful_stdout(what: &str, command: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
+}
+
+/// Creates `path` as an operator key file holding `key`, private to its owner (mode 0600) as
+/// `KCACHE_KEY_FILE` must be.
+pub fn write_key_file(path: &Path, key: &[u8]) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap()
+        .write_all(key)
+        .unwrap();
 }
 
 /// Asserts that `$result` is an `Err` whose error matches `$pattern`, and names the pattern

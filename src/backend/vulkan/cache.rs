@@ -133,7 +133,8 @@ impl VulkanCache {
 
     /// Registers the caller's device: reads its identity, loads its function table, and
     /// creates its `VkPipelineCache`, seeded from disk when a blob with a matching header is
-    /// stored. The caller keeps ownership of all three handles.
+    /// stored, else from the disk tier's remote tier when it has one. The caller keeps
+    /// ownership of all three handles.
     ///
     /// # Safety
     /// The handles must be live and related (`physical_device` from `instance`, `device` from
@@ -179,7 +180,7 @@ impl VulkanCache {
         } = unsafe { device::open(vulkan, instance, physical_device, device, owner) }?;
         let identity = device::identity(&props);
         let disk_key = persistence::pipeline_cache_key(&identity, &props)?;
-        let (pipeline_cache, stored) = persistence::create_pipeline_cache(
+        let created = persistence::create_pipeline_cache(
             self.disk.as_deref(),
             self.counters(),
             &fns.fns,
@@ -197,11 +198,14 @@ impl VulkanCache {
                 max_bound_descriptor_sets: props.limits.max_bound_descriptor_sets,
             },
             subgroups,
-            pipeline_cache: RwLock::new(pipeline_cache),
+            pipeline_cache: RwLock::new(created.cache),
             layouts: Mutex::new(HashMap::new()),
-            unsaved: AtomicU64::new(0),
+            // Data from the remote tier goes to disk at the first write-back, merged under the
+            // entry's lock like any write, so that it cannot overwrite what another process
+            // of this node wrote meanwhile.
+            unsaved: AtomicU64::new(u64::from(created.from_remote)),
             build_nanos: AtomicU64::new(0),
-            stored: Mutex::new(stored),
+            stored: Mutex::new(created.stored),
         };
         match self.cache.register(device.as_raw(), state) {
             Ok(registered) => Ok(VulkanDevice(registered)),
@@ -276,8 +280,11 @@ impl VulkanCache {
         self.cache.find_or_build_registered(&device.0, spec)
     }
 
-    /// Writes the device's pipeline-cache data to disk if pipelines were created since the
-    /// last write, merging in what another process stored meanwhile. Returns whether it wrote.
+    /// Writes the device's pipeline-cache data to disk if pipelines were created (or data
+    /// loaded from the remote tier) since the last write, merging in what another process
+    /// stored meanwhile; with a remote tier that takes writes, merges the remote's data too
+    /// and writes the result there on the disk tier's background writer. Returns whether it
+    /// wrote to disk.
     pub fn flush(&self, device: &VulkanDevice) -> Result<bool> {
         self.check_owner(device)?;
         if device.is_retired() {

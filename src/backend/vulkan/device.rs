@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::header::CacheIdentity;
 use super::loader::Vulkan;
+use super::persistence::Stored;
 use super::pipeline::Layout;
 use crate::backend::registry::Registration;
 use crate::disk::Descriptor;
@@ -128,13 +129,14 @@ pub(super) struct DeviceState {
     /// teardown cannot destroy it under a build.
     pub(super) pipeline_cache: RwLock<vk::PipelineCache>,
     pub(super) layouts: Mutex<HashMap<[u8; 32], Arc<Layout>>>,
-    /// Pipelines created since the data was last written.
+    /// Pipelines created (and remote data loaded) since the data was last written.
     pub(super) unsaved: AtomicU64,
     /// Time spent in `vkCreateComputePipelines` on this device: what the stored data saves a
     /// later process at best, recorded with it for the disk tier's eviction.
     pub(super) build_nanos: AtomicU64,
-    /// Digest of the blob last read from or written to disk; serialises write-backs.
-    pub(super) stored: Mutex<Option<[u8; 32]>>,
+    /// Digests of the blobs last read from or written to disk and the remote tier;
+    /// serialises write-backs.
+    pub(super) stored: Mutex<Stored>,
 }
 
 /// A device registered with a [`VulkanCache`](super::VulkanCache). Cloning it is cheap.

@@ -24,6 +24,9 @@
 //!   empty. Data is written back by [`VulkanCache::flush`], by `unregister_device`, and when the
 //!   `VulkanCache` is dropped — each time only if pipelines were created since the last write,
 //!   after merging what another process stored in the meantime.
+//! - **Remote.** With a remote tier behind the disk tier ([`crate::remote`]), a device whose
+//!   disk has no usable blob is seeded from the remote's (verified as every remote entry), and
+//!   a write-back merges the remote's blob as well and writes the result there too.
 
 mod cache;
 mod device;

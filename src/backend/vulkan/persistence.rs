@@ -1,6 +1,8 @@
 //! The device's `VkPipelineCache` data on disk: read and checked at registration, merged with
 //! what another process stored and written back on flush and teardown, under the entry's
-//! cross-process lock.
+//! cross-process lock. With a remote tier behind the disk tier, a registration that finds no
+//! usable blob on disk reads the remote's, and a write-back merges the remote's blob too and
+//! writes the result there after the disk.
 //!
 //! This is where Vulkan differs from the other backends' disk tier: the driver keeps one
 //! pipeline cache per device, holding every pipeline it created, so the disk holds one blob
@@ -54,14 +56,30 @@ pub(super) fn descriptor(props: &vk::PhysicalDeviceProperties) -> Descriptor {
     Descriptor::new("vulkan", &name.to_string_lossy(), "VkPipelineCache")
 }
 
-/// Creates the device's pipeline cache, from disk data when its header names this device.
+/// Digests of the blobs last read from or written to each store: a write-back merges only
+/// what changed there since, and writes only where its data differs.
+pub(super) struct Stored {
+    pub(super) disk: Option<[u8; 32]>,
+    pub(super) remote: Option<[u8; 32]>,
+}
+
+/// A device's new pipeline cache, and what it was seeded from.
+pub(super) struct Created {
+    pub(super) cache: vk::PipelineCache,
+    pub(super) stored: Stored,
+    /// Seeded from the remote tier's blob, which the disk has no copy of yet.
+    pub(super) from_remote: bool,
+}
+
+/// Creates the device's pipeline cache from disk data whose header names this device, else
+/// from the remote tier's (behind the disk tier, when it has one), else empty.
 pub(super) fn create_pipeline_cache(
     disk: Option<&DiskCache>,
     counters: &Counters,
     fns: &ash::Device,
     identity: &CacheIdentity,
     key: &Key,
-) -> Result<(vk::PipelineCache, Option<[u8; 32]>)> {
+) -> Result<Created> {
     let blob = match disk {
         // A disk that cannot be read costs the warm start, not the device.
         Some(disk) => match disk.get(key) {
@@ -75,20 +93,22 @@ pub(super) fn create_pipeline_cache(
     };
     // Remembered even for a rejected blob, so that a write-back neither merges it nor
     // counts it a second time, and replaces it.
-    let stored = blob.as_deref().map(digest);
-    let initial: &[u8] = match &blob {
-        None => {
-            if disk.is_some() {
-                bump(&counters.data_missing);
-            }
-            &[]
-        }
-        Some(data) if header::check(data, identity).is_ok() => data,
-        Some(_) => {
-            bump(&counters.data_rejected);
-            &[]
-        }
+    let mut stored = Stored {
+        disk: blob.as_deref().map(digest),
+        remote: None,
     };
+    if blob.is_none() && disk.is_some() {
+        bump(&counters.data_missing);
+    }
+    let mut seed = blob.and_then(|data| checked(counters, data, identity));
+    if seed.is_none() {
+        // Verified as a disk entry is, and counted in the remote tier's statistics.
+        seed = disk
+            .and_then(|disk| disk.fetch_remote(key))
+            .and_then(|entry| checked(counters, entry.into_payload(), identity));
+        stored.remote = seed.as_deref().map(digest);
+    }
+    let initial = seed.as_deref().unwrap_or_default();
     let info = vk::PipelineCacheCreateInfo::default().initial_data(initial);
     // SAFETY: `fns` is the live device's table; `initial` is empty or carries a header
     // that names this very device, driver build and cache format.
@@ -97,7 +117,11 @@ pub(super) fn create_pipeline_cache(
             if !initial.is_empty() {
                 bump(&counters.data_loaded);
             }
-            Ok((cache, stored))
+            Ok(Created {
+                cache,
+                from_remote: stored.remote.is_some(),
+                stored,
+            })
         }
         Err(_) if !initial.is_empty() => {
             // The driver refused data whose header matched: a miss like any other.
@@ -106,14 +130,30 @@ pub(super) fn create_pipeline_cache(
             // SAFETY: as above, with no initial data.
             let cache = unsafe { fns.create_pipeline_cache(&empty, None) }
                 .map_err(|r| backend_error("vkCreatePipelineCache", r))?;
-            Ok((cache, stored))
+            Ok(Created {
+                cache,
+                stored,
+                from_remote: false,
+            })
         }
         Err(r) => Err(backend_error("vkCreatePipelineCache", r)),
     }
 }
 
-/// Writes the device's pipeline-cache data to disk if pipelines were created since the
-/// last write, merging in what another process stored meanwhile. Returns whether it wrote.
+/// `data` if its header names this device; otherwise it is counted and dropped.
+fn checked(counters: &Counters, data: Vec<u8>, identity: &CacheIdentity) -> Option<Vec<u8>> {
+    if header::check(&data, identity).is_ok() {
+        Some(data)
+    } else {
+        bump(&counters.data_rejected);
+        None
+    }
+}
+
+/// Writes the device's pipeline-cache data to disk, and to the remote tier when the disk
+/// tier shares with one, if pipelines were created (or remote data loaded) since the last
+/// write, merging in what another process or node stored meanwhile. Returns whether it wrote
+/// to disk.
 pub(super) fn write_back(
     disk: Option<&DiskCache>,
     counters: &Counters,
@@ -144,7 +184,7 @@ fn write_data(
     counters: &Counters,
     state: &DeviceState,
     cache: vk::PipelineCache,
-    stored: &mut Option<[u8; 32]>,
+    stored: &mut Stored,
 ) -> Result<bool> {
     let d = &state.fns.fns;
     // Read, merge and write as one step across processes, so that two processes writing back
@@ -153,15 +193,17 @@ fn write_data(
     let theirs = disk.get(&state.disk_key).inspect_err(|_| {
         bump(&counters.disk_errors);
     })?;
-    let theirs = theirs.as_ref().map(|e| e.payload());
-    if let Some(theirs) = theirs.filter(|t| Some(digest(t)) != *stored) {
-        if header::check(theirs, &state.identity).is_ok() {
-            merge(counters, d, cache, theirs)?;
-            // If merging added nothing of ours, the stored blob already says it all.
-            *stored = Some(digest(theirs));
-        } else {
-            bump(&counters.data_rejected);
-        }
+    if let Some(theirs) = theirs {
+        let (seen, known) = (&mut stored.disk, stored.remote);
+        merge_new(counters, state, cache, theirs.payload(), seen, known)?;
+    }
+    // Another node's data too, so that this write does not drop it from the remote (one read,
+    // within the remote's budget; nothing while its breaker is open). Two nodes writing at
+    // once are not serialized: the last write wins until the other's next write-back.
+    let shares = disk.shares();
+    if let Some(theirs) = shares.then(|| disk.fetch_remote(&state.disk_key)).flatten() {
+        let (seen, known) = (&mut stored.remote, stored.disk);
+        merge_new(counters, state, cache, theirs.payload(), seen, known)?;
     }
     // SAFETY: live device and pipeline cache (read-locked, so not destroyed meanwhile).
     let data = unsafe { d.get_pipeline_cache_data(cache) }
@@ -171,18 +213,51 @@ fn write_data(
             "the driver's own pipeline-cache data fails the header check: {m}"
         )));
     }
-    let written = digest(&data);
-    if Some(written) == *stored {
-        return Ok(false);
-    }
+    let written = Some(digest(&data));
     let build_time = Duration::from_nanos(state.build_nanos.load(Ordering::Relaxed));
-    disk.put_described(&state.disk_key, &data, build_time, &state.descriptor)
-        .inspect_err(|_| {
-            bump(&counters.disk_errors);
-        })?;
-    *stored = Some(written);
-    bump(&counters.data_written);
-    Ok(true)
+    let to_disk = written != stored.disk;
+    if to_disk {
+        disk.put_described(&state.disk_key, &data, build_time, &state.descriptor)
+            .inspect_err(|_| {
+                bump(&counters.disk_errors);
+            })?;
+        stored.disk = written;
+        bump(&counters.data_written);
+    }
+    if shares && written != stored.remote {
+        // Off the caller's path, as every remote write; the size limit is the remote's.
+        disk.share_later(&state.disk_key, data, build_time, state.descriptor.clone());
+        stored.remote = written;
+    }
+    Ok(to_disk)
+}
+
+/// Merges `theirs`, a store's blob, into `cache` unless it is the one last seen there
+/// (`seen`, then set to it) or the other store's (`known`), which is in `cache` already.
+fn merge_new(
+    counters: &Counters,
+    state: &DeviceState,
+    cache: vk::PipelineCache,
+    theirs: &[u8],
+    seen: &mut Option<[u8; 32]>,
+    known: Option<[u8; 32]>,
+) -> Result<()> {
+    let found = Some(digest(theirs));
+    if found == *seen {
+        return Ok(());
+    }
+    if found == known {
+        *seen = found;
+        return Ok(());
+    }
+    if header::check(theirs, &state.identity).is_ok() {
+        merge(counters, &state.fns.fns, cache, theirs)?;
+        // If merging added nothing of ours, the stored blob already says it all.
+        *seen = found;
+    } else {
+        bump(&counters.data_rejected);
+    }
+    Ok(())
 }
 
 fn merge(counters: &Counters, d: &ash::Device, into: vk::PipelineCache, data: &[u8]) -> Result<()> {

@@ -24,16 +24,19 @@ pub struct VulkanStats {
     pub pipelines_destroyed: u64,
     /// Pipeline layouts created (one per device and layout description).
     pub layouts_created: u64,
-    /// Pipeline-cache blobs read from disk, validated and handed to the driver.
+    /// Pipeline-cache blobs read from disk (or from the remote tier behind it, which counts
+    /// its reads in `disk.remote`), validated and handed to the driver.
     pub cache_data_loaded: u64,
     /// Device registrations that found no pipeline-cache data on disk.
     pub cache_data_missing: u64,
     /// Blobs refused before reaching the driver (header names another device, driver or
     /// format), plus blobs the driver itself refused. Each is a miss.
     pub cache_data_rejected: u64,
-    /// Pipeline-cache blobs written to disk.
+    /// Pipeline-cache blobs written to disk (each also written to a remote tier that takes
+    /// writes, unless the remote holds that data already).
     pub cache_data_written: u64,
-    /// Blobs another cache stored since this one last read or wrote, merged in before a write.
+    /// Blobs another cache (or node, through the remote tier) stored since this one last read
+    /// or wrote, merged in before a write.
     pub cache_data_merged: u64,
     /// Disk reads or writes that failed. A failed read at registration starts the device's
     /// pipeline cache empty; a failed write is returned by the call that flushed.
