@@ -1,7 +1,6 @@
 //! The synchronisation primitives of the memory tier, behind one facade so that the model
 //! checker (`--features shuttle`) can substitute its own and explore interleavings.
 
-#[cfg(feature = "shuttle")]
 /// A wrapper around the lock type `$inner` whose guard methods take the guard even from a
 /// poisoned lock, as parking_lot's mutex (which never poisons) does: a panic while a guard was
 /// held (in a caller's `Hash` or `Eq`, say) must not make every later call on that lock panic.
@@ -27,6 +26,9 @@ macro_rules! unpoisoned {
 
 #[cfg(not(feature = "shuttle"))]
 mod imp {
+    pub use crossbeam_utils::sync::{
+        ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
+    };
     pub use parking_lot::MutexGuard;
     pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
     pub use std::thread::ThreadId;
@@ -47,8 +49,16 @@ mod imp {
         }
     }
 
-    /// The shard lock (parking_lot's, which never poisons).
-    pub use parking_lot::RwLock;
+    unpoisoned!(
+        /// The shard lock. A plain reader-writer lock makes every reader write its one lock
+        /// word, and on a shared hot set that cache line then travels between cores on every
+        /// hit; a sharded lock gives each thread a word of its own, at the price of a slower
+        /// write lock (misses and evictions only).
+        RwLock(crossbeam_utils::sync::ShardedLock) {
+            read -> RwLockReadGuard,
+            write -> RwLockWriteGuard
+        }
+    );
 
     #[derive(Default)]
     pub struct Condvar(parking_lot::Condvar);
