@@ -10,7 +10,7 @@ pub mod redis;
 pub mod strings;
 pub mod vulkan;
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// This test executable again, set to run only the test `name`, on one thread, with its output
 /// shown: a second process, for what must carry over (or must not) between processes.
@@ -32,6 +32,29 @@ pub fn successful_stdout(what: &str, command: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     stdout
+}
+
+/// Starts every command at once (their outputs captured) and waits for them all; panics,
+/// showing a failed one's standard output, unless every one succeeds.
+pub fn run_together(commands: impl IntoIterator<Item = Command>) {
+    let children: Vec<_> = commands
+        .into_iter()
+        .map(|mut command| {
+            command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
 }
 
 /// Asserts that `$result` is an `Err` whose error matches `$pattern`, and names the pattern
