@@ -319,6 +319,25 @@ typedef struct kc_cuda_options {
   // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
   // 120 s.
   uint64_t disk_lock_timeout_ms;
+  // The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
+  // `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
+  // Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
+  // `remote_*` field below means what the field of the same name of `kc_disk_options` means,
+  // and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
+  // (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
+  const char *remote_url;
+  bool remote_read_only;
+  // **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
+  bool remote_allow_unkeyed;
+  uint64_t remote_timeout_ms;
+  uint64_t remote_ttl_s;
+  const char *remote_prefix;
+  uint64_t remote_max_entry_size;
+  uint64_t remote_lease_wait_ms;
+  const char *remote_ca_file;
+  // With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
+  const char *remote_cert_file;
+  const char *remote_key_file;
 } kc_cuda_options;
 
 // One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -504,6 +523,17 @@ typedef struct kc_disk_options {
   // How long a miss waits for another node building the same entry, in milliseconds; 0:
   // `KCACHE_REMOTE_LEASE_WAIT` (seconds), else 120 s.
   uint64_t remote_lease_wait_ms;
+  // The certificate authority (PEM, an absolute path, NUL-terminated) that a `rediss://`
+  // server's certificate must chain to; NULL: `KCACHE_REMOTE_CA_FILE`, else the system's
+  // roots. Since ABI 2.5.
+  const char *remote_ca_file;
+  // The client certificate (PEM, an absolute path) shown to a `rediss://` server that
+  // requires one (mutual TLS); NULL: `KCACHE_REMOTE_CERT_FILE`, else none. Set with
+  // `remote_key_file`: one without the other leaves the remote off (one warning).
+  const char *remote_cert_file;
+  // The client certificate's private key (PEM, an absolute path); NULL:
+  // `KCACHE_REMOTE_KEY_FILE`, else none.
+  const char *remote_key_file;
 } kc_disk_options;
 
 // What an entry holds, for `kc_disk_put_described` and `kc_tiered_find_or_build_described`:
@@ -585,6 +615,25 @@ typedef struct kc_opencl_options {
   // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
   // 120 s.
   uint64_t disk_lock_timeout_ms;
+  // The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
+  // `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
+  // Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
+  // `remote_*` field below means what the field of the same name of `kc_disk_options` means,
+  // and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
+  // (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
+  const char *remote_url;
+  bool remote_read_only;
+  // **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
+  bool remote_allow_unkeyed;
+  uint64_t remote_timeout_ms;
+  uint64_t remote_ttl_s;
+  const char *remote_prefix;
+  uint64_t remote_max_entry_size;
+  uint64_t remote_lease_wait_ms;
+  const char *remote_ca_file;
+  // With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
+  const char *remote_cert_file;
+  const char *remote_key_file;
 } kc_opencl_options;
 
 // Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.

@@ -3,6 +3,7 @@
 //! No GPU is available in CI: the test-kit's `FakeDriver` is a private copy of its build of
 //! `c-tests/cuda/fake_cuda.c`, a test library that stands in for the real driver
 //! (`libcuda.so.1`); the cache is pointed at it through `kc_cuda_options.driver_library`.
+//! The remote tier test starts a `redis-server` of its own on loopback.
 
 use std::ffi::{CStr, CString, c_void};
 use std::ptr;
@@ -29,12 +30,22 @@ impl Drop for Cache {
 }
 
 fn new_cache(fake: &FakeDriver, disk: Option<&std::path::Path>) -> Cache {
+    new_cache_with(fake, disk, |_| ())
+}
+
+/// As [`new_cache`], with more options set by `more` (its strings must outlive the call).
+fn new_cache_with(
+    fake: &FakeDriver,
+    disk: Option<&std::path::Path>,
+    more: impl FnOnce(&mut kc_cuda_options),
+) -> Cache {
     let library = CString::new(fake.path().to_str().unwrap()).unwrap();
     let dir = disk.map(|d| CString::new(d.to_str().unwrap()).unwrap());
     let mut opts = kc_cuda_options_default();
     opts.driver_library = library.as_ptr();
     opts.use_disk = dir.is_some();
     opts.disk_dir = dir.as_ref().map_or(ptr::null(), |d| d.as_ptr());
+    more(&mut opts);
     let mut cache = ptr::null_mut();
     // SAFETY: valid options and out-pointer.
     let status = unsafe { kc_cuda_cache_new(&opts, &mut cache) };
@@ -133,6 +144,53 @@ fn module_function_evict_release_through_the_c_api() {
         unsafe { kc_cuda_cache_evict_device(cache.0, 0, ptr::null_mut()) },
         kc_status::KC_OK
     );
+}
+
+/// The remote tier from `kc_cuda_options`' own fields: a cache links and writes its cubin to
+/// the store; a second one, with another disk directory, loads it without linking.
+#[test]
+fn the_remote_tier_from_the_cuda_options() {
+    let fake = FakeDriver::new();
+    let server = kcache_testkit::redis::RedisServer::start();
+    let url = CString::new(server.url()).unwrap();
+    const KEY: [u8; 32] = [4; 32];
+    let remote = |opts: &mut kc_cuda_options| {
+        opts.disk_key = KEY.as_ptr();
+        opts.disk_key_len = KEY.len();
+        opts.remote_url = url.as_ptr();
+        opts.remote_timeout_ms = 2000;
+    };
+    let ptx = CString::new(SAXPY_PTX).unwrap();
+    let ctx = fake.create_context(0);
+    let lookup = |cache: &Cache| {
+        let mut lease = ptr::null_mut();
+        // SAFETY: live cache and context, NUL-terminated PTX, no options.
+        let status = unsafe {
+            kc_cuda_cache_find_or_build_ptx(
+                cache.0,
+                ctx,
+                ptx.as_ptr(),
+                0,
+                ptr::null(),
+                0,
+                &mut lease,
+            )
+        };
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        // SAFETY: released once; the cache is live.
+        unsafe {
+            kc_cuda_lease_release(lease);
+            assert_eq!(kc_cuda_cache_flush(cache.0), kc_status::KC_OK);
+        }
+        stats(cache)
+    };
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = lookup(&new_cache_with(&fake, Some(a_dir.path()), remote));
+    assert_eq!((a.links, a.cubin_loads), (1, 0));
+    assert_eq!((a.disk.remote, a.disk.remote_puts), (true, 1));
+    assert_eq!(server.keys().len(), 1);
+    let b = lookup(&new_cache_with(&fake, Some(b_dir.path()), remote));
+    assert_eq!((b.links, b.cubin_loads, b.disk.remote_hits), (0, 1, 1));
 }
 
 #[test]

@@ -490,16 +490,13 @@ fn a_redis_cluster_of_three_masters() {
     assert_eq!((b.builds(), b.remote().hits, b.remote().errors), (0, 12, 0));
 }
 
-/// `rediss://` to a server whose certificate the operator's CA file vouches for; without that
-/// CA the server is not trusted, and the lookup builds.
-#[test]
-fn tls_with_the_operators_certificate_authority() {
-    let certs = tempfile::tempdir().unwrap();
-    let tls = TlsFiles::make(certs.path());
+/// A `redis-server` on a TLS port with the certificates of `tls`, which requires clients to
+/// show a certificate of its CA when `auth_clients`; and its `rediss://` URL.
+fn tls_server(tls: &TlsFiles, auth_clients: bool) -> (RedisServer, String) {
     let tls_port = free_port().to_string();
     let path = |p: &Path| p.to_str().unwrap().to_owned();
     let (ca, cert, key) = (path(&tls.ca), path(&tls.cert), path(&tls.key));
-    let _server = RedisServer::start_with(
+    let server = RedisServer::start_with(
         &[
             "--tls-port",
             &tls_port,
@@ -510,11 +507,20 @@ fn tls_with_the_operators_certificate_authority() {
             "--tls-ca-cert-file",
             &ca,
             "--tls-auth-clients",
-            "no",
+            if auth_clients { "yes" } else { "no" },
         ],
         "",
     );
-    let url = format!("rediss://127.0.0.1:{tls_port}/");
+    (server, format!("rediss://127.0.0.1:{tls_port}/"))
+}
+
+/// `rediss://` to a server whose certificate the operator's CA file vouches for; without that
+/// CA the server is not trusted, and the lookup builds.
+#[test]
+fn tls_with_the_operators_certificate_authority() {
+    let certs = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::make(certs.path());
+    let (_server, url) = tls_server(&tls, false);
     let config = |ca_file: Option<&Path>| RemoteConfig {
         timeout: Some(Duration::from_secs(2)),
         ca_file: ca_file.map(Path::to_path_buf),
@@ -533,4 +539,43 @@ fn tls_with_the_operators_certificate_authority() {
     assert_eq!(untrusting.builds(), 1);
     assert_eq!(untrusting.remote().hits, 0);
     assert!(untrusting.remote().errors >= 1);
+}
+
+/// Mutual TLS: a server that requires a client certificate of its CA serves nodes that show
+/// one (a node writes, a second reads without building); a node without one is refused, which
+/// counts as an error and builds. A certificate without its key is a configuration error: no
+/// remote tier.
+#[test]
+fn mutual_tls_with_a_client_certificate() {
+    let certs = tempfile::tempdir().unwrap();
+    let tls = TlsFiles::make(certs.path());
+    let (client_cert, client_key) = tls.client();
+    let (server, url) = tls_server(&tls, true);
+    let config = |cert: Option<&Path>, key: Option<&Path>| RemoteConfig {
+        timeout: Some(Duration::from_secs(2)),
+        ca_file: Some(tls.ca.clone()),
+        cert_file: cert.map(Path::to_path_buf),
+        key_file: key.map(Path::to_path_buf),
+        ..RemoteConfig::at(url.clone())
+    };
+    let with_cert = || config(Some(&client_cert), Some(&client_key));
+    let a = Node::new(Some(KEY), with_cert());
+    assert_eq!(a.lookup("k"), "compiled(k)");
+    a.cache.flush();
+    assert_eq!((a.remote().puts, a.remote().errors), (1, 0));
+    assert_eq!(server.keys(), [a.remote_key("k")]);
+    let b = Node::new(Some(KEY), with_cert());
+    assert_eq!(b.lookup("k"), "compiled(k)");
+    assert_eq!((b.builds(), b.remote().hits, b.remote().errors), (0, 1, 0));
+
+    let anonymous = Node::new(Some(KEY), config(None, None));
+    assert_eq!(anonymous.lookup("k"), "compiled(k)");
+    assert_eq!((anonymous.builds(), anonymous.remote().hits), (1, 0));
+    assert!(anonymous.remote().errors >= 1);
+
+    for (cert, key) in [(Some(&*client_cert), None), (None, Some(&*client_key))] {
+        let dir = tempfile::tempdir().unwrap();
+        let half = disk(dir.path(), Some(KEY), config(cert, key));
+        assert!(half.remote_stats().is_none());
+    }
 }

@@ -1,14 +1,16 @@
 //! The disk tier in a secure-execution process. The test binary re-runs itself with its real
 //! user id set to `nobody` and its effective id left as root (`setpriv --ruid`), which is how a
 //! setuid-root program started by `nobody` runs: kcache must then read nothing from the
-//! environment but `KCACHE_DISABLE`, and use the disk only in a directory the program names.
+//! environment but `KCACHE_DISABLE` (no `KCACHE_REMOTE_*` either), and use the disk only in a
+//! directory the program names.
 //! Needs root and `setpriv`; `c-tests/secure/` checks a real setuid binary.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kcache::Error;
-use kcache::disk::{DEFAULT_MAX_SIZE, DiskCache, DiskConfig};
+use kcache::disk::{DEFAULT_MAX_SIZE, DiskCache, DiskConfig, OperatorKey};
+use kcache::remote::RemoteConfig;
 
 const NOBODY: &str = "65534";
 
@@ -76,6 +78,27 @@ fn child_role() {
                 "{:?}",
                 required.err()
             );
+            // No remote from KCACHE_REMOTE_URL; and the client certificate of
+            // KCACHE_REMOTE_CERT_FILE, without its key, would refuse the program's own remote if
+            // it were read.
+            let keyed = |remote: RemoteConfig| {
+                let dir = tempfile::tempdir().unwrap();
+                DiskCache::open(DiskConfig {
+                    dir: Some(dir.path().to_path_buf()),
+                    key: Some(OperatorKey::new(vec![9; 32]).unwrap()),
+                    remote: Some(remote),
+                    ..DiskConfig::from_env()
+                })
+                .unwrap()
+                .remote_stats()
+            };
+            assert_eq!(kcache::env::var_os("KCACHE_REMOTE_CERT_FILE"), None);
+            assert!(keyed(RemoteConfig::from_env()).is_none());
+            let own = RemoteConfig {
+                read_env: true,
+                ..RemoteConfig::at("rediss://127.0.0.1:1/")
+            };
+            assert!(keyed(own).is_some());
         }
         "disabled" => {
             let r = DiskCache::open(DiskConfig {
@@ -115,6 +138,8 @@ fn the_environment_configures_nothing() {
             ("KCACHE_KEY_FILE", &key_file),
             ("KCACHE_MAX_SIZE", Path::new("64K")),
             ("KCACHE_REQUIRE_KEY", Path::new("1")),
+            ("KCACHE_REMOTE_URL", Path::new("redis://127.0.0.1:1/")),
+            ("KCACHE_REMOTE_CERT_FILE", &key_file),
             ("TEST_EXPLICIT", &explicit),
         ],
     ) else {

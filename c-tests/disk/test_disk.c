@@ -843,6 +843,25 @@ static void test_remote_options(void) {
   CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
   CHECK(!disk_stats(disk).remote);
   kc_disk_free(disk);
+
+  /* Mutual TLS (2.5): a client certificate without its key leaves the remote off, and so does
+   * one that cannot be read; the disk works either way. */
+  opts.remote_url = "rediss://127.0.0.1:1/";
+  opts.remote_cert_file = "/nonexistent/client.crt";
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(!disk_stats(disk).remote);
+  kc_disk_free(disk);
+  opts.remote_key_file = "/nonexistent/client.key";
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(!disk_stats(disk).remote);
+  kc_disk_free(disk);
+  /* A relative path is refused the same way. */
+  opts.remote_cert_file = NULL;
+  opts.remote_key_file = NULL;
+  opts.remote_ca_file = "ca.crt";
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(!disk_stats(disk).remote);
+  kc_disk_free(disk);
 }
 
 /* The whole file at `path` into `buf` (at most `cap` bytes); returns its length. */

@@ -372,6 +372,7 @@ pub struct StatsJson {
     counters: CountersJson,
     memory_hit_rate: Option<f64>,
     disk_hit_rate: Option<f64>,
+    remote_hit_rate: Option<f64>,
     counters_zeroed_unix_ns: Option<u64>,
     counter_shards: u32,
     counter_shards_ignored: u32,
@@ -392,6 +393,19 @@ struct CountersJson {
     lock_timeouts: u64,
     lock_takeovers: u64,
     failed_writes: u64,
+    remote_hits: u64,
+    remote_misses: u64,
+    remote_rejects: u64,
+    remote_errors: u64,
+    remote_timeouts: u64,
+    remote_skipped: u64,
+    remote_breaker_trips: u64,
+    remote_leases: u64,
+    remote_lease_waits: u64,
+    remote_lease_timeouts: u64,
+    remote_puts: u64,
+    remote_bytes_read: u64,
+    remote_bytes_written: u64,
 }
 
 impl From<DirectoryCounters> for CountersJson {
@@ -409,6 +423,19 @@ impl From<DirectoryCounters> for CountersJson {
             lock_timeouts: c.lock_timeouts,
             lock_takeovers: c.lock_takeovers,
             failed_writes: c.failed_writes,
+            remote_hits: c.remote_hits,
+            remote_misses: c.remote_misses,
+            remote_rejects: c.remote_rejects,
+            remote_errors: c.remote_errors,
+            remote_timeouts: c.remote_timeouts,
+            remote_skipped: c.remote_skipped,
+            remote_breaker_trips: c.remote_breaker_trips,
+            remote_leases: c.remote_leases,
+            remote_lease_waits: c.remote_lease_waits,
+            remote_lease_timeouts: c.remote_lease_timeouts,
+            remote_puts: c.remote_puts,
+            remote_bytes_read: c.remote_bytes_read,
+            remote_bytes_written: c.remote_bytes_written,
         }
     }
 }
@@ -485,6 +512,7 @@ pub fn directory_stats(
         counters: persisted.counters.into(),
         memory_hit_rate: persisted.counters.memory_hit_rate(),
         disk_hit_rate: persisted.counters.disk_hit_rate(),
+        remote_hit_rate: persisted.counters.remote_hit_rate(),
         counters_zeroed_unix_ns: persisted.last_zeroed.map(report::unix_nanos),
         counter_shards: persisted.shards,
         counter_shards_ignored: persisted.shards_ignored,
@@ -585,6 +613,29 @@ fn print_counters(out: &StatsJson, zeroed: Option<SystemTime>, now: SystemTime) 
         c.lock_waits,
         c.lock_timeouts,
         c.lock_takeovers
+    );
+    out!(
+        "  remote reads    {} hits, {} misses ({}), {} rejects",
+        c.remote_hits,
+        c.remote_misses,
+        rate(out.remote_hit_rate),
+        c.remote_rejects
+    );
+    out!(
+        "  remote errors {}, timeouts {}, skipped {}, breaker trips {}",
+        c.remote_errors,
+        c.remote_timeouts,
+        c.remote_skipped,
+        c.remote_breaker_trips
+    );
+    out!(
+        "  remote writes {} ({} written, {} read), leases {}, lease waits {}, timed out {}",
+        c.remote_puts,
+        report::size(c.remote_bytes_written),
+        report::size(c.remote_bytes_read),
+        c.remote_leases,
+        c.remote_lease_waits,
+        c.remote_lease_timeouts
     );
     if out.counter_shards_ignored > 0 {
         out!(

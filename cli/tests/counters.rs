@@ -6,13 +6,12 @@
 //! Each process is this test binary run again with [`WORKER_DIR`] set (see [`counters_worker`]).
 
 use std::path::Path;
-use std::process::Stdio;
 
 mod common;
 
 use common::{json, run};
-use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{disk, l2_key, load, serialize, tiered};
+use kcache_testkit::{rerun_test, run_together};
 use serde_json::Value;
 
 /// The worker's cache directory; unset in the normal test run.
@@ -75,25 +74,11 @@ fn two_processes_hits_add_up_and_zero_stats_zeroes_them() {
                 .unwrap();
         }
     }
-    let workers: Vec<_> = (0..2)
-        .map(|id| {
-            rerun_test("counters_worker")
-                .env(WORKER_DIR, dir)
-                .env(WORKER_ID, id.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for worker in workers {
-        let output = worker.wait_with_output().unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-    }
+    run_together((0..2).map(|id| {
+        let mut worker = rerun_test("counters_worker");
+        worker.env(WORKER_DIR, dir).env(WORKER_ID, id.to_string());
+        worker
+    }));
 
     let stats = json(dir, &["stats", "--json"]);
     let stored = STORED.len() as u64;

@@ -102,6 +102,34 @@ directory_counters! {
     lock_takeovers,
     /// Background writes that failed.
     failed_writes,
+    // The remote tier's counters (`RemoteStats`, its breaker's state apart), appended to the
+    // first layout: a shorter record's missing counters are zero.
+    /// Remote entries read and verified.
+    remote_hits,
+    /// Remote reads that returned no usable entry.
+    remote_misses,
+    /// Remote entries refused by verification.
+    remote_rejects,
+    /// Remote operations that failed, timeouts apart.
+    remote_errors,
+    /// Remote operations that ran past their budget.
+    remote_timeouts,
+    /// Remote operations skipped while the breaker was open.
+    remote_skipped,
+    /// Times the breaker opened.
+    remote_breaker_trips,
+    /// Leases taken: builds led for every node.
+    remote_leases,
+    /// Misses that waited for another node holding the lease.
+    remote_lease_waits,
+    /// Of those, waits that reached the deadline.
+    remote_lease_timeouts,
+    /// Entries written to the remote.
+    remote_puts,
+    /// Bytes read from the remote.
+    remote_bytes_read,
+    /// Bytes written to the remote.
+    remote_bytes_written,
 }
 
 impl DirectoryCounters {
@@ -118,6 +146,11 @@ impl DirectoryCounters {
     /// `disk_hits / (disk_hits + disk_misses)`; `None` without reads.
     pub fn disk_hit_rate(&self) -> Option<f64> {
         crate::stats::hit_rate(self.disk_hits, self.disk_misses)
+    }
+
+    /// `remote_hits / (remote_hits + remote_misses)`; `None` without remote reads.
+    pub fn remote_hit_rate(&self) -> Option<f64> {
+        crate::stats::hit_rate(self.remote_hits, self.remote_misses)
     }
 }
 
@@ -169,6 +202,12 @@ pub(super) struct Persisted(Mutex<DirectoryCounters>);
 fn current(inner: &Inner) -> DirectoryCounters {
     let c = &inner.counters;
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    // Raw counts, not the handle's reset view: a reset must not make the deltas negative.
+    let r = inner
+        .remote
+        .as_ref()
+        .map(|r| r.raw_stats())
+        .unwrap_or_default();
     DirectoryCounters {
         memory_hits: get(&c.memory_hits),
         memory_misses: get(&c.memory_misses),
@@ -182,6 +221,19 @@ fn current(inner: &Inner) -> DirectoryCounters {
         lock_timeouts: get(&c.lock_timeouts),
         lock_takeovers: get(&c.lock_takeovers),
         failed_writes: get(&c.failed_writes),
+        remote_hits: r.hits,
+        remote_misses: r.misses,
+        remote_rejects: r.rejects,
+        remote_errors: r.errors,
+        remote_timeouts: r.timeouts,
+        remote_skipped: r.skipped,
+        remote_breaker_trips: r.breaker_trips,
+        remote_leases: r.leases,
+        remote_lease_waits: r.lease_waits,
+        remote_lease_timeouts: r.lease_timeouts,
+        remote_puts: r.puts,
+        remote_bytes_read: r.bytes_read,
+        remote_bytes_written: r.bytes_written,
     }
 }
 
@@ -422,7 +474,11 @@ mod tests {
         let back = Record::decode(&bytes).unwrap();
         assert_eq!(back.zeroed_ns, 7);
         assert_eq!(back.counters().memory_hits, 1);
-        assert_eq!(back.counters().failed_writes, DirectoryCounters::LEN as u64);
+        assert_eq!(back.counters().failed_writes, 12);
+        assert_eq!(
+            back.counters().remote_bytes_written,
+            DirectoryCounters::LEN as u64
+        );
         for i in [0, 9, 20, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[i] ^= 1;
@@ -431,6 +487,28 @@ mod tests {
         assert!(Record::decode(&bytes[..bytes.len() - 1]).is_none());
         assert!(Record::decode(b"").is_none());
         assert!(Record::decode(b"hello, world").is_none());
+    }
+
+    #[test]
+    fn an_older_shorter_record_reads_its_missing_counters_as_zero() {
+        // The first layout: twelve counters, before the remote tier's were appended.
+        let first = 12;
+        let record = Record {
+            zeroed_ns: 3,
+            values: (1..=first as u64).collect(),
+        };
+        let back = Record::decode(&record.encode()).unwrap();
+        let c = back.counters();
+        assert_eq!((c.memory_hits, c.failed_writes), (1, 12));
+        assert_eq!((c.remote_hits, c.remote_bytes_written), (0, 0));
+        // A longer record of the current layout counts the remote tier.
+        let full = Record {
+            zeroed_ns: 0,
+            values: (1..=DirectoryCounters::LEN as u64).collect(),
+        };
+        let c = Record::decode(&full.encode()).unwrap().counters();
+        assert_eq!(c.remote_hits, first as u64 + 1);
+        assert_eq!(c.remote_bytes_written, DirectoryCounters::LEN as u64);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
+use super::remote_args::RemoteArgs;
 use super::status::{byte_slice, guard_value, non_null, null_argument};
 use crate::disk::{DiskCache, DiskConfig, OperatorKey};
 use crate::memory::{self, Entry, Lease};
@@ -442,19 +443,23 @@ pub struct BackendDisk {
     pub require_key: bool,
     /// 0: the environment's or the default.
     pub lock_timeout_ms: u64,
+    /// The remote tier behind the disk, for backends whose options have its fields; `None`:
+    /// the environment's alone.
+    pub remote: Option<RemoteArgs>,
 }
 
 /// The memory and disk tiers that the options of every backend cache describe with the same
 /// fields: the memory caps (0 = unlimited) and, when `use_disk` is set, the disk tier with the
 /// environment's defaults for what the options leave unset (see `DiskConfig`). Invalid
 /// arguments (an empty or relative directory, a key NULL with a length or of a wrong length)
-/// are errors. A tier that is off (`KCACHE_DISABLE=1`, no directory, a secure-execution process
+/// are errors, and so is a remote path or string that is not UTF-8. A tier that is off (`KCACHE_DISABLE=1`, no directory, a secure-execution process
 /// without an explicit directory) or refused (a directory not private to the user, no operator
 /// key while one is required, an unusable `KCACHE_KEY_FILE`; each warned about once per
 /// process) leaves the cache working from memory.
 ///
 /// # Safety
-/// `disk.dir` must be NULL or a C string; `disk.key` NULL or `disk.key_len` readable bytes.
+/// `disk.dir` must be NULL or a C string; `disk.key` NULL or `disk.key_len` readable bytes;
+/// the strings of `disk.remote` NULL or C strings.
 pub unsafe fn backend_tiers(
     max_entries: u64,
     max_weight: u64,
@@ -476,6 +481,8 @@ pub unsafe fn backend_tiers(
         require_key: disk.require_key,
         lock_timeout: (disk.lock_timeout_ms != 0)
             .then(|| std::time::Duration::from_millis(disk.lock_timeout_ms)),
+        // SAFETY: NULL or C strings by the caller's contract.
+        remote: unsafe { disk.remote.map(|r| r.config(true, "opts")).transpose() }?,
         ..DiskConfig::from_env()
     };
     match DiskCache::open(config) {
@@ -503,6 +510,7 @@ mod tests {
             key_len: key.len(),
             require_key,
             lock_timeout_ms: 0,
+            remote: None,
         }
     }
 

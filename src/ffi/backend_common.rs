@@ -21,7 +21,7 @@ pub trait BackendOptions: Copy {
     /// Where the first layout ended: callers compiled against it stay valid.
     const MIN_SIZE: usize;
     /// Offsets of the `bool` fields, each made 0 or 1 as it is read.
-    const BOOLS: [usize; 2];
+    const BOOLS: &'static [usize];
     fn defaults() -> Self;
     /// `max_entries`, `max_weight` and the disk settings.
     fn tiers(&self) -> (u64, u64, BackendDisk);
@@ -37,15 +37,33 @@ pub trait CacheHandle {
 /// defaults) and [`CacheHandle`] for its cache handle: every backend names the fields alike.
 /// The first layout of every backend's options ended before `disk_key`: callers compiled
 /// against it stay valid, and get no key and no key requirement (the environment's still
-/// apply).
+/// apply). With `remote`, the options end with the remote tier's fields (`remote_url` …, see
+/// `remote_args`); without, the disk tier takes its remote from the environment alone.
 macro_rules! backend_handles {
     ($options:ident, $defaults:ident, $cache:ident, $inner:ty) => {
+        $crate::ffi::backend_common::backend_handles!(
+            @impl $options, $defaults, $cache, $inner, [], |_: &$options| None
+        );
+    };
+    ($options:ident, $defaults:ident, $cache:ident, $inner:ty, remote) => {
+        $crate::ffi::backend_common::backend_handles!(
+            @impl $options, $defaults, $cache, $inner,
+            [
+                std::mem::offset_of!($options, remote_read_only),
+                std::mem::offset_of!($options, remote_allow_unkeyed),
+            ],
+            |o: &$options| Some($crate::ffi::remote_args::remote_args!(o))
+        );
+    };
+    (@impl $options:ident, $defaults:ident, $cache:ident, $inner:ty,
+     [$($bool:expr),* $(,)?], $remote:expr) => {
         impl $crate::ffi::backend_common::BackendOptions for $options {
             const C_NAME: &'static str = stringify!($options);
             const MIN_SIZE: usize = std::mem::offset_of!($options, disk_key);
-            const BOOLS: [usize; 2] = [
+            const BOOLS: &'static [usize] = &[
                 std::mem::offset_of!($options, use_disk),
                 std::mem::offset_of!($options, disk_require_key),
+                $($bool,)*
             ];
 
             fn defaults() -> Self {
@@ -60,6 +78,7 @@ macro_rules! backend_handles {
                     key_len: self.disk_key_len,
                     require_key: self.disk_require_key,
                     lock_timeout_ms: self.disk_lock_timeout_ms,
+                    remote: ($remote)(self),
                 };
                 (self.max_entries, self.max_weight, disk)
             }
@@ -80,8 +99,8 @@ pub(super) use backend_handles;
 ///
 /// # Safety
 /// `opts` must be NULL or readable for its `struct_size`, with NULL or a C string in its
-/// `disk_dir` and a key of `disk_key_len` bytes or NULL in `disk_key`; `out_cache` must be NULL
-/// or writable.
+/// `disk_dir` and its `remote_*` strings, and a key of `disk_key_len` bytes or NULL in
+/// `disk_key`; `out_cache` must be NULL or writable.
 pub unsafe fn new_cache<O: BackendOptions, C>(
     opts: *const O,
     out_cache: *mut *mut C,
@@ -99,7 +118,7 @@ pub unsafe fn new_cache<O: BackendOptions, C>(
                 O::C_NAME,
                 O::MIN_SIZE,
                 O::defaults(),
-                &O::BOOLS,
+                O::BOOLS,
             )
         }?;
         let (max_entries, max_weight, disk) = opts.tiers();

@@ -15,9 +15,9 @@ use super::args::{
 };
 use super::buffer::kc_buffer;
 use super::key_builder::key_arg;
+use super::remote_args::remote_args;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::disk::{Descriptor, DiskCache, DiskConfig, DiskStats, Durability, GcReport};
-use crate::remote::RemoteConfig;
 use crate::{Error, Result};
 
 /// Length of an operator key fingerprint in bytes.
@@ -103,6 +103,17 @@ pub struct kc_disk_options {
     /// How long a miss waits for another node building the same entry, in milliseconds; 0:
     /// `KCACHE_REMOTE_LEASE_WAIT` (seconds), else 120 s.
     pub remote_lease_wait_ms: u64,
+    /// The certificate authority (PEM, an absolute path, NUL-terminated) that a `rediss://`
+    /// server's certificate must chain to; NULL: `KCACHE_REMOTE_CA_FILE`, else the system's
+    /// roots. Since ABI 2.5.
+    pub remote_ca_file: *const c_char,
+    /// The client certificate (PEM, an absolute path) shown to a `rediss://` server that
+    /// requires one (mutual TLS); NULL: `KCACHE_REMOTE_CERT_FILE`, else none. Set with
+    /// `remote_key_file`: one without the other leaves the remote off (one warning).
+    pub remote_cert_file: *const c_char,
+    /// The client certificate's private key (PEM, an absolute path); NULL:
+    /// `KCACHE_REMOTE_KEY_FILE`, else none.
+    pub remote_key_file: *const c_char,
 }
 
 // SAFETY: every field but the bools is an integer or a raw pointer.
@@ -135,6 +146,9 @@ unsafe impl GrownInput for kc_disk_options {
         remote_prefix: ptr::null(),
         remote_max_entry_size: 0,
         remote_lease_wait_ms: 0,
+        remote_ca_file: ptr::null(),
+        remote_cert_file: ptr::null(),
+        remote_key_file: ptr::null(),
     };
 }
 
@@ -333,36 +347,8 @@ unsafe fn read_disk_options(opts: *const kc_disk_options) -> Result<DiskConfig> 
         lock_timeout: (opts.lock_timeout_ms != 0)
             .then(|| Duration::from_millis(opts.lock_timeout_ms)),
         // SAFETY: NULL or C strings by contract.
-        remote: Some(unsafe { remote_options(&opts) }?),
+        remote: Some(unsafe { remote_args!(opts).config(!opts.ignore_env, "opts") }?),
         ..DiskConfig::from_env()
-    })
-}
-
-/// The remote tier's fields of `opts`; unset ones come from the environment unless
-/// `ignore_env`.
-///
-/// # Safety
-/// `remote_url` and `remote_prefix` NULL or C strings.
-unsafe fn remote_options(opts: &kc_disk_options) -> Result<RemoteConfig> {
-    let text = |p: *const c_char, name: &str| -> Result<Option<String>> {
-        if p.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: non-NULL, hence a C string by the caller's contract.
-        unsafe { c_str(p, name) }.map(|s| Some(s.to_owned()))
-    };
-    let nonzero = |n: u64| (n != 0).then_some(n);
-    Ok(RemoteConfig {
-        url: text(opts.remote_url, "opts->remote_url")?,
-        read_only: opts.remote_read_only.then_some(true),
-        timeout: nonzero(opts.remote_timeout_ms).map(Duration::from_millis),
-        ttl: nonzero(opts.remote_ttl_s).map(Duration::from_secs),
-        prefix: text(opts.remote_prefix, "opts->remote_prefix")?,
-        max_entry_size: nonzero(opts.remote_max_entry_size),
-        lease_wait: nonzero(opts.remote_lease_wait_ms).map(Duration::from_millis),
-        allow_unkeyed: opts.remote_allow_unkeyed,
-        read_env: !opts.ignore_env,
-        ..RemoteConfig::default()
     })
 }
 

@@ -5,7 +5,8 @@
 //! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), `metrics.rs`
 //! (`kc_metrics_render`), one file per backend;
 //! `status.rs` holds the status codes and the other library-level functions, `args.rs` the
-//! argument conventions they all share.
+//! argument conventions they all share, `remote_args.rs` the remote tier's fields that several
+//! options structs end with.
 //!
 //! Names (see `docs/c-api-conventions.md`): every exported function is `kc_<object>_<verb>`,
 //! `<object>` being an opaque type's name without `kc_`, or a library or backend function
@@ -37,6 +38,7 @@ mod lease;
 pub mod log;
 pub mod metrics;
 pub mod opencl;
+mod remote_args;
 mod status;
 pub mod tiered;
 pub mod vulkan;

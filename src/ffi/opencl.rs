@@ -99,13 +99,33 @@ pub struct kc_opencl_options {
     /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
     /// 120 s.
     pub disk_lock_timeout_ms: u64,
+    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
+    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
+    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
+    /// `remote_*` field below means what the field of the same name of `kc_disk_options` means,
+    /// and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
+    /// (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
+    pub remote_url: *const c_char,
+    pub remote_read_only: bool,
+    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
+    pub remote_allow_unkeyed: bool,
+    pub remote_timeout_ms: u64,
+    pub remote_ttl_s: u64,
+    pub remote_prefix: *const c_char,
+    pub remote_max_entry_size: u64,
+    pub remote_lease_wait_ms: u64,
+    pub remote_ca_file: *const c_char,
+    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
+    pub remote_cert_file: *const c_char,
+    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
     kc_opencl_options,
     kc_opencl_options_default,
     kc_opencl_cache,
-    OpenClCache
+    OpenClCache,
+    remote
 );
 
 /// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
@@ -153,6 +173,17 @@ pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
         disk_key_len: 0,
         disk_require_key: false,
         disk_lock_timeout_ms: 0,
+        remote_url: ptr::null(),
+        remote_read_only: false,
+        remote_allow_unkeyed: false,
+        remote_timeout_ms: 0,
+        remote_ttl_s: 0,
+        remote_prefix: ptr::null(),
+        remote_max_entry_size: 0,
+        remote_lease_wait_ms: 0,
+        remote_ca_file: ptr::null(),
+        remote_cert_file: ptr::null(),
+        remote_key_file: ptr::null(),
     }
 }
 

@@ -8,8 +8,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use redis::TlsCertificates;
 use redis::cluster::ClusterClient;
+use redis::{ClientTlsConfig, TlsCertificates};
 
 use super::client::Target;
 use crate::log::Warning;
@@ -44,6 +44,8 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// | `lease_wait`     | `KCACHE_REMOTE_LEASE_WAIT` (seconds, 0: no leases) | 120 s |
 /// | `cluster`        | `KCACHE_REMOTE_CLUSTER=1`          | a single server      |
 /// | `ca_file`        | `KCACHE_REMOTE_CA_FILE`            | the system's roots   |
+/// | `cert_file`      | `KCACHE_REMOTE_CERT_FILE`          | no client certificate |
+/// | `key_file`       | `KCACHE_REMOTE_KEY_FILE`           | no client certificate |
 /// | `allow_unkeyed`  | `KCACHE_REMOTE_ALLOW_UNKEYED=1`    | a key is required    |
 ///
 /// `url` is `redis://[user:password@]host[:port][/db]`, `rediss://…` (TLS) or
@@ -65,6 +67,12 @@ pub struct RemoteConfig {
     /// The certificate authority (PEM) a `rediss://` server's certificate must chain to,
     /// instead of the system's; an absolute path.
     pub ca_file: Option<PathBuf>,
+    /// The client certificate (PEM, an absolute path; a chain, leaf first) that a `rediss://`
+    /// server requiring clients to authenticate (mutual TLS) checks; `key_file` is its key. One
+    /// without the other refuses the configuration.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1; an absolute path).
+    pub key_file: Option<PathBuf>,
     /// How long a miss waits for another node that holds the entry's lease (builds it);
     /// `Some(Duration::ZERO)` takes no leases and never waits.
     pub lease_wait: Option<Duration>,
@@ -124,14 +132,16 @@ impl RemoteConfig {
         if timeout.is_zero() {
             return refuse("the remote timeout must be positive");
         }
-        let ca_file = self
-            .ca_file
-            .or_else(|| env("KCACHE_REMOTE_CA_FILE").map(PathBuf::from));
-        let ca = match ca_file.map(|path| read_ca(&path)).transpose() {
-            Ok(ca) => ca,
+        let path = |set: Option<PathBuf>, name: &str| set.or_else(|| env(name).map(PathBuf::from));
+        let tls = match tls_files(
+            path(self.ca_file, "KCACHE_REMOTE_CA_FILE"),
+            path(self.cert_file, "KCACHE_REMOTE_CERT_FILE"),
+            path(self.key_file, "KCACHE_REMOTE_KEY_FILE"),
+        ) {
+            Ok(tls) => tls,
             Err(why) => return refuse(&why),
         };
-        let target = match target(&url, cluster, timeout, ca) {
+        let target = match target(&url, cluster, timeout, tls) {
             Ok(target) => target,
             Err(e) => return refuse(&format!("the remote URL cannot be used: {e}")),
         };
@@ -206,22 +216,25 @@ pub(crate) struct Resolved {
 }
 
 /// A single server, or a Redis Cluster when `cluster` is set or `url` lists several seed nodes
-/// (comma-separated).
-/// With `ca`, `rediss://` servers are verified against it alone.
+/// (comma-separated). With `tls`, `rediss://` servers are verified against its certificate
+/// authority alone (else the system's roots) and shown its client certificate.
 fn target(
     url: &str,
     cluster: bool,
     timeout: Duration,
-    ca: Option<Vec<u8>>,
+    tls: Option<TlsCertificates>,
 ) -> redis::RedisResult<Target> {
     let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
-    let certificates = |root_cert| TlsCertificates {
-        client_tls: None,
-        root_cert: Some(root_cert),
-    };
+    // TLS files with a plain URL are a mistake to report, not settings to drop silently.
+    if tls.is_some() && seeds.iter().any(|s| !s.starts_with("rediss://")) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "TLS files are set for a URL that is not rediss://",
+        )));
+    }
     if !cluster && seeds.len() == 1 {
-        return match ca {
-            Some(ca) => redis::Client::build_with_tls(url, certificates(ca)),
+        return match tls {
+            Some(tls) => redis::Client::build_with_tls(url, tls),
             None => redis::Client::open(url),
         }
         .map(Target::Single);
@@ -229,26 +242,61 @@ fn target(
     let mut builder = ClusterClient::builder(seeds)
         .connection_timeout(timeout)
         .response_timeout(timeout);
-    if let Some(ca) = ca {
-        builder = builder.certs(certificates(ca));
+    if let Some(tls) = tls {
+        builder = builder.certs(tls);
     }
     builder.build().map(Target::Cluster)
 }
 
-/// The largest certificate authority file read: a bundle of a few hundred certificates.
-const MAX_CA_FILE: u64 = 1 << 20;
+/// The TLS files' contents as redis-rs takes them; `None` when none is named. A certificate
+/// without its key, or a key without its certificate, is refused.
+fn tls_files(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<TlsCertificates>, String> {
+    let client_tls = match (cert, key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read_pem(&cert, "client certificate")?,
+            // redis-rs takes the key's PEM by value and drops it once parsed; the parsed key
+            // stays in its TLS settings for the client's life.
+            client_key: read_pem(&key, "client key")?,
+        }),
+        (Some(_), None) => {
+            return Err("a client certificate is set without its key \
+                        (KCACHE_REMOTE_KEY_FILE)"
+                .into());
+        }
+        (None, Some(_)) => {
+            return Err("a client key is set without its certificate \
+                        (KCACHE_REMOTE_CERT_FILE)"
+                .into());
+        }
+    };
+    let root_cert = ca.map(|ca| read_pem(&ca, "CA file")).transpose()?;
+    Ok(
+        (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }),
+    )
+}
 
-/// The PEM bytes of a certificate authority file (an absolute path).
-fn read_ca(path: &Path) -> Result<Vec<u8>, String> {
+/// The largest PEM file read: a bundle of a few hundred certificates.
+const MAX_PEM_FILE: u64 = 1 << 20;
+
+/// The bytes of a PEM file (`what`, an absolute path).
+fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     if !path.is_absolute() {
-        return Err(format!("the CA file {} is a relative path", path.display()));
+        return Err(format!("the {what} {} is a relative path", path.display()));
     }
     let mut bytes = Vec::new();
     File::open(path)
-        .and_then(|f| f.take(MAX_CA_FILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_CA_FILE {
-        return Err(format!("the CA file {} is over 1 MiB", path.display()));
+        .and_then(|f| f.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_PEM_FILE {
+        return Err(format!("the {what} {} is over 1 MiB", path.display()));
     }
     Ok(bytes)
 }
@@ -302,6 +350,22 @@ mod tests {
         };
         assert!(zero.resolve().is_none());
         assert!(RemoteConfig::default().resolve().is_none());
+        let half = |cert: bool| RemoteConfig {
+            cert_file: cert.then(|| "/nonexistent/cert.pem".into()),
+            key_file: (!cert).then(|| "/nonexistent/key.pem".into()),
+            ..RemoteConfig::at("rediss://127.0.0.1:1/")
+        };
+        let refused = |c: RemoteConfig| {
+            let cert = c.cert_file.clone();
+            let key = c.key_file.clone();
+            tls_files(None, cert, key).err().unwrap()
+        };
+        assert!(refused(half(true)).contains("without its key"));
+        assert!(refused(half(false)).contains("without its certificate"));
+        assert!(half(true).resolve().is_none() && half(false).resolve().is_none());
+        assert!(tls_files(None, None, None).unwrap().is_none());
+        let relative = tls_files(Some("ca.pem".into()), None, None).err().unwrap();
+        assert!(relative.contains("relative path"), "{relative}");
     }
 
     #[test]

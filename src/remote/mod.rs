@@ -156,7 +156,8 @@ impl Remote {
         self.baseline.reset(self.raw_stats());
     }
 
-    fn raw_stats(&self) -> RemoteStats {
+    /// The counters since the remote was opened, whatever `reset_stats` did.
+    pub(crate) fn raw_stats(&self) -> RemoteStats {
         let c = &self.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RemoteStats {

@@ -13,7 +13,7 @@ pub mod vulkan;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// This test executable again, set to run only the test `name`, on one thread, with its output
 /// shown: a second process, for what must carry over (or must not) between processes.
@@ -48,6 +48,29 @@ pub fn write_key_file(path: &Path, key: &[u8]) {
         .unwrap()
         .write_all(key)
         .unwrap();
+}
+
+/// Starts every command at once (their outputs captured) and waits for them all; panics,
+/// showing a failed one's standard output, unless every one succeeds.
+pub fn run_together(commands: impl IntoIterator<Item = Command>) {
+    let children: Vec<_> = commands
+        .into_iter()
+        .map(|mut command| {
+            command
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+    }
 }
 
 /// Asserts that `$result` is an `Err` whose error matches `$pattern`, and names the pattern

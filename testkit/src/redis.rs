@@ -208,18 +208,59 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
+/// Runs `openssl ARGS` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl must be installed");
+    assert!(status.success(), "openssl {args:?} failed");
+}
+
+/// Makes `NAME.key` and `NAME.crt` in `dir`, a certificate for `subject` that the CA there
+/// (`ca.crt`, `ca.key`) signed, with the extensions in `ext`.
+fn signed(dir: &Path, name: &str, subject: &str, ext: &str) {
+    let (key, csr, crt) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+    );
+    let ext_file = format!("{name}.ext");
+    std::fs::write(dir.join(&ext_file), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", &key, "-out", &csr, "-subj", subject,
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "1",
+            "-extfile",
+            &ext_file,
+        ],
+    );
+}
+
 impl TlsFiles {
     pub fn make(dir: &Path) -> TlsFiles {
-        let run = |args: &[&str]| {
-            let status = Command::new("openssl")
-                .args(args)
-                .current_dir(dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .expect("openssl must be installed");
-            assert!(status.success(), "openssl {args:?} failed");
-        };
+        let run = |args: &[&str]| openssl(dir, args);
         run(&[
             "req",
             "-x509",
@@ -235,41 +276,29 @@ impl TlsFiles {
             "-subj",
             "/CN=kcache test CA",
         ]);
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
+        signed(
+            dir,
+            "server",
             "/CN=127.0.0.1",
-        ]);
-        std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.crt",
-            "-days",
-            "1",
-            "-extfile",
-            "ext",
-        ]);
+            "subjectAltName=IP:127.0.0.1\n",
+        );
         TlsFiles {
             ca: dir.join("ca.crt"),
             cert: dir.join("server.crt"),
             key: dir.join("server.key"),
         }
+    }
+
+    /// A client certificate and its key (for mutual TLS), signed by this CA: `(cert, key)`.
+    pub fn client(&self) -> (PathBuf, PathBuf) {
+        let dir = self.ca.parent().unwrap();
+        signed(
+            dir,
+            "client",
+            "/CN=kcache test client",
+            "extendedKeyUsage=clientAuth\n",
+        );
+        (dir.join("client.crt"), dir.join("client.key"))
     }
 }
 

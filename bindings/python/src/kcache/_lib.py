@@ -88,6 +88,22 @@ class CacheStatistics(Structure):
     _fields_ = [("struct_size", c_size_t)] + [(name, c_uint64) for name in _CACHE_COUNTERS]
 
 
+# The remote tier's fields that kc_disk_options and kc_opencl_options end with.
+_REMOTE_OPTIONS = [
+    ("remote_url", c_char_p),
+    ("remote_read_only", c_bool),
+    ("remote_allow_unkeyed", c_bool),
+    ("remote_timeout_ms", c_uint64),
+    ("remote_ttl_s", c_uint64),
+    ("remote_prefix", c_char_p),
+    ("remote_max_entry_size", c_uint64),
+    ("remote_lease_wait_ms", c_uint64),
+    ("remote_ca_file", c_char_p),
+    ("remote_cert_file", c_char_p),
+    ("remote_key_file", c_char_p),
+]
+
+
 class DiskOptions(Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -99,15 +115,7 @@ class DiskOptions(Structure):
         ("ignore_env", c_bool),
         ("require_key", c_bool),
         ("lock_timeout_ms", c_uint64),
-        ("remote_url", c_char_p),
-        ("remote_read_only", c_bool),
-        ("remote_allow_unkeyed", c_bool),
-        ("remote_timeout_ms", c_uint64),
-        ("remote_ttl_s", c_uint64),
-        ("remote_prefix", c_char_p),
-        ("remote_max_entry_size", c_uint64),
-        ("remote_lease_wait_ms", c_uint64),
-    ]
+    ] + _REMOTE_OPTIONS
 
 
 class DiskStatistics(Structure):
@@ -196,7 +204,7 @@ class OpenclOptions(Structure):
         ("disk_key_len", c_size_t),
         ("disk_require_key", c_bool),
         ("disk_lock_timeout_ms", c_uint64),
-    ]
+    ] + _REMOTE_OPTIONS
 
 
 class OpenclCacheStatistics(Structure):
