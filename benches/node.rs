@@ -11,7 +11,12 @@
 //!   plain build, same kernel, measured alternately: the miss's overhead;
 //! - **warm process**: a process whose cache directory an earlier process left warm (lookup,
 //!   launch, then dropping its cache, which flushes: on PoCL that is when a lone process
-//!   stores its binaries) against the plain build.
+//!   stores its binaries) against the plain build;
+//! - **cluster** (`cargo bench --bench node -- cluster` runs it alone): four nodes, each a
+//!   process with a keyed cache directory of its own, start the same two kernels at the same
+//!   moment, with the remote tier (one `redis-server` on loopback, empty at each run) and
+//!   without it (each node compiles); and one node alone, with and without. Skipped, with a
+//!   message, when `redis-server` is not installed.
 //!
 //! With kcache a process also flushes before it exits (on PoCL a lone process's binaries are
 //! made and written then): that time is reported apart, and in the fleet's second wall time.
@@ -29,7 +34,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::remote::RemoteConfig;
 use kcache_testkit::opencl::{BuiltProgram, Context, KernelArg, Matmul, run_kernel_in_groups};
 
 const SAXPY: &str = r#"
@@ -72,6 +78,12 @@ const WORKER: &str = "KCACHE_BENCH_NODE_WORKER";
 const WORKER_KERNELS: &str = "KCACHE_BENCH_NODE_KERNELS";
 const WORKER_DIR: &str = "KCACHE_BENCH_NODE_DIR";
 const WORKER_GO: &str = "KCACHE_BENCH_NODE_GO";
+/// A cluster node: its cache directory is keyed with [`OPERATOR_KEY`], and has the remote tier
+/// at this URL when it is not empty.
+const WORKER_NODE: &str = "KCACHE_BENCH_NODE_REMOTE";
+/// The operator key of a cluster's nodes (the remote tier needs one; nodes without it have it
+/// too, so that both sides sign and verify alike).
+const OPERATOR_KEY: [u8; 32] = [9; 32];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Kernel {
@@ -164,12 +176,20 @@ impl Mode {
 
 /// The worker process: sets up, waits for the go file if it has one (saying `ready` first),
 /// then looks up and launches each kernel in turn, and reports `key=value` lines.
-fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>) {
+fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>, node: Option<&str>) {
     let context = Context::first_device().unwrap();
-    let cache = (mode == Mode::Kcache.name()).then(|| {
-        let disk = DiskCache::open(DiskConfig::in_dir(dir)).unwrap();
+    let config = match node {
+        None => DiskConfig::in_dir(dir),
+        Some(remote) => DiskConfig {
+            key: Some(OperatorKey::new(OPERATOR_KEY.to_vec()).unwrap()),
+            remote: (!remote.is_empty()).then(|| RemoteConfig::at(remote)),
+            ..DiskConfig::in_dir(dir)
+        },
+    };
+    let disk = (mode == Mode::Kcache.name()).then(|| Arc::new(DiskCache::open(config).unwrap()));
+    let cache = disk.as_ref().map(|disk| {
         OpenClCache::new(OpenClOptions {
-            disk: Some(Arc::new(disk)),
+            disk: Some(Arc::clone(disk)),
             ..OpenClOptions::default()
         })
         .unwrap()
@@ -212,6 +232,10 @@ fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>) {
         println!("flush_ns={}", start.elapsed().as_nanos());
         let stats = cache.stats();
         println!("lock_waits={}", stats.disk.lock_waits);
+        if let Some(remote) = disk.as_ref().and_then(|disk| disk.remote_stats()) {
+            println!("remote_hits={}", remote.hits);
+            println!("lease_waits={}", remote.lease_waits);
+        }
         (stats.source_builds, stats.binary_loads)
     });
     println!("flushed_unix_ns={}", unix_now());
@@ -293,11 +317,24 @@ fn run_worker(mode: Mode, kernels: &[Kernel], dir: &Path) -> Report {
 /// of the last flush) and its reports.
 fn fleet_once(mode: Mode, processes: usize) -> (Duration, Duration, Vec<Report>) {
     let root = tempfile::tempdir().unwrap();
-    let (dir, go) = (root.path().join("kcache"), root.path().join("go"));
+    let dir = root.path().join("kcache");
+    together(root.path(), processes, |_, pocl| {
+        worker_command(mode, &Kernel::ALL, &dir, pocl)
+    })
+}
+
+/// Starts `processes` workers, `command(i, its PoCL directory)` each, and lets them go at the
+/// same moment once all are set up: the wall times (go file to the last process's last
+/// launch, and to the end of the last flush) and their reports.
+fn together(
+    root: &Path,
+    processes: usize,
+    command: impl Fn(usize, &Path) -> Command,
+) -> (Duration, Duration, Vec<Report>) {
+    let go = root.join("go");
     let mut children: Vec<_> = (0..processes)
         .map(|i| {
-            let pocl = root.path().join(format!("pocl-{i}"));
-            worker_command(mode, &Kernel::ALL, &dir, &pocl)
+            command(i, &root.join(format!("pocl-{i}")))
                 .env(WORKER_GO, &go)
                 .stdout(Stdio::piped())
                 .spawn()
@@ -506,17 +543,26 @@ fn single_processes(kernel: Kernel, runs: usize) {
     }
 }
 
+#[path = "node/cluster.rs"]
+mod cluster;
+
 fn main() {
     if let Ok(mode) = std::env::var(WORKER) {
         let kernels = Kernel::parse(&std::env::var(WORKER_KERNELS).unwrap());
         let dir = std::env::var_os(WORKER_DIR).unwrap();
         let go = std::env::var_os(WORKER_GO);
+        let node = std::env::var(WORKER_NODE).ok();
         worker(
             &mode,
             &kernels,
             Path::new(&dir),
             go.as_deref().map(Path::new),
+            node.as_deref(),
         );
+        return;
+    }
+    if std::env::args().any(|a| a == "cluster") {
+        cluster::cold_starts(5);
         return;
     }
     // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
@@ -530,4 +576,5 @@ fn main() {
         single_processes(kernel, 5);
     }
     println!("(plain÷: the plain build's time over this process's; above 1 is faster)");
+    cluster::cold_starts(5);
 }

@@ -1,8 +1,10 @@
 //! One build per node, with real processes: N processes that miss the same kernel at once on one
-//! cache directory compile it once and the others load it from disk; a leader killed in the
-//! middle is taken over by one waiter; a leader that hangs costs the others their lock timeout
-//! and no more; a leader whose build fails sends every waiter to build (and fail) itself; an
-//! untrusted or disabled directory gets no lock file. Every assertion is on counts, not times.
+//! cache directory compile it once and the others load it from disk; on PoCL, an entry held
+//! back is written for a process that waits, and the leader's flush rewrites it with the code
+//! its launch compiled; a leader killed in the middle is taken over by one waiter; a leader
+//! that hangs costs the others their lock timeout and no more; a leader whose build fails sends
+//! every waiter to build (and fail) itself; an untrusted or disabled directory gets no lock
+//! file. Every assertion is on counts and sizes, not times.
 //!
 //! Each process is this test binary run again with [`WORKER_ENV`] set (see [`node_worker`]): it
 //! opens the cache, does one lookup, runs the kernel, checks its output and prints one line of
@@ -575,10 +577,37 @@ fn six_processes_at_once_compile_once() {
 /// that waits for the entry meanwhile makes the first one write it at once.
 #[test]
 fn a_waiting_process_gets_a_held_back_entry_before_the_leader_flushes() {
+    let (written_for_the_follower, flushed) = served_then_flushed(&[]);
+    assert!(
+        flushed >= written_for_the_follower,
+        "the flush replaced the entry ({written_for_the_follower} bytes) with a smaller one \
+         ({flushed} bytes)"
+    );
+}
+
+/// The entry written for a waiting process is a sibling program's binary, never launched: with
+/// PoCL's own kernel cache off it lacks the code the leader's launch compiled, and the leader's
+/// flush replaces it with its own program's binary, which holds that code.
+#[test]
+fn the_flush_stores_the_launches_code_that_a_waiters_entry_lacks() {
+    let off = [("POCL_KERNEL_CACHE", OsStr::new("0"))];
+    let (written_for_the_follower, flushed) = served_then_flushed(&off);
+    assert!(
+        flushed > written_for_the_follower,
+        "the flush left the entry written for the follower ({written_for_the_follower} bytes; \
+         now {flushed} bytes)"
+    );
+}
+
+/// A leader (with `env`) that has built and launched but not flushed, then a follower that
+/// loads without compiling, then the leader's flush: the entry's size as the follower found it,
+/// and after the flush.
+fn served_then_flushed(env: &[(&str, &OsStr)]) -> (u64, u64) {
     let (tmp, dir, _go) = setup();
     let hold = tmp.path().join("hold");
     let mut leader = Spawner {
         hold: Some(&hold),
+        env,
         ..Spawner::new("opencl", &dir, "ok")
     }
     .spawn();
@@ -607,12 +636,8 @@ fn a_waiting_process_gets_a_held_back_entry_before_the_leader_flushes() {
         &[("builds", 1), ("waits", 0)],
     );
     let flushed = std::fs::metadata(&entry).unwrap().len();
-    assert!(
-        flushed >= written_for_the_follower,
-        "the flush replaced the entry ({written_for_the_follower} bytes) with a smaller one \
-         ({flushed} bytes)"
-    );
     assert_eq!(lock_files(&dir), Vec::<String>::new());
+    (written_for_the_follower, flushed)
 }
 
 /// The leader is killed while five processes wait for it: one of them takes over and builds,

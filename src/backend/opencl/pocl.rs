@@ -17,8 +17,18 @@
 //!   one in seven two-process runs of `benches/node.rs`, against none in eighteen with the
 //!   sibling;
 //! - at flush (and when the cache is freed), the cached program's binary, which then holds
-//!   what its launches compiled: stored, or replacing the sibling's when it is larger (in
-//!   `tests/node_flight.rs` on PoCL 3.1 it was the same size, and nothing was rewritten).
+//!   what its launches compiled: stored, or replacing the sibling's when it is larger. The
+//!   sibling is never launched: its binary holds the launches' code only when PoCL's own
+//!   kernel cache is on and the launches came before the sibling's build (the two programs
+//!   then share PoCL's directory for that source). Otherwise it lacks that code, and a process
+//!   that loads it compiles it at its first launch. Measured on PoCL 3.1 with the node bench's
+//!   kernels, the sibling built before the cached program's first launch, or with
+//!   `POCL_KERNEL_CACHE=0`: `saxpy` 49 KB against 63 KB (77 KB after a second launch with
+//!   another local size), a new process's first launch from it 50–66 ms against 0.3–0.5 ms;
+//!   `matmul_tiled` 74 KB against 105 KB, 268–548 ms against 5–9 ms. With PoCL's cache on and
+//!   the sibling built after the launch, the two binaries were byte for byte the same. So the
+//!   rewrite at flush is what makes the processes that come later warm; it costs one binary
+//!   query per program a waiting process was served.
 //!
 //! Other drivers' binaries do not change with launches, and the cached program is queried
 //! directly on the background writer.
