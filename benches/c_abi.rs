@@ -109,7 +109,34 @@ fn ratio() {
     );
 }
 
+/// `KCACHE_BENCH_PEER=rust|c KCACHE_BENCH_OPS=<n>`: only `n` hits one way in, for an
+/// instruction counter (`scripts/hit-cost`).
+fn one_way(name: &str) {
+    let ops = std::env::var("KCACHE_BENCH_OPS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(OPS);
+    let keys = keys();
+    let caches = Caches::new(&keys);
+    let took = match name {
+        "rust" => time(ops, |i| {
+            black_box(caches.rust_hit(black_box(&keys[i])));
+        }),
+        "c" => time(ops, |i| {
+            black_box(caches.c_hit(black_box(&keys[i]), ptr::null_mut()));
+        }),
+        other => panic!("KCACHE_BENCH_PEER={other:?}: not a way in (rust, c)"),
+    };
+    println!(
+        "{name}: {ops} hits, {:.1} ns each",
+        took.as_nanos() as f64 / ops as f64
+    );
+}
+
 fn main() {
+    if let Ok(name) = std::env::var("KCACHE_BENCH_PEER") {
+        return one_way(&name);
+    }
     benches();
     Criterion::default().configure_from_args().final_summary();
     // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.

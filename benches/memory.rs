@@ -175,36 +175,116 @@ fn storm_once() -> u64 {
 
 criterion_group!(benches, hits, storm);
 
-/// Nanoseconds per hit per thread, best of five runs.
+/// Rounds of the closing table: each round measures every peer back to back.
+const ROUNDS: usize = 7;
+
+/// Nanoseconds per hit per thread, best of three runs.
 fn per_hit(peer: &Arc<dyn Peer>, keys: &Arc<Vec<Vec<u8>>>, threads: usize) -> f64 {
-    (0..5)
+    (0..3)
         .map(|_| run(peer, keys, threads, OPS_PER_THREAD).as_nanos() as f64 / OPS_PER_THREAD as f64)
         .fold(f64::INFINITY, f64::min)
 }
 
+/// Median, lowest and highest of `values`.
+fn spread(mut values: Vec<f64>) -> (f64, f64, f64) {
+    values.sort_by(f64::total_cmp);
+    (
+        values[values.len() / 2],
+        values[0],
+        values[values.len() - 1],
+    )
+}
+
+fn show((median, low, high): (f64, f64, f64)) -> String {
+    format!("{median:.2} ({low:.2}-{high:.2})")
+}
+
+/// What the closing table ran on.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let cores = thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "{model}, {cores} cores, load average {}",
+        load.split(' ').next().unwrap_or("?")
+    )
+}
+
 fn ratios() {
     let keys = Arc::new(keys());
+    let hot = Arc::new(keys[..1].to_vec());
     let peers = peers(&keys);
-    let one: Vec<f64> = peers.iter().map(|p| per_hit(p, &keys, 1)).collect();
-    let two: Vec<f64> = peers.iter().map(|p| per_hit(p, &keys, 2)).collect();
-    println!("\nL1 hit, {KEYS} keys, all hits ({OPS_PER_THREAD} ops per thread, best of 5)");
+    // Per round and peer: ns per hit on 1 thread, on 2 threads, and on 2 threads on one key.
+    let mut rounds = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let round: Vec<[f64; 3]> = peers
+            .iter()
+            .map(|p| {
+                [
+                    per_hit(p, &keys, 1),
+                    per_hit(p, &keys, 2),
+                    per_hit(p, &hot, 2),
+                ]
+            })
+            .collect();
+        rounds.push(round);
+    }
+    let of = |peer: usize, column: usize| -> Vec<f64> {
+        rounds.iter().map(|r| r[peer][column]).collect()
+    };
+    let mops = |ns: Vec<f64>| ns.into_iter().map(|ns| 2.0 * 1e3 / ns).collect::<Vec<_>>();
     println!(
-        "{:<30} {:>12} {:>14} {:>18}",
-        "peer", "1 thread ns", "2 threads Mops", "kcache / peer (1t)"
+        "\nL1 hit, {KEYS} keys, all hits: median (range) of {ROUNDS} rounds, each the best of 3 \
+         x {OPS_PER_THREAD} hits per thread; {}",
+        machine()
+    );
+    println!(
+        "{:<30} {:>20} {:>22} {:>22}",
+        "peer", "1 thread ns/hit", "2 threads M hits/s", "2 threads, 1 key M/s"
     );
     for (i, peer) in peers.iter().enumerate() {
         println!(
-            "{:<30} {:>12.1} {:>14.1} {:>18.2}",
+            "{:<30} {:>20} {:>22} {:>22}",
             peer.name(),
-            one[i],
-            2.0 * 1e3 / two[i],
-            one[0] / one[i]
+            show(spread(of(i, 0))),
+            show(spread(mops(of(i, 1)))),
+            show(spread(mops(of(i, 2))))
         );
     }
-    let kcache_scaling = one[0] / two[0] * 2.0;
-    let vs_mutex = (2.0 / two[0]) / (2.0 / two[3]);
-    println!("kcache 2-thread throughput / 1-thread throughput: {kcache_scaling:.2}x");
-    println!("kcache / Mutex<HashMap> throughput at 2 threads: {vs_mutex:.2}x");
+    // Ratios within each round, so that a slow moment of the machine cancels out.
+    let per_round = |column: usize, f: &dyn Fn(f64, f64) -> f64| -> Vec<f64> {
+        rounds
+            .iter()
+            .map(|r| f(r[0][column], r[1][column]))
+            .collect()
+    };
+    println!(
+        "kcache / quick_cache, 1 thread, time per hit: {}",
+        show(spread(per_round(0, &|k, q| k / q)))
+    );
+    println!(
+        "kcache / quick_cache, 2 threads, throughput: {}",
+        show(spread(per_round(1, &|k, q| q / k)))
+    );
+    println!(
+        "kcache / quick_cache, 2 threads on one key, throughput: {}",
+        show(spread(per_round(2, &|k, q| q / k)))
+    );
+    let scaling: Vec<f64> = rounds.iter().map(|r| 2.0 * r[0][0] / r[0][1]).collect();
+    println!(
+        "kcache 2-thread throughput / 1-thread throughput: {}",
+        show(spread(scaling))
+    );
+    let vs_mutex: Vec<f64> = rounds.iter().map(|r| r[3][1] / r[0][1]).collect();
+    println!(
+        "kcache / Mutex<HashMap> throughput at 2 threads: {}",
+        show(spread(vs_mutex))
+    );
     println!(
         "single-flight storm (16 threads, one key, 10 ms build): {} build(s)",
         storm_once()

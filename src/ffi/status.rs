@@ -152,6 +152,7 @@ thread_local! {
 }
 
 /// Records `error` as this thread's last failure and returns its status.
+#[cold]
 pub fn fail(error: &Error) -> kc_status {
     if let Error::Build(build) = error {
         // A thread being torn down has nowhere to keep the code; the status still reports it.
@@ -179,10 +180,16 @@ fn record_panic(payload: &(dyn Any + Send)) {
 
 /// The boundary for exported functions that return a status: runs `body`, turns its error
 /// into a status plus this thread's message, and a panic into `KC_ERR_PANIC`.
+#[inline]
 pub fn guard(body: impl FnOnce() -> Result<()>) -> kc_status {
-    match panic::catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => kc_status::KC_OK,
-        Ok(Err(error)) => fail(&error),
+    // The error becomes a status inside the unwind boundary, so that what crosses it is one
+    // integer rather than a whole `Result` (measurably cheaper on a cache hit).
+    let status = || match body() {
+        Ok(()) => kc_status::KC_OK,
+        Err(error) => fail(&error),
+    };
+    match panic::catch_unwind(AssertUnwindSafe(status)) {
+        Ok(status) => status,
         Err(payload) => {
             record_panic(&*payload);
             kc_status::KC_ERR_PANIC
@@ -192,6 +199,7 @@ pub fn guard(body: impl FnOnce() -> Result<()>) -> kc_status {
 
 /// The boundary for exported functions without a status (they return a value, NULL or 0):
 /// a panic records its message and yields `on_panic`.
+#[inline]
 pub fn guard_value<T>(on_panic: T, body: impl FnOnce() -> T) -> T {
     panic::catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| {
         record_panic(&*payload);
