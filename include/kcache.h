@@ -728,6 +728,27 @@ typedef struct kc_vulkan_options {
   // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
   // 120 s.
   uint64_t disk_lock_timeout_ms;
+  // The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
+  // `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
+  // Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Each
+  // device's pipeline-cache data is read from it at registration when the disk has none,
+  // and merged and written there at each write-back. Every `remote_*` field below means
+  // what the field of the same name of `kc_disk_options` means, and NULL or 0 leaves it to
+  // its `KCACHE_REMOTE_*` variable, else the default (`docs/remote.md`). New in ABI 2.5: an
+  // older caller's struct gets the environment's.
+  const char *remote_url;
+  bool remote_read_only;
+  // **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
+  bool remote_allow_unkeyed;
+  uint64_t remote_timeout_ms;
+  uint64_t remote_ttl_s;
+  const char *remote_prefix;
+  uint64_t remote_max_entry_size;
+  uint64_t remote_lease_wait_ms;
+  const char *remote_ca_file;
+  // With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
+  const char *remote_cert_file;
+  const char *remote_key_file;
 } kc_vulkan_options;
 
 // A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
@@ -1605,9 +1626,10 @@ struct kc_vulkan_options kc_vulkan_options_default(void);
 // created is `KC_ERR_IO`.
 //
 // # Safety
-// `opts` must point to a `kc_vulkan_options` whose `disk_dir` is NULL or a C string and
-// whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr` for as long as
-// the cache and its leases live; `out_cache` must be writable.
+// `opts` must point to a `kc_vulkan_options` whose `disk_dir` and `remote_*` strings are
+// NULL or C strings and whose `get_instance_proc_addr` is NULL or behaves as
+// `vkGetInstanceProcAddr` for as long as the cache and its leases live; `out_cache` must be
+// writable.
 enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
                                    struct kc_vulkan_cache **out_cache);
 
@@ -1661,9 +1683,10 @@ enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 
 // Writes the device's pipeline-cache data to disk now if pipelines were created (or data
 // loaded from the remote tier) since the last write, merging what other processes stored
-// meanwhile; with a remote tier that takes writes (`KCACHE_REMOTE_URL`), merges the remote's
-// data too and writes the result there in the background. `*out_written` (if not NULL) says
-// whether it wrote to disk. Without a disk tier it writes nothing and succeeds.
+// meanwhile; with a remote tier that takes writes (`remote_url` or `KCACHE_REMOTE_URL`),
+// merges the remote's data too and writes the result there in the background (freeing the
+// cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
+// disk tier it writes nothing and succeeds.
 //
 // # Safety
 // `cache` and `device` must be live and belong together; `out_written` NULL or writable.

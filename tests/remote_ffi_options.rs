@@ -1,19 +1,28 @@
-//! The remote tier configured through a backend's own C options alone (`kc_opencl_options`'s
-//! `remote_*` fields, the environment holding no `KCACHE_REMOTE_*` variable), called as C
-//! would call it: OpenCL on PoCL, one `redis-server` on loopback. A cache writes its program
-//! binary to the store under the prefix its options name; a second cache with another disk
-//! directory loads it without compiling. A caller compiled against the layout before the
-//! remote fields gets no remote, whatever lies past its `struct_size`.
+//! The remote tier configured through a backend's own C options alone (the `remote_*` fields
+//! of `kc_opencl_options` and `kc_vulkan_options`, the environment holding no
+//! `KCACHE_REMOTE_*` variable), called as C would call it, with one `redis-server` on
+//! loopback. OpenCL on PoCL: a cache writes its program binary to the store under the prefix
+//! its options name; a second cache with another disk directory loads it without compiling.
+//! Vulkan on lavapipe under the validation layer: a cache writes a device's pipeline-cache
+//! data to the store; a second cache with another disk directory seeds its device's pipeline
+//! cache from it. A caller compiled against the layout before the remote fields gets no
+//! remote, whatever lies past its `struct_size`.
 
-use std::ffi::{CStr, CString};
+mod vulkan_common;
+
+use std::ffi::{CStr, CString, c_void};
 use std::mem::offset_of;
 use std::path::Path;
 use std::ptr;
 
+use ash::vk::Handle;
+use kcache::backend::vulkan::DeviceOwner;
 use kcache::ffi::opencl::*;
+use kcache::ffi::vulkan::*;
 use kcache::ffi::{kc_last_error_message, kc_status};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
+use kcache_testkit::vulkan::TestGpu;
 
 const KEY: [u8; 32] = [3; 32];
 const SOURCE: &CStr = c"__kernel void inc(__global int *x) { x[get_global_id(0)] += 1; }\n";
@@ -23,6 +32,39 @@ fn last_error() -> String {
     unsafe { CStr::from_ptr(kc_last_error_message()) }
         .to_string_lossy()
         .into_owned()
+}
+
+fn c_path(path: &Path) -> CString {
+    CString::new(path.to_str().unwrap()).unwrap()
+}
+
+/// A backend's options (from `$default()`) for a cache on a disk in `$dir` (a C string),
+/// keyed, with the store at `$url` under `$prefix`, as a caller whose options struct is
+/// `$struct_size` bytes sets them up: every backend names these fields alike. The strings must
+/// outlive the options.
+macro_rules! remote_options {
+    ($default:ident, $dir:expr, $url:expr, $prefix:expr, $struct_size:expr) => {{
+        let mut opts = $default();
+        opts.struct_size = $struct_size;
+        opts.use_disk = true;
+        opts.disk_dir = $dir.as_ptr();
+        opts.disk_key = KEY.as_ptr();
+        opts.disk_key_len = KEY.len();
+        opts.remote_url = $url.as_ptr();
+        opts.remote_prefix = $prefix.as_ptr();
+        opts.remote_timeout_ms = 2000;
+        opts
+    }};
+}
+
+/// The remote must come from the options alone.
+fn assert_no_remote_environment() {
+    for (name, _) in std::env::vars_os() {
+        assert!(
+            !name.to_string_lossy().starts_with("KCACHE_REMOTE_"),
+            "{name:?} is set"
+        );
+    }
 }
 
 struct Cache(*mut kc_opencl_cache);
@@ -38,16 +80,8 @@ impl Cache {
     /// A cache on a disk in `dir`, keyed, with the store at `url` under `prefix`, as a caller
     /// whose `kc_opencl_options` is `struct_size` bytes sets it up.
     fn new(dir: &Path, url: &CStr, prefix: &CStr, struct_size: usize) -> Cache {
-        let dir = CString::new(dir.to_str().unwrap()).unwrap();
-        let mut opts = kc_opencl_options_default();
-        opts.struct_size = struct_size;
-        opts.use_disk = true;
-        opts.disk_dir = dir.as_ptr();
-        opts.disk_key = KEY.as_ptr();
-        opts.disk_key_len = KEY.len();
-        opts.remote_url = url.as_ptr();
-        opts.remote_prefix = prefix.as_ptr();
-        opts.remote_timeout_ms = 2000;
+        let dir = c_path(dir);
+        let opts = remote_options!(kc_opencl_options_default, dir, url, prefix, struct_size);
         let mut cache = ptr::null_mut();
         // SAFETY: valid options (strings live for the call) and out-pointer.
         let status = unsafe { kc_opencl_cache_new(&opts, &mut cache) };
@@ -94,12 +128,7 @@ impl Cache {
 
 #[test]
 fn opencl_caches_share_programs_through_their_c_options_alone() {
-    for (name, _) in std::env::vars_os() {
-        assert!(
-            !name.to_string_lossy().starts_with("KCACHE_REMOTE_"),
-            "{name:?} is set"
-        );
-    }
+    assert_no_remote_environment();
     let Ok(context) = Context::first_device() else {
         panic!("no OpenCL device: PoCL must be installed");
     };
@@ -141,5 +170,190 @@ fn opencl_caches_share_programs_through_their_c_options_alone() {
     let old = Cache::new(old_dir.path(), &url, prefix, older).lookup(&context);
     assert_eq!((old.source_builds, old.binary_loads), (1, 0));
     assert!(!old.disk.remote);
+    assert_eq!(server.keys(), keys);
+}
+
+/// A Vulkan cache made by `kc_vulkan_cache_new` and a device of its own registered with it,
+/// as one process on one machine has them; dropped, it unregisters the device (which writes its
+/// data back) and frees the cache (which waits for the remote write).
+struct VulkanNode {
+    cache: *mut kc_vulkan_cache,
+    device: *mut kc_vulkan_device,
+    /// Dropped after the cache: it checks that the validation layer reported nothing.
+    gpu: TestGpu,
+}
+
+impl VulkanNode {
+    fn new(dir: &Path, url: &CStr, prefix: &CStr, struct_size: usize) -> VulkanNode {
+        let gpu = TestGpu::new().expect("a Vulkan device (lavapipe) and the validation layer");
+        let mut node = VulkanNode {
+            cache: ptr::null_mut(),
+            device: ptr::null_mut(),
+            gpu,
+        };
+        let dir = c_path(dir);
+        let opts = remote_options!(kc_vulkan_options_default, dir, url, prefix, struct_size);
+        // SAFETY: valid options (strings live for the call, the system's loader) and
+        // out-pointer.
+        let status = unsafe { kc_vulkan_cache_new(&opts, &mut node.cache) };
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        // Dispatchable handles cross the C ABI as pointers.
+        let raw = |handle: u64| handle as *mut c_void;
+        let g = &node.gpu;
+        // SAFETY: a live cache; related handles of the system's loader (the one the cache
+        // loaded), which outlive the registration (`gpu` is dropped last).
+        let status = unsafe {
+            kc_vulkan_cache_register_device(
+                node.cache,
+                raw(g.instance().as_raw()),
+                raw(g.physical_device().as_raw()),
+                raw(g.device().as_raw()),
+                &mut node.device,
+            )
+        };
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        node
+    }
+
+    /// Creates a pipeline (and releases it), then writes the device's data back; returns
+    /// whether it wrote to disk.
+    fn build_and_flush(&self) -> bool {
+        let code = vulkan_common::spirv();
+        // No bindings and no push-constant range: the layout is derived from the shader.
+        let desc = kc_vulkan_pipeline_desc {
+            struct_size: size_of::<kc_vulkan_pipeline_desc>(),
+            code: code.as_ptr(),
+            code_size: size_of_val(code),
+            entry_point: ptr::null(),
+            constants: ptr::null(),
+            constant_count: 0,
+            bindings: ptr::null(),
+            binding_count: 0,
+            push_constant_offset: 0,
+            push_constant_size: 0,
+            specialization: ptr::null(),
+            flags: 0,
+            required_subgroup_size: 0,
+        };
+        let (mut spec, mut lease, mut written) = (ptr::null_mut(), ptr::null_mut(), false);
+        // SAFETY: a description whose code is valid for its size; live cache and device; the
+        // lease and the description released once.
+        unsafe {
+            assert_eq!(kc_vulkan_spec_new(&desc, &mut spec), kc_status::KC_OK);
+            let status = kc_vulkan_cache_find_or_build(self.cache, self.device, spec, &mut lease);
+            assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+            assert_ne!(kc_vulkan_lease_pipeline(lease), 0);
+            kc_vulkan_lease_release(lease);
+            kc_vulkan_spec_free(spec);
+            let status = kc_vulkan_cache_flush(self.cache, self.device, &mut written);
+            assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        }
+        assert_eq!(self.gpu.validation_messages(), Vec::<String>::new());
+        written
+    }
+
+    fn stats(&self) -> kc_vulkan_cache_statistics {
+        let mut out = kc_vulkan_cache_statistics {
+            struct_size: size_of::<kc_vulkan_cache_statistics>(),
+            ..Default::default()
+        };
+        // SAFETY: a live cache and a writable struct of its size.
+        assert_eq!(
+            unsafe { kc_vulkan_cache_stats(self.cache, &mut out) },
+            kc_status::KC_OK
+        );
+        out
+    }
+}
+
+impl Drop for VulkanNode {
+    fn drop(&mut self) {
+        let mut still_leased = u64::MAX;
+        // SAFETY: the device (or NULL) of this live cache (or NULL), each released once.
+        let status = unsafe {
+            let status =
+                kc_vulkan_cache_unregister_device(self.cache, self.device, &mut still_leased);
+            kc_vulkan_cache_free(self.cache);
+            status
+        };
+        if !std::thread::panicking() && !self.device.is_null() {
+            assert_eq!((status, still_leased), (kc_status::KC_OK, 0));
+        }
+    }
+}
+
+#[test]
+fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
+    assert_no_remote_environment();
+    let server = RedisServer::start();
+    let url = CString::new(server.url()).unwrap();
+    let prefix = c"vk:";
+    let size = size_of::<kc_vulkan_options>();
+    let (a_dir, b_dir, old_dir) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+
+    let a = VulkanNode::new(a_dir.path(), &url, prefix, size);
+    assert!(a.build_and_flush(), "its disk had nothing");
+    let s = a.stats();
+    assert_eq!(
+        (
+            s.pipelines_created,
+            s.cache_data_missing,
+            s.cache_data_loaded
+        ),
+        (1, 1, 0)
+    );
+    assert_eq!(s.cache_data_written, 1);
+    assert!(s.disk.remote);
+    // Nothing in the store at registration, nor when the write-back read it to merge.
+    assert_eq!(
+        (
+            s.disk.remote_misses,
+            s.disk.remote_hits,
+            s.disk.remote_errors
+        ),
+        (2, 0, 0)
+    );
+    drop(a);
+    let keys = server.keys();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(
+        keys[0].starts_with("vk:") && keys[0].ends_with(".kce"),
+        "{keys:?}"
+    );
+
+    let b = VulkanNode::new(b_dir.path(), &url, prefix, size);
+    let s = b.stats();
+    assert_eq!(
+        (
+            s.cache_data_missing,
+            s.cache_data_loaded,
+            s.cache_data_rejected
+        ),
+        (1, 1, 0),
+        "missing on disk, seeded from the remote"
+    );
+    assert_eq!(
+        (
+            s.disk.remote_hits,
+            s.disk.remote_misses,
+            s.disk.remote_rejects
+        ),
+        (1, 0, 0)
+    );
+    drop(b);
+    assert_eq!(server.keys(), keys);
+
+    // The 2.4 layout ended before `remote_url`: what lies past it is not read.
+    let older = offset_of!(kc_vulkan_options, remote_url);
+    let old = VulkanNode::new(old_dir.path(), &url, prefix, older);
+    let s = old.stats();
+    assert_eq!((s.cache_data_missing, s.cache_data_loaded), (1, 0));
+    assert!(!s.disk.remote);
+    assert!(old.build_and_flush());
+    drop(old);
     assert_eq!(server.keys(), keys);
 }

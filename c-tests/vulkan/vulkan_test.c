@@ -1,7 +1,8 @@
 /* The Vulkan C API on the system's Vulkan driver (lavapipe in CI): pipelines from kcache
  * dispatched and their output checked, memory hits, argument checks, malformed SPIR-V, a layout
  * derived from the shader, specialization from a VkSpecializationInfo, pipeline flags and a
- * required subgroup size, device teardown with a lease held, and a loader that lacks functions.
+ * required subgroup size, device teardown with a lease held, a loader that lacks functions, and
+ * the defaults of the options' remote fields.
  * The Khronos validation layer runs throughout: any error or warning it reports fails the test.
  * Usage: vulkan_test CACHE_DIR SHADER.spv */
 #include <vulkan/vulkan.h>
@@ -378,11 +379,26 @@ static void test_descriptions(const gpu *g, const uint32_t *code, size_t size) {
     kc_vulkan_cache_free(cache);
 }
 
+/* The remote tier's fields (2.5) default to "leave it to the environment", as in every
+ * backend's options, and the struct a caller sets up is the one this header describes. */
+static void test_remote_defaults(void) {
+    kc_vulkan_options opts = kc_vulkan_options_default();
+    EXPECT(opts.struct_size == sizeof(kc_vulkan_options));
+    EXPECT(opts.remote_url == NULL && opts.remote_prefix == NULL);
+    EXPECT(opts.remote_ca_file == NULL && opts.remote_cert_file == NULL &&
+           opts.remote_key_file == NULL);
+    EXPECT(!opts.remote_read_only && !opts.remote_allow_unkeyed);
+    EXPECT(opts.remote_timeout_ms == 0 && opts.remote_ttl_s == 0 &&
+           opts.remote_max_entry_size == 0 && opts.remote_lease_wait_ms == 0);
+}
+
 int main(int argc, char **argv) {
     REQUIRE(argc == 3);
     size_t size;
     uint32_t *code = read_file(argv[2], &size);
     EXPECT(kc_vulkan_available() == KC_OK);
+
+    test_remote_defaults();
 
     gpu g;
     gpu_create(&g);

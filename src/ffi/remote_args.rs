@@ -1,6 +1,6 @@
 //! The remote tier's fields, which `kc_disk_options` and the backends' options
-//! (`kc_opencl_options`, `kc_cuda_options`) all end with, under the same names: read once,
-//! here, into a [`RemoteConfig`].
+//! (`kc_opencl_options`, `kc_cuda_options`, `kc_vulkan_options`) all end with, under the same
+//! names: read once, here, into a [`RemoteConfig`].
 
 use std::ffi::c_char;
 use std::time::Duration;

@@ -94,13 +94,35 @@ pub struct kc_vulkan_options {
     /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
     /// 120 s.
     pub disk_lock_timeout_ms: u64,
+    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
+    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
+    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Each
+    /// device's pipeline-cache data is read from it at registration when the disk has none,
+    /// and merged and written there at each write-back. Every `remote_*` field below means
+    /// what the field of the same name of `kc_disk_options` means, and NULL or 0 leaves it to
+    /// its `KCACHE_REMOTE_*` variable, else the default (`docs/remote.md`). New in ABI 2.5: an
+    /// older caller's struct gets the environment's.
+    pub remote_url: *const c_char,
+    pub remote_read_only: bool,
+    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
+    pub remote_allow_unkeyed: bool,
+    pub remote_timeout_ms: u64,
+    pub remote_ttl_s: u64,
+    pub remote_prefix: *const c_char,
+    pub remote_max_entry_size: u64,
+    pub remote_lease_wait_ms: u64,
+    pub remote_ca_file: *const c_char,
+    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
+    pub remote_cert_file: *const c_char,
+    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
     kc_vulkan_options,
     kc_vulkan_options_default,
     kc_vulkan_cache,
-    VulkanCache
+    VulkanCache,
+    remote
 );
 
 /// One descriptor binding of the pipeline layout, visible to the compute stage.
@@ -266,6 +288,17 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
         disk_key_len: 0,
         disk_require_key: false,
         disk_lock_timeout_ms: 0,
+        remote_url: ptr::null(),
+        remote_read_only: false,
+        remote_allow_unkeyed: false,
+        remote_timeout_ms: 0,
+        remote_ttl_s: 0,
+        remote_prefix: ptr::null(),
+        remote_max_entry_size: 0,
+        remote_lease_wait_ms: 0,
+        remote_ca_file: ptr::null(),
+        remote_cert_file: ptr::null(),
+        remote_key_file: ptr::null(),
     }
 }
 
@@ -276,9 +309,10 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
 /// created is `KC_ERR_IO`.
 ///
 /// # Safety
-/// `opts` must point to a `kc_vulkan_options` whose `disk_dir` is NULL or a C string and
-/// whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr` for as long as
-/// the cache and its leases live; `out_cache` must be writable.
+/// `opts` must point to a `kc_vulkan_options` whose `disk_dir` and `remote_*` strings are
+/// NULL or C strings and whose `get_instance_proc_addr` is NULL or behaves as
+/// `vkGetInstanceProcAddr` for as long as the cache and its leases live; `out_cache` must be
+/// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
@@ -409,9 +443,10 @@ pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> k
 
 /// Writes the device's pipeline-cache data to disk now if pipelines were created (or data
 /// loaded from the remote tier) since the last write, merging what other processes stored
-/// meanwhile; with a remote tier that takes writes (`KCACHE_REMOTE_URL`), merges the remote's
-/// data too and writes the result there in the background. `*out_written` (if not NULL) says
-/// whether it wrote to disk. Without a disk tier it writes nothing and succeeds.
+/// meanwhile; with a remote tier that takes writes (`remote_url` or `KCACHE_REMOTE_URL`),
+/// merges the remote's data too and writes the result there in the background (freeing the
+/// cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
+/// disk tier it writes nothing and succeeds.
 ///
 /// # Safety
 /// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
