@@ -1,5 +1,5 @@
-//! A hit through the C ABI (`kc_cache_find_or_build` + `kc_lease_release`, as a C caller makes
-//! them) against the same hit through the Rust API (`MemoryCache::find_or_build` + dropping the
+//! A hit through the C ABI (`kc_cache_find_or_build`, `kc_lease_value` and `kc_lease_release`,
+//! as a C caller makes them) against the same hit through the Rust API (`MemoryCache::find_or_build` + dropping the
 //! lease), on the same cache type, keys and values. Criterion measures each; the closing line
 //! prints their ratio from back-to-back runs, so machine speed cancels out.
 
