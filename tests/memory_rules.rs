@@ -666,3 +666,64 @@ fn probe_counts_a_hit_but_leaves_the_miss_to_find_or_build() {
     let s = c.stats();
     assert_eq!((s.hits, s.misses), (1, 1));
 }
+
+/// A key whose hash is the same whatever its value: every lookup meets other keys' slots with
+/// its own full hash, which the hit path's hash-only probe must not take for its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Colliding(u64);
+
+impl std::hash::Hash for Colliding {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        0u8.hash(state);
+    }
+}
+
+#[test]
+fn keys_of_one_hash_are_told_apart() {
+    let cache: Arc<MemoryCache<Colliding, u64>> =
+        Arc::new(MemoryCache::new(Options::default(), |_| Ok(())));
+    for k in 0..5 {
+        cache
+            .find_or_build(&Colliding(k), None, move || Ok((k * 10, 1)))
+            .unwrap();
+    }
+    for k in 0..5 {
+        let lease = cache
+            .find_or_build(&Colliding(k), None, || unreachable!("built already"))
+            .unwrap();
+        assert_eq!((lease.key(), *lease), (&Colliding(k), k * 10));
+        assert_eq!(cache.get(&Colliding(k)).map(|l| *l), Some(k * 10));
+    }
+    assert!(cache.get(&Colliding(9)).is_none());
+
+    // A build in flight for another key of the same hash: a ready key is still a hit, with no
+    // wait for that build.
+    let park = Park::new();
+    let builder = {
+        let (cache, park) = (Arc::clone(&cache), park.clone());
+        thread::spawn(move || {
+            cache
+                .find_or_build(&Colliding(7), None, || {
+                    park.hold();
+                    Ok((70, 1))
+                })
+                .map(|l| *l)
+        })
+    };
+    park.started.wait();
+    assert_eq!(
+        *cache
+            .find_or_build(&Colliding(3), None, || unreachable!("built already"))
+            .unwrap(),
+        30
+    );
+    assert!(cache.get(&Colliding(7)).is_none(), "a build is not ready");
+    park.release.wait();
+    assert_eq!(builder.join().unwrap().unwrap(), 70);
+
+    let s = cache.stats();
+    assert_eq!(
+        (s.builds, s.hits, s.misses, s.waits, s.entries),
+        (6, 11, 8, 0, 6)
+    );
+}

@@ -324,7 +324,9 @@ pub unsafe extern "C" fn kc_cache_find_or_build(
         let device = device_of(device_id)?;
         let build = build.ok_or_else(|| Error::InvalidArgument("build is NULL".into()))?;
         non_null(out_lease, "out_lease")?;
-        let lease = cache.find_or_build(key_bytes, device, || {
+        // The build captures its arguments by value: captured by reference, they would be
+        // stored on the stack on every call, hits included.
+        let lease = cache.find_or_build(key_bytes, device, move || {
             // SAFETY: the caller promised `build` is callable with `build_ctx`; the key is
             // the caller's own.
             unsafe { make_value(build, build_ctx, key, key_len, "build") }

@@ -224,10 +224,25 @@ pub fn null_argument(name: &str) {
 /// The NULL check for pointer arguments that must not be NULL.
 pub fn non_null<T>(ptr: *const T, name: &str) -> Result<()> {
     if ptr.is_null() {
-        Err(Error::InvalidArgument(format!("{name} is NULL")))
+        Err(is_null(name))
     } else {
         Ok(())
     }
+}
+
+/// The error of [`byte_slice`] for a length no object has; out of line, as [`is_null`].
+#[cold]
+#[inline(never)]
+fn too_long(name: &str, len: usize) -> Error {
+    Error::InvalidArgument(format!("{name}_len {len} is larger than any object"))
+}
+
+/// The error of [`non_null`], out of line: formatted in place, the message would make every
+/// call store the argument's name on the stack, failing or not.
+#[cold]
+#[inline(never)]
+fn is_null(name: &str) -> Error {
+    Error::InvalidArgument(format!("{name} is NULL"))
 }
 
 /// Borrows `len` bytes at `ptr`. A zero length is the empty slice whatever `ptr` is (NULL
@@ -242,9 +257,7 @@ pub unsafe fn byte_slice<'a>(ptr: *const u8, len: usize, name: &str) -> Result<&
     }
     non_null(ptr, name)?;
     if len > isize::MAX as usize {
-        return Err(Error::InvalidArgument(format!(
-            "{name}_len {len} is larger than any object"
-        )));
+        return Err(too_long(name, len));
     }
     // SAFETY: `ptr` is non-NULL and the caller promises `len` readable bytes for `'a`; the
     // length fits `isize` as `from_raw_parts` requires.

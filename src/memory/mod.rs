@@ -71,12 +71,29 @@ use crate::metrics::{self as process_metrics, Backend};
 use crate::stats::Baseline;
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 
-/// Power of two: the shard index is a mask of the key's hash.
+/// How many shards a cache's table has; a power of two, since the shard index is a mask of the
+/// key's hash. More shards spread the write locks of concurrent misses; but a hit reads two
+/// cache lines of its shard (the table's header and the thread's lock slot), and those stay in
+/// the first-level cache only while the shards are few: on a 2-core machine, 64 shards cost a
+/// hit one more L1 miss than 8 (`scripts/hit-cost`: 7.9 against 6.9). So four per hardware
+/// thread, as quick_cache chooses, from 4 to 64.
 #[cfg(not(feature = "shuttle"))]
-const SHARDS: usize = 64;
-/// Fewer shards keep the model checker's schedules short enough to explore.
+fn shard_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .saturating_mul(4)
+            .next_power_of_two()
+            .clamp(4, 64)
+    })
+}
+
+/// Few shards keep the model checker's schedules short enough to explore.
 #[cfg(feature = "shuttle")]
-const SHARDS: usize = 4;
+fn shard_count() -> usize {
+    4
+}
 
 /// What a build (or a load from another tier) returns: the value and its weight, or why not.
 pub type Built<V> = std::result::Result<(V, u64), BuildError>;
@@ -159,7 +176,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
     ) -> Self {
         let shared = Arc::new(Shared::new(
-            SHARDS,
+            shard_count(),
             Box::new(destroy),
             options.on_destroy_error,
             options.eviction == Eviction::CostAware,
@@ -187,6 +204,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     /// Returns a lease on the value for `key`, running `build` on a miss. `build` returns the
     /// value and its weight, and runs on the calling thread with no cache lock held. `device`
     /// records the entry for [`MemoryCache::evict_device`].
+    #[inline]
     pub fn find_or_build<Q>(
         &self,
         key: &Q,
@@ -201,7 +219,9 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     }
 
     /// [`MemoryCache::find_or_build`] for a caller whose `make` may load the value rather
-    /// than build it, and says which (the build metrics count only builds).
+    /// than build it, and says which (the build metrics count only builds). Inlined: a hit
+    /// then returns its lease in a register rather than through a `Result` in memory.
+    #[inline]
     pub(crate) fn find_or_make<Q>(
         &self,
         key: &Q,
@@ -213,22 +233,45 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let hash = self.hasher.hash_one(key);
-        let flight = {
-            let table = self.shared.shard_of(hash).table.read();
-            match table.find(hash, |slot| slot.matches(hash, key)) {
-                Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
-                Some(Slot::Building(building)) => Some(Arc::clone(&building.flight)),
-                None => None,
-            }
-        };
-        match flight {
-            Some(flight) => self.join(&flight),
+        match self.find_ready(hash, key) {
+            Some(lease) => Ok(lease),
             None => self.miss(key, hash, device, make),
         }
     }
 
-    /// The rest of [`MemoryCache::find_or_build`] after the read-locked lookup found nothing:
-    /// kept out of line so that the hit path stays small.
+    /// The hit path: a lease on the ready entry for `key`, counted as a hit, or `None`.
+    #[inline]
+    fn find_ready<Q>(&self, hash: u64, key: &Q) -> Option<Lease<K, V>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let table = self.shared.shard_of(hash).table.read();
+        // The probe compares full hashes only, so that it calls no key comparison (a call makes
+        // the probe loop keep its state on the stack); the key is compared once, after it.
+        let entry = match table.find(hash, |slot| {
+            if let Slot::Ready(entry) = slot {
+                // The reference count (the lease's) is on the cache line before the entry's
+                // fields: reading it now starts that line's load beside theirs, rather than
+                // after the key comparison that needs them.
+                let _ = Arc::strong_count(entry);
+            }
+            slot.hash() == hash
+        }) {
+            Some(Slot::Ready(entry)) if entry.key().borrow() == key => entry,
+            None => return None,
+            // A build in flight, or another key with the same 64-bit hash: compare keys.
+            Some(_) => match table.find(hash, |slot| slot.matches(hash, key)) {
+                Some(Slot::Ready(entry)) => entry,
+                _ => return None,
+            },
+        };
+        Some(self.hit(entry))
+    }
+
+    /// The rest of [`MemoryCache::find_or_build`] after the read-locked lookup found no ready
+    /// entry: a key being built (joined here, under the write lock) or a miss. Kept out of line
+    /// so that the hit path stays small.
     #[cold]
     #[inline(never)]
     fn miss<Q>(
@@ -318,12 +361,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        let hash = self.hasher.hash_one(key);
-        let table = self.shared.shard_of(hash).table.read();
-        match table.find(hash, |slot| slot.matches(hash, key)) {
-            Some(Slot::Ready(entry)) => Some(self.hit(entry)),
-            _ => None,
-        }
+        self.find_ready(self.hasher.hash_one(key), key)
     }
 
     /// Unlinks the ready entry for `key`. Its value is destroyed now if no lease holds it,
@@ -415,6 +453,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         self.baseline.reset(self.raw_stats());
     }
 
+    #[inline]
     fn hit(&self, entry: &Arc<Entry<K, V>>) -> Lease<K, V> {
         entry.touch();
         self.shared.tally.hit();
