@@ -76,20 +76,6 @@ static void flip_last_byte(const char *path) {
   CHECK(fclose(f) == 0);
 }
 
-static void remove_tree(const char *dir) {
-  DIR *d = opendir(dir);
-  struct dirent *e;
-  char path[4096];
-  CHECK(d != NULL);
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    CHECK(snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path);
-    CHECK(unlink(path) == 0);
-  }
-  closedir(d);
-  CHECK(rmdir(dir) == 0);
-}
-
 int main(void) {
   char dir[] = "/tmp/kcache-log-XXXXXX";
   char entry[4096];
@@ -149,7 +135,7 @@ int main(void) {
   CHECK(strstr(captured, ": absent\n") != NULL);
 
   kc_disk_free(disk);
-  remove_tree(dir);
+  remove_flat_dir(dir, NULL);
   pthread_mutex_destroy(&sink.lock);
   printf("test_log: ok\n");
   return 0;

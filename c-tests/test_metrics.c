@@ -1,8 +1,7 @@
 /* kc_metrics_render: the size protocol (query, too small, exact fit), its argument checks, and
  * the counters of caches used by this test (a kc_cache alone, and tiered lookups through a
  * kc_disk) in the text it writes. */
-#include <dirent.h>
-#include <unistd.h>
+#include <stdlib.h>
 
 #include "disk/string_backend.h"
 
@@ -110,23 +109,6 @@ static void counters_of_a_cache(void) {
 
 /* A cold memory tier builds and writes the entry; a second one (another process, to the disk)
  * loads it: one build, one disk miss, one disk hit, one write. */
-/* Removes `dir`, which must hold nothing but the counter files a disk tier adds to when it is
- * freed (docs/disk-format.md): the entry is gone. */
-static void remove_emptied_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  struct dirent *e;
-  char path[4096];
-  CHECK(d != NULL);
-  while ((e = readdir(d)) != NULL) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    CHECK(strncmp(e->d_name, ".stats-", 7) == 0);
-    CHECK(snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path);
-    CHECK(unlink(path) == 0);
-  }
-  closedir(d);
-  CHECK(rmdir(dir) == 0);
-}
-
 static void tiered_lookups_through_a_disk(void) {
   char dir[] = "/tmp/kcache-metrics-XXXXXX";
   uint8_t key[KC_KEY_LEN];
@@ -174,7 +156,9 @@ static void tiered_lookups_through_a_disk(void) {
   CHECK_U64(sample(text, "kcache_disk_tiers"), 0);
   CHECK_U64(sample(text, "kcache_caches{backend=\"c\"}"), 0);
   free(text);
-  remove_emptied_dir(dir);
+  /* Nothing but the counter files a disk tier adds to when it is freed (docs/disk-format.md):
+   * the entry is gone. */
+  remove_flat_dir(dir, ".stats-");
 }
 
 static const scenario scenarios[] = {

@@ -4,6 +4,9 @@
 #ifndef KCACHE_TEST_STRING_BACKEND_H
 #define KCACHE_TEST_STRING_BACKEND_H
 
+#include <dirent.h>
+#include <unistd.h>
+
 #include "../harness.h"
 
 /* The disk key of the entry named `entry`. */
@@ -23,6 +26,23 @@ static inline kc_disk_options options_in(const char *dir) {
   opts.ignore_env = true;
   opts.relaxed_durability = true;
   return opts;
+}
+
+/* Removes `dir` and the files in it (it holds no subdirectory). With a `prefix`, every file must
+ * start with it: the test checks that nothing else was left behind. */
+static inline void remove_flat_dir(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  char path[4096];
+  CHECK(d != NULL);
+  while ((e = readdir(d)) != NULL) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    CHECK(prefix == NULL || strncmp(e->d_name, prefix, strlen(prefix)) == 0);
+    CHECK(snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path);
+    CHECK(unlink(path) == 0);
+  }
+  closedir(d);
+  CHECK(rmdir(dir) == 0);
 }
 
 static inline kc_disk_statistics disk_stats(const kc_disk *disk) {
