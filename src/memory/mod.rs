@@ -252,8 +252,8 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let entry = match table.find(hash, |slot| {
             if let Slot::Ready(entry) = slot {
                 // The reference count (the lease's) is on the cache line before the entry's
-                // fields: reading it now starts that line's load beside theirs, rather than
-                // after the key comparison that needs them.
+                // fields. Reading it as soon as the probe reaches the entry loads both lines
+                // at once, rather than that one only after the key comparison.
                 let _ = Arc::strong_count(entry);
             }
             slot.hash() == hash
