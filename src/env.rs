@@ -13,40 +13,15 @@
 use std::ffi::OsString;
 use std::sync::OnceLock;
 
-/// `AT_SECURE` in the auxiliary vector (`<elf.h>`).
-const AT_SECURE: u64 = 23;
-
-/// Whether this process runs in secure-execution mode. Decided once per process, from
-/// `/proc/self/auxv` (`AT_SECURE`) and from the real and effective user and group ids. A process
-/// that cannot read its own auxiliary vector (file capabilities make it non-dumpable, and
-/// `/proc/self` then belongs to root) is taken to be in that mode.
+/// Whether this process runs in secure-execution mode: the kernel's `AT_SECURE` flag, or real
+/// and effective user or group ids that differ. Decided once per process.
 pub fn secure_execution() -> bool {
     static SECURE: OnceLock<bool> = OnceLock::new();
     *SECURE.get_or_init(|| {
         use rustix::process::{getegid, geteuid, getgid, getuid};
         let ids_differ = getuid() != geteuid() || getgid() != getegid();
-        ids_differ || at_secure().unwrap_or(true)
+        ids_differ || crate::ffi::process::at_secure()
     })
-}
-
-/// Reads `AT_SECURE` from `/proc/self/auxv`: native-endian (type, value) pairs of machine
-/// words, ending with `AT_NULL`.
-fn at_secure() -> Option<bool> {
-    let auxv = std::fs::read("/proc/self/auxv").ok()?;
-    const WORD: usize = std::mem::size_of::<usize>();
-    for pair in auxv.chunks_exact(2 * WORD) {
-        let word = |bytes: &[u8]| {
-            let mut raw = [0u8; WORD];
-            raw.copy_from_slice(bytes);
-            usize::from_ne_bytes(raw) as u64
-        };
-        match word(&pair[..WORD]) {
-            0 => break,
-            AT_SECURE => return Some(word(&pair[WORD..]) != 0),
-            _ => {}
-        }
-    }
-    None
 }
 
 /// The value of `name`, or `None` when it is unset or the process is in secure-execution mode.
@@ -74,7 +49,6 @@ mod tests {
     fn an_ordinary_test_process_is_not_secure() {
         // The tests run without setuid bits or file capabilities: the auxiliary vector is
         // readable and says so, so the environment is honoured.
-        assert_eq!(at_secure(), Some(false));
         assert!(!secure_execution());
         assert_eq!(var_os("PATH"), std::env::var_os("PATH"));
     }

@@ -38,6 +38,7 @@ mod lease;
 pub mod log;
 pub mod metrics;
 pub mod opencl;
+pub(crate) mod process;
 mod remote_args;
 mod status;
 pub mod tiered;

@@ -1,0 +1,87 @@
+//! What libc says about the process's life, for the parts of kcache that must follow it: the
+//! secure-execution flag, forks and normal exit. These libc calls have no safe wrapper in the
+//! crates kcache uses, so their `unsafe` lives here, beside the rest of kcache's foreign calls.
+
+#![allow(dead_code)] // TEMP: wired in by the fork and exit work
+use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether the kernel started this process in secure-execution mode (setuid, setgid, file
+/// capabilities, or a security module's say): `AT_SECURE` from the auxiliary vector.
+///
+/// `getauxval` reads the vector the kernel handed the process at `execve`, so the answer needs
+/// no `/proc` access: a process that dropped its privileges or made itself non-dumpable, and so
+/// can no longer read `/proc/self/auxv`, still gets the truth.
+pub(crate) fn at_secure() -> bool {
+    // SAFETY: getauxval takes any type and returns 0 (setting errno) for one it does not know;
+    // it reads memory libc set up before main and never writes.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
+/// Forks this process's line has gone through since kcache first asked: 0 in the process that
+/// first called, one more in each forked child. State that a child must not share with its
+/// parent (a background thread, held locks, queued work) records the generation it was made in
+/// and starts afresh when it differs.
+pub(crate) fn fork_generation() -> u64 {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| on_fork_child(count_fork));
+    FORKS.load(Ordering::Acquire)
+}
+
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// Runs in the child right after `fork`, where only async-signal-safe work is allowed: an
+/// atomic add is.
+extern "C" fn count_fork() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Registers `hook` to run in every child right after `fork`, before `fork` returns there.
+/// The hook runs while only the forking thread exists and other threads' locks may be held
+/// forever: it must do async-signal-safe work only (atomics, `close`), never lock or allocate.
+/// Call it once per hook (each call adds a registration).
+pub(crate) fn on_fork_child(hook: extern "C" fn()) {
+    // SAFETY: pthread_atfork stores the function pointers, which are 'static; the hook's
+    // contract (async-signal-safe work only) is stated above for every caller.
+    let rc = unsafe { libc::pthread_atfork(None, None, Some(hook)) };
+    // ENOMEM is the one failure: the child then keeps the parent's state, as it did before
+    // kcache watched forks; nothing more can be done without memory.
+    debug_assert_eq!(rc, 0, "pthread_atfork failed");
+}
+
+/// Registers `hook` to run at normal process exit (`exit`, a return from `main`), before
+/// shared libraries' destructors. Hooks run in the reverse order of registration. Returns
+/// whether libc took it.
+pub(crate) fn at_exit(hook: extern "C" fn()) -> bool {
+    // SAFETY: atexit stores a 'static function pointer and calls it at most once, at exit.
+    unsafe { libc::atexit(hook) == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ordinary_test_process_is_not_secure() {
+        assert!(!at_secure());
+    }
+
+    #[test]
+    fn a_forked_child_sees_the_next_generation() {
+        let before = fork_generation();
+        // SAFETY: the child only reads an atomic and _exits, which is async-signal-safe.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = (fork_generation() - before) as i32;
+            // SAFETY: ends the child at once, without the test harness's exit path.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above; `status` is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(libc::WEXITSTATUS(status), 1, "the child is one fork further");
+        assert_eq!(fork_generation(), before, "the parent is unchanged");
+    }
+}
