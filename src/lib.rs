@@ -25,6 +25,7 @@ pub mod log;
 pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
+mod operator_file;
 pub mod remote;
 pub mod stats;
 /// cbindgen:ignore

@@ -2,19 +2,16 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rustix::fs::{Mode, OFlags};
 use zeroize::ZeroizeOnDrop;
 
 use super::lock::DEFAULT_LOCK_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
 use crate::log::Warning;
+use crate::operator_file::{self, Content};
 use crate::remote::RemoteConfig;
 
 /// Default size cap: 1 GiB.
@@ -24,6 +21,40 @@ pub const DEFAULT_MAX_SIZE: u64 = 1 << 30;
 pub const MIN_OPERATOR_KEY_LEN: usize = 16;
 /// Operator keys longer than this are refused; it also bounds what reading a key file reads.
 pub const MAX_OPERATOR_KEY_LEN: usize = 4096;
+
+/// The longest wait or timeout kcache keeps: a century. A longer one, from the environment or
+/// from code (`Duration::MAX` included), is taken as this: "as long as possible", far past any
+/// process's life, yet small enough that a deadline computed from it never overflows.
+pub const LONGEST_WAIT: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `wait`, or [`LONGEST_WAIT`] when longer.
+pub(crate) fn saturate(wait: Duration) -> Duration {
+    wait.min(LONGEST_WAIT)
+}
+
+/// A duration from the environment, a non-negative number of `unit`s (decimals and exponents
+/// allowed; `inf` too): `None` for anything else, which the caller warns about and replaces by
+/// its default. However large, the value is kept, up to [`LONGEST_WAIT`].
+pub(crate) fn parse_wait(text: &str, unit: Duration) -> Option<Duration> {
+    let text = text.trim();
+    // Whole numbers exactly, whatever their size; others through a float.
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        let Ok(units) = text.parse::<u64>() else {
+            return Some(LONGEST_WAIT); // more digits than a u64 holds
+        };
+        let nanos = unit.as_nanos().saturating_mul(u128::from(units));
+        return Some(match u64::try_from(nanos) {
+            Ok(nanos) => saturate(Duration::from_nanos(nanos)),
+            Err(_) => LONGEST_WAIT,
+        });
+    }
+    let value = text.parse::<f64>().ok().filter(|v| *v >= 0.0)?;
+    let secs = value * unit.as_secs_f64();
+    Some(match Duration::try_from_secs_f64(secs) {
+        Ok(wait) => saturate(wait),
+        Err(_) => LONGEST_WAIT, // over Duration's range, or infinite
+    })
+}
 
 /// Whether a write is flushed to stable storage before `put` returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,79 +98,21 @@ impl OperatorKey {
     }
 
     /// Reads the key from a file: its whole content, byte for byte (a trailing newline is
-    /// part of the key). The path must be absolute; symbolic links are followed (secrets are
-    /// often mounted that way), and what they lead to must be a regular file owned by the
-    /// effective user or root that grants group and others no permission at all: whoever can
-    /// read the key can forge entries, and whoever can replace it can make kcache trust their
-    /// entries. Those checks are made on the opened file, which is opened without blocking (a
+    /// part of the key). The file gets the checks of every secret an operator names (see
+    /// `operator_file`): an absolute path; symbolic links followed (secrets are often mounted
+    /// that way) to a regular file owned by the effective user or root that grants group and
+    /// others no permission at all, since whoever can read the key can forge entries, and
+    /// whoever can replace it can make kcache trust their entries; opened without blocking (a
     /// FIFO is refused rather than waited on). The key is read into one buffer sized from the
     /// file, never reallocated, and wiped when refused.
     ///
     /// Errors: `InvalidArgument` (relative path, wrong length), `Io` (cannot open or read),
     /// `Untrusted` (not a regular file, wrong owner, group or other permissions).
     pub fn from_file(path: &Path) -> Result<Self> {
-        if !path.is_absolute() {
-            return Err(Error::InvalidArgument(format!(
-                "key file {} is a relative path",
-                path.display()
-            )));
-        }
-        let fd = rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::CLOEXEC | OFlags::NOCTTY,
-            Mode::empty(),
-        )
-        .map_err(|e| Error::Io(format!("cannot open key file {}: {e}", path.display())))?;
-        let file = File::from(fd);
-        let meta = file.metadata()?;
-        let untrusted =
-            |why: String| Error::Untrusted(format!("key file {}: {why}", path.display()));
-        if !meta.is_file() {
-            return Err(untrusted("not a regular file".into()));
-        }
-        let euid = rustix::process::geteuid().as_raw();
-        if meta.uid() != euid && meta.uid() != 0 {
-            return Err(untrusted(format!(
-                "owned by uid {}, neither the effective user {euid} nor root",
-                meta.uid()
-            )));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(untrusted(format!(
-                "mode {:o} gives group or others access",
-                meta.mode() & 0o7777
-            )));
-        }
-        // One byte more than the file (or the longest key) tells a longer file apart without
-        // ever growing the buffer, which would leave a copy of the key behind.
-        let capacity = usize::try_from(meta.len())
-            .unwrap_or(usize::MAX)
-            .min(MAX_OPERATOR_KEY_LEN)
-            + 1;
-        let mut key = OperatorKey(vec![0u8; capacity]);
-        let mut filled = 0;
-        let mut limited = file.take(capacity as u64);
-        while filled < capacity {
-            match limited.read(&mut key.0[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(Error::Io(format!(
-                        "cannot read key file {}: {e}",
-                        path.display()
-                    )));
-                }
-            }
-        }
-        if filled == capacity {
-            return Err(Error::InvalidArgument(format!(
-                "key file {} is longer than {MAX_OPERATOR_KEY_LEN} bytes or grew while read",
-                path.display()
-            )));
-        }
-        key.0.truncate(filled);
-        key.checked()
+        let mut bytes =
+            operator_file::read(path, "key file", Content::Secret, MAX_OPERATOR_KEY_LEN)?;
+        // Moved out, not copied: the buffer's one copy of the key is now the key's.
+        OperatorKey(std::mem::take(&mut *bytes)).checked()
     }
 
     pub(crate) fn bytes(&self) -> &[u8] {
@@ -173,8 +146,8 @@ impl fmt::Debug for OperatorKey {
 /// falling back to a cap or to unkeyed entries the operator did not ask for.
 ///
 /// In a secure-execution process (setuid, setgid, file capabilities) no variable but
-/// `KCACHE_DISABLE` is read (see [`crate::env`]): the tier is off unless `dir` is set, and
-/// entries are keyed only by an explicit `key`.
+/// `KCACHE_DISABLE` and `KCACHE_REQUIRE_KEY` is read (see [`crate::env`]): the tier is off
+/// unless `dir` is set, and entries are keyed only by an explicit `key`.
 #[derive(Debug)]
 pub struct DiskConfig {
     /// An absolute path; a relative or empty one is refused (`InvalidArgument`) rather than
@@ -187,7 +160,8 @@ pub struct DiskConfig {
     /// entries that anyone who can write the directory can forge.
     pub require_key: bool,
     /// How long a miss waits for another process that is building the same entry before it
-    /// builds too ([`DEFAULT_LOCK_TIMEOUT`]); `Some(Duration::ZERO)` never waits.
+    /// builds too ([`DEFAULT_LOCK_TIMEOUT`]); `Some(Duration::ZERO)` never waits. Any longer
+    /// than [`LONGEST_WAIT`] (`Duration::MAX` for "forever") is taken as that.
     pub lock_timeout: Option<Duration>,
     pub durability: Durability,
     /// Entries record the key schema they were written under; `gc` removes other schemas.
@@ -298,7 +272,9 @@ impl DiskConfig {
             (None, Some(path)) => Some(env_key_file(&path)?),
             (None, None) => None,
         };
-        let require_key = self.require_key || env_require_key(env("KCACHE_REQUIRE_KEY"));
+        // Read in a secure-execution process too: it only ever takes the tier away.
+        let require_key =
+            self.require_key || env_require_key(read_env.then(crate::env::require_key).flatten());
         if require_key && key.is_none() {
             let detail = "an operator key is required (require_key or KCACHE_REQUIRE_KEY=1) \
                           and none is configured";
@@ -309,6 +285,7 @@ impl DiskConfig {
         }
         let lock_timeout = self
             .lock_timeout
+            .map(saturate)
             .or_else(|| non_empty("KCACHE_LOCK_TIMEOUT").and_then(|t| env_lock_timeout(&t)))
             .unwrap_or(DEFAULT_LOCK_TIMEOUT);
         Ok(Resolved {
@@ -365,15 +342,12 @@ fn env_max_size(text: &OsString) -> Result<u64> {
     }
 }
 
-/// `KCACHE_LOCK_TIMEOUT`: seconds, decimals allowed. A value that is not one leaves the
-/// default: unlike a size cap or a key, a lock timeout only trades waiting for building.
+/// `KCACHE_LOCK_TIMEOUT`: seconds, decimals allowed; however large, as long as possible. A
+/// value that is not one leaves the default: unlike a size cap or a key, a lock timeout only
+/// trades waiting for building.
 fn env_lock_timeout(text: &OsString) -> Option<Duration> {
     let text = text.to_string_lossy();
-    let parsed = text
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .and_then(|s| Duration::try_from_secs_f64(s).ok());
+    let parsed = parse_wait(&text, Duration::from_secs(1));
     if parsed.is_none() {
         crate::log::warn_once(Warning::LockTimeout, || {
             format!(
@@ -530,7 +504,32 @@ mod tests {
         assert_eq!(t("0"), Some(Duration::ZERO));
         assert_eq!(t("-1"), None);
         assert_eq!(t("soon"), None);
-        assert_eq!(t("inf"), None);
+        assert_eq!(t("nan"), None);
+        assert_eq!(t(""), None);
+        // However large: as long as possible.
+        for huge in [
+            "1e19",
+            "1e300",
+            "inf",
+            "99999999999999999999999",
+            "3153600001",
+        ] {
+            assert_eq!(t(huge), Some(LONGEST_WAIT), "{huge}");
+        }
+    }
+
+    #[test]
+    fn waits_in_other_units_saturate_too() {
+        let ms = Duration::from_millis(1);
+        assert_eq!(parse_wait("250", ms), Some(Duration::from_millis(250)));
+        assert_eq!(parse_wait("0.5", ms), Some(Duration::from_micros(500)));
+        assert_eq!(parse_wait("18446744073709551615", ms), Some(LONGEST_WAIT));
+        assert_eq!(
+            parse_wait("4294967296", ms),
+            Some(Duration::from_millis(4_294_967_296))
+        );
+        assert_eq!(saturate(Duration::MAX), LONGEST_WAIT);
+        assert_eq!(saturate(Duration::from_secs(5)), Duration::from_secs(5));
     }
 
     #[test]

@@ -3,8 +3,6 @@
 //! a remote the operator configured wrongly is never guessed at.
 
 use std::ffi::OsString;
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,7 +10,10 @@ use redis::cluster::ClusterClient;
 use redis::{ClientTlsConfig, TlsCertificates};
 
 use super::client::Target;
+use crate::disk::config::{parse_wait, saturate};
+use crate::error::Error;
 use crate::log::Warning;
+use crate::operator_file::{self, Content};
 
 /// Default per-operation budget (connecting included).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
@@ -124,11 +125,14 @@ impl RemoteConfig {
             Some(c) => c,
             None => flag(env("KCACHE_REMOTE_CLUSTER"), "KCACHE_REMOTE_CLUSTER")?,
         };
-        let timeout = match (self.timeout, env("KCACHE_REMOTE_TIMEOUT_MS")) {
-            (Some(t), _) => t,
-            (None, Some(text)) => Duration::from_millis(number(&text, "KCACHE_REMOTE_TIMEOUT_MS")?),
-            (None, None) => DEFAULT_TIMEOUT,
-        };
+        let ms = Duration::from_millis(1);
+        let timeout = wait(
+            self.timeout,
+            &env,
+            "KCACHE_REMOTE_TIMEOUT_MS",
+            ms,
+            DEFAULT_TIMEOUT,
+        )?;
         if timeout.is_zero() {
             return refuse("the remote timeout must be positive");
         }
@@ -154,11 +158,8 @@ impl RemoteConfig {
                 env("KCACHE_REMOTE_ALLOW_UNKEYED"),
                 "KCACHE_REMOTE_ALLOW_UNKEYED",
             )?;
-        let ttl = match (self.ttl, env("KCACHE_REMOTE_TTL")) {
-            (Some(t), _) => t,
-            (None, Some(text)) => Duration::from_secs(number(&text, "KCACHE_REMOTE_TTL")?),
-            (None, None) => DEFAULT_TTL,
-        };
+        let s = Duration::from_secs(1);
+        let ttl = wait(self.ttl, &env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL)?;
         let prefix = match (self.prefix, env("KCACHE_REMOTE_PREFIX")) {
             (Some(p), _) => p,
             (None, Some(text)) => match text.into_string() {
@@ -179,11 +180,13 @@ impl RemoteConfig {
             },
             (None, None) => DEFAULT_MAX_ENTRY_SIZE,
         };
-        let lease_wait = match (self.lease_wait, env("KCACHE_REMOTE_LEASE_WAIT")) {
-            (Some(w), _) => w,
-            (None, Some(text)) => Duration::from_secs(number(&text, "KCACHE_REMOTE_LEASE_WAIT")?),
-            (None, None) => DEFAULT_LEASE_WAIT,
-        };
+        let lease_wait = wait(
+            self.lease_wait,
+            &env,
+            "KCACHE_REMOTE_LEASE_WAIT",
+            s,
+            DEFAULT_LEASE_WAIT,
+        )?;
         if max_entry_size == 0 {
             return refuse("the remote entry size limit must be positive");
         }
@@ -197,7 +200,7 @@ impl RemoteConfig {
             max_entry_size,
             lease_wait,
             breaker_threshold: self.breaker_threshold.unwrap_or(DEFAULT_BREAKER_THRESHOLD),
-            breaker_cooldown: self.breaker_cooldown.unwrap_or(DEFAULT_BREAKER_COOLDOWN),
+            breaker_cooldown: saturate(self.breaker_cooldown.unwrap_or(DEFAULT_BREAKER_COOLDOWN)),
         })
     }
 }
@@ -258,10 +261,10 @@ fn tls_files(
     let client_tls = match (cert, key) {
         (None, None) => None,
         (Some(cert), Some(key)) => Some(ClientTlsConfig {
-            client_cert: read_pem(&cert, "client certificate")?,
+            client_cert: read_pem(&cert, "client certificate", Content::Public)?,
             // redis-rs takes the key's PEM by value and drops it once parsed; the parsed key
             // stays in its TLS settings for the client's life.
-            client_key: read_pem(&key, "client key")?,
+            client_key: read_pem(&key, "client key", Content::Secret)?,
         }),
         (Some(_), None) => {
             return Err("a client certificate is set without its key \
@@ -274,7 +277,9 @@ fn tls_files(
                 .into());
         }
     };
-    let root_cert = ca.map(|ca| read_pem(&ca, "CA file")).transpose()?;
+    let root_cert = ca
+        .map(|ca| read_pem(&ca, "CA file", Content::Public))
+        .transpose()?;
     Ok(
         (root_cert.is_some() || client_tls.is_some()).then_some(TlsCertificates {
             client_tls,
@@ -284,21 +289,17 @@ fn tls_files(
 }
 
 /// The largest PEM file read: a bundle of a few hundred certificates.
-const MAX_PEM_FILE: u64 = 1 << 20;
+const MAX_PEM_FILE: usize = 1 << 20;
 
-/// The bytes of a PEM file (`what`, an absolute path).
-fn read_pem(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    if !path.is_absolute() {
-        return Err(format!("the {what} {} is a relative path", path.display()));
-    }
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|f| f.take(MAX_PEM_FILE + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_PEM_FILE {
-        return Err(format!("the {what} {} is over 1 MiB", path.display()));
-    }
-    Ok(bytes)
+/// The bytes of a PEM file (`what`, an absolute path), with the checks of every file an
+/// operator names (see [`crate::operator_file`]); a private key must be private.
+fn read_pem(path: &Path, what: &str, content: Content) -> Result<Vec<u8>, String> {
+    operator_file::read(path, what, content, MAX_PEM_FILE)
+        .map(|mut bytes| std::mem::take(&mut *bytes))
+        .map_err(|e| match e {
+            Error::InvalidArgument(m) | Error::Io(m) | Error::Untrusted(m) => m,
+            other => other.to_string(),
+        })
 }
 
 fn refuse<T>(why: &str) -> Option<T> {
@@ -316,16 +317,33 @@ fn flag(value: Option<OsString>, name: &str) -> Option<bool> {
     }
 }
 
-fn number(text: &OsString, name: &str) -> Option<u64> {
-    match text.to_string_lossy().trim().parse::<u64>() {
-        Ok(n) => Some(n),
-        Err(_) => refuse(&format!("{name}={text:?} is not a whole number")),
+/// A duration: the one set in code, else the environment's `name` (a number of `unit`s), else
+/// `default`. However large, as long as possible
+/// ([`LONGEST_WAIT`](crate::disk::config::LONGEST_WAIT)); a value that is not a
+/// number refuses the configuration, as every unusable remote setting does.
+fn wait(
+    set: Option<Duration>,
+    env: impl Fn(&str) -> Option<OsString>,
+    name: &str,
+    unit: Duration,
+    default: Duration,
+) -> Option<Duration> {
+    if let Some(set) = set {
+        return Some(saturate(set));
+    }
+    let Some(text) = env(name) else {
+        return Some(default);
+    };
+    match parse_wait(&text.to_string_lossy(), unit) {
+        Some(wait) => Some(wait),
+        None => refuse(&format!("{name}={text:?} is not a number")),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::disk::config::LONGEST_WAIT;
 
     #[test]
     fn explicit_values_and_refusals() {
@@ -373,7 +391,98 @@ mod tests {
         assert_eq!(flag(None, "X"), Some(false));
         assert_eq!(flag(Some("1".into()), "X"), Some(true));
         assert_eq!(flag(Some("yes".into()), "X"), None);
-        assert_eq!(number(&" 42 ".into(), "X"), Some(42));
-        assert_eq!(number(&"-1".into(), "X"), None);
+    }
+
+    /// Writes `text` at `dir/name` with `mode`.
+    fn file(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
+    #[test]
+    fn tls_files_get_the_operator_file_checks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cert = file(tmp.path(), "cert.pem", "certificate", 0o644);
+        let private = file(tmp.path(), "private.pem", "key", 0o600);
+        let shared = file(tmp.path(), "shared.pem", "key", 0o640);
+        let both = |key: &Path| tls_files(None, Some(cert.clone()), Some(key.to_path_buf()));
+        let ok = both(&private).unwrap().unwrap().client_tls.unwrap();
+        assert_eq!(
+            (&ok.client_cert[..], &ok.client_key[..]),
+            (&b"certificate"[..], &b"key"[..])
+        );
+        let refused = both(&shared).err().unwrap();
+        assert!(
+            refused.contains("gives group or others access"),
+            "{refused}"
+        );
+        // A FIFO, which no process ever opens for writing, is refused at once, for each of the
+        // three files; a blocking open would wait forever. The watchdog only turns a hang
+        // into a failure.
+        let fifo = tmp.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (done, results) = std::sync::mpsc::channel();
+        let (f, c, k) = (fifo.clone(), cert.clone(), private.clone());
+        std::thread::spawn(move || {
+            let runs = [
+                tls_files(Some(f.clone()), None, None),
+                tls_files(None, Some(f.clone()), Some(k)),
+                tls_files(None, Some(c), Some(f)),
+            ];
+            done.send(runs.map(|r| r.err().unwrap_or_default()))
+                .unwrap();
+        });
+        let errors = results
+            .recv_timeout(Duration::from_secs(30))
+            .expect("reading a FIFO hung");
+        for e in errors {
+            assert!(e.ends_with("fifo: not a regular file"), "{e}");
+        }
+        let dir = tls_files(Some(tmp.path().to_path_buf()), None, None);
+        assert!(dir.err().unwrap().contains("not a regular file"));
+    }
+
+    #[test]
+    fn durations_saturate_and_nonsense_is_refused() {
+        let env = |value: &'static str| move |_: &str| Some(OsString::from(value));
+        let (s, default) = (Duration::from_secs(1), Duration::from_secs(7));
+        let w = |value: &'static str| wait(None, env(value), "X", s, default);
+        assert_eq!(w("42"), Some(Duration::from_secs(42)));
+        assert_eq!(w("0.5"), Some(Duration::from_millis(500)));
+        assert_eq!(w("1e19"), Some(LONGEST_WAIT));
+        assert_eq!(w("100000000000000000000"), Some(LONGEST_WAIT));
+        assert_eq!(w("soon"), None);
+        assert_eq!(w("-1"), None);
+        let set = wait(Some(Duration::MAX), env("1"), "X", s, default);
+        assert_eq!(set, Some(LONGEST_WAIT));
+        assert_eq!(wait(None, |_: &str| None, "X", s, default), Some(default));
+        let resolved = RemoteConfig {
+            timeout: Some(Duration::MAX),
+            lease_wait: Some(Duration::MAX),
+            ttl: Some(Duration::MAX),
+            breaker_cooldown: Some(Duration::MAX),
+            ..RemoteConfig::at("redis://127.0.0.1:1/")
+        }
+        .resolve()
+        .expect("a valid configuration");
+        assert_eq!(
+            [
+                resolved.timeout,
+                resolved.lease_wait,
+                resolved.ttl,
+                resolved.breaker_cooldown
+            ],
+            [LONGEST_WAIT; 4]
+        );
     }
 }
