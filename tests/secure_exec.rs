@@ -3,6 +3,8 @@
 //! setuid-root program started by `nobody` runs: kcache must then read nothing from the
 //! environment but `KCACHE_DISABLE` (no `KCACHE_REMOTE_*` either), and use the disk only in a
 //! directory the program names.
+//! Processes that drop their privileges themselves (setuid() from root, PR_SET_DUMPABLE 0) are
+//! not in that mode: they read their environment, key file and log level as usual.
 //! Needs root and `setpriv`; `c-tests/secure/` checks a real setuid binary.
 
 use std::path::{Path, PathBuf};
@@ -58,26 +60,35 @@ fn child_role() {
                 ),
                 other => panic!("{:?}", other.err()),
             }
-            // The program's own directory is used, with none of the environment's settings:
-            // no key file (nor the requirement of one) and the default cap.
+            // The program's own directory is used, with none of the environment's settings
+            // but KCACHE_REQUIRE_KEY=1, which can only take the tier away: no key file, so
+            // without a key of the program's the tier is refused...
+            let unkeyed = DiskCache::open(DiskConfig {
+                dir: Some(explicit.clone()),
+                ..DiskConfig::from_env()
+            });
+            match unkeyed {
+                Err(Error::Untrusted(m)) => assert!(m.contains("key is required"), "{m}"),
+                other => panic!("{:?}", other.err()),
+            }
+            // ...and with one it is used, keyed by the program's key and with the default cap.
+            let own_key = || Some(OperatorKey::new(vec![5; 32]).unwrap());
             let disk = DiskCache::open(DiskConfig {
                 dir: Some(explicit.clone()),
+                key: own_key(),
                 ..DiskConfig::from_env()
             })
             .unwrap();
-            assert_eq!(disk.fingerprint(), [0; 8]);
+            let reference = tempfile::tempdir().unwrap();
+            let expected = DiskCache::open(DiskConfig {
+                key: own_key(),
+                ..DiskConfig::in_dir(reference.path())
+            })
+            .unwrap()
+            .fingerprint();
+            assert_eq!(disk.fingerprint(), expected);
+            assert_ne!(expected, [0; 8]);
             assert_eq!(disk.max_size(), DEFAULT_MAX_SIZE);
-            // What the program requires still counts.
-            let required = DiskCache::open(DiskConfig {
-                dir: Some(explicit),
-                require_key: true,
-                ..DiskConfig::from_env()
-            });
-            assert!(
-                matches!(required, Err(Error::Untrusted(_))),
-                "{:?}",
-                required.err()
-            );
             // No remote from KCACHE_REMOTE_URL; and the client certificate of
             // KCACHE_REMOTE_CERT_FILE, without its key, would refuse the program's own remote if
             // it were read.
@@ -168,4 +179,221 @@ fn kcache_disable_still_turns_the_tier_off() {
     };
     assert!(stdout.contains("CHILD=done"), "{stdout}");
     assert!(!explicit.exists());
+}
+
+// --- processes that drop privileges themselves ------------------------------------------------
+//
+// A root daemon that switches to a service user with setuid(), or a process that makes itself
+// non-dumpable, can no longer read its own /proc/self/auxv, but it is no setuid program: its
+// environment came from whoever started it, as it was then, and is read as usual. The key file
+// is read with the credentials of the moment the cache is opened, so it must be the service
+// user's own (or the cache opened before the drop).
+
+/// How a [`dropped_role`] child loses its privileges.
+#[derive(Clone, Copy)]
+enum Drop {
+    /// Started as root, it calls setgid() and setuid() to nobody.
+    Setuid,
+    /// Started as nobody (by `setpriv`, no privilege gained at exec), it calls
+    /// prctl(PR_SET_DUMPABLE, 0).
+    Undumpable,
+}
+
+/// Runs inside a child process only; a no-op in the normal test run.
+#[test]
+fn dropped_role() {
+    let Ok(how) = std::env::var("KCACHE_TEST_DROP") else {
+        return;
+    };
+    let nobody = 65534;
+    // SAFETY: plain libc calls on ids and the process's own flag; glibc applies set*id to
+    // every thread of the process.
+    unsafe {
+        match how.as_str() {
+            "setuid" => {
+                assert_eq!(libc::setgroups(0, std::ptr::null()), 0);
+                assert_eq!(libc::setgid(nobody), 0);
+                assert_eq!(libc::setuid(nobody), 0);
+            }
+            "undumpable" => {
+                assert_eq!(libc::getuid(), nobody);
+                assert_eq!(libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0), 0);
+            }
+            other => panic!("unknown drop {other}"),
+        }
+    }
+    assert!(
+        std::fs::read("/proc/self/auxv").is_err(),
+        "the process can still read its auxiliary vector: the test shows nothing"
+    );
+    assert!(!kcache::env::secure_execution());
+    // KCACHE_LOG is read.
+    assert_eq!(kcache::log::level(), kcache::log::Level::Debug);
+    let mut config = DiskConfig::from_env();
+    config.remote = Some(RemoteConfig::default());
+    let opened = DiskCache::open(config);
+    match std::env::var("TEST_EXPECT").unwrap().as_str() {
+        "keyed" => {
+            let disk = opened.unwrap();
+            assert_eq!(
+                disk.path(),
+                Path::new(&std::env::var_os("KCACHE_DIR").unwrap())
+            );
+            let fingerprint: String = disk
+                .fingerprint()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            println!("FINGERPRINT={fingerprint}");
+        }
+        refused => match opened {
+            Err(Error::Untrusted(m)) => println!("REFUSED={} ({m})", m.contains(refused)),
+            other => panic!("{:?}", other.err()),
+        },
+    }
+    std::process::exit(0);
+}
+
+/// Runs [`dropped_role`] dropping privileges `how`, with `envs` and `KCACHE_LOG=debug`; `None`
+/// where this machine cannot.
+fn dropped_child(how: Drop, expect: &str, envs: &[(&str, &Path)]) -> Option<String> {
+    if !rustix::process::geteuid().is_root()
+        || Command::new("setpriv").arg("--version").output().is_err()
+    {
+        eprintln!("skipped: needs root and setpriv to drop privileges");
+        return None;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match how {
+        Drop::Setuid => Command::new(&exe),
+        Drop::Undumpable => {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid", NOBODY, "--regid", NOBODY, "--clear-groups"])
+                .arg(&exe);
+            c
+        }
+    };
+    cmd.args(["--exact", "dropped_role", "--nocapture", "--test-threads=1"])
+        .env(
+            "KCACHE_TEST_DROP",
+            match how {
+                Drop::Setuid => "setuid",
+                Drop::Undumpable => "undumpable",
+            },
+        )
+        .env("TEST_EXPECT", expect)
+        .env("KCACHE_LOG", "debug")
+        .env_remove("KCACHE_KEY_FILE")
+        .env_remove("KCACHE_REQUIRE_KEY")
+        .env_remove("KCACHE_DISABLE");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "child failed: {stdout}\n{stderr}");
+    Some(format!("{stdout}\n{stderr}"))
+}
+
+/// A directory nobody can reach, with nobody's cache directory and key file in it, a key file
+/// only root can read, and the fingerprint of nobody's key.
+struct ServiceFiles {
+    _tmp: tempfile::TempDir,
+    cache: PathBuf,
+    key: PathBuf,
+    root_key: PathBuf,
+    fingerprint: String,
+}
+
+fn service_files() -> ServiceFiles {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cache = tmp.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let key = tmp.path().join("service.key");
+    let root_key = tmp.path().join("root.key");
+    for path in [&key, &root_key] {
+        std::fs::write(path, [3u8; 32]).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let nobody = Some(NOBODY.parse().unwrap());
+    std::os::unix::fs::chown(&cache, nobody, nobody).unwrap();
+    std::os::unix::fs::chown(&key, nobody, nobody).unwrap();
+    let reference = tempfile::tempdir().unwrap();
+    let fingerprint = DiskCache::open(DiskConfig {
+        key: Some(OperatorKey::new(vec![3; 32]).unwrap()),
+        ..DiskConfig::in_dir(reference.path())
+    })
+    .unwrap()
+    .fingerprint()
+    .iter()
+    .map(|b| format!("{b:02x}"))
+    .collect();
+    ServiceFiles {
+        _tmp: tmp,
+        cache,
+        key,
+        root_key,
+        fingerprint,
+    }
+}
+
+#[test]
+fn a_process_that_drops_privileges_uses_its_key_file_and_log() {
+    let files = service_files();
+    for how in [Drop::Setuid, Drop::Undumpable] {
+        let Some(out) = dropped_child(
+            how,
+            "keyed",
+            &[
+                ("KCACHE_DIR", &files.cache),
+                ("KCACHE_KEY_FILE", &files.key),
+                ("KCACHE_REQUIRE_KEY", Path::new("1")),
+            ],
+        ) else {
+            return;
+        };
+        assert!(
+            out.contains(&format!("FINGERPRINT={}", files.fingerprint)),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_process_that_drops_privileges_never_goes_silently_unkeyed() {
+    let files = service_files();
+    for how in [Drop::Setuid, Drop::Undumpable] {
+        // The key is required and none is configured: the tier refuses, and says so.
+        let Some(out) = dropped_child(
+            how,
+            "key is required",
+            &[
+                ("KCACHE_DIR", &files.cache),
+                ("KCACHE_REQUIRE_KEY", Path::new("1")),
+            ],
+        ) else {
+            return;
+        };
+        assert!(out.contains("REFUSED=true"), "{out}");
+        assert!(
+            out.contains("kcache: disk tier disabled: an operator key is required"),
+            "{out}"
+        );
+        // A key file the service user cannot read (root's, 0600): refused, not skipped.
+        let out = dropped_child(
+            how,
+            "cannot open key file",
+            &[
+                ("KCACHE_DIR", &files.cache),
+                ("KCACHE_KEY_FILE", &files.root_key),
+            ],
+        )
+        .unwrap();
+        assert!(out.contains("REFUSED=true"), "{out}");
+        assert!(out.contains("Permission denied"), "{out}");
+    }
 }

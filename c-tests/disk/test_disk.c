@@ -488,6 +488,31 @@ typedef struct {
   uint64_t newer_field;
 } newer_opencl_options;
 
+/* A lock timeout however large means "as long as possible": KCACHE_LOCK_TIMEOUT=1e19 seconds,
+ * past what a deadline can hold, opens and lets a cold lookup take the entry's lock and build
+ * (it made every cold lookup fail with KC_ERR_PANIC). */
+static void test_huge_lock_timeout(void) {
+  char dir[4096];
+  path_in(dir, sizeof dir, "huge-timeout");
+  kc_disk_options opts = options_in(dir);
+  opts.ignore_env = false;
+  CHECK(setenv("KCACHE_LOCK_TIMEOUT", "1e19", 1) == 0);
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK(unsetenv("KCACHE_LOCK_TIMEOUT") == 0);
+  kc_cache *cache = new_cache();
+  backend b = {0};
+  kc_lease *lease = NULL;
+  CHECK_STATUS(string_lookup(cache, disk, "patient", "huge-timeout", &b, &lease), KC_OK);
+  CHECK(strcmp(kc_lease_value(lease), "patient") == 0);
+  kc_lease_release(lease);
+  kc_cache_free(cache);
+  CHECK(b.builds == 1 && b.loads == 0);
+  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  CHECK_U64(disk_stats(disk).puts, 1);
+  kc_disk_free(disk);
+}
+
 static void test_struct_size_rule(void) {
   char dir[4096];
   path_in(dir, sizeof dir, "struct-size");
@@ -956,6 +981,7 @@ int main(int argc, char **argv) {
   test_require_key();
   test_private_directories();
   test_locks();
+  test_huge_lock_timeout();
   test_struct_size_rule();
   test_backend_disk_arguments();
   test_null_sweep();
