@@ -4,8 +4,10 @@
 # unprivileged user nobody with an environment that names nobody's own library for OpenCL,
 # CUDA and NVRTC, a cache directory, a key file and a size. kcache must load no such library,
 # create nothing the environment names, refuse the default disk tier and use only the
-# directory the program passes. Needs root, the nobody user and setpriv; where setuid programs
-# cannot run here, says so and exits 0.
+# directory the program passes (KCACHE_DISABLE and KCACHE_REQUIRE_KEY, which only take away,
+# are read). Then the same program, unprivileged, run as root that switches to nobody and as
+# nobody that makes itself non-dumpable: those read their environment and key file. Needs root,
+# the nobody user and setpriv; where setuid programs cannot run here, says so and exits 0.
 # Usage: c-tests/secure/run.sh [LIB_DIR]
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
@@ -116,4 +118,19 @@ check_nothing_loaded setgid
 [[ -d "$USER_DIR/explicit" ]] || kc_fail "setgid: the program's directory was not created"
 check_nothing_created setgid
 echo "setgid: ok"
+# Processes that drop privileges themselves are no setuid programs: they read their environment
+# and nobody's key file. One starts as root and switches to nobody; one starts as nobody (no
+# privilege gained at exec) and makes itself non-dumpable.
+SERVICE_KEY="$USER_DIR/service.key"
+head -c 32 /dev/urandom >"$SERVICE_KEY"
+chmod 600 "$SERVICE_KEY"
+chown nobody "$SERVICE_KEY"
+dropped_env=(env -i PATH=/usr/bin:/bin KCACHE_DIR="$USER_DIR/dropped-cache"
+  KCACHE_KEY_FILE="$SERVICE_KEY" KCACHE_REQUIRE_KEY=1 KCACHE_LOG=debug)
+"${dropped_env[@]}" "$SETPRIV" --clear-groups "$BIN/kc_secure_test" setuid - -
+[[ -d "$USER_DIR/dropped-cache" && $(stat -c %U "$USER_DIR/dropped-cache") == nobody ]] ||
+  kc_fail "setuid(): the environment's directory was not created by nobody"
+"${dropped_env[@]}" "$SETPRIV" --reuid=nobody --regid="$NOGROUP" --clear-groups \
+  "$BIN/kc_secure_test" undumpable - -
+echo "dropped privileges: ok"
 echo "secure-execution tests passed"

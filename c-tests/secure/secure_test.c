@@ -3,14 +3,24 @@
  * them, and use the disk only in the directory the program names. Its KCACHE_LOG=debug is not
  * read either: no debug message reaches the log callback.
  *
+ * KCACHE_DISABLE=1 and KCACHE_REQUIRE_KEY=1, which can only take the disk tier away, are read.
+ *
+ * A process that drops privileges itself is no setuid program: it reads its environment, its
+ * key file and KCACHE_LOG as usual, although it can no longer read /proc/self/auxv.
+ *
  * Usage: kc_secure_test MODE EXPLICIT_DIR CUDA_DRIVER
- *   secure    the checks below (run setuid or setgid)
- *   disabled  with KCACHE_DISABLE=1: even an explicit directory is not used
- *   control   run without privileges: the environment's CUDA library is loaded, which shows
- *             that the marker library would reveal a load */
+ *   secure      the checks below (run setuid or setgid)
+ *   disabled    with KCACHE_DISABLE=1: even an explicit directory is not used
+ *   control     run without privileges: the environment's CUDA library is loaded, which shows
+ *               that the marker library would reveal a load
+ *   setuid      run as root: switches to nobody with setgid() and setuid(), then opens the
+ *               disk tier its environment configures (EXPLICIT_DIR and CUDA_DRIVER unused)
+ *   undumpable  run as nobody: makes itself non-dumpable, then as setuid */
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "../checks.h"
@@ -32,6 +42,15 @@ static void check_default_library(kc_status status, const char *soname) {
   if (status == KC_ERR_UNAVAILABLE) REQUIRE(LAST_ERROR_HAS(soname));
 }
 
+static int fingerprint_is_zero(const kc_disk *disk) {
+  uint8_t fp[KC_FINGERPRINT_LEN];
+  REQUIRE(kc_disk_fingerprint(disk, fp) == KC_OK);
+  for (int i = 0; i < KC_FINGERPRINT_LEN; i++) {
+    if (fp[i] != 0) return 0;
+  }
+  return 1;
+}
+
 static void check_disk(const char *explicit_dir) {
   kc_disk *disk = NULL;
   /* The environment names a directory, but a secure-execution process does not read it. */
@@ -43,13 +62,43 @@ static void check_disk(const char *explicit_dir) {
   REQUIRE(disk == NULL);
 
   /* The program's own directory is used, without the environment's key file (which would be
-   * refused, so the open would fail) and without its demand for a key. */
+   * refused, so the open would fail), but with its demand for a key, which only takes away. */
   opts.dir = explicit_dir;
+  REQUIRE(kc_disk_new(&opts, &disk) == KC_ERR_UNTRUSTED);
+  REQUIRE(LAST_ERROR_HAS("operator key is required"));
+  static const uint8_t own_key[] = "the program's own key, 32 bytes.";
+  opts.key = own_key;
+  opts.key_len = sizeof own_key - 1;
   REQUIRE(kc_disk_new(&opts, &disk) == KC_OK);
-  uint8_t fp[KC_FINGERPRINT_LEN];
-  REQUIRE(kc_disk_fingerprint(disk, fp) == KC_OK);
-  for (int i = 0; i < KC_FINGERPRINT_LEN; i++) REQUIRE(fp[i] == 0);
+  REQUIRE(!fingerprint_is_zero(disk));
   kc_disk_free(disk);
+}
+
+/* A process that dropped privileges (`how`: setuid or undumpable) reads its environment: the
+ * disk tier of KCACHE_DIR, keyed by KCACHE_KEY_FILE (nobody's); without the key file,
+ * KCACHE_REQUIRE_KEY=1 refuses the tier, and KCACHE_LOG=debug shows why. */
+static void check_dropped(const char *how) {
+  if (strcmp(how, "setuid") == 0) {
+    const struct passwd *nobody = getpwnam("nobody");
+    REQUIRE(getuid() == 0 && nobody != NULL);
+    REQUIRE(setgid(nobody->pw_gid) == 0 && setuid(nobody->pw_uid) == 0);
+    REQUIRE(setuid(0) != 0); /* for good */
+  } else {
+    REQUIRE(getuid() != 0);
+    REQUIRE(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
+  }
+  /* What made kcache take such a process for a setuid program. */
+  REQUIRE(fopen("/proc/self/auxv", "rb") == NULL);
+  kc_set_log_callback(count_message, NULL);
+  kc_disk *disk = NULL;
+  REQUIRE(kc_disk_new(NULL, &disk) == KC_OK);
+  REQUIRE(!fingerprint_is_zero(disk));
+  kc_disk_free(disk);
+  REQUIRE(logged[KC_LOG_DEBUG] == 0);
+  REQUIRE(unsetenv("KCACHE_KEY_FILE") == 0);
+  REQUIRE(kc_disk_new(NULL, &disk) == KC_ERR_UNTRUSTED);
+  REQUIRE(LAST_ERROR_HAS("operator key is required"));
+  REQUIRE(logged[KC_LOG_DEBUG] > 0);
 }
 
 static void check_backends(const char *cuda_driver) {
@@ -82,10 +131,16 @@ static void check_backends(const char *cuda_driver) {
 
 int main(int argc, char **argv) {
   if (argc != 4) {
-    fprintf(stderr, "usage: %s secure|disabled|control EXPLICIT_DIR CUDA_DRIVER\n", argv[0]);
+    fprintf(stderr, "usage: %s secure|disabled|control|setuid|undumpable EXPLICIT_DIR CUDA_DRIVER\n",
+            argv[0]);
     return 2;
   }
   const char *mode = argv[1], *explicit_dir = argv[2], *cuda_driver = argv[3];
+  if (strcmp(mode, "setuid") == 0 || strcmp(mode, "undumpable") == 0) {
+    check_dropped(mode);
+    printf("%s: ok\n", mode);
+    return 0;
+  }
   int privileged = getuid() != geteuid() || getgid() != getegid();
   kc_set_log_callback(count_message, NULL);
   if (strcmp(mode, "control") == 0) {
