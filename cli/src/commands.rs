@@ -230,8 +230,14 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
         environment: std::env::vars_os()
             .filter_map(|(k, v)| {
                 let k = k.into_string().ok()?;
-                k.starts_with("KCACHE_")
-                    .then(|| (k, v.to_string_lossy().into_owned()))
+                let v = v.to_string_lossy();
+                // A remote's URL may hold its password: it never leaves the process.
+                let v = if k.ends_with("_URL") {
+                    kcache::remote::masked_url(&v)
+                } else {
+                    v.into_owned()
+                };
+                k.starts_with("KCACHE_").then_some((k, v))
             })
             .collect(),
         notes: Vec::new(),
@@ -316,14 +322,18 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
 }
 
 fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
+    use report::printable;
     let none = || "none".to_owned();
-    out!("directory:    {}", out.dir.clone().unwrap_or_else(none));
+    out!(
+        "directory:    {}",
+        printable(&out.dir.clone().unwrap_or_else(none))
+    );
     if let Some(source) = out.dir_source {
         out!("chosen by:    {source}");
     }
     out!("exists:       {}", if out.exists { "yes" } else { "no" });
     let state = match (&out.error, cache) {
-        (Some(e), _) => format!("off: {}", e.message),
+        (Some(e), _) => format!("off: {}", printable(&e.message)),
         (None, Some(_)) => "on: owned by this user, not writable by group or others".into(),
         (None, None) => "on once created".into(),
     };
@@ -348,11 +358,11 @@ fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
     } else {
         out!("environment:");
         for (name, value) in &out.environment {
-            out!("  {name}={value}");
+            out!("  {name}={}", printable(value));
         }
     }
     for note in &out.notes {
-        out!("note: {note}");
+        out!("note: {}", printable(note));
     }
 }
 
@@ -562,7 +572,7 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
         let mut table = Table::new(&[("  BACKEND", false), ("ENTRIES", true), ("SIZE", true)]);
         for b in &out.backends {
             table.row(vec![
-                format!("  {}", b.backend),
+                format!("  {}", report::printable(&b.backend)),
                 b.entries.to_string(),
                 report::size(b.bytes),
             ]);
@@ -797,9 +807,12 @@ pub fn ls(
             } else {
                 row.fingerprint.clone()
             },
-            row.backend.clone(),
-            cell(row.device.as_deref().unwrap_or("-"), 24),
-            cell(row.entry_name.as_deref().unwrap_or("-"), 32),
+            report::printable(&row.backend).into_owned(),
+            cell(&report::printable(row.device.as_deref().unwrap_or("-")), 24),
+            cell(
+                &report::printable(row.entry_name.as_deref().unwrap_or("-")),
+                32,
+            ),
             report::size(row.size),
             row.build_time_ns
                 .map_or("-".into(), |n| report::duration(Duration::from_nanos(n))),
@@ -928,17 +941,18 @@ pub fn inspect(target: &Target, spec: &str, json: bool) -> Result<u8, Failure> {
         Check::Corrupt(reason) => format!("corrupt: {reason}"),
         Check::Gone => unreachable!("returned above"),
     };
-    out!("file:           {}", entry.name);
+    use report::printable;
+    out!("file:           {}", printable(&entry.name));
     out!("size:           {}", report::size_and_bytes(entry.size));
     out!(
         "last used:      {} (written or read)",
         report::time(entry.modified, SystemTime::now())
     );
     out!("status:         {verdict}");
-    out!("backend:        {}", out.entry.backend);
+    out!("backend:        {}", printable(&out.entry.backend));
     if let (Some(device), Some(name)) = (&out.entry.device, &out.entry.entry_name) {
-        out!("device:         {device}");
-        out!("name:           {name}");
+        out!("device:         {}", printable(device));
+        out!("name:           {}", printable(name));
     }
     if let Some(h) = &out.header {
         out!("format version: {}", h.format_version);

@@ -81,9 +81,9 @@ pub fn evict(target: &Target, selection: &Selection, json: bool) -> Result<u8, F
         out!(
             "removed {} ({} on {}: {}, {})",
             r.name,
-            r.backend,
-            r.device,
-            r.entry_name,
+            report::printable(&r.backend),
+            report::printable(&r.device),
+            report::printable(&r.entry_name),
             report::size(r.size)
         );
     }

@@ -1,6 +1,41 @@
-//! Human output: sizes, durations, dates and aligned tables; and the duration arguments.
+//! Human output: sizes, durations, dates and aligned tables; text from files and entries made
+//! safe for a terminal; the JSON output; and the duration arguments.
 
+use std::borrow::Cow;
+use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::ser::{Formatter, PrettyFormatter};
+
+/// Whether `c` must not reach a terminal as it is: a control character (C0, DEL, C1: escape
+/// sequences, carriage returns that overwrite a line) or an invisible mark that reorders the
+/// text around it (the bidirectional controls).
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text`, which came from a file or an entry (or the environment), fit to print: each
+/// character that [`unprintable`] names is written as its Rust escape (`\n`, `\r`, `\t`,
+/// `\u{1b}`, `\u{202e}`). Every such field of the text output goes through here; the JSON
+/// output escapes the same characters ([`json`]).
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(unprintable) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unprintable(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// `512 B`, `12.3 KiB`, `1.0 GiB`: binary multiples, as `parse_size` reads them.
 pub fn size(bytes: u64) -> String {
@@ -157,12 +192,77 @@ impl Table {
     }
 }
 
-/// Writes `value` as pretty JSON on stdout.
+/// Writes `value` as pretty JSON on stdout. JSON itself requires only C0 controls to be
+/// escaped; DEL, C1 controls and bidirectional marks are escaped too (`\u007f`), so that the
+/// output is as safe to show on a terminal as the text output, and reads back the same.
 pub fn json(value: &impl serde::Serialize) {
-    out!(
-        "{}",
-        serde_json::to_string_pretty(value).expect("the output structs serialize")
-    );
+    out!("{}", json_text(value));
+}
+
+fn json_text(value: &impl serde::Serialize) -> String {
+    let mut bytes = Vec::new();
+    let mut serializer =
+        serde_json::Serializer::with_formatter(&mut bytes, Escaping(PrettyFormatter::new()));
+    value
+        .serialize(&mut serializer)
+        .expect("the output structs serialize");
+    String::from_utf8(bytes).expect("serde_json writes UTF-8")
+}
+
+/// serde_json's pretty formatter, escaping every [`unprintable`] character of a string.
+struct Escaping<'a>(PrettyFormatter<'a>);
+
+impl Formatter for Escaping<'_> {
+    fn write_string_fragment<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        fragment: &str,
+    ) -> io::Result<()> {
+        let mut start = 0;
+        for (at, c) in fragment.char_indices().filter(|(_, c)| unprintable(*c)) {
+            writer.write_all(&fragment.as_bytes()[start..at])?;
+            write!(writer, "\\u{:04x}", u32::from(c))?;
+            start = at + c.len_utf8();
+        }
+        writer.write_all(&fragment.as_bytes()[start..])
+    }
+
+    // The layout is the pretty formatter's.
+    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_object_value(w)
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +290,31 @@ mod tests {
         assert!(parse_duration("99999999999999999999s").is_err());
         assert_eq!(duration(Duration::from_millis(350)), "350 ms");
         assert_eq!(duration(Duration::from_secs(185)), "3m 5s");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_in_text_and_json() {
+        let hostile = "a\u{1b}]0;owned\u{7}b\u{1b}[2J\rc\u{9b}d\u{7f}e\u{202e}f\tg\nh";
+        let shown = printable(hostile);
+        assert_eq!(
+            shown,
+            "a\\u{1b}]0;owned\\u{7}b\\u{1b}[2J\\rc\\u{9b}d\\u{7f}e\\u{202e}f\\tg\\nh"
+        );
+        assert!(!shown.chars().any(unprintable));
+        assert!(matches!(printable("plain é 名前"), Cow::Borrowed(_)));
+
+        let text = json_text(&serde_json::json!({ "name": hostile, "list": [hostile] }));
+        assert!(!text.chars().any(|c| unprintable(c) && c != '\n'), "{text}");
+        assert!(text.contains("\\u001b]0;owned\\u0007b"), "{text}");
+        assert!(text.contains("\\u009bd\\u007fe\\u202ef"), "{text}");
+        // It reads back as it was, laid out as the pretty formatter lays it out.
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(back["name"], hostile);
+        assert_eq!(back["list"][0], hostile);
+        assert_eq!(
+            json_text(&serde_json::json!({"a": [1]})),
+            "{\n  \"a\": [\n    1\n  ]\n}"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! a remote the operator configured wrongly is never guessed at.
 
 use std::ffi::OsString;
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -52,7 +53,7 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 /// `url` is `redis://[user:password@]host[:port][/db]`, `rediss://…` (TLS) or
 /// `redis+unix:///path/to/socket`; for a Redis Cluster, one or more seed nodes' URLs,
 /// comma-separated.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct RemoteConfig {
     pub url: Option<String>,
     pub read_only: Option<bool>,
@@ -302,6 +303,75 @@ fn read_pem(path: &Path, what: &str, content: Content) -> Result<Vec<u8>, String
         })
 }
 
+/// `url` as it may be shown (in `kcache config`, a log, a `Debug` of the configuration): the
+/// user and password of `scheme://user:password@host` become `***`, as do the values of the
+/// `user`, `username`, `pass` and `password` query parameters (`redis+unix:///socket?pass=…`);
+/// in a comma-separated list of URLs, in each. Whatever it cannot parse errs on the side of
+/// hiding: everything between `://` and the last `@` is taken as credentials.
+pub fn masked_url(url: &str) -> String {
+    url.split(',').map(mask_one).collect::<Vec<_>>().join(",")
+}
+
+fn mask_one(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => rest.split_at(at),
+        None => ("", rest),
+    };
+    let userinfo = match userinfo.split_once(':') {
+        _ if userinfo.is_empty() => "",
+        Some(("", _)) => ":***",
+        Some(_) => "***:***",
+        None => "***",
+    };
+    let rest = match rest.split_once('?') {
+        None => rest.to_owned(),
+        Some((before, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _))
+                        if ["user", "username", "pass", "password"]
+                            .iter()
+                            .any(|secret| name.eq_ignore_ascii_case(secret)) =>
+                    {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{before}?{}", query.join("&"))
+        }
+    };
+    format!("{scheme}{userinfo}{rest}")
+}
+
+impl fmt::Debug for RemoteConfig {
+    /// As derived, with the URL's credentials masked ([`masked_url`]).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteConfig")
+            .field("url", &self.url.as_deref().map(masked_url))
+            .field("read_only", &self.read_only)
+            .field("timeout", &self.timeout)
+            .field("ttl", &self.ttl)
+            .field("prefix", &self.prefix)
+            .field("max_entry_size", &self.max_entry_size)
+            .field("cluster", &self.cluster)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("lease_wait", &self.lease_wait)
+            .field("allow_unkeyed", &self.allow_unkeyed)
+            .field("breaker_threshold", &self.breaker_threshold)
+            .field("breaker_cooldown", &self.breaker_cooldown)
+            .field("read_env", &self.read_env)
+            .finish()
+    }
+}
+
 fn refuse<T>(why: &str) -> Option<T> {
     crate::log::warn_once(Warning::RemoteConfig, || format!("remote tier off: {why}"));
     None
@@ -384,6 +454,45 @@ mod tests {
         assert!(tls_files(None, None, None).unwrap().is_none());
         let relative = tls_files(Some("ca.pem".into()), None, None).err().unwrap();
         assert!(relative.contains("relative path"), "{relative}");
+    }
+
+    #[test]
+    fn credentials_are_masked() {
+        for (url, shown) in [
+            (
+                "redis://:hunter2@10.0.0.1:6379/0",
+                "redis://:***@10.0.0.1:6379/0",
+            ),
+            (
+                "rediss://kcache:hunter2@cache.example/",
+                "rediss://***:***@cache.example/",
+            ),
+            ("redis://kcache@host", "redis://***@host"),
+            ("redis://host:6379", "redis://host:6379"),
+            ("redis://a:p@ss/w?rd@host/1", "redis://***:***@host/1"),
+            (
+                "redis+unix:///run/redis.sock?db=2&user=kc&pass=hunter2",
+                "redis+unix:///run/redis.sock?db=2&user=***&pass=***",
+            ),
+            (
+                "redis://:a@n1:7000, redis://:b@n2:7001",
+                "redis://:***@n1:7000, redis://:***@n2:7001",
+            ),
+            (":hunter2@host", ":***@host"),
+        ] {
+            assert_eq!(masked_url(url), shown, "{url}");
+        }
+        let config = RemoteConfig::at("redis://kcache:hunter2@host/");
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("hunter2") && debug.contains("***:***@host"),
+            "{debug}"
+        );
+        let disk = crate::disk::DiskConfig {
+            remote: Some(config),
+            ..crate::disk::DiskConfig::in_dir("/x")
+        };
+        assert!(!format!("{disk:?}").contains("hunter2"));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use breaker::{Breaker, Change};
-pub use config::RemoteConfig;
+pub use config::{RemoteConfig, masked_url};
 pub use lease::LEASE_TTL;
 pub(crate) use lease::{Flight, LeaseGuard};
 
