@@ -129,7 +129,7 @@ impl RemoteConfig {
         let ms = Duration::from_millis(1);
         let timeout = wait(
             self.timeout,
-            &env,
+            env,
             "KCACHE_REMOTE_TIMEOUT_MS",
             ms,
             DEFAULT_TIMEOUT,
@@ -160,7 +160,7 @@ impl RemoteConfig {
                 "KCACHE_REMOTE_ALLOW_UNKEYED",
             )?;
         let s = Duration::from_secs(1);
-        let ttl = wait(self.ttl, &env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL)?;
+        let ttl = wait(self.ttl, env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL)?;
         let prefix = match (self.prefix, env("KCACHE_REMOTE_PREFIX")) {
             (Some(p), _) => p,
             (None, Some(text)) => match text.into_string() {
@@ -183,7 +183,7 @@ impl RemoteConfig {
         };
         let lease_wait = wait(
             self.lease_wait,
-            &env,
+            env,
             "KCACHE_REMOTE_LEASE_WAIT",
             s,
             DEFAULT_LEASE_WAIT,
