@@ -244,7 +244,9 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
     };
     if kcache::env::secure_execution() {
         out.notes.push(
-            "secure-execution process: no KCACHE_* variable but KCACHE_DISABLE is read".into(),
+            "secure-execution process: no KCACHE_* variable but KCACHE_DISABLE and \
+             KCACHE_REQUIRE_KEY is read"
+                .into(),
         );
     }
     if let Some(dir) = std::env::var_os("KCACHE_DIR").filter(|d| !d.is_empty()) {

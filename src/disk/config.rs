@@ -135,7 +135,7 @@ impl fmt::Debug for OperatorKey {
 /// | `max_size`    | `KCACHE_MAX_SIZE` (bytes, or with a K/M/G/T suffix)           | 1 GiB        |
 /// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
 /// | `require_key` | `KCACHE_REQUIRE_KEY=1` (either one requires a key)            | not required |
-/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed)             | 120 s        |
+/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed; up to a century) | 120 s    |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
