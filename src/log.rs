@@ -217,6 +217,8 @@ pub(crate) enum Warning {
     NoLocks,
     /// A remote tier setting cannot be used: the remote tier is off.
     RemoteConfig,
+    /// A remote tier duration is not a number: its default is used.
+    RemoteWait,
     /// A remote tier is configured without an operator key or the unkeyed opt-in: it is off.
     RemoteUnkeyed,
     /// `KCACHE_LOG` names no level: `warn` is used.

@@ -205,8 +205,13 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
     // The third process's rebuild replaced the changed entry.
     assert_ne!(server.get(&keys[0]), entry);
 
+    // A duration that is not a number is warned about and replaced by its default: the remote
+    // tier stays on and serves the entry the third process wrote.
     let bad = setup.run(&server, "bad", &[("KCACHE_REMOTE_TIMEOUT_MS", "soon")]);
-    assert_eq!(bad, "remote=off builds=1 loads=0 correct=1");
+    assert_eq!(
+        bad,
+        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
+    );
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! Remote tier configuration: explicit values first, then the environment, then defaults.
 //! A value kcache cannot use is warned about once per process and leaves the remote tier off:
-//! a remote the operator configured wrongly is never guessed at.
+//! a remote the operator configured wrongly is never guessed at. Durations are the exception:
+//! one that is not a number is warned about and replaced by its default, as every kcache wait
+//! is, since a wait changes how long a lookup may take and never which server it trusts.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -133,7 +135,7 @@ impl RemoteConfig {
             "KCACHE_REMOTE_TIMEOUT_MS",
             ms,
             DEFAULT_TIMEOUT,
-        )?;
+        );
         if timeout.is_zero() {
             return refuse("the remote timeout must be positive");
         }
@@ -160,7 +162,7 @@ impl RemoteConfig {
                 "KCACHE_REMOTE_ALLOW_UNKEYED",
             )?;
         let s = Duration::from_secs(1);
-        let ttl = wait(self.ttl, env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL)?;
+        let ttl = wait(self.ttl, env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL);
         let prefix = match (self.prefix, env("KCACHE_REMOTE_PREFIX")) {
             (Some(p), _) => p,
             (None, Some(text)) => match text.into_string() {
@@ -187,7 +189,7 @@ impl RemoteConfig {
             "KCACHE_REMOTE_LEASE_WAIT",
             s,
             DEFAULT_LEASE_WAIT,
-        )?;
+        );
         if max_entry_size == 0 {
             return refuse("the remote entry size limit must be positive");
         }
@@ -389,25 +391,27 @@ fn flag(value: Option<OsString>, name: &str) -> Option<bool> {
 
 /// A duration: the one set in code, else the environment's `name` (a number of `unit`s), else
 /// `default`. However large, as long as possible
-/// ([`LONGEST_WAIT`](crate::disk::config::LONGEST_WAIT)); a value that is not a
-/// number refuses the configuration, as every unusable remote setting does.
+/// ([`LONGEST_WAIT`](crate::disk::config::LONGEST_WAIT)); a value that is not a number is
+/// warned about once and the default is used.
 fn wait(
     set: Option<Duration>,
     env: impl Fn(&str) -> Option<OsString>,
     name: &str,
     unit: Duration,
     default: Duration,
-) -> Option<Duration> {
+) -> Duration {
     if let Some(set) = set {
-        return Some(saturate(set));
+        return saturate(set);
     }
     let Some(text) = env(name) else {
-        return Some(default);
+        return default;
     };
-    match parse_wait(&text.to_string_lossy(), unit) {
-        Some(wait) => Some(wait),
-        None => refuse(&format!("{name}={text:?} is not a number")),
-    }
+    parse_wait(&text.to_string_lossy(), unit).unwrap_or_else(|| {
+        crate::log::warn_once(Warning::RemoteWait, || {
+            format!("{name}={text:?} is not a number: the default {default:?} is used")
+        });
+        default
+    })
 }
 
 #[cfg(test)]
@@ -562,19 +566,19 @@ mod tests {
     }
 
     #[test]
-    fn durations_saturate_and_nonsense_is_refused() {
+    fn durations_saturate_and_nonsense_means_the_default() {
         let env = |value: &'static str| move |_: &str| Some(OsString::from(value));
         let (s, default) = (Duration::from_secs(1), Duration::from_secs(7));
         let w = |value: &'static str| wait(None, env(value), "X", s, default);
-        assert_eq!(w("42"), Some(Duration::from_secs(42)));
-        assert_eq!(w("0.5"), Some(Duration::from_millis(500)));
-        assert_eq!(w("1e19"), Some(LONGEST_WAIT));
-        assert_eq!(w("100000000000000000000"), Some(LONGEST_WAIT));
-        assert_eq!(w("soon"), None);
-        assert_eq!(w("-1"), None);
+        assert_eq!(w("42"), Duration::from_secs(42));
+        assert_eq!(w("0.5"), Duration::from_millis(500));
+        assert_eq!(w("1e19"), LONGEST_WAIT);
+        assert_eq!(w("100000000000000000000"), LONGEST_WAIT);
+        assert_eq!(w("soon"), default);
+        assert_eq!(w("-1"), default);
         let set = wait(Some(Duration::MAX), env("1"), "X", s, default);
-        assert_eq!(set, Some(LONGEST_WAIT));
-        assert_eq!(wait(None, |_: &str| None, "X", s, default), Some(default));
+        assert_eq!(set, LONGEST_WAIT);
+        assert_eq!(wait(None, |_: &str| None, "X", s, default), default);
         let resolved = RemoteConfig {
             timeout: Some(Duration::MAX),
             lease_wait: Some(Duration::MAX),
