@@ -19,6 +19,7 @@ const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
 const CUDA_ERROR_NO_BINARY_FOR_GPU: i32 = 209;
 const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: i32 = 222;
 const CUDA_ERROR_ILLEGAL_ADDRESS: i32 = 700;
+const CUDA_ERROR_CONTEXT_IS_DESTROYED: i32 = 709;
 
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; no test here destroys a context.
@@ -297,16 +298,19 @@ fn a_primary_context_is_evicted_before_its_last_release() {
     let bound = PrimaryContext::bind(&driver, 0).unwrap();
     match lookup(&cache) {
         Err(Error::Backend(message)) => {
-            assert!(message.contains("cuModuleGetFunction"), "{message}")
+            assert!(message.contains("cuModuleGetFunction"), "{message}");
+            assert!(message.contains("CUresult 709"), "{message}");
         }
         other => panic!("expected the stale module to fail, got {other:?}"),
     }
     assert_eq!(fake.counter("link_create"), 2, "a stale hit, not a build");
-    // And its unload fails (on a real driver: undefined behaviour).
+    // And its unload fails: CUDA_ERROR_CONTEXT_IS_DESTROYED (on a real driver, possibly
+    // undefined behaviour), counted as a destroy error.
     match cache.evict_device(0) {
-        Err(Error::Destroy(e)) => assert_eq!(e.code, 400, "CUDA_ERROR_INVALID_HANDLE: {e}"),
+        Err(Error::Destroy(e)) => assert_eq!(e.code, CUDA_ERROR_CONTEXT_IS_DESTROYED, "{e}"),
         other => panic!("expected the stale unload to fail, got {other:?}"),
     }
+    assert_eq!(cache.stats().memory.destroy_errors, 1);
     assert_eq!(fake.counter("unload_invalid"), 1);
     bound.release().unwrap();
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kcache::Error;
-use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption, Nvrtc};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::assert_err;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
@@ -150,4 +150,67 @@ fn no_nvrtc_is_unavailable() {
     // The driver library is no NVRTC.
     let driver = FakeDriver::new();
     assert_unavailable(Nvrtc::load_from(driver.path()), "lacks nvrtcVersion");
+}
+
+/// JIT options are applied by the driver's linker to PTX only ("Compiler options will be applied
+/// to inputs to this linker action which must be compiled from PTX"): an NVRTC cubin for a real
+/// architecture (`-arch=sm_XY`) is loaded without a link, so JIT options given with it would be
+/// dropped while still keying the module. The combination is refused before any compile.
+#[test]
+fn jit_options_with_a_real_architecture_are_refused() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let jit = [JitOption::MaxRegisters(32)];
+    for options in [&["-arch=sm_80"][..], &["--gpu-architecture", "sm_80"][..]] {
+        match cache.find_or_build_source(ctx(c0), SOURCE, options, &jit) {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains("sm_80"), "{message}")
+            }
+            other => panic!("{options:?}: expected an invalid argument, got {other:?}"),
+        }
+    }
+    assert_eq!(nvrtc.compiles(), 0);
+    assert_eq!(driver.counter("link_create"), 0);
+    // A virtual architecture is linked, so it takes JIT options.
+    cache
+        .find_or_build_source(ctx(c0), SOURCE, &["-arch=compute_80"], &jit)
+        .unwrap();
+    assert_eq!(driver.counter("last_max_registers"), 32);
+}
+
+/// `-dlto` makes NVRTC generate LTO IR and no cubin: `nvrtcGetCUBINSize` sets 0. An empty image
+/// is never handed to `cuModuleLoadDataEx`, which takes no size and would read a header from
+/// the empty buffer's dangling pointer: the lookup fails as a build error.
+#[test]
+fn an_empty_nvrtc_cubin_is_a_build_error_not_a_load() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    match cache.find_or_build_source(ctx(c0), SOURCE, &["-arch=sm_80", "-dlto"], &[]) {
+        Err(Error::Build(e)) => assert!(e.message.contains("no cubin"), "{e}"),
+        other => panic!("expected a build error, got {other:?}"),
+    }
+    assert_eq!(nvrtc.compiles(), 1);
+    assert_eq!(
+        driver.counter("module_load") + driver.counter("module_load_failed"),
+        0
+    );
+    assert_eq!(cache.stats().nvrtc_failures, 1);
+}
+
+/// NVRTC takes an option and its value as one string or as two (`"--gpu-architecture"
+/// "compute_80"`): the two-string form names the architecture too, so kcache adds none of its
+/// own and links the PTX for `compute_80` instead of loading a cubin for the device.
+#[test]
+fn an_architecture_given_as_two_strings_is_the_callers() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let lease = cache
+        .find_or_build_source(ctx(c0), SOURCE, &["--gpu-architecture", "compute_80"], &[])
+        .unwrap();
+    assert!(!lease.function("scale").unwrap().is_null());
+    assert_eq!(nvrtc.last_arch(), "compute_80");
+    assert_eq!(cache.stats().links, 1, "PTX, linked");
 }

@@ -22,6 +22,7 @@ pub type CUfunction = *mut c_void;
 type CUlinkState = *mut c_void;
 
 const CUDA_SUCCESS: CUresult = 0;
+const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
@@ -416,8 +417,13 @@ impl Driver {
         Ok(cubin)
     }
 
-    /// Loads a cubin (or any image the driver accepts) into the current context.
+    /// Loads a cubin (or any image the driver accepts) into the current context. An empty
+    /// image is `CUDA_ERROR_INVALID_IMAGE` without a driver call: cuModuleLoadDataEx takes no
+    /// size and would read a header from the empty buffer's dangling pointer.
     pub(crate) fn load_image(&self, image: &[u8]) -> std::result::Result<CUmodule, CUresult> {
+        if image.is_empty() {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is readable for its whole length; the driver parses the ELF header
         // to find the size. No JIT options are passed.

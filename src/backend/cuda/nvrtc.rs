@@ -284,6 +284,15 @@ impl Nvrtc {
             let image = self
                 .read(program, self.get_cubin_size, self.get_cubin)
                 .map_err(|status| fail("nvrtcGetCUBIN", status))?;
+            // nvrtcGetCUBINSize sets 0 for a virtual architecture, and -dlto makes LTO IR
+            // instead: an empty image must never reach cuModuleLoadDataEx, which takes no size.
+            if image.is_empty() {
+                return Err(BuildError::new(
+                    -1,
+                    "NVRTC made no cubin (-dlto makes LTO IR, which kcache cannot load; a \
+                     virtual architecture makes PTX only)",
+                ));
+            }
             return Ok(Compiled {
                 image,
                 is_cubin: true,
@@ -311,6 +320,10 @@ impl Nvrtc {
         let status = unsafe { size_fn(program, &mut size) };
         if status != NVRTC_SUCCESS {
             return Err(status);
+        }
+        if size == 0 {
+            // Nothing to read: an empty buffer's pointer is dangling, never handed out.
+            return Ok(Vec::new());
         }
         let mut buf = vec![0u8; size];
         // SAFETY: `buf` holds the `size` bytes NVRTC just said it writes.

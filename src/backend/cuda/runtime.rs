@@ -298,7 +298,7 @@ fn compile_cuda(
 
 /// The architecture the NVRTC options name (`-arch=X`, `--gpu-architecture=X`, or either
 /// flag followed by `X`), if any.
-fn picked_arch<'a>(options: &[&'a str]) -> Option<&'a str> {
+pub(super) fn picked_arch<'a>(options: &[&'a str]) -> Option<&'a str> {
     const FLAGS: [&str; 2] = ["-arch", "--gpu-architecture"];
     options.iter().enumerate().find_map(|(i, o)| {
         if FLAGS.contains(o) {
