@@ -165,6 +165,14 @@ impl FakeDriver {
         unsafe { self.0.sym::<FnIntInt>("fakecuda_fail_next_loads")(n, code) }
     }
 
+    /// Lazy loading on or off (off by default; `CUDA_MODULE_LOADING=LAZY` at `cuInit` turns it
+    /// on): failures injected by [`FakeDriver::fail_next_loads`] then come from the module's
+    /// first `cuModuleGetFunction` instead of the load.
+    pub fn lazy_loading(&self, on: bool) {
+        // SAFETY: plain value argument.
+        unsafe { self.0.sym::<FnInt>("fakecuda_lazy_loading")(c_int::from(on)) }
+    }
+
     pub fn hold_links(&self, on: bool) {
         // SAFETY: plain value argument.
         unsafe { self.0.sym::<FnInt>("fakecuda_hold_links")(c_int::from(on)) }
