@@ -157,9 +157,9 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
     run_saxpy(&lease, &format!("{prefix}_{source}"))?;
 
     // What a program repeats: the lookup alone, the module's context current.
-    let context = cache.current_context()?.ok_or_else(|| {
-        Error::Backend("the primary context is not current".into())
-    })?;
+    let context = cache
+        .current_context()?
+        .ok_or_else(|| Error::Backend("the primary context is not current".into()))?;
     let module = lease.module() as usize;
     let start = Instant::now();
     for _ in 0..L1_ROUNDS {
@@ -219,7 +219,13 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
     drop(reloaded);
     let evicted_device = cache.evict_device(driver.device(0)?)?;
     let stats = cache.stats().memory;
-    if (evicted, evicted_device, stats.destroys, stats.destroy_errors) != (1, 1, 2, 0) {
+    if (
+        evicted,
+        evicted_device,
+        stats.destroys,
+        stats.destroy_errors,
+    ) != (1, 1, 2, 0)
+    {
         return Err(Error::Backend(format!(
             "evict_context unlinked {evicted}, evict_device {evicted_device}; expected 1 and \
              1, then 2 unloads without an error: {stats:?}"

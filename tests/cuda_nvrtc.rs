@@ -214,3 +214,52 @@ fn an_architecture_given_as_two_strings_is_the_callers() {
     assert_eq!(nvrtc.last_arch(), "compute_80");
     assert_eq!(cache.stats().links, 1, "PTX, linked");
 }
+
+/// NVRTC makes the cubins of CUDA C++ itself, so its build is part of the disk key: a patch
+/// release (same `nvrtcVersion`, another `libnvrtc.so.12.4.<patch>`) compiles anew instead of
+/// reusing the older compiler's cubins; the same build hits.
+#[test]
+fn the_disk_key_holds_the_nvrtc_build() {
+    let driver = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = driver.create_context(0);
+    let lookup = |nvrtc: &FakeNvrtc| {
+        let cache = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
+        cache
+            .find_or_build_source(ctx(c0), SOURCE, &[], &[])
+            .unwrap();
+        cache.flush();
+        let stats = cache.stats();
+        (stats.nvrtc_compiles, stats.cubin_loads)
+    };
+    let old = FakeNvrtc::with_build("12.4.127");
+    assert_eq!(old.nvrtc().build(), "libnvrtc.so.12.4.127");
+    assert_eq!(lookup(&old), (1, 0));
+    assert_eq!(lookup(&FakeNvrtc::with_build("12.4.127")), (0, 1));
+    let patched = FakeNvrtc::with_build("12.4.131");
+    assert_eq!(patched.nvrtc().version(), old.nvrtc().version());
+    assert_eq!(lookup(&patched), (1, 0));
+}
+
+/// An NVRTC newer than the driver makes PTX the driver's JIT refuses: when the PTX path is
+/// needed (JIT options here), the lookup fails before compiling, with the driver's code for it
+/// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`) and what to do instead.
+#[test]
+fn ptx_from_an_nvrtc_newer_than_the_driver_is_refused_before_compiling() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    nvrtc.set_version(13, 0);
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let jit = [JitOption::MaxRegisters(32)];
+    for options in [&[][..], &["-arch=compute_80"][..]] {
+        match cache.find_or_build_source(ctx(c0), SOURCE, options, &jit) {
+            Err(Error::Build(e)) => {
+                assert_eq!(e.code, 222, "{e}");
+                assert!(e.message.contains("--maxrregcount"), "{e}");
+            }
+            other => panic!("{options:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(nvrtc.compiles(), 0, "nothing compiled");
+    assert_eq!(driver.counter("link_create"), 0);
+}

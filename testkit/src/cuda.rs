@@ -113,7 +113,14 @@ impl Default for FakeDriver {
 }
 
 impl FakeDriver {
+    /// The stand-in installed as a driver is, `libcuda.so.1` linking to `libcuda.so.<build>`
+    /// (here a build of 0.0.0).
     pub fn new() -> FakeDriver {
+        Self::with_build("0.0.0")
+    }
+
+    /// The stand-in as a regular file named `libcuda.so.1`, which names no build.
+    pub fn unversioned() -> FakeDriver {
         Self::init(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"))
     }
 
@@ -230,8 +237,20 @@ impl Default for FakeNvrtc {
 }
 
 impl FakeNvrtc {
+    /// The stand-in installed as NVRTC is, `libnvrtc.so` linking to `libnvrtc.so.<build>`
+    /// (here 12.4.0).
     pub fn new() -> FakeNvrtc {
-        FakeNvrtc(PrivateCopy::new(stand_in_nvrtc_path(), "libnvrtc.so"))
+        Self::with_build("12.4.0")
+    }
+
+    /// The stand-in as the file `libnvrtc.so.<build>`, loaded through the link `libnvrtc.so`.
+    pub fn with_build(build: &str) -> FakeNvrtc {
+        let file_name = format!("libnvrtc.so.{build}");
+        FakeNvrtc(PrivateCopy::linked(
+            stand_in_nvrtc_path(),
+            &file_name,
+            "libnvrtc.so",
+        ))
     }
 
     pub fn path(&self) -> &Path {
