@@ -8,6 +8,7 @@
 use std::ffi::{CStr, CString, OsStr, c_char, c_int, c_uint, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{Error, Result};
@@ -510,6 +511,14 @@ pub(super) fn loaded_build(symbol: *const c_void, fallback: &Path, what: &str) -
         return name;
     }
     let size = std::fs::metadata(&real).map(|m| m.len()).unwrap_or(0);
+    // Once per file and process: every cache loading the library again says nothing new.
+    static WARNED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if warned.contains(&real) {
+        return format!("{name} ({size} bytes)");
+    }
+    warned.push(real.clone());
+    drop(warned);
     crate::log::log(crate::log::Level::Warn, || {
         format!(
             "the {what} library {} names no build (libX.so.<major>.<minor>...): its size \
