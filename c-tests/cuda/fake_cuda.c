@@ -41,7 +41,8 @@
  * For the cuda_check example it also has host-memory "device" buffers and a CPU run of the
  * repository's saxpy kernel (see the end of this file).
  *
- * Handles are never freed, so a stale handle is detected instead of being a use-after-free.
+ * Handles other than events are never freed, so a stale handle is detected instead of being a
+ * use-after-free.
  */
 #define _GNU_SOURCE
 #include <math.h>
