@@ -372,8 +372,8 @@ fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
 
 /// The disk key: what makes a cubin valid for a GPU (device name, compute capability, the
 /// driver's CUDA version and its build, whose PTX JIT made the cubin; for CUDA C++ the NVRTC
-/// version and build, whose own cubins are NVRTC's machine code) and what it was built from, but no handle, so it holds across processes and
-/// contexts. NVRTC options keep their order: `-I` search order and repeated `-D` depend on it.
+/// version and build, whose own cubins are NVRTC's machine code) and what it was built from,
+/// but no handle, so it holds across processes and contexts. NVRTC options keep their order: `-I` search order and repeated `-D` depend on it.
 fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<Key> {
     let mut builder = KeyBuilder::new();
     builder
