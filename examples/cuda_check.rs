@@ -208,6 +208,7 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
 
     // Eviction: by context, then (after the module came back from the disk tier) by device.
     // Each module is unloaded with its context current, and the driver must accept each unload.
+    cache.flush(); // the cubin is on disk before the module leaves memory
     let evicted = cache.evict_context(context.raw())?;
     let reloaded = find(None)?;
     let stats = cache.stats();
