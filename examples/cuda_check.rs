@@ -10,7 +10,11 @@
 //!   own JIT cache.
 //! - `cuda_check kcache link|disk`: the module through a `CudaCache` whose disk tier is
 //!   `KCACHE_DIR`; the argument says where the first lookup must come from (a PTX link, or a
-//!   cubin from disk). Then times memory-tier hits.
+//!   cubin from disk). Then times memory-tier hits (the lookup alone, as a program repeats
+//!   it), and exercises what kcache adds over the driver: a lookup and kernel lookup from a
+//!   thread with no current context (kcache pushes the module's context), `evict_context`
+//!   and `evict_device`, and every module unloaded without a driver error
+//!   (`destroy_errors == 0`).
 //!
 //! - `cuda_check nvrtc link|disk`: as `kcache`, from CUDA C++ source compiled by NVRTC (`link`:
 //!   built, by NVRTC's own cubin or through a link).
@@ -24,11 +28,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kcache::Error;
-use kcache::backend::cuda::{CudaCache, CudaOptions, Driver};
+use kcache::backend::cuda::{Context, CudaCache, CudaOptions, Driver, ModuleLease};
 use kcache::disk::{DiskCache, DiskConfig};
-use kcache_testkit::cuda::{PrimaryContext, Saxpy};
+use kcache_testkit::cuda::{PrimaryContext, SAXPY_CUDA, SAXPY_PTX, Saxpy};
 
 const L1_ROUNDS: u32 = 10_000;
+/// Lookups timed from a thread with no current context.
+const OTHER_THREAD_ROUNDS: u32 = 1_000;
 /// Launches timed for the kernel's own figure.
 const KERNEL_ROUNDS: u32 = 20;
 
@@ -97,7 +103,13 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
         driver: Some(Arc::clone(driver)),
         ..CudaOptions::default()
     })?;
-    let lookup = || Saxpy::cached(&cache, nvrtc);
+    let find = |context: Option<Context>| -> Result<ModuleLease, Error> {
+        if nvrtc {
+            cache.find_or_build_source(context, SAXPY_CUDA, &[], &[])
+        } else {
+            cache.find_or_build_ptx(context, SAXPY_PTX.as_bytes(), &[])
+        }
+    };
     if nvrtc {
         let found = cache.nvrtc()?;
         println!(
@@ -120,9 +132,11 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
     }
     let prefix = if nvrtc { "nvrtc" } else { "kcache" };
     let start = Instant::now();
-    let lease = lookup()?;
-    lease.function()?;
-    let first = ms(start);
+    let first = find(None)?;
+    first.function("saxpy")?;
+    let elapsed = ms(start);
+    let lease = Saxpy::leased(&cache, first)?;
+    let first = elapsed;
     let stats = cache.stats();
     let built = stats.links + stats.nvrtc_compiles;
     let source = match (built > 0, stats.cubin_loads) {
@@ -142,10 +156,14 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
     println!("RESULT {prefix}_{source} {first:.3}");
     run_saxpy(&lease, &format!("{prefix}_{source}"))?;
 
+    // What a program repeats: the lookup alone, the module's context current.
+    let context = cache
+        .current_context()?
+        .ok_or_else(|| Error::Backend("the primary context is not current".into()))?;
+    let module = lease.module() as usize;
     let start = Instant::now();
     for _ in 0..L1_ROUNDS {
-        let hit = lookup()?;
-        if hit.module() != lease.module() {
+        if find(None)?.raw() as usize != module {
             return Err(Error::Backend(
                 "a memory hit returned another module".into(),
             ));
@@ -155,13 +173,66 @@ fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Err
         "RESULT {prefix}_memory_hit {:.6}",
         ms(start) / f64::from(L1_ROUNDS)
     );
-    drop(lease);
     let stats = cache.stats();
     if stats.memory.hits != u64::from(L1_ROUNDS) {
         return Err(Error::Backend(format!(
             "expected {L1_ROUNDS} hits: {stats:?}"
         )));
     }
+
+    // A thread with no current context: the hit needs none, the kernel lookup has kcache push
+    // the module's context and pop it again.
+    let other_thread = std::thread::scope(|s| {
+        s.spawn(|| -> Result<f64, Error> {
+            if !driver.current_context()?.is_null() {
+                return Err(Error::Backend("a new thread has a current context".into()));
+            }
+            let start = Instant::now();
+            for _ in 0..OTHER_THREAD_ROUNDS {
+                let hit = find(Some(context))?;
+                if hit.raw() as usize != module || hit.function("saxpy")?.is_null() {
+                    return Err(Error::Backend("the hit from another thread differs".into()));
+                }
+            }
+            let elapsed = ms(start) / f64::from(OTHER_THREAD_ROUNDS);
+            if !driver.current_context()?.is_null() {
+                return Err(Error::Backend("kcache left a context current".into()));
+            }
+            Ok(elapsed)
+        })
+        .join()
+        .map_err(|_| Error::Backend("the lookup thread panicked".into()))?
+    })?;
+    println!("RESULT {prefix}_hit_no_context {other_thread:.6}");
+    drop(lease);
+
+    // Eviction: by context, then (after the module came back from the disk tier) by device.
+    // Each module is unloaded with its context current, and the driver must accept each unload.
+    cache.flush(); // the cubin is on disk before the module leaves memory
+    let evicted = cache.evict_context(context.raw())?;
+    let reloaded = find(None)?;
+    let stats = cache.stats();
+    if stats.cubin_loads != (source == "disk") as u64 + 1 {
+        return Err(Error::Backend(format!(
+            "the evicted module did not come back from the disk tier: {stats:?}"
+        )));
+    }
+    drop(reloaded);
+    let evicted_device = cache.evict_device(driver.device(0)?)?;
+    let stats = cache.stats().memory;
+    if (
+        evicted,
+        evicted_device,
+        stats.destroys,
+        stats.destroy_errors,
+    ) != (1, 1, 2, 0)
+    {
+        return Err(Error::Backend(format!(
+            "evict_context unlinked {evicted}, evict_device {evicted_device}; expected 1 and \
+             1, then 2 unloads without an error: {stats:?}"
+        )));
+    }
+    println!("evict_context, evict_device: 2 modules unloaded, destroy_errors 0");
     Ok(())
 }
 

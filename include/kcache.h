@@ -1023,7 +1023,10 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
 // an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
 // options are given, else to PTX for the highest architecture NVRTC supports up to the
 // device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
-// `extern "C"`.
+// `extern "C"`. JIT options with NVRTC options naming a real architecture (`sm_XY`, whose
+// cubin is loaded without a link, so JIT options would not apply) are
+// `KC_ERR_INVALID_ARGUMENT`. PTX needed from an NVRTC newer than the driver is
+// `KC_ERR_BUILD_FAILED` with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
 //
 // `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:

@@ -111,3 +111,30 @@ fn device_queries() {
     assert_eq!(driver.describe(12345), "CUresult 12345");
     assert!(driver.current_context().unwrap().is_null());
 }
+
+/// The driver's build is the real file name behind `libcuda.so.1`. A driver installed as a
+/// regular file of that name names no build: its size stands in for one in the disk key, and a
+/// warning says so instead of keying every driver update alike.
+#[test]
+fn a_driver_file_that_names_no_build_is_keyed_by_its_size_with_a_warning() {
+    let messages = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = std::sync::Arc::clone(&messages);
+    kcache::log::set_hook(move |level, message| {
+        if level == kcache::log::Level::Warn {
+            sink.lock().unwrap().push(message.to_owned());
+        }
+    });
+    let fake = FakeDriver::unversioned();
+    let build = fake.driver().build().to_owned();
+    kcache::log::reset_hook();
+    let size = std::fs::metadata(fake.path()).unwrap().len();
+    assert_eq!(build, format!("libcuda.so.1 ({size} bytes)"));
+    let messages = messages.lock().unwrap();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("names no build") && m.contains("libcuda.so.1")),
+        "{messages:?}"
+    );
+    assert_eq!(FakeDriver::new().driver().build(), "libcuda.so.0.0.0");
+}

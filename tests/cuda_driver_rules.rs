@@ -19,6 +19,7 @@ const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
 const CUDA_ERROR_NO_BINARY_FOR_GPU: i32 = 209;
 const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: i32 = 222;
 const CUDA_ERROR_ILLEGAL_ADDRESS: i32 = 700;
+const CUDA_ERROR_CONTEXT_IS_DESTROYED: i32 = 709;
 
 fn ctx(raw: CUcontext) -> Option<Context> {
     // SAFETY: the fake driver created `raw`; no test here destroys a context.
@@ -112,7 +113,7 @@ fn nvrtc_cache(fake: &FakeDriver, nvrtc: &FakeNvrtc) -> CudaCache {
 /// PTX from an NVRTC newer than the driver names a PTX ISA the driver's JIT does not know
 /// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). For a device NVRTC knows, kcache has NVRTC make the
 /// cubin itself (`-arch=sm_XY`, `nvrtcGetCUBIN`): no driver JIT, so CUDA 13's NVRTC works on a
-/// 12.4 driver. JIT options need the driver's JIT, and fail there as the driver says.
+/// 12.4 driver. JIT options need the driver's JIT, and fail with the code the driver would give.
 #[test]
 fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
     let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
@@ -131,7 +132,7 @@ fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
         Err(Error::Build(e)) => assert_eq!(e.code, CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "{e}"),
         other => panic!("expected the driver's PTX version error, got {other:?}"),
     }
-    assert_eq!(nvrtc.last_arch(), "compute_80");
+    assert_eq!(nvrtc.compiles(), 1, "refused before compiling");
 }
 
 /// On a device newer than NVRTC knows (Blackwell with NVRTC 12.6, here device 1's 9.0 with an
@@ -297,16 +298,153 @@ fn a_primary_context_is_evicted_before_its_last_release() {
     let bound = PrimaryContext::bind(&driver, 0).unwrap();
     match lookup(&cache) {
         Err(Error::Backend(message)) => {
-            assert!(message.contains("cuModuleGetFunction"), "{message}")
+            assert!(message.contains("cuModuleGetFunction"), "{message}");
+            assert!(message.contains("CUresult 709"), "{message}");
         }
         other => panic!("expected the stale module to fail, got {other:?}"),
     }
     assert_eq!(fake.counter("link_create"), 2, "a stale hit, not a build");
-    // And its unload fails (on a real driver: undefined behaviour).
+    // And its unload fails: CUDA_ERROR_CONTEXT_IS_DESTROYED (on a real driver, possibly
+    // undefined behaviour), counted as a destroy error.
     match cache.evict_device(0) {
-        Err(Error::Destroy(e)) => assert_eq!(e.code, 400, "CUDA_ERROR_INVALID_HANDLE: {e}"),
+        Err(Error::Destroy(e)) => assert_eq!(e.code, CUDA_ERROR_CONTEXT_IS_DESTROYED, "{e}"),
         other => panic!("expected the stale unload to fail, got {other:?}"),
     }
+    assert_eq!(cache.stats().memory.destroy_errors, 1);
     assert_eq!(fake.counter("unload_invalid"), 1);
     bound.release().unwrap();
+}
+
+/// `cuModuleGetFunction` needs a current context. A lease's kernel lookup from a thread with
+/// none makes the module's context current for the call and leaves the thread as it was.
+#[test]
+fn a_kernel_is_found_from_a_thread_without_a_current_context() {
+    let fake = FakeDriver::new();
+    let c0 = ctx(fake.create_context(0));
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            assert!(fake.current().is_null());
+            let lease = cache
+                .find_or_build_ptx(c0, SAXPY_PTX.as_bytes(), &[])
+                .unwrap();
+            assert!(!lease.function("saxpy").unwrap().is_null());
+            assert!(fake.current().is_null(), "the binding is restored");
+        });
+    });
+    assert_eq!(fake.counter("get_function"), 1);
+    // Every push popped; the one extra pop is the test's own, unbinding the new context.
+    assert!(fake.counter("ctx_push") >= 1);
+    assert_eq!(fake.counter("ctx_push") + 1, fake.counter("ctx_pop"));
+}
+
+/// `CU_JIT_TARGET` takes a `CUjit_target`: `CU_TARGET_COMPUTE_90A` is
+/// `CU_COMPUTE_ACCELERATED_TARGET_BASE` (0x10000) + 90, code for a 9.0 device, not a capability
+/// of its own; a value outside the enumeration is `CUDA_ERROR_INVALID_VALUE`.
+#[test]
+fn jit_target_values_are_cujit_targets() {
+    const CU_TARGET_COMPUTE_90A: u32 = 0x10000 + 90;
+    const CUDA_ERROR_INVALID_VALUE: i32 = 1;
+    let fake = FakeDriver::new();
+    let (c0, c1) = (fake.create_context(0), fake.create_context(1));
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let target = [JitOption::Target(CU_TARGET_COMPUTE_90A)];
+    let lease = cache
+        .find_or_build_ptx(ctx(c1), SAXPY_PTX.as_bytes(), &target)
+        .unwrap();
+    assert!(!lease.function("saxpy").unwrap().is_null());
+    // The same code on the 8.0 device: linked, then refused by the loader.
+    match cache.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &target) {
+        Err(Error::Build(e)) => assert_eq!(e.code, CUDA_ERROR_NO_BINARY_FOR_GPU, "{e}"),
+        other => panic!("expected the loader's refusal, got {other:?}"),
+    }
+    match cache.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[JitOption::Target(81)]) {
+        Err(Error::Build(e)) => assert_eq!(e.code, CUDA_ERROR_INVALID_VALUE, "{e}"),
+        other => panic!("expected cuLinkCreate to refuse 81, got {other:?}"),
+    }
+}
+
+/// The driver reads PTX as a C string whose NUL lies within the size given to `cuLinkAddData`,
+/// and takes per-input options only where `cuda.h` lists them for the input type. kcache passes
+/// the PTX with a NUL (whether or not the caller's text ends in one) and its options to
+/// `cuLinkCreate` only: every option kcache accepts links.
+#[test]
+fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let mut with_nul = SAXPY_PTX.as_bytes().to_vec();
+    with_nul.push(0);
+    let options = [
+        JitOption::MaxRegisters(32),
+        JitOption::OptimizationLevel(3),
+        JitOption::Target(80),
+        JitOption::GenerateDebugInfo(true),
+        JitOption::LogVerbose(true),
+        JitOption::GenerateLineInfo(true),
+        JitOption::CacheMode(1),
+    ];
+    for ptx in [SAXPY_PTX.as_bytes(), &with_nul] {
+        for options in [&[][..], &options[..]] {
+            let lease = cache.find_or_build_ptx(ctx(c0), ptx, options).unwrap();
+            assert!(!lease.function("saxpy").unwrap().is_null());
+        }
+    }
+    assert_eq!(fake.counter("link_complete"), 4);
+    assert_eq!(fake.counter("link_failed"), 0);
+}
+
+/// The driver writes the OUT value of an IN/OUT option (how much of a log buffer it filled)
+/// back into the caller's option value array. kcache gives every link arrays of its own, so a
+/// short log of one link never shrinks the buffer of the next: each verbose log arrives whole.
+#[test]
+fn option_values_written_back_by_one_link_do_not_reach_the_next() {
+    let messages = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&messages);
+    kcache::log::set_level(kcache::log::Level::Info);
+    kcache::log::set_hook(move |_, message| sink.lock().unwrap().push(message.to_owned()));
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let long_name = SAXPY_PTX.replace("saxpy", "saxpy_with_a_much_longer_kernel_name");
+    for ptx in [SAXPY_PTX, &long_name] {
+        cache
+            .find_or_build_ptx(ctx(c0), ptx.as_bytes(), &[JitOption::LogVerbose(true)])
+            .unwrap();
+    }
+    kcache::log::reset_hook();
+    let messages = messages.lock().unwrap();
+    for name in ["saxpy", "saxpy_with_a_much_longer_kernel_name"] {
+        let whole = format!("Compiling entry function '{name}' for 'sm_80'");
+        let logs: Vec<_> = messages
+            .iter()
+            .filter(|m| m.contains(&whole) && m.contains("Used 8 registers"))
+            .collect();
+        assert_eq!(logs.len(), 1, "{name}: {messages:?}");
+    }
+}
+
+/// With lazy loading (the Linux default since CUDA 12.2) the driver loads a module's kernels
+/// on first use, so a failure of the moment (out of memory) comes from `cuModuleGetFunction`,
+/// not from the load. The lease reports it, and the next lookup of the kernel tries again: the
+/// failure is neither cached nor a reason to rebuild.
+#[test]
+fn under_lazy_loading_a_load_failure_surfaces_at_the_kernel_lookup() {
+    let (fake, _dir, c0, warm) = next_load_fails(CUDA_ERROR_OUT_OF_MEMORY);
+    fake.lazy_loading(true);
+    let lease = warm
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    assert_eq!((warm.stats().cubin_loads, warm.stats().links), (1, 0));
+    match lease.function("saxpy") {
+        Err(Error::Backend(message)) => assert!(message.contains("CUresult 2"), "{message}"),
+        other => panic!("expected the deferred out-of-memory, got {other:?}"),
+    }
+    assert!(!lease.function("saxpy").unwrap().is_null());
+    let again = warm
+        .find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[])
+        .unwrap();
+    assert_eq!(again.raw(), lease.raw());
+    assert_eq!(fake.counter("link_create"), 1, "never relinked");
+    assert_eq!(warm.stats().memory.hits, 1);
 }

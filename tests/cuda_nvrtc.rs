@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kcache::Error;
-use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, Nvrtc};
+use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption, Nvrtc};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache_testkit::assert_err;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
@@ -150,4 +150,116 @@ fn no_nvrtc_is_unavailable() {
     // The driver library is no NVRTC.
     let driver = FakeDriver::new();
     assert_unavailable(Nvrtc::load_from(driver.path()), "lacks nvrtcVersion");
+}
+
+/// JIT options are applied by the driver's linker to PTX only ("Compiler options will be applied
+/// to inputs to this linker action which must be compiled from PTX"): an NVRTC cubin for a real
+/// architecture (`-arch=sm_XY`) is loaded without a link, so JIT options given with it would be
+/// dropped while still keying the module. The combination is refused before any compile.
+#[test]
+fn jit_options_with_a_real_architecture_are_refused() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let jit = [JitOption::MaxRegisters(32)];
+    for options in [&["-arch=sm_80"][..], &["--gpu-architecture", "sm_80"][..]] {
+        match cache.find_or_build_source(ctx(c0), SOURCE, options, &jit) {
+            Err(Error::InvalidArgument(message)) => {
+                assert!(message.contains("sm_80"), "{message}")
+            }
+            other => panic!("{options:?}: expected an invalid argument, got {other:?}"),
+        }
+    }
+    assert_eq!(nvrtc.compiles(), 0);
+    assert_eq!(driver.counter("link_create"), 0);
+    // A virtual architecture is linked, so it takes JIT options.
+    cache
+        .find_or_build_source(ctx(c0), SOURCE, &["-arch=compute_80"], &jit)
+        .unwrap();
+    assert_eq!(driver.counter("last_max_registers"), 32);
+}
+
+/// `-dlto` makes NVRTC generate LTO IR and no cubin: `nvrtcGetCUBINSize` sets 0. An empty image
+/// is never handed to `cuModuleLoadDataEx`, which takes no size and would read a header from
+/// the empty buffer's dangling pointer: the lookup fails as a build error.
+#[test]
+fn an_empty_nvrtc_cubin_is_a_build_error_not_a_load() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    match cache.find_or_build_source(ctx(c0), SOURCE, &["-arch=sm_80", "-dlto"], &[]) {
+        Err(Error::Build(e)) => assert!(e.message.contains("no cubin"), "{e}"),
+        other => panic!("expected a build error, got {other:?}"),
+    }
+    assert_eq!(nvrtc.compiles(), 1);
+    assert_eq!(
+        driver.counter("module_load") + driver.counter("module_load_failed"),
+        0
+    );
+    assert_eq!(cache.stats().nvrtc_failures, 1);
+}
+
+/// NVRTC takes an option and its value as one string or as two (`"--gpu-architecture"
+/// "compute_80"`): the two-string form names the architecture too, so kcache adds none of its
+/// own and links the PTX for `compute_80` instead of loading a cubin for the device.
+#[test]
+fn an_architecture_given_as_two_strings_is_the_callers() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let lease = cache
+        .find_or_build_source(ctx(c0), SOURCE, &["--gpu-architecture", "compute_80"], &[])
+        .unwrap();
+    assert!(!lease.function("scale").unwrap().is_null());
+    assert_eq!(nvrtc.last_arch(), "compute_80");
+    assert_eq!(cache.stats().links, 1, "PTX, linked");
+}
+
+/// NVRTC makes the cubins of CUDA C++ itself, so its build is part of the disk key: a patch
+/// release (same `nvrtcVersion`, another `libnvrtc.so.12.4.<patch>`) compiles anew instead of
+/// reusing the older compiler's cubins; the same build hits.
+#[test]
+fn the_disk_key_holds_the_nvrtc_build() {
+    let driver = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = driver.create_context(0);
+    let lookup = |nvrtc: &FakeNvrtc| {
+        let cache = cache(&driver, nvrtc.nvrtc(), Some(dir.path()));
+        cache
+            .find_or_build_source(ctx(c0), SOURCE, &[], &[])
+            .unwrap();
+        cache.flush();
+        let stats = cache.stats();
+        (stats.nvrtc_compiles, stats.cubin_loads)
+    };
+    let old = FakeNvrtc::with_build("12.4.127");
+    assert_eq!(old.nvrtc().build(), "libnvrtc.so.12.4.127");
+    assert_eq!(lookup(&old), (1, 0));
+    assert_eq!(lookup(&FakeNvrtc::with_build("12.4.127")), (0, 1));
+    let patched = FakeNvrtc::with_build("12.4.131");
+    assert_eq!(patched.nvrtc().version(), old.nvrtc().version());
+    assert_eq!(lookup(&patched), (1, 0));
+}
+
+/// An NVRTC newer than the driver makes PTX the driver's JIT refuses: when the PTX path is
+/// needed (JIT options here), the lookup fails before compiling, with the driver's code for it
+/// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`) and what to do instead.
+#[test]
+fn ptx_from_an_nvrtc_newer_than_the_driver_is_refused_before_compiling() {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    nvrtc.set_version(13, 0);
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let jit = [JitOption::MaxRegisters(32)];
+    for options in [&[][..], &["-arch=compute_80"][..]] {
+        match cache.find_or_build_source(ctx(c0), SOURCE, options, &jit) {
+            Err(Error::Build(e)) => {
+                assert_eq!(e.code, 222, "{e}");
+                assert!(e.message.contains("--maxrregcount"), "{e}");
+            }
+            other => panic!("{options:?}: expected a refusal, got {other:?}"),
+        }
+    }
+    assert_eq!(nvrtc.compiles(), 0, "nothing compiled");
+    assert_eq!(driver.counter("link_create"), 0);
 }

@@ -355,6 +355,27 @@ fn cuda_source_through_nvrtc() {
             "{}",
             last_error()
         );
+
+        // JIT options only apply to PTX: with NVRTC's own cubin (a real architecture) they
+        // would be dropped, so the combination is refused before compiling.
+        let real = [c"-arch".as_ptr(), c"sm_90".as_ptr()];
+        let jit = [kc_cuda_jit_option {
+            option: 0, // CU_JIT_MAX_REGISTERS
+            value: 32,
+        }];
+        let status = kc_cuda_cache_find_or_build_source(
+            cache.0,
+            ctx,
+            source.as_ptr(),
+            0,
+            real.as_ptr(),
+            2,
+            jit.as_ptr(),
+            1,
+            &mut lease,
+        );
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+        assert!(last_error().contains("sm_90"), "{}", last_error());
     }
     assert_eq!(nvrtc.compiles(), 2);
     assert_eq!(

@@ -13,7 +13,21 @@
  *   - cuModuleLoadDataEx accepts such a cubin only for a device of the same compute capability,
  *     and (for kcache's rejection path) refuses the next N cubins when told to;
  *   - cuModuleUnload fails with CUDA_ERROR_INVALID_CONTEXT unless the module's own context is
- *     current, and with CUDA_ERROR_INVALID_HANDLE on a module already unloaded.
+ *     current, and with CUDA_ERROR_INVALID_HANDLE on a module already unloaded;
+ *     cuModuleGetFunction needs a current context too;
+ *   - a module whose context was destroyed (a primary context's last release included) is
+ *     CUDA_ERROR_CONTEXT_IS_DESTROYED (709), and so is pushing a released primary context;
+ *   - CU_JIT_TARGET takes CUjit_target values (cuda.h 12.4: CU_TARGET_COMPUTE_30 ... _90 and
+ *     CU_TARGET_COMPUTE_90A = CU_COMPUTE_ACCELERATED_TARGET_BASE + 90), anything else is
+ *     CUDA_ERROR_INVALID_VALUE;
+ *   - cuLinkAddData refuses PTX without its terminating NUL within `size`, and per-input options
+ *     that cuda.h does not list as PTX compiler options;
+ *   - the IN/OUT options (CU_JIT_THREADS_PER_BLOCK, the log sizes) get their OUT value written
+ *     back into the caller's option value array when the link completes or fails, as the
+ *     driver does: that array must live until cuLinkDestroy;
+ *   - with lazy loading (CUDA_MODULE_LOADING=LAZY at cuInit, or fakecuda_lazy_loading(1)), the
+ *     failures fakecuda_fail_next_loads injects are deferred from cuModuleLoadDataEx to the
+ *     module's first cuModuleGetFunction, as the driver defers loading the kernel.
  *
  * Every call is counted; tests read the counters through fakecuda_counter("name"). Controls:
  * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_fail_next_loads(n,
@@ -27,7 +41,8 @@
  * For the cuda_check example it also has host-memory "device" buffers and a CPU run of the
  * repository's saxpy kernel (see the end of this file).
  *
- * Handles are never freed, so a stale handle is detected instead of being a use-after-free.
+ * Handles other than events are never freed, so a stale handle is detected instead of being a
+ * use-after-free.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -37,6 +52,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -55,6 +71,7 @@ enum {
     CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
 };
 
 #define EXPORT __attribute__((visibility("default")))
@@ -91,6 +108,7 @@ struct fake_module {
     unsigned magic;
     struct fake_ctx *ctx;
     unsigned generation; /* the context's when loaded */
+    CUresult deferred;   /* lazy loading: a load failure the first cuModuleGetFunction reports */
     int nentries;
     struct fake_function functions[MAX_ENTRIES];
 };
@@ -104,6 +122,10 @@ struct fake_link {
     char *info_log;
     size_t info_log_size;
     int verbose;
+    /* The caller's option value array and where the OUT values go in it (-1: not given). */
+    void **values;
+    int threads_index, info_size_index, error_size_index;
+    unsigned threads;
     uint64_t hash;
     int added;
     int nentries;
@@ -133,6 +155,7 @@ static int initialized;
 static int reject_loads;
 static int reject_code = CUDA_ERROR_INVALID_IMAGE;
 static int hold_links;
+static int lazy_loading;
 
 static void bump(enum counter c) { __atomic_add_fetch(&counters[c], 1, __ATOMIC_SEQ_CST); }
 
@@ -157,6 +180,9 @@ EXPORT void fakecuda_fail_next_loads(int n, int code) {
  * it cannot use. */
 EXPORT void fakecuda_reject_next_loads(int n) { fakecuda_fail_next_loads(n, CUDA_ERROR_INVALID_IMAGE); }
 
+/* While on, loads defer the failures injected above to the module's first cuModuleGetFunction. */
+EXPORT void fakecuda_lazy_loading(int on) { __atomic_store_n(&lazy_loading, on, __ATOMIC_SEQ_CST); }
+
 /* While on, cuLinkComplete waits (counted in "link_waiting") until it is turned off. */
 EXPORT void fakecuda_hold_links(int on) { __atomic_store_n(&hold_links, on, __ATOMIC_SEQ_CST); }
 
@@ -169,6 +195,18 @@ static __thread int ctx_depth;
 static struct fake_ctx *current(void) { return ctx_depth > 0 ? ctx_stack[ctx_depth - 1] : NULL; }
 
 static int live_ctx(const struct fake_ctx *c) { return c != NULL && c->magic == CTX_MAGIC; }
+
+/* Primary contexts: not live until retained. */
+static struct fake_ctx primary[NUM_DEVICES] = {{0, 0, 0, 0}, {0, 1, 0, 0}};
+
+/* Why `c` cannot be made current: a primary context released for good is destroyed (709), any
+ * other dead or unknown context invalid. */
+static CUresult unusable_ctx(const struct fake_ctx *c) {
+    for (int d = 0; d < NUM_DEVICES; d++)
+        if (c == &primary[d] && primary[d].retained == 0)
+            return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    return CUDA_ERROR_INVALID_CONTEXT;
+}
 
 #define REQUIRE_INIT()                                                                             \
     do {                                                                                           \
@@ -220,8 +258,11 @@ EXPORT CUresult cuInit(unsigned int flags) {
     if (forced != CUDA_SUCCESS)
         return forced;
     bump(C_INIT);
-    if (!__atomic_exchange_n(&initialized, 1, __ATOMIC_SEQ_CST))
+    if (!__atomic_exchange_n(&initialized, 1, __ATOMIC_SEQ_CST)) {
         fakecuda_reject_next_loads(env_int("FAKECUDA_REJECT_LOADS", 0));
+        const char *loading = getenv("CUDA_MODULE_LOADING");
+        fakecuda_lazy_loading(loading && strcmp(loading, "LAZY") == 0);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -274,6 +315,7 @@ EXPORT CUresult cuGetErrorString(CUresult error, const char **text) {
     case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *text = "the provided PTX was compiled with an unsupported toolchain."; break;
     case CUDA_ERROR_INVALID_HANDLE: *text = "invalid resource handle"; break;
     case CUDA_ERROR_NOT_FOUND: *text = "named symbol not found"; break;
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED: *text = "context is destroyed"; break;
     default: *text = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
@@ -326,7 +368,7 @@ EXPORT CUresult cuCtxSetCurrent(struct fake_ctx *c) {
         return CUDA_SUCCESS;
     }
     if (!live_ctx(c))
-        return CUDA_ERROR_INVALID_CONTEXT;
+        return unusable_ctx(c);
     if (ctx_depth == 0)
         ctx_depth = 1;
     ctx_stack[ctx_depth - 1] = c;
@@ -336,7 +378,7 @@ EXPORT CUresult cuCtxSetCurrent(struct fake_ctx *c) {
 EXPORT CUresult cuCtxPushCurrent_v2(struct fake_ctx *c) {
     REQUIRE_INIT();
     if (!live_ctx(c))
-        return CUDA_ERROR_INVALID_CONTEXT;
+        return unusable_ctx(c);
     if (ctx_depth == STACK_DEPTH)
         return CUDA_ERROR_INVALID_VALUE;
     ctx_stack[ctx_depth++] = c;
@@ -376,6 +418,37 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
     return h;
 }
 
+/* The capability a CUjit_target value names (cuda.h 12.4), -1 for any other value. The
+ * accelerated targets are CU_COMPUTE_ACCELERATED_TARGET_BASE (0x10000) plus the capability:
+ * 90A compiles for a 9.0 device, it is not the capability 65626. */
+static int jit_target(unsigned v) {
+    static const unsigned TARGETS[] = {30, 32, 35, 37, 50, 52, 53, 60, 61, 62,
+                                       70, 72, 75, 80, 86, 87, 89, 90, 0x10000 + 90};
+    for (size_t i = 0; i < sizeof TARGETS / sizeof TARGETS[0]; i++)
+        if (TARGETS[i] == v)
+            return (int)(v & 0xffff);
+    return -1;
+}
+
+/* Writes the OUT values of the IN/OUT options back into the caller's option value array, as
+ * the driver does once it has compiled (or failed to): the bytes of each log filled, NUL
+ * included, and the threads per block targeted. */
+static size_t filled(const char *log, size_t size) {
+    if (!log || size == 0)
+        return 0;
+    size_t n = strnlen(log, size);
+    return n < size ? n + 1 : size;
+}
+
+static void write_back(struct fake_link *l) {
+    if (l->info_size_index >= 0)
+        l->values[l->info_size_index] = (void *)(uintptr_t)filled(l->info_log, l->info_log_size);
+    if (l->error_size_index >= 0)
+        l->values[l->error_size_index] = (void *)(uintptr_t)filled(l->error_log, l->error_log_size);
+    if (l->threads_index >= 0)
+        l->values[l->threads_index] = (void *)(uintptr_t)l->threads;
+}
+
 static void log_error(struct fake_link *l, const char *message) {
     if (l->error_log && l->error_log_size > 0)
         snprintf(l->error_log, l->error_log_size, "%s", message);
@@ -394,6 +467,8 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
     l->ctx = c;
     l->target = capability(c->device);
     l->hash = 0xcbf29ce484222325ull;
+    l->values = values;
+    l->threads_index = l->info_size_index = l->error_size_index = -1;
     int threads_per_block = 0, target = 0;
     for (unsigned i = 0; i < n; i++) {
         uintptr_t v = (uintptr_t)values[i];
@@ -401,12 +476,23 @@ EXPORT CUresult cuLinkCreate_v2(unsigned int n, const unsigned int *options, voi
         case 0: /* CU_JIT_MAX_REGISTERS */
             __atomic_store_n(&counters[C_LAST_MAX_REGISTERS], (unsigned long long)v, __ATOMIC_SEQ_CST);
             break;
-        case 1: threads_per_block = 1; break; /* CU_JIT_THREADS_PER_BLOCK */
+        case 1: /* CU_JIT_THREADS_PER_BLOCK: IN, and OUT the number the compiler targeted */
+            threads_per_block = 1;
+            l->threads = (unsigned)v;
+            l->threads_index = (int)i;
+            break;
         case 3: l->info_log = (char *)values[i]; break;
-        case 4: l->info_log_size = (size_t)v; break;
+        case 4: l->info_log_size = (size_t)v; l->info_size_index = (int)i; break;
         case 5: l->error_log = (char *)values[i]; break;
-        case 6: l->error_log_size = (size_t)v; break;
-        case 9: l->target = (int)v; target = 1; break; /* CU_JIT_TARGET */
+        case 6: l->error_log_size = (size_t)v; l->error_size_index = (int)i; break;
+        case 9: /* CU_JIT_TARGET: a CUjit_target */
+            l->target = jit_target((unsigned)v);
+            if (l->target < 0) {
+                free(l);
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            target = 1;
+            break;
         case 10: /* CU_JIT_FALLBACK_STRATEGY: "cannot be used with cuLink* APIs" */
             free(l);
             return CUDA_ERROR_INVALID_VALUE;
@@ -500,34 +586,50 @@ static CUresult ptx_refusal(const char *ptx, size_t n, int target, const char **
     return CUDA_SUCCESS;
 }
 
+/* Whether cuda.h lists `option` among the PTX compiler options, which are all a PTX input of
+ * cuLinkAddData may take for itself: those that apply to the compiler ("compiler only",
+ * "compiler and linker"), not CU_JIT_FALLBACK_STRATEGY (never with cuLink*), the dynamic
+ * linker's (17-19, 25, 26) or link-time optimisation's (21-24, 27-29), nor unknown ones. */
+static int ptx_input_option(unsigned option) {
+    return option <= 16 ? option != 10 : option == 20 || (option >= 30 && option <= 33);
+}
+
+/* A failed cuLinkAddData: the log says why, the OUT values are written back. */
+static CUresult add_failed(struct fake_link *l, const char *why, CUresult result) {
+    log_error(l, why);
+    write_back(l);
+    bump(C_LINK_FAILED);
+    return result;
+}
+
 EXPORT CUresult cuLinkAddData_v2(struct fake_link *l, unsigned int type, void *data, size_t size,
                                  const char *name, unsigned int n, unsigned int *options, void **values) {
-    (void)name, (void)n, (void)options, (void)values;
+    (void)name;
     REQUIRE_INIT();
-    if (!l || l->magic != LNK_MAGIC || !data || size == 0)
+    if (!l || l->magic != LNK_MAGIC || !data || size == 0 || (n > 0 && (!options || !values)))
         return CUDA_ERROR_INVALID_VALUE;
     bump(C_LINK_ADD_DATA);
     if (type != 1) /* CU_JIT_INPUT_PTX: the only input kcache links */
         return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++)
+        if (!ptx_input_option(options[i]))
+            return add_failed(l, "cuLinkAddData: option not applicable to a PTX input",
+                              CUDA_ERROR_INVALID_VALUE);
     const char *ptx = data;
-    size_t len = strnlen(ptx, size);
-    if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target")) {
-        log_error(l, "ptxas fatal   : input is not PTX (missing .version or .target)");
-        bump(C_LINK_FAILED);
-        return CUDA_ERROR_INVALID_PTX;
-    }
+    /* PTX is a C string: its NUL must lie within `size`. */
+    if (!memchr(ptx, 0, size))
+        return add_failed(l, "ptxas fatal   : PTX input is not NUL-terminated", CUDA_ERROR_INVALID_PTX);
+    size_t len = strlen(ptx);
+    if (!contains(ptx, len, ".version") || !contains(ptx, len, ".target"))
+        return add_failed(l, "ptxas fatal   : input is not PTX (missing .version or .target)",
+                          CUDA_ERROR_INVALID_PTX);
     const char *why = NULL;
     CUresult refused = ptx_refusal(ptx, len, l->target, &why);
-    if (refused != CUDA_SUCCESS) {
-        log_error(l, why);
-        bump(C_LINK_FAILED);
-        return refused;
-    }
-    if (!parse_entries(l, ptx, len)) {
-        log_error(l, "ptxas fatal   : malformed or too many .entry directives");
-        bump(C_LINK_FAILED);
-        return CUDA_ERROR_INVALID_PTX;
-    }
+    if (refused != CUDA_SUCCESS)
+        return add_failed(l, why, refused);
+    if (!parse_entries(l, ptx, len))
+        return add_failed(l, "ptxas fatal   : malformed or too many .entry directives",
+                          CUDA_ERROR_INVALID_PTX);
     l->hash = fnv1a(l->hash, (const unsigned char *)ptx, len);
     l->added = 1;
     return CUDA_SUCCESS;
@@ -548,11 +650,8 @@ EXPORT CUresult cuLinkComplete(struct fake_link *l, void **cubin, size_t *size) 
     REQUIRE_INIT();
     if (!l || l->magic != LNK_MAGIC || !cubin || !size)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!l->added) {
-        log_error(l, "nvlink error   : no input");
-        bump(C_LINK_FAILED);
-        return CUDA_ERROR_INVALID_VALUE;
-    }
+    if (!l->added)
+        return add_failed(l, "nvlink error   : no input", CUDA_ERROR_INVALID_VALUE);
     if (__atomic_load_n(&hold_links, __ATOMIC_SEQ_CST)) {
         bump(C_LINK_WAITING);
         while (__atomic_load_n(&hold_links, __ATOMIC_SEQ_CST))
@@ -579,6 +678,7 @@ EXPORT CUresult cuLinkComplete(struct fake_link *l, void **cubin, size_t *size) 
         snprintf(l->info_log, l->info_log_size,
                  "ptxas info    : Compiling entry function '%s' for 'sm_%d'\n"
                  "ptxas info    : Used 8 registers", l->entries[0], l->target);
+    write_back(l);
     bump(C_LINK_COMPLETE);
     return CUDA_SUCCESS;
 }
@@ -605,6 +705,20 @@ static CUresult load_failed(CUresult result) {
 /* A module not unloaded whose context is live and has not been destroyed since the load. */
 static int live_module(const struct fake_module *m) {
     return m && m->magic == MOD_MAGIC && live_ctx(m->ctx) && m->generation == m->ctx->generation;
+}
+
+/* Why `m` cannot be used: its context was destroyed since the load (709), or it is no module
+ * or one already unloaded. */
+static CUresult dead_module(const struct fake_module *m) {
+    if (m && m->magic == MOD_MAGIC)
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* The results that condemn the image itself, which even lazy loading reports at load time. */
+static int refuses_image(CUresult r) {
+    return r == CUDA_ERROR_INVALID_IMAGE || r == CUDA_ERROR_NO_BINARY_FOR_GPU ||
+           r == CUDA_ERROR_INVALID_PTX || r == CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
 }
 
 /* A live module of context `c` with `nentries` kernels, named by NUL-padded MAX_NAME-byte slots
@@ -653,12 +767,16 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
             return load_failed(refused);
         return new_module(out, c, jit.nentries, (const char *)jit.entries, C_MODULE_LOAD_PTX);
     }
+    CUresult deferred = CUDA_SUCCESS;
     int pending = __atomic_load_n(&reject_loads, __ATOMIC_SEQ_CST);
     while (pending > 0) {
         if (__atomic_compare_exchange_n(&reject_loads, &pending, pending - 1, 0, __ATOMIC_SEQ_CST,
                                         __ATOMIC_SEQ_CST)) {
             bump(C_MODULE_LOAD_REJECTED);
-            return __atomic_load_n(&reject_code, __ATOMIC_SEQ_CST);
+            CUresult code = __atomic_load_n(&reject_code, __ATOMIC_SEQ_CST);
+            if (!__atomic_load_n(&lazy_loading, __ATOMIC_SEQ_CST) || refuses_image(code))
+                return code;
+            deferred = code;
         }
     }
     uint32_t total = get32(b + 8), target = get32(b + 12), nentries = get32(b + 24);
@@ -666,14 +784,17 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
         return load_failed(CUDA_ERROR_INVALID_IMAGE);
     if ((int)target != capability(c->device))
         return load_failed(CUDA_ERROR_NO_BINARY_FOR_GPU);
-    return new_module(out, c, (int)nentries, (const char *)b + CUBIN_HEADER, C_MODULE_LOAD);
+    CUresult loaded = new_module(out, c, (int)nentries, (const char *)b + CUBIN_HEADER, C_MODULE_LOAD);
+    if (loaded == CUDA_SUCCESS)
+        (*out)->deferred = deferred;
+    return loaded;
 }
 
 EXPORT CUresult cuModuleUnload(struct fake_module *m) {
     REQUIRE_INIT();
     if (!live_module(m)) {
         bump(C_UNLOAD_INVALID);
-        return CUDA_ERROR_INVALID_HANDLE;
+        return dead_module(m);
     }
     if (current() != m->ctx) {
         bump(C_UNLOAD_WRONG_CONTEXT);
@@ -689,9 +810,16 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
     REQUIRE_INIT();
     if (!out || !name)
         return CUDA_ERROR_INVALID_VALUE;
+    if (!live_ctx(current()))
+        return CUDA_ERROR_INVALID_CONTEXT;
     if (!live_module(m))
-        return CUDA_ERROR_INVALID_HANDLE;
+        return dead_module(m);
     bump(C_GET_FUNCTION);
+    /* Lazy loading loads the kernel now; a failure of the moment is reported once, and the
+     * next call tries again. */
+    CUresult deferred = __atomic_exchange_n(&m->deferred, CUDA_SUCCESS, __ATOMIC_SEQ_CST);
+    if (deferred != CUDA_SUCCESS)
+        return deferred;
     for (int i = 0; i < m->nentries; i++)
         if (strcmp(m->functions[i].name, name) == 0) {
             *out = &m->functions[i];
@@ -707,8 +835,6 @@ EXPORT CUresult cuModuleGetFunction(struct fake_function **out, struct fake_modu
 
 typedef unsigned long long CUdeviceptr;
 
-/* Not live until retained. */
-static struct fake_ctx primary[NUM_DEVICES] = {{0, 0, 0, 0}, {0, 1, 0, 0}};
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(struct fake_ctx **out, CUdevice device) {
     REQUIRE_DEVICE_CALL(out != NULL, device);
@@ -790,6 +916,64 @@ EXPORT CUresult cuLaunchKernel(struct fake_function *f, unsigned gx, unsigned gy
     unsigned long long threads = (unsigned long long)gx * bx;
     for (unsigned long long i = 0; i < threads && i < n; i++)
         y[i] = fmaf(a, x[i], y[i]);
+    return CUDA_SUCCESS;
+}
+
+/* Events, for timing kernels: launches run to completion on the CPU, so an event records the
+ * time at which it is recorded. */
+#define EVT_MAGIC 0x45565421u
+struct fake_event {
+    unsigned magic;
+    int recorded;
+    struct timespec at;
+};
+
+EXPORT CUresult cuEventCreate(struct fake_event **out, unsigned int flags) {
+    (void)flags;
+    REQUIRE_INIT();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!live_ctx(current()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    struct fake_event *e;
+    NEW_HANDLE(e, EVT_MAGIC);
+    *out = e;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(struct fake_event *e, void *stream) {
+    REQUIRE_INIT();
+    if (!e || e->magic != EVT_MAGIC || stream != NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    clock_gettime(CLOCK_MONOTONIC, &e->at);
+    e->recorded = 1;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventSynchronize(struct fake_event *e) {
+    REQUIRE_INIT();
+    return e && e->magic == EVT_MAGIC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult cuEventElapsedTime(float *ms, struct fake_event *start, struct fake_event *end) {
+    REQUIRE_INIT();
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!start || start->magic != EVT_MAGIC || !end || end->magic != EVT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!start->recorded || !end->recorded)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ms = (float)((double)(end->at.tv_sec - start->at.tv_sec) * 1e3 +
+                  (double)(end->at.tv_nsec - start->at.tv_nsec) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(struct fake_event *e) {
+    REQUIRE_INIT();
+    if (!e || e->magic != EVT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    e->magic = DEAD_MAGIC;
+    free(e);
     return CUDA_SUCCESS;
 }
 

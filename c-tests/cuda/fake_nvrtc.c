@@ -10,7 +10,11 @@
  *   - the PTX's `.version` is the PTX ISA of NVRTC's CUDA release (approximated as
  *     major - 4 . minor: 12.4 writes 8.4, 13.0 writes 9.0), which an older driver refuses;
  *   - a real architecture (sm_XY) also gives a cubin (nvrtcGetCUBIN), in fake_cuda.c's cubin
- *     layout; a virtual one (compute_XY) gives none (NVRTC_ERROR_INVALID_INPUT);
+ *     layout; a virtual one (compute_XY) gives none, and neither does -dlto (LTO IR only):
+ *     nvrtcGetCUBINSize then sets 0, as nvrtc.h says, and nvrtcGetCUBIN writes nothing;
+ *   - an option and its value may be one string or two: "--gpu-architecture=compute_60" or
+ *     "--gpu-architecture" "compute_60" (also -arch); any other string not starting with '-'
+ *     is NVRTC_ERROR_INVALID_OPTION;
  *   - an architecture outside nvrtcGetSupportedArchs is NVRTC_ERROR_INVALID_OPTION.
  *
  * A source containing `#error` fails with NVRTC_ERROR_COMPILATION and a log.
@@ -199,7 +203,7 @@ EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const ch
         return NVRTC_ERROR_INVALID_INPUT;
     __atomic_add_fetch(&compiles, 1, __ATOMIC_SEQ_CST);
     const char *sm = "52";
-    int real = 0;
+    int real = 0, dlto = 0;
     last_arch[0] = '\0';
     for (int i = 0; i < noptions; i++) {
         const char *o = options[i];
@@ -208,6 +212,12 @@ EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const ch
             value = o + 19;
         else if (strncmp(o, "-arch=", 6) == 0)
             value = o + 6;
+        else if (strcmp(o, "--gpu-architecture") == 0 || strcmp(o, "-arch") == 0) {
+            if (i + 1 == noptions)
+                return NVRTC_ERROR_INVALID_OPTION;
+            value = options[++i];
+        } else if (strcmp(o, "-dlto") == 0 || strcmp(o, "--dlink-time-opt") == 0)
+            dlto = 1;
         else if (o[0] != '-')
             return NVRTC_ERROR_INVALID_OPTION;
         if (value) {
@@ -246,7 +256,7 @@ EXPORT nvrtcResult nvrtcCompileProgram(struct program *p, int noptions, const ch
     p->ptx = ptx;
     free(p->cubin);
     p->cubin = NULL;
-    if (real && !make_cubin(p, atoi(sm)))
+    if (real && !dlto && !make_cubin(p, atoi(sm)))
         return NVRTC_ERROR_OUT_OF_MEMORY;
     return NVRTC_SUCCESS;
 }
@@ -284,15 +294,14 @@ EXPORT nvrtcResult nvrtcGetProgramLog(struct program *p, char *out) {
 EXPORT nvrtcResult nvrtcGetCUBINSize(struct program *p, size_t *size) {
     if (!p || !size)
         return NVRTC_ERROR_INVALID_INPUT;
-    if (!p->cubin)
-        return NVRTC_ERROR_INVALID_INPUT; /* compiled for a virtual architecture */
-    *size = p->cubin_size;
+    *size = p->cubin ? p->cubin_size : 0; /* 0: a virtual architecture, or -dlto */
     return NVRTC_SUCCESS;
 }
 
 EXPORT nvrtcResult nvrtcGetCUBIN(struct program *p, char *out) {
-    if (!p || !out || !p->cubin)
+    if (!p || !out)
         return NVRTC_ERROR_INVALID_INPUT;
-    memcpy(out, p->cubin, p->cubin_size);
+    if (p->cubin)
+        memcpy(out, p->cubin, p->cubin_size);
     return NVRTC_SUCCESS;
 }

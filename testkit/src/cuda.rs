@@ -113,7 +113,14 @@ impl Default for FakeDriver {
 }
 
 impl FakeDriver {
+    /// The stand-in installed as a driver is, `libcuda.so.1` linking to `libcuda.so.<build>`
+    /// (here a build of 0.0.0).
     pub fn new() -> FakeDriver {
+        Self::with_build("0.0.0")
+    }
+
+    /// The stand-in as a regular file named `libcuda.so.1`, which names no build.
+    pub fn unversioned() -> FakeDriver {
         Self::init(PrivateCopy::new(stand_in_driver_path(), "libcuda.so.1"))
     }
 
@@ -163,6 +170,14 @@ impl FakeDriver {
     pub fn fail_next_loads(&self, n: i32, code: i32) {
         // SAFETY: plain value arguments.
         unsafe { self.0.sym::<FnIntInt>("fakecuda_fail_next_loads")(n, code) }
+    }
+
+    /// Lazy loading on or off (off by default; `CUDA_MODULE_LOADING=LAZY` at `cuInit` turns it
+    /// on): failures injected by [`FakeDriver::fail_next_loads`] then come from the module's
+    /// first `cuModuleGetFunction` instead of the load.
+    pub fn lazy_loading(&self, on: bool) {
+        // SAFETY: plain value argument.
+        unsafe { self.0.sym::<FnInt>("fakecuda_lazy_loading")(c_int::from(on)) }
     }
 
     pub fn hold_links(&self, on: bool) {
@@ -222,8 +237,20 @@ impl Default for FakeNvrtc {
 }
 
 impl FakeNvrtc {
+    /// The stand-in installed as NVRTC is, `libnvrtc.so` linking to `libnvrtc.so.<build>`
+    /// (here 12.4.0).
     pub fn new() -> FakeNvrtc {
-        FakeNvrtc(PrivateCopy::new(stand_in_nvrtc_path(), "libnvrtc.so"))
+        Self::with_build("12.4.0")
+    }
+
+    /// The stand-in as the file `libnvrtc.so.<build>`, loaded through the link `libnvrtc.so`.
+    pub fn with_build(build: &str) -> FakeNvrtc {
+        let file_name = format!("libnvrtc.so.{build}");
+        FakeNvrtc(PrivateCopy::linked(
+            stand_in_nvrtc_path(),
+            &file_name,
+            "libnvrtc.so",
+        ))
     }
 
     pub fn path(&self) -> &Path {
@@ -291,6 +318,11 @@ type FnLaunchKernel = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> c_int;
 type FnCtxSynchronize = unsafe extern "C" fn() -> c_int;
+type CUevent = *mut c_void;
+type FnEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> c_int;
+type FnEventRecord = unsafe extern "C" fn(CUevent, *mut c_void) -> c_int;
+type FnEvent = unsafe extern "C" fn(CUevent) -> c_int;
+type FnEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> c_int;
 type FnModuleLoadDataEx = unsafe extern "C" fn(
     *mut CUmodule,
     *const c_void,
@@ -314,6 +346,11 @@ struct Launch<'a> {
     memcpy_dtoh: FnMemcpyDtoH,
     launch_kernel: FnLaunchKernel,
     ctx_synchronize: FnCtxSynchronize,
+    event_create: FnEventCreate,
+    event_record: FnEventRecord,
+    event_synchronize: FnEvent,
+    event_elapsed_time: FnEventElapsedTime,
+    event_destroy: FnEvent,
     module_load_data_ex: FnModuleLoadDataEx,
     module_unload: FnModuleUnload,
     // Holds one more reference to the library the pointers above come from.
@@ -347,6 +384,12 @@ impl Launch<'_> {
                 memcpy_dtoh: symbol(&library, "cuMemcpyDtoH_v2").map_err(lacks)?,
                 launch_kernel: symbol(&library, "cuLaunchKernel").map_err(lacks)?,
                 ctx_synchronize: symbol(&library, "cuCtxSynchronize").map_err(lacks)?,
+                event_create: symbol(&library, "cuEventCreate").map_err(lacks)?,
+                event_record: symbol(&library, "cuEventRecord").map_err(lacks)?,
+                event_synchronize: symbol(&library, "cuEventSynchronize").map_err(lacks)?,
+                event_elapsed_time: symbol(&library, "cuEventElapsedTime").map_err(lacks)?,
+                // cuda.h: #define cuEventDestroy cuEventDestroy_v2
+                event_destroy: symbol(&library, "cuEventDestroy_v2").map_err(lacks)?,
                 module_load_data_ex: symbol(&library, "cuModuleLoadDataEx").map_err(lacks)?,
                 module_unload: symbol(&library, "cuModuleUnload").map_err(lacks)?,
                 _library: library,
@@ -389,6 +432,39 @@ impl Launch<'_> {
         // SAFETY: guaranteed by the caller.
         let status = unsafe { (self.mem_free)(ptr) };
         self.check("cuMemFree", status)
+    }
+
+    /// A new event in the current context (`cuEventCreate`, default flags: timing on).
+    fn event(&self) -> Result<CUevent> {
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: the out-pointer is a live local; flags 0 is CU_EVENT_DEFAULT.
+        let status = unsafe { (self.event_create)(&mut event, 0) };
+        self.check("cuEventCreate", status)?;
+        Ok(event)
+    }
+
+    /// The device's milliseconds between two events recorded on the default stream
+    /// (`cuEventSynchronize` on `end`, then `cuEventElapsedTime`).
+    ///
+    /// # Safety
+    /// `start` and `end` must be live events of the current context, both recorded.
+    unsafe fn elapsed(&self, start: CUevent, end: CUevent) -> Result<f64> {
+        // SAFETY: live, recorded events (the caller's guarantee).
+        let status = unsafe { (self.event_synchronize)(end) };
+        self.check("cuEventSynchronize", status)?;
+        let mut ms = 0f32;
+        // SAFETY: as above; the out-pointer is a live local.
+        let status = unsafe { (self.event_elapsed_time)(&mut ms, start, end) };
+        self.check("cuEventElapsedTime", status)?;
+        Ok(f64::from(ms))
+    }
+
+    /// # Safety
+    /// `event` must come from [`Launch::event`] and be destroyed once.
+    unsafe fn destroy_event(&self, event: CUevent) -> Result<()> {
+        // SAFETY: guaranteed by the caller.
+        let status = unsafe { (self.event_destroy)(event) };
+        self.check("cuEventDestroy", status)
     }
 
     /// `cuModuleLoadDataEx` into the current context, bypassing any cache: a cubin, a fatbin,
@@ -476,6 +552,13 @@ impl Saxpy<'_> {
         } else {
             cache.find_or_build_ptx(None, SAXPY_PTX.as_bytes(), &[])?
         };
+        Self::leased(cache, lease)
+    }
+
+    /// The module of a lease `cache` gave for [`SAXPY_PTX`] or [`SAXPY_CUDA`] (the caller's
+    /// word: the kernel's parameters are taken to be saxpy's). Resolves the launch entry points,
+    /// which takes a `dlopen`: keep it out of timed lookups.
+    pub fn leased(cache: &CudaCache, lease: ModuleLease) -> Result<Saxpy<'_>> {
         Ok(Saxpy {
             launch: Launch::new(cache.driver())?,
             context: lease.context(),
@@ -537,9 +620,9 @@ impl Saxpy<'_> {
     }
 
     /// The kernel's own time, in milliseconds per launch: `rounds` launches over `x` and `y`
-    /// (one warm-up launch before), then one synchronize. Launches queue back to back, so the
-    /// figure is the device's time for the code the module holds, whatever made it; `y`'s
-    /// result is not checked (see [`Saxpy::run`]).
+    /// (one warm-up launch before) between two CUDA events on the default stream, so the
+    /// figure is the device's time for the code the module holds, whatever made it, without
+    /// the host's launch overhead; `y`'s result is not checked (see [`Saxpy::run`]).
     pub fn kernel_time(&self, x: &[f32], y: &[f32], rounds: u32) -> Result<f64> {
         if rounds == 0 {
             return Err(Error::InvalidArgument("no rounds to time".into()));
@@ -577,8 +660,8 @@ impl Saxpy<'_> {
     }
 
     /// Copies `x` and `y` to their device buffers, runs the kernel `rounds` times (after one
-    /// warm-up launch when `rounds > 1`), and returns the new `y` and the milliseconds from
-    /// the first timed launch to the end of the synchronize.
+    /// warm-up launch when `rounds > 1`), and returns the new `y` and the device's milliseconds
+    /// between an event recorded before the first timed launch and one after the last.
     ///
     /// # Safety
     /// `saxpy` must be the saxpy kernel, live in the current context, and `dx` and `dy` device
@@ -637,12 +720,21 @@ impl Saxpy<'_> {
                 launch_once()?;
                 l.check("cuCtxSynchronize", (l.ctx_synchronize)())?;
             }
-            let start = std::time::Instant::now();
-            for _ in 0..rounds {
-                launch_once()?;
-            }
+            let start = l.event()?;
+            let timed = l.event().and_then(|end| {
+                let stream = std::ptr::null_mut(); // the default stream, the launches'
+                let timed = l
+                    .check("cuEventRecord", (l.event_record)(start, stream))
+                    .and_then(|()| (0..rounds).try_for_each(|_| launch_once()))
+                    .and_then(|()| l.check("cuEventRecord", (l.event_record)(end, stream)))
+                    .and_then(|()| l.elapsed(start, end));
+                let destroyed = l.destroy_event(end);
+                timed.and_then(|ms| destroyed.map(|()| ms))
+            });
+            let destroyed = l.destroy_event(start);
+            elapsed = timed?;
+            destroyed?;
             l.check("cuCtxSynchronize", (l.ctx_synchronize)())?;
-            elapsed = start.elapsed().as_secs_f64() * 1e3;
             let status = (l.memcpy_dtoh)(out.as_mut_ptr().cast(), dy, out.len());
             l.check("cuMemcpyDtoH", status)?;
         }

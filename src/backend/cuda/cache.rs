@@ -10,7 +10,7 @@ use super::module::Context;
 // Also where the test helpers find it.
 pub(super) use super::module::ModuleLease;
 use super::nvrtc::Nvrtc;
-use super::runtime::{Counters, Cuda, Input, Source};
+use super::runtime::{Counters, Cuda, Input, Source, picked_arch};
 use crate::backend::handle_cache::{HandleCache, common_calls};
 use crate::disk::{DiskCache, DiskStats};
 use crate::error::{Error, Result};
@@ -138,11 +138,14 @@ impl CudaCache {
         self.lookup(context, Source::Ptx(ptx), options)
     }
 
-    /// The module for CUDA C++ `source`, compiled to PTX by NVRTC with `nvrtc_options` and
-    /// linked with `jit_options`; otherwise as [`CudaCache::find_or_build_ptx`]. Unless the
-    /// options name an architecture (`-arch` / `--gpu-architecture`), the PTX targets the
-    /// context's device. The NVRTC version is part of the disk key. Kernels are looked up by
-    /// their symbol name: declare them `extern "C"` to keep it unmangled.
+    /// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`; otherwise as
+    /// [`CudaCache::find_or_build_ptx`]. Unless the options name an architecture (`-arch` /
+    /// `--gpu-architecture`), the code targets the context's device. JIT options only reach
+    /// the driver's linker, which only compiles PTX: given `jit_options`, the source is
+    /// compiled to PTX and linked with them, and naming a real architecture (`sm_XY`, which
+    /// makes NVRTC's own cubin, loaded without a link) with them is [`Error::InvalidArgument`].
+    /// NVRTC's version and build are part of the disk key. Kernels are looked up by their
+    /// symbol name: declare them `extern "C"` to keep it unmangled.
     ///
     /// No NVRTC library: [`Error::Unavailable`]. A compile error: [`Error::Build`] with the
     /// `nvrtcResult` as its code and the compiler log as its message.
@@ -155,6 +158,15 @@ impl CudaCache {
     ) -> Result<ModuleLease> {
         if source.is_empty() {
             return Err(Error::InvalidArgument("the CUDA source is empty".into()));
+        }
+        if let Some(arch) = picked_arch(nvrtc_options).filter(|a| a.starts_with("sm_"))
+            && !jit_options.is_empty()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "JIT options apply only to PTX, but the NVRTC options name the real \
+                 architecture {arch}, whose cubin is loaded without a link: name compute_XY \
+                 to have the PTX linked with them, or pass no JIT options"
+            )));
         }
         let nvrtc = self.nvrtc()?;
         let source = Source::Cuda {

@@ -8,6 +8,7 @@
 use std::ffi::{CStr, CString, OsStr, c_char, c_int, c_uint, c_void};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{Error, Result};
@@ -22,6 +23,7 @@ pub type CUfunction = *mut c_void;
 type CUlinkState = *mut c_void;
 
 const CUDA_SUCCESS: CUresult = 0;
+const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 
 const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
@@ -164,7 +166,7 @@ impl Driver {
         let status = unsafe { (self.driver_get_version)(&mut version) };
         self.check("cuDriverGetVersion", status)?;
         self.version = version;
-        self.build = loaded_file_name(self.init as *const c_void, &self.path);
+        self.build = loaded_build(self.init as *const c_void, &self.path, "CUDA driver");
         Ok(self)
     }
 
@@ -180,8 +182,9 @@ impl Driver {
     }
 
     /// The driver build: the real file name of the loaded library (`libcuda.so.1` is a link to
-    /// `libcuda.so.<build>`, e.g. `libcuda.so.550.54.15`). A driver update changes it, and
-    /// with it the PTX JIT, so the disk key holds it.
+    /// `libcuda.so.<build>`, e.g. `libcuda.so.550.54.15`; a file that names no build has its
+    /// size added, with a warning). A driver update changes it, and with it the PTX JIT, so
+    /// the disk key holds it.
     pub fn build(&self) -> &str {
         &self.build
     }
@@ -416,8 +419,13 @@ impl Driver {
         Ok(cubin)
     }
 
-    /// Loads a cubin (or any image the driver accepts) into the current context.
+    /// Loads a cubin (or any image the driver accepts) into the current context. An empty
+    /// image is `CUDA_ERROR_INVALID_IMAGE` without a driver call: cuModuleLoadDataEx takes no
+    /// size and would read a header from the empty buffer's dangling pointer.
     pub(crate) fn load_image(&self, image: &[u8]) -> std::result::Result<CUmodule, CUresult> {
+        if image.is_empty() {
+            return Err(CUDA_ERROR_INVALID_IMAGE);
+        }
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: `image` is readable for its whole length; the driver parses the ELF header
         // to find the size. No JIT options are passed.
@@ -475,9 +483,12 @@ fn log_text(log: &mut [u8]) -> String {
         .unwrap_or_default()
 }
 
-/// The file name, links resolved, of the library that holds `symbol` (`fallback` when the
-/// loader cannot say).
-fn loaded_file_name(symbol: *const c_void, fallback: &Path) -> String {
+/// The build identity of the loaded library that holds `symbol` (`fallback` names it when the
+/// loader cannot say): its real file name, links resolved, as `libcuda.so.1` links to
+/// `libcuda.so.<build>`. A name that carries no build (a regular file named by its soname, as
+/// some containers install the driver) is completed with the file's size, and a warning says
+/// so: a same-named update would otherwise reuse the older build's binaries.
+pub(super) fn loaded_build(symbol: *const c_void, fallback: &Path, what: &str) -> String {
     // SAFETY: `Dl_info` is plain data; all-zero is a valid value to be overwritten.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: `symbol` is an address in a loaded library (or not, and dladdr returns 0); `info`
@@ -485,14 +496,56 @@ fn loaded_file_name(symbol: *const c_void, fallback: &Path) -> String {
     let found = unsafe { libc::dladdr(symbol, &mut info) } != 0 && !info.dli_fname.is_null();
     let path = if found {
         // SAFETY: dladdr set `dli_fname` to the NUL-terminated name of a loaded object, which
-        // stays loaded (the driver is never closed).
+        // stays loaded while the library is open.
         let name = unsafe { CStr::from_ptr(info.dli_fname) };
         PathBuf::from(OsStr::from_bytes(name.to_bytes()))
     } else {
         fallback.to_path_buf()
     };
     let real = std::fs::canonicalize(&path).unwrap_or(path);
-    real.file_name()
+    let name = real
+        .file_name()
         .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    if names_a_build(&name) {
+        return name;
+    }
+    let size = std::fs::metadata(&real).map(|m| m.len()).unwrap_or(0);
+    // Once per file and process: every cache loading the library again says nothing new.
+    static WARNED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if warned.contains(&real) {
+        return format!("{name} ({size} bytes)");
+    }
+    warned.push(real.clone());
+    drop(warned);
+    crate::log::log(crate::log::Level::Warn, || {
+        format!(
+            "the {what} library {} names no build (libX.so.<major>.<minor>...): its size \
+             ({size} bytes) stands in for the build in the disk keys",
+            real.display()
+        )
+    });
+    format!("{name} ({size} bytes)")
+}
+
+/// Whether a library file name carries a build: at least two numbers after `.so.`
+/// (`libcuda.so.550.54.15`, `libnvrtc.so.12.4.127`), not a bare soname (`libcuda.so.1`).
+fn names_a_build(name: &str) -> bool {
+    name.split_once(".so.")
+        .is_some_and(|(_, version)| version.split('.').filter(|p| !p.is_empty()).count() >= 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_a_build;
+
+    #[test]
+    fn a_build_is_two_numbers_after_so() {
+        assert!(names_a_build("libcuda.so.550.54.15"));
+        assert!(names_a_build("libnvrtc.so.12.4.127"));
+        assert!(!names_a_build("libcuda.so.1"));
+        assert!(!names_a_build("libnvrtc.so"));
+        assert!(!names_a_build("libnvrtc.so.12"));
+    }
 }

@@ -13,7 +13,9 @@ pub enum JitOption {
     ThreadsPerBlock(u32),
     /// `CU_JIT_OPTIMIZATION_LEVEL` (0–4).
     OptimizationLevel(u32),
-    /// `CU_JIT_TARGET`: a `CUjit_target` value such as 90 for `sm_90`.
+    /// `CU_JIT_TARGET`: a `CUjit_target` value such as 90 for `sm_90`, or
+    /// `CU_COMPUTE_ACCELERATED_TARGET_BASE` (0x10000) + 90 for `sm_90a`; the driver refuses
+    /// any other value.
     Target(u32),
     /// `CU_JIT_FALLBACK_STRATEGY`. NVIDIA documents that it "cannot be used with cuLink*
     /// APIs", and kcache always links: a lookup given it is refused.

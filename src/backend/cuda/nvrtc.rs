@@ -3,9 +3,10 @@
 //! only loads it for
 //! [`CudaCache::find_or_build_source`](super::CudaCache::find_or_build_source).
 
-use std::ffi::{CStr, CString, c_char, c_int};
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 
+use super::driver::loaded_build;
 use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{BuildError, Error, Result};
 
@@ -57,6 +58,7 @@ pub(crate) struct Compiled {
 pub struct Nvrtc {
     path: PathBuf,
     version: (i32, i32),
+    build: String,
     /// `nvrtcGetSupportedArchs`, ascending: compute capabilities as `major * 10 + minor`.
     supported_archs: Vec<i32>,
     get_error_string: FnGetErrorString,
@@ -76,6 +78,7 @@ pub struct Nvrtc {
 debug_fields!(Nvrtc {
     path,
     version,
+    build,
     supported_archs,
     ..
 });
@@ -122,6 +125,7 @@ impl Nvrtc {
             let nvrtc = Nvrtc {
                 path: path.to_path_buf(),
                 version: (0, 0),
+                build: String::new(),
                 supported_archs: Vec::new(),
                 get_error_string: library.symbol("nvrtcGetErrorString")?,
                 create_program: library.symbol("nvrtcCreateProgram")?,
@@ -162,8 +166,10 @@ impl Nvrtc {
             return Err(failed("nvrtcGetSupportedArchs", status));
         }
         archs.sort_unstable();
+        let build = loaded_build(version_fn as *const c_void, path, "NVRTC");
         Ok(Nvrtc {
             version: (major, minor),
+            build,
             supported_archs: archs,
             ..nvrtc
         })
@@ -189,6 +195,14 @@ impl Nvrtc {
     /// `nvrtcVersion`: (major, minor).
     pub fn version(&self) -> (i32, i32) {
         self.version
+    }
+
+    /// The NVRTC build: the real file name of the loaded library (`libnvrtc.so.12` links to
+    /// `libnvrtc.so.12.4.127`; a file that names no build has its size added, with a warning).
+    /// NVRTC makes the cubins of CUDA C++ itself, so a patch release, which `nvrtcVersion`
+    /// does not tell apart, changes them: the disk key holds the build.
+    pub fn build(&self) -> &str {
+        &self.build
     }
 
     fn describe(&self, status: NvrtcResult) -> String {
@@ -284,6 +298,15 @@ impl Nvrtc {
             let image = self
                 .read(program, self.get_cubin_size, self.get_cubin)
                 .map_err(|status| fail("nvrtcGetCUBIN", status))?;
+            // nvrtcGetCUBINSize sets 0 for a virtual architecture, and -dlto makes LTO IR
+            // instead: an empty image must never reach cuModuleLoadDataEx, which takes no size.
+            if image.is_empty() {
+                return Err(BuildError::new(
+                    -1,
+                    "NVRTC made no cubin (-dlto makes LTO IR, which kcache cannot load; a \
+                     virtual architecture makes PTX only)",
+                ));
+            }
             return Ok(Compiled {
                 image,
                 is_cubin: true,
@@ -311,6 +334,10 @@ impl Nvrtc {
         let status = unsafe { size_fn(program, &mut size) };
         if status != NVRTC_SUCCESS {
             return Err(status);
+        }
+        if size == 0 {
+            // Nothing to read: an empty buffer's pointer is dangling, never handed out.
+            return Ok(Vec::new());
         }
         let mut buf = vec![0u8; size];
         // SAFETY: `buf` holds the `size` bytes NVRTC just said it writes.

@@ -196,7 +196,8 @@ impl Cuda {
             } => {
                 bump(&self.counters.nvrtc_compiles);
                 let jit = !input.options.is_empty();
-                let compiled = compile_cuda(nvrtc, registered.info(), source, options, jit)
+                let driver = self.driver.version();
+                let compiled = compile_cuda(nvrtc, driver, registered.info(), source, options, jit)
                     .inspect_err(|_| {
                         bump(&self.counters.nvrtc_failures);
                     })?;
@@ -261,16 +262,23 @@ fn bump(counter: &AtomicU64) {
 /// architecture when NVRTC knows it and no JIT options (`jit`) ask for the driver's JIT: it
 /// needs no driver JIT, so an NVRTC newer than the driver works, and it is the
 /// non-relocatable code a program gets from `nvcc`. Otherwise PTX for the highest
-/// architecture NVRTC supports up to the device's, which the driver JIT-compiles upward.
+/// architecture NVRTC supports up to the device's, which the driver JIT-compiles upward; PTX
+/// from an NVRTC newer than the driver (`driver`, `cuDriverGetVersion`) is refused before
+/// compiling, as the driver's JIT would refuse it.
 fn compile_cuda(
     nvrtc: &Nvrtc,
+    driver: i32,
     context: &ContextInfo,
     source: &str,
     options: &[&str],
     jit: bool,
 ) -> std::result::Result<NvrtcOutput, BuildError> {
     if let Some(arch) = picked_arch(options) {
-        return nvrtc.compile_to(source, options, arch.starts_with("sm_"));
+        let cubin = arch.starts_with("sm_");
+        if !cubin {
+            ptx_for_driver(nvrtc, driver)?;
+        }
+        return nvrtc.compile_to(source, options, cubin);
     }
     let (major, minor) = context.capability;
     let device = major * 10 + minor;
@@ -279,6 +287,7 @@ fn compile_cuda(
     let arch = if cubin {
         format!("--gpu-architecture=sm_{device}")
     } else {
+        ptx_for_driver(nvrtc, driver)?;
         let best = archs.iter().rev().find(|&&a| a <= device).ok_or_else(|| {
             let (nvrtc_major, nvrtc_minor) = nvrtc.version();
             BuildError::new(
@@ -296,9 +305,32 @@ fn compile_cuda(
     nvrtc.compile_to(source, &all, cubin)
 }
 
+/// Refuses to make PTX for the driver's JIT with an NVRTC of a newer CUDA release: its PTX
+/// names a PTX ISA the driver does not know, and the link would fail with
+/// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) after a wasted compile. The error carries that
+/// code and says what works instead.
+fn ptx_for_driver(nvrtc: &Nvrtc, driver: i32) -> std::result::Result<(), BuildError> {
+    const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: i32 = 222;
+    if !nvrtc.is_newer_than(driver) {
+        return Ok(());
+    }
+    let (major, minor) = nvrtc.version();
+    Err(BuildError::new(
+        CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+        format!(
+            "NVRTC {major}.{minor} is newer than the driver (CUDA {}.{}): the driver's JIT \
+             cannot take its PTX, which JIT options, a virtual architecture (compute_XY) or a \
+             device NVRTC does not know need. Pass NVRTC options (--maxrregcount, \
+             -arch=sm_XY) instead of JIT options, or use the driver's own NVRTC",
+            driver / 1000,
+            driver % 1000 / 10
+        ),
+    ))
+}
+
 /// The architecture the NVRTC options name (`-arch=X`, `--gpu-architecture=X`, or either
 /// flag followed by `X`), if any.
-fn picked_arch<'a>(options: &[&'a str]) -> Option<&'a str> {
+pub(super) fn picked_arch<'a>(options: &[&'a str]) -> Option<&'a str> {
     const FLAGS: [&str; 2] = ["-arch", "--gpu-architecture"];
     options.iter().enumerate().find_map(|(i, o)| {
         if FLAGS.contains(o) {
@@ -340,8 +372,8 @@ fn append_strings(out: &mut Vec<u8>, strings: &[&str]) {
 
 /// The disk key: what makes a cubin valid for a GPU (device name, compute capability, the
 /// driver's CUDA version and its build, whose PTX JIT made the cubin; for CUDA C++ the NVRTC
-/// version) and what it was built from, but no handle, so it holds across processes and
-/// contexts. NVRTC options keep their order: `-I` search order and repeated `-D` depend on it.
+/// version and build, whose own cubins are NVRTC's machine code) and what it was built from,
+/// but no handle, so it holds across processes and contexts. NVRTC options keep their order: `-I` search order and repeated `-D` depend on it.
 fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<Key> {
     let mut builder = KeyBuilder::new();
     builder
@@ -368,6 +400,7 @@ fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<
             builder
                 .extra("input", "cuda")
                 .compiler_version(format!("nvrtc {major}.{minor}"))
+                .extra("nvrtc_build", nvrtc.build())
                 .extra("nvrtc_options", encoded)
                 .source(source);
         }
