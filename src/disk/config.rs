@@ -11,6 +11,7 @@ use std::time::Duration;
 use rustix::fs::{Mode, OFlags};
 use zeroize::ZeroizeOnDrop;
 
+use super::liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 use super::lock::DEFAULT_LOCK_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
@@ -163,6 +164,7 @@ impl fmt::Debug for OperatorKey {
 /// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
 /// | `require_key` | `KCACHE_REQUIRE_KEY=1` (either one requires a key)            | not required |
 /// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed)             | 120 s        |
+/// | `lock_liveness`| `KCACHE_LOCK_LIVENESS` (seconds, decimals allowed)           | 5 s          |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
@@ -189,6 +191,13 @@ pub struct DiskConfig {
     /// How long a miss waits for another process that is building the same entry before it
     /// builds too ([`DEFAULT_LOCK_TIMEOUT`]); `Some(Duration::ZERO)` never waits.
     pub lock_timeout: Option<Duration>,
+    /// How long a miss waits for another process building the same entry once that process
+    /// shows no sign of life (its heartbeat stands still: stopped, or gone while a process it
+    /// forked keeps its lock): then this process takes the build over
+    /// ([`DEFAULT_LOCK_LIVENESS`]; at least [`MIN_LOCK_LIVENESS`]; one longer than the lock
+    /// timeout changes nothing). A process that still builds keeps its waiters, up to the
+    /// lock timeout.
+    pub lock_liveness: Option<Duration>,
     pub durability: Durability,
     /// Entries record the key schema they were written under; `gc` removes other schemas.
     pub key_schema: u32,
@@ -206,6 +215,7 @@ impl Default for DiskConfig {
             key: None,
             require_key: false,
             lock_timeout: None,
+            lock_liveness: None,
             durability: Durability::Sync,
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
@@ -311,10 +321,16 @@ impl DiskConfig {
             .lock_timeout
             .or_else(|| non_empty("KCACHE_LOCK_TIMEOUT").and_then(|t| env_lock_timeout(&t)))
             .unwrap_or(DEFAULT_LOCK_TIMEOUT);
+        let lock_liveness = self
+            .lock_liveness
+            .or_else(|| non_empty("KCACHE_LOCK_LIVENESS").and_then(|t| env_lock_liveness(&t)))
+            .unwrap_or(DEFAULT_LOCK_LIVENESS)
+            .max(MIN_LOCK_LIVENESS);
         Ok(Resolved {
             dir,
             max_size,
             lock_timeout,
+            lock_liveness,
             key,
             durability: self.durability,
             key_schema: self.key_schema,
@@ -342,6 +358,7 @@ pub(crate) struct Resolved {
     pub dir: PathBuf,
     pub max_size: u64,
     pub lock_timeout: Duration,
+    pub lock_liveness: Duration,
     pub key: Option<OperatorKey>,
     pub durability: Durability,
     pub key_schema: u32,
@@ -380,6 +397,27 @@ fn env_lock_timeout(text: &OsString) -> Option<Duration> {
                 "KCACHE_LOCK_TIMEOUT={text:?} is not a number of seconds: the default ({} s) \
                  is used",
                 DEFAULT_LOCK_TIMEOUT.as_secs()
+            )
+        });
+    }
+    parsed
+}
+
+/// `KCACHE_LOCK_LIVENESS`: seconds, decimals allowed; a value that is not one leaves the
+/// default.
+fn env_lock_liveness(text: &OsString) -> Option<Duration> {
+    let text = text.to_string_lossy();
+    let parsed = text
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(|s| Duration::try_from_secs_f64(s).ok());
+    if parsed.is_none() {
+        crate::log::warn_once(Warning::LockLiveness, || {
+            format!(
+                "KCACHE_LOCK_LIVENESS={text:?} is not a number of seconds: the default ({} s) \
+                 is used",
+                DEFAULT_LOCK_LIVENESS.as_secs()
             )
         });
     }
