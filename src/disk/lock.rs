@@ -22,6 +22,18 @@
 //! [`MAX_POLL`], until the directory's lock timeout; past it the waiter builds itself, so a
 //! hung leader costs the others that long and no more. A directory whose filesystem cannot
 //! lock is used without locks, with one warning per process.
+//!
+//! A held lock is not proof that anyone still works on the entry: a process forked by the
+//! leader keeps the leader's descriptors, and so its lock, unless its fork hook closed them
+//! (`crate::ffi::lock_fds`), and a leader may be stopped. So each poll also looks for what
+//! would end the wait whoever holds the lock: the entry (read it), the leader's failure mark
+//! (build), the file unlinked or replaced (the leader let go of it: open the name again), and
+//! the leader's heartbeat ([`heartbeat`]): a leader whose beat has stood still for the
+//! liveness window has stopped running, and the waiter takes its build over by unlinking its
+//! file and locking a new one, which the other waiters then find. A leader that beats keeps
+//! its waiters up to the lock timeout, however long it builds. What a process gave up on
+//! once, it does not wait for again ([`liveness`]): a stuck leader costs a process one wait,
+//! however many of its entries the process needs.
 
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;

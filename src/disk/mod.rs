@@ -153,7 +153,9 @@ pub struct DiskStats {
     pub lock_waits: u64,
     /// Waits that reached the lock timeout; each of those misses built without waiting more.
     pub lock_timeouts: u64,
-    /// Misses that found the lock released by a process that died building: they built.
+    /// Misses that took the build over from a process that died building (its lock released
+    /// without an entry) or stopped (its heartbeat stood still for the liveness window): they
+    /// built.
     pub lock_takeovers: u64,
     /// Background writes queued, held back or running now.
     pub pending_writes: u64,
