@@ -213,6 +213,8 @@ pub(crate) enum Warning {
     RequireKey,
     /// `KCACHE_LOCK_TIMEOUT` is not a number of seconds: the default is used.
     LockTimeout,
+    /// `KCACHE_LOCK_LIVENESS` is not a number of seconds: the default is used.
+    LockLiveness,
     /// The cache directory's filesystem cannot lock: processes may build the same kernel.
     NoLocks,
     /// A remote tier setting cannot be used: the remote tier is off.

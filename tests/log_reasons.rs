@@ -197,7 +197,8 @@ fn each_miss_says_where_and_why() {
     let skipped = format!("disk write of {f} skipped: the value could not be serialized: no bytes");
     assert_logged(&messages, &[absent(&f), info(skipped)]);
 
-    // Lock timeout: another process holds the entry's lock for longer than the wait.
+    // Lock timeout: another process holds the entry's lock for longer than the wait; given up
+    // on, at warn, once per process.
     let impatient = disk_with_lock_timeout(tmp.path(), Some(Duration::from_millis(50)));
     let held = hold_lock(&impatient, "g");
     assert_eq!(lookup(&tiered(&impatient), "g"), "compiled(g)");
@@ -207,6 +208,14 @@ fn each_miss_says_where_and_why() {
         &messages,
         &[
             absent(&g),
+            (
+                Level::Warn,
+                format!(
+                    "{}: waited the lock timeout (50ms) for a process building an entry: \
+                     building here, and not waiting for that process's other entries",
+                    tmp.path().display()
+                ),
+            ),
             debug(format!(
                 "disk lock: {g}: timed out after 50ms waiting for another process: building \
                  here too"
@@ -214,7 +223,8 @@ fn each_miss_says_where_and_why() {
         ],
     );
 
-    // The process building it fails (it marks its lock file) or dies (it just lets go).
+    // The process building it fails (it marks its lock file) or dies (it just lets go; taking
+    // over from it is warned about).
     let patient = disk_with_lock_timeout(tmp.path(), Some(Duration::from_secs(30)));
     let marker = release_later(hold_lock(&patient, "h"), |lock| {
         lock.write_all(b"F").unwrap()
@@ -226,14 +236,19 @@ fn each_miss_says_where_and_why() {
     dying.join().unwrap();
     let (h, i) = (entry_name(&disk, "h"), entry_name(&disk, "i"));
     let logged = take(&messages);
-    assert_eq!(logged.len(), 4, "{logged:?}");
+    assert_eq!(logged.len(), 5, "{logged:?}");
     assert_eq!(logged[0], absent(&h));
     let failed = format!("disk lock: {h}: the process building it failed after ");
     assert!(logged[1].1.starts_with(&failed), "{logged:?}");
     assert!(logged[1].1.ends_with(": building here"), "{logged:?}");
     assert_eq!(logged[2], absent(&i));
+    let died = format!(
+        "{}: a process died while it built an entry: taking its build over",
+        tmp.path().display()
+    );
+    assert_eq!(logged[3], (Level::Warn, died));
     assert_eq!(
-        logged[3],
+        logged[4],
         debug(format!(
             "disk lock: {i}: the process building it died: taking over its build"
         ))

@@ -90,10 +90,16 @@ fn node_worker() {
     let dir = PathBuf::from(var(DIR_ENV));
     let config = match var(TIMEOUT_ENV).as_str() {
         "env" => DiskConfig::from_env(),
-        seconds => DiskConfig {
-            lock_timeout: Some(Duration::from_secs_f64(seconds.parse().unwrap())),
-            ..DiskConfig::in_dir(&dir)
-        },
+        seconds => {
+            let timeout = Duration::from_secs_f64(seconds.parse().unwrap());
+            // The tests stop a leader (SIGSTOP) only to catch it holding the lock: a liveness
+            // window as long as the lock timeout keeps its followers from taking it over.
+            DiskConfig {
+                lock_timeout: Some(timeout),
+                lock_liveness: Some(timeout),
+                ..DiskConfig::in_dir(&dir)
+            }
+        }
     };
     let (disk, disk_state) = match DiskCache::open(config) {
         Ok(disk) => (Some(Arc::new(disk)), "on"),

@@ -3,7 +3,9 @@
 # miss one entry of one directory at the same moment. Of six, one builds and five load what it
 # wrote, and the `kcache` command ($KCACHE_COMMAND) reads that back from the directory; when
 # every build fails, each process reports its own failure and none hangs; with a tiny lock
-# timeout, processes behind a slow builder build themselves; four processes with directories
+# timeout, processes behind a slow builder build themselves; a process waiting for a builder
+# whose build forked a child that outlives it reads the entry once written, without waiting
+# for the child; four processes with directories
 # of their own and one redis-server build once between them.
 # Usage: KCACHE_COMMAND=kcache flight.sh WORKER WORK_DIR (WORK_DIR must not exist yet)
 set -euo pipefail
@@ -118,6 +120,25 @@ done
 finish leader "$leader"
 expect "lock timeout, the builder" "$(sums leader)" "builds=1 loads=0 waits=0 timeouts=0"
 settled "$work/timeout" 1
+
+# A builder whose build forks a child that outlives it (a child that would keep the lock's
+# descriptor, and so the lock, were it not closed at the fork), and a process that waits for
+# the entry with a 20 s lock timeout: it reads the entry once the builder has written it,
+# instead of timing out and building.
+FLIGHT_FORK_UNTIL="$work/fork.end" launch forker 1 "$work/fork" 1000 0 0
+forker=${pids[0]}
+for ((i = 0; i < 600; i++)); do
+  ! compgen -G "$work/fork/.*.lock" >/dev/null || break
+  sleep 0.05
+done
+compgen -G "$work/fork/.*.lock" >/dev/null || fail "the forking builder holds no lock"
+launch forkwait 1 "$work/fork" 1000 0 20000
+finish forker "$forker"
+finish forkwait "${pids[@]}"
+touch "$work/fork.end"
+expect "a builder's forked child" "$(sums forker)" "builds=1 loads=0 waits=0 timeouts=0"
+expect "waiting behind a forked child" "$(sums forkwait)" "builds=0 loads=1 waits=1 timeouts=0"
+settled "$work/fork" 1
 
 # Across nodes: four workers with directories of their own and one redis-server on loopback
 # (the remote tier through kc_disk_options): one builds under the entry's lease, the others

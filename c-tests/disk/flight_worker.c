@@ -8,7 +8,11 @@
  * code.
  * Usage: flight_worker DIR READY GO BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS [REMOTE_URL]
  * (LOCK_TIMEOUT_MS 0: the default). With REMOTE_URL the disk is keyed and has that remote tier
- * behind it (kc_disk_options' remote fields). */
+ * behind it (kc_disk_options' remote fields).
+ * With FLIGHT_FORK_UNTIL set to a path, the build first forks a child that does nothing until
+ * that file exists (a minute at most): a process that outlives its parent, holding whatever
+ * descriptors it inherited. */
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "string_backend.h"
@@ -20,6 +24,21 @@
 
 /* The operator key every worker with a remote tier shares. */
 #define REMOTE_KEY "flight-test-operator-key"
+
+/* The build callback: forks the child FLIGHT_FORK_UNTIL asks for, then builds. */
+static int forking_build_fn(void *ctx, const uint8_t *key, size_t key_len, void **out,
+                            uint64_t *w) {
+  const char *until = getenv("FLIGHT_FORK_UNTIL");
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    for (long waited = 0; waited < GO_TIMEOUT_MS && access(until, F_OK) != 0; waited++) {
+      sleep_ms(1);
+    }
+    _exit(0);
+  }
+  return build_fn(ctx, key, key_len, out, w);
+}
 
 int main(int argc, char **argv) {
   REQUIRE(argc == 7 || argc == 8);
@@ -47,7 +66,16 @@ int main(int argc, char **argv) {
   }
 
   kc_lease *lease = NULL;
-  kc_status status = string_lookup(cache, disk, VALUE, "flight", &b, &lease);
+  kc_status status;
+  if (getenv("FLIGHT_FORK_UNTIL") != NULL) {
+    uint8_t l2[KC_KEY_LEN];
+    make_key("flight", l2);
+    kc_tiered_callbacks cb = {sizeof cb, forking_build_fn, load_fn, serialize_fn, &b};
+    status = kc_tiered_find_or_build(cache, (const uint8_t *)VALUE, strlen(VALUE), KC_NO_DEVICE,
+                                     disk, l2, &cb, &lease);
+  } else {
+    status = string_lookup(cache, disk, VALUE, "flight", &b, &lease);
+  }
   if (b.build_result == 0) {
     CHECK_STATUS(status, KC_OK);
     CHECK(strcmp(kc_lease_value(lease), VALUE) == 0);

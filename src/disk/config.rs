@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use zeroize::ZeroizeOnDrop;
 
+use super::liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 use super::lock::DEFAULT_LOCK_TIMEOUT;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
@@ -136,6 +137,7 @@ impl fmt::Debug for OperatorKey {
 /// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
 /// | `require_key` | `KCACHE_REQUIRE_KEY=1` (either one requires a key)            | not required |
 /// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed; up to a century) | 120 s    |
+/// | `lock_liveness`| `KCACHE_LOCK_LIVENESS` (seconds, decimals allowed; at least 1 s) | 5 s     |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
@@ -163,6 +165,13 @@ pub struct DiskConfig {
     /// builds too ([`DEFAULT_LOCK_TIMEOUT`]); `Some(Duration::ZERO)` never waits. Any longer
     /// than [`LONGEST_WAIT`] (`Duration::MAX` for "forever") is taken as that.
     pub lock_timeout: Option<Duration>,
+    /// How long a miss waits for another process building the same entry once that process
+    /// shows no sign of life (its heartbeat stands still: stopped, or gone while a process it
+    /// forked keeps its lock): then this process takes the build over
+    /// ([`DEFAULT_LOCK_LIVENESS`]; at least [`MIN_LOCK_LIVENESS`]; one longer than the lock
+    /// timeout changes nothing). A process that still builds keeps its waiters, up to the
+    /// lock timeout.
+    pub lock_liveness: Option<Duration>,
     pub durability: Durability,
     /// Entries record the key schema they were written under; `gc` removes other schemas.
     pub key_schema: u32,
@@ -180,6 +189,7 @@ impl Default for DiskConfig {
             key: None,
             require_key: false,
             lock_timeout: None,
+            lock_liveness: None,
             durability: Durability::Sync,
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
@@ -286,12 +296,27 @@ impl DiskConfig {
         let lock_timeout = self
             .lock_timeout
             .map(saturate)
-            .or_else(|| non_empty("KCACHE_LOCK_TIMEOUT").and_then(|t| env_lock_timeout(&t)))
+            .or_else(|| {
+                let text = non_empty("KCACHE_LOCK_TIMEOUT")?;
+                let default = DEFAULT_LOCK_TIMEOUT;
+                env_lock_wait("KCACHE_LOCK_TIMEOUT", &text, default, Warning::LockTimeout)
+            })
             .unwrap_or(DEFAULT_LOCK_TIMEOUT);
+        let lock_liveness = self
+            .lock_liveness
+            .map(saturate)
+            .or_else(|| {
+                let text = non_empty("KCACHE_LOCK_LIVENESS")?;
+                let default = DEFAULT_LOCK_LIVENESS;
+                env_lock_wait("KCACHE_LOCK_LIVENESS", &text, default, Warning::LockLiveness)
+            })
+            .unwrap_or(DEFAULT_LOCK_LIVENESS)
+            .max(MIN_LOCK_LIVENESS);
         Ok(Resolved {
             dir,
             max_size,
             lock_timeout,
+            lock_liveness,
             key,
             durability: self.durability,
             key_schema: self.key_schema,
@@ -319,6 +344,7 @@ pub(crate) struct Resolved {
     pub dir: PathBuf,
     pub max_size: u64,
     pub lock_timeout: Duration,
+    pub lock_liveness: Duration,
     pub key: Option<OperatorKey>,
     pub durability: Durability,
     pub key_schema: u32,
@@ -342,18 +368,22 @@ fn env_max_size(text: &OsString) -> Result<u64> {
     }
 }
 
-/// `KCACHE_LOCK_TIMEOUT`: seconds, decimals allowed; however large, as long as possible. A
-/// value that is not one leaves the default: unlike a size cap or a key, a lock timeout only
-/// trades waiting for building.
-fn env_lock_timeout(text: &OsString) -> Option<Duration> {
+/// `KCACHE_LOCK_TIMEOUT` or `KCACHE_LOCK_LIVENESS`: seconds, decimals allowed; however large,
+/// as long as possible. A value that is not one leaves the default, with one warning: unlike a
+/// size cap or a key, a lock's wait only trades waiting for building.
+fn env_lock_wait(
+    name: &str,
+    text: &OsString,
+    default: Duration,
+    warning: Warning,
+) -> Option<Duration> {
     let text = text.to_string_lossy();
     let parsed = parse_wait(&text, Duration::from_secs(1));
     if parsed.is_none() {
-        crate::log::warn_once(Warning::LockTimeout, || {
+        crate::log::warn_once(warning, || {
             format!(
-                "KCACHE_LOCK_TIMEOUT={text:?} is not a number of seconds: the default ({} s) \
-                 is used",
-                DEFAULT_LOCK_TIMEOUT.as_secs()
+                "{name}={text:?} is not a number of seconds: the default ({} s) is used",
+                default.as_secs()
             )
         });
     }

@@ -22,8 +22,20 @@
 //! [`MAX_POLL`], until the directory's lock timeout; past it the waiter builds itself, so a
 //! hung leader costs the others that long and no more. A directory whose filesystem cannot
 //! lock is used without locks, with one warning per process.
+//!
+//! A held lock is not proof that anyone still works on the entry: a process forked by the
+//! leader keeps the leader's descriptors, and so its lock, unless its fork hook closed them
+//! (`crate::ffi::lock_fds`), and a leader may be stopped. So each poll also looks for what
+//! would end the wait whoever holds the lock: the entry (read it), the leader's failure mark
+//! (build), the file unlinked or replaced (the leader let go of it: open the name again), and
+//! the leader's heartbeat ([`heartbeat`]): a leader whose beat has stood still for the
+//! liveness window has stopped running, and the waiter takes its build over by unlinking its
+//! file and locking a new one, which the other waiters then find. A leader that beats keeps
+//! its waiters up to the lock timeout, however long it builds. What a process gave up on
+//! once, it does not wait for again ([`liveness`]): a stuck leader costs a process one wait,
+//! however many of its entries the process needs.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +44,9 @@ use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::lstat_at;
-use super::{Inner, bump};
+use super::liveness::{self, Verdict, Watch};
+use super::{Inner, bump, heartbeat};
+use crate::ffi::lock_fds::TrackedFd;
 use crate::key::Key;
 use crate::log;
 use crate::log::Warning;
@@ -86,9 +100,13 @@ pub(crate) enum Claim {
 
 /// A held per-entry lock. Dropping it unlinks the lock file and releases the lock; waiters
 /// then find the entry, or, if there is none and no mark, start over.
+///
+/// In a forked child, the parent's locks are inert: their descriptors were closed at the fork
+/// (`crate::ffi::lock_fds`), and dropping one, or asking it anything, touches neither the
+/// lock nor its file, which are the parent's.
 pub(crate) struct KeyLock {
     inner: Arc<Inner>,
-    fd: OwnedFd,
+    file: TrackedFd,
     name: String,
 }
 
@@ -97,7 +115,9 @@ impl KeyLock {
     /// since the flight began).
     pub(crate) fn wanted(&self) -> bool {
         let mut marks = [0u8; 2];
-        rustix::io::pread(&self.fd, &mut marks, 0).is_ok_and(|n| n == 2 && marks[1] == WANTED)
+        self.file.get().is_some_and(|fd| {
+            rustix::io::pread(fd, &mut marks, 0).is_ok_and(|n| n == 2 && marks[1] == WANTED)
+        })
     }
 
     /// Tells the waiting processes that no entry will come, so that they build themselves
@@ -105,7 +125,9 @@ impl KeyLock {
     pub(crate) fn abandon(&self) {
         // If the mark cannot be written, a waiter takes over and builds: one build more, no
         // harm.
-        let _ = rustix::io::pwrite(&self.fd, &[ABANDONED], 0);
+        if let Some(fd) = self.file.get() {
+            let _ = rustix::io::pwrite(fd, &[ABANDONED], 0);
+        }
     }
 }
 
@@ -113,14 +135,17 @@ impl Drop for KeyLock {
     fn drop(&mut self) {
         // Unlinked while held, so that no lock file outlives its flight; `claim` checks after
         // locking that its file is still the linked one, so nobody locks a stale inode.
-        if is_linked(&self.inner, &self.fd, &self.name) {
+        let Some(fd) = self.file.get() else {
+            return;
+        };
+        if is_linked(&self.inner, fd, &self.name) {
             let _ = rustix::fs::unlinkat(&self.inner.dir, self.name.as_str(), AtFlags::empty());
         }
     }
 }
 
 /// Whether `name` in the directory is the file `fd` has open.
-fn is_linked(inner: &Inner, fd: &OwnedFd, name: &str) -> bool {
+fn is_linked(inner: &Inner, fd: BorrowedFd<'_>, name: &str) -> bool {
     let (Ok(open), Ok(linked)) = (rustix::fs::fstat(fd), lstat_at(&inner.dir, name)) else {
         return false;
     };
@@ -131,40 +156,68 @@ fn entry_exists(inner: &Inner, entry_name: &str) -> bool {
     lstat_at(&inner.dir, entry_name).is_ok_and(|m| m.is_file())
 }
 
-/// Opens the lock file `name` (created private with `OFlags::CREATE`): never through a symbolic
-/// link, and without blocking on a FIFO planted at its name.
-fn open(inner: &Inner, name: &str, create: OFlags) -> rustix::io::Result<OwnedFd> {
-    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | create;
-    rustix::fs::openat(&inner.dir, name, flags, Mode::from_raw_mode(0o600))
+/// Whether the lock file `fd` carries the leader's mark that no entry will come.
+fn abandoned(fd: BorrowedFd<'_>) -> bool {
+    let mut mark = [0u8; 1];
+    rustix::io::pread(fd, &mut mark, 0).is_ok_and(|n| n == 1 && mark[0] == ABANDONED)
 }
 
+/// Opens the lock file `name` (created private with `OFlags::CREATE`): never through a symbolic
+/// link, and without blocking on a FIFO planted at its name.
+fn open(inner: &Inner, name: &str, create: OFlags) -> rustix::io::Result<TrackedFd> {
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC | create;
+    rustix::fs::openat(&inner.dir, name, flags, Mode::from_raw_mode(0o600)).map(TrackedFd::new)
+}
+
+/// How a wait for a lock ended.
 enum Acquired {
     /// Locked, at once (`false`) or after waiting for another holder (`true`).
-    Held(OwnedFd, bool),
+    Held(TrackedFd, bool),
+    /// The entry is there, though the lock is still held (only `claim` looks).
+    Published,
+    /// The holder left the mark that no entry will come, and is letting go (only `claim`
+    /// looks).
+    Abandoned,
+    /// The file waited on is not the one at the name any more: its holder let go of it, or
+    /// this process took it over from a holder that stopped (`took_over`). Open the name again.
+    Again {
+        took_over: bool,
+    },
+    /// The holder is one this process waited the lock timeout for already.
+    GivenUp,
     TimedOut,
     /// The lock file cannot be opened or locked here.
     Unavailable,
 }
 
-/// Opens the lock file and locks it, waiting until `deadline`.
-fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
-    let fd = match open(inner, name, OFlags::CREATE) {
-        Ok(fd) => fd,
+/// Opens the lock file and locks it, waiting until `deadline` (`None`: no end), or less when
+/// the wait's reason ends first: the entry `entry` appears, the holder marks that no entry
+/// will come, lets go of the file, or stops beating ([`liveness`]). Each of those is looked
+/// at every poll, whoever holds the lock: a process forked by the holder may keep the
+/// holder's descriptor, and so its lock, long after the holder is done.
+fn acquire(inner: &Inner, name: &str, entry: Option<&str>, deadline: Option<Instant>) -> Acquired {
+    let file = match open(inner, name, OFlags::CREATE) {
+        Ok(file) => file,
         Err(e) => {
             log::debug(|| format!("disk lock: cannot open {name} ({e}): going on without it"));
             return Acquired::Unavailable;
         }
     };
+    // Opened by this thread, so never a forked child's copy.
+    let Some(fd) = file.get() else {
+        return Acquired::Unavailable;
+    };
     let mut waited = false;
     let mut pause = Duration::from_micros(250);
+    let mut watch = Watch::new();
     loop {
-        match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Acquired::Held(fd, waited),
+        match rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Acquired::Held(file, waited),
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {
                 if !waited {
                     // A leader that does not see it publishes at flush, or when a later waiter
                     // marks it: this waiter then waits longer, for nothing worse.
-                    let _ = rustix::io::pwrite(&fd, &[WANTED], 1);
+                    let _ = rustix::io::pwrite(fd, &[WANTED], 1);
                 }
             }
             Err(e) => {
@@ -178,13 +231,47 @@ fn acquire(inner: &Inner, name: &str, deadline: Instant) -> Acquired {
                 return Acquired::Unavailable;
             }
         }
+        waited = true;
+        if let Some(entry) = entry {
+            if entry_exists(inner, entry) {
+                return Acquired::Published;
+            }
+            if abandoned(fd) {
+                return Acquired::Abandoned;
+            }
+        }
+        if !is_linked(inner, fd, name) {
+            return Acquired::Again { took_over: false };
+        }
+        match watch.judge(heartbeat::read(fd), inner.lock_liveness, &inner.path) {
+            Verdict::Wait => {}
+            Verdict::Stopped => {
+                take_over(inner, fd, name);
+                return Acquired::Again { took_over: true };
+            }
+            Verdict::GivenUp => return Acquired::GivenUp,
+        }
         let now = Instant::now();
-        if now >= deadline {
+        let left = deadline.map(|deadline| deadline.saturating_duration_since(now));
+        if left.is_some_and(|left| left.is_zero()) {
+            if !inner.lock_timeout.is_zero() {
+                watch.timed_out(inner.lock_timeout, &inner.path);
+            }
             return Acquired::TimedOut;
         }
-        waited = true;
-        std::thread::sleep(pause.min(deadline - now));
+        std::thread::sleep(left.map_or(pause, |left| pause.min(left)));
         pause = (pause * 2).min(MAX_POLL);
+    }
+}
+
+/// Takes the lock file `fd` over from a holder that stopped: unlinks it, so that the next
+/// open makes a new one, which this process locks, and which the others waiting find. The
+/// stopped holder, should it run again, finds its file unlinked and leaves the new one alone.
+fn take_over(inner: &Inner, fd: BorrowedFd<'_>, name: &str) {
+    // Another waiter may take the same file over at the same moment, and unlink the new file
+    // of the first: then both build, one build more, as when the wait times out.
+    if is_linked(inner, fd, name) {
+        let _ = rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty());
     }
 }
 
@@ -193,12 +280,42 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     let entry = inner.entry_name(key);
     let name = lock_name(&entry);
     let started = Instant::now();
-    let deadline = started + inner.lock_timeout;
+    let deadline = started.checked_add(inner.lock_timeout);
     let c = &inner.counters;
     let mut counted_wait = false;
+    let mut count_wait = || {
+        if !std::mem::replace(&mut counted_wait, true) {
+            bump(&c.lock_waits, 1);
+        }
+    };
+    let mut took_over = false;
     for _ in 0..MAX_ATTEMPTS {
-        let (fd, waited) = match acquire(inner, &name, deadline) {
-            Acquired::Held(fd, waited) => (fd, waited),
+        let (file, waited) = match acquire(inner, &name, Some(&entry), deadline) {
+            Acquired::Held(file, waited) => (file, waited),
+            Acquired::Published => {
+                count_wait();
+                wrote_it(&entry, started);
+                return Claim::Published;
+            }
+            Acquired::Abandoned => {
+                count_wait();
+                failed(&entry, started);
+                return Claim::Alone;
+            }
+            Acquired::Again { took_over: stole } => {
+                count_wait();
+                took_over |= stole;
+                continue;
+            }
+            Acquired::GivenUp => {
+                log::debug(|| {
+                    format!(
+                        "disk lock: {entry}: held by a process this one waited the lock timeout \
+                         for already: building here too"
+                    )
+                });
+                return Claim::Alone;
+            }
             Acquired::TimedOut => {
                 bump(&c.lock_timeouts, 1);
                 timed_out(inner, &entry, "building here too");
@@ -206,62 +323,81 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             }
             Acquired::Unavailable => return Claim::Alone,
         };
-        if waited && !counted_wait {
-            counted_wait = true;
-            bump(&c.lock_waits, 1);
+        if waited {
+            count_wait();
         }
         // Held from here: whatever this returns other than `Leader` drops it, which unlinks a
         // file that is still linked (this process may have created it) before unlocking.
         let held = KeyLock {
             inner: Arc::clone(inner),
-            fd,
+            file,
             name: name.clone(),
+        };
+        let Some(fd) = held.file.get() else {
+            return Claim::Alone;
         };
         // Published just before this process locked, or while it waited.
         if entry_exists(inner, &entry) {
             if waited {
-                log::debug(|| {
-                    format!(
-                        "disk lock: {entry}: waited {:?} for another process, which wrote it",
-                        started.elapsed()
-                    )
-                });
+                wrote_it(&entry, started);
             }
             return Claim::Published;
         }
-        let mut mark = [0u8; 1];
-        let abandoned =
-            rustix::io::pread(&held.fd, &mut mark, 0).is_ok_and(|n| n == 1 && mark[0] == ABANDONED);
+        let abandoned = abandoned(fd);
         if waited && abandoned {
-            log::debug(|| {
-                format!(
-                    "disk lock: {entry}: the process building it failed after {:?}: building \
-                     here",
-                    started.elapsed()
-                )
-            });
+            failed(&entry, started);
             return Claim::Alone;
         }
-        if !is_linked(inner, &held.fd, &name) {
+        if !is_linked(inner, fd, &name) {
             // The leader let go of a file it unlinked, and its entry is gone already.
             continue;
         }
         // A stale mark this process cannot clear would send its own waiters away. The wanted
         // mark stays: the processes that left it still wait.
-        if abandoned && rustix::io::pwrite(&held.fd, &[0], 0).is_err() {
+        if abandoned && rustix::io::pwrite(fd, &[0], 0).is_err() {
             return Claim::Alone;
         }
         if waited {
             // Locked after waiting, yet no entry and no mark: the leader died.
-            bump(&c.lock_takeovers, 1);
+            liveness::died(heartbeat::read(fd), &inner.path);
             log::debug(|| {
                 format!("disk lock: {entry}: the process building it died: taking over its build")
             });
+        } else if took_over {
+            log::debug(|| {
+                format!(
+                    "disk lock: {entry}: the process building it stopped: taking over its build"
+                )
+            });
         }
+        if waited || took_over {
+            bump(&c.lock_takeovers, 1);
+        }
+        heartbeat::start(&held.file);
         return Claim::Leader(held);
     }
     log::debug(|| format!("disk lock: {entry}: kept vanishing: building without it"));
     Claim::Alone
+}
+
+/// Says that the entry a wait was for has been written by the process it waited for.
+fn wrote_it(entry: &str, started: Instant) {
+    log::debug(|| {
+        format!(
+            "disk lock: {entry}: waited {:?} for another process, which wrote it",
+            started.elapsed()
+        )
+    });
+}
+
+/// Says that the process a wait was for failed to build or write the entry.
+fn failed(entry: &str, started: Instant) {
+    log::debug(|| {
+        format!(
+            "disk lock: {entry}: the process building it failed after {:?}: building here",
+            started.elapsed()
+        )
+    });
 }
 
 /// Says that a wait for `entry`'s lock reached the timeout, and what this process does now.
@@ -280,27 +416,32 @@ fn timed_out(inner: &Inner, entry: &str, then: &str) {
 pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
     let entry = inner.entry_name(key);
     let name = lock_name(&entry);
-    let deadline = Instant::now() + inner.lock_timeout;
+    let deadline = Instant::now().checked_add(inner.lock_timeout);
     for _ in 0..MAX_ATTEMPTS {
-        match acquire(inner, &name, deadline) {
-            Acquired::Held(fd, waited) => {
+        match acquire(inner, &name, None, deadline) {
+            Acquired::Held(file, waited) => {
                 if waited {
                     bump(&inner.counters.lock_waits, 1);
                 }
-                if is_linked(inner, &fd, &name) {
+                if file.get().is_some_and(|fd| is_linked(inner, fd, &name)) {
+                    heartbeat::start(&file);
                     return Some(KeyLock {
                         inner: Arc::clone(inner),
-                        fd,
+                        file,
                         name,
                     });
                 }
             }
+            Acquired::Again { .. } => {}
             Acquired::TimedOut => {
                 bump(&inner.counters.lock_timeouts, 1);
                 timed_out(inner, &entry, "writing without the lock");
                 return None;
             }
-            Acquired::Unavailable => return None,
+            Acquired::Published
+            | Acquired::Abandoned
+            | Acquired::GivenUp
+            | Acquired::Unavailable => return None,
         }
     }
     None
@@ -309,13 +450,16 @@ pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
 /// Removes a lock file nobody holds (a leader that died leaves its file behind); a held one is
 /// left alone. Returns whether it was removed.
 pub(super) fn remove_idle(inner: &Inner, name: &str) -> bool {
-    let Ok(fd) = open(inner, name, OFlags::empty()) else {
+    let Ok(file) = open(inner, name, OFlags::empty()) else {
         return false;
     };
-    if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+    let Some(fd) = file.get() else {
+        return false;
+    };
+    if rustix::fs::flock(fd, FlockOperation::NonBlockingLockExclusive).is_err() {
         return false;
     }
     // Unlinked while held: a process that locks this inode afterwards sees it unlinked and
     // opens a new file.
-    is_linked(inner, &fd, name) && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
+    is_linked(inner, fd, name) && rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()).is_ok()
 }

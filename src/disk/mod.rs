@@ -6,7 +6,8 @@
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`); `descriptor`: what an entry
 //!   says it holds (backend, device, name).
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
-//! - `lock`: one build per entry across the processes sharing the directory.
+//! - `lock`: one build per entry across the processes sharing the directory; `heartbeat`: a
+//!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it.
 //! - `writer`: writes made after the caller has its value, on a background thread;
 //!   `write_back`: what it writes, and when.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
@@ -23,7 +24,9 @@ mod dir;
 mod evict;
 pub mod format;
 mod gc;
+mod heartbeat;
 mod listing;
+mod liveness;
 mod lock;
 mod shards;
 mod shared;
@@ -44,6 +47,7 @@ pub use descriptor::{
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
 pub use listing::{Check, EntryInfo};
+pub use liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
 pub use shards::{DirectoryCounters, DirectoryStats, SHARDS};
@@ -81,6 +85,8 @@ struct Inner {
     durability: Durability,
     max_size: u64,
     lock_timeout: Duration,
+    /// How long a holder's beat may stand still before a waiter takes its lock over.
+    lock_liveness: Duration,
     counters: Counters,
     /// The counters at the last `reset_stats`.
     baseline: Baseline<DiskStats>,
@@ -147,7 +153,9 @@ pub struct DiskStats {
     pub lock_waits: u64,
     /// Waits that reached the lock timeout; each of those misses built without waiting more.
     pub lock_timeouts: u64,
-    /// Misses that found the lock released by a process that died building: they built.
+    /// Misses that took the build over from a process that died building (its lock released
+    /// without an entry) or stopped (its heartbeat stood still for the liveness window): they
+    /// built.
     pub lock_takeovers: u64,
     /// Background writes queued, held back or running now.
     pub pending_writes: u64,
@@ -256,6 +264,7 @@ impl DiskCache {
             durability: resolved.durability,
             max_size: resolved.max_size,
             lock_timeout: resolved.lock_timeout,
+            lock_liveness: resolved.lock_liveness,
             counters: Counters::default(),
             baseline: Baseline::default(),
             persisted: shards::Persisted::default(),
@@ -294,6 +303,12 @@ impl DiskCache {
     /// How long a miss waits for another process building the same entry.
     pub fn lock_timeout(&self) -> Duration {
         self.inner.lock_timeout
+    }
+
+    /// How long a miss waits for another process building the same entry once that process
+    /// shows no sign of life (see [`DiskConfig::lock_liveness`]).
+    pub fn lock_liveness(&self) -> Duration {
+        self.inner.lock_liveness
     }
 
     /// The largest entry file this cache writes or reads: the smaller of the size cap and

@@ -35,6 +35,7 @@ pub mod cuda;
 pub mod disk;
 pub mod key_builder;
 mod lease;
+pub(crate) mod lock_fds;
 pub mod log;
 pub mod metrics;
 pub mod opencl;

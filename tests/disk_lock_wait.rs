@@ -1,0 +1,620 @@
+//! How long a process waits on another's entry lock, with real processes, real `fork` and
+//! real files: a waiter sees the entry as soon as it is written although a child forked by the
+//! holder still holds the lock's descriptor; a forked child holds none of its parent's entry
+//! locks and leaves them alone when it drops them; a holder stopped with `SIGSTOP` costs a
+//! waiter the liveness window, not the lock timeout, and the four entries it holds cost that
+//! window once; a holder whose build never ends costs one lock timeout for all its entries; a
+//! holder that builds for several liveness windows keeps its waiter. Every assertion is on
+//! counts; times are only watchdogs.
+//!
+//! Each process is this test binary run again with [`ROLE_ENV`] set (see [`lock_worker`]).
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kcache::BuildError;
+use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache_testkit::strings::{Cache, find_or_build, serialize, tiered};
+use rustix::process::{Pid, Signal};
+
+/// `holder`, `fork-holder`, `raw-fork-holder` or `waiter`, in a worker process.
+const ROLE_ENV: &str = "KCACHE_LOCK_ROLE";
+/// The cache directory.
+const DIR_ENV: &str = "KCACHE_LOCK_DIR";
+/// How many entries (`k0`, `k1`, ...) the worker looks up.
+const KEYS_ENV: &str = "KCACHE_LOCK_KEYS";
+/// A holder's builds wait for this file to exist (or this many milliseconds, when it is a
+/// number) before they return.
+const RELEASE_ENV: &str = "KCACHE_LOCK_RELEASE";
+/// The worker's lock timeout, in seconds.
+const TIMEOUT_ENV: &str = "KCACHE_LOCK_TIMEOUT";
+/// The worker's liveness window, in seconds (read by the disk tier itself).
+const LIVENESS_ENV: &str = "KCACHE_LOCK_LIVENESS";
+
+/// How long any worker may run before the test fails rather than hangs.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Runs inside a worker process only; a no-op in the normal test run.
+#[test]
+fn lock_worker() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let var = |name| std::env::var(name).unwrap();
+    let dir = PathBuf::from(var(DIR_ENV));
+    // From the environment for the liveness window (KCACHE_LOCK_LIVENESS), the rest explicit.
+    let config = DiskConfig {
+        dir: Some(dir),
+        lock_timeout: Some(Duration::from_secs_f64(var(TIMEOUT_ENV).parse().unwrap())),
+        durability: Durability::Relaxed,
+        ..DiskConfig::from_env()
+    };
+    let disk = Arc::new(DiskCache::open(config).unwrap());
+    let cache = tiered(Some(Arc::clone(&disk)));
+    let keys: usize = var(KEYS_ENV).parse().unwrap();
+    match role.as_str() {
+        "waiter" => {
+            println!("ready");
+            let started = Instant::now();
+            for i in 0..keys {
+                let key = format!("k{i}");
+                let lease = find_or_build(&cache, &key, || Ok((value(&key), 1)), serialize);
+                assert_eq!(lease.unwrap().value(), &value(&key));
+            }
+            let elapsed = started.elapsed();
+            cache.flush();
+            report(&cache, &disk, elapsed);
+        }
+        holder => {
+            let release = var(RELEASE_ENV);
+            std::thread::scope(|s| {
+                for i in 0..keys {
+                    let (cache, release) = (&cache, &release);
+                    s.spawn(move || {
+                        let key = format!("k{i}");
+                        let build = || {
+                            println!("holding {key}");
+                            match holder {
+                                "fork-holder" => fork_child_that_drops_the_lock()?,
+                                "raw-fork-holder" => raw_fork_child_that_sleeps(),
+                                _ => {}
+                            }
+                            wait_for_release(release);
+                            Ok((value(&key), 1))
+                        };
+                        let found = find_or_build(cache, &key, build, serialize);
+                        if let Some(check) = CHILD.take() {
+                            check.report_and_exit(found.is_err());
+                        }
+                        assert_eq!(found.unwrap().value(), &value(&key));
+                    });
+                }
+            });
+            cache.flush();
+            report(&cache, &disk, Duration::ZERO);
+        }
+    }
+    std::process::exit(0);
+}
+
+fn value(key: &str) -> String {
+    format!("built({key})")
+}
+
+/// Waits until `release` exists, or for `release` milliseconds when it is a number.
+fn wait_for_release(release: &str) {
+    if let Ok(ms) = release.parse() {
+        return std::thread::sleep(Duration::from_millis(ms));
+    }
+    while !Path::new(release).exists() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn report(cache: &Cache, disk: &DiskCache, elapsed: Duration) {
+    let (t, d) = (cache.stats(), disk.stats());
+    println!(
+        "builds={} loads={} waits={} timeouts={} takeovers={} elapsed_ms={}",
+        t.builds,
+        t.disk_hits,
+        d.lock_waits,
+        d.lock_timeouts,
+        d.lock_takeovers,
+        elapsed.as_millis()
+    );
+}
+
+std::thread_local! {
+    /// In the child of a `fork-holder`: what it checks once its lookup has returned.
+    static CHILD: std::cell::Cell<Option<ChildCheck>> = const { std::cell::Cell::new(None) };
+}
+
+/// In a holder's build, which holds the entry's lock: forks (with `fork`, so with the
+/// library's fork hooks), waits for the child and says so. The child counts the lock files it
+/// has open, opens 16 files (one of them likely gets the number of a descriptor closed at the
+/// fork), then fails its copy of the build, so that the lookup it inherited abandons and drops
+/// its copy of the parent's lock; [`ChildCheck::report_and_exit`] goes on from there.
+fn fork_child_that_drops_the_lock() -> Result<(), BuildError> {
+    let lock = lock_files(&std::env::var(DIR_ENV).unwrap())
+        .pop()
+        .expect("the lock file");
+    let ino = std::fs::metadata(&lock).unwrap().ino();
+    // SAFETY: the child reads /proc, opens files and returns into the lookup (as a program
+    // forked by a multi-threaded parent would, which is what is tested), then `_exit`s.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid > 0 {
+        let mut status = 0;
+        // SAFETY: waits for the child forked above; `status` is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child died: {status}");
+        assert_eq!(libc::WEXITSTATUS(status), 0);
+        println!("child done");
+        return Ok(());
+    }
+    let lock_fds = open_lock_files();
+    let opened = (0..16)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    CHILD.set(Some(ChildCheck {
+        lock,
+        ino,
+        lock_fds,
+        opened,
+    }));
+    Err(BuildError::new(7, "the child's copy of the build"))
+}
+
+/// What the forked child of a `fork-holder` checks.
+struct ChildCheck {
+    /// The parent's lock file, and its inode.
+    lock: PathBuf,
+    ino: u64,
+    /// Lock files the child had open right after the fork.
+    lock_fds: usize,
+    /// Files the child opened after the fork.
+    opened: Vec<std::fs::File>,
+}
+
+impl ChildCheck {
+    /// Prints what the child saw once its lookup returned (`failed`: with the build's error)
+    /// and the parent's lock was dropped in it: the lock files it had open after the fork,
+    /// whether the parent's lock file is still there, unmarked, and whether the files it
+    /// opened are still open. Then exits.
+    fn report_and_exit(self, failed: bool) -> ! {
+        use std::os::fd::AsRawFd;
+        let lock = std::fs::read(&self.lock)
+            .ok()
+            .filter(|_| std::fs::metadata(&self.lock).is_ok_and(|m| m.ino() == self.ino));
+        let intact = self.opened.iter().all(|file| {
+            std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+                .is_ok_and(|target| target == Path::new("/dev/null"))
+        });
+        println!(
+            "child failed={} lock_fds={} linked={} abandoned={} intact={}",
+            u8::from(failed),
+            self.lock_fds,
+            u8::from(lock.is_some()),
+            u8::from(lock.is_some_and(|bytes| bytes.first() == Some(&b'F'))),
+            u8::from(intact),
+        );
+        // SAFETY: ends the child without running the parent's exit path twice.
+        unsafe { libc::_exit(0) }
+    }
+}
+
+/// The lock files open in this process, from `/proc/self/fd`.
+fn open_lock_files() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(".lock"))
+        .count()
+}
+
+/// In a holder's build: a child made by the `clone` system call itself, which runs no fork
+/// hook (as some runtimes fork), and so keeps the lock's descriptor, and with it the lock,
+/// until it is killed. Prints its pid. The child closes its stdout and stderr, so that the
+/// test reading them sees them end when the holder exits.
+fn raw_fork_child_that_sleeps() {
+    // SAFETY: a raw fork; the child calls only async-signal-safe functions (pause, _exit).
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_long, 0, 0, 0, 0) };
+    assert!(pid >= 0, "clone failed");
+    if pid == 0 {
+        // SAFETY: async-signal-safe; the child writes nothing.
+        unsafe {
+            libc::close(1);
+            libc::close(2);
+        }
+        loop {
+            // SAFETY: async-signal-safe; the test kills this process.
+            unsafe { libc::pause() };
+        }
+    }
+    println!("child {pid}");
+}
+
+fn lock_files(dir: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().ends_with(".lock"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A worker process, its stdout piped, its stderr in a file.
+struct Worker {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    stderr: PathBuf,
+}
+
+fn spawn(
+    role: &str,
+    dir: &Path,
+    keys: usize,
+    release: &str,
+    timeout: &str,
+    liveness: &str,
+) -> Worker {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["lock_worker", "--exact", "--nocapture", "--test-threads=1"]);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("KCACHE_") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env(ROLE_ENV, role)
+        .env(DIR_ENV, dir)
+        .env(KEYS_ENV, keys.to_string())
+        .env(RELEASE_ENV, release)
+        .env(TIMEOUT_ENV, timeout)
+        .env(LIVENESS_ENV, liveness);
+    let (stderr_file, stderr) = tempfile::Builder::new()
+        .prefix("worker-")
+        .suffix(".err")
+        .tempfile_in(dir.parent().unwrap())
+        .unwrap()
+        .keep()
+        .unwrap();
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(stderr_file)
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    Worker {
+        child,
+        stdout,
+        stderr,
+    }
+}
+
+impl Worker {
+    fn pid(&self) -> Pid {
+        Pid::from_child(&self.child)
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// The rest of the line that starts with `said` (libtest may print before it), reading
+    /// output up to it.
+    fn wait_for(&mut self, said: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(
+                n > 0,
+                "worker exited before it said {said}: {}",
+                self.stderr()
+            );
+            if let Some(at) = line.find(said) {
+                return line[at + said.len()..].trim().to_owned();
+            }
+        }
+    }
+
+    /// The worker's report (counter → value); fails if it does not exit within [`WATCHDOG`].
+    fn finish(mut self) -> Report {
+        let deadline = Instant::now() + WATCHDOG;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker still running after {WATCHDOG:?}: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let mut out = String::new();
+        self.stdout.read_to_string(&mut out).unwrap();
+        assert!(
+            status.success(),
+            "worker failed ({status}): {out}\n{}",
+            self.stderr()
+        );
+        let line = out
+            .lines()
+            .find_map(|l| l.find("builds=").map(|at| &l[at..]))
+            .unwrap_or_else(|| panic!("no report in: {out}"));
+        Report {
+            counters: line
+                .split(' ')
+                .filter_map(|field| field.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
+                .collect(),
+            warnings: self
+                .stderr()
+                .lines()
+                .filter(|l| l.starts_with("kcache: ") && !l.starts_with("kcache: debug: "))
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+
+    fn signal(&self, signal: Signal) {
+        rustix::process::kill_process(self.pid(), signal).unwrap();
+    }
+}
+
+/// A test that fails leaves no worker behind, stopped or waiting.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+struct Report {
+    counters: std::collections::HashMap<String, u64>,
+    /// The lines kcache wrote at `warn` (the workers log at the default level).
+    warnings: Vec<String>,
+}
+
+impl Report {
+    fn get(&self, name: &str) -> u64 {
+        self.counters[name]
+    }
+
+    fn assert(&self, expected: &[(&str, u64)]) {
+        for &(name, want) in expected {
+            assert_eq!(self.get(name), want, "{name}: {self:?}");
+        }
+    }
+}
+
+/// A fresh temporary directory holding the cache directory `cache` (created by the first
+/// worker), the release file's path and the workers' stderr.
+fn setup() -> (tempfile::TempDir, PathBuf, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    let release = tmp.path().join("release").to_string_lossy().into_owned();
+    (tmp, dir, release)
+}
+
+/// Whether process `pid` has a file open whose name ends with `.lock` in `dir`, and sleeps
+/// (`/proc/<pid>/task/*/wchan`): a waiter between two attempts at a lock.
+fn waits_on_a_lock(pid: Pid) -> bool {
+    let proc = format!("/proc/{}", pid.as_raw_nonzero());
+    let Ok(fds) = std::fs::read_dir(format!("{proc}/fd")) else {
+        return false;
+    };
+    let has_lock = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .any(|target| target.to_string_lossy().ends_with(".lock"));
+    let Ok(tasks) = std::fs::read_dir(format!("{proc}/task")) else {
+        return false;
+    };
+    has_lock
+        && tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("wchan")).ok())
+            .any(|wchan| wchan.contains("nanosleep"))
+}
+
+/// Waits (up to the watchdog) until `worker` waits on a lock.
+fn until_waiting(worker: &Worker) {
+    let deadline = Instant::now() + WATCHDOG;
+    while !waits_on_a_lock(worker.pid()) {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never waited on a lock"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether an `flock` is held on the inode `ino`, as `/proc/locks` says (which names the
+/// process that took it, not those that keep it now).
+fn is_flocked(ino: u64) -> bool {
+    let locks = std::fs::read_to_string("/proc/locks").unwrap();
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some(at) = fields.iter().position(|&f| f == "FLOCK") else {
+            return false;
+        };
+        // FLOCK ADVISORY WRITE <pid> <major:minor:inode> …
+        fields
+            .get(at + 4)
+            .and_then(|f| f.rsplit(':').next())
+            .is_some_and(|i| i == ino.to_string())
+    })
+}
+
+/// A process killed when this is dropped, whatever the test's outcome.
+struct Killed(Pid);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = rustix::process::kill_process(self.0, Signal::KILL);
+    }
+}
+
+/// The holder forks a child (by the raw system call, so no fork hook closes anything) while it
+/// holds the entry's lock, then writes the entry and exits; the child keeps the lock's
+/// descriptor, and so the lock, until it is killed. The waiter, which waits on that lock, reads
+/// the entry anyway, without waiting for its lock timeout.
+#[test]
+fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
+    let (_tmp, dir, release) = setup();
+    let mut holder = spawn("raw-fork-holder", &dir, 1, &release, "60", "60");
+    holder.wait_for("holding k0");
+    let lock = lock_files(dir.to_str().unwrap())
+        .pop()
+        .expect("a lock file");
+    let ino = std::fs::metadata(&lock).unwrap().ino();
+    // A lock timeout well inside the watchdog, and a liveness window past it: only seeing the
+    // entry can end this wait early.
+    let mut waiter = spawn("waiter", &dir, 1, &release, "20", "60");
+    waiter.wait_for("ready");
+    until_waiting(&waiter);
+    std::fs::write(&release, b"").unwrap();
+    let child = Killed(Pid::from_raw(holder.wait_for("child ").parse().unwrap()).unwrap());
+    holder.finish().assert(&[("builds", 1)]);
+    let waited = waiter.finish();
+    // The holder has exited: only the child can keep the lock now.
+    assert!(
+        is_flocked(ino),
+        "the child no longer held the lock: nothing was tested"
+    );
+    drop(child);
+    waited.assert(&[
+        ("builds", 0),
+        ("loads", 1),
+        ("waits", 1),
+        ("timeouts", 0),
+        ("takeovers", 0),
+    ]);
+}
+
+/// The holder forks (with `fork`) while it holds the entry's lock. The child holds none of the
+/// parent's locks (its descriptors were closed at the fork); the lookup it inherited fails in
+/// it and drops the parent's lock there, which leaves the parent's lock file linked, unmarked,
+/// and the child's own files open. A process that then misses the entry waits for the parent
+/// and reads what it wrote.
+#[test]
+fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
+    let (_tmp, dir, release) = setup();
+    let mut holder = spawn("fork-holder", &dir, 1, &release, "60", "60");
+    holder.wait_for("holding k0");
+    let child = holder.wait_for("child ");
+    assert_eq!(
+        child, "failed=1 lock_fds=0 linked=1 abandoned=0 intact=1",
+        "what the forked child saw"
+    );
+    holder.wait_for("child done");
+    let waiter = spawn("waiter", &dir, 1, &release, "60", "60");
+    until_waiting(&waiter);
+    std::fs::write(&release, b"").unwrap();
+    holder.finish().assert(&[("builds", 1)]);
+    waiter
+        .finish()
+        .assert(&[("builds", 0), ("loads", 1), ("waits", 1)]);
+    assert_eq!(lock_files(dir.to_str().unwrap()), Vec::<PathBuf>::new());
+}
+
+/// A holder of `keys` entries, each build waiting for the release file, and stopped
+/// (`SIGSTOP`) once it holds all their locks.
+fn stopped_holder(dir: &Path, keys: usize, release: &str) -> Worker {
+    let mut holder = spawn("holder", dir, keys, release, "60", "60");
+    for _ in 0..keys {
+        holder.wait_for("holding k");
+    }
+    holder.signal(Signal::STOP);
+    holder
+}
+
+/// The waiter's warnings that name `cause`.
+fn warnings(report: &Report, cause: &str) -> usize {
+    report.warnings.iter().filter(|w| w.contains(cause)).count()
+}
+
+/// A holder stopped with `SIGSTOP` while it builds: its waiter takes the build over once the
+/// holder's beat has stood still for the liveness window (1 s), long before its lock timeout
+/// (30 s), and says so once, at `warn`.
+#[test]
+fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
+    let (_tmp, dir, release) = setup();
+    let _holder = stopped_holder(&dir, 1, &release);
+    let waited = spawn("waiter", &dir, 1, &release, "30", "1").finish();
+    waited.assert(&[
+        ("builds", 1),
+        ("loads", 0),
+        ("waits", 1),
+        ("timeouts", 0),
+        ("takeovers", 1),
+    ]);
+    assert_eq!(warnings(&waited, "no sign of life"), 1, "{waited:?}");
+}
+
+/// A stopped holder of four entries: the waiter that needs all four waits the liveness window
+/// once (the other three lock files carry the same standing beat) and never its lock timeout
+/// (4 s, which four waits would add up to 16 s); one warning for the one holder.
+#[test]
+fn four_entries_of_a_stopped_holder_cost_one_wait() {
+    let (_tmp, dir, release) = setup();
+    let _holder = stopped_holder(&dir, 4, &release);
+    let waited = spawn("waiter", &dir, 4, &release, "4", "1").finish();
+    waited.assert(&[
+        ("builds", 4),
+        ("loads", 0),
+        ("timeouts", 0),
+        ("takeovers", 4),
+    ]);
+    assert_eq!(warnings(&waited, "no sign of life"), 1, "{waited:?}");
+    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+}
+
+/// A holder of four entries whose builds never end but whose process runs (its beat goes on,
+/// as a build hung in a driver): the waiter waits the lock timeout (2 s) for the first entry,
+/// then builds the other three without waiting; one warning.
+#[test]
+fn four_entries_of_a_hung_holder_cost_one_lock_timeout() {
+    let (_tmp, dir, release) = setup();
+    let mut holder = spawn("holder", &dir, 4, &release, "60", "60");
+    for _ in 0..4 {
+        holder.wait_for("holding k");
+    }
+    let waited = spawn("waiter", &dir, 4, &release, "2", "1").finish();
+    waited.assert(&[
+        ("builds", 4),
+        ("loads", 0),
+        ("timeouts", 1),
+        ("takeovers", 0),
+    ]);
+    assert_eq!(warnings(&waited, "lock timeout"), 1, "{waited:?}");
+    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+    std::fs::write(&release, b"").unwrap();
+    holder.finish().assert(&[("builds", 4)]);
+}
+
+/// A holder that builds for 3.5 s, three and a half liveness windows: its beat goes on, so its
+/// waiter waits for it and reads its entry instead of building a second time.
+#[test]
+fn a_slow_live_holder_keeps_its_waiter() {
+    let (_tmp, dir, _release) = setup();
+    let mut holder = spawn("holder", &dir, 1, "3500", "60", "1");
+    holder.wait_for("holding k0");
+    let waited = spawn("waiter", &dir, 1, "0", "60", "1").finish();
+    waited.assert(&[
+        ("builds", 0),
+        ("loads", 1),
+        ("waits", 1),
+        ("timeouts", 0),
+        ("takeovers", 0),
+    ]);
+    assert!(waited.warnings.is_empty(), "{waited:?}");
+    holder.finish().assert(&[("builds", 1)]);
+}
