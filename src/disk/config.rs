@@ -528,7 +528,10 @@ mod tests {
 
     #[test]
     fn lock_timeouts() {
-        let t = |v: &str| env_lock_timeout(&OsString::from(v));
+        let t = |v: &str| {
+            let (default, warning) = (DEFAULT_LOCK_TIMEOUT, Warning::LockTimeout);
+            env_lock_wait("KCACHE_LOCK_TIMEOUT", &OsString::from(v), default, warning)
+        };
         assert_eq!(t("30"), Some(Duration::from_secs(30)));
         assert_eq!(t(" 0.25 "), Some(Duration::from_millis(250)));
         assert_eq!(t("0"), Some(Duration::ZERO));
