@@ -164,13 +164,14 @@ impl Client {
         let deadline = Instant::now() + self.timeout;
         let packed = cmd.get_packed_command();
         let slot = slot(key.as_bytes());
-        let mut node = self
-            .target
-            .cluster
-            .then(|| self.slots.lock().get(&slot).cloned());
+        // A cluster's node for the slot, when a redirect named it; else a seed.
+        let mut node = match self.target.cluster {
+            true => self.slots.lock().get(&slot).cloned(),
+            false => None,
+        };
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTS {
-            let (name, mut link) = self.link(node.flatten().as_ref(), deadline)?;
+            let (name, mut link) = self.link(node.as_ref(), deadline)?;
             if asking {
                 link.call(&redis::cmd("ASKING").get_packed_command(), deadline, 0)?
                     .extract_error()?;
@@ -195,7 +196,7 @@ impl Client {
             if !asking {
                 self.slots.lock().insert(slot, to.clone());
             }
-            node = Some(Some(to));
+            node = Some(to);
         }
         Err(RedisError::from((
             ErrorKind::ClusterDown,
