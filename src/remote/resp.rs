@@ -30,6 +30,7 @@ pub const MAX_DEPTH: usize = 4;
 /// an `Err`.
 pub fn read_reply(reader: &mut impl BufRead, max_bulk: u64) -> RedisResult<Value> {
     let mut budget = Budget {
+        max_bulk,
         bytes: max_bulk.saturating_add(OVERHEAD),
         values: MAX_VALUES,
     };
@@ -37,6 +38,9 @@ pub fn read_reply(reader: &mut impl BufRead, max_bulk: u64) -> RedisResult<Value
 }
 
 struct Budget {
+    /// The largest bulk string.
+    max_bulk: u64,
+    /// What the rest of the reply may take.
     bytes: u64,
     values: usize,
 }
@@ -86,7 +90,7 @@ fn value(reader: &mut impl BufRead, budget: &mut Budget, depth: usize) -> RedisR
 /// A bulk string of `len` bytes (its header read), checked against the budget first.
 fn bulk(reader: &mut impl BufRead, budget: &mut Budget, len: u64) -> RedisResult<Value> {
     let framed = len.saturating_add(2);
-    if framed > budget.bytes {
+    if len > budget.max_bulk || framed > budget.bytes {
         return Err(refused("a string larger than the entry size limit"));
     }
     budget.bytes -= framed;
@@ -174,6 +178,7 @@ mod tests {
         assert_eq!(moved.redirect_node(), Some(("127.0.0.1:6381", 3999)));
         // Over the budget: refused from the header alone.
         assert!(read(b"$5000\r\n", 100).is_err());
+        assert!(read(b"$4\r\nabcd\r\n", 3).is_err());
         assert!(read(b"$2000000000\r\n", 64 << 20).is_err());
         assert!(read(b"*2000000\r\n", 64 << 20).is_err());
         assert!(read(&b"*1\r\n".repeat(MAX_DEPTH + 1), 0).is_err());
