@@ -28,9 +28,7 @@ const SCENARIOS: &[(&str, Scenario)] = &[
             1,
         )
     }),
-    ("trickle-all", || {
-        (FakeRedis::start(|args| trickled(args)), 120, 3)
-    }),
+    ("trickle-all", || (FakeRedis::start(trickled), 120, 3)),
     ("trickle-read", || {
         let reply = trickled(&[b"GETRANGE".to_vec()]);
         (FakeRedis::answering("GETRANGE", reply), 120, 4)
