@@ -348,7 +348,15 @@ impl FakeRedis {
     /// Starts the server; it runs until the test process ends (its threads end with their
     /// connections).
     pub fn start(answer: impl Fn(&[Vec<u8>]) -> Reply + Send + Sync + 'static) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_on(0, answer)
+    }
+
+    /// As [`FakeRedis::start`], on `port` (0: any free port).
+    pub fn start_on(
+        port: u16,
+        answer: impl Fn(&[Vec<u8>]) -> Reply + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         let port = listener.local_addr().unwrap().port();
         let sent = Arc::new(AtomicU64::new(0));
         let commands = Arc::new(Mutex::new(Vec::new()));
@@ -383,6 +391,11 @@ impl FakeRedis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `127.0.0.1:PORT`, as a cluster's redirect names a node.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     /// The bytes sent so far, all connections together.
