@@ -9,7 +9,6 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use redis::cluster::ClusterClient;
 use redis::{ClientTlsConfig, TlsCertificates};
 
 use super::client::Target;
@@ -148,7 +147,7 @@ impl RemoteConfig {
             Ok(tls) => tls,
             Err(why) => return refuse(&why),
         };
-        let target = match target(&url, cluster, timeout, tls) {
+        let target = match target(&url, cluster, tls) {
             Ok(target) => target,
             Err(e) => return refuse(&format!("the remote URL cannot be used: {e}")),
         };
@@ -224,12 +223,7 @@ pub(crate) struct Resolved {
 /// A single server, or a Redis Cluster when `cluster` is set or `url` lists several seed nodes
 /// (comma-separated). With `tls`, `rediss://` servers are verified against its certificate
 /// authority alone (else the system's roots) and shown its client certificate.
-fn target(
-    url: &str,
-    cluster: bool,
-    timeout: Duration,
-    tls: Option<TlsCertificates>,
-) -> redis::RedisResult<Target> {
+fn target(url: &str, cluster: bool, tls: Option<TlsCertificates>) -> redis::RedisResult<Target> {
     let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
     // TLS files with a plain URL are a mistake to report, not settings to drop silently.
     if tls.is_some() && seeds.iter().any(|s| !s.starts_with("rediss://")) {
@@ -238,20 +232,7 @@ fn target(
             "TLS files are set for a URL that is not rediss://",
         )));
     }
-    if !cluster && seeds.len() == 1 {
-        return match tls {
-            Some(tls) => redis::Client::build_with_tls(url, tls),
-            None => redis::Client::open(url),
-        }
-        .map(Target::Single);
-    }
-    let mut builder = ClusterClient::builder(seeds)
-        .connection_timeout(timeout)
-        .response_timeout(timeout);
-    if let Some(tls) = tls {
-        builder = builder.certs(tls);
-    }
-    builder.build().map(Target::Cluster)
+    Target::new(&seeds, cluster, tls)
 }
 
 /// The TLS files' contents as redis-rs takes them; `None` when none is named. A certificate

@@ -126,33 +126,31 @@ impl Remote {
     fn acquire(&self, lease: &str) -> Option<Option<String>> {
         let token = token();
         let ttl = LEASE_TTL.as_millis() as u64;
-        let set = self.guarded("lease", lease, |con| {
+        let set: Option<String> = self.guarded(
+            "lease",
+            lease,
+            lease,
             redis::cmd("SET")
                 .arg(lease)
                 .arg(&token)
                 .arg("NX")
                 .arg("PX")
-                .arg(ttl)
-                .query::<Option<String>>(con)
-        })?;
+                .arg(ttl),
+        )?;
         Some(set.map(|_| token))
     }
 
     fn lease_exists(&self, lease: &str) -> Option<bool> {
-        self.guarded("lease", lease, |con| {
-            redis::cmd("EXISTS").arg(lease).query::<bool>(con)
-        })
+        self.guarded("lease", lease, lease, redis::cmd("EXISTS").arg(lease))
     }
 
     fn release(&self, lease: &str, token: &str) {
-        self.guarded("lease release", lease, |con| {
-            redis::cmd("EVAL")
-                .arg(RELEASE)
-                .arg(1)
-                .arg(lease)
-                .arg(token)
-                .query::<i64>(con)
-        });
+        self.guarded::<i64>(
+            "lease release",
+            lease,
+            lease,
+            redis::cmd("EVAL").arg(RELEASE).arg(1).arg(lease).arg(token),
+        );
     }
 
     /// A thread that renews the lease until the guard is dropped; `None` (the lease
@@ -167,15 +165,17 @@ impl Remote {
             .name("kcache-lease".into())
             .spawn(move || {
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(LEASE_TTL / 3) {
-                    remote.guarded("lease renewal", &held, |con| {
+                    remote.guarded::<i64>(
+                        "lease renewal",
+                        &held,
+                        &held,
                         redis::cmd("EVAL")
                             .arg(RENEW)
                             .arg(1)
                             .arg(&held)
                             .arg(&mine)
-                            .arg(ttl)
-                            .query::<i64>(con)
-                    });
+                            .arg(ttl),
+                    );
                 }
             });
         if renewing.is_err() {

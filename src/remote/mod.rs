@@ -13,6 +13,7 @@
 //!
 //! - [`config`]: the settings and the environment.
 //! - `client`: connections (standalone or Redis Cluster) and per-operation budgets.
+//! - [`resp`]: replies, read within the entry size limit.
 //! - `breaker`: the circuit breaker.
 //! - `lease`: compile once across nodes, a per-entry lease in the store.
 
@@ -20,6 +21,8 @@ mod breaker;
 mod client;
 pub mod config;
 mod lease;
+#[doc(hidden)]
+pub mod resp;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -136,7 +139,7 @@ impl Remote {
             return None;
         }
         Some(Remote {
-            client: client::Client::new(r.target, r.timeout),
+            client: client::Client::new(r.target, r.timeout, r.max_entry_size),
             breaker: Breaker::new(r.breaker_threshold, r.breaker_cooldown),
             read_only: r.read_only,
             ttl: r.ttl,
@@ -206,13 +209,12 @@ impl Remote {
         let limit = self.max_entry_size;
         // GETRANGE bounds what a planted value of any size costs to read: one byte over the
         // limit tells it apart. An absent key reads as empty, and no entry is.
-        let bytes = self.guarded("read", name, |con| {
-            redis::cmd("GETRANGE")
-                .arg(&key)
-                .arg(0)
-                .arg(limit)
-                .query::<Vec<u8>>(con)
-        })?;
+        let bytes: Vec<u8> = self.guarded(
+            "read",
+            name,
+            &key,
+            redis::cmd("GETRANGE").arg(&key).arg(0).arg(limit),
+        )?;
         if bytes.is_empty() {
             return None;
         }
@@ -253,33 +255,32 @@ impl Remote {
         }
         let key = format!("{}{name}", self.prefix);
         let ttl = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX);
-        let written = self.guarded("write", name, |con| {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(&key).arg(entry);
-            if ttl > 0 {
-                cmd.arg("PX").arg(ttl);
-            }
-            cmd.query::<()>(con)
-        });
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&key).arg(entry);
+        if ttl > 0 {
+            cmd.arg("PX").arg(ttl);
+        }
+        let written = self.guarded::<()>("write", name, &key, &cmd);
         if written.is_some() {
             bump(&self.counters.puts, 1);
             bump(&self.counters.bytes_written, size);
         }
     }
 
-    /// Runs `op` unless the breaker is open, and counts and logs how it failed.
-    fn guarded<T>(
+    /// Sends `cmd` about `key` unless the breaker is open, and counts and logs how it failed.
+    fn guarded<T: redis::FromRedisValue>(
         &self,
         what: &str,
         name: &str,
-        op: impl FnOnce(&mut dyn redis::ConnectionLike) -> redis::RedisResult<T>,
+        key: &str,
+        cmd: &redis::Cmd,
     ) -> Option<T> {
         let c = &self.counters;
         if !self.breaker.allow() {
             bump(&c.skipped, 1);
             return None;
         }
-        match self.client.run(op) {
+        match self.client.query(key, cmd) {
             Ok(value) => {
                 if self.breaker.record(true) == Change::Closed {
                     log::info(|| "remote tier reachable again: breaker closed".into());

@@ -1,9 +1,13 @@
 //! A `redis-server` of the test's own on a loopback port, for the remote tier's tests: started,
-//! killed, restarted on the same port, stopped and continued by the test.
+//! killed, restarted on the same port, stopped and continued by the test; and a fake server
+//! ([`FakeRedis`]) that sends whatever a test tells it to, for a broken or hostile store.
 
-use std::net::TcpListener;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
@@ -309,4 +313,189 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// What [`FakeRedis`] sends back to one command.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// These bytes, at once.
+    Bytes(Vec<u8>),
+    /// These bytes, one every `Duration`.
+    Trickle(Vec<u8>, Duration),
+    /// These bytes, then `usize` bytes of filler as fast as the client takes them, then the
+    /// connection is closed.
+    Flood(Vec<u8>, usize),
+    /// These bytes, then the connection is closed.
+    Close(Vec<u8>),
+    /// Nothing: the connection stays open and silent.
+    Never,
+}
+
+/// What [`FakeRedis`] answers to a command (its arguments, the name first).
+pub type Answer = dyn Fn(&[Vec<u8>]) -> Reply + Send + Sync;
+
+/// A server on a loopback port that speaks just enough RESP to be a broken or hostile Redis:
+/// it reads each command and sends what its answer function says, however wrong. It counts
+/// the bytes it managed to send (accepted by the socket: the client's reads plus what the
+/// kernel buffers hold).
+pub struct FakeRedis {
+    port: u16,
+    sent: Arc<AtomicU64>,
+    commands: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeRedis {
+    /// Starts the server; it runs until the test process ends (its threads end with their
+    /// connections).
+    pub fn start(answer: impl Fn(&[Vec<u8>]) -> Reply + Send + Sync + 'static) -> Self {
+        Self::start_on(0, answer)
+    }
+
+    /// As [`FakeRedis::start`], on `port` (0: any free port).
+    pub fn start_on(
+        port: u16,
+        answer: impl Fn(&[Vec<u8>]) -> Reply + Send + Sync + 'static,
+    ) -> Self {
+        let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let sent = Arc::new(AtomicU64::new(0));
+        let commands = Arc::new(Mutex::new(Vec::new()));
+        let answer: Arc<Answer> = Arc::new(answer);
+        let (s, c) = (Arc::clone(&sent), Arc::clone(&commands));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let (answer, sent, commands) =
+                    (Arc::clone(&answer), Arc::clone(&s), Arc::clone(&c));
+                std::thread::spawn(move || serve(stream, &*answer, &sent, &commands));
+            }
+        });
+        FakeRedis {
+            port,
+            sent,
+            commands,
+        }
+    }
+
+    /// A server that answers `command` (upper case) with `reply` and every other command as
+    /// an empty Redis would.
+    pub fn answering(command: &'static str, reply: Reply) -> Self {
+        Self::start(move |args| {
+            if args[0].eq_ignore_ascii_case(command.as_bytes()) {
+                reply.clone()
+            } else {
+                Reply::Bytes(plain_answer(args))
+            }
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `127.0.0.1:PORT`, as a cluster's redirect names a node.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The bytes sent so far, all connections together.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// The names of the commands received so far, in order.
+    pub fn commands(&self) -> Vec<String> {
+        self.commands.lock().unwrap().clone()
+    }
+}
+
+/// What an empty Redis answers: `SET` OK, `EVAL` 1, `EXISTS` 0, a read nothing.
+pub fn plain_answer(args: &[Vec<u8>]) -> Vec<u8> {
+    match args[0].to_ascii_uppercase().as_slice() {
+        b"GETRANGE" => b"$0\r\n\r\n".to_vec(),
+        b"GET" => b"$-1\r\n".to_vec(),
+        b"EVAL" => b":1\r\n".to_vec(),
+        b"EXISTS" => b":0\r\n".to_vec(),
+        _ => b"+OK\r\n".to_vec(),
+    }
+}
+
+fn serve(stream: TcpStream, answer: &Answer, sent: &AtomicU64, commands: &Mutex<Vec<String>>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    while let Some(args) = read_command(&mut reader) {
+        commands
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(&args[0]).to_ascii_uppercase());
+        let mut send = |bytes: &[u8]| {
+            let ok = writer.write_all(bytes).is_ok();
+            if ok {
+                sent.fetch_add(bytes.len() as u64, Ordering::SeqCst);
+            }
+            ok
+        };
+        match answer(&args) {
+            Reply::Bytes(bytes) => {
+                if !send(&bytes) {
+                    return;
+                }
+            }
+            Reply::Trickle(bytes, every) => {
+                for b in bytes {
+                    std::thread::sleep(every);
+                    if !send(&[b]) {
+                        return;
+                    }
+                }
+            }
+            Reply::Flood(head, mut filler) => {
+                if !send(&head) {
+                    return;
+                }
+                let chunk = vec![b'x'; 64 << 10];
+                while filler > 0 {
+                    let n = filler.min(chunk.len());
+                    if !send(&chunk[..n]) {
+                        return;
+                    }
+                    filler -= n;
+                }
+                return;
+            }
+            Reply::Close(bytes) => {
+                send(&bytes);
+                return;
+            }
+            Reply::Never => {
+                // Read on (and drop) until the client goes away.
+                let _ = std::io::copy(&mut reader, &mut std::io::sink());
+                return;
+            }
+        }
+    }
+}
+
+/// One command as a client sends it (an array of bulk strings); `None` at the end of the
+/// connection or on anything else.
+fn read_command(reader: &mut impl BufRead) -> Option<Vec<Vec<u8>>> {
+    let count: usize = read_header(reader, b'*')?;
+    (0..count)
+        .map(|_| {
+            let len: usize = read_header(reader, b'$')?;
+            let mut arg = vec![0; len + 2];
+            reader.read_exact(&mut arg).ok()?;
+            arg.truncate(len);
+            Some(arg)
+        })
+        .collect()
+}
+
+fn read_header(reader: &mut impl BufRead, kind: u8) -> Option<usize> {
+    let mut line = Vec::new();
+    reader.read_until(b'\n', &mut line).ok()?;
+    let line = line.strip_suffix(b"\r\n")?;
+    let (&first, number) = line.split_first()?;
+    (first == kind).then_some(())?;
+    std::str::from_utf8(number).ok()?.parse().ok()
 }

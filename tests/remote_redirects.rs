@@ -1,0 +1,86 @@
+//! A Redis Cluster's redirects as kcache follows them, with fake nodes on loopback
+//! (`FakeRedis`): `MOVED` sends the operation to the node it names and that node is remembered
+//! for the slot; `ASK` sends it there once, after `ASKING`, and is not remembered; a node that
+//! redirects forever costs one failed operation. (A real cluster is in `remote_tier.rs`.)
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::remote::{RemoteConfig, RemoteStats};
+use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
+use kcache_testkit::strings::{Cache, lookup, tiered};
+use tempfile::TempDir;
+
+/// A cache whose remote is the cluster seeded by `seed`, without leases (one operation per
+/// lookup, one per write).
+fn node(seed: &FakeRedis) -> (TempDir, Cache) {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = DiskCache::open(DiskConfig {
+        key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
+        durability: Durability::Relaxed,
+        remote: Some(RemoteConfig {
+            cluster: Some(true),
+            timeout: Some(Duration::from_secs(5)),
+            lease_wait: Some(Duration::ZERO),
+            ..RemoteConfig::at(seed.url())
+        }),
+        ..DiskConfig::in_dir(dir.path())
+    })
+    .unwrap();
+    (dir, tiered(Some(Arc::new(disk))))
+}
+
+fn stats(cache: &Cache) -> RemoteStats {
+    cache.disk().unwrap().remote_stats().unwrap()
+}
+
+/// A node that redirects every command to `to` with `kind` (`MOVED` or `ASK`).
+fn redirecting(kind: &'static str, to: String) -> FakeRedis {
+    FakeRedis::start(move |_| Reply::Bytes(format!("-{kind} 1 {to}\r\n").into_bytes()))
+}
+
+#[test]
+fn moved_is_followed_and_remembered_for_the_slot() {
+    let target = FakeRedis::start(|args| Reply::Bytes(plain_answer(args)));
+    let seed = redirecting("MOVED", target.address());
+    let (_dir, cache) = node(&seed);
+    lookup(&cache, "k", &AtomicUsize::new(0)).unwrap();
+    cache.flush();
+    // The read went to the seed, was moved; the write of the same key went straight there.
+    assert_eq!(seed.commands(), ["GETRANGE"]);
+    assert_eq!(target.commands(), ["GETRANGE", "SET"]);
+    let s = stats(&cache);
+    assert_eq!((s.misses, s.puts, s.errors), (1, 1, 0), "{s:?}");
+}
+
+#[test]
+fn ask_is_followed_once_after_asking() {
+    let target = FakeRedis::start(|args| Reply::Bytes(plain_answer(args)));
+    let seed = redirecting("ASK", target.address());
+    let (_dir, cache) = node(&seed);
+    lookup(&cache, "k", &AtomicUsize::new(0)).unwrap();
+    cache.flush();
+    assert_eq!(seed.commands(), ["GETRANGE", "SET"]);
+    assert_eq!(target.commands(), ["ASKING", "GETRANGE", "ASKING", "SET"]);
+    let s = stats(&cache);
+    assert_eq!((s.misses, s.puts, s.errors), (1, 1, 0), "{s:?}");
+}
+
+#[test]
+fn endless_redirects_are_one_error() {
+    // Two nodes that move every command to each other.
+    let a_port = kcache_testkit::redis::free_port();
+    let b = redirecting("MOVED", format!("127.0.0.1:{a_port}"));
+    let a = FakeRedis::start_on(a_port, {
+        let to = b.address();
+        move |_| Reply::Bytes(format!("-MOVED 1 {to}\r\n").into_bytes())
+    });
+    let (_dir, cache) = node(&a);
+    lookup(&cache, "k", &AtomicUsize::new(0)).unwrap();
+    let s = stats(&cache);
+    assert_eq!((s.misses, s.errors, s.timeouts), (1, 1, 0), "{s:?}");
+    // The first try and three redirects.
+    assert_eq!(a.commands().len() + b.commands().len(), 4);
+}
