@@ -31,7 +31,7 @@ use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
 use super::{DiskCache, Inner};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::log;
 
 /// Shard files per directory.
@@ -325,23 +325,56 @@ impl Record {
 }
 
 /// Opens shard `index` (created private when `create`), never through a symbolic link nor
-/// blocking on a FIFO; anything but a regular file is refused.
+/// blocking on a FIFO; anything but a regular file is refused. When creating, anything but a
+/// regular file found at the name (a directory, a link, a FIFO) is removed first, a directory
+/// with everything in it: no process could keep counters there otherwise.
 fn open(inner: &Inner, index: u32, create: bool) -> io::Result<File> {
+    match open_file(inner, index, create) {
+        Err(Foreign::NotFile) if create => {
+            super::dir::remove_any(&inner.dir, &shard_name(index))?;
+            open_file(inner, index, create).map_err(io::Error::from)
+        }
+        other => other.map_err(io::Error::from),
+    }
+}
+
+/// Why a shard could not be opened: something else is at its name, or another error.
+enum Foreign {
+    NotFile,
+    Io(io::Error),
+}
+
+impl From<Foreign> for io::Error {
+    fn from(f: Foreign) -> io::Error {
+        match f {
+            Foreign::NotFile => io::Error::other("not a regular file"),
+            Foreign::Io(e) => e,
+        }
+    }
+}
+
+fn open_file(inner: &Inner, index: u32, create: bool) -> Result<File, Foreign> {
     let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     if create {
         flags |= OFlags::CREATE;
     }
-    let fd = rustix::fs::openat(
+    let fd = match rustix::fs::openat(
         &inner.dir,
         shard_name(index).as_str(),
         flags,
         Mode::from_raw_mode(0o600),
-    )?;
+    ) {
+        Ok(fd) => fd,
+        // A directory, a symbolic link, a device or socket nobody serves.
+        Err(Errno::ISDIR | Errno::LOOP | Errno::NXIO) => return Err(Foreign::NotFile),
+        Err(e) => return Err(Foreign::Io(e.into())),
+    };
     let file = File::from(fd);
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::other("not a regular file"));
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => Ok(file),
+        Ok(_) => Err(Foreign::NotFile),
+        Err(e) => Err(Foreign::Io(e)),
     }
-    Ok(file)
 }
 
 /// Locks `file` (`exclusive` or shared), waiting [`LOCK_WAIT`] at most.
@@ -440,23 +473,23 @@ impl DiskCache {
         Ok(stats)
     }
 
-    /// Zeroes every shard of the directory (each under its lock), recording when. Processes
-    /// running meanwhile add only what they do afterwards.
-    pub fn zero_directory_stats(&self) -> Result<()> {
+    /// Zeroes every shard of the directory (each under its lock), recording when; anything
+    /// but a regular file at a shard's name is removed and a zeroed shard written in its
+    /// place. Processes running meanwhile add only what they do afterwards. Every shard is
+    /// tried: the shards that could not be zeroed are returned (name and why), none when all
+    /// were.
+    pub fn zero_directory_stats(&self) -> Vec<(String, String)> {
         let inner = &self.inner;
         let now = nanos_since_epoch(SystemTime::now()).max(1);
+        let mut failed = Vec::new();
         for index in 0..SHARDS {
             let zeroed = open(inner, index, true)
                 .and_then(|file| lock(&file, true).and_then(|()| write(&file, &Record::zero(now))));
-            zeroed.map_err(|e| {
-                Error::Io(format!(
-                    "cannot zero {} in {}: {e}",
-                    shard_name(index),
-                    inner.path.display()
-                ))
-            })?;
+            if let Err(e) = zeroed {
+                failed.push((shard_name(index), e.to_string()));
+            }
         }
-        Ok(())
+        failed
     }
 }
 

@@ -396,8 +396,9 @@ pub unsafe extern "C" fn kc_disk_free(disk: *mut kc_disk) {
 /// Writes the entry for `key` (atomically: readers see the old entry or the new one).
 /// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
 /// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
-/// smaller of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the
-/// directory scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+/// smaller of the size cap and 1 GiB: decided from `len` alone, before `data` is read. Right
+/// after `kc_disk_new` the write waits for the directory scan (see `kc_disk_wait_scan`), so
+/// that it can make room within the cap first.
 /// The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
 ///
 /// # Safety
@@ -447,14 +448,18 @@ pub unsafe extern "C" fn kc_disk_put_described(
 ) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let (disk, key, data, descriptor) = unsafe {
+        let (disk, key, descriptor) = unsafe {
             (
                 handle_ref(disk, "disk")?,
                 key_arg(key)?,
-                byte_slice(data, len, "data")?,
                 descriptor_arg(descriptor)?,
             )
         };
+        // The length against the entry size limit before a byte of `data` is touched: an
+        // oversized payload is refused at once, whatever memory lies past the caller's buffer.
+        disk.check_payload_len(len, &descriptor)?;
+        // SAFETY: the caller promises `len` readable bytes at `data`; NULL is refused inside.
+        let data = unsafe { byte_slice(data, len, "data") }?;
         disk.put_described(&key, data, Duration::from_nanos(build_time_ns), &descriptor)
     })
 }
