@@ -172,7 +172,7 @@ pub struct kc_disk_statistics {
     /// Bytes of entries written.
     pub bytes_written: u64,
     /// Entries that failed verification (bad content, too large, not a regular file) and
-    /// were removed, and directories a write found at its entry's name and removed.
+    /// were removed, and directories a write found at its entry's name and moved aside.
     pub integrity_rejects: u64,
     /// Failed reads and writes.
     pub io_errors: u64,
@@ -296,8 +296,8 @@ pub struct kc_disk_gc_report {
     pub kept: u64,
     /// Bytes removed.
     pub bytes_freed: u64,
-    /// Files or directories that should have gone but could not be removed (a non-empty
-    /// directory at an entry name, …): left in place.
+    /// Files or directories that should have gone but could not be removed (a directory
+    /// tree more than 16 levels deep, a permission error, …): left in place.
     pub undeletable: u64,
     /// Lock files nobody held (left by processes that died building); held ones are kept.
     pub lock_files: u64,
@@ -506,7 +506,7 @@ pub(super) unsafe fn descriptor_arg(p: *const kc_entry_descriptor) -> Result<Des
 /// Reads and verifies the entry for `key` into `*out` (written on success only; free it
 /// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
 /// failed verification, was larger than the per-entry limit or was not a regular file, and
-/// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
+/// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
 ///
 /// # Safety
 /// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.

@@ -38,7 +38,9 @@ pub const KC_LOAD_TRANSIENT: c_int = 1_000_000;
 
 /// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
 /// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back, and so
+/// does a size past the disk's entry size limit (less the header and tag), refused before the
+/// buffer is allocated.
 pub type kc_serialize_fn = Option<
     unsafe extern "C" fn(
         ctx: *mut c_void,
