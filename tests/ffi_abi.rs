@@ -140,7 +140,11 @@ fn a_struct_size_larger_than_any_struct_is_refused_unread() {
         // SAFETY: `opts` is readable for its real size, which is all the library may read.
         let status = unsafe { kc_cache_new(&opts, &mut cache) };
         assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT, "{size}");
-        assert!(last_error().contains("larger than any struct"), "{}", last_error());
+        assert!(
+            last_error().contains("larger than any struct"),
+            "{}",
+            last_error()
+        );
         assert!(cache.is_null());
     }
 }
@@ -197,6 +201,9 @@ fn a_pipeline_description_s_sizes_are_checked_before_use() {
         };
         let (status, message) = spec_new(&describe(&[], &[binding]));
         assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
-        assert!(message.contains(&format!("descriptor set {set}")), "{message}");
+        assert!(
+            message.contains(&format!("descriptor set {set}")),
+            "{message}"
+        );
     }
 }

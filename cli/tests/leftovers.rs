@@ -90,9 +90,17 @@ fn zero_stats_zeroes_every_counter_file_it_can() {
     }
     let own = format!(".stats-{:x}", std::process::id() % SHARDS);
     // The first file blocked, another replaced by a directory kcache removes.
-    let blocked = if own == ".stats-0" { ".stats-1" } else { ".stats-0" };
+    let blocked = if own == ".stats-0" {
+        ".stats-1"
+    } else {
+        ".stats-0"
+    };
     plant_deep(&dir.path().join(blocked));
-    let tree = if own == ".stats-f" { ".stats-e" } else { ".stats-f" };
+    let tree = if own == ".stats-f" {
+        ".stats-e"
+    } else {
+        ".stats-f"
+    };
     plant_tree(&dir.path().join(tree));
 
     let (status, out, stderr) = partial(dir.path(), &["zero-stats"]);

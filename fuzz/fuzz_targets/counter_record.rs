@@ -53,7 +53,11 @@ fn check_bytes(bytes: &[u8]) {
     let decoded = CounterRecord::decode(bytes);
     assert_eq!(decoded, oracle(bytes), "decode disagrees with the layout");
     if let Some(record) = &decoded {
-        assert_eq!(record.encode(), bytes, "an accepted record re-encodes to its bytes");
+        assert_eq!(
+            record.encode(),
+            bytes,
+            "an accepted record re-encodes to its bytes"
+        );
         assert!(record.values.len() <= MAX_COUNTERS);
         // `counters` is the known prefix, zero-filled.
         let c = record.counters();
@@ -81,7 +85,10 @@ fn check_file(index: u8, bytes: &[u8]) {
     for i in 0..kcache::disk::SHARDS {
         let _ = std::fs::remove_file(disk.path().join(format!(".stats-{i:x}")));
     }
-    let path = disk.path().join(format!(".stats-{:x}", u32::from(index) % kcache::disk::SHARDS));
+    let path = disk.path().join(format!(
+        ".stats-{:x}",
+        u32::from(index) % kcache::disk::SHARDS
+    ));
     std::fs::write(&path, bytes).unwrap();
     let stats = disk.directory_stats().unwrap();
     match oracle(bytes) {
@@ -145,7 +152,11 @@ fn check_structured(input: Structured) {
     }
     check_bytes(&bytes);
     if bytes != intact && !input.resum {
-        assert_eq!(CounterRecord::decode(&bytes), None, "a change without its checksum");
+        assert_eq!(
+            CounterRecord::decode(&bytes),
+            None,
+            "a change without its checksum"
+        );
     }
 }
 

@@ -55,9 +55,16 @@ fn cut(text: &str, limit: usize) -> String {
 fn check_bytes(bytes: &[u8]) {
     let decoded = Descriptor::decode(bytes);
     let expected = oracle(bytes);
-    assert_eq!(decoded.is_some(), expected.is_some(), "decode disagrees with the layout");
+    assert_eq!(
+        decoded.is_some(),
+        expected.is_some(),
+        "decode disagrees with the layout"
+    );
     if let (Some(d), Some([backend, device, name])) = (decoded, expected) {
-        assert_eq!((d.backend(), d.device(), d.name()), (&*backend, &*device, &*name));
+        assert_eq!(
+            (d.backend(), d.device(), d.name()),
+            (&*backend, &*device, &*name)
+        );
         assert_eq!(d.encode(), bytes);
         assert_eq!(d.encoded_len(), bytes.len());
         assert!(d.encoded_len() <= MAX_ENCODED_LEN);

@@ -221,7 +221,10 @@ mod tests {
         remove_any(&dir, "link").unwrap();
         assert!(!tree.exists());
         assert!(std::fs::symlink_metadata(root.join("link")).is_err());
-        assert!(outside.join("keep").exists(), "a link's target is never touched");
+        assert!(
+            outside.join("keep").exists(),
+            "a link's target is never touched"
+        );
         assert_eq!(
             remove_any(&dir, "tree").unwrap_err().kind(),
             io::ErrorKind::NotFound

@@ -494,8 +494,9 @@ impl DiskCache {
         let now = nanos_since_epoch(SystemTime::now()).max(1);
         let mut failed = Vec::new();
         for index in 0..SHARDS {
-            let zeroed = open(inner, index, true)
-                .and_then(|file| lock(&file, true).and_then(|()| write(&file, &CounterRecord::zero(now))));
+            let zeroed = open(inner, index, true).and_then(|file| {
+                lock(&file, true).and_then(|()| write(&file, &CounterRecord::zero(now)))
+            });
             if let Err(e) = zeroed {
                 failed.push((shard_name(index), e.to_string()));
             }

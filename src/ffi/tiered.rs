@@ -86,7 +86,10 @@ unsafe fn serialize_value(
         code => return Err(failed(code)),
     }
     fits(len).map_err(|e| {
-        BuildError::new(0, format!("the serialize callback announced {len} bytes: {e}"))
+        BuildError::new(
+            0,
+            format!("the serialize callback announced {len} bytes: {e}"),
+        )
     })?;
     let mut buf = Vec::new();
     buf.try_reserve_exact(len)
