@@ -207,8 +207,8 @@ impl Index {
     }
 
     /// Removes what is at `name` and stops counting it: a file, or a directory with
-    /// everything in it. With `expected` (an inode number), only if the name still holds that inode, so
-    /// a file a writer put there since is kept.
+    /// everything in it. With `expected` (an inode number), only if the name still holds
+    /// that inode, so a file a writer put there since is kept.
     pub(super) fn unlink(inner: &Inner, name: &str, expected: Option<u64>) -> io::Result<Unlinked> {
         let mut s = inner.index.state.lock();
         let outcome = match expected {

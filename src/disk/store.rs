@@ -74,8 +74,9 @@ impl DiskCache {
     /// `open` waits for the opening scan to know what is there. An entry larger than
     /// [`DiskCache::max_entry_size`] is refused with `InvalidArgument`, from its length, before
     /// a byte of it is read. A directory at the entry's name is moved aside and removed with
-    /// everything in it (counted in `integrity_rejects`): the write takes its place. The entry's descriptor is the default one (backend
-    /// `custom`, no device, no name); [`DiskCache::put_described`] gives one.
+    /// everything in it (counted in `integrity_rejects`): the write takes its place. The
+    /// entry's descriptor is the default one (backend `custom`, no device, no name);
+    /// [`DiskCache::put_described`] gives one.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
         self.put_described(key, payload, build_time, &Descriptor::default())
     }
@@ -303,8 +304,8 @@ pub(super) fn read_bounded(file: &mut File, size: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Removes a refused entry (a file, or a directory and what it holds), unless the name now holds another
-/// file (a writer replaced it meanwhile), and returns the error for the caller.
+/// Removes a refused entry (a file, or a directory and what it holds), unless the name now
+/// holds another file (a writer replaced it meanwhile), and returns the error for the caller.
 fn reject(inner: &Inner, name: &str, ino: Option<u64>, reason: &str) -> Error {
     match ino.map(|ino| Index::unlink(inner, name, Some(ino))) {
         Some(Err(e)) => Error::Integrity(format!("{name}: {reason}; cannot remove it: {e}")),
