@@ -30,7 +30,9 @@ pub struct GcReport {
     pub corrupt: u64,
     pub kept: u64,
     pub bytes_freed: u64,
-    /// Lock files nobody held (left by processes that died building); held ones are kept.
+    /// Lock files nobody held (left by processes that died building), and anything but a
+    /// regular file at a lock file's name (a directory with everything in it); held ones are
+    /// kept.
     pub lock_files: u64,
     /// Entries of format 1: reads accept them, but they carry no descriptor, so `gc` removes
     /// them and the next build writes them again with one.

@@ -299,7 +299,9 @@ pub struct kc_disk_gc_report {
     /// Files or directories that should have gone but could not be removed (a directory
     /// tree more than 16 levels deep, a permission error, …): left in place.
     pub undeletable: u64,
-    /// Lock files nobody held (left by processes that died building); held ones are kept.
+    /// Lock files nobody held (left by processes that died building), and anything but a
+    /// regular file at a lock file's name (a directory with everything in it); held ones are
+    /// kept.
     pub lock_files: u64,
     /// Entries of format 1, which do not say what they hold (reads accept them; `gc`
     /// removes them, and the next build writes them again with a descriptor).
