@@ -370,7 +370,7 @@ typedef struct kc_disk_statistics {
   // Bytes of entries written.
   uint64_t bytes_written;
   // Entries that failed verification (bad content, too large, not a regular file) and
-  // were removed, and directories a write found at its entry's name and removed.
+  // were removed, and directories a write found at its entry's name and moved aside.
   uint64_t integrity_rejects;
   // Failed reads and writes.
   uint64_t io_errors;
@@ -567,10 +567,12 @@ typedef struct kc_disk_gc_report {
   uint64_t kept;
   // Bytes removed.
   uint64_t bytes_freed;
-  // Files or directories that should have gone but could not be removed (a non-empty
-  // directory at an entry name, …): left in place.
+  // Files or directories that should have gone but could not be removed (a directory
+  // tree more than 16 levels deep, a permission error, …): left in place.
   uint64_t undeletable;
-  // Lock files nobody held (left by processes that died building); held ones are kept.
+  // Lock files nobody held (left by processes that died building), and anything but a
+  // regular file at a lock file's name (a directory with everything in it); held ones are
+  // kept.
   uint64_t lock_files;
   // Entries of format 1, which do not say what they hold (reads accept them; `gc`
   // removes them, and the next build writes them again with a descriptor).
@@ -672,7 +674,9 @@ typedef int (*kc_load_fn)(void *ctx,
 
 // Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
 // `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back, and so
+// does a size past the disk's entry size limit (less the header and tag), refused before the
+// buffer is allocated.
 typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len);
 
 // The callbacks of a tiered lookup; all receive `ctx`.
@@ -760,7 +764,7 @@ typedef struct kc_vulkan_spec_constant {
 
 // One descriptor binding of the pipeline layout, visible to the compute stage.
 typedef struct kc_vulkan_binding {
-  // Descriptor set index.
+  // Descriptor set index, below 64.
   uint32_t set;
   uint32_t binding;
   // A `VkDescriptorType` value usable from a compute shader.
@@ -1165,8 +1169,9 @@ void kc_disk_free(struct kc_disk *disk);
 // Writes the entry for `key` (atomically: readers see the old entry or the new one).
 // `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
 // `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
-// smaller of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the
-// directory scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+// smaller of the size cap and 1 GiB: decided from `len` alone, before `data` is read. Right
+// after `kc_disk_new` the write waits for the directory scan (see `kc_disk_wait_scan`), so
+// that it can make room within the cap first.
 // The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
 //
 // # Safety
@@ -1193,7 +1198,7 @@ enum kc_status kc_disk_put_described(struct kc_disk *disk,
 // Reads and verifies the entry for `key` into `*out` (written on success only; free it
 // with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
 // failed verification, was larger than the per-entry limit or was not a regular file, and
-// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
+// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
 //
 // # Safety
 // `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.

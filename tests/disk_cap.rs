@@ -326,25 +326,33 @@ fn the_index_matches_the_directory_after_concurrent_puts_gets_and_removes() {
 }
 
 #[test]
-fn gc_removes_an_empty_directory_at_an_entry_name_and_reports_a_full_one() {
+fn gc_removes_directories_at_entry_names_and_reports_one_too_deep() {
     let (_tmp, dir) = cache_dir();
     let disk = DiskCache::open(config(&dir)).unwrap();
     let empty = disk.entry_path(&key("empty dir"));
     let full = disk.entry_path(&key("full dir"));
+    let deep = disk.entry_path(&key("deep dir"));
     std::fs::create_dir(&empty).unwrap();
     std::fs::create_dir(&full).unwrap();
     std::fs::write(full.join("inside"), b"not ours").unwrap();
+    // Deeper than kcache goes (16 levels): left in place.
+    let mut bottom = deep.clone();
+    for _ in 0..40 {
+        bottom.push("d");
+    }
+    std::fs::create_dir_all(&bottom).unwrap();
+    std::fs::write(bottom.join("inside"), b"not ours").unwrap();
     disk.put(&key("good"), b"good", Duration::ZERO).unwrap();
 
     let report = disk.gc(&[], Duration::ZERO).unwrap();
-    assert_eq!(report.corrupt, 1);
+    assert_eq!(report.corrupt, 2);
     assert_eq!(report.undeletable, 1);
     assert_eq!(report.kept, 1);
-    assert!(!empty.exists());
-    assert!(full.join("inside").exists());
+    assert!(!empty.exists() && !full.exists());
+    assert!(bottom.join("inside").exists());
     // A read refuses it too, and says it could not be removed.
-    assert!(disk.get(&key("full dir")).is_err());
-    assert!(full.join("inside").exists());
+    assert!(disk.get(&key("deep dir")).is_err());
+    assert!(bottom.join("inside").exists());
     assert_eq!(disk.usage().entries, 1);
 }
 

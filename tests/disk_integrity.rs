@@ -349,3 +349,126 @@ fn directory_at_an_entry_name_is_removed_by_a_read_and_by_a_write() {
     assert_eq!(disk.get(&other).unwrap().unwrap().payload(), b"written");
     assert_eq!(disk.stats().integrity_rejects, 2);
 }
+
+/// A directory tree at `path`: a file, a subdirectory holding a file, and a link to `target`.
+fn plant_tree(path: &Path, target: &Path) {
+    std::fs::create_dir_all(path.join("sub")).unwrap();
+    std::fs::write(path.join("inside"), b"x").unwrap();
+    std::fs::write(path.join("sub/file"), b"x").unwrap();
+    std::os::unix::fs::symlink(target, path.join("link")).unwrap();
+}
+
+/// A chain of `depth` nested directories at `path`, with a file at the bottom.
+fn plant_deep(path: &Path, depth: usize) {
+    let mut bottom = path.to_path_buf();
+    for _ in 0..depth {
+        bottom.push("d");
+    }
+    std::fs::create_dir_all(&bottom).unwrap();
+    std::fs::write(bottom.join("file"), b"x").unwrap();
+}
+
+#[test]
+fn a_directory_tree_at_an_entry_name_never_breaks_its_key() {
+    let (tmp, disk) = open_temp(None);
+    let outside = tmp.path().join("outside");
+    std::fs::write(&outside, b"keep").unwrap();
+
+    // A read removes the whole tree, never following the link in it.
+    let k = key("tree, read");
+    plant_tree(&disk.entry_path(&k), &outside);
+    assert_err!(disk.get(&k), Error::Integrity(_));
+    assert!(std::fs::symlink_metadata(disk.entry_path(&k)).is_err());
+    assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+
+    // A write takes its place: every write of this key failed before, for good.
+    let k = key("tree, written");
+    plant_tree(&disk.entry_path(&k), &outside);
+    disk.put(&k, b"written", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&k).unwrap().unwrap().payload(), b"written");
+    assert_eq!(disk.stats().integrity_rejects, 2);
+
+    // A tree too deep to remove is stepped around: moved aside, where `gc` reports it.
+    let k = key("too deep");
+    plant_deep(&disk.entry_path(&k), 40);
+    disk.put(&k, b"around", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&k).unwrap().unwrap().payload(), b"around");
+    let report = disk.gc(&[], Duration::ZERO).unwrap();
+    assert_eq!((report.undeletable, report.kept), (1, 2), "{report:?}");
+
+    // Nothing else is left: the two entries written and the deep tree, moved aside.
+    let names = std::fs::read_dir(disk.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with(".stats-") && !n.ends_with(".lock"))
+        .count();
+    assert_eq!(names, 3);
+    assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+}
+
+#[test]
+fn gc_removes_trees_at_entry_and_lock_names() {
+    let (tmp, disk) = open_temp(None);
+    let outside = tmp.path().join("outside");
+    std::fs::write(&outside, b"keep").unwrap();
+    let k = key("entry tree");
+    let entry = disk.entry_path(&k);
+    plant_tree(&entry, &outside);
+    let lock = entry.with_file_name(format!(
+        ".{}.lock",
+        entry.file_name().unwrap().to_str().unwrap()
+    ));
+    plant_tree(&lock, &outside);
+    let report = disk.gc(&[], Duration::ZERO).unwrap();
+    assert_eq!(
+        (report.corrupt, report.lock_files, report.undeletable),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    assert!(std::fs::symlink_metadata(&entry).is_err());
+    assert!(std::fs::symlink_metadata(&lock).is_err());
+    assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+    disk.put(&k, b"v", Duration::ZERO).unwrap();
+    assert_eq!(disk.get(&k).unwrap().unwrap().payload(), b"v");
+}
+
+#[test]
+fn a_foreign_object_at_a_counter_file_is_replaced_and_zeroing_goes_through_every_file() {
+    let (tmp, disk) = open_temp(None);
+    let outside = tmp.path().join("outside");
+    std::fs::write(&outside, b"keep").unwrap();
+    let dir = disk.path().to_path_buf();
+    // This process's own counter file, and three others: a tree, a link, a tree too deep.
+    let own = format!(".stats-{:x}", std::process::id() % kcache::disk::SHARDS);
+    let others: Vec<String> = (0..kcache::disk::SHARDS)
+        .map(|i| format!(".stats-{i:x}"))
+        .filter(|n| *n != own)
+        .take(3)
+        .collect();
+    plant_tree(&dir.join(&own), &outside);
+    plant_tree(&dir.join(&others[0]), &outside);
+    std::os::unix::fs::symlink(&outside, dir.join(&others[1])).unwrap();
+    plant_deep(&dir.join(&others[2]), 40);
+
+    // This process's counters reach the directory: its file is replaced by a real one.
+    let k = key("counted");
+    disk.put(&k, b"v", Duration::ZERO).unwrap();
+    disk.flush();
+    let stats = disk.directory_stats().unwrap();
+    assert_eq!(stats.counters.disk_writes, 1);
+    assert!(std::fs::symlink_metadata(dir.join(&own)).unwrap().is_file());
+
+    // Zeroing goes through all sixteen files and names the one it could not zero.
+    let failed = disk.zero_directory_stats();
+    assert_eq!(
+        failed.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        [others[2].as_str()]
+    );
+    for name in &others[..2] {
+        assert!(std::fs::symlink_metadata(dir.join(name)).unwrap().is_file());
+    }
+    let stats = disk.directory_stats().unwrap();
+    assert_eq!(stats.counters.disk_writes, 0);
+    assert_eq!((stats.shards, stats.shards_ignored), (15, 1));
+    assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+}

@@ -121,3 +121,89 @@ fn every_int_has_a_status_name() {
         assert_eq!(name(code), "KC_UNKNOWN_STATUS");
     }
 }
+
+fn last_error() -> String {
+    // SAFETY: kc_last_error_message returns a C string valid until the next call here.
+    unsafe { CStr::from_ptr(kcache::ffi::kc_last_error_message()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn a_struct_size_larger_than_any_struct_is_refused_unread() {
+    // `SIZE_MAX` made a slice of that length (undefined behaviour, an abort in a debug build);
+    // 4097 over a 64-byte struct read past it.
+    for size in [usize::MAX, isize::MAX as usize + 1, 4097] {
+        let mut opts = kc_cache_options_default();
+        opts.struct_size = size;
+        let mut cache = ptr::null_mut();
+        // SAFETY: `opts` is readable for its real size, which is all the library may read.
+        let status = unsafe { kc_cache_new(&opts, &mut cache) };
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT, "{size}");
+        assert!(
+            last_error().contains("larger than any struct"),
+            "{}",
+            last_error()
+        );
+        assert!(cache.is_null());
+    }
+}
+
+#[test]
+fn a_pipeline_description_s_sizes_are_checked_before_use() {
+    use kcache::ffi::vulkan::{
+        kc_vulkan_binding, kc_vulkan_pipeline_desc, kc_vulkan_spec_constant, kc_vulkan_spec_new,
+    };
+    let code = [0x0723_0203u32];
+    let value = 7u32;
+    let describe = |constants: &[kc_vulkan_spec_constant], bindings: &[kc_vulkan_binding]| {
+        kc_vulkan_pipeline_desc {
+            struct_size: size_of::<kc_vulkan_pipeline_desc>(),
+            code: code.as_ptr(),
+            code_size: 4,
+            entry_point: ptr::null(),
+            constants: constants.as_ptr(),
+            constant_count: constants.len(),
+            bindings: bindings.as_ptr(),
+            binding_count: bindings.len(),
+            push_constant_offset: 0,
+            push_constant_size: 0,
+            specialization: ptr::null(),
+            flags: 0,
+            required_subgroup_size: 0,
+        }
+    };
+    let spec_new = |desc: &kc_vulkan_pipeline_desc| {
+        let mut spec = ptr::null_mut();
+        // SAFETY: every pointer of `desc` is valid for 4 bytes, which is all the library may
+        // read once it has checked the sizes.
+        let status = unsafe { kc_vulkan_spec_new(desc, &mut spec) };
+        assert!(spec.is_null());
+        (status, last_error())
+    };
+    // A constant of 4 GiB - 1 bytes over a 4-byte value: read (and copied) whole before its
+    // size was checked.
+    let huge = kc_vulkan_spec_constant {
+        id: 0,
+        size: u32::MAX,
+        data: (&raw const value).cast(),
+    };
+    let (status, message) = spec_new(&describe(&[huge], &[]));
+    assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+    assert!(message.contains("has 4294967295 bytes"), "{message}");
+    // A set number makes `set + 1` sets: `u32::MAX` allocated 4 Gi of them.
+    for set in [64, u32::MAX] {
+        let binding = kc_vulkan_binding {
+            set,
+            binding: 0,
+            descriptor_type: 7,
+            count: 1,
+        };
+        let (status, message) = spec_new(&describe(&[], &[binding]));
+        assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+        assert!(
+            message.contains(&format!("descriptor set {set}")),
+            "{message}"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -777,6 +778,48 @@ static void test_fingerprints(void) {
 /* The opening scan: once waited for, the statistics say so and count what was there. A
  * directory at an entry name is removed by a read and by gc when empty, reported by gc when
  * not. */
+/* A directory tree at `path`: a file, a subdirectory holding a file, and a link to `target`. */
+static void plant_tree(const char *path, const char *target) {
+  char sub[8400];
+  CHECK(mkdir(path, 0700) == 0);
+  snprintf(sub, sizeof sub, "%s/inside", path);
+  FILE *f = fopen(sub, "wb");
+  CHECK(f != NULL);
+  CHECK(fclose(f) == 0);
+  snprintf(sub, sizeof sub, "%s/sub", path);
+  CHECK(mkdir(sub, 0700) == 0);
+  snprintf(sub, sizeof sub, "%s/sub/file", path);
+  f = fopen(sub, "wb");
+  CHECK(f != NULL);
+  CHECK(fclose(f) == 0);
+  snprintf(sub, sizeof sub, "%s/link", path);
+  CHECK(symlink(target, sub) == 0);
+}
+
+/* The work directory's `name`, in a static buffer. */
+static const char *dir_of(const char *name) {
+  static char dir[4096];
+  path_in(dir, sizeof dir, name);
+  return dir;
+}
+
+/* Names in `dir` but `.` and `..`, the counter files `.stats-*` and lock files excepted. */
+static uint64_t count_names(const char *dir) {
+  DIR *d = opendir(dir);
+  CHECK(d != NULL);
+  uint64_t n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    size_t len = strlen(e->d_name);
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    if (strncmp(e->d_name, ".stats-", 7) == 0) continue;
+    if (len > 5 && strcmp(e->d_name + len - 5, ".lock") == 0) continue;
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+
 static void test_scan_and_directories(void) {
   kc_disk *first = open_disk("scanned");
   put_entry(first, "scanned a", "a", NULL);
@@ -795,9 +838,8 @@ static void test_scan_and_directories(void) {
 
   uint8_t d[KC_KEY_LEN];
   make_key("a directory", d);
-  char path[8192], inside[8300];
+  char path[8192];
   entry_file("scanned", d, "", "", path, sizeof path);
-  snprintf(inside, sizeof inside, "%s/inside", path);
 
   CHECK(mkdir(path, 0700) == 0);
   kc_buffer buf;
@@ -806,21 +848,144 @@ static void test_scan_and_directories(void) {
   CHECK(stat(path, &st) != 0);
   CHECK_STATUS(kc_disk_get(disk, d, &buf), KC_ERR_NOT_FOUND);
 
-  CHECK(mkdir(path, 0700) == 0);
-  FILE *f = fopen(inside, "wb");
+  /* A directory tree at the name (a file, a subdirectory, a link to a file outside): a read
+   * removes it all, never following the link; a write takes its place (it failed, for good);
+   * gc removes it (it left it as undeletable). */
+  char outside[4096];
+  path_in(outside, sizeof outside, "outside-file");
+  FILE *f = fopen(outside, "wb");
   CHECK(f != NULL);
   CHECK(fclose(f) == 0);
+  plant_tree(path, outside);
+  CHECK_STATUS(kc_disk_get(disk, d, &buf), KC_ERR_INTEGRITY);
+  CHECK(lstat(path, &st) != 0);
+  CHECK(stat(outside, &st) == 0);
+  plant_tree(path, outside);
+  uint64_t rejects = disk_stats(disk).integrity_rejects;
+  CHECK_STATUS(kc_disk_put(disk, d, KEY("a file now"), 0), KC_OK);
+  CHECK_U64(disk_stats(disk).integrity_rejects, rejects + 1);
+  CHECK_STATUS(kc_disk_get(disk, d, &buf), KC_OK);
+  CHECK(buf.len == strlen("a file now") && memcmp(buf.data, "a file now", buf.len) == 0);
+  kc_buffer_free(&buf);
+  CHECK_STATUS(kc_disk_remove(disk, d), KC_OK);
+  plant_tree(path, outside);
   kc_disk_gc_report r = collect(disk, sizeof r);
-  CHECK_U64(r.undeletable, 1);
-  CHECK_U64(r.kept, 2);
-  CHECK(stat(inside, &st) == 0);
-  CHECK(remove(inside) == 0);
-  r = collect(disk, sizeof r);
   CHECK_U64(r.undeletable, 0);
   CHECK_U64(r.corrupt, 1);
-  CHECK(stat(path, &st) != 0);
+  CHECK_U64(r.kept, 2);
+  CHECK(lstat(path, &st) != 0);
+  CHECK(stat(outside, &st) == 0);
+  /* Nothing is left behind: the directory moved aside by the write went too. */
+  CHECK_U64(count_names(dir_of("scanned")), 2);
   CHECK_STATUS(kc_disk_put(disk, d, KEY("a file now"), 0), KC_OK);
   CHECK_U64(disk_stats(disk).entries, 3);
+  kc_disk_free(disk);
+}
+
+/* What the serialize callback below announces on its first call (buf NULL); a second call
+ * fills the buffer with that many 'x'. */
+static size_t announced;
+static int announced_calls;
+
+static int announcing_serialize_fn(void *ctx, void *value, uint8_t *out, size_t *len) {
+  (void)ctx;
+  (void)value;
+  announced_calls++;
+  if (out == NULL) {
+    *len = announced;
+    return 0;
+  }
+  CHECK(*len == announced);
+  memset(out, 'x', announced);
+  return 0;
+}
+
+/* Lengths and sizes a C caller passes are checked before a byte is read or allocated: a payload
+ * length past the entry size limit over a 16-byte buffer that ends at an inaccessible page (it
+ * was read and hashed whole first), a `struct_size` of SIZE_MAX (made into a slice), and a
+ * serialize callback announcing 2^46 bytes (allocated first: an abort). */
+static void test_lengths_checked_first(void) {
+  char dir[4096];
+  path_in(dir, sizeof dir, "lengths");
+  kc_disk_options opts = options_in(dir);
+  /* Under the file size limit test_full_disk leaves (64 KiB). */
+  opts.max_size = 32 << 10;
+  kc_disk *disk = NULL;
+  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  /* The default descriptor's entry adds 118 bytes: 72 fixed, 2 + 12 descriptor, 32 tag. */
+  const size_t largest = (32 << 10) - 118;
+
+  long page = sysconf(_SC_PAGESIZE);
+  CHECK(page > 16);
+  /* A private mapping of /dev/zero: anonymous memory in POSIX terms. */
+  int zero = open("/dev/zero", O_RDWR | O_CLOEXEC);
+  CHECK(zero >= 0);
+  uint8_t *pages = mmap(NULL, 2 * (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE, zero, 0);
+  CHECK(pages != MAP_FAILED);
+  CHECK(close(zero) == 0);
+  CHECK(mprotect(pages + page, (size_t)page, PROT_NONE) == 0);
+  uint8_t *sixteen = pages + page - 16;
+  memset(sixteen, 'x', 16);
+  uint8_t key[KC_KEY_LEN];
+  make_key("lengths", key);
+  const size_t too_long[] = {largest + 1, (size_t)1 << 40, SIZE_MAX};
+  for (size_t i = 0; i < sizeof too_long / sizeof too_long[0]; i++) {
+    CHECK_STATUS(kc_disk_put(disk, key, sixteen, too_long[i], 0), KC_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(kc_last_error_message(), "exceeds the entry size limit") != NULL);
+  }
+  kc_entry_descriptor named = {sizeof named, "opencl", "a device", "a kernel"};
+  CHECK_STATUS(kc_disk_put_described(disk, key, sixteen, largest, 0, &named),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK_U64(disk_stats(disk).puts, 0);
+  CHECK(munmap(pages, 2 * (size_t)page) == 0);
+  /* The largest payload that fits is written. */
+  uint8_t *payload = calloc(largest, 1);
+  CHECK(payload != NULL);
+  CHECK_STATUS(kc_disk_put(disk, key, payload, largest, 0), KC_OK);
+  free(payload);
+  CHECK_U64(disk_stats(disk).puts, 1);
+
+  /* A struct_size no struct has: refused before anything past it is read. */
+  kc_disk_options huge = options_in(dir);
+  huge.struct_size = SIZE_MAX;
+  kc_disk *none = NULL;
+  CHECK_STATUS(kc_disk_new(&huge, &none), KC_ERR_INVALID_ARGUMENT);
+  CHECK(none == NULL);
+  huge.struct_size = 4097;
+  CHECK_STATUS(kc_disk_new(&huge, &none), KC_ERR_INVALID_ARGUMENT);
+  named.struct_size = SIZE_MAX;
+  CHECK_STATUS(kc_disk_put_described(disk, key, KEY("x"), 0, &named), KC_ERR_INVALID_ARGUMENT);
+  backend b = {0};
+  kc_lease *lease = NULL;
+  kc_cache *cache = new_cache();
+  kc_tiered_callbacks cb = {SIZE_MAX, build_fn, load_fn, announcing_serialize_fn, &b};
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("v"), KC_NO_DEVICE, disk, key, &cb, &lease),
+               KC_ERR_INVALID_ARGUMENT);
+  CHECK(lease == NULL);
+
+  /* A serialized size past the limit is never allocated nor written: the lookup has its
+   * value, the disk nothing new. At the limit it is written. */
+  cb.struct_size = sizeof cb;
+  cb.load = NULL;
+  const size_t announcements[] = {(size_t)1 << 46, SIZE_MAX, largest + 1, largest};
+  for (size_t i = 0; i < sizeof announcements / sizeof announcements[0]; i++) {
+    announced = announcements[i];
+    announced_calls = 0;
+    char value[32];
+    snprintf(value, sizeof value, "announced %zu", i);
+    uint8_t l2[KC_KEY_LEN];
+    make_key(value, l2);
+    CHECK_STATUS(kc_tiered_find_or_build(cache, (const uint8_t *)value, strlen(value),
+                                         KC_NO_DEVICE, disk, l2, &cb, &lease),
+                 KC_OK);
+    CHECK(strcmp(kc_lease_value(lease), value) == 0);
+    kc_lease_release(lease);
+    CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+    int fits = announced == largest;
+    CHECK(announced_calls == (fits ? 2 : 1));
+    CHECK_U64(disk_stats(disk).puts, fits ? 2 : 1);
+  }
+  kc_cache_free(cache);
   kc_disk_free(disk);
 }
 
@@ -988,6 +1153,7 @@ int main(int argc, char **argv) {
   test_full_disk();
   test_fingerprints();
   test_scan_and_directories();
+  test_lengths_checked_first();
   test_remote_options();
   test_descriptors();
   printf("test_disk: ok\n");

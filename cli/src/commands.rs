@@ -664,11 +664,36 @@ struct ZeroJson {
     schema: u32,
     dir: String,
     zeroed_unix_ns: u64,
+    /// Counter files that could not be zeroed, each with why.
+    not_zeroed: Vec<NotDoneJson>,
+}
+
+/// A name a command could not remove or zero, and why.
+#[derive(Serialize)]
+struct NotDoneJson {
+    name: String,
+    error: String,
+}
+
+/// The exit status of a command that went through everything but could not remove or zero
+/// some of it (`clear`, `zero-stats`, `gc`): each such name is on stderr.
+const PARTIAL: u8 = 3;
+
+/// Says on stderr what could not be done, one line per name, and returns the exit status.
+fn partial_status(what: &str, left: &[NotDoneJson]) -> u8 {
+    for n in left {
+        eprintln!("kcache: cannot {what} {}: {}", n.name, n.error);
+    }
+    if left.is_empty() { 0 } else { PARTIAL }
 }
 
 pub fn zero_stats(target: &Target, json: bool) -> Result<u8, Failure> {
     let (cache, _) = target.open()?;
-    cache.zero_directory_stats()?;
+    let not_zeroed: Vec<NotDoneJson> = cache
+        .zero_directory_stats()
+        .into_iter()
+        .map(|(name, error)| NotDoneJson { name, error })
+        .collect();
     let zeroed = cache
         .directory_stats()?
         .last_zeroed
@@ -677,13 +702,21 @@ pub fn zero_stats(target: &Target, json: bool) -> Result<u8, Failure> {
         schema: SCHEMA,
         dir: cache.path().display().to_string(),
         zeroed_unix_ns: zeroed,
+        not_zeroed,
     };
     if json {
         report::json(&out);
-    } else {
+    } else if out.not_zeroed.is_empty() {
         out!("zeroed the counters of {}", out.dir);
+    } else {
+        out!(
+            "zeroed the counters of {}, but for {} of the {} counter files",
+            out.dir,
+            out.not_zeroed.len(),
+            kcache::disk::SHARDS
+        );
     }
-    Ok(0)
+    Ok(partial_status("zero", &out.not_zeroed))
 }
 
 fn generation_note(current: bool, fingerprint: &str) -> String {
@@ -1099,6 +1132,9 @@ struct GcJson {
     bytes_freed: u64,
     kept_entries: u64,
     kept_bytes: u64,
+    /// Entries of the age and size passes that could not be removed, each with why (the
+    /// sweep's are counted in `sweep.undeletable`).
+    not_removed: Vec<NotDoneJson>,
 }
 
 #[derive(Serialize)]
@@ -1136,6 +1172,7 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
         bytes_freed: 0,
         kept_entries: 0,
         kept_bytes: 0,
+        not_removed: Vec::new(),
     };
     let mut kept = Vec::new();
     if args.dry_run {
@@ -1195,7 +1232,14 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
         };
         let gone = match reason {
             Some(_) if args.dry_run => true,
-            Some(_) => cache.remove_listed(&entry)?,
+            // One that cannot be removed is reported, and the others still go.
+            Some(_) => cache.remove_listed(&entry).unwrap_or_else(|e| {
+                out.not_removed.push(NotDoneJson {
+                    name: entry.name.clone(),
+                    error: e.to_string(),
+                });
+                false
+            }),
             None => false,
         };
         match reason {
@@ -1215,9 +1259,17 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
     }
     // In a real run `removed` lists the age and size passes only; the sweep's bytes are in.
     out.bytes_freed += out.removed.iter().map(|r| r.size).sum::<u64>();
+    let undeletable = out.sweep.as_ref().map_or(0, |s| s.undeletable);
+    if undeletable > 0 {
+        eprintln!("kcache: the sweep could not remove {undeletable} names (left in place)");
+    }
+    let status = match partial_status("remove", &out.not_removed) {
+        0 if undeletable > 0 => PARTIAL,
+        status => status,
+    };
     if json {
         report::json(&out);
-        return Ok(0);
+        return Ok(status);
     }
     let verb = if args.dry_run {
         "would remove"
@@ -1250,7 +1302,7 @@ pub fn gc(target: &Target, args: &GcArgs, json: bool) -> Result<u8, Failure> {
         out.kept_entries,
         report::size(out.kept_bytes)
     );
-    Ok(0)
+    Ok(status)
 }
 
 // --- clear --------------------------------------------------------------------------------
@@ -1260,6 +1312,8 @@ struct ClearJson {
     schema: u32,
     removed: u64,
     bytes_freed: u64,
+    /// Names of this key that could not be removed, each with why.
+    not_removed: Vec<NotDoneJson>,
 }
 
 pub fn clear(target: &Target, json: bool) -> Result<u8, Failure> {
@@ -1268,22 +1322,39 @@ pub fn clear(target: &Target, json: bool) -> Result<u8, Failure> {
         schema: SCHEMA,
         removed: 0,
         bytes_freed: 0,
+        not_removed: Vec::new(),
     };
     for entry in cache.entries()? {
-        if entry.fingerprint == cache.fingerprint() && cache.remove(&entry.key)? {
-            out.removed += 1;
-            out.bytes_freed += entry.size;
+        if entry.fingerprint != cache.fingerprint() {
+            continue;
+        }
+        // Whatever is at the name goes (a directory with everything in it); what cannot is
+        // reported, and the other entries still go.
+        match cache.remove(&entry.key) {
+            Ok(true) => {
+                out.removed += 1;
+                out.bytes_freed += entry.size;
+            }
+            Ok(false) => {}
+            Err(e) => out.not_removed.push(NotDoneJson {
+                name: entry.name,
+                error: e.to_string(),
+            }),
         }
     }
     if json {
         report::json(&out);
     } else {
         out!(
-            "removed {} entries ({}) from {}",
+            "removed {} entries ({}) from {}{}",
             out.removed,
             report::size(out.bytes_freed),
-            cache.path().display()
+            cache.path().display(),
+            match out.not_removed.len() {
+                0 => String::new(),
+                n => format!("; {n} could not be removed"),
+            }
         );
     }
-    Ok(0)
+    Ok(partial_status("remove", &out.not_removed))
 }

@@ -5,10 +5,13 @@
 //! the effective user and not writable by group or others. Everything afterwards is done
 //! relative to the directory descriptor opened here, so renaming or replacing the path later
 //! cannot redirect reads and writes.
+//!
+//! It also removes whatever is found at a name kcache owns in the directory ([`remove_any`]):
+//! a file, a link, or a whole directory tree, never following a symbolic link.
 
-use std::ffi::OsStr;
+use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path};
 
@@ -138,4 +141,114 @@ fn open_checked(path: &Path) -> Result<OwnedFd> {
 
 fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
     Error::Io(format!("cannot {what} {}: {e}", path.display()))
+}
+
+/// How deep [`remove_any`] goes into a directory tree: one descriptor is open per level, so
+/// this bounds what a planted tree can cost. A deeper tree is left in place (`ENOTEMPTY`):
+/// a write steps around it and `gc`, `clear` report it.
+pub(crate) const MAX_REMOVE_DEPTH: usize = 16;
+
+/// Removes what is at `name` in `dir`, whatever it is: a file, a symbolic link (the link,
+/// never its target), a FIFO or socket, or a directory with everything in it. Each directory
+/// of the tree is opened `O_NOFOLLOW` relative to its parent's descriptor, so a link swapped
+/// in meanwhile is unlinked, not followed. `NOENT` when nothing is there.
+pub(crate) fn remove_any(dir: &OwnedFd, name: &str) -> io::Result<()> {
+    let name = CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    remove_at(dir, &name, 0).map_err(io::Error::from)
+}
+
+fn remove_at(dir: &impl AsFd, name: &CStr, depth: usize) -> rustix::io::Result<()> {
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+        // Linux's answer for a directory (and POSIX's `EPERM`).
+        Err(Errno::ISDIR | Errno::PERM) => remove_tree(dir, name, depth),
+        other => other,
+    }
+}
+
+/// Empties the directory `name` in `dir`, depth first, then removes it. Every name in it is
+/// tried even when one fails; the first failure is returned.
+fn remove_tree(dir: &impl AsFd, name: &CStr, depth: usize) -> rustix::io::Result<()> {
+    match rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR) {
+        Err(Errno::NOTEMPTY | Errno::EXIST) if depth < MAX_REMOVE_DEPTH => {}
+        other => return other,
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let inner = rustix::fs::openat(dir, name, flags, Mode::empty())?;
+    // Listed first, then removed: removing while reading a directory may skip names.
+    let names: Vec<CString> = rustix::fs::Dir::read_from(&inner)?
+        .flatten()
+        .map(|entry| entry.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    let mut first_error = None;
+    for child in &names {
+        match remove_at(&inner, child, depth + 1) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open_dir(path: &Path) -> OwnedFd {
+        rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).unwrap()
+    }
+
+    #[test]
+    fn removes_trees_without_following_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"x").unwrap();
+        let root = tmp.path().join("root");
+        let tree = root.join("tree");
+        std::fs::create_dir_all(tree.join("a/b/c")).unwrap();
+        std::fs::write(tree.join("a/b/c/file"), b"x").unwrap();
+        std::fs::write(tree.join("a/file"), b"x").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("a/link")).unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("link")).unwrap();
+        let dir = open_dir(&root);
+        remove_any(&dir, "tree").unwrap();
+        remove_any(&dir, "link").unwrap();
+        assert!(!tree.exists());
+        assert!(std::fs::symlink_metadata(root.join("link")).is_err());
+        assert!(
+            outside.join("keep").exists(),
+            "a link's target is never touched"
+        );
+        assert_eq!(
+            remove_any(&dir, "tree").unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn leaves_a_tree_deeper_than_the_bound() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut deep = tmp.path().join("deep");
+        for _ in 0..=MAX_REMOVE_DEPTH + 1 {
+            deep.push("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let dir = open_dir(tmp.path());
+        assert!(remove_any(&dir, "deep").is_err());
+        assert!(tmp.path().join("deep").exists());
+        // Within the bound: removed.
+        let mut shallow = tmp.path().join("shallow");
+        for _ in 0..MAX_REMOVE_DEPTH {
+            shallow.push("d");
+        }
+        std::fs::create_dir_all(&shallow).unwrap();
+        remove_any(&dir, "shallow").unwrap();
+        assert!(!tmp.path().join("shallow").exists());
+    }
 }

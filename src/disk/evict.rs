@@ -27,7 +27,9 @@ use parking_lot::{Condvar, Mutex};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
+use super::dir::remove_any;
 use super::{Inner, Usage, bump, parse_entry_name};
+use crate::log;
 
 /// A read refreshes an entry's mtime only when it is older than this: one metadata write a
 /// minute per hot entry, not one per read.
@@ -114,7 +116,7 @@ pub(super) fn lstat_at(dir: &OwnedFd, name: &str) -> io::Result<Metadata> {
 /// What [`Index::unlink`] found at the name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Unlinked {
-    /// Removed (a file, or an empty directory).
+    /// Removed (a file, or a directory and everything in it).
     Removed,
     /// Nothing there any more.
     Gone,
@@ -149,8 +151,10 @@ impl Index {
     /// what to evict. The scan takes milliseconds even for a full cache, and the entry's
     /// bytes are already written while it runs.
     ///
-    /// A directory found at `name` (which no write can replace) is removed when empty and
-    /// counted as an integrity reject.
+    /// A directory found at `name` (which no rename of a file can replace) is stepped
+    /// around: moved aside to a temporary's name, so that the entry takes its place whatever
+    /// the directory holds, then removed with everything in it (what cannot be is left to
+    /// `gc`, as a crashed writer's temporary). It counts as an integrity reject.
     pub(super) fn publish(
         inner: &Arc<Inner>,
         temp: &str,
@@ -158,6 +162,7 @@ impl Index {
         meta: &Metadata,
     ) -> io::Result<()> {
         let index = &inner.index;
+        let mut aside = None;
         let rescan = {
             let mut s = index.state.lock();
             while !s.seeded {
@@ -167,9 +172,11 @@ impl Index {
             evict_over_cap(inner, &mut s, Some((name, size)));
             match rustix::fs::renameat(&inner.dir, temp, &inner.dir, name) {
                 Ok(()) => {}
-                Err(Errno::ISDIR) => {
-                    rustix::fs::unlinkat(&inner.dir, name, AtFlags::REMOVEDIR)?;
+                Err(Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST) => {
+                    let moved = super::store::temp_name(name);
+                    rustix::fs::renameat(&inner.dir, name, &inner.dir, moved.as_str())?;
                     bump(&inner.counters.integrity_rejects, 1);
+                    aside = Some(moved);
                     rustix::fs::renameat(&inner.dir, temp, &inner.dir, name)?;
                 }
                 Err(e) => return Err(e.into()),
@@ -179,6 +186,12 @@ impl Index {
             s.written_since_scan += size;
             !s.scanning && s.written_since_scan > inner.max_size / 4
         };
+        // Outside the lock: a planted tree may be large.
+        if let Some(moved) = aside {
+            if let Err(e) = remove_any(&inner.dir, &moved) {
+                log::debug(|| format!("{name}: cannot remove the directory moved aside: {e}"));
+            }
+        }
         if rescan {
             start_scan(inner);
         }
@@ -193,9 +206,9 @@ impl Index {
         }
     }
 
-    /// Removes what is at `name` and stops counting it: a file, or a directory if it is
-    /// empty. With `expected` (an inode number), only if the name still holds that inode, so
-    /// a file a writer put there since is kept.
+    /// Removes what is at `name` and stops counting it: a file, or a directory with
+    /// everything in it. With `expected` (an inode number), only if the name still holds
+    /// that inode, so a file a writer put there since is kept.
     pub(super) fn unlink(inner: &Inner, name: &str, expected: Option<u64>) -> io::Result<Unlinked> {
         let mut s = inner.index.state.lock();
         let outcome = match expected {
@@ -212,16 +225,12 @@ impl Index {
     }
 }
 
-/// Unlinks `name`, or removes it as a directory when that is what it is.
+/// Unlinks `name`, or removes it with everything in it when it is a directory.
 fn remove_name(inner: &Inner, name: &str) -> io::Result<Unlinked> {
-    let removed = match rustix::fs::unlinkat(&inner.dir, name, AtFlags::empty()) {
-        Err(Errno::ISDIR) => rustix::fs::unlinkat(&inner.dir, name, AtFlags::REMOVEDIR),
-        other => other,
-    };
-    match removed {
+    match remove_any(&inner.dir, name) {
         Ok(()) => Ok(Unlinked::Removed),
-        Err(Errno::NOENT) => Ok(Unlinked::Gone),
-        Err(e) => Err(e.into()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Unlinked::Gone),
+        Err(e) => Err(e),
     }
 }
 

@@ -2,8 +2,11 @@
 //! processes that died building, entries of other key schemas, entries of retired operator
 //! keys, entries of format 1 (which do not say what they hold), and corrupt entries nobody
 //! asked for since.
-//! Only names of kcache's own two patterns are considered; anything else is left alone. A
-//! directory at an entry name is removed if empty, and reported as undeletable otherwise.
+//! Only names of kcache's own patterns are considered; anything else is left alone. Whatever
+//! is at one of them but should not be (a directory, a link, a FIFO) is removed, a directory
+//! with everything in it, never following a link; what cannot be removed (a tree deeper than
+//! [`MAX_REMOVE_DEPTH`](super::dir::MAX_REMOVE_DEPTH), a permission error) is counted in
+//! `undeletable` and the sweep goes on.
 
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
@@ -27,13 +30,15 @@ pub struct GcReport {
     pub corrupt: u64,
     pub kept: u64,
     pub bytes_freed: u64,
-    /// Lock files nobody held (left by processes that died building); held ones are kept.
+    /// Lock files nobody held (left by processes that died building), and anything but a
+    /// regular file at a lock file's name (a directory with everything in it); held ones are
+    /// kept.
     pub lock_files: u64,
     /// Entries of format 1: reads accept them, but they carry no descriptor, so `gc` removes
     /// them and the next build writes them again with one.
     pub old_format: u64,
-    /// Files and directories that should have gone but could not be removed (a non-empty
-    /// directory at an entry name, a permission error, …): left in place.
+    /// Files and directories that should have gone but could not be removed (a directory
+    /// tree too deep, a permission error, …): left in place.
     pub undeletable: u64,
 }
 
@@ -51,8 +56,9 @@ impl DiskCache {
     /// other processes, or nothing). Entries of this cache's key are fully verified; entries
     /// of retained foreign keys can only be checked for structure; no file is read past
     /// [`DiskCache::max_entry_size`]. Anything at an entry name but a regular file is corrupt
-    /// (an empty directory is removed; a non-empty one is counted in `undeletable`).
-    /// Temporary files older than `temp_older_than` are removed, and lock files nobody holds.
+    /// (removed, a directory with everything in it; what cannot be is counted in
+    /// `undeletable`). Temporary files older than `temp_older_than` are removed, and lock
+    /// files nobody holds, and anything but a regular file at a lock file's name.
     /// Entries of format 1 that would be kept are removed (`old_format`): they do not say what
     /// they hold.
     pub fn gc(&self, retain: &[Fingerprint], temp_older_than: Duration) -> Result<GcReport> {
@@ -80,6 +86,11 @@ impl DiskCache {
             if lock::entry_of_lock(name).is_some() {
                 if lock::remove_idle(inner, name) {
                     report.lock_files += 1;
+                } else if let Ok(meta) = lstat_at(&inner.dir, name) {
+                    // No lock can be taken on a directory or a link planted there: gone too.
+                    if !meta.is_file() {
+                        remove(inner, name, &meta, &mut report, |r| &mut r.lock_files);
+                    }
                 }
                 continue;
             }

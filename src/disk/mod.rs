@@ -50,7 +50,7 @@ pub use listing::{Check, EntryInfo};
 pub use liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
-pub use shards::{DirectoryCounters, DirectoryStats, SHARDS};
+pub use shards::{CounterRecord, DirectoryCounters, DirectoryStats, MAX_COUNTERS, SHARDS};
 pub(crate) use shards::{Reported, Reporter};
 pub use store::MAX_ENTRY_SIZE;
 pub use write_back::DiskBytes;
@@ -138,7 +138,7 @@ pub struct DiskStats {
     pub bytes_written: u64,
     /// Entries refused by a read (bad tag, wrong key, truncated, too large, symlink,
     /// directory, …) and removed, and directories a write found at its entry's name and
-    /// removed.
+    /// moved aside (then removed).
     pub integrity_rejects: u64,
     pub io_errors: u64,
     /// Entries removed by the size cap.

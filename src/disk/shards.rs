@@ -31,7 +31,7 @@ use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
 use super::{DiskCache, Inner};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::log;
 
 /// Shard files per directory.
@@ -45,7 +45,7 @@ const VERSION: u16 = 1;
 const HEADER_LEN: usize = 24;
 const SUM_LEN: usize = 32;
 /// Counters a shard may hold: bounds what a read allocates, whatever is in the file.
-const MAX_COUNTERS: usize = 64;
+pub const MAX_COUNTERS: usize = 64;
 
 /// The file name of shard `index`.
 fn shard_name(index: u32) -> String {
@@ -259,21 +259,30 @@ pub(super) fn persist(inner: &Inner) {
     }
 }
 
-/// A shard's content: the last zeroing and its counters, this version's and any later ones.
-struct Record {
-    zeroed_ns: u64,
-    values: Vec<u64>,
+/// A counter file's content (the layout above): the last zeroing and its counters, this
+/// version's and any later ones. Public for tools that read counter files and for the fuzz
+/// target of [`CounterRecord::decode`], which parses bytes any process of the user may have
+/// written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterRecord {
+    /// Nanoseconds since the Unix epoch of the last zeroing; 0: never.
+    pub zeroed_ns: u64,
+    /// The counters, in [`DirectoryCounters`] field order, then any a later version appended;
+    /// at most [`MAX_COUNTERS`] of them.
+    pub values: Vec<u64>,
 }
 
-impl Record {
-    fn zero(zeroed_ns: u64) -> Record {
-        Record {
+impl CounterRecord {
+    fn zero(zeroed_ns: u64) -> CounterRecord {
+        CounterRecord {
             zeroed_ns,
             values: vec![0; DirectoryCounters::LEN],
         }
     }
 
-    fn counters(&self) -> DirectoryCounters {
+    /// The counters this version knows: the first values, those a shorter (older) record
+    /// lacks being zero.
+    pub fn counters(&self) -> DirectoryCounters {
         let mut known = [0u64; DirectoryCounters::LEN];
         for (k, v) in known.iter_mut().zip(&self.values) {
             *k = *v;
@@ -281,7 +290,8 @@ impl Record {
         DirectoryCounters::from_array(known)
     }
 
-    fn encode(&self) -> Vec<u8> {
+    /// The record's bytes, checksum included.
+    pub fn encode(&self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(HEADER_LEN + 8 * self.values.len() + SUM_LEN);
         bytes.extend_from_slice(&MAGIC);
         bytes.extend_from_slice(&VERSION.to_le_bytes());
@@ -296,8 +306,9 @@ impl Record {
         bytes
     }
 
-    /// `None` for anything but a whole, undamaged shard of this format.
-    fn decode(bytes: &[u8]) -> Option<Record> {
+    /// `None` for anything but a whole, undamaged record of this format: exactly the header,
+    /// its count of counters (at most [`MAX_COUNTERS`]) and a matching checksum.
+    pub fn decode(bytes: &[u8]) -> Option<CounterRecord> {
         let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
         let (body, sum) = bytes.split_at_checked(bytes.len().checked_sub(SUM_LEN)?)?;
         if body.len() < HEADER_LEN
@@ -315,7 +326,7 @@ impl Record {
         if blake3::hash(body).as_bytes() != sum {
             return None;
         }
-        Some(Record {
+        Some(CounterRecord {
             zeroed_ns: u64_at(16)?,
             values: (0..count)
                 .map(|i| u64_at(HEADER_LEN + 8 * i))
@@ -325,23 +336,56 @@ impl Record {
 }
 
 /// Opens shard `index` (created private when `create`), never through a symbolic link nor
-/// blocking on a FIFO; anything but a regular file is refused.
+/// blocking on a FIFO; anything but a regular file is refused. When creating, anything but a
+/// regular file found at the name (a directory, a link, a FIFO) is removed first, a directory
+/// with everything in it: no process could keep counters there otherwise.
 fn open(inner: &Inner, index: u32, create: bool) -> io::Result<File> {
+    match open_file(inner, index, create) {
+        Err(Foreign::NotFile) if create => {
+            super::dir::remove_any(&inner.dir, &shard_name(index))?;
+            open_file(inner, index, create).map_err(io::Error::from)
+        }
+        other => other.map_err(io::Error::from),
+    }
+}
+
+/// Why a shard could not be opened: something else is at its name, or another error.
+enum Foreign {
+    NotFile,
+    Io(io::Error),
+}
+
+impl From<Foreign> for io::Error {
+    fn from(f: Foreign) -> io::Error {
+        match f {
+            Foreign::NotFile => io::Error::other("not a regular file"),
+            Foreign::Io(e) => e,
+        }
+    }
+}
+
+fn open_file(inner: &Inner, index: u32, create: bool) -> Result<File, Foreign> {
     let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     if create {
         flags |= OFlags::CREATE;
     }
-    let fd = rustix::fs::openat(
+    let fd = match rustix::fs::openat(
         &inner.dir,
         shard_name(index).as_str(),
         flags,
         Mode::from_raw_mode(0o600),
-    )?;
+    ) {
+        Ok(fd) => fd,
+        // A directory, a symbolic link, a device or socket nobody serves.
+        Err(Errno::ISDIR | Errno::LOOP | Errno::NXIO) => return Err(Foreign::NotFile),
+        Err(e) => return Err(Foreign::Io(e.into())),
+    };
     let file = File::from(fd);
-    if !file.metadata()?.is_file() {
-        return Err(io::Error::other("not a regular file"));
+    match file.metadata() {
+        Ok(meta) if meta.is_file() => Ok(file),
+        Ok(_) => Err(Foreign::NotFile),
+        Err(e) => Err(Foreign::Io(e)),
     }
-    Ok(file)
 }
 
 /// Locks `file` (`exclusive` or shared), waiting [`LOCK_WAIT`] at most.
@@ -367,7 +411,7 @@ fn lock(file: &File, exclusive: bool) -> io::Result<()> {
 }
 
 /// The shard's record; `None` when its content is not one.
-fn read(file: &File) -> io::Result<Option<Record>> {
+fn read(file: &File) -> io::Result<Option<CounterRecord>> {
     let max = HEADER_LEN + 8 * MAX_COUNTERS + SUM_LEN;
     let mut bytes = vec![0u8; max + 1];
     let mut len = 0;
@@ -380,10 +424,10 @@ fn read(file: &File) -> io::Result<Option<Record>> {
             return Ok(None);
         }
     }
-    Ok(Record::decode(&bytes[..len]))
+    Ok(CounterRecord::decode(&bytes[..len]))
 }
 
-fn write(file: &File, record: &Record) -> io::Result<()> {
+fn write(file: &File, record: &CounterRecord) -> io::Result<()> {
     let bytes = record.encode();
     file.write_all_at(&bytes, 0)?;
     file.set_len(bytes.len() as u64)
@@ -393,7 +437,7 @@ fn write(file: &File, record: &Record) -> io::Result<()> {
 fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
     let file = open(inner, index, true)?;
     lock(&file, true)?;
-    let mut record = read(&file)?.unwrap_or_else(|| Record::zero(0));
+    let mut record = read(&file)?.unwrap_or_else(|| CounterRecord::zero(0));
     if record.values.len() < DirectoryCounters::LEN {
         record.values.resize(DirectoryCounters::LEN, 0);
     }
@@ -440,23 +484,24 @@ impl DiskCache {
         Ok(stats)
     }
 
-    /// Zeroes every shard of the directory (each under its lock), recording when. Processes
-    /// running meanwhile add only what they do afterwards.
-    pub fn zero_directory_stats(&self) -> Result<()> {
+    /// Zeroes every shard of the directory (each under its lock), recording when; anything
+    /// but a regular file at a shard's name is removed and a zeroed shard written in its
+    /// place. Processes running meanwhile add only what they do afterwards. Every shard is
+    /// tried: the shards that could not be zeroed are returned (name and why), none when all
+    /// were.
+    pub fn zero_directory_stats(&self) -> Vec<(String, String)> {
         let inner = &self.inner;
         let now = nanos_since_epoch(SystemTime::now()).max(1);
+        let mut failed = Vec::new();
         for index in 0..SHARDS {
-            let zeroed = open(inner, index, true)
-                .and_then(|file| lock(&file, true).and_then(|()| write(&file, &Record::zero(now))));
-            zeroed.map_err(|e| {
-                Error::Io(format!(
-                    "cannot zero {} in {}: {e}",
-                    shard_name(index),
-                    inner.path.display()
-                ))
-            })?;
+            let zeroed = open(inner, index, true).and_then(|file| {
+                lock(&file, true).and_then(|()| write(&file, &CounterRecord::zero(now)))
+            });
+            if let Err(e) = zeroed {
+                failed.push((shard_name(index), e.to_string()));
+            }
         }
-        Ok(())
+        failed
     }
 }
 
@@ -466,12 +511,12 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_refuse_damage() {
-        let record = Record {
+        let record = CounterRecord {
             zeroed_ns: 7,
             values: (1..=DirectoryCounters::LEN as u64).collect(),
         };
         let bytes = record.encode();
-        let back = Record::decode(&bytes).unwrap();
+        let back = CounterRecord::decode(&bytes).unwrap();
         assert_eq!(back.zeroed_ns, 7);
         assert_eq!(back.counters().memory_hits, 1);
         assert_eq!(back.counters().failed_writes, 12);
@@ -482,42 +527,42 @@ mod tests {
         for i in [0, 9, 20, bytes.len() - 1] {
             let mut bad = bytes.clone();
             bad[i] ^= 1;
-            assert!(Record::decode(&bad).is_none(), "byte {i}");
+            assert!(CounterRecord::decode(&bad).is_none(), "byte {i}");
         }
-        assert!(Record::decode(&bytes[..bytes.len() - 1]).is_none());
-        assert!(Record::decode(b"").is_none());
-        assert!(Record::decode(b"hello, world").is_none());
+        assert!(CounterRecord::decode(&bytes[..bytes.len() - 1]).is_none());
+        assert!(CounterRecord::decode(b"").is_none());
+        assert!(CounterRecord::decode(b"hello, world").is_none());
     }
 
     #[test]
     fn an_older_shorter_record_reads_its_missing_counters_as_zero() {
         // The first layout: twelve counters, before the remote tier's were appended.
         let first = 12;
-        let record = Record {
+        let record = CounterRecord {
             zeroed_ns: 3,
             values: (1..=first as u64).collect(),
         };
-        let back = Record::decode(&record.encode()).unwrap();
+        let back = CounterRecord::decode(&record.encode()).unwrap();
         let c = back.counters();
         assert_eq!((c.memory_hits, c.failed_writes), (1, 12));
         assert_eq!((c.remote_hits, c.remote_bytes_written), (0, 0));
         // A longer record of the current layout counts the remote tier.
-        let full = Record {
+        let full = CounterRecord {
             zeroed_ns: 0,
             values: (1..=DirectoryCounters::LEN as u64).collect(),
         };
-        let c = Record::decode(&full.encode()).unwrap().counters();
+        let c = CounterRecord::decode(&full.encode()).unwrap().counters();
         assert_eq!(c.remote_hits, first as u64 + 1);
         assert_eq!(c.remote_bytes_written, DirectoryCounters::LEN as u64);
     }
 
     #[test]
     fn later_counters_are_kept() {
-        let record = Record {
+        let record = CounterRecord {
             zeroed_ns: 0,
             values: vec![5; DirectoryCounters::LEN + 3],
         };
-        let back = Record::decode(&record.encode()).unwrap();
+        let back = CounterRecord::decode(&record.encode()).unwrap();
         assert_eq!(back.values.len(), DirectoryCounters::LEN + 3);
         assert_eq!(back.counters().builds, 5);
     }

@@ -21,7 +21,9 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epoch};
-use super::format::{self, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD};
+use super::format::{
+    self, DESCRIPTOR_LEN_FIELD, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD, TAG_LEN,
+};
 use super::{Descriptor, DiskCache, Durability, Entry, Inner, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
@@ -34,8 +36,8 @@ pub const MAX_ENTRY_SIZE: u64 = 1 << 30;
 impl DiskCache {
     /// Reads and verifies the entry for `key`. `Ok(None)`: no entry. `Err(Integrity)`: an
     /// entry was there but failed verification (bad content, larger than
-    /// [`DiskCache::max_entry_size`], not a regular file) and has been removed, unless it is
-    /// a non-empty directory, which is left in place. `Err(Io)`: it could not be read (or
+    /// [`DiskCache::max_entry_size`], not a regular file) and has been removed (a directory
+    /// with everything in it, never following a link). `Err(Io)`: it could not be read (or
     /// its size could not be allocated). All three count as misses.
     pub fn get(&self, key: &Key) -> Result<Option<Entry>> {
         let inner = &self.inner;
@@ -70,10 +72,11 @@ impl DiskCache {
     /// Room is made (least recently used entries evicted) before the entry appears, so this
     /// process's writes never take the directory over the cap; a write made right after
     /// `open` waits for the opening scan to know what is there. An entry larger than
-    /// [`DiskCache::max_entry_size`] is refused with `InvalidArgument`. An empty directory
-    /// at the entry's name is removed (counted in `integrity_rejects`); a non-empty one makes
-    /// the write fail with `Io`. The entry's descriptor is the default one (backend
-    /// `custom`, no device, no name); [`DiskCache::put_described`] gives one.
+    /// [`DiskCache::max_entry_size`] is refused with `InvalidArgument`, from its length, before
+    /// a byte of it is read. A directory at the entry's name is moved aside and removed with
+    /// everything in it (counted in `integrity_rejects`): the write takes its place. The
+    /// entry's descriptor is the default one (backend `custom`, no device, no name);
+    /// [`DiskCache::put_described`] gives one.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
         self.put_described(key, payload, build_time, &Descriptor::default())
     }
@@ -90,8 +93,15 @@ impl DiskCache {
         put(&self.inner, key, payload, build_time, descriptor)
     }
 
-    /// Removes the entry for `key` (or an empty directory at its name); `Ok(false)` when
-    /// there was none.
+    /// Refuses (`InvalidArgument`, as [`DiskCache::put_described`] would) a payload of `len`
+    /// bytes too large for an entry with `descriptor`, from its length alone: for a caller
+    /// that has only a length yet (a C buffer, a serializer's announced size).
+    pub fn check_payload_len(&self, len: usize, descriptor: &Descriptor) -> Result<()> {
+        check_payload_len(&self.inner, len, descriptor)
+    }
+
+    /// Removes the entry for `key` (or whatever else is at its name, a directory with
+    /// everything in it); `Ok(false)` when there was none.
     pub fn remove(&self, key: &Key) -> Result<bool> {
         let removed = self.unlink(key)?;
         if removed {
@@ -149,14 +159,10 @@ pub(super) fn put(
     build_time: Duration,
     descriptor: &Descriptor,
 ) -> Result<()> {
+    // Before a byte of the payload is hashed: an oversized one is refused at once.
+    check_payload_len(inner, payload.len(), descriptor)?;
     let (header, tag) = seal(inner, key, payload, build_time, descriptor);
     let size = (payload.len() + header.len() + tag.len()) as u64;
-    if size > inner.max_entry_size() {
-        return Err(Error::InvalidArgument(format!(
-            "an entry of {size} bytes exceeds the entry size limit of {} bytes",
-            inner.max_entry_size()
-        )));
-    }
     let name = inner.entry_name(key);
     match write_entry(inner, &name, &[&header, payload, &tag]) {
         Ok(()) => {
@@ -173,6 +179,25 @@ pub(super) fn put(
             )))
         }
     }
+}
+
+/// Bytes an entry with `descriptor` adds to its payload: the format 2 header and the tag.
+fn entry_overhead(descriptor: &Descriptor) -> u64 {
+    (HEADER_LEN + DESCRIPTOR_LEN_FIELD + descriptor.encoded_len() + TAG_LEN) as u64
+}
+
+/// Refuses (`InvalidArgument`) a payload of `len` bytes whose entry, with `descriptor`, would
+/// be larger than the entry size limit. It looks at the length alone, so a caller can check a
+/// length before it reads or allocates anything of that size.
+pub(super) fn check_payload_len(inner: &Inner, len: usize, descriptor: &Descriptor) -> Result<()> {
+    let size = (len as u64).saturating_add(entry_overhead(descriptor));
+    if size > inner.max_entry_size() {
+        return Err(Error::InvalidArgument(format!(
+            "an entry of {size} bytes exceeds the entry size limit of {} bytes",
+            inner.max_entry_size()
+        )));
+    }
+    Ok(())
 }
 
 /// The header and tag that make `payload` the entry for `key`, as written to disk and to the
@@ -279,8 +304,8 @@ pub(super) fn read_bounded(file: &mut File, size: u64) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-/// Removes a refused entry (a file, or an empty directory), unless the name now holds another
-/// file (a writer replaced it meanwhile), and returns the error for the caller.
+/// Removes a refused entry (a file, or a directory and what it holds), unless the name now
+/// holds another file (a writer replaced it meanwhile), and returns the error for the caller.
 fn reject(inner: &Inner, name: &str, ino: Option<u64>, reason: &str) -> Error {
     match ino.map(|ino| Index::unlink(inner, name, Some(ino))) {
         Some(Err(e)) => Error::Integrity(format!("{name}: {reason}; cannot remove it: {e}")),
@@ -292,7 +317,7 @@ static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A temporary name no other writer (thread or process) will pick; creation is exclusive
 /// anyway, so a collision only costs a retry.
-fn temp_name(entry: &str) -> String {
+pub(super) fn temp_name(entry: &str) -> String {
     let mut h = blake3::Hasher::new();
     h.update(&std::process::id().to_le_bytes());
     h.update(&TEMP_COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use super::remote_args::RemoteArgs;
 use super::status::{byte_slice, guard_value, non_null, null_argument};
+use crate::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
 use crate::disk::{DiskCache, DiskConfig, OperatorKey};
 use crate::memory::{self, Entry, Lease};
 use crate::{Error, Result};
@@ -215,8 +216,14 @@ macro_rules! c_statistics {
 }
 pub(super) use c_statistics;
 
+/// The largest `struct_size` accepted. No struct of the API comes near it (the largest is
+/// a few hundred bytes), so a larger one is a wrong or uninitialised size, refused before a
+/// byte past `struct_size` itself is read: the check of the bytes past the known fields reads
+/// all of them.
+const MAX_STRUCT_SIZE: usize = 4096;
+
 /// Checks the `struct_size` a caller set in a struct of type `T` (called `c_name` in C)
-/// against the smallest size this library accepts, and returns it.
+/// against the smallest size this library accepts and [`MAX_STRUCT_SIZE`], and returns it.
 ///
 /// # Safety
 /// `p` must be non-NULL and point to a readable struct whose first field is a `size_t`.
@@ -226,6 +233,12 @@ pub unsafe fn struct_size<T>(p: *const T, name: &str, c_name: &str, min: usize) 
     if given < min {
         return Err(Error::InvalidArgument(format!(
             "{name}->struct_size is {given}, {c_name} is at least {min} bytes"
+        )));
+    }
+    if given > MAX_STRUCT_SIZE {
+        return Err(Error::InvalidArgument(format!(
+            "{name}->struct_size is {given}, larger than any struct ({MAX_STRUCT_SIZE} bytes \
+             at most)"
         )));
     }
     Ok(given)
@@ -244,7 +257,8 @@ unsafe fn known_prefix<'a, T>(
 ) -> Result<&'a [u8]> {
     // SAFETY: forwarded from the caller's contract.
     let given = unsafe { struct_size(p, name, c_name, min) }?;
-    // SAFETY: the caller promises `given` readable bytes at `p`.
+    // SAFETY: the caller promises `given` readable bytes at `p`; `given` is at most
+    // `MAX_STRUCT_SIZE`, within `isize` as `from_raw_parts` requires.
     let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), given) };
     let (known, unknown) = bytes.split_at(given.min(size_of::<T>()));
     if unknown.iter().any(|&b| b != 0) {
@@ -426,6 +440,13 @@ pub unsafe fn operator_key_arg(
 ) -> Result<Option<OperatorKey>> {
     if key.is_null() && key_len == 0 {
         return Ok(None);
+    }
+    // The length before the bytes: a key of the wrong length is refused unread and uncopied.
+    if !(MIN_OPERATOR_KEY_LEN..=MAX_OPERATOR_KEY_LEN).contains(&key_len) {
+        return Err(invalid(format!(
+            "{name}: an operator key must be {MIN_OPERATOR_KEY_LEN} to {MAX_OPERATOR_KEY_LEN} \
+             bytes, got {key_len}"
+        )));
     }
     // SAFETY: the caller promises `key_len` readable bytes; NULL is refused inside.
     let bytes = unsafe { byte_slice(key, key_len, name) }?;

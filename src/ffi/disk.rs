@@ -172,7 +172,7 @@ pub struct kc_disk_statistics {
     /// Bytes of entries written.
     pub bytes_written: u64,
     /// Entries that failed verification (bad content, too large, not a regular file) and
-    /// were removed, and directories a write found at its entry's name and removed.
+    /// were removed, and directories a write found at its entry's name and moved aside.
     pub integrity_rejects: u64,
     /// Failed reads and writes.
     pub io_errors: u64,
@@ -296,10 +296,12 @@ pub struct kc_disk_gc_report {
     pub kept: u64,
     /// Bytes removed.
     pub bytes_freed: u64,
-    /// Files or directories that should have gone but could not be removed (a non-empty
-    /// directory at an entry name, …): left in place.
+    /// Files or directories that should have gone but could not be removed (a directory
+    /// tree more than 16 levels deep, a permission error, …): left in place.
     pub undeletable: u64,
-    /// Lock files nobody held (left by processes that died building); held ones are kept.
+    /// Lock files nobody held (left by processes that died building), and anything but a
+    /// regular file at a lock file's name (a directory with everything in it); held ones are
+    /// kept.
     pub lock_files: u64,
     /// Entries of format 1, which do not say what they hold (reads accept them; `gc`
     /// removes them, and the next build writes them again with a descriptor).
@@ -396,8 +398,9 @@ pub unsafe extern "C" fn kc_disk_free(disk: *mut kc_disk) {
 /// Writes the entry for `key` (atomically: readers see the old entry or the new one).
 /// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
 /// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
-/// smaller of the size cap and 1 GiB. Right after `kc_disk_new` the write waits for the
-/// directory scan (see `kc_disk_wait_scan`), so that it can make room within the cap first.
+/// smaller of the size cap and 1 GiB: decided from `len` alone, before `data` is read. Right
+/// after `kc_disk_new` the write waits for the directory scan (see `kc_disk_wait_scan`), so
+/// that it can make room within the cap first.
 /// The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
 ///
 /// # Safety
@@ -447,14 +450,18 @@ pub unsafe extern "C" fn kc_disk_put_described(
 ) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let (disk, key, data, descriptor) = unsafe {
+        let (disk, key, descriptor) = unsafe {
             (
                 handle_ref(disk, "disk")?,
                 key_arg(key)?,
-                byte_slice(data, len, "data")?,
                 descriptor_arg(descriptor)?,
             )
         };
+        // The length against the entry size limit before a byte of `data` is touched: an
+        // oversized payload is refused at once, whatever memory lies past the caller's buffer.
+        disk.check_payload_len(len, &descriptor)?;
+        // SAFETY: the caller promises `len` readable bytes at `data`; NULL is refused inside.
+        let data = unsafe { byte_slice(data, len, "data") }?;
         disk.put_described(&key, data, Duration::from_nanos(build_time_ns), &descriptor)
     })
 }
@@ -501,7 +508,7 @@ pub(super) unsafe fn descriptor_arg(p: *const kc_entry_descriptor) -> Result<Des
 /// Reads and verifies the entry for `key` into `*out` (written on success only; free it
 /// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
 /// failed verification, was larger than the per-entry limit or was not a regular file, and
-/// was removed; a non-empty directory is left in place), `KC_ERR_IO`.
+/// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
 ///
 /// # Safety
 /// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.

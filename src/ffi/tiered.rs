@@ -38,7 +38,9 @@ pub const KC_LOAD_TRANSIENT: c_int = 1_000_000;
 
 /// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
 /// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back.
+/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back, and so
+/// does a size past the disk's entry size limit (less the header and tag), refused before the
+/// buffer is allocated.
 pub type kc_serialize_fn = Option<
     unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -64,7 +66,8 @@ pub struct kc_tiered_callbacks {
     pub ctx: *mut c_void,
 }
 /// Serializes a just-built value with the caller's two-call `serialize`; without one, or when
-/// it fails, nothing is written back.
+/// it fails, nothing is written back. The size the first call announces is checked with
+/// `fits` (the disk's entry size limit) before anything is allocated, and allocated fallibly.
 ///
 /// # Safety
 /// `serialize` must be NULL or callable with `ctx` and `value`.
@@ -72,6 +75,7 @@ unsafe fn serialize_value(
     serialize: kc_serialize_fn,
     ctx: *mut c_void,
     value: *mut c_void,
+    fits: impl FnOnce(usize) -> crate::Result<()>,
 ) -> std::result::Result<Vec<u8>, BuildError> {
     let serialize = serialize.ok_or_else(|| BuildError::new(0, "no serialize callback"))?;
     let failed = |code| BuildError::new(code, format!("the serialize callback returned {code}"));
@@ -81,7 +85,16 @@ unsafe fn serialize_value(
         0 => {}
         code => return Err(failed(code)),
     }
-    let mut buf = vec![0u8; len];
+    fits(len).map_err(|e| {
+        BuildError::new(
+            0,
+            format!("the serialize callback announced {len} bytes: {e}"),
+        )
+    })?;
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len)
+        .map_err(|_| BuildError::new(0, format!("cannot allocate {len} bytes to serialize")))?;
+    buf.resize(len, 0);
     let mut written = len;
     // SAFETY: `buf` has `len` writable bytes, as the callback was told.
     match unsafe { serialize(ctx, value, buf.as_mut_ptr(), &mut written) } {
@@ -213,9 +226,11 @@ pub unsafe extern "C" fn kc_tiered_find_or_build_described(
             load,
             // SAFETY: the caller promised a callable `build` for `ctx`; the key is its own.
             || unsafe { make_value(build, ctx, l1_key, l1_key_len, "build") },
-            // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
             |value: &RawValue| {
-                unsafe { serialize_value(cb.serialize, ctx, value.0) }
+                // Only called with a disk to write to: its limit bounds the size.
+                let fits = |len| disk.map_or(Ok(()), |d| d.check_payload_len(len, &descriptor));
+                // SAFETY: the caller promised a callable `serialize` (or NULL) for `ctx`.
+                unsafe { serialize_value(cb.serialize, ctx, value.0, fits) }
                     .map(|bytes| (DiskBytes::from(bytes), descriptor))
             },
         )?;

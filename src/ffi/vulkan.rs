@@ -129,7 +129,7 @@ backend_handles!(
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_vulkan_binding {
-    /// Descriptor set index.
+    /// Descriptor set index, below 64.
     pub set: u32,
     pub binding: u32,
     /// A `VkDescriptorType` value usable from a compute shader.
@@ -467,11 +467,27 @@ pub unsafe extern "C" fn kc_vulkan_cache_flush(
     })
 }
 
+/// The highest descriptor set number a binding may name, plus one: more sets than any device
+/// binds (`maxBoundDescriptorSets` is 32 at most on current drivers), few enough that the
+/// layout, which has `max(set) + 1` sets, stays small whatever number a caller passes.
+const MAX_SETS: u32 = 64;
+
 /// The layout a description gives; `None` (derive it) when it gives no binding and no
-/// push-constant range.
-fn layout_of(bindings: &[kc_vulkan_binding], offset: u32, size: u32) -> Option<LayoutDesc> {
+/// push-constant range. A set number of [`MAX_SETS`] or more is refused before any set is
+/// allocated.
+fn layout_of(
+    bindings: &[kc_vulkan_binding],
+    offset: u32,
+    size: u32,
+) -> Result<Option<LayoutDesc>, Error> {
     if bindings.is_empty() && size == 0 {
-        return None;
+        return Ok(None);
+    }
+    if let Some(b) = bindings.iter().find(|b| b.set >= MAX_SETS) {
+        return Err(Error::InvalidArgument(format!(
+            "binding {} names descriptor set {}; sets are numbered below {MAX_SETS}",
+            b.binding, b.set
+        )));
     }
     let set_count = bindings
         .iter()
@@ -486,10 +502,10 @@ fn layout_of(bindings: &[kc_vulkan_binding], offset: u32, size: u32) -> Option<L
             count: b.count,
         });
     }
-    Some(LayoutDesc {
+    Ok(Some(LayoutDesc {
         sets,
         push_constants: (size != 0).then_some(PushConstantRange { offset, size }),
-    })
+    }))
 }
 
 /// The constants of a `kc_vulkan_specialization_info`, NULL being none.
@@ -561,6 +577,13 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
         let raw_constants = unsafe { elements(desc.constants, desc.constant_count, "constants") }?;
         let mut constants = Vec::with_capacity(raw_constants.len());
         for c in raw_constants {
+            // The size before the bytes: a constant is 1, 2, 4 or 8 bytes, never more.
+            if ![1, 2, 4, 8].contains(&c.size) {
+                return Err(Error::InvalidArgument(format!(
+                    "specialization constant {} has {} bytes; expected 1, 2, 4 or 8",
+                    c.id, c.size
+                )));
+            }
             // SAFETY: `size` readable bytes at `data` by contract.
             let value = unsafe { byte_slice(c.data.cast(), c.size as usize, "constants[i].data") }?;
             constants.push(SpecConstant {
@@ -572,7 +595,7 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
         constants.extend(unsafe { specialization_of(desc.specialization) }?);
         // SAFETY: `binding_count` elements at `bindings` by contract.
         let bindings = unsafe { elements(desc.bindings, desc.binding_count, "bindings") }?;
-        let layout = layout_of(bindings, desc.push_constant_offset, desc.push_constant_size);
+        let layout = layout_of(bindings, desc.push_constant_offset, desc.push_constant_size)?;
         let spec = PipelineSpec::from_desc(&PipelineDesc {
             specialization: &constants,
             layout: layout.as_ref(),
