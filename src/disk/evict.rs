@@ -14,6 +14,9 @@
 //! the index never disagrees with what this process did: with no other process writing, it is
 //! exact whenever no call is in flight. Only those single metadata calls are serialized; the
 //! data of a write and of a read, and the fsyncs, happen outside the lock.
+//!
+//! A forked child inherits the index but not a scan running in its parent: the first wait for
+//! the scan, or the next rescan, starts the child's own.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
@@ -23,11 +26,12 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::{Inner, Usage, bump, parse_entry_name};
+use crate::ffi::process;
 
 /// A read refreshes an entry's mtime only when it is older than this: one metadata write a
 /// minute per hot entry, not one per read.
@@ -43,6 +47,8 @@ pub(super) struct Index {
 struct State {
     seeded: bool,
     scanning: bool,
+    /// The fork generation ([`process::fork_generation`]) of the process whose thread scans.
+    scanned_in: u64,
     /// Bumped when a scan starts; entries recorded during a scan carry the new value and
     /// survive the scan's replacement of the map.
     epoch: u64,
@@ -61,6 +67,11 @@ struct Tracked {
 }
 
 impl State {
+    /// A scan runs in this process: not only in the parent this process was forked from.
+    fn scan_running(&self) -> bool {
+        self.scanning && self.scanned_in == process::fork_generation()
+    }
+
     fn insert(&mut self, name: String, size: u64, recency: u64) {
         self.remove(&name);
         if self.scanning {
@@ -133,12 +144,26 @@ impl Index {
         (usage, s.seeded)
     }
 
-    pub(super) fn wait_seeded(&self) {
-        let mut s = self.state.lock();
-        while !s.seeded {
-            self.seeded.wait(&mut s);
+}
+
+/// Waits for the scan that seeds the index; starts it in a forked child whose parent was
+/// scanning (the scan's thread stayed in the parent).
+pub(super) fn wait_seeded(inner: &Arc<Inner>) {
+    let mut s = inner.index.state.lock();
+    wait_seeded_locked(inner, &mut s);
+}
+
+fn wait_seeded_locked(inner: &Arc<Inner>, s: &mut MutexGuard<'_, State>) {
+    while !s.seeded {
+        if s.scan_running() {
+            inner.index.seeded.wait(s);
+        } else {
+            MutexGuard::unlocked(s, || start_scan(inner));
         }
     }
+}
+
+impl Index {
 
     /// Publishes a written temporary file `temp` (described by `meta`) under `name`: first
     /// evicts what the cap requires to make room for it, then renames it into place and
@@ -160,9 +185,7 @@ impl Index {
         let index = &inner.index;
         let rescan = {
             let mut s = index.state.lock();
-            while !s.seeded {
-                index.seeded.wait(&mut s);
-            }
+            wait_seeded_locked(inner, &mut s);
             let size = meta.len();
             evict_over_cap(inner, &mut s, Some((name, size)));
             match rustix::fs::renameat(&inner.dir, temp, &inner.dir, name) {
@@ -177,7 +200,7 @@ impl Index {
             let recency = meta.modified().map_or(0, nanos_since_epoch);
             s.insert(name.to_owned(), size, recency);
             s.written_since_scan += size;
-            !s.scanning && s.written_since_scan > inner.max_size / 4
+            !s.scan_running() && s.written_since_scan > inner.max_size / 4
         };
         if rescan {
             start_scan(inner);
@@ -268,10 +291,11 @@ fn evict_over_cap(inner: &Inner, s: &mut State, incoming: Option<(&str, u64)>) {
 pub(super) fn start_scan(inner: &Arc<Inner>) {
     let epoch = {
         let mut s = inner.index.state.lock();
-        if s.scanning {
+        if s.scan_running() {
             return;
         }
         s.scanning = true;
+        s.scanned_in = process::fork_generation();
         s.epoch += 1;
         s.epoch
     };

@@ -8,7 +8,7 @@
 //! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory.
 //! - `writer`: writes made after the caller has its value, on a background thread;
-//!   `write_back`: what it writes, and when.
+//!   `write_back`: what it writes, and when; `exit`: what an exit without freeing still writes.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //! - `shards`: counters every process using the directory adds to, for operators' tools.
 //! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
@@ -21,6 +21,7 @@ pub mod config;
 mod descriptor;
 mod dir;
 mod evict;
+mod exit;
 pub mod format;
 mod gc;
 mod listing;
@@ -41,6 +42,7 @@ pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKe
 pub use descriptor::{
     CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
 };
+pub use exit::DEFAULT_EXIT_TIMEOUT;
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
 pub use listing::{Check, EntryInfo};
@@ -264,6 +266,7 @@ impl DiskCache {
             remote,
         });
         evict::start_scan(&inner);
+        exit::register(&inner);
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
         Ok(DiskCache {
@@ -325,14 +328,14 @@ impl DiskCache {
     /// cache). Until it finishes, `stats` counts only what this handle wrote, and writes wait
     /// for it; reads do not.
     pub fn wait_scan(&self) {
-        self.inner.index.wait_seeded();
+        evict::wait_seeded(&self.inner);
     }
 
     /// Entries and bytes in the directory. Waits for the background scan that seeds the size
     /// index after `open` (milliseconds even for a full cache): meant for reporting, not for
     /// a lookup path.
     pub fn usage(&self) -> Usage {
-        self.inner.index.wait_seeded();
+        evict::wait_seeded(&self.inner);
         self.inner.index.known_usage().0
     }
 

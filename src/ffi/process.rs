@@ -2,7 +2,6 @@
 //! secure-execution flag, forks and normal exit. These libc calls have no safe wrapper in the
 //! crates kcache uses, so their `unsafe` lives here, beside the rest of kcache's foreign calls.
 
-#![allow(dead_code)] // TEMP: wired in by the fork and exit work
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
 
