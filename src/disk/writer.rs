@@ -195,24 +195,25 @@ impl Writer {
     /// Runs every parked write, and waits until every write submitted or parked before the
     /// call has finished (with those they parked in turn).
     pub(super) fn flush(&self) {
-        self.flush_until(None);
+        self.flush_until(None, true);
     }
 
-    /// [`Writer::flush`], waiting until `deadline` at most: whether every write finished. On
-    /// a writer thread it does not wait (see the module's comment) and says whether there
-    /// was nothing to wait for.
-    pub(super) fn flush_until(&self, deadline: Option<Instant>) -> bool {
+    /// [`Writer::flush`], waiting until `deadline` at most, and leaving parked writes parked
+    /// unless `parked`: whether every write (but those left parked) finished. On a writer
+    /// thread it does not wait (see the module's comment) and says whether there was nothing
+    /// to wait for.
+    pub(super) fn flush_until(&self, deadline: Option<Instant>, parked: bool) -> bool {
         let (queue, _) = self.queue(false);
         let mut state = queue.state.lock();
         loop {
-            if !state.parked.is_empty() {
+            if parked && !state.parked.is_empty() {
                 let parked = std::mem::take(&mut state.parked);
                 state
                     .jobs
                     .extend(parked.into_iter().map(|p| p.run_for(Cause::Flush)));
                 queue.work.notify_one();
             }
-            let done = state.jobs.is_empty() && !state.busy && state.parked.is_empty();
+            let done = state.jobs.is_empty() && !state.busy && (!parked || state.parked.is_empty());
             if done || ON_WRITER.get() {
                 return done;
             }

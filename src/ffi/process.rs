@@ -48,6 +48,14 @@ pub(crate) fn on_fork_child(hook: extern "C" fn()) {
     debug_assert_eq!(rc, 0, "pthread_atfork failed");
 }
 
+/// Whether the calling thread is the process's main thread (its thread id is the process id):
+/// the thread whose return from `main` ends the process.
+pub(crate) fn is_main_thread() -> bool {
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    u32::try_from(tid).is_ok_and(|tid| tid == std::process::id())
+}
+
 /// Registers `hook` to run at normal process exit (`exit`, a return from `main`), before
 /// shared libraries' destructors. Hooks run in the reverse order of registration. Returns
 /// whether libc took it.
@@ -63,6 +71,15 @@ mod tests {
     #[test]
     fn an_ordinary_test_process_is_not_secure() {
         assert!(!at_secure());
+    }
+
+    #[test]
+    fn only_the_main_thread_is_the_main_thread() {
+        // The test harness runs tests on threads of its own.
+        let here = is_main_thread();
+        let spawned = std::thread::spawn(is_main_thread).join().unwrap();
+        assert!(!spawned);
+        assert_eq!(here, std::thread::current().name() == Some("main"));
     }
 
     #[test]
