@@ -8,6 +8,8 @@ use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Connection, ConnectionLike, RedisResult};
 
+use crate::ffi::process;
+
 /// Connections kept open for later operations; more may be open at once, and are closed
 /// after their operation.
 const POOL: usize = 4;
@@ -57,7 +59,27 @@ impl Conn {
 pub(super) struct Client {
     target: Target,
     timeout: Duration,
-    idle: Mutex<Vec<Conn>>,
+    idle: Mutex<Idle>,
+}
+
+/// Idle connections, and the fork generation ([`process::fork_generation`]) that opened them:
+/// a forked child shares its parent's sockets, and must not talk over them.
+#[derive(Default)]
+struct Idle {
+    generation: u64,
+    conns: Vec<Conn>,
+}
+
+impl Idle {
+    /// This process's idle connections; a forked child closes its copies of its parent's.
+    fn own(&mut self) -> &mut Vec<Conn> {
+        let generation = process::fork_generation();
+        if self.generation != generation {
+            self.conns.clear();
+            self.generation = generation;
+        }
+        &mut self.conns
+    }
 }
 
 impl Client {
@@ -78,6 +100,7 @@ impl Client {
         let started = Instant::now();
         let idle = {
             let mut idle = self.idle.lock();
+            let idle = idle.own();
             std::iter::from_fn(|| idle.pop()).find(|c| c.is_open())
         };
         let mut con = match idle {
@@ -93,6 +116,7 @@ impl Client {
         let out = op(con.like());
         if out.is_ok() {
             let mut idle = self.idle.lock();
+            let idle = idle.own();
             if idle.len() < POOL {
                 idle.push(con);
             }
@@ -112,6 +136,6 @@ impl Client {
 
     /// Closes the idle connections (after a failure: they may lead to the same dead server).
     pub(super) fn drop_idle(&self) {
-        self.idle.lock().clear();
+        self.idle.lock().conns.clear();
     }
 }
