@@ -79,7 +79,12 @@ fn callbacks_that_call_back_finish() {
         "the hook was called on the writer: {:?}",
         seen.lock().unwrap()
     );
-    assert!(seen.lock().unwrap().iter().all(|(_, _, _, value)| value == "compiled(looked up from the hook)"));
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .all(|(_, _, _, value)| value == "compiled(looked up from the hook)")
+    );
     log::reset_hook();
 
     // A build that flushes, reads statistics and looks another key up.
@@ -104,6 +109,9 @@ fn callbacks_that_call_back_finish() {
     assert!(built, "a build that calls back deadlocked");
     let disk = cache.disk().unwrap();
     for source in ["a", "b", "c", "outer", "inner", "looked up from the hook"] {
-        assert!(disk.entry_path(&l2_key(source)).exists(), "{source} on disk");
+        assert!(
+            disk.entry_path(&l2_key(source)).exists(),
+            "{source} on disk"
+        );
     }
 }

@@ -86,7 +86,11 @@ fn a_child_flushes_after_its_parent_wrote() {
     assert_eq!(child, 0, "the child's miss, flush and drop (-1: hung)");
     let cache = cache.unwrap();
     assert!(cache.disk().unwrap().entry_path(&l2_key("child")).exists());
-    assert_eq!(miss_and_flush(&cache, "parent after"), 0, "the parent goes on");
+    assert_eq!(
+        miss_and_flush(&cache, "parent after"),
+        0,
+        "the parent goes on"
+    );
 }
 
 #[test]
@@ -128,7 +132,11 @@ fn a_child_flushes_while_the_parents_writer_is_in_a_stalled_remote_write() {
     server.pause(false);
     cache.flush();
     assert_eq!(disk.stats().pending_writes, 0);
-    assert_eq!(miss_and_flush(&cache, "parent after"), 0, "the parent goes on");
+    assert_eq!(
+        miss_and_flush(&cache, "parent after"),
+        0,
+        "the parent goes on"
+    );
 }
 
 /// Fills `dir` with `count` empty files named as entries, for the opening scan to list.
@@ -154,7 +162,11 @@ fn a_child_writes_while_the_parents_opening_scan_runs() {
         assert_eq!(child, 0, "the child's write and flush (-1: hung)");
         let disk = cache.disk().unwrap();
         disk.wait_scan();
-        assert_eq!(miss_and_flush(&cache, "parent after"), 0, "the parent goes on");
+        assert_eq!(
+            miss_and_flush(&cache, "parent after"),
+            0,
+            "the parent goes on"
+        );
         assert!(disk.stats().entries >= 20_000);
         return;
     }

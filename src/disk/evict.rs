@@ -143,7 +143,6 @@ impl Index {
         };
         (usage, s.seeded)
     }
-
 }
 
 /// Waits for the scan that seeds the index; starts it in a forked child whose parent was
@@ -164,7 +163,6 @@ fn wait_seeded_locked(inner: &Arc<Inner>, s: &mut MutexGuard<'_, State>) {
 }
 
 impl Index {
-
     /// Publishes a written temporary file `temp` (described by `meta`) under `name`: first
     /// evicts what the cap requires to make room for it, then renames it into place and
     /// records it, so the directory stays within the cap at every moment.

@@ -97,7 +97,11 @@ mod tests {
         // SAFETY: waits for the child forked above; `status` is a valid out-pointer.
         assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
         assert!(libc::WIFEXITED(status));
-        assert_eq!(libc::WEXITSTATUS(status), 1, "the child is one fork further");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            1,
+            "the child is one fork further"
+        );
         assert_eq!(fork_generation(), before, "the parent is unchanged");
     }
 }
