@@ -30,5 +30,7 @@ kc_run() {
     ASAN_OPTIONS=detect_leaks=0 "$bin/exit_without_free" "$mode" "$KC_WORK/$variant-exit-$mode"
     "$bin/exit_without_free" check "$KC_WORK/$variant-exit-$mode"
   done
+  # A forked child flushes without writing the binary its parent holds back.
+  "$bin/fork_held_back" "$KC_WORK/$variant-fork"
 }
 kc_suites "OpenCL C tests" c-tests/opencl opencl
