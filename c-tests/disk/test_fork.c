@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,7 +25,9 @@
 
 #include "string_backend.h"
 
+#ifndef WATCHDOG_S
 #define WATCHDOG_S 60
+#endif
 #define SCAN_ENTRIES 20000
 static const char *OPERATOR_KEY = "fork-test-operator-key";
 
@@ -140,8 +143,14 @@ static server start_redis(const char *dir) {
   s.pid = fork();
   CHECK(s.pid >= 0);
   if (s.pid == 0) {
+    /* The server ends with the test, even one that fails a check, and keeps its output (and
+     * the test's pipes) to itself. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
     int null = open("/dev/null", O_WRONLY);
-    if (null >= 0) dup2(null, STDOUT_FILENO);
+    if (null >= 0) {
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+    }
     execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
            "--appendonly", "no", "--dir", dir, (char *)NULL);
     _exit(127);
