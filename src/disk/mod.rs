@@ -341,7 +341,9 @@ impl DiskCache {
 
     /// Waits until every background write submitted so far has finished (written or
     /// failed), then adds what this process did since its last flush to the directory's
-    /// counters ([`DiskCache::directory_stats`]). Dropping the disk tier flushes too.
+    /// counters ([`DiskCache::directory_stats`]). Dropping the disk tier flushes too. Called
+    /// on the background writer's own thread (from a log hook), it cannot wait for that
+    /// thread: the writes held back are queued and run once the hook returns.
     pub fn flush(&self) {
         self.inner.writer.flush();
         shards::persist(&self.inner);
