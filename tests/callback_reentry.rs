@@ -86,6 +86,7 @@ fn callbacks_that_call_back_finish() {
             .all(|(_, _, _, value)| value == "compiled(looked up from the hook)")
     );
     log::reset_hook();
+    log::set_level(Level::Warn);
 
     // A build that flushes, reads statistics and looks another key up.
     let scenario = cache.clone();

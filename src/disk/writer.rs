@@ -177,8 +177,7 @@ impl Writer {
                 .spawn(move || queue.run())
                 .ok();
             if line.thread.is_some() {
-                // Registered now rather than at open: after the first build, so that exit
-                // handlers a driver registered while building run after this one.
+                // From now on an exit has writes to finish.
                 super::exit::flush_at_exit();
             }
         }
