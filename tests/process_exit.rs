@@ -86,5 +86,8 @@ fn an_exit_without_drop_writes_what_was_built_and_counts_what_it_could_not() {
         "{counted} counted, {left} left: {stderr}"
     );
     assert_eq!(failed, counted as u64, "in the directory's counters");
-    assert!(stderr.contains("KCACHE_EXIT_TIMEOUT of 0 s reached"), "{stderr}");
+    assert!(
+        stderr.contains("KCACHE_EXIT_TIMEOUT of 0 s reached"),
+        "{stderr}"
+    );
 }

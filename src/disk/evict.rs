@@ -16,7 +16,8 @@
 //! data of a write and of a read, and the fsyncs, happen outside the lock.
 //!
 //! A forked child inherits the index but not a scan running in its parent: the first wait for
-//! the scan, or the next rescan, starts the child's own.
+//! the scan, or the next rescan, starts the child's own. Nor does it inherit the index's lock
+//! held: every section that holds it is one that a fork waits for ([`process::unforked`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
@@ -136,6 +137,7 @@ pub(super) enum Unlinked {
 impl Index {
     /// What the index knows of the directory, and whether the opening scan has finished.
     pub(super) fn known_usage(&self) -> (Usage, bool) {
+        let _unforked = process::unforked();
         let s = self.state.lock();
         let usage = Usage {
             entries: s.files.len() as u64,
@@ -181,7 +183,10 @@ impl Index {
         meta: &Metadata,
     ) -> io::Result<()> {
         let index = &inner.index;
+        // Waited for outside the section: a fork need not wait for the scan.
+        wait_seeded(inner);
         let rescan = {
+            let _unforked = process::unforked();
             let mut s = index.state.lock();
             wait_seeded_locked(inner, &mut s);
             let size = meta.len();
@@ -208,6 +213,7 @@ impl Index {
 
     /// A read refreshed the mtime of `name`.
     pub(super) fn touch(&self, name: &str, recency: u64) {
+        let _unforked = process::unforked();
         let mut s = self.state.lock();
         if let Some(size) = s.files.get(name).map(|t| t.size) {
             s.insert(name.to_owned(), size, recency);
@@ -218,6 +224,7 @@ impl Index {
     /// empty. With `expected` (an inode number), only if the name still holds that inode, so
     /// a file a writer put there since is kept.
     pub(super) fn unlink(inner: &Inner, name: &str, expected: Option<u64>) -> io::Result<Unlinked> {
+        let _unforked = process::unforked();
         let mut s = inner.index.state.lock();
         let outcome = match expected {
             None => remove_name(inner, name),
@@ -288,6 +295,7 @@ fn evict_over_cap(inner: &Inner, s: &mut State, incoming: Option<(&str, u64)>) {
 /// Starts a scan of the directory on a background thread unless one is running.
 pub(super) fn start_scan(inner: &Arc<Inner>) {
     let epoch = {
+        let _unforked = process::unforked();
         let mut s = inner.index.state.lock();
         if s.scan_running() {
             return;
@@ -325,6 +333,7 @@ fn scan(inner: &Inner, epoch: u64) {
             }
         }
     }
+    let _unforked = process::unforked();
     let mut s = inner.index.state.lock();
     let recent: Vec<(String, u64, u64)> = s
         .files

@@ -2,8 +2,11 @@
 //! secure-execution flag, forks and normal exit. These libc calls have no safe wrapper in the
 //! crates kcache uses, so their `unsafe` lives here, beside the rest of kcache's foreign calls.
 
+use std::cell::RefCell;
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Whether the kernel started this process in secure-execution mode (setuid, setgid, file
 /// capabilities, or a security module's say): `AT_SECURE` from the auxiliary vector.
@@ -33,6 +36,54 @@ static FORKS: AtomicU64 = AtomicU64::new(0);
 /// atomic add is.
 extern "C" fn count_fork() {
     FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// A section of work that a fork does not cut in two: while any is open, `fork` (in its
+/// `pthread_atfork` prepare step) waits for it to end, and none starts until the fork is done.
+/// For the few short sections that hold a lock a forked child needs too (the disk tier's
+/// index): a child would otherwise inherit that lock held by a thread it does not have.
+/// Sections must not nest, nor call code that may fork.
+pub(crate) fn unforked() -> Unforked {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: the three handlers are 'static functions; they run on the forking thread,
+        // and only take or release `SECTIONS` (the prepare step before the fork, where any
+        // work is allowed; the others release what it took).
+        let rc = unsafe {
+            libc::pthread_atfork(
+                Some(close_sections),
+                Some(reopen_sections),
+                Some(reopen_sections),
+            )
+        };
+        // ENOMEM: a fork may then cut a section, as before kcache watched forks.
+        debug_assert_eq!(rc, 0, "pthread_atfork failed");
+    });
+    Unforked {
+        _open: SECTIONS.read(),
+    }
+}
+
+/// An open [`unforked`] section, closed when dropped.
+pub(crate) struct Unforked {
+    _open: RwLockReadGuard<'static, ()>,
+}
+
+static SECTIONS: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// The forking thread's hold on `SECTIONS`, from the prepare step to the end of the fork.
+    static CLOSED: RefCell<Option<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
+extern "C" fn close_sections() {
+    CLOSED.with(|closed| *closed.borrow_mut() = Some(SECTIONS.write()));
+}
+
+/// In the parent and in the child. Threads that waited meanwhile to open a section are not in
+/// the child: waking them there is a wake-up nobody receives.
+extern "C" fn reopen_sections() {
+    CLOSED.with(|closed| drop(closed.borrow_mut().take()));
 }
 
 /// Registers `hook` to run in every child right after `fork`, before `fork` returns there.
