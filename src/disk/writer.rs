@@ -18,17 +18,20 @@
 //! (dropping would release the parent's driver objects), and starts a queue and thread of its
 //! own at its first write.
 //!
+//! The queue's lock and condition variables are the standard library's, which wait on their
+//! own memory: parking_lot's wait on a table shared by the whole process, and a thread of the
+//! parent that was inside that table at the fork left it locked in the child (seen: a child's
+//! flush that never returned, one run in a few).
+//!
 //! A flush on a writer thread (from a log callback called there) cannot wait for the queue
 //! that thread runs: it moves the parked writes to the queue and returns; they run as soon as
 //! the callback does.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use parking_lot::{Condvar, Mutex};
 
 use crate::ffi::process;
 
@@ -37,6 +40,9 @@ pub const QUEUE_BOUND: usize = 64;
 
 /// How often the writer asks whether a parked write is wanted: how late, at most, it learns.
 pub const POLL: Duration = Duration::from_millis(5);
+
+/// How often a flush looks at the queue again while it waits.
+const RECHECK: Duration = Duration::from_millis(50);
 
 /// Parked writes with a condition to poll, at most.
 pub const MAX_POLLED: usize = 32;
@@ -106,6 +112,13 @@ struct Queue {
     idle: Condvar,
 }
 
+impl Queue {
+    /// The state; no code panics while holding it (jobs run unlocked).
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
@@ -121,7 +134,7 @@ impl Writer {
     /// cannot be started.
     pub(super) fn submit(&self, job: impl FnOnce() + Send + 'static) {
         let (queue, started) = self.queue(true);
-        let mut state = queue.state.lock();
+        let mut state = queue.state();
         if state.jobs.len() >= QUEUE_BOUND || !started {
             drop(state);
             job();
@@ -149,7 +162,7 @@ impl Writer {
         if !started {
             return (parked.job)(Cause::Flush);
         }
-        let mut state = queue.state.lock();
+        let mut state = queue.state();
         let polled = parked.wanted.is_some();
         state.parked.push(parked);
         if polled && state.parked.iter().filter(|p| p.wanted.is_some()).count() > MAX_POLLED {
@@ -164,7 +177,7 @@ impl Writer {
 
     /// This process's queue, and whether its thread runs; `start` starts it if not.
     fn queue(&self, start: bool) -> (Arc<Queue>, bool) {
-        let mut line = self.line.lock();
+        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
         let generation = process::fork_generation();
         if line.generation != generation {
             // A forked child: see the module's comment.
@@ -187,7 +200,7 @@ impl Writer {
     /// Writes queued, parked or running.
     pub(super) fn pending(&self) -> u64 {
         let (queue, _) = self.queue(false);
-        let state = queue.state.lock();
+        let state = queue.state();
         (state.jobs.len() + state.parked.len()) as u64 + u64::from(state.busy)
     }
 
@@ -203,7 +216,7 @@ impl Writer {
     /// to wait for.
     pub(super) fn flush_until(&self, deadline: Option<Instant>, parked: bool) -> bool {
         let (queue, _) = self.queue(false);
-        let mut state = queue.state.lock();
+        let mut state = queue.state();
         loop {
             if parked && !state.parked.is_empty() {
                 let parked = std::mem::take(&mut state.parked);
@@ -216,13 +229,21 @@ impl Writer {
             if done || ON_WRITER.get() {
                 return done;
             }
-            match deadline {
-                None => queue.idle.wait(&mut state),
-                Some(deadline) => {
-                    if queue.idle.wait_until(&mut state, deadline).timed_out() {
-                        return false;
-                    }
-                }
+            // Looks again every RECHECK, and wakes the writer again when it has work: a wake-up
+            // lost in a forked child then costs a delay, not a hang.
+            let wait = deadline.map_or(RECHECK, |deadline| {
+                RECHECK.min(deadline.saturating_duration_since(Instant::now()))
+            });
+            state = queue
+                .idle
+                .wait_timeout(state, wait)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return false;
+            }
+            if !state.jobs.is_empty() {
+                queue.work.notify_one();
             }
         }
     }
@@ -231,14 +252,14 @@ impl Writer {
 impl Queue {
     fn run(&self) {
         ON_WRITER.set(true);
-        let mut state = self.state.lock();
+        let mut state = self.state();
         loop {
             if let Some(job) = state.jobs.pop_front() {
                 state.busy = true;
                 drop(state);
                 // A job that panics loses its write only; the writer goes on.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                state = self.state.lock();
+                state = self.state();
                 state.busy = false;
                 continue;
             }
@@ -255,11 +276,16 @@ impl Queue {
             if state.closed {
                 return;
             }
-            if state.parked.iter().any(|p| p.wanted.is_some()) {
-                self.work.wait_for(&mut state, POLL);
+            state = if state.parked.iter().any(|p| p.wanted.is_some()) {
+                self.work
+                    .wait_timeout(state, POLL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
             } else {
-                self.work.wait(&mut state);
-            }
+                self.work
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner)
+            };
         }
     }
 }
@@ -271,12 +297,12 @@ impl Drop for Writer {
         // job can drop the last reference to the disk tier, which flushed when it was dropped,
         // so nothing else is left) it does not wait.
         self.flush();
-        let line = self.line.get_mut();
+        let line = self.line.get_mut().unwrap_or_else(PoisonError::into_inner);
         // Never started: nothing was queued or parked (both run at once without a thread).
         let Some(thread) = line.thread.take() else {
             return;
         };
-        line.queue.state.lock().closed = true;
+        line.queue.state().closed = true;
         line.queue.work.notify_one();
         // A thread cannot join itself: it returns to a loop that now ends.
         if thread.thread().id() != std::thread::current().id() {
