@@ -3,10 +3,8 @@
 //! crates kcache uses, so their `unsafe` lives here, beside the rest of kcache's foreign calls.
 
 use std::cell::RefCell;
-use std::sync::Once;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Whether the kernel started this process in secure-execution mode (setuid, setgid, file
 /// capabilities, or a security module's say): `AT_SECURE` from the auxiliary vector.
@@ -60,7 +58,7 @@ pub(crate) fn unforked() -> Unforked {
         debug_assert_eq!(rc, 0, "pthread_atfork failed");
     });
     Unforked {
-        _open: SECTIONS.read(),
+        _open: SECTIONS.read().unwrap_or_else(PoisonError::into_inner),
     }
 }
 
@@ -69,6 +67,8 @@ pub(crate) struct Unforked {
     _open: RwLockReadGuard<'static, ()>,
 }
 
+/// The standard library's lock, which waits on its own memory: parking_lot's would wait in a
+/// table the whole process shares, which a fork can leave locked in the child.
 static SECTIONS: RwLock<()> = RwLock::new(());
 
 thread_local! {
@@ -77,7 +77,8 @@ thread_local! {
 }
 
 extern "C" fn close_sections() {
-    CLOSED.with(|closed| *closed.borrow_mut() = Some(SECTIONS.write()));
+    let held = SECTIONS.write().unwrap_or_else(PoisonError::into_inner);
+    CLOSED.with(|closed| *closed.borrow_mut() = Some(held));
 }
 
 /// In the parent and in the child. Threads that waited meanwhile to open a section are not in
