@@ -223,6 +223,8 @@ pub(crate) enum Warning {
     RemoteWait,
     /// A remote tier is configured without an operator key or the unkeyed opt-in: it is off.
     RemoteUnkeyed,
+    /// `KCACHE_EXIT_TIMEOUT` is not a number of seconds: the default is used.
+    ExitTimeout,
     /// `KCACHE_LOG` names no level: `warn` is used.
     LogLevel,
 }

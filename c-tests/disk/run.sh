@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the disk tier C tests against the debug libkcache.so (built first) or LIB_DIR and runs
 # them, plain and under ASan+UBSan, each in a fresh private work directory: kc_test_disk, then
+# kc_test_fork (fork() from busy caches; starts a redis-server), then
 # flight.sh, whose kc_flight_worker processes share one directory (and which reads that
 # directory back with the `kcache` command, built here).
 # Usage: c-tests/disk/run.sh [LIB_DIR]
@@ -17,6 +18,9 @@ kc_run() {
   env -u KCACHE_DIR -u KCACHE_KEY_FILE -u KCACHE_MAX_SIZE -u KCACHE_DISABLE \
     "$build/kc_test_disk" "$KC_WORK/$variant"
   echo "kc_test_disk ($variant): ok"
+  mkdir -m 700 "$KC_WORK/$variant-fork"
+  "$build/kc_test_fork" "$KC_WORK/$variant-fork"
+  echo "kc_test_fork ($variant): ok"
   c-tests/disk/flight.sh "$build/kc_flight_worker" "$KC_WORK/$variant-flight"
   echo "flight.sh ($variant): ok"
 }

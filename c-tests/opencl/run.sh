@@ -23,5 +23,14 @@ kc_run() {
   "$bin/opencl_example" "$KC_WORK/$variant-example-cache"
   "$bin/opencl_example" "$KC_WORK/$variant-example-cache" | tee "$KC_WORK/$variant-second.txt"
   grep -q "compiled from source: 0, loaded from disk: 1" "$KC_WORK/$variant-second.txt"
+
+  # A program that returns from main (or calls exit) without freeing its cache still writes
+  # its kernels: the next process loads them all. Its cache is leaked on purpose.
+  for mode in return exit; do
+    ASAN_OPTIONS=detect_leaks=0 "$bin/exit_without_free" "$mode" "$KC_WORK/$variant-exit-$mode"
+    "$bin/exit_without_free" check "$KC_WORK/$variant-exit-$mode"
+  done
+  # A forked child flushes without writing the binary its parent holds back.
+  "$bin/fork_held_back" "$KC_WORK/$variant-fork"
 }
 kc_suites "OpenCL C tests" c-tests/opencl opencl

@@ -14,6 +14,10 @@
 //! the index never disagrees with what this process did: with no other process writing, it is
 //! exact whenever no call is in flight. Only those single metadata calls are serialized; the
 //! data of a write and of a read, and the fsyncs, happen outside the lock.
+//!
+//! A forked child inherits the index but not a scan running in its parent: the first wait for
+//! the scan, or the next rescan, starts the child's own. Nor does it inherit the index's lock
+//! held: every section that holds it is one that a fork waits for ([`process::unforked`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::Metadata;
@@ -23,12 +27,13 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::dir::remove_any;
 use super::{Inner, Usage, bump, parse_entry_name};
+use crate::ffi::process;
 use crate::log;
 
 /// A read refreshes an entry's mtime only when it is older than this: one metadata write a
@@ -45,6 +50,8 @@ pub(super) struct Index {
 struct State {
     seeded: bool,
     scanning: bool,
+    /// The fork generation ([`process::fork_generation`]) of the process whose thread scans.
+    scanned_in: u64,
     /// Bumped when a scan starts; entries recorded during a scan carry the new value and
     /// survive the scan's replacement of the map.
     epoch: u64,
@@ -63,6 +70,11 @@ struct Tracked {
 }
 
 impl State {
+    /// A scan runs in this process: not only in the parent this process was forked from.
+    fn scan_running(&self) -> bool {
+        self.scanning && self.scanned_in == process::fork_generation()
+    }
+
     fn insert(&mut self, name: String, size: u64, recency: u64) {
         self.remove(&name);
         if self.scanning {
@@ -127,6 +139,7 @@ pub(super) enum Unlinked {
 impl Index {
     /// What the index knows of the directory, and whether the opening scan has finished.
     pub(super) fn known_usage(&self) -> (Usage, bool) {
+        let _unforked = process::unforked();
         let s = self.state.lock();
         let usage = Usage {
             entries: s.files.len() as u64,
@@ -134,14 +147,26 @@ impl Index {
         };
         (usage, s.seeded)
     }
+}
 
-    pub(super) fn wait_seeded(&self) {
-        let mut s = self.state.lock();
-        while !s.seeded {
-            self.seeded.wait(&mut s);
+/// Waits for the scan that seeds the index; starts it in a forked child whose parent was
+/// scanning (the scan's thread stayed in the parent).
+pub(super) fn wait_seeded(inner: &Arc<Inner>) {
+    let mut s = inner.index.state.lock();
+    wait_seeded_locked(inner, &mut s);
+}
+
+fn wait_seeded_locked(inner: &Arc<Inner>, s: &mut MutexGuard<'_, State>) {
+    while !s.seeded {
+        if s.scan_running() {
+            inner.index.seeded.wait(s);
+        } else {
+            MutexGuard::unlocked(s, || start_scan(inner));
         }
     }
+}
 
+impl Index {
     /// Publishes a written temporary file `temp` (described by `meta`) under `name`: first
     /// evicts what the cap requires to make room for it, then renames it into place and
     /// records it, so the directory stays within the cap at every moment.
@@ -163,11 +188,12 @@ impl Index {
     ) -> io::Result<()> {
         let index = &inner.index;
         let mut aside = None;
+        // Waited for outside the section: a fork need not wait for the scan.
+        wait_seeded(inner);
         let rescan = {
+            let _unforked = process::unforked();
             let mut s = index.state.lock();
-            while !s.seeded {
-                index.seeded.wait(&mut s);
-            }
+            wait_seeded_locked(inner, &mut s);
             let size = meta.len();
             evict_over_cap(inner, &mut s, Some((name, size)));
             match rustix::fs::renameat(&inner.dir, temp, &inner.dir, name) {
@@ -184,7 +210,7 @@ impl Index {
             let recency = meta.modified().map_or(0, nanos_since_epoch);
             s.insert(name.to_owned(), size, recency);
             s.written_since_scan += size;
-            !s.scanning && s.written_since_scan > inner.max_size / 4
+            !s.scan_running() && s.written_since_scan > inner.max_size / 4
         };
         // Outside the lock: a planted tree may be large.
         if let Some(moved) = aside {
@@ -200,6 +226,7 @@ impl Index {
 
     /// A read refreshed the mtime of `name`.
     pub(super) fn touch(&self, name: &str, recency: u64) {
+        let _unforked = process::unforked();
         let mut s = self.state.lock();
         if let Some(size) = s.files.get(name).map(|t| t.size) {
             s.insert(name.to_owned(), size, recency);
@@ -210,6 +237,7 @@ impl Index {
     /// everything in it. With `expected` (an inode number), only if the name still holds
     /// that inode, so a file a writer put there since is kept.
     pub(super) fn unlink(inner: &Inner, name: &str, expected: Option<u64>) -> io::Result<Unlinked> {
+        let _unforked = process::unforked();
         let mut s = inner.index.state.lock();
         let outcome = match expected {
             None => remove_name(inner, name),
@@ -276,11 +304,13 @@ fn evict_over_cap(inner: &Inner, s: &mut State, incoming: Option<(&str, u64)>) {
 /// Starts a scan of the directory on a background thread unless one is running.
 pub(super) fn start_scan(inner: &Arc<Inner>) {
     let epoch = {
+        let _unforked = process::unforked();
         let mut s = inner.index.state.lock();
-        if s.scanning {
+        if s.scan_running() {
             return;
         }
         s.scanning = true;
+        s.scanned_in = process::fork_generation();
         s.epoch += 1;
         s.epoch
     };
@@ -312,6 +342,7 @@ fn scan(inner: &Inner, epoch: u64) {
             }
         }
     }
+    let _unforked = process::unforked();
     let mut s = inner.index.state.lock();
     let recent: Vec<(String, u64, u64)> = s
         .files

@@ -9,7 +9,7 @@
 //! - `lock`: one build per entry across the processes sharing the directory; `heartbeat`: a
 //!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it.
 //! - `writer`: writes made after the caller has its value, on a background thread;
-//!   `write_back`: what it writes, and when.
+//!   `write_back`: what it writes, and when; `exit`: what an exit without freeing still writes.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //! - `shards`: counters every process using the directory adds to, for operators' tools.
 //! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
@@ -22,6 +22,7 @@ pub mod config;
 mod descriptor;
 mod dir;
 mod evict;
+mod exit;
 pub mod format;
 mod gc;
 mod heartbeat;
@@ -44,6 +45,7 @@ pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKe
 pub use descriptor::{
     CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
 };
+pub use exit::DEFAULT_EXIT_TIMEOUT;
 pub use format::Fingerprint;
 pub use gc::{DEFAULT_TEMP_MAX_AGE, GcReport};
 pub use listing::{Check, EntryInfo};
@@ -273,6 +275,7 @@ impl DiskCache {
             remote,
         });
         evict::start_scan(&inner);
+        exit::register(&inner);
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
         Ok(DiskCache {
@@ -340,20 +343,22 @@ impl DiskCache {
     /// cache). Until it finishes, `stats` counts only what this handle wrote, and writes wait
     /// for it; reads do not.
     pub fn wait_scan(&self) {
-        self.inner.index.wait_seeded();
+        evict::wait_seeded(&self.inner);
     }
 
     /// Entries and bytes in the directory. Waits for the background scan that seeds the size
     /// index after `open` (milliseconds even for a full cache): meant for reporting, not for
     /// a lookup path.
     pub fn usage(&self) -> Usage {
-        self.inner.index.wait_seeded();
+        evict::wait_seeded(&self.inner);
         self.inner.index.known_usage().0
     }
 
     /// Waits until every background write submitted so far has finished (written or
     /// failed), then adds what this process did since its last flush to the directory's
-    /// counters ([`DiskCache::directory_stats`]). Dropping the disk tier flushes too.
+    /// counters ([`DiskCache::directory_stats`]). Dropping the disk tier flushes too. Called
+    /// on the background writer's own thread (from a log hook), it cannot wait for that
+    /// thread: the writes held back are queued and run once the hook returns.
     pub fn flush(&self) {
         self.inner.writer.flush();
         shards::persist(&self.inner);

@@ -247,15 +247,20 @@ pub(super) fn persist(inner: &Inner) {
         return;
     }
     let index = std::process::id() % SHARDS;
-    match add(inner, index, delta) {
-        Ok(()) => *last = now,
-        Err(e) => log::debug(|| {
+    let added = add(inner, index, delta);
+    if added.is_ok() {
+        *last = now;
+    }
+    // Logged unlocked: a log callback may flush, which persists.
+    drop(last);
+    if let Err(e) = added {
+        log::debug(|| {
             format!(
                 "statistics not persisted in {} ({}): {e}",
                 inner.path.display(),
                 shard_name(index)
             )
-        }),
+        });
     }
 }
 

@@ -4,8 +4,8 @@
 //! Most values' bytes are made and written as soon as the background writer gets to them. A
 //! backend whose bytes are costly to make, and better for waiting, holds them back
 //! ([`DiskBytes::held`]): the entry is written when another process waits for it (the lock's
-//! wanted mark), else at the next flush, which is when the process frees its cache at the
-//! latest. A lone process then pays for its bytes once, at flush, instead of beside the
+//! wanted mark), else at the next flush, which is when the process frees its cache or exits
+//! at the latest (see `exit`). A lone process then pays for its bytes once, at flush, instead of beside the
 //! caller's next work; a process that waits gets them within the writer's poll interval.
 
 use std::sync::Arc;

@@ -12,19 +12,37 @@
 //! every [`POLL`] while anything it can poll is parked, and at most [`MAX_POLLED`] such writes
 //! are parked at once (each holds a lock file open); parking one more runs the oldest as if
 //! flushed.
+//!
+//! A forked child inherits the queue but not the thread. What the parent queued or parked is
+//! the parent's to write (its thread still will): the child forgets it, unrun and undropped
+//! (dropping would release the parent's driver objects), and starts a queue and thread of its
+//! own at its first write.
+//!
+//! The queue's lock and condition variables are the standard library's, which wait on their
+//! own memory: parking_lot's wait on a table shared by the whole process, and a thread of the
+//! parent that was inside that table at the fork left it locked in the child (seen: a child's
+//! flush that never returned, one run in a few).
+//!
+//! A flush on a writer thread (from a log callback called there) cannot wait for the queue
+//! that thread runs: it moves the parked writes to the queue and returns; they run as soon as
+//! the callback does.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::ffi::process;
 
 /// Writes waiting at most; the next one runs on its caller.
 pub const QUEUE_BOUND: usize = 64;
 
 /// How often the writer asks whether a parked write is wanted: how late, at most, it learns.
 pub const POLL: Duration = Duration::from_millis(5);
+
+/// How often a flush looks at the queue again while it waits.
+const RECHECK: Duration = Duration::from_millis(50);
 
 /// Parked writes with a condition to poll, at most.
 pub const MAX_POLLED: usize = 32;
@@ -58,8 +76,31 @@ impl Parked {
 
 #[derive(Default)]
 pub(super) struct Writer {
+    line: Mutex<Line>,
+}
+
+/// A process's queue and the thread that runs it.
+struct Line {
+    /// The fork generation ([`process::fork_generation`]) it was made in: a forked child finds
+    /// its parent's and replaces it.
+    generation: u64,
     queue: Arc<Queue>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Default for Line {
+    fn default() -> Self {
+        Line {
+            generation: process::fork_generation(),
+            queue: Arc::default(),
+            thread: None,
+        }
+    }
+}
+
+thread_local! {
+    /// This thread runs a writer's queue.
+    static ON_WRITER: Cell<bool> = const { Cell::new(false) };
 }
 
 #[derive(Default)]
@@ -69,6 +110,13 @@ struct Queue {
     work: Condvar,
     /// Signalled when the queue has drained.
     idle: Condvar,
+}
+
+impl Queue {
+    /// The state; no code panics while holding it (jobs run unlocked).
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 #[derive(Default)]
@@ -85,15 +133,16 @@ impl Writer {
     /// Runs `job` on the writer thread, or on the caller when the queue is full or the thread
     /// cannot be started.
     pub(super) fn submit(&self, job: impl FnOnce() + Send + 'static) {
-        let mut state = self.queue.state.lock();
-        if state.jobs.len() >= QUEUE_BOUND || !self.started() {
+        let (queue, started) = self.queue(true);
+        let mut state = queue.state();
+        if state.jobs.len() >= QUEUE_BOUND || !started {
             drop(state);
             job();
             return;
         }
         state.jobs.push_back(Box::new(job));
         drop(state);
-        self.queue.work.notify_one();
+        queue.work.notify_one();
     }
 
     /// Holds `job` back until `wanted` (polled on the writer thread) returns true, then runs it
@@ -109,10 +158,11 @@ impl Writer {
             wanted,
             job: Box::new(job),
         };
-        if !self.started() {
+        let (queue, started) = self.queue(true);
+        if !started {
             return (parked.job)(Cause::Flush);
         }
-        let mut state = self.queue.state.lock();
+        let mut state = queue.state();
         let polled = parked.wanted.is_some();
         state.parked.push(parked);
         if polled && state.parked.iter().filter(|p| p.wanted.is_some()).count() > MAX_POLLED {
@@ -122,58 +172,94 @@ impl Writer {
         }
         drop(state);
         // Wakes the writer, which now polls (or runs the write moved to the queue).
-        self.queue.work.notify_one();
+        queue.work.notify_one();
     }
 
-    /// Whether the thread runs, starting it if not.
-    fn started(&self) -> bool {
-        let mut thread = self.thread.lock();
-        if thread.is_none() {
-            let queue = Arc::clone(&self.queue);
-            *thread = std::thread::Builder::new()
+    /// This process's queue, and whether its thread runs; `start` starts it if not.
+    fn queue(&self, start: bool) -> (Arc<Queue>, bool) {
+        let mut line = self.line.lock().unwrap_or_else(PoisonError::into_inner);
+        let generation = process::fork_generation();
+        if line.generation != generation {
+            // A forked child: see the module's comment.
+            std::mem::forget(std::mem::take(&mut *line));
+        }
+        if start && line.thread.is_none() {
+            let queue = Arc::clone(&line.queue);
+            line.thread = std::thread::Builder::new()
                 .name("kcache-writer".into())
                 .spawn(move || queue.run())
                 .ok();
+            if line.thread.is_some() {
+                // From now on an exit has writes to finish.
+                super::exit::flush_at_exit();
+            }
         }
-        thread.is_some()
+        (Arc::clone(&line.queue), line.thread.is_some())
     }
 
     /// Writes queued, parked or running.
     pub(super) fn pending(&self) -> u64 {
-        let state = self.queue.state.lock();
+        let (queue, _) = self.queue(false);
+        let state = queue.state();
         (state.jobs.len() + state.parked.len()) as u64 + u64::from(state.busy)
     }
 
     /// Runs every parked write, and waits until every write submitted or parked before the
     /// call has finished (with those they parked in turn).
     pub(super) fn flush(&self) {
-        let mut state = self.queue.state.lock();
+        self.flush_until(None, true);
+    }
+
+    /// [`Writer::flush`], waiting until `deadline` at most, and leaving parked writes parked
+    /// unless `parked`: whether every write (but those left parked) finished. On a writer
+    /// thread it does not wait (see the module's comment) and says whether there was nothing
+    /// to wait for.
+    pub(super) fn flush_until(&self, deadline: Option<Instant>, parked: bool) -> bool {
+        let (queue, _) = self.queue(false);
+        let mut state = queue.state();
         loop {
-            if !state.parked.is_empty() {
+            if parked && !state.parked.is_empty() {
                 let parked = std::mem::take(&mut state.parked);
                 state
                     .jobs
                     .extend(parked.into_iter().map(|p| p.run_for(Cause::Flush)));
-                self.queue.work.notify_one();
+                queue.work.notify_one();
             }
-            if state.jobs.is_empty() && !state.busy && state.parked.is_empty() {
-                return;
+            let done = state.jobs.is_empty() && !state.busy && (!parked || state.parked.is_empty());
+            if done || ON_WRITER.get() {
+                return done;
             }
-            self.queue.idle.wait(&mut state);
+            // Looks again every RECHECK, and wakes the writer again when it has work: a wake-up
+            // lost in a forked child then costs a delay, not a hang.
+            let wait = deadline.map_or(RECHECK, |deadline| {
+                RECHECK.min(deadline.saturating_duration_since(Instant::now()))
+            });
+            state = queue
+                .idle
+                .wait_timeout(state, wait)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return false;
+            }
+            if !state.jobs.is_empty() {
+                queue.work.notify_one();
+            }
         }
     }
 }
 
 impl Queue {
     fn run(&self) {
-        let mut state = self.state.lock();
+        ON_WRITER.set(true);
+        let mut state = self.state();
         loop {
             if let Some(job) = state.jobs.pop_front() {
                 state.busy = true;
                 drop(state);
                 // A job that panics loses its write only; the writer goes on.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                state = self.state.lock();
+                state = self.state();
                 state.busy = false;
                 continue;
             }
@@ -190,11 +276,16 @@ impl Queue {
             if state.closed {
                 return;
             }
-            if state.parked.iter().any(|p| p.wanted.is_some()) {
-                self.work.wait_for(&mut state, POLL);
+            state = if state.parked.iter().any(|p| p.wanted.is_some()) {
+                self.work
+                    .wait_timeout(state, POLL)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0
             } else {
-                self.work.wait(&mut state);
-            }
+                self.work
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner)
+            };
         }
     }
 }
@@ -202,20 +293,19 @@ impl Queue {
 impl Drop for Writer {
     /// Runs what is queued or parked, then stops the thread.
     fn drop(&mut self) {
+        // Replaces a parent's line in a forked child. On the writer thread itself (the last
+        // job can drop the last reference to the disk tier, which flushed when it was dropped,
+        // so nothing else is left) it does not wait.
+        self.flush();
+        let line = self.line.get_mut().unwrap_or_else(PoisonError::into_inner);
         // Never started: nothing was queued or parked (both run at once without a thread).
-        let Some(thread) = self.thread.get_mut().take() else {
+        let Some(thread) = line.thread.take() else {
             return;
         };
-        // The last job can drop the last reference to the disk tier on the writer thread
-        // itself (the disk tier flushed when it was dropped, so nothing else is left): it
-        // cannot wait for itself nor join itself, and returns to a loop that now ends.
-        let on_writer = thread.thread().id() == std::thread::current().id();
-        if !on_writer {
-            self.flush();
-        }
-        self.queue.state.lock().closed = true;
-        self.queue.work.notify_one();
-        if !on_writer {
+        line.queue.state().closed = true;
+        line.queue.work.notify_one();
+        // A thread cannot join itself: it returns to a loop that now ends.
+        if thread.thread().id() != std::thread::current().id() {
             let _ = thread.join();
         }
     }

@@ -2,9 +2,9 @@
 //! secure-execution flag, forks and normal exit. These libc calls have no safe wrapper in the
 //! crates kcache uses, so their `unsafe` lives here, beside the rest of kcache's foreign calls.
 
-#![allow(dead_code)] // TEMP: wired in by the fork and exit work
-use std::sync::Once;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Whether the kernel started this process in secure-execution mode (setuid, setgid, file
 /// capabilities, or a security module's say): `AT_SECURE` from the auxiliary vector.
@@ -36,6 +36,57 @@ extern "C" fn count_fork() {
     FORKS.fetch_add(1, Ordering::AcqRel);
 }
 
+/// A section of work that a fork does not cut in two: while any is open, `fork` (in its
+/// `pthread_atfork` prepare step) waits for it to end, and none starts until the fork is done.
+/// For the few short sections that hold a lock a forked child needs too (the disk tier's
+/// index): a child would otherwise inherit that lock held by a thread it does not have.
+/// Sections must not nest, nor call code that may fork.
+pub(crate) fn unforked() -> Unforked {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: the three handlers are 'static functions; they run on the forking thread,
+        // and only take or release `SECTIONS` (the prepare step before the fork, where any
+        // work is allowed; the others release what it took).
+        let rc = unsafe {
+            libc::pthread_atfork(
+                Some(close_sections),
+                Some(reopen_sections),
+                Some(reopen_sections),
+            )
+        };
+        // ENOMEM: a fork may then cut a section, as before kcache watched forks.
+        debug_assert_eq!(rc, 0, "pthread_atfork failed");
+    });
+    Unforked {
+        _open: SECTIONS.read().unwrap_or_else(PoisonError::into_inner),
+    }
+}
+
+/// An open [`unforked`] section, closed when dropped.
+pub(crate) struct Unforked {
+    _open: RwLockReadGuard<'static, ()>,
+}
+
+/// The standard library's lock, which waits on its own memory: parking_lot's would wait in a
+/// table the whole process shares, which a fork can leave locked in the child.
+static SECTIONS: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// The forking thread's hold on `SECTIONS`, from the prepare step to the end of the fork.
+    static CLOSED: RefCell<Option<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
+extern "C" fn close_sections() {
+    let held = SECTIONS.write().unwrap_or_else(PoisonError::into_inner);
+    CLOSED.with(|closed| *closed.borrow_mut() = Some(held));
+}
+
+/// In the parent and in the child. Threads that waited meanwhile to open a section are not in
+/// the child: waking them there is a wake-up nobody receives.
+extern "C" fn reopen_sections() {
+    CLOSED.with(|closed| drop(closed.borrow_mut().take()));
+}
+
 /// Registers `hook` to run in every child right after `fork`, before `fork` returns there.
 /// The hook runs while only the forking thread exists and other threads' locks may be held
 /// forever: it must do async-signal-safe work only (atomics, `close`), never lock or allocate.
@@ -47,6 +98,14 @@ pub(crate) fn on_fork_child(hook: extern "C" fn()) {
     // ENOMEM is the one failure: the child then keeps the parent's state, as it did before
     // kcache watched forks; nothing more can be done without memory.
     debug_assert_eq!(rc, 0, "pthread_atfork failed");
+}
+
+/// Whether the calling thread is the process's main thread (its thread id is the process id):
+/// the thread whose return from `main` ends the process.
+pub(crate) fn is_main_thread() -> bool {
+    // SAFETY: gettid takes nothing and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    u32::try_from(tid).is_ok_and(|tid| tid == std::process::id())
 }
 
 /// Registers `hook` to run at normal process exit (`exit`, a return from `main`), before
@@ -64,6 +123,15 @@ mod tests {
     #[test]
     fn an_ordinary_test_process_is_not_secure() {
         assert!(!at_secure());
+    }
+
+    #[test]
+    fn only_the_main_thread_is_the_main_thread() {
+        // The test harness runs tests on threads of its own.
+        let here = is_main_thread();
+        let spawned = std::thread::spawn(is_main_thread).join().unwrap();
+        assert!(!spawned);
+        assert_eq!(here, std::thread::current().name() == Some("main"));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use super::resp;
+use crate::ffi::process;
 
 /// Connections kept open for later operations, all nodes together; more may be open at once,
 /// and are closed after their operation.
@@ -141,7 +142,7 @@ pub(super) struct Client {
     /// The largest bulk string a reply may hold: one byte over the entry size limit.
     max_bulk: u64,
     /// Idle connections and the node each is to.
-    idle: Mutex<Vec<(String, Link)>>,
+    idle: Mutex<Idle>,
     /// A cluster's slots whose node a redirect named.
     slots: Mutex<HashMap<u16, ConnectionInfo>>,
 }
@@ -152,7 +153,10 @@ impl Client {
             target,
             timeout,
             max_bulk: max_entry_size.saturating_add(1),
-            idle: Mutex::default(),
+            idle: Mutex::new(Idle {
+                generation: process::fork_generation(),
+                links: Vec::new(),
+            }),
             slots: Mutex::default(),
         }
     }
@@ -216,6 +220,7 @@ impl Client {
         };
         {
             let mut idle = self.idle.lock();
+            let idle = idle.own();
             for info in candidates {
                 let name = info.addr.to_string();
                 if let Some(at) = idle.iter().position(|(n, _)| *n == name) {
@@ -235,6 +240,7 @@ impl Client {
 
     fn keep(&self, name: String, link: Link) {
         let mut idle = self.idle.lock();
+        let idle = idle.own();
         if idle.len() < POOL && link.in_step() {
             idle.push((name, link));
         }
@@ -266,8 +272,28 @@ impl Client {
 
     /// Closes the idle connections (after a failure: they may lead to the same dead server).
     pub(super) fn drop_idle(&self) {
-        self.idle.lock().clear();
+        self.idle.lock().links.clear();
         self.slots.lock().clear();
+    }
+}
+
+/// Idle connections, and the fork generation ([`process::fork_generation`]) that opened them:
+/// a forked child shares its parent's sockets (and TLS sessions), and must not talk over them.
+struct Idle {
+    generation: u64,
+    links: Vec<(String, Link)>,
+}
+
+impl Idle {
+    /// This process's idle connections; a forked child closes its copies of its parent's
+    /// (closing a copy leaves the parent's socket open).
+    fn own(&mut self) -> &mut Vec<(String, Link)> {
+        let generation = process::fork_generation();
+        if self.generation != generation {
+            self.links.clear();
+            self.generation = generation;
+        }
+        &mut self.links
     }
 }
 

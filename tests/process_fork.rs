@@ -1,0 +1,174 @@
+//! A forked child uses, flushes and drops the caches it inherited: after a miss of the parent's,
+//! while the parent's writer is in a remote write that stalls, and while the parent's opening
+//! scan of a large directory runs. Each child runs under a watchdog, so that a hang fails the
+//! test instead of the suite.
+
+use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::remote::RemoteConfig;
+use kcache_testkit::redis::RedisServer;
+use kcache_testkit::strings::{Cache, disk, l2_key, lookup, tiered};
+
+/// How long a child may take before it counts as hung.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// Exit status of a child killed by the watchdog.
+const HUNG: i32 = -1;
+
+/// One fork at a time: a child inherits the locks other threads of the test binary hold at the
+/// fork, and these tests fork only while none of theirs runs kcache.
+static FORKING: Mutex<()> = Mutex::new(());
+
+/// Runs `child` in a forked child and returns its exit status (1 when it panicked), or
+/// [`HUNG`] when it was still running after [`WATCHDOG`] and was killed.
+fn in_child(child: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child runs `child` (kcache calls on caches it inherited: what is tested) and
+    // then `_exit`s without returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(1);
+        // SAFETY: ends the child at once, without the harness's exit path.
+        unsafe { libc::_exit(code) };
+    }
+    let started = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for the child forked above without blocking; `status` is valid.
+        let waited = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        assert!(waited >= 0, "waitpid failed");
+        if waited == pid {
+            assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
+            return libc::WEXITSTATUS(status);
+        }
+        if started.elapsed() > WATCHDOG {
+            // SAFETY: kills and reaps the child forked above.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return HUNG;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Looks `source` up in `cache` and flushes; 0 when its entry is then on disk, 2 when not.
+fn miss_and_flush(cache: &Cache, source: &str) -> i32 {
+    let builds = AtomicUsize::new(0);
+    lookup(cache, source, &builds).unwrap();
+    cache.flush();
+    let disk = cache.disk().unwrap();
+    if disk.entry_path(&l2_key(source)).exists() {
+        0
+    } else {
+        2
+    }
+}
+
+#[test]
+fn a_child_flushes_after_its_parent_wrote() {
+    let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cache = Some(tiered(Some(disk(tmp.path()))));
+    assert_eq!(miss_and_flush(cache.as_ref().unwrap(), "parent"), 0);
+    let child = in_child(|| {
+        // The child drops its copy (the last reference to the disk tier), which flushes.
+        let cache = cache.take().unwrap();
+        let code = miss_and_flush(&cache, "child");
+        drop(cache);
+        code
+    });
+    assert_eq!(child, 0, "the child's miss, flush and drop (-1: hung)");
+    let cache = cache.unwrap();
+    assert!(cache.disk().unwrap().entry_path(&l2_key("child")).exists());
+    assert_eq!(
+        miss_and_flush(&cache, "parent after"),
+        0,
+        "the parent goes on"
+    );
+}
+
+#[test]
+fn a_child_flushes_while_the_parents_writer_is_in_a_stalled_remote_write() {
+    let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let server = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let remote = RemoteConfig {
+        timeout: Some(Duration::from_secs(2)),
+        // Every operation waits its timeout out: the write too, not skipped.
+        breaker_threshold: Some(100),
+        ..RemoteConfig::at(server.url())
+    };
+    let disk = DiskCache::open(DiskConfig {
+        // A remote tier is shared under an operator key only.
+        key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
+        durability: Durability::Relaxed,
+        remote: Some(remote),
+        ..DiskConfig::in_dir(tmp.path())
+    })
+    .unwrap();
+    let cache = tiered(Some(Arc::new(disk)));
+    // A stopped server accepts connections and answers nothing: the lookup's remote read
+    // waits its timeout out, then the writer's remote write does.
+    server.pause(true);
+    let builds = AtomicUsize::new(0);
+    lookup(&cache, "parent", &builds).unwrap();
+    let disk = cache.disk().unwrap();
+    assert!(disk.remote_stats().is_some(), "a remote tier");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !disk.entry_path(&l2_key("parent")).exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // On disk and still pending: the writer is in the remote write.
+    assert!(disk.entry_path(&l2_key("parent")).exists());
+    assert_eq!(disk.stats().pending_writes, 1, "the writer is busy");
+    let child = in_child(|| miss_and_flush(&cache, "child"));
+    assert_eq!(child, 0, "the child's miss and flush (-1: hung)");
+    server.pause(false);
+    cache.flush();
+    assert_eq!(disk.stats().pending_writes, 0);
+    assert_eq!(
+        miss_and_flush(&cache, "parent after"),
+        0,
+        "the parent goes on"
+    );
+}
+
+/// Fills `dir` with `count` empty files named as entries, for the opening scan to list.
+fn fill_with_entries(dir: &Path, count: usize) {
+    for i in 0..count {
+        let name = format!("{:016x}-{:064x}.kce", 0, i);
+        std::fs::File::create(dir.join(name)).unwrap();
+    }
+}
+
+#[test]
+fn a_child_writes_while_the_parents_opening_scan_runs() {
+    let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    fill_with_entries(tmp.path(), 20_000);
+    // The fork has to come while the scan runs; a fast machine may finish it first.
+    for _ in 0..20 {
+        let cache = tiered(Some(disk(tmp.path())));
+        if cache.disk().unwrap().stats().scan_complete {
+            continue;
+        }
+        let child = in_child(|| miss_and_flush(&cache, "child"));
+        assert_eq!(child, 0, "the child's write and flush (-1: hung)");
+        let disk = cache.disk().unwrap();
+        disk.wait_scan();
+        assert_eq!(
+            miss_and_flush(&cache, "parent after"),
+            0,
+            "the parent goes on"
+        );
+        assert!(disk.stats().entries >= 20_000);
+        return;
+    }
+    panic!("the scan of 20,000 entries always finished before the fork");
+}
