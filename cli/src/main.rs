@@ -30,6 +30,7 @@ mod commands;
 mod evict;
 mod metrics;
 mod report;
+mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,10 +58,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The resolved directory and how it was chosen, whether it is trusted, and why the disk
-    /// tier is off when it is
+    /// tier is off when it is; `config get|set|unset` read and change the directory's settings
+    #[command(args_conflicts_with_subcommands = true)]
     Config {
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        action: Option<ConfigAction>,
     },
     /// Entries and bytes, in total and per key generation; the cap; the oldest and newest
     /// entry; the counters of every process that used the directory, with hit rates
@@ -106,7 +110,7 @@ enum Command {
         #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
         older_than: Option<std::time::Duration>,
         /// Also remove least recently used entries until the directory holds at most SIZE
-        /// (bytes, or with a K/M/G/T suffix)
+        /// (bytes, or with a unit: k, M, G, T decimal; Ki, Mi, Gi, Ti binary; 1.5G)
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         max_size: Option<u64>,
         /// Keep the entries of this operator key too (repeat for several)
@@ -142,6 +146,50 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         textfile: Option<PathBuf>,
     },
+}
+
+/// What `config` does to the directory's settings file (`kcache.conf`), which every process
+/// that opens the directory applies unless its environment or its code sets the value.
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Prints the value the directory's settings give NAME; exit status 1 when they give none
+    Get {
+        #[arg(value_parser = setting_names())]
+        name: String,
+    },
+    /// Sets NAME in the directory's settings (created, like the directory, when missing):
+    /// `kcache config set max-size 5G`
+    Set {
+        #[arg(value_parser = setting_names())]
+        name: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Removes NAME from the directory's settings: the default applies again
+    Unset {
+        #[arg(value_parser = setting_names())]
+        name: String,
+    },
+}
+
+/// The settings' names, for `--help`, completions and usage errors.
+fn setting_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(kcache::disk::settings::Setting::ALL.map(|s| {
+        clap::builder::PossibleValue::new(s.name()).help(match s {
+            kcache::disk::settings::Setting::MaxSize => {
+                "the size cap: 5G, 1.5Gi (k, M, G, T decimal; Ki, Mi, Gi, Ti binary)"
+            }
+            kcache::disk::settings::Setting::MaxFiles => {
+                "the most entries the directory holds; 0: no limit"
+            }
+            kcache::disk::settings::Setting::LockTimeout => {
+                "seconds a miss waits for another process's build"
+            }
+            kcache::disk::settings::Setting::RequireKey => {
+                "true: refuse the directory to processes without an operator key"
+            }
+        })
+    }))
 }
 
 /// The orders of `ls`. Entries have one time of their own, the mtime (last written or read),
@@ -206,7 +254,12 @@ fn main() -> ExitCode {
         key_file: cli.key_file,
     };
     let outcome = match cli.command {
-        Command::Config { json } => commands::config(&target, json),
+        Command::Config { json, action } => match action {
+            None => commands::config(&target, json),
+            Some(ConfigAction::Get { name }) => settings::get(&target, &name),
+            Some(ConfigAction::Set { name, value }) => settings::set(&target, &name, &value),
+            Some(ConfigAction::Unset { name }) => settings::unset(&target, &name),
+        },
         Command::Stats { json } => commands::stats(&target, json),
         Command::ZeroStats { json } => commands::zero_stats(&target, json),
         Command::Ls {

@@ -1,11 +1,12 @@
 //! L2: the disk tier. Serialized binaries in a per-user directory, authenticated, written
 //! atomically, size-capped with least-recently-used eviction.
 //!
-//! - [`config`]: where the directory is and what key authenticates entries.
+//! - [`config`]: where the directory is and what key authenticates entries;
+//!   [`settings`]: what an operator keeps in the directory for every process (`kcache.conf`).
 //! - `dir`: trust checks on the directory.
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`); `descriptor`: what an entry
 //!   says it holds (backend, device, name).
-//! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
+//! - `store`: `get`, `put`, `remove`; `evict`: the size and file-count caps; `gc`: collection of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory.
 //! - `writer`: writes made after the caller has its value, on a background thread;
 //!   `write_back`: what it writes, and when.
@@ -25,6 +26,7 @@ pub mod format;
 mod gc;
 mod listing;
 mod lock;
+pub mod settings;
 mod shards;
 mod shared;
 mod store;
@@ -80,6 +82,8 @@ struct Inner {
     schema: u32,
     durability: Durability,
     max_size: u64,
+    /// `u64::MAX`: no limit.
+    max_files: u64,
     lock_timeout: Duration,
     counters: Counters,
     /// The counters at the last `reset_stats`.
@@ -242,6 +246,7 @@ impl DiskCache {
     fn open_resolved(config: DiskConfig) -> Result<DiskCache> {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
+        let applied = resolved.with_settings(&settings::applied(&dir, &resolved.dir))?;
         let tagger = Tagger::new(resolved.key.as_ref());
         let remote = resolved
             .remote
@@ -254,8 +259,9 @@ impl DiskCache {
             tagger,
             schema: resolved.key_schema,
             durability: resolved.durability,
-            max_size: resolved.max_size,
-            lock_timeout: resolved.lock_timeout,
+            max_size: applied.max_size,
+            max_files: applied.max_files,
+            lock_timeout: applied.lock_timeout,
             counters: Counters::default(),
             baseline: Baseline::default(),
             persisted: shards::Persisted::default(),
@@ -289,6 +295,11 @@ impl DiskCache {
 
     pub fn max_size(&self) -> u64 {
         self.inner.max_size
+    }
+
+    /// The file-count cap; `None` without one.
+    pub fn max_files(&self) -> Option<u64> {
+        (self.inner.max_files != u64::MAX).then_some(self.inner.max_files)
     }
 
     /// How long a miss waits for another process building the same entry.
