@@ -8,7 +8,9 @@
 //!   command-line tools give them;
 //! - indicatif: the progress bar of `verify`, drawn on stderr only when it is a terminal;
 //! - serde and serde_json: the `--json` output, written from typed structs so that its
-//!   schema is the structs' fields and cannot drift by a typo.
+//!   schema is the structs' fields and cannot drift by a typo;
+//! - clap_complete and clap_mangen: the shell completions and the manual page, generated from
+//!   clap's definition of the arguments.
 //!
 //! Exit status: 0 success (`evict` too when nothing matched); 1 the command ran and found a
 //! problem (`verify`: corrupt entries;
@@ -35,7 +37,7 @@ mod settings;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
@@ -146,6 +148,15 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         textfile: Option<PathBuf>,
     },
+    /// The command's completions for SHELL, on stdout (`cmake --install` installs bash's,
+    /// zsh's and fish's)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The command's manual page, in roff, on stdout (`cmake --install` installs it as
+    /// kcache(1))
+    Man,
 }
 
 /// What `config` does to the directory's settings file (`kcache.conf`), which every process
@@ -247,6 +258,15 @@ fn write_line(line: std::fmt::Arguments) {
     }
 }
 
+/// What `completions` and `man` write: generated from the same definition as the parsing, so
+/// they cannot drift from it.
+fn generated(write: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> Result<u8, Failure> {
+    let mut text = Vec::new();
+    write(&mut text).map_err(|e| Failure::usage(format!("cannot generate it: {e}")))?;
+    out!("{}", String::from_utf8_lossy(&text).trim_end());
+    Ok(0)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let target = commands::Target {
@@ -287,6 +307,11 @@ fn main() -> ExitCode {
         ),
         Command::Clear { json } => commands::clear(&target, json),
         Command::Metrics { textfile } => metrics::metrics(&target, textfile.as_deref()),
+        Command::Completions { shell } => generated(|out| {
+            clap_complete::generate(shell, &mut Cli::command(), "kcache", out);
+            Ok(())
+        }),
+        Command::Man => generated(|out| clap_mangen::Man::new(Cli::command()).render(out)),
         Command::Evict {
             backend,
             device,
