@@ -202,10 +202,10 @@ impl SettingsFile {
     pub fn get(&self, setting: Setting) -> Option<&str> {
         self.lines
             .iter()
+            .rev()
             .filter_map(|line| split(line))
-            .filter(|(name, _)| Setting::from_name(name) == Some(setting))
+            .find(|(name, _)| Setting::from_name(name) == Some(setting))
             .map(|(_, value)| value)
-            .last()
     }
 
     /// Sets `setting` to `value`, which is checked first (`InvalidArgument` says what it
