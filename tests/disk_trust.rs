@@ -225,7 +225,7 @@ fn max_size_and_key_file_from_the_environment() {
         "print-dir",
         &[
             ("KCACHE_DIR", tmp.path()),
-            ("KCACHE_MAX_SIZE", Path::new("64K")),
+            ("KCACHE_MAX_SIZE", Path::new("64Ki")),
         ],
     );
     assert!(lines(&out).contains("MAX=65536\n"), "{}", lines(&out));
