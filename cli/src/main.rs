@@ -14,8 +14,8 @@
 //!
 //! Exit status: 0 success (`evict` too when nothing matched); 1 the command ran and found a
 //! problem (`verify`: corrupt entries;
-//! `inspect`: the entry does not verify; `config`: the disk tier is off); 2 a usage error, or
-//! the directory cannot be used.
+//! `inspect`: the entry does not verify; `config`: the disk tier is off; `config get`: the
+//! setting is not set); 2 a usage error, or the directory cannot be used.
 
 /// `println!` for the command's output. `println!` panics when the reader has gone
 /// (`kcache ls | head`); this ends the process quietly instead, as other tools do.
@@ -39,11 +39,26 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
+/// The end of `--help` and of the manual page: what applies besides the arguments.
+const AFTER_LONG_HELP: &str = "\
+Settings: every process that opens the cache directory applies its kcache.conf (kcache config \
+set max-size 5G; max-files, lock-timeout, require-key), unless its environment \
+(KCACHE_MAX_SIZE, KCACHE_MAX_FILES, KCACHE_LOCK_TIMEOUT, KCACHE_REQUIRE_KEY=1) or its code \
+sets the value.
+
+Sizes: bytes, decimals allowed, with an optional unit: k, M, G, T (1000, 1000^2, ...) or Ki, \
+Mi, Gi, Ti (1024, 1024^2, ...); 1.5G is 1,500,000,000 bytes.
+
+Exit status: 0 done, nothing wrong found; 1 done, a problem found (verify, inspect: corrupt \
+entries; config: the disk tier is off; config get: the setting is not set); 2 bad arguments, or \
+the directory cannot be used.";
+
 #[derive(Parser)]
 #[command(
     name = "kcache",
     version,
-    about = "See, check and trim a kcache disk cache"
+    about = "See, check and trim a kcache disk cache",
+    after_long_help = AFTER_LONG_HELP
 )]
 struct Cli {
     /// The cache directory [default: as the library resolves it: KCACHE_DIR,
