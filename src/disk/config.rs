@@ -132,23 +132,24 @@ impl fmt::Debug for OperatorKey {
 /// [`super::settings`]: `max_size`, `max_files`, `lock_timeout`, `require_key`), else from
 /// the defaults.
 ///
-/// | field         | environment                                                   | default      |
-/// |---------------|---------------------------------------------------------------|--------------|
-/// | `dir`         | `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache` | none: error  |
-/// | `max_size`    | `KCACHE_MAX_SIZE` (a size: `5G`, `1.5Gi`, see [`parse_size`])  | 1 GiB        |
-/// | `max_files`   | `KCACHE_MAX_FILES` (entry files; 0: no limit)                  | no limit     |
-/// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
-/// | `require_key` | `KCACHE_REQUIRE_KEY=1` (any of code, environment, directory requires) | not required |
-/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed; up to a century) | 120 s    |
+/// | field         | environment                                                   | directory      | default      |
+/// |---------------|---------------------------------------------------------------|----------------|--------------|
+/// | `dir`         | `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache` |                | none: error  |
+/// | `max_size`    | `KCACHE_MAX_SIZE` (a size: `5G`, `1.5Gi`, see [`parse_size`]) | `max-size`     | 1 GiB        |
+/// | `max_files`   | `KCACHE_MAX_FILES` (entry files; 0: no limit)                 | `max-files`    | no limit     |
+/// | `key`         | `KCACHE_KEY_FILE`                                             |                | none: BLAKE3 |
+/// | `require_key` | `KCACHE_REQUIRE_KEY=1` (any of code, environment, directory)  | `require-key`  | not required |
+/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed; up to a century) | `lock-timeout` | 120 s  |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
 /// Environment values kcache cannot use are warned about once per process (see
 /// [`crate::log`]): a relative `KCACHE_DIR` is ignored; an invalid `KCACHE_LOCK_TIMEOUT` leaves
-/// the default; an invalid `KCACHE_MAX_SIZE` or `KCACHE_MAX_FILES` or an empty, relative, missing or
-/// unusable
-/// `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`) rather than
-/// falling back to a cap or to unkeyed entries the operator did not ask for.
+/// the default; an invalid `KCACHE_MAX_SIZE` or `KCACHE_MAX_FILES` or an empty, relative,
+/// missing or unusable `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`)
+/// rather than falling back to a cap or to unkeyed entries the operator did not ask for. A
+/// directory's settings file that cannot be used is ignored, with one warning (see
+/// [`super::settings`]).
 ///
 /// In a secure-execution process (setuid, setgid, file capabilities) no variable but
 /// `KCACHE_DISABLE` and `KCACHE_REQUIRE_KEY` is read (see [`crate::env`]): the tier is off
