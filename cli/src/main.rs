@@ -198,23 +198,31 @@ enum ConfigAction {
     },
 }
 
-/// The settings' names, for `--help`, completions and usage errors.
+/// The settings' names, for `--help`, completions and usage errors; ccache's spelling
+/// (`max_size`, as in `ccache.conf`) is taken too.
 fn setting_names() -> clap::builder::PossibleValuesParser {
-    clap::builder::PossibleValuesParser::new(kcache::disk::settings::Setting::ALL.map(|s| {
-        clap::builder::PossibleValue::new(s.name()).help(match s {
-            kcache::disk::settings::Setting::MaxSize => {
-                "the size cap: 5G, 1.5Gi (k, M, G, T decimal; Ki, Mi, Gi, Ti binary)"
-            }
-            kcache::disk::settings::Setting::MaxFiles => {
-                "the most entries the directory holds; 0: no limit"
-            }
-            kcache::disk::settings::Setting::LockTimeout => {
-                "seconds a miss waits for another process's build"
-            }
-            kcache::disk::settings::Setting::RequireKey => {
-                "true: refuse the directory to processes without an operator key"
-            }
-        })
+    use clap::builder::PossibleValue;
+    use kcache::disk::settings::Setting;
+    clap::builder::PossibleValuesParser::new(Setting::ALL.map(|s| {
+        let (ccache, help) = match s {
+            Setting::MaxSize => (
+                "max_size",
+                "the size cap: 5G, 1.5Gi (k, M, G, T decimal; Ki, Mi, Gi, Ti binary)",
+            ),
+            Setting::MaxFiles => (
+                "max_files",
+                "the most entries the directory holds; 0: no limit",
+            ),
+            Setting::LockTimeout => (
+                "lock_timeout",
+                "seconds a miss waits for another process's build",
+            ),
+            Setting::RequireKey => (
+                "require_key",
+                "true: refuse the directory to processes without an operator key",
+            ),
+        };
+        PossibleValue::new(s.name()).alias(ccache).help(help)
     }))
 }
 

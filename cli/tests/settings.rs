@@ -54,9 +54,10 @@ fn settings_set_by_the_command_are_applied_by_another_process() {
     let tmp = tempfile::tempdir().unwrap();
     // A directory that does not exist yet: `set` creates it, private, as a first process would.
     let dir = tmp.path().join("cache");
+    // `max_files` is ccache's spelling, taken as `max-files`.
     for (name, value) in [
         ("max-size", "1.5M"),
-        ("max-files", "3"),
+        ("max_files", "3"),
         ("lock-timeout", "7.5"),
     ] {
         let set = run(&dir, &["config", "set", name, value]);
