@@ -3,7 +3,7 @@
 //! checks and writes it (`kcache::disk::settings`), so the command and every process agree on
 //! what it says.
 
-use kcache::disk::settings::{self, SETTINGS_FILE, Setting};
+use kcache::disk::settings::{self, SETTINGS_FILE, Setting, SettingsFile};
 
 use crate::Failure;
 use crate::commands::Target;
@@ -30,6 +30,8 @@ pub fn get(target: &Target, name: &str) -> Result<u8, Failure> {
 pub fn set(target: &Target, name: &str, value: &str) -> Result<u8, Failure> {
     let dir = target.dir()?;
     let setting = setting(name);
+    // Checked before the directory is created: a refused value leaves nothing behind.
+    SettingsFile::default().set(setting, value)?;
     settings::edit(&dir, |file| file.set(setting, value))?;
     warn_if_overridden(setting);
     Ok(0)

@@ -152,6 +152,15 @@ fn a_value_the_setting_does_not_take_is_refused_and_nothing_written() {
     let unknown = run(tmp.path(), &["config", "set", "colour", "blue"]);
     assert_eq!(unknown.status.code(), Some(2));
     assert!(!tmp.path().join("kcache.conf").exists());
+    // Nor is a missing directory created for a refused value.
+    let missing = tmp.path().join("missing");
+    assert_eq!(
+        run(&missing, &["config", "set", "max-size", "0"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert!(!missing.exists());
 }
 
 #[test]
