@@ -207,6 +207,10 @@ pub(crate) enum Warning {
     RelativeDir,
     /// `KCACHE_MAX_SIZE` is not a size: the disk tier is off.
     MaxSize,
+    /// `KCACHE_MAX_FILES` is not a number: the disk tier is off.
+    MaxFiles,
+    /// The directory's settings file, or some of its lines, cannot be used: ignored.
+    Settings,
     /// `KCACHE_KEY_FILE` is empty, relative, missing or unusable: the disk tier is off.
     KeyFile,
     /// `KCACHE_REQUIRE_KEY` is neither `0` nor `1`: taken as `1`.

@@ -366,3 +366,53 @@ fn stats_say_when_the_opening_scan_has_finished() {
     assert!(s.scan_complete);
     assert_eq!((s.entries, s.bytes), (5, 5_000));
 }
+
+/// The file-count cap: least recently used entries go first, as under the size cap, and a
+/// second handle counts what the first wrote (its opening scan) and stays under the cap too.
+#[test]
+fn the_file_count_cap_keeps_at_most_that_many_entries() {
+    let (_tmp, dir) = cache_dir();
+    let capped = || {
+        let disk = DiskCache::open(DiskConfig {
+            max_files: Some(3),
+            ..config(&dir)
+        })
+        .unwrap();
+        disk.wait_scan();
+        disk
+    };
+    let first = capped();
+    assert_eq!(first.max_files(), Some(3));
+    // Used an hour ago and fifty minutes ago: the least recently used, whatever the
+    // filesystem's timestamp granularity makes of writes a few milliseconds apart.
+    for (name, age) in [("a", 3600), ("b", 3000)] {
+        first.put(&key(name), b"x", Duration::ZERO).unwrap();
+        let file = std::fs::File::options()
+            .write(true)
+            .open(first.entry_path(&key(name)))
+            .unwrap();
+        file.set_modified(SystemTime::now() - Duration::from_secs(age))
+            .unwrap();
+    }
+    let second = capped();
+    for name in ["c", "d", "e"] {
+        second.put(&key(name), b"x", Duration::ZERO).unwrap();
+    }
+    assert_eq!(second.usage().entries, 3);
+    let present: Vec<bool> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .map(|n| second.entry_path(&key(n)).exists())
+        .collect();
+    assert_eq!(present, [false, false, true, true, true]);
+    // Rewriting an entry replaces it: nothing else is evicted.
+    second.put(&key("e"), b"y", Duration::ZERO).unwrap();
+    assert_eq!(second.usage().entries, 3);
+    assert_eq!(second.stats().evictions, 2);
+    // `Some(0)` is no limit.
+    let unlimited = DiskCache::open(DiskConfig {
+        max_files: Some(0),
+        ..config(&dir)
+    })
+    .unwrap();
+    assert_eq!(unlimited.max_files(), None);
+}

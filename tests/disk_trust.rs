@@ -225,7 +225,7 @@ fn max_size_and_key_file_from_the_environment() {
         "print-dir",
         &[
             ("KCACHE_DIR", tmp.path()),
-            ("KCACHE_MAX_SIZE", Path::new("64K")),
+            ("KCACHE_MAX_SIZE", Path::new("64Ki")),
         ],
     );
     assert!(lines(&out).contains("MAX=65536\n"), "{}", lines(&out));
@@ -343,7 +343,7 @@ fn bad_max_size_turns_the_tier_off_with_one_warning() {
         ("KCACHE_MAX_SIZE", Path::new("lots")),
     ]);
     assert_eq!(opened(&stdout, "Unavailable("), 3, "{stdout:?}");
-    let warning = r#"kcache: KCACHE_MAX_SIZE="lots" is not a positive size (bytes, or with a K/M/G/T suffix): the disk tier is off"#;
+    let warning = r#"kcache: KCACHE_MAX_SIZE="lots" is not a positive size (bytes, or with a unit: k, M, G, T, Ki, Mi, Gi, Ti): the disk tier is off"#;
     assert_eq!(count(&stderr, warning), 1, "{stderr}");
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use indicatif::{ProgressBar, ProgressStyle};
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, Header, Tagger};
+use kcache::disk::settings::{SETTINGS_FILE, Setting};
 use kcache::disk::{
     Check, DEFAULT_MAX_SIZE, DEFAULT_TEMP_MAX_AGE, Descriptor, DirSource, DirectoryCounters,
     DiskCache, DiskConfig, EntryInfo, Fingerprint, OperatorKey,
@@ -79,10 +80,32 @@ impl Target {
         }
     }
 
+    /// The directory, as every process resolves it, without opening it.
+    pub fn dir(&self) -> Result<PathBuf, Failure> {
+        self.base_config()?
+            .locate_dir()
+            .map(|(dir, _)| dir)
+            .map_err(|e| Failure::usage(format!("no cache directory: {}", error_message(&e))))
+    }
+
+    /// [`Target::dir`], which must exist.
+    pub fn existing_dir(&self) -> Result<PathBuf, Failure> {
+        let dir = self.dir()?;
+        if std::fs::symlink_metadata(&dir).is_err() {
+            return Err(Failure::usage(format!(
+                "the cache directory {} does not exist: nothing has been cached there",
+                dir.display()
+            )));
+        }
+        Ok(dir)
+    }
+
     /// Adds the key (`--key-file`, else `KCACHE_KEY_FILE`, which the library ignores with
-    /// `--dir`) and resolves the cap (`KCACHE_MAX_SIZE`, else the default), with the library's
-    /// refusals. The directory itself is opened without a cap: the cap a process applies
-    /// evicts when it opens a directory over it, and looking at a cache must not change it.
+    /// `--dir`) and resolves the caps (`KCACHE_MAX_SIZE`, `KCACHE_MAX_FILES`, else the
+    /// directory's settings, else the defaults: [`Settings::with_directory`]), with the
+    /// library's refusals. The directory itself is opened without caps: the caps a process
+    /// applies evict when it opens a directory over them, and looking at a cache must not
+    /// change it.
     fn add_settings(&self, config: &mut DiskConfig) -> Result<Settings, Error> {
         let load = |path: &Path, what: &str| {
             OperatorKey::from_file(path)
@@ -100,23 +123,46 @@ impl Target {
         } else {
             None
         };
-        let cap = match non_empty_env("KCACHE_MAX_SIZE") {
-            None => DEFAULT_MAX_SIZE,
+        let env_cap = match non_empty_env("KCACHE_MAX_SIZE") {
+            None => None,
             Some(text) => {
                 let text = text.to_string_lossy();
                 match kcache::disk::parse_size(&text) {
-                    Ok(size) if size > 0 => size,
+                    Ok(size) if size > 0 => Some(size),
                     _ => {
                         return Err(Error::Unavailable(format!(
                             "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a \
-                             K/M/G/T suffix): the disk tier is off"
+                             unit: k, M, G, T, Ki, Mi, Gi, Ti): the disk tier is off"
+                        )));
+                    }
+                }
+            }
+        };
+        let env_max_files = match non_empty_env("KCACHE_MAX_FILES") {
+            None => None,
+            Some(text) => {
+                let text = text.to_string_lossy();
+                match text.trim().parse::<u64>() {
+                    Ok(files) => Some(files),
+                    Err(_) => {
+                        return Err(Error::Unavailable(format!(
+                            "KCACHE_MAX_FILES={text:?} is not a number of files (0: no limit): \
+                             the disk tier is off"
                         )));
                     }
                 }
             }
         };
         config.max_size = Some(u64::MAX);
-        Ok(Settings { key_source, cap })
+        config.max_files = Some(0);
+        Ok(Settings {
+            key_source,
+            env_cap,
+            env_max_files,
+            cap: env_cap.unwrap_or(DEFAULT_MAX_SIZE),
+            max_files: env_max_files.filter(|&f| f > 0),
+            directory_problem: None,
+        })
     }
 
     /// Opens the directory as the library does. A directory that does not exist is an error
@@ -142,8 +188,9 @@ impl Target {
                 error_message(&e)
             ))
         };
-        let settings = self.add_settings(&mut config).map_err(refused)?;
+        let mut settings = self.add_settings(&mut config).map_err(refused)?;
         let cache = DiskCache::open(config).map_err(refused)?;
+        settings.with_directory(cache.path());
         Ok((cache, settings))
     }
 }
@@ -152,8 +199,33 @@ impl Target {
 pub struct Settings {
     /// Where the key came from: `--key-file`, `KCACHE_KEY_FILE`, or none.
     key_source: Option<&'static str>,
+    env_cap: Option<u64>,
+    env_max_files: Option<u64>,
     /// The cap the processes using the directory apply (unless one sets its own in code).
-    cap: u64,
+    pub cap: u64,
+    /// The file-count cap they apply; `None`: no limit.
+    pub max_files: Option<u64>,
+    /// Why the processes ignore the directory's settings file, or some of its lines.
+    directory_problem: Option<String>,
+}
+
+impl Settings {
+    /// Completes the caps with the settings of the directory at `dir`, as the library does
+    /// when a process opens it: the environment's values first, then the directory's.
+    fn with_directory(&mut self, dir: &Path) {
+        let (file, problems) = match kcache::disk::settings::load(dir) {
+            Ok(file) => file.unwrap_or_default().settings(),
+            Err(e) => {
+                self.directory_problem = Some(format!("ignored: {}", error_message(&e)));
+                return;
+            }
+        };
+        if !problems.is_empty() {
+            self.directory_problem = Some(format!("lines ignored: {}", problems.join("; ")));
+        }
+        self.cap = self.env_cap.or(file.max_size).unwrap_or(DEFAULT_MAX_SIZE);
+        self.max_files = self.env_max_files.or(file.max_files).filter(|&f| f > 0);
+    }
 }
 
 /// `e` with `what` before its message, same kind.
@@ -201,7 +273,11 @@ struct ConfigJson {
     key_fingerprint: Option<String>,
     tag: Option<&'static str>,
     cap_bytes: Option<u64>,
+    /// The file-count cap; `null` without one (or when the configuration is refused first).
+    max_files: Option<u64>,
     lock_timeout_s: Option<f64>,
+    /// What the directory's settings file (`kcache.conf`) sets, as written.
+    directory_settings: BTreeMap<&'static str, String>,
     environment: BTreeMap<String, String>,
     notes: Vec<String>,
 }
@@ -226,7 +302,9 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
         key_fingerprint: None,
         tag: None,
         cap_bytes: None,
+        max_files: None,
         lock_timeout_s: None,
+        directory_settings: BTreeMap::new(),
         environment: std::env::vars_os()
             .filter_map(|(k, v)| {
                 let k = k.into_string().ok()?;
@@ -275,14 +353,33 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
         Err(e) => Err(e),
         Ok(()) => match target.add_settings(&mut config) {
             Err(e) => Err(e),
-            Ok(settings) => {
+            Ok(mut settings) => {
                 out.key_source = settings.key_source;
-                out.cap_bytes = Some(settings.cap);
                 // Opening creates a missing directory, unless `KCACHE_DISABLE=1` refuses first
                 // (which `--dir` does not consult).
                 if out.exists || (target.dir.is_none() && kcache::env::disk_disabled()) {
-                    DiskCache::open(config).map(Some)
+                    let opened = DiskCache::open(config);
+                    if let Ok(cache) = &opened {
+                        settings.with_directory(cache.path());
+                        if let Some(problem) = &settings.directory_problem {
+                            out.notes
+                                .push(format!("the directory's settings: {problem}"));
+                        }
+                        if let Ok(Some(file)) = kcache::disk::settings::load(cache.path()) {
+                            for setting in Setting::ALL {
+                                if let Some(value) = file.get(setting) {
+                                    out.directory_settings
+                                        .insert(setting.name(), value.to_owned());
+                                }
+                            }
+                        }
+                    }
+                    out.cap_bytes = Some(settings.cap);
+                    out.max_files = settings.max_files;
+                    opened.map(Some)
                 } else {
+                    out.cap_bytes = Some(settings.cap);
+                    out.max_files = settings.max_files;
                     out.notes.push(
                         "the directory does not exist yet: the first process that uses the \
                          cache creates it (mode 0700)"
@@ -353,7 +450,19 @@ fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
         if let Some(cap) = out.cap_bytes {
             out!("size cap:     {}", report::size(cap));
         }
+        match out.max_files {
+            Some(files) => out!("file cap:     {files} entries"),
+            None => out!("file cap:     none"),
+        }
         out!("lock timeout: {}", report::duration(cache.lock_timeout()));
+    }
+    if out.directory_settings.is_empty() {
+        out!("settings:     none in the directory's {SETTINGS_FILE}");
+    } else {
+        out!("settings in the directory's {SETTINGS_FILE}:");
+        for (name, value) in &out.directory_settings {
+            out!("  {name} = {}", printable(value));
+        }
     }
     if out.environment.is_empty() {
         out!("environment:  no KCACHE_* variable set");
@@ -375,13 +484,15 @@ pub struct StatsJson {
     schema: u32,
     dir: String,
     pub cap_bytes: u64,
+    /// The file-count cap; `null` without one.
+    pub max_files: Option<u64>,
     pub entries: u64,
     pub bytes: u64,
     pub generations: Vec<GenerationJson>,
     pub backends: Vec<BackendJson>,
     oldest_used_unix_ns: Option<u64>,
     newest_used_unix_ns: Option<u64>,
-    counters: CountersJson,
+    pub counters: CountersJson,
     memory_hit_rate: Option<f64>,
     disk_hit_rate: Option<f64>,
     remote_hit_rate: Option<f64>,
@@ -392,32 +503,32 @@ pub struct StatsJson {
 
 /// `DirectoryCounters`, field for field.
 #[derive(Serialize)]
-struct CountersJson {
-    memory_hits: u64,
-    memory_misses: u64,
-    disk_hits: u64,
-    disk_misses: u64,
-    builds: u64,
-    disk_writes: u64,
-    integrity_rejects: u64,
-    evictions: u64,
-    lock_waits: u64,
-    lock_timeouts: u64,
-    lock_takeovers: u64,
-    failed_writes: u64,
-    remote_hits: u64,
-    remote_misses: u64,
-    remote_rejects: u64,
-    remote_errors: u64,
-    remote_timeouts: u64,
-    remote_skipped: u64,
-    remote_breaker_trips: u64,
-    remote_leases: u64,
-    remote_lease_waits: u64,
-    remote_lease_timeouts: u64,
-    remote_puts: u64,
-    remote_bytes_read: u64,
-    remote_bytes_written: u64,
+pub struct CountersJson {
+    pub memory_hits: u64,
+    pub memory_misses: u64,
+    pub disk_hits: u64,
+    pub disk_misses: u64,
+    pub builds: u64,
+    pub disk_writes: u64,
+    pub integrity_rejects: u64,
+    pub evictions: u64,
+    pub lock_waits: u64,
+    pub lock_timeouts: u64,
+    pub lock_takeovers: u64,
+    pub failed_writes: u64,
+    pub remote_hits: u64,
+    pub remote_misses: u64,
+    pub remote_rejects: u64,
+    pub remote_errors: u64,
+    pub remote_timeouts: u64,
+    pub remote_skipped: u64,
+    pub remote_breaker_trips: u64,
+    pub remote_leases: u64,
+    pub remote_lease_waits: u64,
+    pub remote_lease_timeouts: u64,
+    pub remote_puts: u64,
+    pub remote_bytes_read: u64,
+    pub remote_bytes_written: u64,
 }
 
 impl From<DirectoryCounters> for CountersJson {
@@ -500,6 +611,7 @@ pub fn directory_stats(
         schema: SCHEMA,
         dir: cache.path().display().to_string(),
         cap_bytes: settings.cap,
+        max_files: settings.max_files,
         entries: entries.len() as u64,
         bytes: entries.iter().map(|e| e.size).sum(),
         generations: generations

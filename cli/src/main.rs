@@ -8,12 +8,14 @@
 //!   command-line tools give them;
 //! - indicatif: the progress bar of `verify`, drawn on stderr only when it is a terminal;
 //! - serde and serde_json: the `--json` output, written from typed structs so that its
-//!   schema is the structs' fields and cannot drift by a typo.
+//!   schema is the structs' fields and cannot drift by a typo;
+//! - clap_complete and clap_mangen: the shell completions and the manual page, generated from
+//!   clap's definition of the arguments.
 //!
 //! Exit status: 0 success (`evict` too when nothing matched); 1 the command ran and found a
 //! problem (`verify`: corrupt entries;
-//! `inspect`: the entry does not verify; `config`: the disk tier is off); 2 a usage error, or
-//! the directory cannot be used.
+//! `inspect`: the entry does not verify; `config`: the disk tier is off; `config get`: the
+//! setting is not set); 2 a usage error, or the directory cannot be used.
 
 /// `println!` for the command's output. `println!` panics when the reader has gone
 /// (`kcache ls | head`); this ends the process quietly instead, as other tools do.
@@ -30,17 +32,33 @@ mod commands;
 mod evict;
 mod metrics;
 mod report;
+mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+
+/// The end of `--help` and of the manual page: what applies besides the arguments.
+const AFTER_LONG_HELP: &str = "\
+Settings: every process that opens the cache directory applies its kcache.conf (kcache config \
+set max-size 5G; max-files, lock-timeout, require-key), unless its environment \
+(KCACHE_MAX_SIZE, KCACHE_MAX_FILES, KCACHE_LOCK_TIMEOUT, KCACHE_REQUIRE_KEY=1) or its code \
+sets the value.
+
+Sizes: bytes, decimals allowed, with an optional unit: k, M, G, T (1000, 1000^2, ...) or Ki, \
+Mi, Gi, Ti (1024, 1024^2, ...); 1.5G is 1,500,000,000 bytes.
+
+Exit status: 0 done, nothing wrong found; 1 done, a problem found (verify, inspect: corrupt \
+entries; config: the disk tier is off; config get: the setting is not set); 2 bad arguments, or \
+the directory cannot be used.";
 
 #[derive(Parser)]
 #[command(
     name = "kcache",
     version,
-    about = "See, check and trim a kcache disk cache"
+    about = "See, check and trim a kcache disk cache",
+    after_long_help = AFTER_LONG_HELP
 )]
 struct Cli {
     /// The cache directory [default: as the library resolves it: KCACHE_DIR,
@@ -57,10 +75,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The resolved directory and how it was chosen, whether it is trusted, and why the disk
-    /// tier is off when it is
+    /// tier is off when it is; `config get|set|unset` read and change the directory's settings
+    #[command(args_conflicts_with_subcommands = true)]
     Config {
         #[arg(long)]
         json: bool,
+        #[command(subcommand)]
+        action: Option<ConfigAction>,
     },
     /// Entries and bytes, in total and per key generation; the cap; the oldest and newest
     /// entry; the counters of every process that used the directory, with hit rates
@@ -106,7 +127,7 @@ enum Command {
         #[arg(long, value_name = "DURATION", value_parser = report::parse_duration)]
         older_than: Option<std::time::Duration>,
         /// Also remove least recently used entries until the directory holds at most SIZE
-        /// (bytes, or with a K/M/G/T suffix)
+        /// (bytes, or with a unit: k, M, G, T decimal; Ki, Mi, Gi, Ti binary; 1.5G)
         #[arg(long, value_name = "SIZE", value_parser = parse_size)]
         max_size: Option<u64>,
         /// Keep the entries of this operator key too (repeat for several)
@@ -142,6 +163,67 @@ enum Command {
         #[arg(long, value_name = "PATH")]
         textfile: Option<PathBuf>,
     },
+    /// The command's completions for SHELL, on stdout (`cmake --install` installs bash's,
+    /// zsh's and fish's)
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// The command's manual page, in roff, on stdout (`cmake --install` installs it as
+    /// kcache(1))
+    Man,
+}
+
+/// What `config` does to the directory's settings file (`kcache.conf`), which every process
+/// that opens the directory applies unless its environment or its code sets the value.
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Prints the value the directory's settings give NAME; exit status 1 when they give none
+    Get {
+        #[arg(value_parser = setting_names())]
+        name: String,
+    },
+    /// Sets NAME in the directory's settings (created, like the directory, when missing):
+    /// `kcache config set max-size 5G`
+    Set {
+        #[arg(value_parser = setting_names())]
+        name: String,
+        #[arg(allow_hyphen_values = true)]
+        value: String,
+    },
+    /// Removes NAME from the directory's settings: the default applies again
+    Unset {
+        #[arg(value_parser = setting_names())]
+        name: String,
+    },
+}
+
+/// The settings' names, for `--help`, completions and usage errors; ccache's spelling
+/// (`max_size`, as in `ccache.conf`) is taken too.
+fn setting_names() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    use kcache::disk::settings::Setting;
+    clap::builder::PossibleValuesParser::new(Setting::ALL.map(|s| {
+        let (ccache, help) = match s {
+            Setting::MaxSize => (
+                "max_size",
+                "the size cap: 5G, 1.5Gi (k, M, G, T decimal; Ki, Mi, Gi, Ti binary)",
+            ),
+            Setting::MaxFiles => (
+                "max_files",
+                "the most entries the directory holds; 0: no limit",
+            ),
+            Setting::LockTimeout => (
+                "lock_timeout",
+                "seconds a miss waits for another process's build",
+            ),
+            Setting::RequireKey => (
+                "require_key",
+                "true: refuse the directory to processes without an operator key",
+            ),
+        };
+        PossibleValue::new(s.name()).alias(ccache).help(help)
+    }))
 }
 
 /// The orders of `ls`. Entries have one time of their own, the mtime (last written or read),
@@ -199,6 +281,15 @@ fn write_line(line: std::fmt::Arguments) {
     }
 }
 
+/// What `completions` and `man` write: generated from the same definition as the parsing, so
+/// they cannot drift from it.
+fn generated(write: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> Result<u8, Failure> {
+    let mut text = Vec::new();
+    write(&mut text).map_err(|e| Failure::usage(format!("cannot generate it: {e}")))?;
+    out!("{}", String::from_utf8_lossy(&text).trim_end());
+    Ok(0)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let target = commands::Target {
@@ -206,7 +297,12 @@ fn main() -> ExitCode {
         key_file: cli.key_file,
     };
     let outcome = match cli.command {
-        Command::Config { json } => commands::config(&target, json),
+        Command::Config { json, action } => match action {
+            None => commands::config(&target, json),
+            Some(ConfigAction::Get { name }) => settings::get(&target, &name),
+            Some(ConfigAction::Set { name, value }) => settings::set(&target, &name, &value),
+            Some(ConfigAction::Unset { name }) => settings::unset(&target, &name),
+        },
         Command::Stats { json } => commands::stats(&target, json),
         Command::ZeroStats { json } => commands::zero_stats(&target, json),
         Command::Ls {
@@ -234,6 +330,11 @@ fn main() -> ExitCode {
         ),
         Command::Clear { json } => commands::clear(&target, json),
         Command::Metrics { textfile } => metrics::metrics(&target, textfile.as_deref()),
+        Command::Completions { shell } => generated(|out| {
+            clap_complete::generate(shell, &mut Cli::command(), "kcache", out);
+            Ok(())
+        }),
+        Command::Man => generated(|out| clap_mangen::Man::new(Cli::command()).render(out)),
         Command::Evict {
             backend,
             device,

@@ -37,7 +37,8 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// `512 B`, `12.3 KiB`, `1.0 GiB`: binary multiples, as `parse_size` reads them.
+/// `512 B`, `12.3 KiB`, `1.0 GiB`: binary multiples, which `parse_size` reads back (`KiB` as
+/// `Ki`; `K` alone is decimal).
 pub fn size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if bytes < 1024 {

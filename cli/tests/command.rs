@@ -166,7 +166,7 @@ fn looking_at_a_directory_over_its_cap_evicts_nothing() {
     let (dir, cache) = filled(3, 1000);
     let env = [
         ("KCACHE_DIR", dir.path().to_str().unwrap()),
-        ("KCACHE_MAX_SIZE", "2K"),
+        ("KCACHE_MAX_SIZE", "2Ki"),
     ];
     let output = run_env(&env, &["stats", "--json"]);
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

@@ -9,6 +9,7 @@ use zeroize::ZeroizeOnDrop;
 
 use super::liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 use super::lock::DEFAULT_LOCK_TIMEOUT;
+use super::settings::Settings;
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
 use crate::log::Warning;
@@ -128,24 +129,29 @@ impl fmt::Debug for OperatorKey {
 }
 
 /// How to open a disk tier. Fields left `None` are taken from the environment when
-/// `read_env` is set (the default), else from the defaults.
+/// `read_env` is set (the default), else from the directory's settings (`kcache.conf`, see
+/// [`super::settings`]: `max_size`, `max_files`, `lock_timeout`, `require_key`), else from
+/// the defaults.
 ///
-/// | field         | environment                                                   | default      |
-/// |---------------|---------------------------------------------------------------|--------------|
-/// | `dir`         | `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache` | none: error  |
-/// | `max_size`    | `KCACHE_MAX_SIZE` (bytes, or with a K/M/G/T suffix)           | 1 GiB        |
-/// | `key`         | `KCACHE_KEY_FILE`                                             | none: BLAKE3 |
-/// | `require_key` | `KCACHE_REQUIRE_KEY=1` (either one requires a key)            | not required |
-/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed; up to a century) | 120 s    |
-/// | `lock_liveness`| `KCACHE_LOCK_LIVENESS` (seconds, decimals allowed; at least 1 s) | 5 s     |
+/// | field         | environment                                                   | directory      | default      |
+/// |---------------|---------------------------------------------------------------|----------------|--------------|
+/// | `dir`         | `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache` |                | none: error  |
+/// | `max_size`    | `KCACHE_MAX_SIZE` (a size: `5G`, `1.5Gi`, see [`parse_size`]) | `max-size`     | 1 GiB        |
+/// | `max_files`   | `KCACHE_MAX_FILES` (entry files; 0: no limit)                 | `max-files`    | no limit     |
+/// | `key`         | `KCACHE_KEY_FILE`                                             |                | none: BLAKE3 |
+/// | `require_key` | `KCACHE_REQUIRE_KEY=1` (any of code, environment, directory)  | `require-key`  | not required |
+/// | `lock_timeout`| `KCACHE_LOCK_TIMEOUT` (seconds, decimals allowed; up to a century) | `lock-timeout` | 120 s  |
+/// | `lock_liveness`| `KCACHE_LOCK_LIVENESS` (seconds, decimals allowed; at least 1 s) |            | 5 s          |
 ///
 /// With `read_env`, `KCACHE_DISABLE=1` turns the tier off whatever else is configured.
 ///
 /// Environment values kcache cannot use are warned about once per process (see
 /// [`crate::log`]): a relative `KCACHE_DIR` is ignored; an invalid `KCACHE_LOCK_TIMEOUT` leaves
-/// the default; an invalid `KCACHE_MAX_SIZE` or an empty, relative, missing or unusable
-/// `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`) rather than
-/// falling back to a cap or to unkeyed entries the operator did not ask for.
+/// the default; an invalid `KCACHE_MAX_SIZE` or `KCACHE_MAX_FILES` or an empty, relative,
+/// missing or unusable `KCACHE_KEY_FILE` turns the tier off (`Unavailable`, `Untrusted`)
+/// rather than falling back to a cap or to unkeyed entries the operator did not ask for. A
+/// directory's settings file that cannot be used is ignored, with one warning (see
+/// [`super::settings`]).
 ///
 /// In a secure-execution process (setuid, setgid, file capabilities) no variable but
 /// `KCACHE_DISABLE` and `KCACHE_REQUIRE_KEY` is read (see [`crate::env`]): the tier is off
@@ -157,6 +163,9 @@ pub struct DiskConfig {
     pub dir: Option<PathBuf>,
     /// Positive; `Some(0)` is refused.
     pub max_size: Option<u64>,
+    /// The most entry files the directory holds, evicted least recently used first as the
+    /// size cap's are; `Some(0)`: no limit.
+    pub max_files: Option<u64>,
     pub key: Option<OperatorKey>,
     /// Refuse to open (`Untrusted`) without an operator key, instead of writing unkeyed
     /// entries that anyone who can write the directory can forge.
@@ -186,6 +195,7 @@ impl Default for DiskConfig {
         DiskConfig {
             dir: None,
             max_size: None,
+            max_files: None,
             key: None,
             require_key: false,
             lock_timeout: None,
@@ -271,9 +281,14 @@ impl DiskConfig {
                     "the size cap must be positive".into(),
                 ));
             }
-            (Some(size), _) => size,
-            (None, Some(text)) => env_max_size(&text)?,
-            (None, None) => DEFAULT_MAX_SIZE,
+            (Some(size), _) => Some(size),
+            (None, Some(text)) => Some(env_max_size(&text)?),
+            (None, None) => None,
+        };
+        let max_files = match (self.max_files, non_empty("KCACHE_MAX_FILES")) {
+            (Some(files), _) => Some(files),
+            (None, Some(text)) => Some(env_max_files(&text)?),
+            (None, None) => None,
         };
         // An empty KCACHE_KEY_FILE is a mistake to report, not "unset": it usually comes from
         // a variable that failed to expand, and ignoring it would silently drop the key.
@@ -285,13 +300,13 @@ impl DiskConfig {
         // Read in a secure-execution process too: it only ever takes the tier away.
         let require_key =
             self.require_key || env_require_key(read_env.then(crate::env::require_key).flatten());
+        // Checked before the directory is opened (or created) when code or environment require
+        // a key; again by `with_settings` for a directory that does.
         if require_key && key.is_none() {
-            let detail = "an operator key is required (require_key or KCACHE_REQUIRE_KEY=1) \
-                          and none is configured";
-            crate::log::warn_once(Warning::KeyRequired, || {
-                format!("disk tier disabled: {detail}")
-            });
-            return Err(Error::Untrusted(detail.into()));
+            return Err(key_required(
+                "an operator key is required (require_key or KCACHE_REQUIRE_KEY=1) and none is \
+                 configured",
+            ));
         }
         let lock_timeout = self
             .lock_timeout
@@ -300,8 +315,7 @@ impl DiskConfig {
                 let text = non_empty("KCACHE_LOCK_TIMEOUT")?;
                 let default = DEFAULT_LOCK_TIMEOUT;
                 env_lock_wait("KCACHE_LOCK_TIMEOUT", &text, default, Warning::LockTimeout)
-            })
-            .unwrap_or(DEFAULT_LOCK_TIMEOUT);
+            });
         let lock_liveness = self
             .lock_liveness
             .map(saturate)
@@ -315,6 +329,7 @@ impl DiskConfig {
         Ok(Resolved {
             dir,
             max_size,
+            max_files,
             lock_timeout,
             lock_liveness,
             key,
@@ -340,15 +355,76 @@ pub enum DirSource {
     Home,
 }
 
+/// A configuration with its explicit values and the environment's; the directory's settings
+/// fill in the rest ([`Resolved::with_settings`]) once it is open.
 pub(crate) struct Resolved {
     pub dir: PathBuf,
-    pub max_size: u64,
-    pub lock_timeout: Duration,
+    pub max_size: Option<u64>,
+    pub max_files: Option<u64>,
+    pub lock_timeout: Option<Duration>,
     pub lock_liveness: Duration,
     pub key: Option<OperatorKey>,
     pub durability: Durability,
     pub key_schema: u32,
     pub remote: Option<RemoteConfig>,
+}
+
+/// The values a tier applies: explicit or from the environment, else the directory's, else
+/// the defaults.
+pub(crate) struct Applied {
+    pub max_size: u64,
+    /// `u64::MAX`: no limit.
+    pub max_files: u64,
+    pub lock_timeout: Duration,
+}
+
+impl Resolved {
+    /// What applies once the directory's `settings` are known; `Untrusted` when the directory
+    /// requires an operator key and none is configured.
+    pub(crate) fn with_settings(&self, settings: &Settings) -> Result<Applied> {
+        if settings.require_key == Some(true) && self.key.is_none() {
+            return Err(key_required(
+                "the directory's settings require an operator key (require-key) and none is \
+                 configured",
+            ));
+        }
+        Ok(Applied {
+            max_size: self
+                .max_size
+                .or(settings.max_size)
+                .unwrap_or(DEFAULT_MAX_SIZE),
+            max_files: match self.max_files.or(settings.max_files) {
+                None | Some(0) => u64::MAX,
+                Some(files) => files,
+            },
+            lock_timeout: self
+                .lock_timeout
+                .or(settings.lock_timeout.map(saturate))
+                .unwrap_or(DEFAULT_LOCK_TIMEOUT),
+        })
+    }
+}
+
+/// The refusal of a tier that must have an operator key and has none, with its one warning.
+fn key_required(detail: &str) -> Error {
+    crate::log::warn_once(Warning::KeyRequired, || {
+        format!("disk tier disabled: {detail}")
+    });
+    Error::Untrusted(detail.into())
+}
+
+/// `KCACHE_MAX_FILES`: like `KCACHE_MAX_SIZE`, a value that is not a number of files turns
+/// the tier off.
+fn env_max_files(text: &OsString) -> Result<u64> {
+    let text = text.to_string_lossy();
+    text.trim().parse().map_err(|_| {
+        let detail = format!(
+            "KCACHE_MAX_FILES={text:?} is not a number of files (0: no limit): the disk tier \
+             is off"
+        );
+        crate::log::warn_once(Warning::MaxFiles, || detail.clone());
+        Error::Unavailable(detail)
+    })
 }
 
 /// `KCACHE_MAX_SIZE`: a value that is not a positive size turns the tier off, since the
@@ -359,8 +435,8 @@ fn env_max_size(text: &OsString) -> Result<u64> {
         Ok(size) if size > 0 => Ok(size),
         _ => {
             let detail = format!(
-                "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a K/M/G/T \
-                 suffix): the disk tier is off"
+                "KCACHE_MAX_SIZE={text:?} is not a positive size (bytes, or with a unit: k, M, \
+                 G, T, Ki, Mi, Gi, Ti): the disk tier is off"
             );
             crate::log::warn_once(Warning::MaxSize, || detail.clone());
             Err(Error::Unavailable(detail))
@@ -454,25 +530,59 @@ fn default_dir(
     ))
 }
 
-/// Parses `123`, `64K`, `512M`, `1G`, `2T` (binary multiples; an optional trailing `B` or
-/// `iB` is accepted, case-insensitive).
+/// Parses a size as ccache writes them: a number of bytes, decimals allowed, with an optional
+/// unit: `k`, `M`, `G`, `T` are decimal (1000, 1000², …), `Ki`, `Mi`, `Gi`, `Ti` binary (1024,
+/// 1024², …). The unit's case does not matter (`K` is `k`, `gi` is `Gi`), a trailing `B`
+/// (`5GB`, `1GiB`) and blanks around the number are allowed. A fraction of a byte is dropped:
+/// `1.5G` is 1,500,000,000 bytes, `0.5Ki` 512.
 pub fn parse_size(text: &str) -> Result<u64> {
     let invalid = || Error::InvalidArgument(format!("invalid size {text:?}"));
-    let t = text.trim();
-    let upper = t.to_ascii_uppercase();
-    let t = upper
-        .strip_suffix("IB")
-        .or_else(|| upper.strip_suffix('B'))
-        .unwrap_or(&upper);
-    let (digits, shift) = match t.as_bytes().last() {
-        Some(b'K') => (&t[..t.len() - 1], 10),
-        Some(b'M') => (&t[..t.len() - 1], 20),
-        Some(b'G') => (&t[..t.len() - 1], 30),
-        Some(b'T') => (&t[..t.len() - 1], 40),
+    let upper = text.trim().to_ascii_uppercase();
+    let t = upper.strip_suffix('B').unwrap_or(&upper);
+    let (t, base) = match t.strip_suffix('I') {
+        Some(rest) => (rest, 1024u128),
+        None => (t, 1000u128),
+    };
+    let (number, power) = match t.as_bytes().last() {
+        Some(b'K') => (&t[..t.len() - 1], 1),
+        Some(b'M') => (&t[..t.len() - 1], 2),
+        Some(b'G') => (&t[..t.len() - 1], 3),
+        Some(b'T') => (&t[..t.len() - 1], 4),
+        // `Ki` without its letter, or `B` after an `i` alone, is no unit.
+        _ if base == 1024 => return Err(invalid()),
         _ => (t, 0),
     };
-    let n: u64 = digits.trim().parse().map_err(|_| invalid())?;
-    n.checked_mul(1u64 << shift).ok_or_else(invalid)
+    let number = number.trim_end();
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    // 20 digits hold any u64; more fraction digits than that cannot change the whole bytes.
+    if whole.is_empty() && fraction.is_empty()
+        || !digits(whole)
+        || !digits(fraction)
+        || whole.len() > 20
+    {
+        return Err(invalid());
+    }
+    let fraction = &fraction[..fraction.len().min(20)];
+    let scale = 10u128.pow(fraction.len() as u32);
+    let parse = |s: &str| {
+        if s.is_empty() {
+            Ok(0)
+        } else {
+            s.parse::<u128>()
+        }
+    };
+    let (whole, fraction) = (
+        parse(whole).map_err(|_| invalid())?,
+        parse(fraction).map_err(|_| invalid())?,
+    );
+    let unit = base.pow(power);
+    // Exact: at most 10^20 × 1024^4 × 10^20, far below u128's 3.4 × 10^38 … checked anyway.
+    let bytes = whole
+        .checked_mul(unit)
+        .and_then(|w| Some(w + fraction.checked_mul(unit)? / scale))
+        .ok_or_else(invalid)?;
+    u64::try_from(bytes).map_err(|_| invalid())
 }
 
 #[cfg(test)]
@@ -481,18 +591,50 @@ mod tests {
 
     #[test]
     fn sizes() {
-        assert_eq!(parse_size("123").unwrap(), 123);
-        assert_eq!(parse_size("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_size("2T").unwrap(), 2 << 40);
-        assert!(parse_size("").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("-1").is_err());
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("99999999999T").is_err());
+        let size = |t: &str| parse_size(t).unwrap();
+        assert_eq!(size("123"), 123);
+        // Decimal units, as ccache reads them: `62K` is 62,000 bytes (63,488 before).
+        assert_eq!(size("62K"), 62_000);
+        assert_eq!(size("64k"), 64_000);
+        assert_eq!(size("512M"), 512_000_000);
+        assert_eq!(size("5G"), 5_000_000_000);
+        assert_eq!(size("5GB"), 5_000_000_000);
+        assert_eq!(size("2T"), 2_000_000_000_000);
+        // Binary units.
+        assert_eq!(size("62Ki"), 63_488);
+        assert_eq!(size("512Mi"), 512 << 20);
+        assert_eq!(size("1Gi"), 1 << 30);
+        assert_eq!(size("1GiB"), 1 << 30);
+        assert_eq!(size("1gib"), 1 << 30);
+        assert_eq!(size("2Ti"), 2 << 40);
+        // Decimals, and blanks.
+        assert_eq!(size("1.5G"), 1_500_000_000);
+        assert_eq!(size(" 1.5 Gi "), 3 << 29);
+        assert_eq!(size("0.5Ki"), 512);
+        assert_eq!(size(".25k"), 250);
+        assert_eq!(size("7."), 7);
+        assert_eq!(size("1.9"), 1, "a fraction of a byte is dropped");
+        assert_eq!(size("0.000000000000000000000001T"), 0);
+        assert_eq!(size("18446744073709551615"), u64::MAX);
+        for bad in [
+            "",
+            "G",
+            "Gi",
+            "i",
+            "5i",
+            "-1",
+            "1X",
+            "1.5.5G",
+            ".",
+            "1e9",
+            "1 000",
+            "+5",
+            "18446744073709551616",
+            "99999999999T",
+            "1,5G",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -1,11 +1,12 @@
-//! The size cap. An in-memory index of entry files, ordered by recency, answers "how big is
-//! the directory" and "which entry was used least recently" without a scan.
+//! The size cap and the file-count cap. An in-memory index of entry files, ordered by recency,
+//! answers "how big is the directory", "how many entries does it hold" and "which entry was
+//! used least recently" without a scan.
 //!
 //! Recency is the file's mtime: a write sets it, and a read that finds it older than
 //! [`TOUCH_GRANULARITY`] sets it to now. Being in the file rather than in this index, it is
 //! shared by every process using the directory. The index is seeded by a scan on a background
 //! thread after `open`, rescanned the same way once this process has written a quarter of
-//! the cap (so other processes' writes are counted too), and otherwise updated in place by
+//! either cap (so other processes' writes are counted too), and otherwise updated in place by
 //! `put`, `remove` and reads. Before an entry is evicted its mtime is checked again, so an
 //! entry another process read since is kept.
 //!
@@ -59,6 +60,7 @@ struct State {
     order: BTreeSet<(u64, String)>,
     total: u64,
     written_since_scan: u64,
+    files_written_since_scan: u64,
     /// Names removed while a scan runs: the scan may have listed them before they went.
     removed_during_scan: HashSet<String>,
 }
@@ -210,7 +212,10 @@ impl Index {
             let recency = meta.modified().map_or(0, nanos_since_epoch);
             s.insert(name.to_owned(), size, recency);
             s.written_since_scan += size;
-            !s.scan_running() && s.written_since_scan > inner.max_size / 4
+            s.files_written_since_scan += 1;
+            !s.scan_running()
+                && (s.written_since_scan > inner.max_size / 4
+                    || s.files_written_since_scan > inner.max_files / 4)
         };
         // Outside the lock: a planted tree may be large.
         if let Some(moved) = aside {
@@ -262,14 +267,19 @@ fn remove_name(inner: &Inner, name: &str) -> io::Result<Unlinked> {
     }
 }
 
-/// Evicts least recently used entries until the total fits the cap, with room for
-/// `incoming` (a name about to be written and its size; the name itself is replaced, not
-/// evicted). Each victim costs one `lstat` and one `unlink`: no scan.
+/// Evicts least recently used entries until the total fits the size cap and the count the
+/// file-count cap, with room for `incoming` (a name about to be written and its size; the
+/// name itself is replaced, not evicted). Each victim costs one `lstat` and one `unlink`: no
+/// scan.
 fn evict_over_cap(inner: &Inner, s: &mut State, incoming: Option<(&str, u64)>) {
     let (keep, size) = incoming.unwrap_or(("", 0));
     loop {
-        let replaced = s.files.get(keep).map_or(0, |t| t.size);
-        if s.total - replaced + size <= inner.max_size {
+        let replaced = s.files.get(keep).map(|t| t.size);
+        let bytes = s.total - replaced.unwrap_or(0) + size;
+        // The incoming entry takes a new name unless it replaces one already counted.
+        let added = u64::from(incoming.is_some() && replaced.is_none());
+        let files = s.files.len() as u64 + added;
+        if bytes <= inner.max_size && files <= inner.max_files {
             break;
         }
         let Some((recency, name)) = s.order.iter().find(|(_, n)| n != keep).cloned() else {
@@ -363,6 +373,7 @@ fn scan(inner: &Inner, epoch: u64) {
     }
     s.seeded = true;
     s.written_since_scan = 0;
+    s.files_written_since_scan = 0;
     evict_over_cap(inner, &mut s, None);
     drop(s);
     inner.index.seeded.notify_all();

@@ -1,11 +1,13 @@
 //! L2: the disk tier. Serialized binaries in a per-user directory, authenticated, written
 //! atomically, size-capped with least-recently-used eviction.
 //!
-//! - [`config`]: where the directory is and what key authenticates entries.
+//! - [`config`]: where the directory is and what key authenticates entries;
+//!   [`settings`]: what an operator keeps in the directory for every process (`kcache.conf`).
 //! - `dir`: trust checks on the directory.
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`); `descriptor`: what an entry
 //!   says it holds (backend, device, name).
-//! - `store`: `get`, `put`, `remove`; `evict`: the size cap; `gc`: collection of leftovers.
+//! - `store`: `get`, `put`, `remove`; `evict`: the size and file-count caps; `gc`: collection
+//!   of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory; `heartbeat`: a
 //!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it.
 //! - `writer`: writes made after the caller has its value, on a background thread;
@@ -29,6 +31,7 @@ mod heartbeat;
 mod listing;
 mod liveness;
 mod lock;
+pub mod settings;
 mod shards;
 mod shared;
 mod store;
@@ -86,6 +89,8 @@ struct Inner {
     schema: u32,
     durability: Durability,
     max_size: u64,
+    /// `u64::MAX`: no limit.
+    max_files: u64,
     lock_timeout: Duration,
     /// How long a holder's beat may stand still before a waiter takes its lock over.
     lock_liveness: Duration,
@@ -252,6 +257,7 @@ impl DiskCache {
     fn open_resolved(config: DiskConfig) -> Result<DiskCache> {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
+        let applied = resolved.with_settings(&settings::applied(&dir, &resolved.dir))?;
         let tagger = Tagger::new(resolved.key.as_ref());
         let remote = resolved
             .remote
@@ -264,8 +270,9 @@ impl DiskCache {
             tagger,
             schema: resolved.key_schema,
             durability: resolved.durability,
-            max_size: resolved.max_size,
-            lock_timeout: resolved.lock_timeout,
+            max_size: applied.max_size,
+            max_files: applied.max_files,
+            lock_timeout: applied.lock_timeout,
             lock_liveness: resolved.lock_liveness,
             counters: Counters::default(),
             baseline: Baseline::default(),
@@ -301,6 +308,11 @@ impl DiskCache {
 
     pub fn max_size(&self) -> u64 {
         self.inner.max_size
+    }
+
+    /// The file-count cap; `None` without one.
+    pub fn max_files(&self) -> Option<u64> {
+        (self.inner.max_files != u64::MAX).then_some(self.inner.max_files)
     }
 
     /// How long a miss waits for another process building the same entry.
