@@ -308,21 +308,23 @@ impl DiskConfig {
                  configured",
             ));
         }
-        let lock_timeout = self
-            .lock_timeout
-            .map(saturate)
-            .or_else(|| {
-                let text = non_empty("KCACHE_LOCK_TIMEOUT")?;
-                let default = DEFAULT_LOCK_TIMEOUT;
-                env_lock_wait("KCACHE_LOCK_TIMEOUT", &text, default, Warning::LockTimeout)
-            });
+        let lock_timeout = self.lock_timeout.map(saturate).or_else(|| {
+            let text = non_empty("KCACHE_LOCK_TIMEOUT")?;
+            let default = DEFAULT_LOCK_TIMEOUT;
+            env_lock_wait("KCACHE_LOCK_TIMEOUT", &text, default, Warning::LockTimeout)
+        });
         let lock_liveness = self
             .lock_liveness
             .map(saturate)
             .or_else(|| {
                 let text = non_empty("KCACHE_LOCK_LIVENESS")?;
                 let default = DEFAULT_LOCK_LIVENESS;
-                env_lock_wait("KCACHE_LOCK_LIVENESS", &text, default, Warning::LockLiveness)
+                env_lock_wait(
+                    "KCACHE_LOCK_LIVENESS",
+                    &text,
+                    default,
+                    Warning::LockLiveness,
+                )
             })
             .unwrap_or(DEFAULT_LOCK_LIVENESS)
             .max(MIN_LOCK_LIVENESS);
