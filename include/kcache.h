@@ -93,19 +93,6 @@
 // return removes the entry as refused.
 #define KC_LOAD_TRANSIENT 1000000
 
-// Bytes a reply may take beyond its largest bulk string: the framing of that string and of
-// the small values around it.
-#define OVERHEAD 4096
-
-// The longest line (a simple string, an error, a number).
-#define MAX_LINE 1024
-
-// The most values one reply may hold, all levels together (kcache's replies hold one).
-#define MAX_VALUES 256
-
-// The deepest nesting of arrays.
-#define MAX_DEPTH 4
-
 // The outcome of a kcache call. `KC_OK` is zero. Every other code also leaves a detail for
 // `kc_last_error_message()` on the calling thread. New codes may be added at the end.
 typedef enum kc_status {

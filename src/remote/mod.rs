@@ -22,6 +22,7 @@ mod client;
 pub mod config;
 mod lease;
 #[doc(hidden)]
+/// cbindgen:ignore
 pub mod resp;
 
 use std::sync::atomic::{AtomicU64, Ordering};
