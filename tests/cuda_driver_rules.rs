@@ -182,10 +182,15 @@ fn jit_options_the_link_cannot_take_are_invalid_arguments() {
     assert_eq!(fake.counter("link_create"), 2);
 }
 
+/// Held by each test that sets the process-wide log hook.
+static LOG_HOOK: Mutex<()> = Mutex::new(());
+
 /// `CU_JIT_LOG_VERBOSE` writes to the JIT's information log, which kcache passes and writes to
 /// its own log at `info`.
 #[test]
 fn log_verbose_reaches_kcaches_log() {
+    // The log hook is the process's: the tests that set one take turns.
+    let _turn = LOG_HOOK.lock().unwrap_or_else(|e| e.into_inner());
     let messages = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&messages);
     kcache::log::set_level(kcache::log::Level::Info);
@@ -399,6 +404,8 @@ fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
 /// short log of one link never shrinks the buffer of the next: each verbose log arrives whole.
 #[test]
 fn option_values_written_back_by_one_link_do_not_reach_the_next() {
+    // The log hook is the process's: the tests that set one take turns.
+    let _turn = LOG_HOOK.lock().unwrap_or_else(|e| e.into_inner());
     let messages = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&messages);
     kcache::log::set_level(kcache::log::Level::Info);
