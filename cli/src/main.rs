@@ -29,10 +29,7 @@ macro_rules! out {
 }
 
 mod commands;
-mod evict;
-mod metrics;
 mod report;
-mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -299,9 +296,11 @@ fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Config { json, action } => match action {
             None => commands::config(&target, json),
-            Some(ConfigAction::Get { name }) => settings::get(&target, &name),
-            Some(ConfigAction::Set { name, value }) => settings::set(&target, &name, &value),
-            Some(ConfigAction::Unset { name }) => settings::unset(&target, &name),
+            Some(ConfigAction::Get { name }) => commands::settings::get(&target, &name),
+            Some(ConfigAction::Set { name, value }) => {
+                commands::settings::set(&target, &name, &value)
+            }
+            Some(ConfigAction::Unset { name }) => commands::settings::unset(&target, &name),
         },
         Command::Stats { json } => commands::stats(&target, json),
         Command::ZeroStats { json } => commands::zero_stats(&target, json),
@@ -329,7 +328,7 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Clear { json } => commands::clear(&target, json),
-        Command::Metrics { textfile } => metrics::metrics(&target, textfile.as_deref()),
+        Command::Metrics { textfile } => commands::metrics::metrics(&target, textfile.as_deref()),
         Command::Completions { shell } => generated(|out| {
             clap_complete::generate(shell, &mut Cli::command(), "kcache", out);
             Ok(())
@@ -339,7 +338,11 @@ fn main() -> ExitCode {
             backend,
             device,
             json,
-        } => evict::evict(&target, &evict::Selection { backend, device }, json),
+        } => commands::evict::evict(
+            &target,
+            &commands::evict::Selection { backend, device },
+            json,
+        ),
     };
     match outcome {
         Ok(status) => ExitCode::from(status),

@@ -31,10 +31,12 @@ mod heartbeat;
 mod listing;
 mod liveness;
 mod lock;
+mod operator_key;
 pub mod settings;
 mod shards;
 mod shared;
 mod store;
+mod units;
 mod write_back;
 mod writer;
 

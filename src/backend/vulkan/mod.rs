@@ -31,6 +31,7 @@
 mod cache;
 mod device;
 mod header;
+mod layout;
 mod loader;
 mod persistence;
 mod pipeline;
@@ -42,11 +43,9 @@ mod stats;
 pub use cache::{PipelineLease, VulkanCache, VulkanOptions};
 pub use device::{DeviceOwner, VulkanDevice};
 pub use header::{CacheIdentity, HEADER_LEN, HeaderMismatch, check as check_cache_header};
+pub use layout::{DescriptorBinding, LayoutDesc, PushConstantRange};
 pub use loader::Vulkan;
 pub use pipeline::{Pipeline, UncachedPipeline, create_uncached};
-pub use spec::{
-    ALLOWED_PIPELINE_FLAGS, DescriptorBinding, LayoutDesc, PipelineDesc, PipelineSpec,
-    PushConstantRange, SpecConstant,
-};
+pub use spec::{ALLOWED_PIPELINE_FLAGS, PipelineDesc, PipelineSpec, SpecConstant};
 pub use spirv::words_from_bytes;
 pub use stats::VulkanStats;

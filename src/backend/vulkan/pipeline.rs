@@ -8,7 +8,8 @@ use std::time::Instant;
 use ash::vk;
 
 use super::device::{DeviceFns, DeviceState};
-use super::spec::{LayoutDesc, PipelineSpec};
+use super::layout::LayoutDesc;
+use super::spec::PipelineSpec;
 use super::stats::{Counters, bump};
 use crate::BuildError;
 use crate::backend::handle_cache::{Compiled, Destroy};

@@ -5,8 +5,8 @@
 
 use kcache::disk::settings::{self, SETTINGS_FILE, Setting, SettingsFile};
 
+use super::Target;
 use crate::Failure;
-use crate::commands::Target;
 
 fn setting(name: &str) -> Setting {
     Setting::from_name(name).expect("clap accepts only the settings' names")

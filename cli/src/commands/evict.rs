@@ -6,7 +6,7 @@
 use kcache::disk::{Check, Descriptor};
 use serde::Serialize;
 
-use crate::commands::{SCHEMA, Target, descriptor_of};
+use super::{SCHEMA, Target, descriptor_of};
 use crate::{Failure, report};
 
 /// What `evict` selects: every given criterion must match.

@@ -12,8 +12,9 @@ use std::time::SystemTime;
 use kcache::metrics::text::{Exposition, Kind};
 use kcache::metrics::write_build_info;
 
+use super::Target;
+use super::stats::{CountersJson, directory_stats};
 use crate::Failure;
-use crate::commands::{CountersJson, Target, directory_stats};
 
 pub fn metrics(target: &Target, textfile: Option<&Path>) -> Result<u8, Failure> {
     let (stats, oldest, newest) = directory_stats(target)?;
