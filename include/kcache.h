@@ -863,6 +863,11 @@ typedef struct kc_vulkan_cache_statistics {
   struct kc_disk_statistics disk;
 } kc_vulkan_cache_statistics;
 
+// Destroys a device handed to kcache: `device` is the `VkDevice` registered, `user_data` what
+// the registration was given. Typically calls `vkDestroyDevice(device, NULL)`, and may destroy
+// the instance too once the program needs it no longer.
+typedef void (*kc_vulkan_destroy_device_fn)(void *device, void *user_data);
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -1788,6 +1793,29 @@ enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
 // with the reason in `kc_last_error_message()`.
 enum kc_status kc_vulkan_available(void);
+
+// As `kc_vulkan_cache_register_device`, but kcache takes the device: it calls
+// `destroy(device, user_data)` once the device is unregistered (`kc_vulkan_cache_unregister_device`,
+// which frees `*out_device`) and the last lease of its pipelines is released, after destroying
+// every object it made of it. The program must not destroy the device itself; it may unregister
+// it, free the cache and release leases in any order. `destroy` runs on the thread of the call
+// that lets go of the device last (an unregistration, a lease release, `kc_vulkan_cache_free`).
+// The instance must outlive the device: destroy it in `destroy`, or after it has run. NULL
+// `destroy` is `KC_ERR_INVALID_ARGUMENT`. On failure the device stays the caller's and `destroy`
+// is not called.
+//
+// # Safety
+// `cache` must be live; the handles must be live and related (the physical device from the
+// instance, the device from the physical device) and created through the cache's loader, and
+// stay so until `destroy` is called; `destroy` must be callable from any thread with
+// `user_data`; `out_device` must be writable.
+enum kc_status kc_vulkan_cache_register_owned_device(struct kc_vulkan_cache *cache,
+                                                     void *instance,
+                                                     void *physical_device,
+                                                     void *device,
+                                                     kc_vulkan_destroy_device_fn destroy,
+                                                     void *user_data,
+                                                     struct kc_vulkan_device **out_device);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Vulkan C example and test against the debug libkcache.so (built first) or LIB_DIR
+# Builds the Vulkan C example and tests against the debug libkcache.so (built first) or LIB_DIR
 # and runs them on the system's Vulkan driver (lavapipe in CI), once plain and once with
 # AddressSanitizer + UndefinedBehaviorSanitizer on the C side.
 # Usage: c-tests/vulkan/run.sh [LIB_DIR]
@@ -26,6 +26,7 @@ kc_run() {
   local bin=$1 variant=$2 out="$KC_WORK/$variant"
   [[ "$variant" == sanitize ]] && kc_keep_driver_loaded
   "$bin/vulkan_test" "$out-test-cache" "$bin/scale.spv"
+  "$bin/vulkan_teardown" "$bin/scale.spv"
 
   # The documented example: the first process finds no pipeline-cache data on disk, the second
   # (a fresh process) finds the first one's, validates its header and hands it to the driver.

@@ -44,6 +44,7 @@ mod remote_args;
 mod status;
 pub mod tiered;
 pub mod vulkan;
+pub mod vulkan_device;
 
 pub use cache::*;
 pub use lease::*;

@@ -35,7 +35,7 @@ pub struct kc_vulkan_cache {
 /// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` until
 /// `kc_vulkan_cache_unregister_device`.
 pub struct kc_vulkan_device {
-    inner: VulkanDevice,
+    pub(super) inner: VulkanDevice,
 }
 
 /// A validated pipeline description with its digest: make it once per kernel
@@ -390,7 +390,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_register_device(
 
 /// A dispatchable handle argument (`void *` in C) as its `ash` type; NULL is an invalid
 /// argument.
-fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H, Error> {
+pub(super) fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H, Error> {
     non_null(raw, name)?;
     Ok(H::from_raw(raw as u64))
 }
