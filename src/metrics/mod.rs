@@ -10,8 +10,11 @@
 //! backend, a tier, a result or a reason, never a key or a path.
 //!
 //! - `text`: the exposition format, shared with the `kcache metrics` command.
+//! - `directory`: a directory's counters, every process's added up, under the same names:
+//!   what `kcache metrics` writes of them.
 //! - `histogram`: build durations in fixed buckets.
 
+mod directory;
 mod histogram;
 mod registry;
 pub mod text;
@@ -20,6 +23,7 @@ use crate::disk::DiskStats;
 use crate::memory;
 use crate::remote::RemoteStats;
 
+pub use directory::write_directory_counters;
 pub use histogram::BUILD_BUCKETS;
 pub(crate) use histogram::Histogram;
 pub(crate) use registry::{Source, register};
@@ -189,30 +193,13 @@ fn write_backends(out: &mut Exposition, totals: &Totals) {
 }
 
 fn write_tiers(out: &mut Exposition, totals: &Totals) {
-    let (m, d) = (&totals.memory, &totals.disk);
-    let lookups = "kcache_lookups_total";
-    out.family(
-        lookups,
-        Kind::Counter,
+    let (m, d, r) = (&totals.memory, &totals.disk, &totals.remote);
+    write_lookups(
+        out,
         "Lookups by tier and result; a memory lookup that joined a build in flight is a wait.",
-    )
-    .series(
-        lookups,
-        &[("tier", "memory")],
-        "result",
-        [("hit", m.hits), ("miss", m.misses), ("wait", m.waits)],
-    )
-    .series(
-        lookups,
-        &[("tier", "disk")],
-        "result",
-        [("hit", d.hits), ("miss", d.misses)],
-    )
-    .series(
-        lookups,
-        &[("tier", "remote")],
-        "result",
-        [("hit", totals.remote.hits), ("miss", totals.remote.misses)],
+        &[("hit", m.hits), ("miss", m.misses), ("wait", m.waits)],
+        [d.hits, d.misses],
+        [r.hits, r.misses],
     );
     out.family(
         "kcache_entries",
@@ -257,13 +244,14 @@ fn write_tiers(out: &mut Exposition, totals: &Totals) {
             ("unloadable", d.load_failures),
         ],
     );
-    out.family(
-        "kcache_integrity_rejects_total",
-        Kind::Counter,
-        "Disk entries refused by a read (bad tag, another key, truncated, ...) and removed.",
-    )
-    .sample("kcache_integrity_rejects_total", &[], d.integrity_rejects);
-    let counters: [(&str, &str, u64); 6] = [
+    let [waits, timeouts, takeovers] =
+        lock_counters(d.lock_waits, d.lock_timeouts, d.lock_takeovers);
+    let counters: [(&str, &str, u64); 7] = [
+        (
+            "kcache_integrity_rejects_total",
+            "Disk entries refused by a read (bad tag, another key, truncated, ...) and removed.",
+            d.integrity_rejects,
+        ),
         (
             "kcache_disk_read_bytes_total",
             "Bytes of entries read.",
@@ -279,32 +267,15 @@ fn write_tiers(out: &mut Exposition, totals: &Totals) {
             "Disk reads and writes that failed.",
             d.io_errors,
         ),
-        (
-            "kcache_disk_lock_waits_total",
-            "Misses that waited for another process building the same entry.",
-            d.lock_waits,
-        ),
-        (
-            "kcache_disk_lock_timeouts_total",
-            "Waits for another process that reached the lock timeout.",
-            d.lock_timeouts,
-        ),
-        (
-            "kcache_disk_lock_takeovers_total",
-            "Misses that took over the build of a process that died building.",
-            d.lock_takeovers,
-        ),
+        waits,
+        timeouts,
+        takeovers,
     ];
-    out.family(
-        "kcache_disk_writes_total",
-        Kind::Counter,
+    write_disk_writes(
+        out,
         "Entries written by the disk tiers, by outcome.",
-    )
-    .series(
-        "kcache_disk_writes_total",
-        &[],
-        "result",
-        [("ok", d.puts), ("failed", d.failed_writes)],
+        d.puts,
+        d.failed_writes,
     );
     unlabelled(out, Kind::Counter, &counters);
     let gauges: [(&str, &str, u64); 3] = [
@@ -335,9 +306,94 @@ fn unlabelled(out: &mut Exposition, kind: Kind, families: &[(&str, &str, u64)]) 
     }
 }
 
+/// `kcache_lookups_total`: the memory tier's results (a process's count its waits too), the
+/// disk tier's and the remote tier's hits and misses.
+fn write_lookups(
+    out: &mut Exposition,
+    help: &str,
+    memory: &[(&str, u64)],
+    [disk_hits, disk_misses]: [u64; 2],
+    [remote_hits, remote_misses]: [u64; 2],
+) {
+    let lookups = "kcache_lookups_total";
+    out.family(lookups, Kind::Counter, help)
+        .series(
+            lookups,
+            &[("tier", "memory")],
+            "result",
+            memory.iter().copied(),
+        )
+        .series(
+            lookups,
+            &[("tier", "disk")],
+            "result",
+            [("hit", disk_hits), ("miss", disk_misses)],
+        )
+        .series(
+            lookups,
+            &[("tier", "remote")],
+            "result",
+            [("hit", remote_hits), ("miss", remote_misses)],
+        );
+}
+
+/// `kcache_disk_writes_total`, by outcome.
+fn write_disk_writes(out: &mut Exposition, help: &str, ok: u64, failed: u64) {
+    let writes = "kcache_disk_writes_total";
+    out.family(writes, Kind::Counter, help).series(
+        writes,
+        &[],
+        "result",
+        [("ok", ok), ("failed", failed)],
+    );
+}
+
+/// The disk lock's families, as [`unlabelled`] takes them.
+fn lock_counters(
+    waits: u64,
+    timeouts: u64,
+    takeovers: u64,
+) -> [(&'static str, &'static str, u64); 3] {
+    [
+        (
+            "kcache_disk_lock_waits_total",
+            "Misses that waited for another process building the same entry.",
+            waits,
+        ),
+        (
+            "kcache_disk_lock_timeouts_total",
+            "Waits for another process that reached the lock timeout.",
+            timeouts,
+        ),
+        (
+            "kcache_disk_lock_takeovers_total",
+            "Misses that took over the build of a process that died building.",
+            takeovers,
+        ),
+    ]
+}
+
 /// The remote tiers' families (zeros without one, so that no series appears out of nowhere).
 fn write_remote(out: &mut Exposition, totals: &Totals) {
-    let r = &totals.remote;
+    write_remote_counters(out, &totals.remote);
+    let gauges: [(&str, &str, u64); 2] = [
+        (
+            "kcache_remote_tiers",
+            "Remote tiers configured behind the open disk tiers.",
+            totals.remote_tiers,
+        ),
+        (
+            "kcache_remote_breakers_open",
+            "Remote tiers whose breaker is open now (the store is being skipped).",
+            totals.remote_breakers_open,
+        ),
+    ];
+    unlabelled(out, Kind::Gauge, &gauges);
+}
+
+/// The remote tier's counter families but its lookups: a process's remote tiers, or what a
+/// directory's processes did with theirs.
+fn write_remote_counters(out: &mut Exposition, r: &RemoteStats) {
     let operations = "kcache_remote_failures_total";
     out.family(
         operations,
@@ -394,17 +450,4 @@ fn write_remote(out: &mut Exposition, totals: &Totals) {
         ),
     ];
     unlabelled(out, Kind::Counter, &counters);
-    let gauges: [(&str, &str, u64); 2] = [
-        (
-            "kcache_remote_tiers",
-            "Remote tiers configured behind the open disk tiers.",
-            totals.remote_tiers,
-        ),
-        (
-            "kcache_remote_breakers_open",
-            "Remote tiers whose breaker is open now (the store is being skipped).",
-            totals.remote_breakers_open,
-        ),
-    ];
-    unlabelled(out, Kind::Gauge, &gauges);
 }

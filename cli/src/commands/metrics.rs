@@ -1,6 +1,7 @@
 //! `kcache metrics`: the directory's figures in the Prometheus text format, written by the
-//! library's encoder (`kcache::metrics::text`) so that the command and `kc_metrics_render`
-//! agree on the format and on the names they share. `--textfile` writes the file that
+//! library's encoder (`kcache::metrics::text`), the counters by the library's renderer of them
+//! (`kcache::metrics::write_directory_counters`), so that the command and `kc_metrics_render`
+//! agree on the format and on the families they share. `--textfile` writes the file that
 //! node_exporter's textfile collector reads: to a temporary file in the same directory, then
 //! renamed over it, so that a scrape never reads half a file.
 
@@ -10,10 +11,10 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use kcache::metrics::text::{Exposition, Kind};
-use kcache::metrics::write_build_info;
+use kcache::metrics::{write_build_info, write_directory_counters};
 
 use super::Target;
-use super::stats::{CountersJson, directory_stats};
+use super::stats::directory_stats;
 use crate::Failure;
 
 pub fn metrics(target: &Target, textfile: Option<&Path>) -> Result<u8, Failure> {
@@ -99,7 +100,7 @@ pub fn metrics(target: &Target, textfile: Option<&Path>) -> Result<u8, Failure> 
                 .sample(name, &[], seconds);
         }
     }
-    write_counters(&mut out, &stats.counters);
+    write_directory_counters(&mut out, &stats.counters);
     let text = out.finish();
     match textfile {
         None => {
@@ -109,148 +110,6 @@ pub fn metrics(target: &Target, textfile: Option<&Path>) -> Result<u8, Failure> 
         Some(path) => write_atomically(path, &text).map(|()| 0).map_err(|e| {
             Failure::usage(format!("cannot write the textfile {}: {e}", path.display()))
         }),
-    }
-}
-
-/// The directory's counters, every process's lookups, builds and writes added up (see
-/// `kcache stats`), as counters under the names a process's own metrics give them, so that
-/// one dashboard reads both. `kcache zero-stats` zeroes them: Prometheus reads that as the
-/// counter reset it is.
-fn write_counters(out: &mut Exposition, c: &CountersJson) {
-    let lookups = "kcache_lookups_total";
-    out.family(
-        lookups,
-        Kind::Counter,
-        "Lookups by tier and result, of every process that used the directory.",
-    )
-    .series(
-        lookups,
-        &[("tier", "memory")],
-        "result",
-        [("hit", c.memory_hits), ("miss", c.memory_misses)],
-    )
-    .series(
-        lookups,
-        &[("tier", "disk")],
-        "result",
-        [("hit", c.disk_hits), ("miss", c.disk_misses)],
-    )
-    .series(
-        lookups,
-        &[("tier", "remote")],
-        "result",
-        [("hit", c.remote_hits), ("miss", c.remote_misses)],
-    );
-    out.family(
-        "kcache_builds_total",
-        Kind::Counter,
-        "Values built because no tier had them, by every process that used the directory.",
-    )
-    .sample("kcache_builds_total", &[], c.builds);
-    out.family(
-        "kcache_disk_writes_total",
-        Kind::Counter,
-        "Entries written to the directory, by outcome.",
-    )
-    .series(
-        "kcache_disk_writes_total",
-        &[],
-        "result",
-        [("ok", c.disk_writes), ("failed", c.failed_writes)],
-    );
-    out.family(
-        "kcache_evictions_total",
-        Kind::Counter,
-        "Entries removed from the directory by its caps.",
-    )
-    .series(
-        "kcache_evictions_total",
-        &[("tier", "disk")],
-        "reason",
-        [("capacity", c.evictions)],
-    );
-    let failures = "kcache_remote_failures_total";
-    out.family(
-        failures,
-        Kind::Counter,
-        "Remote operations that failed, ran past their timeout, or were skipped by an open breaker.",
-    )
-    .series(
-        failures,
-        &[],
-        "reason",
-        [
-            ("error", c.remote_errors),
-            ("timeout", c.remote_timeouts),
-            ("skipped", c.remote_skipped),
-        ],
-    );
-    let leases = "kcache_remote_leases_total";
-    out.family(
-        leases,
-        Kind::Counter,
-        "Cross-node leases: taken (builds led), waited for, waits that timed out.",
-    )
-    .series(
-        leases,
-        &[],
-        "result",
-        [
-            ("taken", c.remote_leases),
-            ("waited", c.remote_lease_waits),
-            ("timed_out", c.remote_lease_timeouts),
-        ],
-    );
-    let unlabelled: [(&str, &str, u64); 9] = [
-        (
-            "kcache_integrity_rejects_total",
-            "Entries of the directory refused by a read (bad tag, another key, truncated, ...) and removed.",
-            c.integrity_rejects,
-        ),
-        (
-            "kcache_disk_lock_waits_total",
-            "Misses that waited for another process building the same entry.",
-            c.lock_waits,
-        ),
-        (
-            "kcache_disk_lock_timeouts_total",
-            "Waits for another process that reached the lock timeout.",
-            c.lock_timeouts,
-        ),
-        (
-            "kcache_disk_lock_takeovers_total",
-            "Misses that took over the build of a process that died building.",
-            c.lock_takeovers,
-        ),
-        (
-            "kcache_remote_rejects_total",
-            "Remote entries refused by verification (changed, another key, too large).",
-            c.remote_rejects,
-        ),
-        (
-            "kcache_remote_breaker_trips_total",
-            "Times a remote tier's breaker opened after consecutive failures.",
-            c.remote_breaker_trips,
-        ),
-        (
-            "kcache_remote_writes_total",
-            "Entries written to the remote tier.",
-            c.remote_puts,
-        ),
-        (
-            "kcache_remote_read_bytes_total",
-            "Bytes read from the remote tier.",
-            c.remote_bytes_read,
-        ),
-        (
-            "kcache_remote_written_bytes_total",
-            "Bytes written to the remote tier.",
-            c.remote_bytes_written,
-        ),
-    ];
-    for (name, help, value) in unlabelled {
-        out.family(name, Kind::Counter, help)
-            .sample(name, &[], value);
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use kcache::disk::{Check, DirectoryCounters, EntryInfo, Fingerprint};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use super::{SCHEMA, Target, backend_of, hex};
 use crate::Failure;
@@ -24,7 +24,8 @@ pub struct StatsJson {
     pub backends: Vec<BackendJson>,
     oldest_used_unix_ns: Option<u64>,
     newest_used_unix_ns: Option<u64>,
-    pub counters: CountersJson,
+    #[serde(serialize_with = "counters_json")]
+    pub counters: DirectoryCounters,
     memory_hit_rate: Option<f64>,
     disk_hit_rate: Option<f64>,
     remote_hit_rate: Option<f64>,
@@ -33,66 +34,9 @@ pub struct StatsJson {
     counter_shards_ignored: u32,
 }
 
-/// `DirectoryCounters`, field for field.
-#[derive(Serialize)]
-pub struct CountersJson {
-    pub memory_hits: u64,
-    pub memory_misses: u64,
-    pub disk_hits: u64,
-    pub disk_misses: u64,
-    pub builds: u64,
-    pub disk_writes: u64,
-    pub integrity_rejects: u64,
-    pub evictions: u64,
-    pub lock_waits: u64,
-    pub lock_timeouts: u64,
-    pub lock_takeovers: u64,
-    pub failed_writes: u64,
-    pub remote_hits: u64,
-    pub remote_misses: u64,
-    pub remote_rejects: u64,
-    pub remote_errors: u64,
-    pub remote_timeouts: u64,
-    pub remote_skipped: u64,
-    pub remote_breaker_trips: u64,
-    pub remote_leases: u64,
-    pub remote_lease_waits: u64,
-    pub remote_lease_timeouts: u64,
-    pub remote_puts: u64,
-    pub remote_bytes_read: u64,
-    pub remote_bytes_written: u64,
-}
-
-impl From<DirectoryCounters> for CountersJson {
-    fn from(c: DirectoryCounters) -> CountersJson {
-        CountersJson {
-            memory_hits: c.memory_hits,
-            memory_misses: c.memory_misses,
-            disk_hits: c.disk_hits,
-            disk_misses: c.disk_misses,
-            builds: c.builds,
-            disk_writes: c.disk_writes,
-            integrity_rejects: c.integrity_rejects,
-            evictions: c.evictions,
-            lock_waits: c.lock_waits,
-            lock_timeouts: c.lock_timeouts,
-            lock_takeovers: c.lock_takeovers,
-            failed_writes: c.failed_writes,
-            remote_hits: c.remote_hits,
-            remote_misses: c.remote_misses,
-            remote_rejects: c.remote_rejects,
-            remote_errors: c.remote_errors,
-            remote_timeouts: c.remote_timeouts,
-            remote_skipped: c.remote_skipped,
-            remote_breaker_trips: c.remote_breaker_trips,
-            remote_leases: c.remote_leases,
-            remote_lease_waits: c.remote_lease_waits,
-            remote_lease_timeouts: c.remote_lease_timeouts,
-            remote_puts: c.remote_puts,
-            remote_bytes_read: c.remote_bytes_read,
-            remote_bytes_written: c.remote_bytes_written,
-        }
-    }
+/// The counters in `--json`: an object of every counter under its field's name.
+fn counters_json<S: Serializer>(c: &DirectoryCounters, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(c.named())
 }
 
 #[derive(Serialize)]
@@ -165,7 +109,7 @@ pub fn directory_stats(
             .collect(),
         oldest_used_unix_ns: oldest.map(report::unix_nanos),
         newest_used_unix_ns: newest.map(report::unix_nanos),
-        counters: persisted.counters.into(),
+        counters: persisted.counters,
         memory_hit_rate: persisted.counters.memory_hit_rate(),
         disk_hit_rate: persisted.counters.disk_hit_rate(),
         remote_hit_rate: persisted.counters.remote_hit_rate(),
