@@ -6,13 +6,11 @@
  *
  *   usage: exit_without_free return|exit|check CACHE_DIR
  */
-#define CL_TARGET_OPENCL_VERSION 120
-#include <CL/cl.h>
-#include <kcache.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "setup.h"
 
 #define KERNELS 3
 #define N 256
@@ -63,29 +61,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *mode = argv[1];
-    cl_platform_id platform;
-    cl_device_id device;
-    cl_int err;
-    if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS ||
-        clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) {
-        fprintf(stderr, "no OpenCL device\n");
-        return 1;
-    }
-    cl_context context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
-    if (err != CL_SUCCESS) return 1;
-    cl_command_queue queue = clCreateCommandQueue(context, device, 0, &err);
-    if (err != CL_SUCCESS) return 1;
-    kc_opencl_options opts = kc_opencl_options_default();
-    opts.use_disk = true;
-    opts.disk_dir = argv[2];
-    kc_opencl_cache *cache;
-    if (kc_opencl_cache_new(&opts, &cache) != KC_OK) {
-        fprintf(stderr, "kc_opencl_cache_new: %s\n", kc_last_error_message());
-        return 1;
-    }
-    if (run_all(cache, context, queue, device)) return 1;
+    opencl_setup cl;
+    if (opencl_setup_open(&cl, argv[2])) return 1;
+    if (run_all(cl.cache, cl.context, cl.queue, cl.device)) return 1;
     kc_opencl_cache_statistics stats = {.struct_size = sizeof stats};
-    if (kc_opencl_cache_stats(cache, &stats) != KC_OK) return 1;
+    if (kc_opencl_cache_stats(cl.cache, &stats) != KC_OK) return 1;
     printf("%s: compiled from source: %llu, loaded from disk: %llu\n", mode,
            (unsigned long long)stats.source_builds, (unsigned long long)stats.binary_loads);
     if (strcmp(mode, "return") == 0) {
@@ -98,10 +78,7 @@ int main(int argc, char **argv) {
     }
     /* check: a new process finds every kernel on disk. */
     int warm = stats.source_builds == 0 && stats.binary_loads == KERNELS;
-    kc_opencl_cache_evict_context(cache, context, NULL);
-    kc_opencl_cache_free(cache);
-    clReleaseCommandQueue(queue);
-    clReleaseContext(context);
+    opencl_setup_close(&cl);
     if (!warm) fprintf(stderr, "the earlier process left %d kernel(s) unwritten\n",
                        KERNELS - (int)stats.binary_loads);
     return warm ? 0 : 1;

@@ -5,10 +5,6 @@
  *
  *   usage: fork_held_back CACHE_DIR
  */
-#define CL_TARGET_OPENCL_VERSION 120
-#include <CL/cl.h>
-#include <kcache.h>
-
 #include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,6 +12,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "setup.h"
 
 #define WATCHDOG_S 60
 
@@ -56,26 +54,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *dir = argv[1];
-  cl_platform_id platform;
-  cl_device_id device;
-  cl_int err;
-  if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS ||
-      clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS) {
-    fprintf(stderr, "no OpenCL device\n");
-    return 1;
-  }
-  cl_context context = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
-  if (err != CL_SUCCESS) return 1;
-  kc_opencl_options opts = kc_opencl_options_default();
-  opts.use_disk = true;
-  opts.disk_dir = dir;
-  kc_opencl_cache *cache;
-  if (kc_opencl_cache_new(&opts, &cache) != KC_OK) {
-    fprintf(stderr, "kc_opencl_cache_new: %s\n", kc_last_error_message());
-    return 1;
-  }
+  opencl_setup cl;
+  if (opencl_setup_open(&cl, dir)) return 1;
   kc_opencl_lease *lease;
-  if (kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) !=
+  if (kc_opencl_cache_find_or_build(cl.cache, cl.context, cl.device, &SOURCE, NULL, 1, "", &lease) !=
       KC_OK) {
     fprintf(stderr, "build: %s\n", kc_last_error_message());
     return 1;
@@ -91,17 +73,15 @@ int main(int argc, char **argv) {
   if (pid < 0) return 1;
   if (pid == 0) {
     /* The child flushes: nothing of its own to write, and the parent's entry is not its own. */
-    int ok = kc_opencl_cache_flush(cache) == KC_OK && entries_in(dir) == 0;
+    int ok = kc_opencl_cache_flush(cl.cache) == KC_OK && entries_in(dir) == 0;
     _exit(ok ? 0 : 3);
   }
   int child = wait_child(pid);
   int after_child = entries_in(dir);
   printf("child: %d (-1: hung), entries after the child: %d\n", child, after_child);
-  if (kc_opencl_cache_flush(cache) != KC_OK) return 1;
+  if (kc_opencl_cache_flush(cl.cache) != KC_OK) return 1;
   int after_flush = entries_in(dir);
   printf("entries after the parent's flush: %d\n", after_flush);
-  kc_opencl_cache_evict_context(cache, context, NULL);
-  kc_opencl_cache_free(cache);
-  clReleaseContext(context);
+  opencl_setup_close(&cl);
   return child == 0 && after_child == 0 && after_flush == 1 ? 0 : 1;
 }
