@@ -12,21 +12,16 @@ use kcache::Error;
 use kcache::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
 use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
 use kcache::remote::RemoteConfig;
-use kcache_testkit::assert_err;
-
-fn key_file(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> std::path::PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, bytes).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-    path
-}
+use kcache_testkit::{assert_err, fifo, file_with_mode};
 
 #[test]
 fn a_private_regular_file_is_accepted_through_a_symlink() {
     let tmp = tempfile::tempdir().unwrap();
-    let file = key_file(tmp.path(), "key", &[7; 32], 0o600);
+    let file = file_with_mode(tmp.path(), "key", &[7; 32], 0o600);
     assert!(OperatorKey::from_file(&file).is_ok());
-    assert!(OperatorKey::from_file(&key_file(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok());
+    assert!(
+        OperatorKey::from_file(&file_with_mode(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok()
+    );
     // Mounted secrets are usually symlinks into a private directory.
     let link = tmp.path().join("link");
     std::os::unix::fs::symlink(&file, &link).unwrap();
@@ -37,7 +32,7 @@ fn a_private_regular_file_is_accepted_through_a_symlink() {
 fn any_group_or_other_permission_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     for mode in [0o640, 0o604, 0o610, 0o601, 0o620, 0o602, 0o644] {
-        let file = key_file(tmp.path(), &format!("m{mode:o}"), &[7; 32], mode);
+        let file = file_with_mode(tmp.path(), &format!("m{mode:o}"), &[7; 32], mode);
         match OperatorKey::from_file(&file) {
             Err(Error::Untrusted(m)) => assert!(m.contains("group or others"), "{m}"),
             other => panic!("mode {mode:o}: {other:?}"),
@@ -60,7 +55,7 @@ fn a_file_of_another_user_is_refused() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let file = key_file(tmp.path(), "theirs", &[7; 32], 0o600);
+    let file = file_with_mode(tmp.path(), "theirs", &[7; 32], 0o600);
     std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
     assert_untrusted(&file, "owned by uid 65534");
 }
@@ -68,15 +63,7 @@ fn a_file_of_another_user_is_refused() {
 #[test]
 fn a_fifo_is_refused_without_waiting_for_a_writer() {
     let tmp = tempfile::tempdir().unwrap();
-    let fifo = tmp.path().join("fifo");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
+    let fifo = fifo(tmp.path(), "fifo");
     // A blocking open would wait here forever: no process ever opens the FIFO for writing.
     assert_untrusted(&fifo, "not a regular file");
 }
@@ -106,7 +93,7 @@ fn lengths() {
         (MAX_OPERATOR_KEY_LEN + 1, false),
         (1 << 20, false),
     ] {
-        let file = key_file(tmp.path(), &format!("len{len}"), &vec![7u8; len], 0o600);
+        let file = file_with_mode(tmp.path(), &format!("len{len}"), &vec![7u8; len], 0o600);
         let r = OperatorKey::from_file(&file);
         assert_eq!(r.is_ok(), ok, "{len} bytes: {r:?}");
         if !ok {
@@ -146,15 +133,7 @@ fn remote_is_on(tls: RemoteConfig) -> bool {
 #[test]
 fn tls_files_get_the_same_checks() {
     let tmp = tempfile::tempdir().unwrap();
-    let fifo = tmp.path().join("ca-fifo");
-    rustix::fs::mknodat(
-        rustix::fs::CWD,
-        &fifo,
-        rustix::fs::FileType::Fifo,
-        rustix::fs::Mode::from_raw_mode(0o600),
-        0,
-    )
-    .unwrap();
+    let fifo = fifo(tmp.path(), "ca-fifo");
     // A FIFO as the CA file: refused at once (it hung the open), the remote off, the disk on.
     assert!(!remote_is_on(RemoteConfig {
         ca_file: Some(fifo),

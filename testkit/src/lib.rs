@@ -12,7 +12,7 @@ pub mod vulkan;
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// This test executable again, set to run only the test `name`, on one thread, with its output
@@ -48,6 +48,25 @@ pub fn write_key_file(path: &Path, key: &[u8]) {
         .unwrap()
         .write_all(key)
         .unwrap();
+}
+
+/// Writes `bytes` at `dir/name` with the permission bits `mode`: a key or certificate file as
+/// an operator leaves one, or as kcache must refuse it.
+pub fn file_with_mode(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+/// Makes a FIFO at `dir/name` (mode 0600) that no process opens for writing: a blocking open of
+/// it waits forever, so it shows whether kcache opens operator files without blocking.
+pub fn fifo(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let mode = rustix::fs::Mode::from_raw_mode(0o600);
+    rustix::fs::mknodat(rustix::fs::CWD, &path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+    path
 }
 
 /// Starts every command at once (their outputs captured) and waits for them all; panics,
