@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kcache::disk::config::LONGEST_WAIT;
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{DiskCache, DiskConfig, Durability};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
-use kcache_testkit::strings::{disk_with_lock_timeout, lookup, tiered};
+use kcache_testkit::strings::{disk_with_lock_timeout, disk_with_remote, lookup, tiered};
 use kcache_testkit::{rerun_test, successful_stdout};
 
 #[test]
@@ -85,15 +85,7 @@ fn remote_waits_of_duration_max_wait_as_long_as_possible() {
         breaker_cooldown: Some(Duration::MAX),
         ..RemoteConfig::at(server.url())
     };
-    let disk = Arc::new(
-        DiskCache::open(DiskConfig {
-            key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
-            durability: Durability::Relaxed,
-            remote: Some(remote),
-            ..DiskConfig::in_dir(dir.path())
-        })
-        .unwrap(),
-    );
+    let disk = disk_with_remote(dir.path(), Some(&[7; 32]), remote);
     let cache = tiered(Some(disk.clone()));
     let builds = AtomicUsize::new(0);
     // The lease's deadline is now plus the lease wait.
@@ -133,15 +125,7 @@ fn a_breaker_cooldown_of_duration_max_opens_the_breaker_without_panicking() {
         breaker_cooldown: Some(Duration::MAX),
         ..RemoteConfig::at("redis://127.0.0.1:1/")
     };
-    let disk = Arc::new(
-        DiskCache::open(DiskConfig {
-            key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
-            durability: Durability::Relaxed,
-            remote: Some(remote),
-            ..DiskConfig::in_dir(dir.path())
-        })
-        .unwrap(),
-    );
+    let disk = disk_with_remote(dir.path(), Some(&[7; 32]), remote);
     let cache = tiered(Some(disk.clone()));
     let builds = AtomicUsize::new(0);
     assert_eq!(lookup(&cache, "a", &builds).unwrap(), "compiled(a)");

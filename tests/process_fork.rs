@@ -4,14 +4,13 @@
 //! test instead of the suite.
 
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
-use kcache_testkit::strings::{Cache, disk, l2_key, lookup, tiered};
+use kcache_testkit::strings::{Cache, disk, disk_with_remote, l2_key, lookup, tiered};
 
 /// How long a child may take before it counts as hung.
 const WATCHDOG: Duration = Duration::from_secs(60);
@@ -104,15 +103,7 @@ fn a_child_flushes_while_the_parents_writer_is_in_a_stalled_remote_write() {
         breaker_threshold: Some(100),
         ..RemoteConfig::at(server.url())
     };
-    let disk = DiskCache::open(DiskConfig {
-        // A remote tier is shared under an operator key only.
-        key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
-        durability: Durability::Relaxed,
-        remote: Some(remote),
-        ..DiskConfig::in_dir(tmp.path())
-    })
-    .unwrap();
-    let cache = tiered(Some(Arc::new(disk)));
+    let cache = tiered(Some(disk_with_remote(tmp.path(), Some(&[7; 32]), remote)));
     // A stopped server accepts connections and answers nothing: the lookup's remote read
     // waits its timeout out, then the writer's remote write does.
     server.pause(true);

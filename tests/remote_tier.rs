@@ -11,10 +11,12 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::DiskCache;
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::{RedisCluster, RedisServer, TlsFiles, free_port};
-use kcache_testkit::strings::{Cache, find_or_build, l2_key, lookup, serialize, tiered};
+use kcache_testkit::strings::{
+    Cache, disk_with_remote, find_or_build, l2_key, lookup, serialize, tiered,
+};
 use tempfile::TempDir;
 
 /// The operator key every "node" shares, and another one.
@@ -29,19 +31,6 @@ fn remote(server: &RedisServer) -> RemoteConfig {
     }
 }
 
-/// A disk tier in `dir` under `key` with `remote` behind it.
-fn disk(dir: &Path, key: Option<[u8; 32]>, remote: RemoteConfig) -> Arc<DiskCache> {
-    Arc::new(
-        DiskCache::open(DiskConfig {
-            key: key.map(|k| OperatorKey::new(k.to_vec()).unwrap()),
-            durability: Durability::Relaxed,
-            remote: Some(remote),
-            ..DiskConfig::in_dir(dir)
-        })
-        .unwrap(),
-    )
-}
-
 /// A "node": its own disk directory, and a tiered cache on it.
 struct Node {
     _dir: TempDir,
@@ -52,7 +41,11 @@ struct Node {
 impl Node {
     fn new(key: Option<[u8; 32]>, remote: RemoteConfig) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let cache = tiered(Some(disk(dir.path(), key, remote)));
+        let cache = tiered(Some(disk_with_remote(
+            dir.path(),
+            key.as_ref().map(|k| &k[..]),
+            remote,
+        )));
         Node {
             _dir: dir,
             cache,
@@ -575,7 +568,7 @@ fn mutual_tls_with_a_client_certificate() {
 
     for (cert, key) in [(Some(&*client_cert), None), (None, Some(&*client_key))] {
         let dir = tempfile::tempdir().unwrap();
-        let half = disk(dir.path(), Some(KEY), config(cert, key));
+        let half = disk_with_remote(dir.path(), Some(&KEY), config(cert, key));
         assert!(half.remote_stats().is_none());
     }
 }

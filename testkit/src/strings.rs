@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::key::{Key, KeyBuilder};
 use kcache::memory::{Lease, MemoryCache, Options};
+use kcache::remote::RemoteConfig;
 use kcache::tiered::TieredCache;
 
 pub type Cache = TieredCache<Vec<u8>, String>;
@@ -34,6 +35,16 @@ pub fn disk_with_lock_timeout(dir: &Path, lock_timeout: Option<Duration>) -> Arc
     let mut config = DiskConfig::in_dir(dir);
     config.durability = Durability::Relaxed;
     config.lock_timeout = lock_timeout;
+    Arc::new(DiskCache::open(config).unwrap())
+}
+
+/// As [`disk`], keyed by `key` when given, with `remote` behind it: a node of the remote tier's
+/// tests (a remote tier is shared under an operator key only, unless it allows unkeyed entries).
+pub fn disk_with_remote(dir: &Path, key: Option<&[u8]>, remote: RemoteConfig) -> Arc<DiskCache> {
+    let mut config = DiskConfig::in_dir(dir);
+    config.durability = Durability::Relaxed;
+    config.key = key.map(|k| OperatorKey::new(k).unwrap());
+    config.remote = Some(remote);
     Arc::new(DiskCache::open(config).unwrap())
 }
 
