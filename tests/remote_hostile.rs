@@ -8,13 +8,11 @@
 //! that hangs); the figures are in docs/remote.md.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kcache::remote::{RemoteConfig, RemoteStats};
+use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
-use kcache_testkit::strings::{Cache, disk_with_remote, lookup, tiered};
-use tempfile::TempDir;
+use kcache_testkit::strings::Node;
 
 const KEY: [u8; 32] = [7; 32];
 /// The entry size limit of these tests: what one read may cost, give or take a constant.
@@ -35,49 +33,26 @@ fn config(server: &FakeRedis, lease_wait: Duration) -> RemoteConfig {
     }
 }
 
-struct Node {
-    _dir: TempDir,
-    cache: Cache,
-    builds: AtomicUsize,
+/// A node under [`KEY`], shared with the watchdog's threads.
+fn new_node(remote: RemoteConfig) -> Arc<Node> {
+    Arc::new(Node::new(Some(KEY), remote))
 }
 
-impl Node {
-    fn new(remote: RemoteConfig) -> Arc<Node> {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = tiered(Some(disk_with_remote(dir.path(), Some(&KEY), remote)));
-        Arc::new(Node {
-            _dir: dir,
-            cache,
-            builds: AtomicUsize::new(0),
-        })
-    }
+/// Looks `source` up on a thread of its own, stopping the test if it takes minutes; returns
+/// the most the lookup had allocated at once.
+fn measured_lookup(node: &Arc<Node>, source: &'static str) -> u64 {
+    let node = Arc::clone(node);
+    watchdog(move || {
+        let mut value = String::new();
+        let info = allocation_counter::measure(|| value = node.lookup(source));
+        assert_eq!(value, format!("compiled({source})"));
+        info.bytes_max
+    })
+}
 
-    /// Looks `source` up on a thread of its own, stopping the test if it takes minutes;
-    /// returns the most the lookup had allocated at once.
-    fn lookup(self: &Arc<Self>, source: &'static str) -> u64 {
-        let node = Arc::clone(self);
-        watchdog(move || {
-            let mut value = String::new();
-            let info = allocation_counter::measure(|| {
-                value = lookup(&node.cache, source, &node.builds).unwrap();
-            });
-            assert_eq!(value, format!("compiled({source})"));
-            info.bytes_max
-        })
-    }
-
-    fn flush(self: &Arc<Self>) {
-        let node = Arc::clone(self);
-        watchdog(move || node.cache.flush());
-    }
-
-    fn builds(&self) -> usize {
-        self.builds.load(Ordering::SeqCst)
-    }
-
-    fn remote(&self) -> RemoteStats {
-        self.cache.disk().unwrap().remote_stats().unwrap()
-    }
+fn watched_flush(node: &Arc<Node>) {
+    let node = Arc::clone(node);
+    watchdog(move || node.cache.flush());
 }
 
 /// Runs `f` on a thread; panics if it has not returned within two minutes (a hang).
@@ -109,8 +84,8 @@ fn a_reply_declaring_two_gigabytes_costs_one_bounded_read() {
         "GETRANGE",
         Reply::Flood(b"$2000000000\r\n".to_vec(), 1_500_000_000),
     );
-    let node = Node::new(config(&server, Duration::ZERO));
-    let allocated = node.lookup("k");
+    let node = new_node(config(&server, Duration::ZERO));
+    let allocated = measured_lookup(&node, "k");
     let s = node.remote();
     assert_eq!(node.builds(), 1);
     assert_eq!(
@@ -128,8 +103,8 @@ fn a_reply_declaring_two_gigabytes_costs_one_bounded_read() {
 /// The read's reply is `reply`: one error, a build, and less than the limit allocated.
 fn a_bounded_error(reply: Vec<u8>) {
     let server = FakeRedis::answering("GETRANGE", Reply::Bytes(reply));
-    let node = Node::new(config(&server, Duration::ZERO));
-    let allocated = node.lookup("k");
+    let node = new_node(config(&server, Duration::ZERO));
+    let allocated = measured_lookup(&node, "k");
     let s = node.remote();
     assert_eq!(node.builds(), 1);
     assert_eq!((s.errors, s.rejects, s.hits), (1, 0, 0), "{s:?}");
@@ -154,8 +129,8 @@ fn nesting_a_million_deep_is_an_error() {
 #[test]
 fn a_reply_cut_short_is_an_error() {
     let server = FakeRedis::answering("GETRANGE", Reply::Close(b"$100\r\n0123456789".to_vec()));
-    let node = Node::new(config(&server, Duration::ZERO));
-    node.lookup("k");
+    let node = new_node(config(&server, Duration::ZERO));
+    measured_lookup(&node, "k");
     let s = node.remote();
     assert_eq!(node.builds(), 1);
     assert_eq!((s.errors, s.rejects, s.hits), (1, 0, 0), "{s:?}");
@@ -168,9 +143,9 @@ fn a_reply_cut_short_is_an_error() {
 #[test]
 fn trickled_replies_time_out_and_trip_the_breaker() {
     let server = FakeRedis::start(|args| trickled(&padded(args)));
-    let node = Node::new(config(&server, Duration::from_secs(10)));
-    node.lookup("a");
-    node.lookup("b");
+    let node = new_node(config(&server, Duration::from_secs(10)));
+    measured_lookup(&node, "a");
+    measured_lookup(&node, "b");
     let s = node.remote();
     assert_eq!(node.builds(), 2);
     // Three in a row timed out (a fourth may have been in flight on the background writer
@@ -188,12 +163,12 @@ fn trickled_replies_time_out_and_trip_the_breaker() {
 #[test]
 fn a_trickled_read_times_out_and_trips_the_breaker() {
     let server = FakeRedis::answering("GETRANGE", trickled(&padded(&[b"GETRANGE".to_vec()])));
-    let node = Node::new(RemoteConfig {
+    let node = new_node(RemoteConfig {
         read_only: Some(true),
         ..config(&server, Duration::ZERO)
     });
     for source in ["a", "b", "c", "d"] {
-        node.lookup(source);
+        measured_lookup(&node, source);
     }
     let s = node.remote();
     assert_eq!(node.builds(), 4);
@@ -211,9 +186,9 @@ fn a_trickled_reply_to_the_write_costs_the_writer_one_timeout() {
             Reply::Bytes(plain_answer(args))
         }
     });
-    let node = Node::new(config(&server, Duration::ZERO));
-    node.lookup("k");
-    node.flush();
+    let node = new_node(config(&server, Duration::ZERO));
+    measured_lookup(&node, "k");
+    watched_flush(&node);
     let s = node.remote();
     let sets = server.commands().iter().filter(|c| *c == "SET").count();
     assert_eq!(sets, 1);
@@ -228,9 +203,9 @@ fn a_trickled_reply_to_the_write_costs_the_writer_one_timeout() {
 #[test]
 fn a_server_that_never_answers_times_out_and_trips_the_breaker() {
     let server = FakeRedis::start(|_| Reply::Never);
-    let node = Node::new(config(&server, Duration::from_secs(10)));
-    node.lookup("a");
-    node.lookup("b");
+    let node = new_node(config(&server, Duration::from_secs(10)));
+    measured_lookup(&node, "a");
+    measured_lookup(&node, "b");
     let s = node.remote();
     assert_eq!(node.builds(), 2);
     assert!((3..=4).contains(&s.timeouts), "{s:?}");

@@ -11,13 +11,9 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::DiskCache;
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::{RedisCluster, RedisServer, TlsFiles, free_port};
-use kcache_testkit::strings::{
-    Cache, disk_with_remote, find_or_build, l2_key, lookup, serialize, tiered,
-};
-use tempfile::TempDir;
+use kcache_testkit::strings::{Node, disk_with_remote, find_or_build, l2_key, serialize};
 
 /// The operator key every "node" shares, and another one.
 const KEY: [u8; 32] = [7; 32];
@@ -28,51 +24,6 @@ fn remote(server: &RedisServer) -> RemoteConfig {
         timeout: Some(Duration::from_millis(200)),
         breaker_cooldown: Some(Duration::from_millis(100)),
         ..RemoteConfig::at(server.url())
-    }
-}
-
-/// A "node": its own disk directory, and a tiered cache on it.
-struct Node {
-    _dir: TempDir,
-    cache: Cache,
-    builds: AtomicUsize,
-}
-
-impl Node {
-    fn new(key: Option<[u8; 32]>, remote: RemoteConfig) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = tiered(Some(disk_with_remote(
-            dir.path(),
-            key.as_ref().map(|k| &k[..]),
-            remote,
-        )));
-        Node {
-            _dir: dir,
-            cache,
-            builds: AtomicUsize::new(0),
-        }
-    }
-
-    fn lookup(&self, source: &str) -> String {
-        lookup(&self.cache, source, &self.builds).unwrap()
-    }
-
-    fn builds(&self) -> usize {
-        self.builds.load(Ordering::SeqCst)
-    }
-
-    fn disk(&self) -> &DiskCache {
-        self.cache.disk().unwrap()
-    }
-
-    fn remote(&self) -> RemoteStats {
-        self.disk().remote_stats().expect("a remote tier")
-    }
-
-    /// The store's key of `source`'s entry.
-    fn remote_key(&self, source: &str) -> String {
-        let path = self.disk().entry_path(&l2_key(source));
-        format!("kcache:{}", path.file_name().unwrap().to_str().unwrap())
     }
 }
 

@@ -10,8 +10,9 @@ use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
 use kcache::key::{Key, KeyBuilder};
 use kcache::memory::{Lease, MemoryCache, Options};
-use kcache::remote::RemoteConfig;
+use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache::tiered::TieredCache;
+use tempfile::TempDir;
 
 pub type Cache = TieredCache<Vec<u8>, String>;
 
@@ -46,6 +47,50 @@ pub fn disk_with_remote(dir: &Path, key: Option<&[u8]>, remote: RemoteConfig) ->
     config.key = key.map(|k| OperatorKey::new(k).unwrap());
     config.remote = Some(remote);
     Arc::new(DiskCache::open(config).unwrap())
+}
+
+/// A node of the remote tier's tests: its own disk directory with `remote` behind it, a tiered
+/// cache on it, and the count of its builds.
+pub struct Node {
+    _dir: TempDir,
+    pub cache: Cache,
+    pub builds: AtomicUsize,
+}
+
+impl Node {
+    /// Keyed by `key` when given.
+    pub fn new(key: Option<[u8; 32]>, remote: RemoteConfig) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = disk_with_remote(dir.path(), key.as_ref().map(|k| &k[..]), remote);
+        Node {
+            _dir: dir,
+            cache: tiered(Some(disk)),
+            builds: AtomicUsize::new(0),
+        }
+    }
+
+    /// [`lookup`] on this node's cache, counting its builds.
+    pub fn lookup(&self, source: &str) -> String {
+        lookup(&self.cache, source, &self.builds).unwrap()
+    }
+
+    pub fn builds(&self) -> usize {
+        self.builds.load(Ordering::SeqCst)
+    }
+
+    pub fn disk(&self) -> &DiskCache {
+        self.cache.disk().unwrap()
+    }
+
+    pub fn remote(&self) -> RemoteStats {
+        self.disk().remote_stats().expect("a remote tier")
+    }
+
+    /// The store's key of `source`'s entry.
+    pub fn remote_key(&self, source: &str) -> String {
+        let path = self.disk().entry_path(&l2_key(source));
+        format!("kcache:{}", path.file_name().unwrap().to_str().unwrap())
+    }
 }
 
 /// A tiered cache with a new, unbounded memory tier in front of `disk`.
