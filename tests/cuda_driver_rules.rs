@@ -5,7 +5,7 @@
 //! a documented driver behaviour in the stand-in (a load of a good image failing with
 //! `CUDA_ERROR_OUT_OF_MEMORY`, say) and asserts what kcache does about it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tempfile::TempDir;
 
@@ -185,16 +185,22 @@ fn jit_options_the_link_cannot_take_are_invalid_arguments() {
 /// Held by each test that sets the process-wide log hook.
 static LOG_HOOK: Mutex<()> = Mutex::new(());
 
-/// `CU_JIT_LOG_VERBOSE` writes to the JIT's information log, which kcache passes and writes to
-/// its own log at `info`.
-#[test]
-fn log_verbose_reaches_kcaches_log() {
-    // The log hook is the process's: the tests that set one take turns.
-    let _turn = LOG_HOOK.lock().unwrap_or_else(|e| e.into_inner());
+/// Sets the log hook to collect kcache's messages at `info` and above, while the returned turn
+/// is held: the hook is the process's, so the tests that set one take turns.
+fn log_messages() -> (MutexGuard<'static, ()>, Arc<Mutex<Vec<String>>>) {
+    let turn = LOG_HOOK.lock().unwrap_or_else(|e| e.into_inner());
     let messages = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&messages);
     kcache::log::set_level(kcache::log::Level::Info);
     kcache::log::set_hook(move |_, message| sink.lock().unwrap().push(message.to_owned()));
+    (turn, messages)
+}
+
+/// `CU_JIT_LOG_VERBOSE` writes to the JIT's information log, which kcache passes and writes to
+/// its own log at `info`.
+#[test]
+fn log_verbose_reaches_kcaches_log() {
+    let (_turn, messages) = log_messages();
     let fake = FakeDriver::new();
     let c0 = fake.create_context(0);
     let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
@@ -404,12 +410,7 @@ fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
 /// short log of one link never shrinks the buffer of the next: each verbose log arrives whole.
 #[test]
 fn option_values_written_back_by_one_link_do_not_reach_the_next() {
-    // The log hook is the process's: the tests that set one take turns.
-    let _turn = LOG_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    let messages = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&messages);
-    kcache::log::set_level(kcache::log::Level::Info);
-    kcache::log::set_hook(move |_, message| sink.lock().unwrap().push(message.to_owned()));
+    let (_turn, messages) = log_messages();
     let fake = FakeDriver::new();
     let c0 = fake.create_context(0);
     let cache = nvrtc_cache(&fake, &FakeNvrtc::new());

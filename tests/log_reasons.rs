@@ -15,7 +15,9 @@ use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache::log::{self, Level};
 use kcache_testkit::rerun_test;
-use kcache_testkit::strings::{self, Cache, disk, disk_with_lock_timeout, l2_key, load, serialize};
+use kcache_testkit::strings::{
+    self, Cache, disk, disk_with_lock_timeout, find_or_build, l2_key, load, serialize,
+};
 
 type Messages = Arc<Mutex<Vec<(Level, String)>>>;
 
@@ -26,18 +28,15 @@ fn tiered(disk: &Arc<DiskCache>) -> Cache {
 
 /// Looks `source` up, building `compiled(source)` on a miss, and waits for the write-back.
 fn lookup(cache: &Cache, source: &str) -> String {
-    let value = cache
-        .find_or_build(
-            source.as_bytes(),
-            None,
-            || Ok(l2_key(source)),
-            load,
-            || Ok((format!("compiled({source})"), 1)),
-            serialize,
-        )
-        .unwrap()
-        .value()
-        .clone();
+    let value = find_or_build(
+        cache,
+        source,
+        || Ok((format!("compiled({source})"), 1)),
+        serialize,
+    )
+    .unwrap()
+    .value()
+    .clone();
     cache.flush();
     value
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kcache::disk::DiskCache;
 use kcache::memory::{MemoryCache, Options};
-use kcache_testkit::strings::{disk, l2_key, load, serialize, tiered};
+use kcache_testkit::strings::{disk, find_or_build, l2_key, serialize, tiered};
 
 fn memory() -> MemoryCache<Vec<u8>, u32> {
     MemoryCache::new(Options::default(), |_| Ok(()))
@@ -136,18 +136,7 @@ fn tiered_reset_and_the_memory_figures_it_reports_to_the_directory() {
     let d: Arc<DiskCache> = disk(tmp.path());
     let cache = tiered(Some(d.clone()));
     let lookup = |source: &str| {
-        drop(
-            cache
-                .find_or_build(
-                    source.as_bytes(),
-                    None,
-                    || Ok(l2_key(source)),
-                    load,
-                    || Ok((source.to_uppercase(), 1)),
-                    serialize,
-                )
-                .unwrap(),
-        )
+        drop(find_or_build(&cache, source, || Ok((source.to_uppercase(), 1)), serialize).unwrap())
     };
     assert_eq!(cache.stats().hit_rate(), None);
     lookup("a");

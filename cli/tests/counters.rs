@@ -10,7 +10,7 @@ use std::path::Path;
 mod common;
 
 use common::{json, run};
-use kcache_testkit::strings::{disk, l2_key, load, serialize, tiered};
+use kcache_testkit::strings::{disk, find_or_build, l2_key, serialize, tiered};
 use kcache_testkit::{rerun_test, run_together};
 use serde_json::Value;
 
@@ -34,16 +34,13 @@ fn counters_worker() {
     let id = std::env::var(WORKER_ID).unwrap();
     let cache = tiered(Some(disk(Path::new(&dir))));
     let lookup = |source: &str| {
-        let lease = cache
-            .find_or_build(
-                source.as_bytes(),
-                None,
-                || Ok(l2_key(source)),
-                load,
-                || Ok((format!("built {source}"), 1)),
-                serialize,
-            )
-            .unwrap();
+        let lease = find_or_build(
+            &cache,
+            source,
+            || Ok((format!("built {source}"), 1)),
+            serialize,
+        )
+        .unwrap();
         lease.value().clone()
     };
     for source in STORED {

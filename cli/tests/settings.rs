@@ -14,7 +14,7 @@ use common::{json, run};
 use kcache::disk::{DiskCache, DiskConfig};
 use kcache::key::Key;
 use kcache_testkit::prometheus;
-use kcache_testkit::strings::{disk, l2_key, load, serialize, tiered};
+use kcache_testkit::strings::{disk, find_or_build, serialize, tiered};
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -264,18 +264,15 @@ fn metrics_export_the_directorys_counters_as_counters() {
     {
         let cache = tiered(Some(disk(tmp.path())));
         let lookup = |source: &str| {
-            cache
-                .find_or_build(
-                    source.as_bytes(),
-                    None,
-                    || Ok(l2_key(source)),
-                    load,
-                    || Ok((format!("built {source}"), 1)),
-                    serialize,
-                )
-                .unwrap()
-                .value()
-                .clone()
+            find_or_build(
+                &cache,
+                source,
+                || Ok((format!("built {source}"), 1)),
+                serialize,
+            )
+            .unwrap()
+            .value()
+            .clone()
         };
         // Two builds (and writes), then three memory hits.
         for source in ["a", "b", "a", "b", "a"] {
@@ -285,15 +282,7 @@ fn metrics_export_the_directorys_counters_as_counters() {
     {
         // A fresh memory tier: a disk hit.
         let cache = tiered(Some(disk(tmp.path())));
-        let value = cache
-            .find_or_build(
-                "a".as_bytes(),
-                None,
-                || Ok(l2_key("a")),
-                load,
-                || Ok(("rebuilt".to_owned(), 1)),
-                serialize,
-            )
+        let value = find_or_build(&cache, "a", || Ok(("rebuilt".to_owned(), 1)), serialize)
             .unwrap()
             .value()
             .clone();
