@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcache::remote::RemoteConfig;
+use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
 use kcache_testkit::strings::Node;
 
@@ -136,6 +136,20 @@ fn a_reply_cut_short_is_an_error() {
     assert_eq!((s.errors, s.rejects, s.hits), (1, 0, 0), "{s:?}");
 }
 
+/// Two lookups on a node of `server`, which answers no operation within its timeout: both
+/// build, three operations in a row time out (a fourth may have been in flight on the
+/// background writer when the breaker opened), the breaker opens once and skips the rest.
+fn two_lookups_trip_the_breaker(server: &FakeRedis) -> RemoteStats {
+    let node = new_node(config(server, Duration::from_secs(10)));
+    measured_lookup(&node, "a");
+    measured_lookup(&node, "b");
+    let s = node.remote();
+    assert_eq!(node.builds(), 2);
+    assert!((3..=4).contains(&s.timeouts), "{s:?}");
+    assert_eq!(s.breaker_trips, 1);
+    s
+}
+
 /// A server that trickles every reply: each read gets a byte within the timeout, the
 /// operation never ends within it. Each lookup's operations time out (the read, then the
 /// lease; the background writer's write too) and the third failure trips the breaker, which
@@ -143,16 +157,8 @@ fn a_reply_cut_short_is_an_error() {
 #[test]
 fn trickled_replies_time_out_and_trip_the_breaker() {
     let server = FakeRedis::start(|args| trickled(&padded(args)));
-    let node = new_node(config(&server, Duration::from_secs(10)));
-    measured_lookup(&node, "a");
-    measured_lookup(&node, "b");
-    let s = node.remote();
-    assert_eq!(node.builds(), 2);
-    // Three in a row timed out (a fourth may have been in flight on the background writer
-    // when the breaker opened); then the breaker skipped the rest.
-    assert!((3..=4).contains(&s.timeouts), "{s:?}");
+    let s = two_lookups_trip_the_breaker(&server);
     assert_eq!((s.errors, s.rejects, s.hits), (0, 0, 0), "{s:?}");
-    assert_eq!(s.breaker_trips, 1);
     assert!(s.breaker_open);
     assert!(s.skipped >= 1, "{s:?}");
 }
@@ -203,14 +209,8 @@ fn a_trickled_reply_to_the_write_costs_the_writer_one_timeout() {
 #[test]
 fn a_server_that_never_answers_times_out_and_trips_the_breaker() {
     let server = FakeRedis::start(|_| Reply::Never);
-    let node = new_node(config(&server, Duration::from_secs(10)));
-    measured_lookup(&node, "a");
-    measured_lookup(&node, "b");
-    let s = node.remote();
-    assert_eq!(node.builds(), 2);
-    assert!((3..=4).contains(&s.timeouts), "{s:?}");
+    let s = two_lookups_trip_the_breaker(&server);
     assert_eq!(s.errors, 0, "{s:?}");
-    assert_eq!(s.breaker_trips, 1);
     assert!(s.skipped >= 1, "{s:?}");
     // What the breaker skipped never reached the server.
     assert!(server.commands().len() <= 4, "{:?}", server.commands());

@@ -300,30 +300,18 @@ fn metrics_export_the_directorys_counters_as_counters() {
     ] {
         assert_eq!(parsed.types[family], "counter", "{family}");
     }
-    let value = |series: &str| parsed.value(series);
-    assert_eq!(
-        value(r#"kcache_lookups_total{result="hit",tier="memory"}"#),
-        3.0
-    );
-    assert_eq!(
-        value(r#"kcache_lookups_total{result="miss",tier="memory"}"#),
-        3.0
-    );
-    assert_eq!(
-        value(r#"kcache_lookups_total{result="hit",tier="disk"}"#),
-        1.0
-    );
-    assert_eq!(
-        value(r#"kcache_lookups_total{result="miss",tier="disk"}"#),
-        2.0
-    );
-    assert_eq!(value("kcache_builds_total{}"), 2.0);
-    assert_eq!(value(r#"kcache_disk_writes_total{result="ok"}"#), 2.0);
-    assert_eq!(value("kcache_integrity_rejects_total{}"), 0.0);
-    assert_eq!(
-        value(r#"kcache_lookups_total{result="hit",tier="remote"}"#),
-        0.0
-    );
-    // The gauges stay.
-    assert_eq!(value(r#"kcache_entries{tier="disk"}"#), 2.0);
+    for (series, expected) in [
+        (r#"kcache_lookups_total{result="hit",tier="memory"}"#, 3.0),
+        (r#"kcache_lookups_total{result="miss",tier="memory"}"#, 3.0),
+        (r#"kcache_lookups_total{result="hit",tier="disk"}"#, 1.0),
+        (r#"kcache_lookups_total{result="miss",tier="disk"}"#, 2.0),
+        ("kcache_builds_total{}", 2.0),
+        (r#"kcache_disk_writes_total{result="ok"}"#, 2.0),
+        ("kcache_integrity_rejects_total{}", 0.0),
+        (r#"kcache_lookups_total{result="hit",tier="remote"}"#, 0.0),
+        // The gauges stay.
+        (r#"kcache_entries{tier="disk"}"#, 2.0),
+    ] {
+        assert_eq!(parsed.value(series), expected, "{series}");
+    }
 }
