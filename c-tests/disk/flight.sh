@@ -64,6 +64,17 @@ expect() {
   echo "$1: $2"
 }
 
+# await_lock DIR WHO: waits up to 30 s for a lock file in DIR, which WHO (a builder launched
+# there) takes once it builds.
+await_lock() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    ! compgen -G "$1/.*.lock" >/dev/null || return 0
+    sleep 0.05
+  done
+  fail "$2 holds no lock"
+}
+
 # settled DIR ENTRIES: once every process is done, DIR holds ENTRIES entries and no lock file
 # (each is unlinked by its holder).
 settled() {
@@ -107,11 +118,7 @@ settled "$work/failing" 0
 # the entry's lock, each of the five times out and builds.
 launch leader 1 "$work/timeout" 5000 0 0
 leader=${pids[0]}
-for ((i = 0; i < 600; i++)); do
-  ! compgen -G "$work/timeout/.*.lock" >/dev/null || break
-  sleep 0.05
-done
-compgen -G "$work/timeout/.*.lock" >/dev/null || fail "the builder holds no lock"
+await_lock "$work/timeout" "the builder"
 launch followers 5 "$work/timeout" 1000 0 50
 finish followers "${pids[@]}"
 for out in "$work"/followers.*.out; do
@@ -127,11 +134,7 @@ settled "$work/timeout" 1
 # instead of timing out and building.
 FLIGHT_FORK_UNTIL="$work/fork.end" launch forker 1 "$work/fork" 1000 0 0
 forker=${pids[0]}
-for ((i = 0; i < 600; i++)); do
-  ! compgen -G "$work/fork/.*.lock" >/dev/null || break
-  sleep 0.05
-done
-compgen -G "$work/fork/.*.lock" >/dev/null || fail "the forking builder holds no lock"
+await_lock "$work/fork" "the forking builder"
 launch forkwait 1 "$work/fork" 1000 0 20000
 finish forker "$forker"
 finish forkwait "${pids[@]}"

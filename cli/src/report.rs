@@ -213,6 +213,15 @@ fn json_text(value: &impl serde::Serialize) -> String {
 /// serde_json's pretty formatter, escaping every [`unprintable`] character of a string.
 struct Escaping<'a>(PrettyFormatter<'a>);
 
+/// Formatter methods handed to the pretty formatter as they are.
+macro_rules! pretty_layout {
+    ($($method:ident($($arg:ident: $ty:ty)?)),+ $(,)?) => {
+        $(fn $method<W: ?Sized + io::Write>(&mut self, w: &mut W $(, $arg: $ty)?) -> io::Result<()> {
+            self.0.$method(w $(, $arg)?)
+        })+
+    };
+}
+
 impl Formatter for Escaping<'_> {
     fn write_string_fragment<W: ?Sized + io::Write>(
         &mut self,
@@ -229,41 +238,17 @@ impl Formatter for Escaping<'_> {
     }
 
     // The layout is the pretty formatter's.
-    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.begin_array(w)
-    }
-    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_array(w)
-    }
-    fn begin_array_value<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        self.0.begin_array_value(w, first)
-    }
-    fn end_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_array_value(w)
-    }
-    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.begin_object(w)
-    }
-    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_object(w)
-    }
-    fn begin_object_key<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
-        self.0.begin_object_key(w, first)
-    }
-    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.begin_object_value(w)
-    }
-    fn end_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
-        self.0.end_object_value(w)
-    }
+    pretty_layout!(
+        begin_array(),
+        end_array(),
+        begin_array_value(first: bool),
+        end_array_value(),
+        begin_object(),
+        end_object(),
+        begin_object_key(first: bool),
+        begin_object_value(),
+        end_object_value(),
+    );
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! with the key, the caps and the environment the processes using the cache apply.
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::path::Path;
 
 use kcache::Error;
@@ -209,23 +210,32 @@ fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
         }
         out!("lock timeout: {}", report::duration(cache.lock_timeout()));
     }
-    if out.directory_settings.is_empty() {
-        out!("settings:     none in the directory's {SETTINGS_FILE}");
-    } else {
-        out!("settings in the directory's {SETTINGS_FILE}:");
-        for (name, value) in &out.directory_settings {
-            out!("  {name} = {}", printable(value));
-        }
-    }
-    if out.environment.is_empty() {
-        out!("environment:  no KCACHE_* variable set");
-    } else {
-        out!("environment:");
-        for (name, value) in &out.environment {
-            out!("  {name}={}", printable(value));
-        }
-    }
+    print_map(
+        &out.directory_settings,
+        &format!("settings:     none in the directory's {SETTINGS_FILE}"),
+        &format!("settings in the directory's {SETTINGS_FILE}:"),
+        " = ",
+    );
+    print_map(
+        &out.environment,
+        "environment:  no KCACHE_* variable set",
+        "environment:",
+        "=",
+    );
     for note in &out.notes {
         out!("note: {}", printable(note));
+    }
+}
+
+/// `none` when `map` is empty, else `title` and a line per entry: its name, `between`, and its
+/// value made printable.
+fn print_map<K: Display>(map: &BTreeMap<K, String>, none: &str, title: &str, between: &str) {
+    if map.is_empty() {
+        out!("{none}");
+        return;
+    }
+    out!("{title}");
+    for (name, value) in map {
+        out!("  {name}{between}{}", report::printable(value));
     }
 }
