@@ -398,8 +398,6 @@ fn wait(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kcache_testkit::{fifo, file_with_mode};
-
     use crate::disk::config::LONGEST_WAIT;
 
     #[test]
@@ -489,12 +487,21 @@ mod tests {
         assert_eq!(flag(Some("yes".into()), "X"), None);
     }
 
+    /// Writes `text` at `dir/name` with `mode`.
+    fn file(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path
+    }
+
     #[test]
     fn tls_files_get_the_operator_file_checks() {
         let tmp = tempfile::tempdir().unwrap();
-        let cert = file_with_mode(tmp.path(), "cert.pem", b"certificate", 0o644);
-        let private = file_with_mode(tmp.path(), "private.pem", b"key", 0o600);
-        let shared = file_with_mode(tmp.path(), "shared.pem", b"key", 0o640);
+        let cert = file(tmp.path(), "cert.pem", "certificate", 0o644);
+        let private = file(tmp.path(), "private.pem", "key", 0o600);
+        let shared = file(tmp.path(), "shared.pem", "key", 0o640);
         let both = |key: &Path| tls_files(None, Some(cert.clone()), Some(key.to_path_buf()));
         let ok = both(&private).unwrap().unwrap().client_tls.unwrap();
         assert_eq!(
@@ -509,7 +516,15 @@ mod tests {
         // A FIFO, which no process ever opens for writing, is refused at once, for each of the
         // three files; a blocking open would wait forever. The watchdog only turns a hang
         // into a failure.
-        let fifo = fifo(tmp.path(), "fifo");
+        let fifo = tmp.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
         let (done, results) = std::sync::mpsc::channel();
         let (f, c, k) = (fifo.clone(), cert.clone(), private.clone());
         std::thread::spawn(move || {

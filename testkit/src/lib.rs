@@ -55,8 +55,11 @@ pub fn write_key_file(path: &Path, key: &[u8]) {
 pub fn file_with_mode(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let path = dir.join(name);
-    std::fs::write(&path, bytes).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(bytes).unwrap();
+    // After creating it: the process's umask may have taken bits away.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .unwrap();
     path
 }
 
@@ -64,8 +67,11 @@ pub fn file_with_mode(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> PathBu
 /// it waits forever, so it shows whether kcache opens operator files without blocking.
 pub fn fifo(dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(name);
-    let mode = rustix::fs::Mode::from_raw_mode(0o600);
-    rustix::fs::mknodat(rustix::fs::CWD, &path, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+    let (kind, mode) = (
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+    );
+    rustix::fs::mknodat(rustix::fs::CWD, &path, kind, mode, 0).unwrap();
     path
 }
 
