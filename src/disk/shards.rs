@@ -33,7 +33,6 @@ use super::evict::nanos_since_epoch;
 use super::{DiskCache, Inner};
 use crate::error::Result;
 use crate::log;
-use crate::remote::RemoteStats;
 
 /// Shard files per directory.
 pub const SHARDS: u32 = 16;
@@ -157,27 +156,6 @@ impl DirectoryCounters {
     /// `remote_hits / (remote_hits + remote_misses)`; `None` without remote reads.
     pub fn remote_hit_rate(&self) -> Option<f64> {
         crate::stats::hit_rate(self.remote_hits, self.remote_misses)
-    }
-
-    /// The remote tier's counters among these, under the remote tier's names (its breaker
-    /// closed: a directory keeps no breaker state).
-    pub fn remote(&self) -> RemoteStats {
-        RemoteStats {
-            hits: self.remote_hits,
-            misses: self.remote_misses,
-            rejects: self.remote_rejects,
-            errors: self.remote_errors,
-            timeouts: self.remote_timeouts,
-            skipped: self.remote_skipped,
-            breaker_trips: self.remote_breaker_trips,
-            leases: self.remote_leases,
-            lease_waits: self.remote_lease_waits,
-            lease_timeouts: self.remote_lease_timeouts,
-            puts: self.remote_puts,
-            bytes_read: self.remote_bytes_read,
-            bytes_written: self.remote_bytes_written,
-            breaker_open: false,
-        }
     }
 }
 

@@ -6,6 +6,7 @@
 use super::text::{Exposition, Kind};
 use super::{lock_counters, unlabelled, write_disk_writes, write_lookups, write_remote_counters};
 use crate::disk::DirectoryCounters;
+use crate::remote::RemoteStats;
 
 /// Writes the families of the directory's counters `c`.
 pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
@@ -36,7 +37,7 @@ pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
         "reason",
         [("capacity", c.evictions)],
     );
-    write_remote_counters(out, &c.remote());
+    write_remote_counters(out, &remote_stats(c));
     let [waits, timeouts, takeovers] =
         lock_counters(c.lock_waits, c.lock_timeouts, c.lock_takeovers);
     let counters: [(&str, &str, u64); 4] = [
@@ -51,6 +52,27 @@ pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
         takeovers,
     ];
     unlabelled(out, Kind::Counter, &counters);
+}
+
+/// The remote tier's counters among `c`, under the remote tier's names (its breaker closed: a
+/// directory keeps no breaker state).
+fn remote_stats(c: &DirectoryCounters) -> RemoteStats {
+    RemoteStats {
+        hits: c.remote_hits,
+        misses: c.remote_misses,
+        rejects: c.remote_rejects,
+        errors: c.remote_errors,
+        timeouts: c.remote_timeouts,
+        skipped: c.remote_skipped,
+        breaker_trips: c.remote_breaker_trips,
+        leases: c.remote_leases,
+        lease_waits: c.remote_lease_waits,
+        lease_timeouts: c.remote_lease_timeouts,
+        puts: c.remote_puts,
+        bytes_read: c.remote_bytes_read,
+        bytes_written: c.remote_bytes_written,
+        breaker_open: false,
+    }
 }
 
 #[cfg(test)]
