@@ -11,6 +11,7 @@ use std::time::Duration;
 use kcache::Error;
 use kcache::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
 use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+#[cfg(feature = "remote")]
 use kcache::remote::RemoteConfig;
 use kcache_testkit::assert_err;
 
@@ -121,6 +122,7 @@ fn the_key_is_wiped_on_drop() {
     wiped_on_drop::<OperatorKey>();
 }
 
+#[cfg(feature = "remote")]
 /// Opens a keyed disk tier in a new directory with a `rediss://` remote of `tls`'s files, on a
 /// thread (a watchdog turns a hang into a failure); whether the remote tier is on.
 fn remote_is_on(tls: RemoteConfig) -> bool {
@@ -143,6 +145,7 @@ fn remote_is_on(tls: RemoteConfig) -> bool {
         .expect("opening the disk tier hung")
 }
 
+#[cfg(feature = "remote")]
 #[test]
 fn tls_files_get_the_same_checks() {
     let tmp = tempfile::tempdir().unwrap();
