@@ -13,6 +13,14 @@ pub(crate) struct Remote(Infallible);
 /// A lease held on the remote tier; none can be held.
 pub(crate) struct LeaseGuard(Infallible);
 
+/// As the tier's own guard, which releases its lease when dropped: the lookup drops it at the
+/// point where the lease must end.
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        match self.0 {}
+    }
+}
+
 impl Remote {
     /// `None`, with a warning when `config` names a remote (`url`, or `KCACHE_REMOTE_URL` when
     /// it reads the environment).
