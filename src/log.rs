@@ -224,8 +224,16 @@ pub(crate) enum Warning {
     /// A remote tier setting cannot be used: the remote tier is off.
     RemoteConfig,
     /// A remote tier duration is not a number: its default is used.
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(dead_code, reason = "only the remote tier uses it")
+    )]
     RemoteWait,
     /// A remote tier is configured without an operator key or the unkeyed opt-in: it is off.
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(dead_code, reason = "only the remote tier uses it")
+    )]
     RemoteUnkeyed,
     /// `KCACHE_EXIT_TIMEOUT` is not a number of seconds: the default is used.
     ExitTimeout,

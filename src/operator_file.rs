@@ -21,6 +21,10 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Content {
     /// A certificate: anyone may read it.
+    #[cfg_attr(
+        not(feature = "remote"),
+        allow(dead_code, reason = "only the remote tier uses it")
+    )]
     Public,
     /// A key.
     Secret,

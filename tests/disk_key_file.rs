@@ -6,12 +6,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use std::time::Duration;
-
 use kcache::Error;
+use kcache::disk::OperatorKey;
 use kcache::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
-use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
-use kcache::remote::RemoteConfig;
 use kcache_testkit::{assert_err, fifo, file_with_mode};
 
 #[test]
@@ -19,9 +16,7 @@ fn a_private_regular_file_is_accepted_through_a_symlink() {
     let tmp = tempfile::tempdir().unwrap();
     let file = file_with_mode(tmp.path(), "key", &[7; 32], 0o600);
     assert!(OperatorKey::from_file(&file).is_ok());
-    assert!(
-        OperatorKey::from_file(&file_with_mode(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok()
-    );
+    assert!(OperatorKey::from_file(&file_with_mode(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok());
     // Mounted secrets are usually symlinks into a private directory.
     let link = tmp.path().join("link");
     std::os::unix::fs::symlink(&file, &link).unwrap();
@@ -108,75 +103,87 @@ fn the_key_is_wiped_on_drop() {
     wiped_on_drop::<OperatorKey>();
 }
 
-/// Opens a keyed disk tier in a new directory with a `rediss://` remote of `tls`'s files, on a
-/// thread (a watchdog turns a hang into a failure); whether the remote tier is on.
-fn remote_is_on(tls: RemoteConfig) -> bool {
-    let (done, result) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let dir = tempfile::tempdir().unwrap();
-        let disk = DiskCache::open(DiskConfig {
-            key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
-            remote: Some(RemoteConfig {
-                url: Some("rediss://127.0.0.1:1/".into()),
-                ..tls
-            }),
-            ..DiskConfig::in_dir(dir.path())
-        })
-        .unwrap();
-        done.send(disk.remote_stats().is_some()).unwrap();
-    });
-    result
-        .recv_timeout(Duration::from_secs(30))
-        .expect("opening the disk tier hung")
-}
+/// The remote tier's TLS files, opened with a disk tier: only with the remote tier built in.
+#[cfg(feature = "remote")]
+mod tls {
+    use std::time::Duration;
 
-#[test]
-fn tls_files_get_the_same_checks() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fifo = fifo(tmp.path(), "ca-fifo");
-    // A FIFO as the CA file: refused at once (it hung the open), the remote off, the disk on.
-    assert!(!remote_is_on(RemoteConfig {
-        ca_file: Some(fifo),
-        ..RemoteConfig::default()
-    }));
-    // A client key anyone may read is refused; the same key private is accepted (the files
-    // are parsed when the client is built: a real certificate and key, made by openssl).
-    let pem = |name: &str| tmp.path().join(name);
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-        ])
-        .args([
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=kcache-client",
-            "-keyout",
-        ])
-        .arg(pem("key.pem"))
-        .arg("-out")
-        .arg(pem("cert.pem"))
-        .output();
-    if !made.is_ok_and(|o| o.status.success()) {
-        eprintln!("skipped the client key half: no openssl");
-        return;
+    use kcache::disk::{DiskCache, DiskConfig};
+    use kcache::remote::RemoteConfig;
+
+    use super::*;
+
+    /// Opens a keyed disk tier in a new directory with a `rediss://` remote of `tls`'s files, on a
+    /// thread (a watchdog turns a hang into a failure); whether the remote tier is on.
+    fn remote_is_on(tls: RemoteConfig) -> bool {
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let dir = tempfile::tempdir().unwrap();
+            let disk = DiskCache::open(DiskConfig {
+                key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
+                remote: Some(RemoteConfig {
+                    url: Some("rediss://127.0.0.1:1/".into()),
+                    ..tls
+                }),
+                ..DiskConfig::in_dir(dir.path())
+            })
+            .unwrap();
+            done.send(disk.remote_stats().is_some()).unwrap();
+        });
+        result
+            .recv_timeout(Duration::from_secs(30))
+            .expect("opening the disk tier hung")
     }
-    let client = |mode: u32| {
-        std::fs::set_permissions(pem("key.pem"), std::fs::Permissions::from_mode(mode)).unwrap();
-        remote_is_on(RemoteConfig {
-            cert_file: Some(pem("cert.pem")),
-            key_file: Some(pem("key.pem")),
+
+    #[test]
+    fn tls_files_get_the_same_checks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fifo = fifo(tmp.path(), "ca-fifo");
+        // A FIFO as the CA file: refused at once (it hung the open), the remote off, the disk on.
+        assert!(!remote_is_on(RemoteConfig {
+            ca_file: Some(fifo),
             ..RemoteConfig::default()
-        })
-    };
-    assert!(client(0o600));
-    assert!(!client(0o644));
-    assert!(!client(0o640));
-    assert!(client(0o400));
+        }));
+        // A client key anyone may read is refused; the same key private is accepted (the files
+        // are parsed when the client is built: a real certificate and key, made by openssl).
+        let pem = |name: &str| tmp.path().join(name);
+        let made = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args([
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=kcache-client",
+                "-keyout",
+            ])
+            .arg(pem("key.pem"))
+            .arg("-out")
+            .arg(pem("cert.pem"))
+            .output();
+        if !made.is_ok_and(|o| o.status.success()) {
+            eprintln!("skipped the client key half: no openssl");
+            return;
+        }
+        let client = |mode: u32| {
+            std::fs::set_permissions(pem("key.pem"), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+            remote_is_on(RemoteConfig {
+                cert_file: Some(pem("cert.pem")),
+                key_file: Some(pem("key.pem")),
+                ..RemoteConfig::default()
+            })
+        };
+        assert!(client(0o600));
+        assert!(!client(0o644));
+        assert!(!client(0o640));
+        assert!(client(0o400));
+    }
 }

@@ -148,6 +148,29 @@ pass "man1/kcache.1 and the bash, zsh and fish completions installed"
 
 cmake -DLIBRARY="$P/lib/$REALNAME" -DSONAME="$SONAME" -P "$ROOT/cmake/check-library.cmake" ||
   fail "installed library check"
+# The installed library is small; its debug information is a file of its own that it names.
+lib_size="$(stat -c %s "$P/lib/$REALNAME")"
+[[ $lib_size -le 8000000 ]] || fail "lib/$REALNAME is $lib_size bytes, more than 8 MB"
+debug_file="$P/lib/$REALNAME.debug"
+[[ -f "$debug_file" ]] || fail "missing installed debug information lib/$REALNAME.debug"
+! file "$P/lib/$REALNAME" | grep -q 'with debug_info' || fail "lib/$REALNAME has its debug information"
+file "$debug_file" | grep -q 'with debug_info' || fail "lib/$REALNAME.debug has no debug information"
+build_id() { readelf -n "$1" | sed -n 's/.*Build ID: //p'; }
+[[ -n "$(build_id "$P/lib/$REALNAME")" && "$(build_id "$P/lib/$REALNAME")" == "$(build_id "$debug_file")" ]] ||
+  fail "lib/$REALNAME.debug is not from the same build as lib/$REALNAME"
+objcopy --dump-section .gnu_debuglink="$WORK/debuglink" "$P/lib/$REALNAME" "$WORK/debuglink.so" ||
+  fail "lib/$REALNAME has no .gnu_debuglink"
+# The section is the file's name, NUL-padded to 4 bytes, then the file's CRC-32 (little-endian).
+python3 - "$WORK/debuglink" "$debug_file" <<'PY' || fail "lib/$REALNAME's debuglink does not name its debug file"
+import os, struct, sys, zlib
+link = open(sys.argv[1], "rb").read()
+name = link[: link.index(b"\0")].decode()
+(crc,) = struct.unpack("<I", link[-4:])
+data = open(sys.argv[2], "rb").read()
+assert name == os.path.basename(sys.argv[2]), name
+assert crc == zlib.crc32(data), (crc, zlib.crc32(data))
+PY
+pass "lib/$REALNAME: $lib_size bytes; its debug information apart, lib/$REALNAME.debug ($(stat -c %s "$debug_file") bytes, same build ID, debuglink name and CRC)"
 # The same facts with the usual tools, so a failure here is easy to reproduce by hand.
 readelf -d "$P/lib/$REALNAME" | grep -q "(SONAME).*\[$SONAME\]" || fail "SONAME is not $SONAME"
 foreign="$(nm -D --defined-only "$P/lib/$REALNAME" | awk '{print $NF}' | grep -v '^kc_' || true)"

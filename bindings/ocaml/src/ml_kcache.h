@@ -19,6 +19,13 @@
 #define ML_KCACHE_H
 
 #define CAML_NAME_SPACE
+#include <caml/version.h>
+/* OCaml 5 runs domains in parallel, each with a runtime lock of its own: the counters of
+ * struct ml_cache and the "no call in progress" check of a free would race across domains.
+ * Refused at build time rather than left unsafe (docs/bindings-ocaml.md, "OCaml 5"). */
+#if OCAML_VERSION_MAJOR >= 5
+#error "kcache's OCaml binding needs OCaml 4.13 to 4.14: on OCaml 5 its stubs are not safe across domains"
+#endif
 #include <caml/alloc.h>
 #include <caml/callback.h>
 #include <caml/custom.h>
@@ -36,7 +43,8 @@
 /* One OCaml cache. `refs` counts the cache itself and every value not yet destroyed, since
  * destroys may run after kc_cache_free returns (for values still leased); `calls` counts
  * calls running with the runtime lock released, so that a free during one is refused rather
- * than racing it. Both change only with the runtime lock held. */
+ * than racing it. Both change only with the runtime lock held, which OCaml 4 has one of for
+ * the whole process. */
 struct ml_cache {
   kc_cache *cache;
   value state; /* the OCaml state record, a generational global root */

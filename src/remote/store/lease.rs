@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Remote, bump};
 use crate::key::hex;
 use crate::log;
+use crate::remote::Flight;
 
 /// How long a lease lasts unless renewed: how long followers wait for a leader that died.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -28,16 +29,6 @@ const RELEASE: &str =
 /// Extends the lease only if it is still this holder's.
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
                      return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0";
-
-/// What a node that missed an entry everywhere does.
-pub(crate) enum Flight<T> {
-    /// Build it: this node holds the lease until the guard is dropped.
-    Lead(LeaseGuard),
-    /// Another node built it meanwhile: here it is, verified.
-    Found(T),
-    /// Build it without a lease (no lease to be had, the leader failed, or the wait ran out).
-    Build,
-}
 
 /// A held lease, renewed until dropped, then released (by the dropping thread, so that the
 /// lease is gone once the write that drops it has finished).

@@ -1,0 +1,30 @@
+//! `include/kcache.h` is generated from the sources by cbindgen (with `cbindgen.toml`), never
+//! edited by hand: this checks that the committed header is what cbindgen generates now.
+//! Regenerate it with `KCACHE_WRITE_HEADER=1 cargo test --test header` (or, with the cbindgen
+//! command of the same version, `cbindgen --config cbindgen.toml --crate kcache --output
+//! include/kcache.h`).
+
+use std::path::Path;
+
+#[test]
+fn the_committed_header_is_what_cbindgen_generates() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    let mut generated = Vec::new();
+    cbindgen::Builder::new()
+        .with_crate(root)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen could not generate the header")
+        .write(&mut generated);
+    let path = root.join("include/kcache.h");
+    if std::env::var_os("KCACHE_WRITE_HEADER").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &generated).expect("writing include/kcache.h");
+    }
+    let committed = std::fs::read(&path).expect("include/kcache.h");
+    assert!(
+        generated == committed,
+        "include/kcache.h is not what cbindgen generates from the sources: regenerate it with \
+         `KCACHE_WRITE_HEADER=1 cargo test --test header` and commit it"
+    );
+}
