@@ -50,6 +50,21 @@ class Call:
         self.serialize_error: BaseException | None = None
 
 
+def _for_waiter(exc: BaseException) -> BaseException:
+    """A new exception of the build's type, with its arguments and attributes, whose cause is
+    the build's own. Raising one shared object in every waiter would make each raise add its
+    call path to that object's traceback; this way each caller's traceback is its own, and
+    the build's (where it failed) is shown once, as the cause."""
+    try:
+        fresh = type(exc).__new__(type(exc), *exc.args)
+        fresh.args = exc.args
+        fresh.__dict__.update(getattr(exc, "__dict__", {}))
+    except Exception:  # noqa: BLE001 - a type that cannot be made so: raise the original
+        return exc
+    fresh.__cause__ = exc
+    return fresh
+
+
 class Core(Generic[V]):
     def __init__(
         self,
@@ -63,9 +78,14 @@ class Core(Generic[V]):
         self._handles = itertools.count(1)
         self._tokens = itertools.count(1)
         self._codes = itertools.count(1)
-        self._failures: dict[int, BaseException] = {}
+        # A failed build's exception and the thread that ran the build, by failure code.
+        self._failures: dict[int, tuple[BaseException, int]] = {}
         self._failures_lock = threading.Lock()
         self._local = threading.local()
+        # Values the load callback made since the last reset: the memory tier counts them
+        # among its builds, the binding's statistics do not.
+        self._loads = 0
+        self._loads_lock = threading.Lock()
         self.build_cb = _lib.BuildFn(self._on_build)
         self.load_cb = _lib.LoadFn(self._on_load)
         self.serialize_cb = _lib.SerializeFn(self._on_serialize)
@@ -81,17 +101,27 @@ class Core(Generic[V]):
         del self.calls[token]
 
     def fail(self, status: int) -> BaseException:
-        """The exception a failed lookup raises: the build's own when it raised one."""
+        """The exception a failed lookup raises: the build's own in the thread that ran the
+        build, a fresh copy of it in each waiter (see ``_for_waiter``)."""
         if status == BUILD_FAILED:
             with self._failures_lock:
-                exc = self._failures.get(_lib.lib.kc_last_build_error())
-            if exc is not None:
-                return exc
+                failure = self._failures.get(_lib.lib.kc_last_build_error())
+            if failure is not None:
+                exc, builder = failure
+                return exc if builder == threading.get_ident() else _for_waiter(exc)
         err = error(status)
         if isinstance(err, DestroyFailedError):
             err.__cause__ = getattr(self._local, "destroy_error", None)
             self._local.destroy_error = None
         return err
+
+    def take_loads(self, reset: bool = False) -> int:
+        """The values loaded rather than built since the last reset; ``reset`` starts again."""
+        with self._loads_lock:
+            loads = self._loads
+            if reset:
+                self._loads = 0
+            return loads
 
     def check(self, status: int) -> None:
         if status != 0:
@@ -115,7 +145,7 @@ class Core(Generic[V]):
     def _failed(self, exc: BaseException) -> int:
         code = next(self._codes) & _CODE_MASK or 1
         with self._failures_lock:
-            self._failures[code] = exc
+            self._failures[code] = (exc, threading.get_ident())
             while len(self._failures) > _FAILURES_KEPT:
                 del self._failures[next(iter(self._failures))]
         return code
@@ -135,6 +165,8 @@ class Core(Generic[V]):
             load = self.calls[ctx].load
             assert load is not None
             self._install(load(ctypes.string_at(data, length)), out_value, out_weight)
+            with self._loads_lock:
+                self._loads += 1
             return 0
         except BaseException:  # noqa: BLE001 - kcache removes the entry and builds instead
             return 1

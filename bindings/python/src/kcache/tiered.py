@@ -9,9 +9,9 @@ from typing import Generic, TypeVar
 
 from . import _lib
 from ._core import Call
-from .cache import Cache, Key, Lease, device_id, key_bytes
+from .cache import Cache, Key, Lease, device_id
 from .disk import Disk, _disk_key, descriptor
-from .key import KeyBuilder
+from .key import KeyBuilder, key_bytes
 
 V = TypeVar("V")
 lib = _lib.lib
