@@ -109,10 +109,10 @@ def test_a_build_exception_reaches_the_builder_and_every_waiter() -> None:
     # The builder raises the build's exception; each waiter a copy caused by it.
     assert sum(r is raised[0] for r in results) == 1
     for r in results:
-        assert type(r) is Boom and r.args == ("no compiler",)  # type: ignore[union-attr]
-        assert r is raised[0] or r.__cause__ is raised[0]  # type: ignore[union-attr]
+        assert type(r) is Boom and r.args == ("no compiler",)
+        assert r is raised[0] or r.__cause__ is raised[0]
         # One clean traceback per caller: its own call path once, not once per raise.
-        frames = traceback.extract_tb(r.__traceback__)  # type: ignore[union-attr]
+        frames = traceback.extract_tb(r.__traceback__)
         assert [f.name for f in frames].count("find_or_build") == 1
     stats = cache.stats()
     assert (stats.build_failures, stats.entries) == (1, 0)

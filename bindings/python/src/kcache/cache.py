@@ -108,16 +108,16 @@ class Cache(Owned, Generic[V]):
         raised in this caller and in every caller that waited for that build."""
         data = key_bytes(key)
         core = self._core
-        token = core.start(Call(build, key))
+        handle = self._handle()
         out = ctypes.c_void_p()
-        try:
-            status = lib.kc_cache_find_or_build(
-                self._handle(), data, len(data), device_id(device), core.build_cb, token,
+        core.lookup(
+            Call(build, key),
+            lambda token: lib.kc_cache_find_or_build(  # type: ignore[no-any-return]
+                handle, data, len(data), device_id(device), core.build_cb, token,
                 ctypes.byref(out),
-            )
-        finally:
-            core.finish(token)
-        core.check(status)
+            ),
+            out,
+        )
         return Lease(core, out.value)  # type: ignore[arg-type]
 
     def get(self, key: Key) -> Lease[V] | None:

@@ -31,4 +31,4 @@ _callback = _lib.LogFn(_forward)
 
 def _install() -> None:
     _lib.lib.kc_set_log_callback(_callback, None)
-    atexit.register(_lib.lib.kc_set_log_callback, _lib.LogFn(), None)
+    atexit.register(_lib.lib.kc_set_log_callback, _lib.LogFn(0), None)

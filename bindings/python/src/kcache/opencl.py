@@ -50,7 +50,7 @@ def _program_build_error() -> type[BuildFailedError]:
     return ProgramBuildError
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> type[BuildFailedError]:
     # ``kcache.opencl.ProgramBuildError``, for ``except`` clauses; needs pyopencl.
     if name == "ProgramBuildError":
         return _program_build_error()
