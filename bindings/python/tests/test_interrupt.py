@@ -104,6 +104,13 @@ def test_with_other_threads_the_main_thread_still_runs_its_builds() -> None:
         with pytest.raises(Boom) as info:
             cache.find_or_build("failing", failing)
         assert info.value is raised[0]
+
+        # A build asking for its own key fails as it does without other threads.
+        def reentrant(key: object) -> str:
+            return cache.find_or_build("again", lambda k: "x").value
+
+        with pytest.raises(kcache.ReentrantError):
+            cache.find_or_build("again", reentrant)
         assert cache.stats().leases == 0
     finally:
         idle.set()

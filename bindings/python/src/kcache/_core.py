@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from . import _lib, _waiting
-from ._errors import BUILD_FAILED, DestroyFailedError, error
+from ._errors import BUILD_FAILED, REENTRANT, DestroyFailedError, ReentrantError, error
 
 V = TypeVar("V")
 
@@ -103,10 +103,13 @@ class Core(Generic[V]):
         self.serialize_cb = _lib.SerializeFn(self._on_serialize)
         self.destroy_cb = _lib.DestroyFn(self._on_destroy)
 
-    def lookup(self, call: Call, c_call: Callable[[int], int], out: ctypes.c_void_p) -> None:
-        """Makes the lookup ``c_call(token)`` that writes a lease to ``out``, the token being
-        the callbacks' context; raises its failure. On the main thread while other threads
-        run, a helper makes it and Ctrl-C interrupts the wait (``_waiting``)."""
+    def lookup(
+        self, call: Call, data: bytes, c_call: Callable[[int], int], out: ctypes.c_void_p
+    ) -> None:
+        """Makes the lookup of key ``data`` that ``c_call(token)`` does, writing a lease to
+        ``out``, the token being the callbacks' context; raises its failure. On the main
+        thread while other threads run, a helper makes it and Ctrl-C interrupts the wait
+        (``_waiting``)."""
         token = next(self._tokens)
         self.calls[token] = call
         if not _waiting.wanted():
@@ -117,9 +120,17 @@ class Core(Generic[V]):
             self.check(status)
             return
 
+        lookup = (id(self), data)
+        if lookup in _waiting.building:
+            del self.calls[token]
+            raise ReentrantError(REENTRANT, "a build asked its cache for the key it is building")
+
         def made_by_helper() -> BaseException | None:
             # kcache's error details are the calling thread's: read them on the helper.
-            status = c_call(token)
+            try:
+                status = c_call(token)
+            except BaseException as exc:  # noqa: BLE001 - raised on the main thread
+                return exc
             return None if status == 0 else self.fail(status, call.owner)
 
         def finish(failure: BaseException | None, abandoned: bool) -> None:
@@ -127,7 +138,7 @@ class Core(Generic[V]):
                 _lib.lib.kc_lease_release(out.value)
             del self.calls[token]
 
-        call.relay = _waiting.Relay()
+        call.relay = _waiting.Relay(lookup)
         failure = call.relay.call(made_by_helper, finish)
         if failure is not None:
             raise failure

@@ -77,6 +77,7 @@ _BY_STATUS: dict[int, type[KcacheError]] = {
 }
 
 BUILD_FAILED = 2
+REENTRANT = 6
 NOT_FOUND = 7
 
 

@@ -29,6 +29,10 @@ _main = threading.main_thread().ident
 _helpers = 0
 _idle: list[_Helper] = []
 _lock = threading.Lock()
+# The lookups whose functions the main thread is running for a helper, innermost last (only
+# the main thread reads or changes it). kcache refuses a build that asks for its own key
+# (KC_ERR_REENTRANT) by thread; a helper is another thread, so the binding checks here.
+building: list[object] = []
 
 
 class Interrupted(KeyboardInterrupt):
@@ -81,9 +85,11 @@ class Relay:
     """One lookup made by a helper for the main thread: the helper's requests to run a
     function there, and the lookup's end, reach the main thread through ``inbox``."""
 
-    __slots__ = ("_inbox", "_lock", "_abandoned")
+    __slots__ = ("_inbox", "_lock", "_abandoned", "_lookup")
 
-    def __init__(self) -> None:
+    def __init__(self, lookup: object) -> None:
+        #: What names the lookup in ``building`` while its functions run.
+        self._lookup = lookup
         self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._abandoned = False
@@ -105,7 +111,7 @@ class Relay:
         ``finish`` runs once after it returns, with whether the main thread had left."""
 
         def job() -> None:
-            result = c_call()
+            result = c_call()  # must not raise: nobody would hear of it
             with self._lock:
                 if not self._abandoned:
                     self._inbox.put(("done", result))
@@ -123,10 +129,13 @@ class Relay:
                 finish(item[1], False)
                 return item[1]  # type: ignore[no-any-return]
             _, fn, args, reply = item
+            building.append(self._lookup)
             try:
                 reply.put((True, fn(*args)))
             except BaseException as exc:  # noqa: BLE001 - the helper's call raises it
                 reply.put((False, exc))
+            finally:
+                building.pop()
 
     def _abandon(self, finish: Callable[[Any, bool], None]) -> None:
         with self._lock:

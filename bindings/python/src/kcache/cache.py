@@ -112,6 +112,7 @@ class Cache(Owned, Generic[V]):
         out = ctypes.c_void_p()
         core.lookup(
             Call(build, key),
+            data,
             lambda token: lib.kc_cache_find_or_build(  # type: ignore[no-any-return]
                 handle, data, len(data), device_id(device), core.build_cb, token,
                 ctypes.byref(out),

@@ -88,7 +88,7 @@ class TieredCache(Generic[V]):
                 ctypes.byref(out),
             )
 
-        core.lookup(call, c_call, out)
+        core.lookup(call, data, c_call, out)
         if call.serialize_error is not None:
             warnings.warn(
                 f"kcache: serialize raised {call.serialize_error!r}; the entry was not written",
