@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Python package the way a user does (pip, from the repository: cargo builds
-# libkcache into the wheel) into a fresh virtual environment, then runs its tests with pytest
-# on the system's OpenCL implementation (PoCL in CI), after checking the type hints with mypy. The environment sees Debian's packages
-# (--system-site-packages: pytest, pyopencl, numpy, setuptools, wheel), so pip needs no index.
+# libkcache and the kcache command into the wheel) into a fresh virtual environment, then runs
+# its tests with pytest on the system's OpenCL implementation (PoCL in CI), after checking the
+# type hints with mypy. The environment sees Debian's packages (--system-site-packages:
+# pytest, pyopencl, numpy, setuptools, wheel, build), so pip needs no index. The packaging
+# tests (tests/test_packaging.py) run `python -m build`, `pip wheel` and `pip install -e` in
+# environments of their own; every cargo run shares one target directory.
 # Usage: bindings/python/run-tests.sh
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+TARGET="$CARGO_TARGET_DIR"
 VENV="$TARGET/python-venv"
 # Debian's interpreter, whose site-packages hold Debian's pyopencl and pytest.
 PYTHON="${KCACHE_TEST_PYTHON:-/usr/bin/python3}"

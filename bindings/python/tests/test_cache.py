@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import traceback
 from collections.abc import Callable
 
 import pytest
@@ -45,6 +46,19 @@ def test_a_hit_reuses_the_value_and_counts() -> None:
             second.weight
         assert cache.stats().leases == 0
         assert len(cache) == 1
+
+
+@pytest.mark.parametrize("key", [3, 3.5, None, ["k"]])
+def test_a_key_that_is_not_bytes_or_str_is_a_type_error(key: object) -> None:
+    cache = kcache.Cache[int]()
+    with pytest.raises(TypeError, match="bytes or str"):
+        cache.find_or_build(key, lambda k: 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        cache.get(key)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        kcache.KeyBuilder().option(key)  # type: ignore[arg-type]
+    # Nothing was built under any key, b"\0\0\0" included.
+    assert (len(cache), cache.stats().misses) == (0, 0)
 
 
 def test_str_and_bytes_keys_are_the_same_key() -> None:
@@ -92,7 +106,14 @@ def test_a_build_exception_reaches_the_builder_and_every_waiter() -> None:
 
     results = run_threads(THREADS, lambda: cache.find_or_build("k", build))
     assert len(raised) == 1
-    assert all(r is raised[0] for r in results)
+    # The builder raises the build's exception; each waiter a copy caused by it.
+    assert sum(r is raised[0] for r in results) == 1
+    for r in results:
+        assert type(r) is Boom and r.args == ("no compiler",)
+        assert r is raised[0] or r.__cause__ is raised[0]
+        # One clean traceback per caller: its own call path once, not once per raise.
+        frames = traceback.extract_tb(r.__traceback__)
+        assert [f.name for f in frames].count("find_or_build") == 1
     stats = cache.stats()
     assert (stats.build_failures, stats.entries) == (1, 0)
     # The key is not poisoned: the next lookup builds again.

@@ -69,8 +69,19 @@ def test_a_compile_error_carries_the_log(context: object) -> None:
     with kcache.opencl.ProgramCache(use_disk=False) as cache:
         with pytest.raises(kcache.BuildFailedError) as info:
             cache.get_program(context, None, "__kernel void broken( { }")
-        assert info.value.code != 0
+        assert info.value.code == cl.status_code.BUILD_PROGRAM_FAILURE
         assert "error" in str(info.value).lower()
+        assert str(info.value).startswith("KC_ERR_BUILD_FAILED: ")
+
+
+def test_a_compile_error_is_a_pyopencl_error(context: object) -> None:
+    # Code written for Program.build catches it unchanged.
+    with kcache.opencl.ProgramCache(use_disk=False) as cache:
+        with pytest.raises(cl.RuntimeError) as info:
+            cache.get_program(context, None, "__kernel void broken( { }")
+    assert isinstance(info.value, cl.Error)
+    assert isinstance(info.value, kcache.opencl.ProgramBuildError)
+    assert info.value.code == cl.status_code.BUILD_PROGRAM_FAILURE
 
 
 def test_without_an_opencl_runtime_the_cache_is_unavailable() -> None:
@@ -108,7 +119,8 @@ SECOND = textwrap.dedent(
     cl.enqueue_copy(queue, data, buf)
     stats = cache.stats()
     print(json.dumps({"data": data.tolist(), "source_builds": stats.source_builds,
-                      "binary_loads": stats.binary_loads}))
+                      "binary_loads": stats.binary_loads,
+                      "memory": [stats.memory.builds, stats.memory.loads]}))
     """
 )
 
@@ -124,7 +136,7 @@ def test_a_second_process_loads_the_binary(context: object, tmp_path: Path) -> N
         check=True, capture_output=True, text=True, env=dict(os.environ),
     )
     assert json.loads(out.stdout) == {
-        "data": [0.0, 2.0, 4.0, 6.0], "source_builds": 0, "binary_loads": 1,
+        "data": [0.0, 2.0, 4.0, 6.0], "source_builds": 0, "binary_loads": 1, "memory": [0, 1],
     }
 
 

@@ -4,13 +4,14 @@
   leases (``with cache.find_or_build(key, build) as value: ...``), device eviction.
 - ``Disk``, ``KeyBuilder``, ``TieredCache``: values kept on disk for the next process.
 - ``kcache.opencl.get_program``: PyOpenCL programs compiled once per machine.
+- ``render_metrics()``: Prometheus text; kcache's log goes to ``logging`` (logger ``kcache``).
 
 Every call that can wait or build releases the GIL; build functions run with it held.
 """
 
 from __future__ import annotations
 
-from . import _lib
+from . import _lib, log
 from ._errors import (
     BuildFailedError,
     CacheClearedError,
@@ -27,10 +28,13 @@ from ._errors import (
 from .cache import Cache, Lease
 from .disk import Disk
 from .key import Field, KeyBuilder
+from .metrics import render_metrics
 from .stats import CacheStats, DiskStats, GcReport, OpenCLStats
 from .tiered import TieredCache
 
 KEY_LEN = _lib.KEY_LEN
+
+log._install()
 
 
 def library_version() -> str:
@@ -62,4 +66,5 @@ __all__ = [
     "UnavailableError",
     "UntrustedError",
     "library_version",
+    "render_metrics",
 ]

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from . import _lib
-from ._errors import BUILD_FAILED, DestroyFailedError, error
+from . import _lib, _waiting
+from ._errors import BUILD_FAILED, REENTRANT, DestroyFailedError, ReentrantError, error
 
 V = TypeVar("V")
 
@@ -33,7 +33,9 @@ class Call:
     """One lookup in progress: what builds its value (``build(key)``), what loads and
     serializes it for a tiered lookup, and what its serialize step made."""
 
-    __slots__ = ("build", "key", "load", "serialize", "serialized", "serialize_error")
+    __slots__ = (
+        "build", "key", "load", "serialize", "serialized", "serialize_error", "owner", "relay"
+    )
 
     def __init__(
         self,
@@ -48,6 +50,31 @@ class Call:
         self.serialize = serialize
         self.serialized = b""
         self.serialize_error: BaseException | None = None
+        # The thread that asked: its build runs there, and it raises a failed build's own
+        # exception.
+        self.owner = threading.get_ident()
+        self.relay: _waiting.Relay | None = None
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the thread that asked (see ``_waiting``)."""
+        if self.relay is None:
+            return fn(*args)
+        return self.relay.run_on_main(fn, *args)
+
+
+def _for_waiter(exc: BaseException) -> BaseException:
+    """A new exception of the build's type, with its arguments and attributes, whose cause is
+    the build's own. Raising one shared object in every waiter would make each raise add its
+    call path to that object's traceback; this way each caller's traceback is its own, and
+    the build's (where it failed) is shown once, as the cause."""
+    try:
+        fresh = type(exc).__new__(type(exc), *exc.args)
+        fresh.args = exc.args
+        fresh.__dict__.update(getattr(exc, "__dict__", {}))
+    except Exception:  # noqa: BLE001 - a type that cannot be made so: raise the original
+        return exc
+    fresh.__cause__ = exc
+    return fresh
 
 
 class Core(Generic[V]):
@@ -63,35 +90,83 @@ class Core(Generic[V]):
         self._handles = itertools.count(1)
         self._tokens = itertools.count(1)
         self._codes = itertools.count(1)
-        self._failures: dict[int, BaseException] = {}
+        # A failed build's exception and the thread that ran the build, by failure code.
+        self._failures: dict[int, tuple[BaseException, int]] = {}
         self._failures_lock = threading.Lock()
         self._local = threading.local()
+        # Values the load callback made since the last reset: the memory tier counts them
+        # among its builds, the binding's statistics do not.
+        self._loads = 0
+        self._loads_lock = threading.Lock()
         self.build_cb = _lib.BuildFn(self._on_build)
         self.load_cb = _lib.LoadFn(self._on_load)
         self.serialize_cb = _lib.SerializeFn(self._on_serialize)
         self.destroy_cb = _lib.DestroyFn(self._on_destroy)
 
-    def start(self, call: Call) -> int:
-        """Registers a lookup; returns the token to pass as the callbacks' context."""
+    def lookup(
+        self, call: Call, data: bytes, c_call: Callable[[int], int], out: ctypes.c_void_p
+    ) -> None:
+        """Makes the lookup of key ``data`` that ``c_call(token)`` does, writing a lease to
+        ``out``, the token being the callbacks' context; raises its failure. On the main
+        thread while other threads run, a helper makes it and Ctrl-C interrupts the wait
+        (``_waiting``)."""
         token = next(self._tokens)
         self.calls[token] = call
-        return token
+        if not _waiting.wanted():
+            try:
+                status = c_call(token)
+            finally:
+                del self.calls[token]
+            self.check(status)
+            return
 
-    def finish(self, token: int) -> None:
-        del self.calls[token]
+        lookup = (id(self), data)
+        if lookup in _waiting.building:
+            del self.calls[token]
+            raise ReentrantError(REENTRANT, "a build asked its cache for the key it is building")
 
-    def fail(self, status: int) -> BaseException:
-        """The exception a failed lookup raises: the build's own when it raised one."""
+        def made_by_helper() -> BaseException | None:
+            # kcache's error details are the calling thread's: read them on the helper.
+            try:
+                status = c_call(token)
+            except BaseException as exc:  # noqa: BLE001 - raised on the main thread
+                return exc
+            return None if status == 0 else self.fail(status, call.owner)
+
+        def finish(failure: BaseException | None, abandoned: bool) -> None:
+            if abandoned and failure is None:
+                _lib.lib.kc_lease_release(out.value)
+            del self.calls[token]
+
+        call.relay = _waiting.Relay(lookup)
+        failure = call.relay.call(made_by_helper, finish)
+        if failure is not None:
+            raise failure
+
+    def fail(self, status: int, thread: int | None = None) -> BaseException:
+        """The exception a failed lookup of ``thread`` (default: this one) raises: the build's
+        own in the thread that asked for the build, a fresh copy of it in each waiter (see
+        ``_for_waiter``)."""
         if status == BUILD_FAILED:
             with self._failures_lock:
-                exc = self._failures.get(_lib.lib.kc_last_build_error())
-            if exc is not None:
-                return exc
+                failure = self._failures.get(_lib.lib.kc_last_build_error())
+            if failure is not None:
+                exc, builder = failure
+                asker = threading.get_ident() if thread is None else thread
+                return exc if builder == asker else _for_waiter(exc)
         err = error(status)
         if isinstance(err, DestroyFailedError):
             err.__cause__ = getattr(self._local, "destroy_error", None)
             self._local.destroy_error = None
         return err
+
+    def take_loads(self, reset: bool = False) -> int:
+        """The values loaded rather than built since the last reset; ``reset`` starts again."""
+        with self._loads_lock:
+            loads = self._loads
+            if reset:
+                self._loads = 0
+            return loads
 
     def check(self, status: int) -> None:
         if status != 0:
@@ -112,10 +187,10 @@ class Core(Generic[V]):
         out_value[0] = handle
         out_weight[0] = weight
 
-    def _failed(self, exc: BaseException) -> int:
+    def _failed(self, exc: BaseException, builder: int) -> int:
         code = next(self._codes) & _CODE_MASK or 1
         with self._failures_lock:
-            self._failures[code] = exc
+            self._failures[code] = (exc, builder)
             while len(self._failures) > _FAILURES_KEPT:
                 del self._failures[next(iter(self._failures))]
         return code
@@ -123,18 +198,21 @@ class Core(Generic[V]):
     # The callbacks below run on kcache's side of a call: nothing may escape them.
 
     def _on_build(self, ctx: int, _key: Any, _len: int, out_value: Any, out_weight: Any) -> int:
+        call = self.calls[ctx]
         try:
-            call = self.calls[ctx]
-            self._install(call.build(call.key), out_value, out_weight)
+            self._install(call.run(call.build, call.key), out_value, out_weight)
             return 0
         except BaseException as exc:  # noqa: BLE001 - handed to every caller of the key
-            return self._failed(exc)
+            return self._failed(exc, call.owner)
 
     def _on_load(self, ctx: int, data: Any, length: int, out_value: Any, out_weight: Any) -> int:
         try:
-            load = self.calls[ctx].load
-            assert load is not None
-            self._install(load(ctypes.string_at(data, length)), out_value, out_weight)
+            call = self.calls[ctx]
+            assert call.load is not None
+            value = call.run(call.load, ctypes.string_at(data, length))
+            self._install(value, out_value, out_weight)
+            with self._loads_lock:
+                self._loads += 1
             return 0
         except BaseException:  # noqa: BLE001 - kcache removes the entry and builds instead
             return 1
@@ -144,7 +222,7 @@ class Core(Generic[V]):
         try:
             if not buf:
                 assert call.serialize is not None
-                call.serialized = bytes(call.serialize(self.values[handle]))
+                call.serialized = bytes(call.run(call.serialize, self.values[handle]))
             elif length[0] < len(call.serialized):
                 return 1
             else:

@@ -23,8 +23,13 @@ class BuildFailedError(KcacheError):
     the runtime's status. A Python build function's own exception is raised as it is."""
 
     def __init__(self, status: int, message: str, code: int) -> None:
-        self.code = code
+        self._code = code
         super().__init__(status, message)
+
+    @property
+    def code(self) -> int:
+        # A property, as ``pyopencl.Error.code`` is: ``kcache.opencl`` derives from both.
+        return self._code
 
 
 class DeviceDestroyedError(KcacheError):
@@ -72,6 +77,7 @@ _BY_STATUS: dict[int, type[KcacheError]] = {
 }
 
 BUILD_FAILED = 2
+REENTRANT = 6
 NOT_FOUND = 7
 
 

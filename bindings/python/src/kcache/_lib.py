@@ -41,6 +41,7 @@ DestroyErrorFn = ctypes.CFUNCTYPE(None, c_void_p, c_int)
 LoadFn = ctypes.CFUNCTYPE(
     c_int, c_void_p, POINTER(c_uint8), c_size_t, POINTER(c_void_p), POINTER(c_uint64)
 )
+LogFn = ctypes.CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 SerializeFn = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, POINTER(c_uint8), POINTER(c_size_t))
 
 
@@ -242,6 +243,8 @@ _PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "kc_last_build_error": (c_int, []),
     "kc_hit_rate": (c_double, [c_uint64, c_uint64]),
     "kc_buffer_free": (None, [_P(Buffer)]),
+    "kc_set_log_callback": (None, [LogFn, c_void_p]),
+    "kc_metrics_render": (_status, [c_char_p, c_size_t, _P(c_size_t)]),
     # memory tier
     "kc_cache_options_default": (CacheOptions, []),
     "kc_cache_new": (_status, [_P(CacheOptions), _P(c_void_p)]),

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Generic, TypeVar, Union
+from typing import Generic, TypeVar
 
 from . import _lib
 from ._core import Call, Core
 from ._errors import NOT_FOUND, NotFoundError, check
 from ._owned import Owned
-from .stats import CacheStats, from_struct
+from .key import Bytes, key_bytes
+from .stats import CacheStats, memory_stats
 
 V = TypeVar("V")
-Key = Union[bytes, bytearray, memoryview, str]
+Key = Bytes
 lib = _lib.lib
-
-
-def key_bytes(key: Key) -> bytes:
-    """A key as the bytes kcache compares: a ``str`` is encoded as UTF-8."""
-    if isinstance(key, str):
-        return key.encode()
-    return bytes(key)
 
 
 def device_id(device: int | None) -> int:
@@ -114,16 +108,17 @@ class Cache(Owned, Generic[V]):
         raised in this caller and in every caller that waited for that build."""
         data = key_bytes(key)
         core = self._core
-        token = core.start(Call(build, key))
+        handle = self._handle()
         out = ctypes.c_void_p()
-        try:
-            status = lib.kc_cache_find_or_build(
-                self._handle(), data, len(data), device_id(device), core.build_cb, token,
+        core.lookup(
+            Call(build, key),
+            data,
+            lambda token: lib.kc_cache_find_or_build(  # type: ignore[no-any-return]
+                handle, data, len(data), device_id(device), core.build_cb, token,
                 ctypes.byref(out),
-            )
-        finally:
-            core.finish(token)
-        core.check(status)
+            ),
+            out,
+        )
         return Lease(core, out.value)  # type: ignore[arg-type]
 
     def get(self, key: Key) -> Lease[V] | None:
@@ -157,11 +152,12 @@ class Cache(Owned, Generic[V]):
     def stats(self) -> CacheStats:
         out = _lib.CacheStatistics(struct_size=ctypes.sizeof(_lib.CacheStatistics))
         check(lib.kc_cache_stats(self._handle(), ctypes.byref(out)))
-        return from_struct(CacheStats, out)
+        return memory_stats(out, self._core.take_loads())
 
     def reset_stats(self) -> None:
         """Zeroes the event counters; ``entries``, ``weight`` and ``leases`` stay."""
         check(lib.kc_cache_reset_stats(self._handle()))
+        self._core.take_loads(reset=True)
 
     def __len__(self) -> int:
         return int(lib.kc_cache_len(self._handle()))

@@ -26,8 +26,14 @@ class Field(enum.IntEnum):
     SOURCE = 6
 
 
-def _bytes(value: Bytes) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)
+def key_bytes(value: Bytes) -> bytes:
+    """Bytes as kcache takes them: a ``str`` is encoded as UTF-8, a bytes-like object copied.
+    Anything else is a ``TypeError`` (``bytes(3)`` would make three zero bytes of an int)."""
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"kcache keys and key inputs are bytes or str, not {type(value).__name__}")
 
 
 class KeyBuilder(Owned):
@@ -62,32 +68,32 @@ class KeyBuilder(Owned):
 
     def set(self, field: Field, value: Bytes) -> KeyBuilder:
         """Sets one field, replacing an earlier value. An unset field differs from an empty one."""
-        data = _bytes(value)
+        data = key_bytes(value)
         check(lib.kc_key_builder_set(self._handle(), int(field), data, len(data)))
         return self
 
     def option(self, name: Bytes, value: Bytes = b"") -> KeyBuilder:
         """A build option whose position does not matter (sorted by name; a flag has no value).
         Options that interact by position go through ``ordered_option``."""
-        n, v = _bytes(name), _bytes(value)
+        n, v = key_bytes(name), key_bytes(value)
         check(lib.kc_key_builder_option(self._handle(), n, len(n), v, len(v)))
         return self
 
     def extra(self, name: Bytes, value: Bytes) -> KeyBuilder:
         """A free-form input (specialization constants, a layout), sorted by name."""
-        n, v = _bytes(name), _bytes(value)
+        n, v = key_bytes(name), key_bytes(value)
         check(lib.kc_key_builder_extra(self._handle(), n, len(n), v, len(v)))
         return self
 
     def ordered_option(self, argument: Bytes) -> KeyBuilder:
         """One command-line argument, hashed in the order given."""
-        a = _bytes(argument)
+        a = key_bytes(argument)
         check(lib.kc_key_builder_ordered_option(self._handle(), a, len(a)))
         return self
 
     def dependency(self, name: Bytes, contents: Bytes) -> KeyBuilder:
         """A file the compiler reads besides the source (a header), by name and contents."""
-        n, c = _bytes(name), _bytes(contents)
+        n, c = key_bytes(name), key_bytes(contents)
         check(lib.kc_key_builder_dependency(self._handle(), n, len(n), c, len(c)))
         return self
 

@@ -13,12 +13,13 @@ import atexit
 import ctypes
 import os
 import threading
+import functools
 from typing import TYPE_CHECKING
 
 from . import _lib
-from ._errors import check
+from ._errors import BUILD_FAILED, BuildFailedError, check
 from ._owned import Owned
-from .stats import CacheStats, DiskStats, OpenCLStats, from_struct
+from .stats import DiskStats, OpenCLStats, from_struct, memory_stats
 
 if TYPE_CHECKING:
     import pyopencl
@@ -29,6 +30,31 @@ lib = _lib.lib
 def available() -> bool:
     """Whether kcache can load an OpenCL runtime in this process."""
     return bool(lib.kc_opencl_available() == 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _program_build_error() -> type[BuildFailedError]:
+    """``BuildFailedError`` made a ``pyopencl.RuntimeError`` too, so that code written for
+    ``Program.build`` (``except cl.Error``, ``except cl.RuntimeError``) catches it. Made on
+    first use: pyopencl is imported only when a program is asked for."""
+    import pyopencl
+
+    class ProgramBuildError(BuildFailedError, pyopencl.RuntimeError):  # type: ignore[misc]
+        """A program failed to compile: ``code`` is OpenCL's status, the text holds the
+        compiler's log."""
+
+        # pyopencl's text expects its own error record; kcache's is the message itself.
+        __str__ = Exception.__str__
+
+    ProgramBuildError.__module__ = __name__
+    return ProgramBuildError
+
+
+def __getattr__(name: str) -> type[BuildFailedError]:
+    # ``kcache.opencl.ProgramBuildError``, for ``except`` clauses; needs pyopencl.
+    if name == "ProgramBuildError":
+        return _program_build_error()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ProgramCache(Owned):
@@ -76,7 +102,8 @@ class ProgramCache(Owned):
         from memory, else from a binary on disk, else compiled (concurrent callers share one
         compile, without holding the GIL). The ``pyopencl.Program`` owns its own reference;
         the cache keeps another. ``device`` None: the context's only device. A compile error
-        raises ``BuildFailedError`` with the compiler's log."""
+        raises ``ProgramBuildError`` with the compiler's log: a ``BuildFailedError`` that is
+        also a ``pyopencl.RuntimeError``, as PyOpenCL's own build raises."""
         import pyopencl
 
         if device is None:
@@ -91,12 +118,14 @@ class ProgramCache(Owned):
         lengths = (ctypes.c_size_t * 1)(len(src))
         device_list = (ctypes.c_void_p * 1)(device.int_ptr)
         program = (ctypes.c_void_p * 1)()
-        check(
-            lib.kc_opencl_cache_find_or_build_program(
-                self._handle(), context.int_ptr, 1, device_list, sources, lengths, 1,
-                options.encode(), program, None,
-            )
+        status = lib.kc_opencl_cache_find_or_build_program(
+            self._handle(), context.int_ptr, 1, device_list, sources, lengths, 1,
+            options.encode(), program, None,
         )
+        if status == BUILD_FAILED:
+            message = lib.kc_last_error_message().decode(errors="replace")
+            raise _program_build_error()(status, message, lib.kc_last_build_error())
+        check(status)
         return pyopencl.Program.from_int_ptr(program[0], retain=False)
 
     def evict_context(self, context: pyopencl.Context) -> int:
@@ -130,7 +159,7 @@ class ProgramCache(Owned):
         return from_struct(
             OpenCLStats,
             out,
-            memory=from_struct(CacheStats, out.memory),
+            memory=memory_stats(out.memory, out.binary_loads),
             disk=from_struct(DiskStats, out.disk),
         )
 

@@ -21,6 +21,13 @@ def from_struct(cls: type[T], struct: ctypes.Structure, **nested: Any) -> T:
     return cls(**values)
 
 
+def memory_stats(struct: ctypes.Structure, loads: int) -> CacheStats:
+    """A memory tier's counters, where the C struct counts each value loaded from a store
+    (disk, remote) among the builds: here ``builds`` counts only values built, ``loads``
+    the others."""
+    return from_struct(CacheStats, struct, builds=struct.builds - loads, loads=loads)
+
+
 @dataclass(frozen=True)
 class _Lookups:
     hits: int
@@ -36,9 +43,11 @@ class _Lookups:
 
 @dataclass(frozen=True)
 class CacheStats(_Lookups):
-    """Counters of a memory cache (``kc_cache_statistics``); the last three are gauges."""
+    """Counters of a memory cache (``kc_cache_statistics``); the last three are gauges.
+    ``builds`` counts values built, ``loads`` values a tiered lookup loaded from a store."""
 
     builds: int
+    loads: int
     build_failures: int
     waits: int
     discarded: int

@@ -9,9 +9,9 @@ from typing import Generic, TypeVar
 
 from . import _lib
 from ._core import Call
-from .cache import Cache, Key, Lease, device_id, key_bytes
+from .cache import Cache, Key, Lease, device_id
 from .disk import Disk, _disk_key, descriptor
-from .key import KeyBuilder
+from .key import KeyBuilder, key_bytes
 
 V = TypeVar("V")
 lib = _lib.lib
@@ -74,21 +74,21 @@ class TieredCache(Generic[V]):
         l2_key = _disk_key(disk_key) if disk_key is not None else self.disk_key(data)
         core = self.cache._core
         call = Call(build, key, self._load, self._serialize)
-        token = core.start(call)
-        callbacks = _lib.TieredCallbacks.from_buffer_copy(self._callbacks)
-        callbacks.ctx = token
         desc = descriptor(self.backend, device_name, name)
+        cache = self.cache._handle()
+        disk = None if self.disk is None else self.disk._handle()
         out = ctypes.c_void_p()
-        try:
-            status = lib.kc_tiered_find_or_build_described(
-                self.cache._handle(), data, len(data), device_id(device),
-                None if self.disk is None else self.disk._handle(), l2_key,
+
+        def c_call(token: int) -> int:
+            callbacks = _lib.TieredCallbacks.from_buffer_copy(self._callbacks)
+            callbacks.ctx = token
+            return lib.kc_tiered_find_or_build_described(  # type: ignore[no-any-return]
+                cache, data, len(data), device_id(device), disk, l2_key,
                 ctypes.byref(callbacks), None if desc is None else ctypes.byref(desc),
                 ctypes.byref(out),
             )
-        finally:
-            core.finish(token)
-        core.check(status)
+
+        core.lookup(call, data, c_call, out)
         if call.serialize_error is not None:
             warnings.warn(
                 f"kcache: serialize raised {call.serialize_error!r}; the entry was not written",
