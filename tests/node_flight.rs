@@ -285,13 +285,11 @@ impl<'a> Spawner<'a> {
             .env(VARIANT_ENV, self.variant)
             .env(TIMEOUT_ENV, self.timeout);
         let logs = self.dir.parent().unwrap();
-        // PoCL's own kernel cache, shared, would make every build but the first instant (the
-        // heavy kernel's build is what keeps a leader on the lock for a while); turned off
-        // (`POCL_KERNEL_CACHE=0`), PoCL 3.1 builds in one shared directory and processes
-        // building the same kernel at once break each other's builds. So each worker gets a
-        // cache of its own, empty.
-        let pocl_cache = tempfile::tempdir_in(logs).unwrap().keep();
-        cmd.env("POCL_CACHE_DIR", pocl_cache);
+        // As users run: PoCL's own settings, one home shared by every worker of a test (PoCL
+        // keeps its directories under `$XDG_CACHE_HOME/pocl`), no private PoCL directory.
+        cmd.env_remove("POCL_CACHE_DIR")
+            .env_remove("POCL_KERNEL_CACHE")
+            .env("XDG_CACHE_HOME", logs.join("home-cache"));
         if let Some(go) = self.go {
             cmd.env(GO_ENV, go);
         }
@@ -559,9 +557,24 @@ fn stopped_leader() -> (tempfile::TempDir, PathBuf, Worker, PathBuf) {
 /// Six processes miss one kernel at the same moment: one compiles it, five load its binary.
 #[test]
 fn six_processes_at_once_compile_once() {
+    six_at_once(&[]);
+}
+
+/// The same with PoCL's own kernel cache off: PoCL then unpacks a loaded binary into a
+/// directory named in the binary, and removes it when the program is released. Five processes
+/// loading one binary at once must not share that directory.
+#[test]
+fn six_processes_at_once_compile_once_with_pocls_cache_off() {
+    six_at_once(&[("POCL_KERNEL_CACHE", OsStr::new("0"))]);
+}
+
+/// Six processes (with `env`) miss one kernel at the same moment: one compiles it, five load
+/// its binary, all six launch it and get the right output.
+fn six_at_once(env: &[(&str, &OsStr)]) {
     let (_tmp, dir, go) = setup();
     let reports = Spawner {
         go: Some(&go),
+        env,
         ..Spawner::new("opencl", &dir, "ok")
     }
     .at_once(6);

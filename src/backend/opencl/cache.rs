@@ -102,12 +102,22 @@ impl Runtime for OpenCl {
         disk_key(identity, input.sources, input.options)
     }
 
-    fn load(&self, _: &Registered<Self>, input: Input<'_>, stored: &[u8]) -> Built<Program> {
+    fn load(
+        &self,
+        registered: &Registered<Self>,
+        input: Input<'_>,
+        stored: &[u8],
+    ) -> Built<Program> {
+        let binary = if pocl::applies_to(registered.info()) {
+            pocl::loadable(stored)
+        } else {
+            stored.into()
+        };
         let program = runtime::build_from_binary(
             self.api,
             input.context,
             input.device,
-            stored,
+            &binary,
             &options_cstring(input.options)?,
         )?;
         Ok((program, stored.len() as u64))

@@ -32,8 +32,22 @@
 //!
 //! Other drivers' binaries do not change with launches, and the cached program is queried
 //! directly on the background writer.
+//!
+//! A PoCL binary also names the directory PoCL unpacks it into when it is loaded, under
+//! PoCL's cache directory (`$XDG_CACHE_HOME/pocl/…` by default, one per user). With PoCL's own
+//! kernel cache on, the name is a hash of the program, the directory is kept, and its files
+//! are written whole (a temporary file renamed), so processes can share it. With the cache off
+//! (`POCL_KERNEL_CACHE=0`), it is the random directory the program was built in
+//! (`_UNCACHED_xxxxxx`), and PoCL removes it when the loaded program is released: every
+//! process that loaded the binary would unpack into, compile its launches' code into and then
+//! remove one shared directory, and the others' launches fail (`Final linking of kernel …
+//! failed`, or a failed `dlopen` of a file in it; PoCL 3.1, six processes of one user at
+//! once). So with the cache off, each load gets a directory of its own: [`loadable`] renames
+//! it in the bytes given to PoCL (the stored entry stays as it is).
 
+use std::borrow::Cow;
 use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
@@ -45,6 +59,55 @@ const POCL_PLATFORM: &str = "Portable Computing Language";
 /// Whether the binaries of programs built for `identity` are held back (see above).
 pub(super) fn applies_to(identity: &DeviceIdentity) -> bool {
     identity.platform_name == POCL_PLATFORM
+}
+
+/// The start of every PoCL binary (`POCLCC_STRING_ID`).
+const MAGIC: &[u8] = b"poclbin\0";
+/// Where a PoCL binary names its program's directory: after the magic, the device id (8
+/// bytes), the format version (4), the kernel count (4), the flags (8) and the root entry count
+/// (4); a NUL-terminated name of at most 40 bytes (PoCL's `SHA1_digest_t`).
+const DIRECTORY_NAME: std::ops::Range<usize> = 36..77;
+/// How PoCL starts the names of the directories it removes when a program is released.
+const UNCACHED: &str = "_UNCACHED_";
+
+/// `binary` as it is given to PoCL to load: with PoCL's own kernel cache off in this process,
+/// renamed to a directory of this load's own (see above).
+pub(super) fn loadable(binary: &[u8]) -> Cow<'_, [u8]> {
+    if kernel_cache_on() || binary.len() < DIRECTORY_NAME.end || !binary.starts_with(MAGIC) {
+        return Cow::Borrowed(binary);
+    }
+    let mut renamed = binary.to_vec();
+    let name = &mut renamed[DIRECTORY_NAME];
+    name.fill(0);
+    let unique = unique_name();
+    name[..unique.len()].copy_from_slice(unique.as_bytes());
+    Cow::Owned(renamed)
+}
+
+/// Whether PoCL keeps its kernel cache: `POCL_KERNEL_CACHE` unset (PoCL's default is on) or
+/// starting with `1`, as PoCL reads it.
+fn kernel_cache_on() -> bool {
+    std::env::var_os("POCL_KERNEL_CACHE")
+        .is_none_or(|value| value.as_encoded_bytes().starts_with(b"1"))
+}
+
+/// A directory name no other load on this machine uses: 40 bytes, PoCL's prefix and a hash
+/// of this process, this load and the time (a directory a crashed process left behind keeps
+/// the name of a process that is gone).
+fn unique_name() -> String {
+    static LOADS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&std::process::id().to_le_bytes());
+    hasher.update(&LOADS.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.update(&now.as_nanos().to_le_bytes());
+    let hex = hasher.finalize().to_hex();
+    format!(
+        "{UNCACHED}{}",
+        &hex[..DIRECTORY_NAME.len() - 1 - UNCACHED.len()]
+    )
 }
 
 /// A second build of a program's source, made on the background writer for its binary.
