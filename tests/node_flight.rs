@@ -159,7 +159,7 @@ fn opencl_lookup(
 ) -> String {
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
-        disk,
+        disk: disk.clone(),
         ..OpenClOptions::default()
     })
     .unwrap();
@@ -191,14 +191,23 @@ fn opencl_lookup(
     let stats = cache.stats();
     // `disk_misses` counts every call to the build, including the failed ones that
     // `source_builds` leaves out.
-    report(
+    let line = report(
         stats.source_builds,
         stats.disk_misses,
         stats.binary_loads,
         &stats.disk,
         correct,
         error,
-    )
+    );
+    // The same compiles as metrics and the directory's figures (`kcache stats`) count them.
+    let metric = "kcache_builds_total{backend=\"opencl\",result=\"ok\"} ";
+    let metrics = kcache::metrics::render();
+    let metric_builds = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(metric))
+        .unwrap_or_else(|| panic!("no {metric} in {metrics}"));
+    let directory_builds = disk.map_or(0, |d| d.directory_stats().unwrap().counters.builds);
+    format!("{line} metric_builds={metric_builds} directory_builds={directory_builds}")
 }
 
 fn cuda_lookup(disk: Option<Arc<DiskCache>>, go: Option<&Path>) -> String {
@@ -569,7 +578,9 @@ fn six_processes_at_once_compile_once_with_pocls_cache_off() {
 }
 
 /// Six processes (with `env`) miss one kernel at the same moment: one compiles it, five load
-/// its binary, all six launch it and get the right output.
+/// its binary, all six launch it and get the right output. The leader's binary is held back
+/// (PoCL), and the five wait for it: a sibling is built for them, and counted, as a second
+/// compile.
 fn six_at_once(env: &[(&str, &OsStr)]) {
     let (_tmp, dir, go) = setup();
     let reports = Spawner {
@@ -582,7 +593,8 @@ fn six_at_once(env: &[(&str, &OsStr)]) {
     assert_sums(
         &reports,
         &[
-            ("builds", 1),
+            ("builds", 2),
+            ("metric_builds", 2),
             ("loads", 5),
             ("timeouts", 0),
             ("takeovers", 0),
@@ -650,9 +662,16 @@ fn served_then_flushed(env: &[(&str, &OsStr)]) -> (u64, u64) {
 
     std::fs::write(&hold, b"").unwrap();
     let leader = leader.finish();
+    // Its program, and a sibling built for the follower's entry: two compiles, counted as two
+    // in its statistics, its metrics and the directory's figures (the follower compiled none).
     assert_sums(
         std::slice::from_ref(&leader),
-        &[("builds", 1), ("waits", 0)],
+        &[
+            ("builds", 2),
+            ("metric_builds", 2),
+            ("directory_builds", 2),
+            ("waits", 0),
+        ],
     );
     let flushed = std::fs::metadata(&entry).unwrap().len();
     assert_eq!(lock_files(&dir), Vec::<String>::new());
@@ -685,7 +704,8 @@ fn a_killed_leader_is_taken_over_by_one_waiter() {
     assert_sums(
         &reports,
         &[
-            ("builds", 1),
+            // The program and the sibling built for the four that waited on the new leader.
+            ("builds", 2),
             ("loads", 4),
             ("takeovers", 1),
             ("waits", 5),

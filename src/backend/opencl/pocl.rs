@@ -48,10 +48,13 @@
 use std::borrow::Cow;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
+use crate::disk::{DiskCache, Reported};
 use crate::error::BuildError;
+use crate::metrics::{self, Backend, Totals};
 
 /// The platform name PoCL reports.
 const POCL_PLATFORM: &str = "Portable Computing Language";
@@ -120,6 +123,8 @@ pub(super) struct Sibling {
     device: Device,
     source: String,
     options: CString,
+    /// The cache's `source_builds`, and where else the build is counted.
+    counts: (Arc<AtomicU64>, Arc<SiblingBuilds>),
 }
 
 // SAFETY: the context handle is used only while `of`, which holds a reference to that
@@ -134,6 +139,7 @@ impl Sibling {
         device: Device,
         sources: &[&str],
         options: &CString,
+        counts: (Arc<AtomicU64>, Arc<SiblingBuilds>),
     ) -> Option<Sibling> {
         Some(Sibling {
             api,
@@ -142,6 +148,7 @@ impl Sibling {
             device,
             source: sources.concat(),
             options: options.clone(),
+            counts,
         })
     }
 
@@ -157,8 +164,49 @@ impl Sibling {
             &self.options,
         )?;
         drop(self.of);
+        let (source_builds, siblings) = self.counts;
+        source_builds.fetch_add(1, Ordering::Relaxed);
+        siblings.count();
         sibling
             .binary()
             .map_err(|e| BuildError::new(0, e.to_string()))
+    }
+}
+
+/// The sibling builds of one cache, for what counts compiles outside the cache's statistics:
+/// metrics (`kcache_builds_total`, as builds of the OpenCL backend) and the disk directory's
+/// figures (`kcache stats`). Never zeroed, as metrics' counters are not.
+pub(super) struct SiblingBuilds {
+    builds: AtomicU64,
+    /// Weak: the disk tier's writer runs the sibling builds, and must not keep it alive.
+    disk: Option<Weak<DiskCache>>,
+}
+
+impl SiblingBuilds {
+    /// Listed in metrics until dropped.
+    pub(super) fn new(disk: Option<&Arc<DiskCache>>) -> Arc<SiblingBuilds> {
+        let siblings = Arc::new(SiblingBuilds {
+            builds: AtomicU64::new(0),
+            disk: disk.map(Arc::downgrade),
+        });
+        let source: Arc<dyn metrics::Source> = siblings.clone();
+        metrics::register(Arc::downgrade(&source));
+        siblings
+    }
+
+    fn count(&self) {
+        self.builds.fetch_add(1, Ordering::Relaxed);
+        if let Some(disk) = self.disk.as_ref().and_then(Weak::upgrade) {
+            disk.record(Reported {
+                builds: 1,
+                ..Reported::default()
+            });
+        }
+    }
+}
+
+impl metrics::Source for SiblingBuilds {
+    fn add_to(&self, totals: &mut Totals) {
+        totals.backend(Backend::OpenCl).builds += self.builds.load(Ordering::Relaxed);
     }
 }
