@@ -8,7 +8,7 @@
 //! at the latest (see `exit`). A lone process then pays for its bytes once, at flush, instead of beside the
 //! caller's next work; a process that waits gets them within the writer's poll interval.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::writer::Cause;
@@ -106,16 +106,28 @@ impl DiskCache {
         if wanted_now {
             return self.inner.writer.submit(move || job(Cause::Wanted, lock));
         }
-        // The poll reads the lock's mark; the write releases the lock (the last reference, the
-        // poll being dropped before the write runs).
-        let lock = lock.map(Arc::new);
-        let poll = lock
-            .clone()
-            .map(|lock| Box::new(move || lock.wanted()) as Box<dyn Fn() -> bool + Send>);
+        // The poll owns the lock and reads its mark; the write takes it from the poll (which
+        // the writer drops after the write), and releases it once the entry is published. A
+        // writer with too many polls drops this one before the write: the lock is released
+        // then, and the write, at the flush, has none.
+        let lock = lock.map(|lock| Arc::new(Mutex::new(Some(lock))));
+        let taken = lock.as_ref().map(Arc::downgrade);
+        let poll = lock.map(|lock| {
+            Box::new(move || locked(&lock).as_ref().is_some_and(KeyLock::wanted))
+                as Box<dyn Fn() -> bool + Send>
+        });
         self.inner.writer.park(poll, move |cause| {
-            job(cause, lock.and_then(|lock| Arc::try_unwrap(lock).ok()))
+            let lock = taken
+                .and_then(|lock| lock.upgrade())
+                .and_then(|lock| locked(&lock).take());
+            job(cause, lock)
         });
     }
+}
+
+/// The lock a parked write shares with its poll; no code panics while holding it.
+fn locked(lock: &Mutex<Option<KeyLock>>) -> MutexGuard<'_, Option<KeyLock>> {
+    lock.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Makes the bytes and writes the entry, then releases `lock`; whether it was written.
