@@ -74,13 +74,13 @@ fn workload(name: &str) -> Vec<Program> {
         "programs100" => (0..100)
             .map(|k| Program {
                 source: format!(
-                    "__kernel void mix(__global float *y) {{\n\
+                    "__kernel void scramble(__global float *y) {{\n\
                      uint v = get_global_id(0);\n\
                      v ^= v >> 7; v *= 0x9E3779B1u; v += {k}u;\n\
                      y[get_global_id(0)] = (float)(v & 255u);\n}}\n"
                 ),
                 options: "",
-                kernel: "mix",
+                kernel: "scramble",
                 matmul: false,
             })
             .collect(),
@@ -88,15 +88,16 @@ fn workload(name: &str) -> Vec<Program> {
     }
 }
 
-/// `mix`'s output for work item `i` of program `k`.
-fn mixed(i: u32, k: u32) -> f32 {
+/// `scramble`'s output for work item `i` of program `k`.
+fn scrambled(i: u32, k: u32) -> f32 {
     let mut v = i;
     v ^= v >> 7;
     v = v.wrapping_mul(0x9E37_79B1).wrapping_add(k);
     (v & 255) as f32
 }
 
-/// The child: builds every program (timed), launches and checks each, prints the build time.
+/// The child: builds every program, launches and checks each, frees them and the cache, and
+/// prints how long each of the three took.
 fn child(workload_name: &str, cache: &str) {
     let programs = workload(workload_name);
     let context = Context::first_device().unwrap();
@@ -129,12 +130,21 @@ fn child(workload_name: &str, cache: &str) {
         })
         .collect();
     let build = started.elapsed();
+    let started = Instant::now();
     for (k, (program, p)) in built.iter().zip(&programs).enumerate() {
         launch_and_check(&context, program.as_ref(), p, k as u32);
     }
-    println!("build_us={}", build.as_micros());
+    let launch = started.elapsed();
+    let started = Instant::now();
     drop(built);
     drop(cache);
+    let free = started.elapsed();
+    println!(
+        "build_us={} launch_us={} free_us={}",
+        build.as_micros(),
+        launch.as_micros(),
+        free.as_micros()
+    );
 }
 
 /// A program handle borrowed from a built program of either kind.
@@ -164,12 +174,22 @@ fn launch_and_check(context: &Context, program: &dyn BuiltProgram, p: &Program, 
         let mut y = vec![0.0f32; ITEMS];
         let mut args = [KernelArg::Floats(&mut y)];
         run_kernel_in_groups(context, &program, p.kernel, &mut args, ITEMS, Some(GROUP)).unwrap();
-        assert!((0..ITEMS as u32).all(|i| y[i as usize] == mixed(i, k)));
+        assert!((0..ITEMS as u32).all(|i| y[i as usize] == scrambled(i, k)));
     }
 }
 
-/// One run of a workload in a new process: (build, whole process).
-fn run(workload: &str, home: &Path, cache: &str, pocl_cache: bool) -> (Duration, Duration) {
+/// How long a run's parts took.
+#[derive(Clone, Copy)]
+struct Run {
+    build: Duration,
+    launch: Duration,
+    /// Freeing the programs and the cache (which writes what it held back).
+    free: Duration,
+    whole: Duration,
+}
+
+/// One run of a workload in a new process.
+fn run(workload: &str, home: &Path, cache: &str, pocl_cache: bool) -> Run {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("KCACHE_") {
@@ -184,13 +204,23 @@ fn run(workload: &str, home: &Path, cache: &str, pocl_cache: bool) -> (Duration,
     let started = Instant::now();
     let out = successful_stdout(workload, &mut cmd);
     let whole = started.elapsed();
-    let build_us: u64 = out
+    let line = out
         .lines()
-        .find_map(|l| l.strip_prefix("build_us="))
-        .unwrap_or_else(|| panic!("no build time in {out}"))
-        .parse()
-        .unwrap();
-    (Duration::from_micros(build_us), whole)
+        .find(|l| l.starts_with("build_us="))
+        .unwrap_or_else(|| panic!("no times in {out}"));
+    let part = |name: &str| {
+        let value = line
+            .split(' ')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix("_us="))
+            .unwrap_or_else(|| panic!("no {name} in {line}"));
+        Duration::from_micros(value.parse().unwrap())
+    };
+    Run {
+        build: part("build"),
+        launch: part("launch"),
+        free: part("free"),
+        whole,
+    }
 }
 
 const COLUMNS: [&str; 4] = [
@@ -200,9 +230,19 @@ const COLUMNS: [&str; 4] = [
     "PoCL's own cache, warm",
 ];
 
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values[values.len() / 2]
+/// The median of each part of `runs`.
+fn median(runs: &[Run]) -> Run {
+    let of = |part: fn(&Run) -> Duration| {
+        let mut values: Vec<Duration> = runs.iter().map(part).collect();
+        values.sort();
+        values[values.len() / 2]
+    };
+    Run {
+        build: of(|r| r.build),
+        launch: of(|r| r.launch),
+        free: of(|r| r.free),
+        whole: of(|r| r.whole),
+    }
 }
 
 fn format(d: Duration) -> String {
@@ -226,14 +266,17 @@ fn main() {
         .into_iter()
         .filter(|w| named.is_empty() || named.iter().any(|n| n == w))
         .collect();
-    println!("| | {} |", COLUMNS.join(" | "));
-    println!("|---|{}", "---:|".repeat(COLUMNS.len()));
+    let mut table = vec![
+        format!("| | {} |", COLUMNS.join(" | ")),
+        format!("|---|{}", "---:|".repeat(COLUMNS.len())),
+    ];
+    let mut parts = table.clone();
     for workload in workloads {
         let tmp = tempfile::tempdir().unwrap();
         let home = tmp.path().join("home");
         // Fills PoCL's own cache for its column.
         run(workload, &home, "plain", true);
-        let mut runs: Vec<Vec<(Duration, Duration)>> = vec![Vec::new(); COLUMNS.len()];
+        let mut runs: Vec<Vec<Run>> = vec![Vec::new(); COLUMNS.len()];
         for round in 0..rounds {
             let dir = tmp.path().join(format!("kcache-{round}"));
             let dir = dir.to_str().unwrap();
@@ -242,25 +285,32 @@ fn main() {
             runs[2].push(run(workload, &home, dir, false));
             runs[3].push(run(workload, &home, "plain", true));
         }
-        let medians: Vec<(Duration, Duration)> = runs
-            .into_iter()
-            .map(|r| {
-                let (builds, wholes): (Vec<_>, Vec<_>) = r.into_iter().unzip();
-                (median(builds), median(wholes))
-            })
-            .collect();
-        let original = medians[0].1.as_secs_f64();
-        let cells: Vec<String> = medians
-            .iter()
-            .map(|&(build, whole)| {
-                let ratio = whole.as_secs_f64() / original;
-                format!("{} / {} ({ratio:.2}×)", format(build), format(whole))
-            })
-            .collect();
-        println!(
+        let medians: Vec<Run> = runs.iter().map(|r| median(r)).collect();
+        let original = medians[0].whole.as_secs_f64();
+        let cells = medians.iter().map(|r| {
+            let ratio = r.whole.as_secs_f64() / original;
+            format!("{} / {} ({ratio:.2}×)", format(r.build), format(r.whole))
+        });
+        let cells: Vec<String> = cells.collect();
+        table.push(format!(
             "| {workload}: build / whole process | {} |",
             cells.join(" | ")
-        );
+        ));
+        let cells = medians.iter().map(|r| {
+            format!(
+                "{} / {} / {}",
+                format(r.build),
+                format(r.launch),
+                format(r.free)
+            )
+        });
+        let cells: Vec<String> = cells.collect();
+        parts.push(format!(
+            "| {workload}: build / launches / free | {} |",
+            cells.join(" | ")
+        ));
+        println!("{workload} done");
     }
+    println!("\n{}\n\n{}", table.join("\n"), parts.join("\n"));
     println!("\nmedians of {rounds} interleaved rounds; (×): whole process over the original's");
 }
