@@ -76,7 +76,15 @@ const UNCACHED: &str = "_UNCACHED_";
 /// `binary` as it is given to PoCL to load: with PoCL's own kernel cache off in this process,
 /// renamed to a directory of this load's own (see above).
 pub(super) fn loadable(binary: &[u8]) -> Cow<'_, [u8]> {
-    if kernel_cache_on() || binary.len() < DIRECTORY_NAME.end || !binary.starts_with(MAGIC) {
+    if kernel_cache_on() {
+        return Cow::Borrowed(binary);
+    }
+    renamed(binary)
+}
+
+/// `binary` naming a directory of its own; anything but a PoCL binary as it is.
+fn renamed(binary: &[u8]) -> Cow<'_, [u8]> {
+    if binary.len() < DIRECTORY_NAME.end || !binary.starts_with(MAGIC) {
         return Cow::Borrowed(binary);
     }
     let mut renamed = binary.to_vec();
@@ -208,5 +216,36 @@ impl SiblingBuilds {
 impl metrics::Source for SiblingBuilds {
     fn add_to(&self, totals: &mut Totals) {
         totals.backend(Backend::OpenCl).builds += self.builds.load(Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each load names a directory of its own, NUL-terminated in the header's 41 bytes, and
+    /// leaves every other byte alone; bytes that are not a PoCL binary pass unchanged.
+    #[test]
+    fn each_load_names_a_directory_of_its_own() {
+        let mut binary = MAGIC.to_vec();
+        binary.extend_from_slice(&[9; 28]);
+        binary.extend_from_slice(b"_UNCACHED_abcdef");
+        binary.resize(DIRECTORY_NAME.end + 100, 7);
+        let (first, second) = (renamed(&binary), renamed(&binary));
+        assert_ne!(first[DIRECTORY_NAME], second[DIRECTORY_NAME]);
+        for load in [&first, &second] {
+            let name = &load[DIRECTORY_NAME];
+            assert!(name.starts_with(UNCACHED.as_bytes()), "{name:?}");
+            assert_eq!(name[DIRECTORY_NAME.len() - 1], 0, "NUL-terminated");
+            assert!(
+                name[..DIRECTORY_NAME.len() - 1]
+                    .iter()
+                    .all(|&b| b == b'_' || b.is_ascii_alphanumeric())
+            );
+            assert_eq!(load[..DIRECTORY_NAME.start], binary[..DIRECTORY_NAME.start]);
+            assert_eq!(load[DIRECTORY_NAME.end..], binary[DIRECTORY_NAME.end..]);
+        }
+        let other = b"not a PoCL binary, but long enough to hold a header of 77 bytes and more...";
+        assert!(matches!(renamed(other), Cow::Borrowed(b) if b == other));
     }
 }
