@@ -366,9 +366,9 @@ where
             match serialize(lease.value()) {
                 Ok((bytes, descriptor)) => {
                     let counters = Arc::clone(self.counters);
-                    // Other nodes may be waiting on the lease: nothing tells this process, so
-                    // a write it would hold back is wanted now.
-                    let wanted = remote_lease.is_some();
+                    // Other nodes waiting on the lease mark it: a write held back is then
+                    // wanted, as when a process of this node waits.
+                    let wanted = remote_lease.as_ref().map(LeaseGuard::wanted);
                     let entry = (key, build_time, descriptor);
                     disk.write_back(entry, lock, bytes, wanted, move |written| {
                         // The entry is in the remote now (or will not be): other nodes

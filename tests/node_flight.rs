@@ -159,7 +159,7 @@ fn opencl_lookup(
 ) -> String {
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
-        disk,
+        disk: disk.clone(),
         ..OpenClOptions::default()
     })
     .unwrap();
@@ -191,14 +191,23 @@ fn opencl_lookup(
     let stats = cache.stats();
     // `disk_misses` counts every call to the build, including the failed ones that
     // `source_builds` leaves out.
-    report(
+    let line = report(
         stats.source_builds,
         stats.disk_misses,
         stats.binary_loads,
         &stats.disk,
         correct,
         error,
-    )
+    );
+    // The same compiles as metrics and the directory's figures (`kcache stats`) count them.
+    let metric = "kcache_builds_total{backend=\"opencl\",result=\"ok\"} ";
+    let metrics = kcache::metrics::render();
+    let metric_builds = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(metric))
+        .unwrap_or_else(|| panic!("no {metric} in {metrics}"));
+    let directory_builds = disk.map_or(0, |d| d.directory_stats().unwrap().counters.builds);
+    format!("{line} metric_builds={metric_builds} directory_builds={directory_builds}")
 }
 
 fn cuda_lookup(disk: Option<Arc<DiskCache>>, go: Option<&Path>) -> String {
@@ -285,13 +294,11 @@ impl<'a> Spawner<'a> {
             .env(VARIANT_ENV, self.variant)
             .env(TIMEOUT_ENV, self.timeout);
         let logs = self.dir.parent().unwrap();
-        // PoCL's own kernel cache, shared, would make every build but the first instant (the
-        // heavy kernel's build is what keeps a leader on the lock for a while); turned off
-        // (`POCL_KERNEL_CACHE=0`), PoCL 3.1 builds in one shared directory and processes
-        // building the same kernel at once break each other's builds. So each worker gets a
-        // cache of its own, empty.
-        let pocl_cache = tempfile::tempdir_in(logs).unwrap().keep();
-        cmd.env("POCL_CACHE_DIR", pocl_cache);
+        // As users run: PoCL's own settings, one home shared by every worker of a test (PoCL
+        // keeps its directories under `$XDG_CACHE_HOME/pocl`), no private PoCL directory.
+        cmd.env_remove("POCL_CACHE_DIR")
+            .env_remove("POCL_KERNEL_CACHE")
+            .env("XDG_CACHE_HOME", logs.join("home-cache"));
         if let Some(go) = self.go {
             cmd.env(GO_ENV, go);
         }
@@ -559,9 +566,26 @@ fn stopped_leader() -> (tempfile::TempDir, PathBuf, Worker, PathBuf) {
 /// Six processes miss one kernel at the same moment: one compiles it, five load its binary.
 #[test]
 fn six_processes_at_once_compile_once() {
+    six_at_once(&[]);
+}
+
+/// The same with PoCL's own kernel cache off: PoCL then unpacks a loaded binary into a
+/// directory named in the binary, and removes it when the program is released. Five processes
+/// loading one binary at once must not share that directory.
+#[test]
+fn six_processes_at_once_compile_once_with_pocls_cache_off() {
+    six_at_once(&[("POCL_KERNEL_CACHE", OsStr::new("0"))]);
+}
+
+/// Six processes (with `env`) miss one kernel at the same moment: one compiles it, five load
+/// its binary, all six launch it and get the right output. The leader's binary is held back
+/// (PoCL), and the five wait for it: a sibling is built for them, and counted, as a second
+/// compile.
+fn six_at_once(env: &[(&str, &OsStr)]) {
     let (_tmp, dir, go) = setup();
     let reports = Spawner {
         go: Some(&go),
+        env,
         ..Spawner::new("opencl", &dir, "ok")
     }
     .at_once(6);
@@ -569,7 +593,8 @@ fn six_processes_at_once_compile_once() {
     assert_sums(
         &reports,
         &[
-            ("builds", 1),
+            ("builds", 2),
+            ("metric_builds", 2),
             ("loads", 5),
             ("timeouts", 0),
             ("takeovers", 0),
@@ -637,9 +662,16 @@ fn served_then_flushed(env: &[(&str, &OsStr)]) -> (u64, u64) {
 
     std::fs::write(&hold, b"").unwrap();
     let leader = leader.finish();
+    // Its program, and a sibling built for the follower's entry: two compiles, counted as two
+    // in its statistics, its metrics and the directory's figures (the follower compiled none).
     assert_sums(
         std::slice::from_ref(&leader),
-        &[("builds", 1), ("waits", 0)],
+        &[
+            ("builds", 2),
+            ("metric_builds", 2),
+            ("directory_builds", 2),
+            ("waits", 0),
+        ],
     );
     let flushed = std::fs::metadata(&entry).unwrap().len();
     assert_eq!(lock_files(&dir), Vec::<String>::new());
@@ -672,7 +704,8 @@ fn a_killed_leader_is_taken_over_by_one_waiter() {
     assert_sums(
         &reports,
         &[
-            ("builds", 1),
+            // The program and the sibling built for the four that waited on the new leader.
+            ("builds", 2),
             ("loads", 4),
             ("takeovers", 1),
             ("waits", 5),

@@ -86,7 +86,9 @@ pub fn cold_starts(runs: usize) {
         "{:>5} {:>7} {:>9} {:>22} {:>22} {:>11} {:>11}",
         "nodes", "remote", "compiles", "first launches", "+ flush", "remote hits", "lease waits"
     );
-    for nodes in [4, 1] {
+    // `KCACHE_BENCH_CLUSTER_NODES=1` measures the lone node alone.
+    let sizes = std::env::var("KCACHE_BENCH_CLUSTER_NODES").unwrap_or_else(|_| "4,1".into());
+    for nodes in sizes.split(',').map(|n| n.trim().parse::<usize>().unwrap()) {
         let (mut without, mut with) = (Vec::new(), Vec::new());
         for run in 0..runs {
             // Alternate which goes first, so that neither always follows the other.

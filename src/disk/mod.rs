@@ -61,7 +61,7 @@ pub use shards::{CounterRecord, DirectoryCounters, DirectoryStats, MAX_COUNTERS,
 pub(crate) use shards::{Reported, Reporter};
 pub use store::MAX_ENTRY_SIZE;
 pub use write_back::DiskBytes;
-pub use writer::{MAX_POLLED, POLL, QUEUE_BOUND};
+pub use writer::{POLL, QUEUE_BOUND, max_polled};
 
 use crate::error::Result;
 use crate::key::{Key, hex, parse_hex};

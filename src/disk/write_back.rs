@@ -4,11 +4,12 @@
 //! Most values' bytes are made and written as soon as the background writer gets to them. A
 //! backend whose bytes are costly to make, and better for waiting, holds them back
 //! ([`DiskBytes::held`]): the entry is written when another process waits for it (the lock's
-//! wanted mark), else at the next flush, which is when the process frees its cache or exits
+//! wanted mark, or another node's mark on the remote tier's lease), else at the next flush, which is when the process frees its cache or exits
 //! at the latest (see `exit`). A lone process then pays for its bytes once, at flush, instead of beside the
 //! caller's next work; a process that waits gets them within the writer's poll interval.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::writer::Cause;
@@ -63,7 +64,8 @@ impl From<Vec<u8>> for DiskBytes {
 impl DiskCache {
     /// Writes the entry for `key`, described by `descriptor`, from `bytes` on the background
     /// writer, then releases `lock`; `done` learns whether it was written. Bytes held back
-    /// ([`DiskBytes::held`]) are made as wanted at once when `wanted`. A failure is counted in
+    /// ([`DiskBytes::held`]) are made as wanted when a process waits on `lock`, or when
+    /// `wanted_elsewhere` is set (another node waits on the remote tier's lease). A failure is counted in
     /// `failed_writes` and marked on the lock, so that waiting processes build rather than
     /// wait for an entry that will not come.
     pub(crate) fn write_back(
@@ -71,7 +73,7 @@ impl DiskCache {
         (key, build_time, descriptor): (Key, Duration, Descriptor),
         lock: Option<KeyLock>,
         bytes: DiskBytes,
-        wanted_now: bool,
+        wanted_elsewhere: Option<Arc<AtomicBool>>,
         done: impl FnOnce(bool) + Send + 'static,
     ) {
         let inner = Arc::clone(&self.inner);
@@ -103,19 +105,34 @@ impl DiskCache {
                 });
             }
         };
-        if wanted_now {
-            return self.inner.writer.submit(move || job(Cause::Wanted, lock));
-        }
-        // The poll reads the lock's mark; the write releases the lock (the last reference, the
-        // poll being dropped before the write runs).
-        let lock = lock.map(Arc::new);
-        let poll = lock
-            .clone()
-            .map(|lock| Box::new(move || lock.wanted()) as Box<dyn Fn() -> bool + Send>);
+        // The poll owns the lock and reads its mark; the write takes it from the poll (which
+        // the writer drops after the write), and releases it once the entry is published. A
+        // writer with too many polls drops this one before the write: the lock is released
+        // then, and the write, at the flush, has none.
+        let lock = lock.map(|lock| Arc::new(Mutex::new(Some(lock))));
+        let taken = lock.as_ref().map(Arc::downgrade);
+        let poll = (lock.is_some() || wanted_elsewhere.is_some()).then(|| {
+            Box::new(move || {
+                wanted_elsewhere
+                    .as_ref()
+                    .is_some_and(|w| w.load(Ordering::Relaxed))
+                    || lock
+                        .as_ref()
+                        .is_some_and(|l| locked(l).as_ref().is_some_and(KeyLock::wanted))
+            }) as Box<dyn Fn() -> bool + Send>
+        });
         self.inner.writer.park(poll, move |cause| {
-            job(cause, lock.and_then(|lock| Arc::try_unwrap(lock).ok()))
+            let lock = taken
+                .and_then(|lock| lock.upgrade())
+                .and_then(|lock| locked(&lock).take());
+            job(cause, lock)
         });
     }
+}
+
+/// The lock a parked write shares with its poll; no code panics while holding it.
+fn locked(lock: &Mutex<Option<KeyLock>>) -> MutexGuard<'_, Option<KeyLock>> {
+    lock.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Makes the bytes and writes the entry, then releases `lock`; whether it was written.

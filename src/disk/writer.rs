@@ -9,9 +9,11 @@
 //!
 //! A write may also be *parked* ([`Writer::park`]): held back until a condition the writer
 //! polls says it is wanted, or until the next flush, whichever comes first. The writer polls
-//! every [`POLL`] while anything it can poll is parked, and at most [`MAX_POLLED`] such writes
-//! are parked at once (each holds a lock file open); parking one more runs the oldest as if
-//! flushed.
+//! every [`POLL`] while anything it can poll is parked. A parked write stays parked however
+//! many follow it (it holds what its bytes are made from until the flush); but its condition
+//! holds a lock file open, so at most [`max_polled`] conditions are kept: parking one more
+//! drops the oldest one's condition (its lock is released, and other processes build that entry
+//! for themselves rather than wait), and its write waits for the flush.
 //!
 //! A forked child inherits the queue but not the thread. What the parent queued or parked is
 //! the parent's to write (its thread still will): the child forgets it, unrun and undropped
@@ -44,8 +46,20 @@ pub const POLL: Duration = Duration::from_millis(5);
 /// How often a flush looks at the queue again while it waits.
 const RECHECK: Duration = Duration::from_millis(50);
 
-/// Parked writes with a condition to poll, at most.
-pub const MAX_POLLED: usize = 32;
+/// Conditions kept to poll, at least (see [`max_polled`]).
+const MIN_POLLED: usize = 32;
+
+/// Conditions of parked writes kept to poll, at most: a quarter of the process's open file
+/// limit (`RLIMIT_NOFILE`, the soft one, as it was at the first call), each holding one lock
+/// file open; at least 32.
+pub fn max_polled() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+        let quarter = limit.map_or(usize::MAX, |l| usize::try_from(l / 4).unwrap_or(usize::MAX));
+        quarter.max(MIN_POLLED)
+    })
+}
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -66,11 +80,14 @@ struct Parked {
 }
 
 impl Parked {
-    /// The job, to run for `cause`; the condition is dropped now (it may share what the job
-    /// needs to own).
+    /// The job, to run for `cause`; the condition is dropped after it (it may own what the job
+    /// borrows: see `write_back`).
     fn run_for(self, cause: Cause) -> Job {
-        let job = self.job;
-        Box::new(move || job(cause))
+        let Parked { wanted, job } = self;
+        Box::new(move || {
+            job(cause);
+            drop(wanted);
+        })
     }
 }
 
@@ -165,10 +182,9 @@ impl Writer {
         let mut state = queue.state();
         let polled = parked.wanted.is_some();
         state.parked.push(parked);
-        if polled && state.parked.iter().filter(|p| p.wanted.is_some()).count() > MAX_POLLED {
-            let oldest = state.parked.iter().position(|p| p.wanted.is_some());
-            let oldest = state.parked.remove(oldest.expect("counted above"));
-            state.jobs.push_back(oldest.run_for(Cause::Flush));
+        if polled && state.parked.iter().filter(|p| p.wanted.is_some()).count() > max_polled() {
+            let oldest = state.parked.iter_mut().find(|p| p.wanted.is_some());
+            oldest.expect("counted above").wanted = None;
         }
         drop(state);
         // Wakes the writer, which now polls (or runs the write moved to the queue).
@@ -356,20 +372,31 @@ mod tests {
         assert_eq!(writer.pending(), 0);
     }
 
-    /// One polled write more than the bound runs the oldest at once.
+    /// One polled write more than the bound drops the oldest one's condition (and what it
+    /// holds) and runs nothing: every write waits for the flush.
     #[test]
-    fn too_many_polled_writes_run_the_oldest() {
+    fn too_many_polled_writes_drop_the_oldest_condition_only() {
         let writer = Writer::default();
         let (sent, ran) = mpsc::channel();
-        for i in 0..=MAX_POLLED {
-            let sent = sent.clone();
-            writer.park(Some(Box::new(|| false)), move |cause| {
-                sent.send((i, cause)).unwrap()
-            });
+        let held: Vec<Arc<()>> = (0..=max_polled()).map(|_| Arc::new(())).collect();
+        for (i, held) in held.iter().enumerate() {
+            let (sent, held) = (sent.clone(), Arc::clone(held));
+            writer.park(
+                Some(Box::new(move || Arc::strong_count(&held) == 0)),
+                move |cause| sent.send((i, cause)).unwrap(),
+            );
         }
-        assert_eq!(ran.recv().unwrap(), (0, Cause::Flush));
-        assert!(ran.recv_timeout(POLL * 4).is_err(), "only the oldest ran");
+        let still_held = |h: &Arc<()>| Arc::strong_count(h) == 2;
+        assert!(!still_held(&held[0]), "the oldest condition is dropped");
+        assert!(held[1..].iter().all(still_held), "the others are kept");
+        assert!(
+            ran.recv_timeout(POLL * 4).is_err(),
+            "nothing ran before the flush"
+        );
+        assert_eq!(writer.pending(), held.len() as u64);
         drop(writer);
-        assert_eq!(ran.try_iter().count(), MAX_POLLED, "dropping runs the rest");
+        let ran: Vec<_> = ran.try_iter().collect();
+        assert_eq!(ran.len(), held.len(), "dropping runs every write");
+        assert!(ran.iter().all(|&(_, cause)| cause == Cause::Flush));
     }
 }

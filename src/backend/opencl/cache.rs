@@ -5,7 +5,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::pocl::{self, Sibling};
+use super::pocl::{self, Sibling, SiblingBuilds};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
@@ -23,7 +23,8 @@ pub type ProgramLease = Lease<Vec<u8>, Program>;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OpenClStats {
     pub memory: memory::Stats,
-    /// Programs compiled from source (`clBuildProgram` on a source program).
+    /// Programs compiled from source (`clBuildProgram` on a source program), those built on
+    /// PoCL for another process's entry (a sibling, see `docs/opencl.md`) included.
     pub source_builds: u64,
     /// Programs loaded from a stored binary, the disk tier's or the remote tier's
     /// (`clCreateProgramWithBinary` + `clBuildProgram`).
@@ -71,9 +72,12 @@ pub(crate) struct Input<'a> {
 /// The OpenCL calls of the cache: identity of a device, build from source, load a binary.
 pub(crate) struct OpenCl {
     api: &'static Api,
-    source_builds: AtomicU64,
+    /// Shared with the sibling builds, which count themselves.
+    source_builds: Arc<AtomicU64>,
     /// Whether binaries are wanted: there is a disk tier.
     stores: bool,
+    /// Where the sibling builds are counted besides `source_builds`.
+    siblings: Arc<SiblingBuilds>,
 }
 
 impl Runtime for OpenCl {
@@ -102,12 +106,22 @@ impl Runtime for OpenCl {
         disk_key(identity, input.sources, input.options)
     }
 
-    fn load(&self, _: &Registered<Self>, input: Input<'_>, stored: &[u8]) -> Built<Program> {
+    fn load(
+        &self,
+        registered: &Registered<Self>,
+        input: Input<'_>,
+        stored: &[u8],
+    ) -> Built<Program> {
+        let binary = if pocl::applies_to(registered.info()) {
+            pocl::loadable(stored)
+        } else {
+            stored.into()
+        };
         let program = runtime::build_from_binary(
             self.api,
             input.context,
             input.device,
-            stored,
+            &binary,
             &options_cstring(input.options)?,
         )?;
         Ok((program, stored.len() as u64))
@@ -160,6 +174,7 @@ impl Runtime for OpenCl {
                 input.device,
                 input.sources,
                 &options,
+                (Arc::clone(&self.source_builds), Arc::clone(&self.siblings)),
             );
             sibling
                 .zip(query)
@@ -187,8 +202,9 @@ impl OpenClCache {
     pub fn new(options: OpenClOptions) -> Result<OpenClCache> {
         let runtime = OpenCl {
             api: Api::get()?,
-            source_builds: AtomicU64::new(0),
+            source_builds: Arc::default(),
             stores: options.disk.is_some(),
+            siblings: SiblingBuilds::new(options.disk.as_ref()),
         };
         Ok(OpenClCache {
             cache: HandleCache::new(runtime, options.memory, options.disk),

@@ -32,12 +32,29 @@
 //!
 //! Other drivers' binaries do not change with launches, and the cached program is queried
 //! directly on the background writer.
+//!
+//! A PoCL binary also names the directory PoCL unpacks it into when it is loaded, under
+//! PoCL's cache directory (`$XDG_CACHE_HOME/pocl/…` by default, one per user). With PoCL's own
+//! kernel cache on, the name is a hash of the program, the directory is kept, and its files
+//! are written whole (a temporary file renamed), so processes can share it. With the cache off
+//! (`POCL_KERNEL_CACHE=0`), it is the random directory the program was built in
+//! (`_UNCACHED_xxxxxx`), and PoCL removes it when the loaded program is released: every
+//! process that loaded the binary would unpack into, compile its launches' code into and then
+//! remove one shared directory, and the others' launches fail (`Final linking of kernel …
+//! failed`, or a failed `dlopen` of a file in it; PoCL 3.1, six processes of one user at
+//! once). So with the cache off, each load gets a directory of its own: [`loadable`] renames
+//! it in the bytes given to PoCL (the stored entry stays as it is).
 
+use std::borrow::Cow;
 use std::ffi::CString;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
+use crate::disk::{DiskCache, Reported};
 use crate::error::BuildError;
+use crate::metrics::{self, Backend, Totals};
 
 /// The platform name PoCL reports.
 const POCL_PLATFORM: &str = "Portable Computing Language";
@@ -45,6 +62,63 @@ const POCL_PLATFORM: &str = "Portable Computing Language";
 /// Whether the binaries of programs built for `identity` are held back (see above).
 pub(super) fn applies_to(identity: &DeviceIdentity) -> bool {
     identity.platform_name == POCL_PLATFORM
+}
+
+/// The start of every PoCL binary (`POCLCC_STRING_ID`).
+const MAGIC: &[u8] = b"poclbin\0";
+/// Where a PoCL binary names its program's directory: after the magic, the device id (8
+/// bytes), the format version (4), the kernel count (4), the flags (8) and the root entry count
+/// (4); a NUL-terminated name of at most 40 bytes (PoCL's `SHA1_digest_t`).
+const DIRECTORY_NAME: std::ops::Range<usize> = 36..77;
+/// How PoCL starts the names of the directories it removes when a program is released.
+const UNCACHED: &str = "_UNCACHED_";
+
+/// `binary` as it is given to PoCL to load: with PoCL's own kernel cache off in this process,
+/// renamed to a directory of this load's own (see above).
+pub(super) fn loadable(binary: &[u8]) -> Cow<'_, [u8]> {
+    if kernel_cache_on() {
+        return Cow::Borrowed(binary);
+    }
+    renamed(binary)
+}
+
+/// `binary` naming a directory of its own; anything but a PoCL binary as it is.
+fn renamed(binary: &[u8]) -> Cow<'_, [u8]> {
+    if binary.len() < DIRECTORY_NAME.end || !binary.starts_with(MAGIC) {
+        return Cow::Borrowed(binary);
+    }
+    let mut renamed = binary.to_vec();
+    let name = &mut renamed[DIRECTORY_NAME];
+    name.fill(0);
+    let unique = unique_name();
+    name[..unique.len()].copy_from_slice(unique.as_bytes());
+    Cow::Owned(renamed)
+}
+
+/// Whether PoCL keeps its kernel cache: `POCL_KERNEL_CACHE` unset (PoCL's default is on) or
+/// starting with `1`, as PoCL reads it.
+fn kernel_cache_on() -> bool {
+    std::env::var_os("POCL_KERNEL_CACHE")
+        .is_none_or(|value| value.as_encoded_bytes().starts_with(b"1"))
+}
+
+/// A directory name no other load on this machine uses: 40 bytes, PoCL's prefix and a hash
+/// of this process, this load and the time (a directory a crashed process left behind keeps
+/// the name of a process that is gone).
+fn unique_name() -> String {
+    static LOADS: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&std::process::id().to_le_bytes());
+    hasher.update(&LOADS.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    hasher.update(&now.as_nanos().to_le_bytes());
+    let hex = hasher.finalize().to_hex();
+    format!(
+        "{UNCACHED}{}",
+        &hex[..DIRECTORY_NAME.len() - 1 - UNCACHED.len()]
+    )
 }
 
 /// A second build of a program's source, made on the background writer for its binary.
@@ -57,6 +131,8 @@ pub(super) struct Sibling {
     device: Device,
     source: String,
     options: CString,
+    /// The cache's `source_builds`, and where else the build is counted.
+    counts: (Arc<AtomicU64>, Arc<SiblingBuilds>),
 }
 
 // SAFETY: the context handle is used only while `of`, which holds a reference to that
@@ -71,6 +147,7 @@ impl Sibling {
         device: Device,
         sources: &[&str],
         options: &CString,
+        counts: (Arc<AtomicU64>, Arc<SiblingBuilds>),
     ) -> Option<Sibling> {
         Some(Sibling {
             api,
@@ -79,6 +156,7 @@ impl Sibling {
             device,
             source: sources.concat(),
             options: options.clone(),
+            counts,
         })
     }
 
@@ -94,8 +172,80 @@ impl Sibling {
             &self.options,
         )?;
         drop(self.of);
+        let (source_builds, siblings) = self.counts;
+        source_builds.fetch_add(1, Ordering::Relaxed);
+        siblings.count();
         sibling
             .binary()
             .map_err(|e| BuildError::new(0, e.to_string()))
+    }
+}
+
+/// The sibling builds of one cache, for what counts compiles outside the cache's statistics:
+/// metrics (`kcache_builds_total`, as builds of the OpenCL backend) and the disk directory's
+/// figures (`kcache stats`). Never zeroed, as metrics' counters are not.
+pub(super) struct SiblingBuilds {
+    builds: AtomicU64,
+    /// Weak: the disk tier's writer runs the sibling builds, and must not keep it alive.
+    disk: Option<Weak<DiskCache>>,
+}
+
+impl SiblingBuilds {
+    /// Listed in metrics until dropped.
+    pub(super) fn new(disk: Option<&Arc<DiskCache>>) -> Arc<SiblingBuilds> {
+        let siblings = Arc::new(SiblingBuilds {
+            builds: AtomicU64::new(0),
+            disk: disk.map(Arc::downgrade),
+        });
+        let source: Arc<dyn metrics::Source> = siblings.clone();
+        metrics::register(Arc::downgrade(&source));
+        siblings
+    }
+
+    fn count(&self) {
+        self.builds.fetch_add(1, Ordering::Relaxed);
+        if let Some(disk) = self.disk.as_ref().and_then(Weak::upgrade) {
+            disk.record(Reported {
+                builds: 1,
+                ..Reported::default()
+            });
+        }
+    }
+}
+
+impl metrics::Source for SiblingBuilds {
+    fn add_to(&self, totals: &mut Totals) {
+        totals.backend(Backend::OpenCl).builds += self.builds.load(Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each load names a directory of its own, NUL-terminated in the header's 41 bytes, and
+    /// leaves every other byte alone; bytes that are not a PoCL binary pass unchanged.
+    #[test]
+    fn each_load_names_a_directory_of_its_own() {
+        let mut binary = MAGIC.to_vec();
+        binary.extend_from_slice(&[9; 28]);
+        binary.extend_from_slice(b"_UNCACHED_abcdef");
+        binary.resize(DIRECTORY_NAME.end + 100, 7);
+        let (first, second) = (renamed(&binary), renamed(&binary));
+        assert_ne!(first[DIRECTORY_NAME], second[DIRECTORY_NAME]);
+        for load in [&first, &second] {
+            let name = &load[DIRECTORY_NAME];
+            assert!(name.starts_with(UNCACHED.as_bytes()), "{name:?}");
+            assert_eq!(name[DIRECTORY_NAME.len() - 1], 0, "NUL-terminated");
+            assert!(
+                name[..DIRECTORY_NAME.len() - 1]
+                    .iter()
+                    .all(|&b| b == b'_' || b.is_ascii_alphanumeric())
+            );
+            assert_eq!(load[..DIRECTORY_NAME.start], binary[..DIRECTORY_NAME.start]);
+            assert_eq!(load[DIRECTORY_NAME.end..], binary[DIRECTORY_NAME.end..]);
+        }
+        let other = b"not a PoCL binary, but long enough to hold a header of 77 bytes and more...";
+        assert!(matches!(renamed(other), Cow::Borrowed(b) if b == other));
     }
 }

@@ -4,12 +4,17 @@
 //! lease from a thread of its own while it builds, and releases it once its entry is in the
 //! store (or its build failed); a leader that dies lets it expire.
 //!
+//! A follower also sets `<prefix>wanted:<entry name>` when it starts to wait, and the leader's
+//! thread looks for that mark every [`WANTED_POLL`]: a leader that holds its entry's bytes back
+//! (PoCL's binaries, see `disk::write_back`) writes them as soon as a node waits, and a lone
+//! node writes them when it would without the remote tier. Until then it keeps the lease.
+//!
 //! Every failure opens the flight up rather than stalling it: a store that cannot be reached
 //! means build here; a follower builds once the lease is gone without an entry (the leader
 //! failed; it takes the lease itself if it can), and when its wait reaches the deadline.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -22,6 +27,9 @@ use crate::remote::Flight;
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
 /// How often a follower looks for the entry (and the lease).
 const POLL: Duration = Duration::from_millis(25);
+/// How often a leader looks for a follower's mark until it finds one: one `EXISTS` per held
+/// lease, and at most this much added to a waiting node's wait.
+pub const WANTED_POLL: Duration = Duration::from_millis(50);
 
 /// Deletes the lease only if it is still this holder's: an expired lease may be another's now.
 const RELEASE: &str =
@@ -36,14 +44,34 @@ pub(crate) struct LeaseGuard {
     remote: Arc<Remote>,
     lease: String,
     token: String,
+    /// Set once another node has marked the entry as wanted (`mark`).
+    wanted: Arc<AtomicBool>,
+    mark: String,
     /// Dropping it stops the renewals.
     _renewing: mpsc::Sender<()>,
+}
+
+impl LeaseGuard {
+    /// Whether another node waits for the entry, as the leader's thread last looked.
+    pub(crate) fn wanted(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.wanted)
+    }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         // A renewal running meanwhile finds the lease gone, or not this holder's: a no-op.
         self.remote.release(&self.lease, &self.token);
+        // The entry is written (or failed): the mark has served (left, it expires).
+        if self.wanted.load(Ordering::Relaxed) {
+            let mark = &self.mark;
+            self.remote.guarded::<i64>(
+                "lease wanted mark",
+                mark,
+                mark,
+                redis::cmd("DEL").arg(mark),
+            );
+        }
     }
 }
 
@@ -83,13 +111,14 @@ impl Remote {
                     self.release(&lease, &token);
                     return Flight::Found(found);
                 }
-                return match self.renew_while_held(lease, token) {
+                return match self.renew_while_held(name, lease, token) {
                     Some(guard) => Flight::Lead(guard),
                     None => Flight::Build,
                 };
             }
             if !waited {
                 waited = true;
+                self.mark_wanted(name);
                 bump(&self.counters.lease_waits, 1);
                 log::debug(|| format!("remote lease: {name}: another node builds it: waiting"));
             }
@@ -131,6 +160,24 @@ impl Remote {
         Some(set.map(|_| token))
     }
 
+    /// Tells the leader that a node waits (best effort: a leader that misses it writes at its
+    /// flush, and this node's wait may then time out).
+    fn mark_wanted(&self, name: &str) {
+        let wanted = self.wanted_mark(name);
+        let ttl = LEASE_TTL.as_millis() as u64;
+        self.guarded::<Option<String>>(
+            "lease wanted mark",
+            &wanted,
+            &wanted,
+            redis::cmd("SET").arg(&wanted).arg(1).arg("PX").arg(ttl),
+        );
+    }
+
+    /// The key of the mark that a node waits for `name`.
+    fn wanted_mark(&self, name: &str) -> String {
+        format!("{}wanted:{name}", self.prefix)
+    }
+
     fn lease_exists(&self, lease: &str) -> Option<bool> {
         self.guarded("lease", lease, lease, redis::cmd("EXISTS").arg(lease))
     }
@@ -144,18 +191,49 @@ impl Remote {
         );
     }
 
-    /// A thread that renews the lease until the guard is dropped; `None` (the lease
-    /// released) when no thread can be started.
-    fn renew_while_held(self: &Arc<Self>, lease: String, token: String) -> Option<LeaseGuard> {
+    /// A thread that renews the lease until the guard is dropped, and looks for a follower's
+    /// mark until it finds one; `None` (the lease released) when no thread can be started.
+    fn renew_while_held(
+        self: &Arc<Self>,
+        name: &str,
+        lease: String,
+        token: String,
+    ) -> Option<LeaseGuard> {
         bump(&self.counters.leases, 1);
         let (tx, rx) = mpsc::channel::<()>();
         let remote = Arc::clone(self);
         let ttl = LEASE_TTL.as_millis() as u64;
         let (held, mine) = (lease.clone(), token.clone());
+        let mark = self.wanted_mark(name);
+        let polled = mark.clone();
+        let wanted = Arc::new(AtomicBool::new(false));
+        let marked = Arc::clone(&wanted);
         let renewing = std::thread::Builder::new()
             .name("kcache-lease".into())
             .spawn(move || {
-                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(LEASE_TTL / 3) {
+                let mut renewed = Instant::now();
+                let tick = |marked: &AtomicBool| {
+                    if marked.load(Ordering::Relaxed) {
+                        LEASE_TTL / 3
+                    } else {
+                        WANTED_POLL
+                    }
+                };
+                while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(tick(&marked)) {
+                    if !marked.load(Ordering::Relaxed)
+                        && remote.guarded::<bool>(
+                            "lease wanted mark",
+                            &polled,
+                            &polled,
+                            redis::cmd("EXISTS").arg(&polled),
+                        ) == Some(true)
+                    {
+                        marked.store(true, Ordering::Relaxed);
+                    }
+                    if renewed.elapsed() < LEASE_TTL / 3 {
+                        continue;
+                    }
+                    renewed = Instant::now();
                     remote.guarded::<i64>(
                         "lease renewal",
                         &held,
@@ -177,6 +255,8 @@ impl Remote {
             remote: Arc::clone(self),
             lease,
             token,
+            wanted,
+            mark,
             _renewing: tx,
         })
     }
