@@ -564,12 +564,12 @@ static void test_struct_size_rule(void) {
   cb.known.ctx = &b;
   kc_lease *lease = NULL;
   cb.newer_field = 1;
-  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("s"), KC_NO_DEVICE, NULL, l2, &cb.known, &lease),
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("s"), KC_NO_DEVICE, kc_persistence_none(), l2, &cb.known, &lease),
                KC_ERR_INVALID_ARGUMENT);
   CHECK_NAMES("beyond");
   CHECK(b.builds == 0);
   cb.newer_field = 0;
-  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("s"), KC_NO_DEVICE, NULL, l2, &cb.known, &lease),
+  CHECK_STATUS(kc_tiered_find_or_build(cache, KEY("s"), KC_NO_DEVICE, kc_persistence_none(), l2, &cb.known, &lease),
                KC_OK);
   kc_lease_release(lease);
   CHECK(b.builds == 1);

@@ -21,6 +21,12 @@ impl Drop for LeaseGuard {
     }
 }
 
+impl LeaseGuard {
+    pub(crate) fn wanted(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        match self.0 {}
+    }
+}
+
 impl Remote {
     /// `None`, with a warning when `config` names a remote (`url`, or `KCACHE_REMOTE_URL` when
     /// it reads the environment).
