@@ -5,10 +5,11 @@
 
 use std::path::Path;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::memory::{MemoryCache, Options};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{Cache, disk, l2_key, lookup, tiered};
@@ -171,4 +172,38 @@ fn a_child_writes_while_the_parents_opening_scan_runs() {
         return;
     }
     panic!("the scan of 20,000 entries always finished before the fork");
+}
+
+#[test]
+fn a_child_builds_a_key_that_a_parent_thread_was_building_at_the_fork() {
+    let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let cache: Arc<MemoryCache<String, u32>> =
+        Arc::new(MemoryCache::new(Options::default(), |_| Ok(())));
+    let (started, building) = mpsc::channel();
+    let (finish, release) = mpsc::channel::<()>();
+    let builder = std::thread::spawn({
+        let cache = Arc::clone(&cache);
+        move || {
+            let lease = cache.find_or_build("held", None, || {
+                started.send(()).unwrap();
+                release.recv().unwrap();
+                Ok((1, 1))
+            });
+            *lease.unwrap()
+        }
+    });
+    building.recv().unwrap();
+    // The builder thread is not in the child: the child's lookup builds the key itself.
+    let child = in_child(|| {
+        let lease = cache.find_or_build("held", None, || Ok((2, 1))).unwrap();
+        i32::try_from(*lease).unwrap() + 10 * i32::try_from(cache.stats().builds).unwrap()
+    });
+    assert_eq!(child, 12, "the child's own build, counted once (-1: hung)");
+    finish.send(()).unwrap();
+    assert_eq!(builder.join().unwrap(), 1, "the parent's build goes on");
+    assert_eq!(
+        *cache.find_or_build("held", None, || Ok((3, 1))).unwrap(),
+        1
+    );
+    assert_eq!(cache.stats().builds, 1);
 }

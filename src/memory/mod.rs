@@ -286,15 +286,21 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut table = self.shared.shard_of(hash).table.write();
-        match table.find(hash, |slot| slot.matches(hash, key)) {
+        let orphan = match table.find(hash, |slot| slot.matches(hash, key)) {
             Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
-            Some(Slot::Building(building)) => {
+            Some(Slot::Building(building)) if building.flight.can_finish_here() => {
                 let flight = Arc::clone(&building.flight);
                 drop(table);
                 return self.join(&flight);
             }
-            None => {}
-        }
+            // A build the parent process was running when this one forked: its builder is
+            // not here, so this lookup builds in its place (dropping the slot after the lock).
+            Some(Slot::Building(_)) => table
+                .find_entry(hash, |slot| slot.matches(hash, key))
+                .ok()
+                .map(|found| found.remove().0),
+            None => None,
+        };
         // Snapshots taken under the shard lock: see `install` for why that ordering matters.
         let epoch = device.map(|d| self.epoch(d));
         let generation = self.generation.load(Ordering::SeqCst);
@@ -309,6 +315,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             Slot::hash,
         );
         drop(table);
+        drop(orphan);
         self.shared.tally.miss();
 
         let mut guard = FlightGuard {
