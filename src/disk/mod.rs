@@ -62,6 +62,7 @@ pub use write_back::DiskBytes;
 pub use writer::{MAX_POLLED, POLL, QUEUE_BOUND};
 
 use crate::error::Result;
+use crate::ffi::process;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
@@ -283,6 +284,7 @@ impl DiskCache {
         });
         evict::start_scan(&inner);
         exit::register(&inner);
+        process::lock_at_forks(Arc::downgrade(&inner) as _);
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
         Ok(DiskCache {

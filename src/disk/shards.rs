@@ -23,15 +23,17 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
 use super::{DiskCache, Inner};
 use crate::error::Result;
+use crate::ffi::process::{ForkLocked, Held};
 use crate::log;
 
 /// Shard files per directory.
@@ -176,27 +178,48 @@ pub(crate) struct Reported {
 }
 
 /// What a cache in front of a disk tier has reported to it so far, so that it reports only
-/// what is new.
+/// what is new. Lock-free, so that a fork never leaves it held: each figure only grows, and
+/// whoever raises the mark reports what lies between the old mark and the new.
 #[derive(Default)]
-pub(crate) struct Reporter(Mutex<Reported>);
+pub(crate) struct Reporter {
+    memory_hits: AtomicU64,
+    memory_misses: AtomicU64,
+    builds: AtomicU64,
+}
 
 impl Reporter {
     /// Hands `disk` what `total` (the cache's figures since it was created) adds to the last
     /// report.
     pub(crate) fn report(&self, disk: &DiskCache, total: Reported) {
-        let mut last = self.0.lock();
+        let new = |mark: &AtomicU64, total: u64| {
+            total.saturating_sub(mark.fetch_max(total, Ordering::Relaxed))
+        };
         disk.record(Reported {
-            memory_hits: total.memory_hits.saturating_sub(last.memory_hits),
-            memory_misses: total.memory_misses.saturating_sub(last.memory_misses),
-            builds: total.builds.saturating_sub(last.builds),
+            memory_hits: new(&self.memory_hits, total.memory_hits),
+            memory_misses: new(&self.memory_misses, total.memory_misses),
+            builds: new(&self.builds, total.builds),
         });
-        *last = total;
     }
 }
 
-/// What this process has written to its shard so far.
+/// What this process has written to its shard so far. The standard library's lock, which a
+/// fork takes first (see the `ForkLocked` implementation below): parking_lot's waits in a
+/// table the whole process shares.
 #[derive(Default)]
 pub(super) struct Persisted(Mutex<DirectoryCounters>);
+
+/// A fork waits for a persist in progress and takes its lock: a child that inherited it held
+/// by a thread it does not have would wait forever at its first flush.
+impl ForkLocked for Inner {
+    fn lock_for_fork(&self) -> Box<dyn Held + '_> {
+        Box::new(
+            self.persisted
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+}
 
 /// This process's figures since the disk tier was opened.
 fn current(inner: &Inner) -> DirectoryCounters {
@@ -240,7 +263,11 @@ fn current(inner: &Inner) -> DirectoryCounters {
 /// Adds what this process did since its last write to its shard. A failure keeps the delta
 /// for the next write.
 pub(super) fn persist(inner: &Inner) {
-    let mut last = inner.persisted.0.lock();
+    let mut last = inner
+        .persisted
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     let now = current(inner);
     let delta = now.zip(*last, u64::saturating_sub);
     if delta == DirectoryCounters::default() {

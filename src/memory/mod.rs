@@ -49,7 +49,6 @@ mod tally;
 mod thread_index;
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,10 +62,11 @@ pub(crate) use stats::counters;
 
 use flight::Flight;
 use metrics::MemorySource;
-use policy::Clock;
 use shared::{Building, ErrorHook, Shared, Slot, bump};
-use sync::{AtomicU64, Mutex, Ordering};
+use sync::{AtomicU64, Ordering};
 
+#[cfg(not(feature = "shuttle"))]
+use crate::ffi::process;
 use crate::metrics::{self as process_metrics, Backend};
 use crate::stats::Baseline;
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
@@ -141,10 +141,6 @@ pub struct MemoryCache<K, V> {
     max_weight: Option<u64>,
     invalidated_by_clear: bool,
     generation: AtomicU64,
-    /// Eviction epoch of every device ever evicted; absent means 0.
-    epochs: Mutex<HashMap<DeviceId, u64>>,
-    /// Only consulted when a cap is set.
-    clock: Mutex<Clock<K, V>>,
     /// This cache's entry in the process's metrics, which lists it while this lives.
     metrics: Arc<MemorySource>,
     /// The counters at the last `reset_stats`.
@@ -165,7 +161,11 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     pub fn new(
         options: Options,
         destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
-    ) -> Self {
+    ) -> Self
+    where
+        K: Send + Sync + 'static,
+        V: Send + Sync + 'static,
+    {
         Self::for_backend(Backend::Rust, options, destroy)
     }
 
@@ -174,7 +174,11 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         backend: Backend,
         options: Options,
         destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
-    ) -> Self {
+    ) -> Self
+    where
+        K: Send + Sync + 'static,
+        V: Send + Sync + 'static,
+    {
         let shared = Arc::new(Shared::new(
             shard_count(),
             Box::new(destroy),
@@ -187,6 +191,8 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             Arc::clone(shared.tally.counts()),
         ));
         process_metrics::register(Arc::downgrade(&metrics) as _);
+        #[cfg(not(feature = "shuttle"))]
+        process::lock_at_forks(Arc::downgrade(&shared) as _);
         Self {
             shared,
             hasher: foldhash::fast::RandomState::default(),
@@ -194,8 +200,6 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             max_weight: options.max_weight,
             invalidated_by_clear: options.invalidated_by_clear,
             generation: AtomicU64::new(0),
-            epochs: Mutex::new(HashMap::new()),
-            clock: Mutex::new(Clock::new()),
             metrics,
             baseline: Baseline::default(),
         }
@@ -412,7 +416,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             return Ok(0);
         }
         {
-            let mut epochs = self.epochs.lock();
+            let mut epochs = self.shared.epochs.lock();
             for &device in &devices {
                 *epochs.entry(device).or_insert(0) += 1;
             }
@@ -436,7 +440,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         self.generation.fetch_add(1, Ordering::SeqCst);
         bump(&self.shared.counters.clears);
         let victims = self.unlink_where(|_| true);
-        self.clock.lock().clear();
+        self.shared.clock.lock().clear();
         destroy_all(victims)
     }
 
@@ -476,7 +480,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     }
 
     fn epoch(&self, device: DeviceId) -> u64 {
-        self.epochs.lock().get(&device).copied().unwrap_or(0)
+        self.shared.epochs.lock().get(&device).copied().unwrap_or(0)
     }
 
     /// Removes this flight's slot (freeing its key for a new build) and hands back the key.
@@ -574,6 +578,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
 
     fn enforce_caps(&self, newest: &Arc<Entry<K, V>>, entries: u64, weight: u64) {
         let sweep = self
+            .shared
             .clock
             .lock()
             .admit(newest, entries, weight, |e, w| self.over_cap(e, w));
@@ -676,7 +681,7 @@ impl<K, V> Drop for MemoryCache<K, V> {
                 }
             }
         }
-        self.clock.lock().clear();
+        self.shared.clock.lock().clear();
         let c = &self.shared.counters;
         c.entries.store(0, Ordering::Relaxed);
         c.weight.store(0, Ordering::Relaxed);
