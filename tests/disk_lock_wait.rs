@@ -9,16 +9,16 @@
 //!
 //! Each process is this test binary run again with [`ROLE_ENV`] set (see [`lock_worker`]).
 
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{Cache, find_or_build, serialize, tiered};
+use kcache_testkit::workers::{Worker, flock_takers, sleeps};
 use rustix::process::{Pid, Signal};
 
 /// `holder`, `fork-holder`, `raw-fork-holder` or `waiter`, in a worker process.
@@ -250,12 +250,6 @@ fn lock_files(dir: &str) -> Vec<PathBuf> {
 }
 
 /// A worker process, its stdout piped, its stderr in a file.
-struct Worker {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-    stderr: PathBuf,
-}
-
 fn spawn(
     role: &str,
     dir: &Path,
@@ -264,8 +258,7 @@ fn spawn(
     timeout: &str,
     liveness: &str,
 ) -> Worker {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["lock_worker", "--exact", "--nocapture", "--test-threads=1"]);
+    let mut cmd = rerun_test("lock_worker");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("KCACHE_") {
             cmd.env_remove(name);
@@ -277,74 +270,17 @@ fn spawn(
         .env(RELEASE_ENV, release)
         .env(TIMEOUT_ENV, timeout)
         .env(LIVENESS_ENV, liveness);
-    let (stderr_file, stderr) = tempfile::Builder::new()
-        .prefix("worker-")
-        .suffix(".err")
-        .tempfile_in(dir.parent().unwrap())
-        .unwrap()
-        .keep()
-        .unwrap();
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(stderr_file)
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    Worker {
-        child,
-        stdout,
-        stderr,
-    }
+    Worker::spawn(cmd, dir.parent().unwrap())
 }
 
-impl Worker {
-    fn pid(&self) -> Pid {
-        Pid::from_child(&self.child)
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// The rest of the line that starts with `said` (libtest may print before it), reading
-    /// output up to it.
-    fn wait_for(&mut self, said: &str) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(
-                n > 0,
-                "worker exited before it said {said}: {}",
-                self.stderr()
-            );
-            if let Some(at) = line.find(said) {
-                return line[at + said.len()..].trim().to_owned();
-            }
-        }
-    }
-
+trait Finish {
     /// The worker's report (counter → value); fails if it does not exit within [`WATCHDOG`].
-    fn finish(mut self) -> Report {
-        let deadline = Instant::now() + WATCHDOG;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker still running after {WATCHDOG:?}: {}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).unwrap();
-        assert!(
-            status.success(),
-            "worker failed ({status}): {out}\n{}",
-            self.stderr()
-        );
+    fn finish(self) -> Report;
+}
+
+impl Finish for Worker {
+    fn finish(self) -> Report {
+        let (out, stderr) = self.finish_output(WATCHDOG);
         let line = out
             .lines()
             .find_map(|l| l.find("builds=").map(|at| &l[at..]))
@@ -355,25 +291,12 @@ impl Worker {
                 .filter_map(|field| field.split_once('='))
                 .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
                 .collect(),
-            warnings: self
-                .stderr()
+            warnings: stderr
                 .lines()
                 .filter(|l| l.starts_with("kcache: ") && !l.starts_with("kcache: debug: "))
                 .map(str::to_owned)
                 .collect(),
         }
-    }
-
-    fn signal(&self, signal: Signal) {
-        rustix::process::kill_process(self.pid(), signal).unwrap();
-    }
-}
-
-/// A test that fails leaves no worker behind, stopped or waiting.
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -405,23 +328,16 @@ fn setup() -> (tempfile::TempDir, PathBuf, String) {
     (tmp, dir, release)
 }
 
-/// Whether process `pid` has a file open whose name ends with `.lock` in `dir`, and sleeps
-/// (`/proc/<pid>/task/*/wchan`): a waiter between two attempts at a lock.
+/// Whether process `pid` has a file open whose name ends with `.lock`, and sleeps: a waiter
+/// between two attempts at a lock.
 fn waits_on_a_lock(pid: Pid) -> bool {
-    let proc = format!("/proc/{}", pid.as_raw_nonzero());
-    let Ok(fds) = std::fs::read_dir(format!("{proc}/fd")) else {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", pid.as_raw_nonzero())) else {
         return false;
     };
     let has_lock = fds
         .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
         .any(|target| target.to_string_lossy().ends_with(".lock"));
-    let Ok(tasks) = std::fs::read_dir(format!("{proc}/task")) else {
-        return false;
-    };
-    has_lock
-        && tasks
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("wchan")).ok())
-            .any(|wchan| wchan.contains("nanosleep"))
+    has_lock && sleeps(pid)
 }
 
 /// Waits (up to the watchdog) until `worker` waits on a lock.
@@ -434,23 +350,6 @@ fn until_waiting(worker: &Worker) {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// Whether an `flock` is held on the inode `ino`, as `/proc/locks` says (which names the
-/// process that took it, not those that keep it now).
-fn is_flocked(ino: u64) -> bool {
-    let locks = std::fs::read_to_string("/proc/locks").unwrap();
-    locks.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some(at) = fields.iter().position(|&f| f == "FLOCK") else {
-            return false;
-        };
-        // FLOCK ADVISORY WRITE <pid> <major:minor:inode> …
-        fields
-            .get(at + 4)
-            .and_then(|f| f.rsplit(':').next())
-            .is_some_and(|i| i == ino.to_string())
-    })
 }
 
 /// A process killed when this is dropped, whatever the test's outcome.
@@ -486,7 +385,7 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
     let waited = waiter.finish();
     // The holder has exited: only the child can keep the lock now.
     assert!(
-        is_flocked(ino),
+        !flock_takers(ino).is_empty(),
         "the child no longer held the lock: nothing was tested"
     );
     drop(child);
