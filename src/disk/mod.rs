@@ -285,6 +285,12 @@ impl DiskCache {
         evict::start_scan(&inner);
         exit::register(&inner);
         process::lock_at_forks(Arc::downgrade(&inner) as _);
+        let publishing = Arc::downgrade(&inner);
+        inner.writer.every_few_seconds(Arc::new(move || {
+            if let Some(inner) = publishing.upgrade() {
+                shards::persist(&inner);
+            }
+        }));
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
         Ok(DiskCache {
