@@ -11,6 +11,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,8 @@ const RELEASE_ENV: &str = "KCACHE_LOCK_RELEASE";
 const TIMEOUT_ENV: &str = "KCACHE_LOCK_TIMEOUT";
 /// The worker's liveness window, in seconds (read by the disk tier itself).
 const LIVENESS_ENV: &str = "KCACHE_LOCK_LIVENESS";
+/// The worker's first key is `k<this>` (default 0).
+const FIRST_ENV: &str = "KCACHE_TEST_FIRST_KEY";
 
 /// How long any worker may run before the test fails rather than hangs.
 const WATCHDOG: Duration = Duration::from_secs(60);
@@ -56,7 +59,26 @@ fn lock_worker() {
     let disk = Arc::new(DiskCache::open(config).unwrap());
     let cache = tiered(Some(Arc::clone(&disk)));
     let keys: usize = var(KEYS_ENV).parse().unwrap();
+    let first: usize = std::env::var(FIRST_ENV).map_or(0, |first| first.parse().unwrap());
     match role.as_str() {
+        "nested-waiter" => {
+            println!("ready");
+            let started = Instant::now();
+            // One lookup, whose build looks the keys up.
+            let build = || {
+                for i in 0..keys {
+                    let key = format!("k{i}");
+                    let lease = find_or_build(&cache, &key, || Ok((value(&key), 1)), serialize);
+                    assert_eq!(lease.unwrap().value(), &value(&key));
+                }
+                Ok((value("outer"), 1))
+            };
+            let lease = find_or_build(&cache, "outer", build, serialize);
+            assert_eq!(lease.unwrap().value(), &value("outer"));
+            let elapsed = started.elapsed();
+            cache.flush();
+            report(&cache, &disk, elapsed);
+        }
         "waiter" => {
             println!("ready");
             let started = Instant::now();
@@ -72,7 +94,7 @@ fn lock_worker() {
         holder => {
             let release = var(RELEASE_ENV);
             std::thread::scope(|s| {
-                for i in 0..keys {
+                for i in first..first + keys {
                     let (cache, release) = (&cache, &release);
                     s.spawn(move || {
                         let key = format!("k{i}");
@@ -258,6 +280,19 @@ fn spawn(
     timeout: &str,
     liveness: &str,
 ) -> Worker {
+    let cmd = command(role, dir, keys, release, timeout, liveness);
+    Worker::spawn(cmd, dir.parent().unwrap())
+}
+
+/// The command that [`spawn`] runs.
+fn command(
+    role: &str,
+    dir: &Path,
+    keys: usize,
+    release: &str,
+    timeout: &str,
+    liveness: &str,
+) -> Command {
     let mut cmd = rerun_test("lock_worker");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("KCACHE_") {
@@ -270,7 +305,7 @@ fn spawn(
         .env(RELEASE_ENV, release)
         .env(TIMEOUT_ENV, timeout)
         .env(LIVENESS_ENV, liveness);
-    Worker::spawn(cmd, dir.parent().unwrap())
+    cmd
 }
 
 trait Finish {
@@ -516,4 +551,30 @@ fn a_slow_live_holder_keeps_its_waiter() {
     ]);
     assert!(waited.warnings.is_empty(), "{waited:?}");
     holder.finish().assert(&[("builds", 1)]);
+}
+
+/// Four entries held by four holders, each stopped (`SIGSTOP`) while it builds, with a
+/// liveness window (60 s) longer than the lock timeout (2 s): one lookup whose build needs all
+/// four waits the lock timeout once in all, for the first, and builds the other three at once
+/// (before, each cost a timeout of its own: four).
+#[test]
+fn one_lookup_of_four_held_entries_waits_one_lock_timeout_in_all() {
+    let (_tmp, dir, release) = setup();
+    let _holders: Vec<Worker> = (0..4)
+        .map(|i| {
+            let mut cmd = command("holder", &dir, 1, &release, "60", "60");
+            cmd.env(FIRST_ENV, i.to_string());
+            let mut holder = Worker::spawn(cmd, dir.parent().unwrap());
+            holder.wait_for(&format!("holding k{i}"));
+            holder.signal(Signal::STOP);
+            holder
+        })
+        .collect();
+    let waited = spawn("nested-waiter", &dir, 4, &release, "2", "60").finish();
+    println!(
+        "one lookup of 4 held entries: {} ms",
+        waited.get("elapsed_ms")
+    );
+    waited.assert(&[("builds", 5), ("timeouts", 1), ("takeovers", 0)]);
+    assert_eq!(warnings(&waited, "lock timeout"), 1, "{waited:?}");
 }

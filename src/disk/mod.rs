@@ -20,6 +20,7 @@
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
 
+mod budget;
 pub mod config;
 mod descriptor;
 mod dir;
@@ -44,6 +45,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub(crate) use budget::one_lookup;
 pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKey, parse_size};
 pub use descriptor::{
     CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
