@@ -9,9 +9,9 @@
 //!
 //! Each process is this test binary run again with [`ROLE_ENV`] set (see [`lock_worker`]).
 
+use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,8 +35,6 @@ const RELEASE_ENV: &str = "KCACHE_LOCK_RELEASE";
 const TIMEOUT_ENV: &str = "KCACHE_LOCK_TIMEOUT";
 /// The worker's liveness window, in seconds (read by the disk tier itself).
 const LIVENESS_ENV: &str = "KCACHE_LOCK_LIVENESS";
-/// The worker's first key is `k<this>` (default 0).
-const FIRST_ENV: &str = "KCACHE_TEST_FIRST_KEY";
 
 /// How long any worker may run before the test fails rather than hangs.
 const WATCHDOG: Duration = Duration::from_secs(60);
@@ -58,15 +56,16 @@ fn lock_worker() {
     };
     let disk = Arc::new(DiskCache::open(config).unwrap());
     let cache = tiered(Some(Arc::clone(&disk)));
-    let keys: usize = var(KEYS_ENV).parse().unwrap();
-    let first: usize = std::env::var(FIRST_ENV).map_or(0, |first| first.parse().unwrap());
+    let keys = var(KEYS_ENV);
+    let (first, end) = keys.split_once("..").unwrap();
+    let keys: Range<usize> = first.parse().unwrap()..end.parse().unwrap();
     match role.as_str() {
         "nested-waiter" => {
             println!("ready");
             let started = Instant::now();
             // One lookup, whose build looks the keys up.
             let build = || {
-                for i in 0..keys {
+                for i in keys.clone() {
                     let key = format!("k{i}");
                     let lease = find_or_build(&cache, &key, || Ok((value(&key), 1)), serialize);
                     assert_eq!(lease.unwrap().value(), &value(&key));
@@ -82,7 +81,7 @@ fn lock_worker() {
         "waiter" => {
             println!("ready");
             let started = Instant::now();
-            for i in 0..keys {
+            for i in keys.clone() {
                 let key = format!("k{i}");
                 let lease = find_or_build(&cache, &key, || Ok((value(&key), 1)), serialize);
                 assert_eq!(lease.unwrap().value(), &value(&key));
@@ -94,7 +93,7 @@ fn lock_worker() {
         holder => {
             let release = var(RELEASE_ENV);
             std::thread::scope(|s| {
-                for i in first..first + keys {
+                for i in keys.clone() {
                     let (cache, release) = (&cache, &release);
                     s.spawn(move || {
                         let key = format!("k{i}");
@@ -275,24 +274,11 @@ fn lock_files(dir: &str) -> Vec<PathBuf> {
 fn spawn(
     role: &str,
     dir: &Path,
-    keys: usize,
+    keys: Range<usize>,
     release: &str,
     timeout: &str,
     liveness: &str,
 ) -> Worker {
-    let cmd = command(role, dir, keys, release, timeout, liveness);
-    Worker::spawn(cmd, dir.parent().unwrap())
-}
-
-/// The command that [`spawn`] runs.
-fn command(
-    role: &str,
-    dir: &Path,
-    keys: usize,
-    release: &str,
-    timeout: &str,
-    liveness: &str,
-) -> Command {
     let mut cmd = rerun_test("lock_worker");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("KCACHE_") {
@@ -301,11 +287,11 @@ fn command(
     }
     cmd.env(ROLE_ENV, role)
         .env(DIR_ENV, dir)
-        .env(KEYS_ENV, keys.to_string())
+        .env(KEYS_ENV, format!("{}..{}", keys.start, keys.end))
         .env(RELEASE_ENV, release)
         .env(TIMEOUT_ENV, timeout)
         .env(LIVENESS_ENV, liveness);
-    cmd
+    Worker::spawn(cmd, dir.parent().unwrap())
 }
 
 trait Finish {
@@ -403,7 +389,7 @@ impl Drop for Killed {
 #[test]
 fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
     let (_tmp, dir, release) = setup();
-    let mut holder = spawn("raw-fork-holder", &dir, 1, &release, "60", "60");
+    let mut holder = spawn("raw-fork-holder", &dir, 0..1, &release, "60", "60");
     holder.wait_for("holding k0");
     let lock = lock_files(dir.to_str().unwrap())
         .pop()
@@ -411,7 +397,7 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
     let ino = std::fs::metadata(&lock).unwrap().ino();
     // A lock timeout well inside the watchdog, and a liveness window past it: only seeing the
     // entry can end this wait early.
-    let mut waiter = spawn("waiter", &dir, 1, &release, "20", "60");
+    let mut waiter = spawn("waiter", &dir, 0..1, &release, "20", "60");
     waiter.wait_for("ready");
     until_waiting(&waiter);
     std::fs::write(&release, b"").unwrap();
@@ -441,7 +427,7 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
 #[test]
 fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
     let (_tmp, dir, release) = setup();
-    let mut holder = spawn("fork-holder", &dir, 1, &release, "60", "60");
+    let mut holder = spawn("fork-holder", &dir, 0..1, &release, "60", "60");
     holder.wait_for("holding k0");
     let child = holder.wait_for("child ");
     assert_eq!(
@@ -449,7 +435,7 @@ fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
         "what the forked child saw"
     );
     holder.wait_for("child done");
-    let waiter = spawn("waiter", &dir, 1, &release, "60", "60");
+    let waiter = spawn("waiter", &dir, 0..1, &release, "60", "60");
     until_waiting(&waiter);
     std::fs::write(&release, b"").unwrap();
     holder.finish().assert(&[("builds", 1)]);
@@ -462,7 +448,7 @@ fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
 /// A holder of `keys` entries, each build waiting for the release file, and stopped
 /// (`SIGSTOP`) once it holds all their locks.
 fn stopped_holder(dir: &Path, keys: usize, release: &str) -> Worker {
-    let mut holder = spawn("holder", dir, keys, release, "60", "60");
+    let mut holder = spawn("holder", dir, 0..keys, release, "60", "60");
     for _ in 0..keys {
         holder.wait_for("holding k");
     }
@@ -482,7 +468,7 @@ fn warnings(report: &Report, cause: &str) -> usize {
 fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
     let (_tmp, dir, release) = setup();
     let _holder = stopped_holder(&dir, 1, &release);
-    let waited = spawn("waiter", &dir, 1, &release, "30", "1").finish();
+    let waited = spawn("waiter", &dir, 0..1, &release, "30", "1").finish();
     waited.assert(&[
         ("builds", 1),
         ("loads", 0),
@@ -500,7 +486,7 @@ fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
 fn four_entries_of_a_stopped_holder_cost_one_wait() {
     let (_tmp, dir, release) = setup();
     let _holder = stopped_holder(&dir, 4, &release);
-    let waited = spawn("waiter", &dir, 4, &release, "4", "1").finish();
+    let waited = spawn("waiter", &dir, 0..4, &release, "4", "1").finish();
     waited.assert(&[
         ("builds", 4),
         ("loads", 0),
@@ -517,11 +503,11 @@ fn four_entries_of_a_stopped_holder_cost_one_wait() {
 #[test]
 fn four_entries_of_a_hung_holder_cost_one_lock_timeout() {
     let (_tmp, dir, release) = setup();
-    let mut holder = spawn("holder", &dir, 4, &release, "60", "60");
+    let mut holder = spawn("holder", &dir, 0..4, &release, "60", "60");
     for _ in 0..4 {
         holder.wait_for("holding k");
     }
-    let waited = spawn("waiter", &dir, 4, &release, "2", "1").finish();
+    let waited = spawn("waiter", &dir, 0..4, &release, "2", "1").finish();
     waited.assert(&[
         ("builds", 4),
         ("loads", 0),
@@ -539,9 +525,9 @@ fn four_entries_of_a_hung_holder_cost_one_lock_timeout() {
 #[test]
 fn a_slow_live_holder_keeps_its_waiter() {
     let (_tmp, dir, _release) = setup();
-    let mut holder = spawn("holder", &dir, 1, "3500", "60", "1");
+    let mut holder = spawn("holder", &dir, 0..1, "3500", "60", "1");
     holder.wait_for("holding k0");
-    let waited = spawn("waiter", &dir, 1, "0", "60", "1").finish();
+    let waited = spawn("waiter", &dir, 0..1, "0", "60", "1").finish();
     waited.assert(&[
         ("builds", 0),
         ("loads", 1),
@@ -562,15 +548,13 @@ fn one_lookup_of_four_held_entries_waits_one_lock_timeout_in_all() {
     let (_tmp, dir, release) = setup();
     let _holders: Vec<Worker> = (0..4)
         .map(|i| {
-            let mut cmd = command("holder", &dir, 1, &release, "60", "60");
-            cmd.env(FIRST_ENV, i.to_string());
-            let mut holder = Worker::spawn(cmd, dir.parent().unwrap());
+            let mut holder = spawn("holder", &dir, i..i + 1, &release, "60", "60");
             holder.wait_for(&format!("holding k{i}"));
             holder.signal(Signal::STOP);
             holder
         })
         .collect();
-    let waited = spawn("nested-waiter", &dir, 4, &release, "2", "60").finish();
+    let waited = spawn("nested-waiter", &dir, 0..4, &release, "2", "60").finish();
     println!(
         "one lookup of 4 held entries: {} ms",
         waited.get("elapsed_ms")
