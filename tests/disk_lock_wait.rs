@@ -333,6 +333,17 @@ impl Report {
         self.counters[name]
     }
 
+    /// It waited for the holder once and read the holder's entry.
+    fn assert_loaded_after_one_wait(&self) {
+        self.assert(&[
+            ("builds", 0),
+            ("loads", 1),
+            ("waits", 1),
+            ("timeouts", 0),
+            ("takeovers", 0),
+        ]);
+    }
+
     fn assert(&self, expected: &[(&str, u64)]) {
         for &(name, want) in expected {
             assert_eq!(self.get(name), want, "{name}: {self:?}");
@@ -410,13 +421,7 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
         "the child no longer held the lock: nothing was tested"
     );
     drop(child);
-    waited.assert(&[
-        ("builds", 0),
-        ("loads", 1),
-        ("waits", 1),
-        ("timeouts", 0),
-        ("takeovers", 0),
-    ]);
+    waited.assert_loaded_after_one_wait();
 }
 
 /// The holder forks (with `fork`) while it holds the entry's lock. The child holds none of the
@@ -456,6 +461,27 @@ fn stopped_holder(dir: &Path, keys: usize, release: &str) -> Worker {
     holder
 }
 
+/// The report of a waiter (lock timeout `timeout`, liveness window 1 s) for `keys` entries of
+/// a [`stopped_holder`].
+fn wait_for_a_stopped_holder(keys: usize, timeout: &str) -> Report {
+    let (_tmp, dir, release) = setup();
+    let _holder = stopped_holder(&dir, keys, &release);
+    spawn("waiter", &dir, 0..keys, &release, timeout, "1").finish()
+}
+
+/// The waiter built four entries (none loaded) after `timeouts` lock timeouts and `takeovers`
+/// takeovers, and said so in one warning, naming `cause`.
+fn assert_built_four_with_one_warning(waited: &Report, timeouts: u64, takeovers: u64, cause: &str) {
+    waited.assert(&[
+        ("builds", 4),
+        ("loads", 0),
+        ("timeouts", timeouts),
+        ("takeovers", takeovers),
+    ]);
+    assert_eq!(warnings(waited, cause), 1, "{waited:?}");
+    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+}
+
 /// The waiter's warnings that name `cause`.
 fn warnings(report: &Report, cause: &str) -> usize {
     report.warnings.iter().filter(|w| w.contains(cause)).count()
@@ -466,9 +492,7 @@ fn warnings(report: &Report, cause: &str) -> usize {
 /// (30 s), and says so once, at `warn`.
 #[test]
 fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
-    let (_tmp, dir, release) = setup();
-    let _holder = stopped_holder(&dir, 1, &release);
-    let waited = spawn("waiter", &dir, 0..1, &release, "30", "1").finish();
+    let waited = wait_for_a_stopped_holder(1, "30");
     waited.assert(&[
         ("builds", 1),
         ("loads", 0),
@@ -484,17 +508,8 @@ fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
 /// (4 s, which four waits would add up to 16 s); one warning for the one holder.
 #[test]
 fn four_entries_of_a_stopped_holder_cost_one_wait() {
-    let (_tmp, dir, release) = setup();
-    let _holder = stopped_holder(&dir, 4, &release);
-    let waited = spawn("waiter", &dir, 0..4, &release, "4", "1").finish();
-    waited.assert(&[
-        ("builds", 4),
-        ("loads", 0),
-        ("timeouts", 0),
-        ("takeovers", 4),
-    ]);
-    assert_eq!(warnings(&waited, "no sign of life"), 1, "{waited:?}");
-    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+    let waited = wait_for_a_stopped_holder(4, "4");
+    assert_built_four_with_one_warning(&waited, 0, 4, "no sign of life");
 }
 
 /// A holder of four entries whose builds never end but whose process runs (its beat goes on,
@@ -508,14 +523,7 @@ fn four_entries_of_a_hung_holder_cost_one_lock_timeout() {
         holder.wait_for("holding k");
     }
     let waited = spawn("waiter", &dir, 0..4, &release, "2", "1").finish();
-    waited.assert(&[
-        ("builds", 4),
-        ("loads", 0),
-        ("timeouts", 1),
-        ("takeovers", 0),
-    ]);
-    assert_eq!(warnings(&waited, "lock timeout"), 1, "{waited:?}");
-    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+    assert_built_four_with_one_warning(&waited, 1, 0, "lock timeout");
     std::fs::write(&release, b"").unwrap();
     holder.finish().assert(&[("builds", 4)]);
 }
@@ -528,13 +536,7 @@ fn a_slow_live_holder_keeps_its_waiter() {
     let mut holder = spawn("holder", &dir, 0..1, "3500", "60", "1");
     holder.wait_for("holding k0");
     let waited = spawn("waiter", &dir, 0..1, "0", "60", "1").finish();
-    waited.assert(&[
-        ("builds", 0),
-        ("loads", 1),
-        ("waits", 1),
-        ("timeouts", 0),
-        ("takeovers", 0),
-    ]);
+    waited.assert_loaded_after_one_wait();
     assert!(waited.warnings.is_empty(), "{waited:?}");
     holder.finish().assert(&[("builds", 1)]);
 }

@@ -154,16 +154,14 @@ struct Snapshot {
     generation: u64,
 }
 
-impl<K: Hash + Eq, V> MemoryCache<K, V> {
+/// Made only of keys and values that any thread may use and drop, for as long as the process
+/// runs: a fork takes the cache's locks on the forking thread (see `ForkLocked`).
+impl<K: Hash + Eq + Send + Sync + 'static, V: Send + Sync + 'static> MemoryCache<K, V> {
     /// Creates a cache; `destroy` releases a value that leaves it.
     pub fn new(
         options: Options,
         destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
-    ) -> Self
-    where
-        K: Send + Sync + 'static,
-        V: Send + Sync + 'static,
-    {
+    ) -> Self {
         Self::for_backend(Backend::Rust, options, destroy)
     }
 
@@ -172,11 +170,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         backend: Backend,
         options: Options,
         destroy: impl Fn(V) -> std::result::Result<(), DestroyError> + Send + Sync + 'static,
-    ) -> Self
-    where
-        K: Send + Sync + 'static,
-        V: Send + Sync + 'static,
-    {
+    ) -> Self {
         let shared = Arc::new(Shared::new(
             shard_count(),
             Box::new(destroy),
@@ -202,7 +196,9 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             baseline: Baseline::default(),
         }
     }
+}
 
+impl<K: Hash + Eq, V> MemoryCache<K, V> {
     /// Returns a lease on the value for `key`, running `build` on a miss. `build` returns the
     /// value and its weight, and runs on the calling thread with no cache lock held. `device`
     /// records the entry for [`MemoryCache::evict_device`].
