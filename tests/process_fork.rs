@@ -1,6 +1,7 @@
 //! A forked child uses, flushes and drops the caches it inherited: after a miss of the parent's,
-//! while the parent's writer is in a remote write that stalls, and while the parent's opening
-//! scan of a large directory runs. Each child runs under a watchdog, so that a hang fails the
+//! while the parent's writer is in a remote write that stalls, while the parent's opening scan
+//! of a large directory runs, while a parent thread builds the key the child looks up, and while
+//! other threads hammer the cache. Each child runs under a watchdog, so that a hang fails the
 //! test instead of the suite.
 
 use std::path::Path;
@@ -20,8 +21,8 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 /// Exit status of a child killed by the watchdog.
 const HUNG: i32 = -1;
 
-/// One fork at a time: a child inherits the locks other threads of the test binary hold at the
-/// fork, and these tests fork only while none of theirs runs kcache.
+/// One forking test at a time: a child inherits whatever the other tests' threads are doing at
+/// the fork, and each test checks only what its own threads do.
 static FORKING: Mutex<()> = Mutex::new(());
 
 /// Runs `child` in a forked child and returns its exit status (1 when it panicked), or
