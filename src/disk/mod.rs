@@ -9,11 +9,13 @@
 //! - `store`: `get`, `put`, `remove`; `evict`: the size and file-count caps; `gc`: collection
 //!   of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory; `heartbeat`: a
-//!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it.
+//!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it;
+//!   `budget`: one lookup's lock waits, which share one lock timeout.
 //! - `writer`: writes made after the caller has its value, on a background thread;
 //!   `write_back`: what it writes, and when; `exit`: what an exit without freeing still writes.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
-//! - `shards`: counters every process using the directory adds to, for operators' tools.
+//! - `shards`: counters every process using the directory adds to, for operators' tools;
+//!   `reported`: the figures the caches in front of the tier hand it for them.
 //! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
 //!   as here.
 //!
@@ -32,6 +34,7 @@ mod heartbeat;
 mod listing;
 mod liveness;
 mod lock;
+mod reported;
 pub mod settings;
 mod shards;
 mod shared;
@@ -57,8 +60,8 @@ pub use listing::{Check, EntryInfo};
 pub use liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
+pub(crate) use reported::{Reported, Reporter};
 pub use shards::{CounterRecord, DirectoryCounters, DirectoryStats, MAX_COUNTERS, SHARDS};
-pub(crate) use shards::{Reported, Reporter};
 pub use store::MAX_ENTRY_SIZE;
 pub use write_back::DiskBytes;
 pub use writer::{MAX_POLLED, POLL, QUEUE_BOUND};

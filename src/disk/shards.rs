@@ -23,7 +23,6 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -167,39 +166,6 @@ pub struct DirectoryStats {
     /// Shard files that were not valid shards (foreign or damaged content, not a regular file,
     /// locked too long): counted as zero.
     pub shards_ignored: u32,
-}
-
-/// Figures the disk tier cannot see itself, handed to it by the caches in front of it.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Reported {
-    pub memory_hits: u64,
-    pub memory_misses: u64,
-    pub builds: u64,
-}
-
-/// What a cache in front of a disk tier has reported to it so far, so that it reports only
-/// what is new. Lock-free, so that a fork never leaves it held: each figure only grows, and
-/// whoever raises the mark reports what lies between the old mark and the new.
-#[derive(Default)]
-pub(crate) struct Reporter {
-    memory_hits: AtomicU64,
-    memory_misses: AtomicU64,
-    builds: AtomicU64,
-}
-
-impl Reporter {
-    /// Hands `disk` what `total` (the cache's figures since it was created) adds to the last
-    /// report.
-    pub(crate) fn report(&self, disk: &DiskCache, total: Reported) {
-        let new = |mark: &AtomicU64, total: u64| {
-            total.saturating_sub(mark.fetch_max(total, Ordering::Relaxed))
-        };
-        disk.record(Reported {
-            memory_hits: new(&self.memory_hits, total.memory_hits),
-            memory_misses: new(&self.memory_misses, total.memory_misses),
-            builds: new(&self.builds, total.builds),
-        });
-    }
 }
 
 /// What this process has written to its shard so far. The standard library's lock, which a
@@ -480,18 +446,10 @@ fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
 }
 
 impl DiskCache {
-    /// Adds figures of the caches in front of this disk tier (the memory tier's lookups,
-    /// builds) to what the next flush persists.
-    pub(crate) fn record(&self, figures: Reported) {
-        let c = &self.inner.counters;
-        super::bump(&c.memory_hits, figures.memory_hits);
-        super::bump(&c.memory_misses, figures.memory_misses);
-        super::bump(&c.builds, figures.builds);
-    }
-
     /// The directory's counters: every process's figures since the last
     /// [`DiskCache::zero_directory_stats`], added up from the shard files. This process's
-    /// figures are included up to its last [`DiskCache::flush`].
+    /// figures are included up to its last [`DiskCache::flush`], or to the background
+    /// writer's last periodic publication ([`super::writer::PUBLISH`]).
     pub fn directory_stats(&self) -> Result<DirectoryStats> {
         let inner = &self.inner;
         let mut stats = DirectoryStats::default();
