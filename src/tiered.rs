@@ -25,7 +25,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::disk::{Claim, Descriptor, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter};
+use crate::disk::{
+    Claim, Descriptor, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter, one_lookup,
+};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
@@ -295,6 +297,9 @@ where
         let mut built: Option<(Duration, Key, Option<KeyLock>, Option<LeaseGuard>)> = None;
         let mut load = load;
         let lease = self.memory.find_or_make(l1_key, device, || {
+            // The lock waits of this miss and of the lookups its build makes share one
+            // lock timeout.
+            let _lookup = one_lookup();
             let key = self.disk_key(l2_key);
             let (lock, remote_lease) = match (&key, self.disk) {
                 (Some(key), Some(disk)) if load.is_some() => {

@@ -9,16 +9,17 @@
 //!
 //! Each process is this test binary run again with [`ROLE_ENV`] set (see [`lock_worker`]).
 
-use std::io::{BufRead, BufReader, Read};
+use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::BuildError;
 use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{Cache, find_or_build, serialize, tiered};
+use kcache_testkit::workers::{Worker, flock_takers, sleeps};
 use rustix::process::{Pid, Signal};
 
 /// `holder`, `fork-holder`, `raw-fork-holder` or `waiter`, in a worker process.
@@ -55,12 +56,32 @@ fn lock_worker() {
     };
     let disk = Arc::new(DiskCache::open(config).unwrap());
     let cache = tiered(Some(Arc::clone(&disk)));
-    let keys: usize = var(KEYS_ENV).parse().unwrap();
+    let keys = var(KEYS_ENV);
+    let (first, end) = keys.split_once("..").unwrap();
+    let keys: Range<usize> = first.parse().unwrap()..end.parse().unwrap();
     match role.as_str() {
+        "nested-waiter" => {
+            println!("ready");
+            let started = Instant::now();
+            // One lookup, whose build looks the keys up.
+            let build = || {
+                for i in keys.clone() {
+                    let key = format!("k{i}");
+                    let lease = find_or_build(&cache, &key, || Ok((value(&key), 1)), serialize);
+                    assert_eq!(lease.unwrap().value(), &value(&key));
+                }
+                Ok((value("outer"), 1))
+            };
+            let lease = find_or_build(&cache, "outer", build, serialize);
+            assert_eq!(lease.unwrap().value(), &value("outer"));
+            let elapsed = started.elapsed();
+            cache.flush();
+            report(&cache, &disk, elapsed);
+        }
         "waiter" => {
             println!("ready");
             let started = Instant::now();
-            for i in 0..keys {
+            for i in keys.clone() {
                 let key = format!("k{i}");
                 let lease = find_or_build(&cache, &key, || Ok((value(&key), 1)), serialize);
                 assert_eq!(lease.unwrap().value(), &value(&key));
@@ -72,7 +93,7 @@ fn lock_worker() {
         holder => {
             let release = var(RELEASE_ENV);
             std::thread::scope(|s| {
-                for i in 0..keys {
+                for i in keys.clone() {
                     let (cache, release) = (&cache, &release);
                     s.spawn(move || {
                         let key = format!("k{i}");
@@ -250,22 +271,15 @@ fn lock_files(dir: &str) -> Vec<PathBuf> {
 }
 
 /// A worker process, its stdout piped, its stderr in a file.
-struct Worker {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-    stderr: PathBuf,
-}
-
 fn spawn(
     role: &str,
     dir: &Path,
-    keys: usize,
+    keys: Range<usize>,
     release: &str,
     timeout: &str,
     liveness: &str,
 ) -> Worker {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["lock_worker", "--exact", "--nocapture", "--test-threads=1"]);
+    let mut cmd = rerun_test("lock_worker");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("KCACHE_") {
             cmd.env_remove(name);
@@ -273,78 +287,21 @@ fn spawn(
     }
     cmd.env(ROLE_ENV, role)
         .env(DIR_ENV, dir)
-        .env(KEYS_ENV, keys.to_string())
+        .env(KEYS_ENV, format!("{}..{}", keys.start, keys.end))
         .env(RELEASE_ENV, release)
         .env(TIMEOUT_ENV, timeout)
         .env(LIVENESS_ENV, liveness);
-    let (stderr_file, stderr) = tempfile::Builder::new()
-        .prefix("worker-")
-        .suffix(".err")
-        .tempfile_in(dir.parent().unwrap())
-        .unwrap()
-        .keep()
-        .unwrap();
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(stderr_file)
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    Worker {
-        child,
-        stdout,
-        stderr,
-    }
+    Worker::spawn(cmd, dir.parent().unwrap())
 }
 
-impl Worker {
-    fn pid(&self) -> Pid {
-        Pid::from_child(&self.child)
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// The rest of the line that starts with `said` (libtest may print before it), reading
-    /// output up to it.
-    fn wait_for(&mut self, said: &str) -> String {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(
-                n > 0,
-                "worker exited before it said {said}: {}",
-                self.stderr()
-            );
-            if let Some(at) = line.find(said) {
-                return line[at + said.len()..].trim().to_owned();
-            }
-        }
-    }
-
+trait Finish {
     /// The worker's report (counter → value); fails if it does not exit within [`WATCHDOG`].
-    fn finish(mut self) -> Report {
-        let deadline = Instant::now() + WATCHDOG;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker still running after {WATCHDOG:?}: {}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).unwrap();
-        assert!(
-            status.success(),
-            "worker failed ({status}): {out}\n{}",
-            self.stderr()
-        );
+    fn finish(self) -> Report;
+}
+
+impl Finish for Worker {
+    fn finish(self) -> Report {
+        let (out, stderr) = self.finish_output(WATCHDOG);
         let line = out
             .lines()
             .find_map(|l| l.find("builds=").map(|at| &l[at..]))
@@ -355,25 +312,12 @@ impl Worker {
                 .filter_map(|field| field.split_once('='))
                 .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
                 .collect(),
-            warnings: self
-                .stderr()
+            warnings: stderr
                 .lines()
                 .filter(|l| l.starts_with("kcache: ") && !l.starts_with("kcache: debug: "))
                 .map(str::to_owned)
                 .collect(),
         }
-    }
-
-    fn signal(&self, signal: Signal) {
-        rustix::process::kill_process(self.pid(), signal).unwrap();
-    }
-}
-
-/// A test that fails leaves no worker behind, stopped or waiting.
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -387,6 +331,17 @@ struct Report {
 impl Report {
     fn get(&self, name: &str) -> u64 {
         self.counters[name]
+    }
+
+    /// It waited for the holder once and read the holder's entry.
+    fn assert_loaded_after_one_wait(&self) {
+        self.assert(&[
+            ("builds", 0),
+            ("loads", 1),
+            ("waits", 1),
+            ("timeouts", 0),
+            ("takeovers", 0),
+        ]);
     }
 
     fn assert(&self, expected: &[(&str, u64)]) {
@@ -405,23 +360,16 @@ fn setup() -> (tempfile::TempDir, PathBuf, String) {
     (tmp, dir, release)
 }
 
-/// Whether process `pid` has a file open whose name ends with `.lock` in `dir`, and sleeps
-/// (`/proc/<pid>/task/*/wchan`): a waiter between two attempts at a lock.
+/// Whether process `pid` has a file open whose name ends with `.lock`, and sleeps: a waiter
+/// between two attempts at a lock.
 fn waits_on_a_lock(pid: Pid) -> bool {
-    let proc = format!("/proc/{}", pid.as_raw_nonzero());
-    let Ok(fds) = std::fs::read_dir(format!("{proc}/fd")) else {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{}/fd", pid.as_raw_nonzero())) else {
         return false;
     };
     let has_lock = fds
         .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
         .any(|target| target.to_string_lossy().ends_with(".lock"));
-    let Ok(tasks) = std::fs::read_dir(format!("{proc}/task")) else {
-        return false;
-    };
-    has_lock
-        && tasks
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("wchan")).ok())
-            .any(|wchan| wchan.contains("nanosleep"))
+    has_lock && sleeps(pid)
 }
 
 /// Waits (up to the watchdog) until `worker` waits on a lock.
@@ -434,23 +382,6 @@ fn until_waiting(worker: &Worker) {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// Whether an `flock` is held on the inode `ino`, as `/proc/locks` says (which names the
-/// process that took it, not those that keep it now).
-fn is_flocked(ino: u64) -> bool {
-    let locks = std::fs::read_to_string("/proc/locks").unwrap();
-    locks.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some(at) = fields.iter().position(|&f| f == "FLOCK") else {
-            return false;
-        };
-        // FLOCK ADVISORY WRITE <pid> <major:minor:inode> …
-        fields
-            .get(at + 4)
-            .and_then(|f| f.rsplit(':').next())
-            .is_some_and(|i| i == ino.to_string())
-    })
 }
 
 /// A process killed when this is dropped, whatever the test's outcome.
@@ -469,7 +400,7 @@ impl Drop for Killed {
 #[test]
 fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
     let (_tmp, dir, release) = setup();
-    let mut holder = spawn("raw-fork-holder", &dir, 1, &release, "60", "60");
+    let mut holder = spawn("raw-fork-holder", &dir, 0..1, &release, "60", "60");
     holder.wait_for("holding k0");
     let lock = lock_files(dir.to_str().unwrap())
         .pop()
@@ -477,7 +408,7 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
     let ino = std::fs::metadata(&lock).unwrap().ino();
     // A lock timeout well inside the watchdog, and a liveness window past it: only seeing the
     // entry can end this wait early.
-    let mut waiter = spawn("waiter", &dir, 1, &release, "20", "60");
+    let mut waiter = spawn("waiter", &dir, 0..1, &release, "20", "60");
     waiter.wait_for("ready");
     until_waiting(&waiter);
     std::fs::write(&release, b"").unwrap();
@@ -486,17 +417,11 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
     let waited = waiter.finish();
     // The holder has exited: only the child can keep the lock now.
     assert!(
-        is_flocked(ino),
+        !flock_takers(ino).is_empty(),
         "the child no longer held the lock: nothing was tested"
     );
     drop(child);
-    waited.assert(&[
-        ("builds", 0),
-        ("loads", 1),
-        ("waits", 1),
-        ("timeouts", 0),
-        ("takeovers", 0),
-    ]);
+    waited.assert_loaded_after_one_wait();
 }
 
 /// The holder forks (with `fork`) while it holds the entry's lock. The child holds none of the
@@ -507,7 +432,7 @@ fn a_waiter_reads_the_entry_while_a_forked_child_keeps_the_lock() {
 #[test]
 fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
     let (_tmp, dir, release) = setup();
-    let mut holder = spawn("fork-holder", &dir, 1, &release, "60", "60");
+    let mut holder = spawn("fork-holder", &dir, 0..1, &release, "60", "60");
     holder.wait_for("holding k0");
     let child = holder.wait_for("child ");
     assert_eq!(
@@ -515,7 +440,7 @@ fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
         "what the forked child saw"
     );
     holder.wait_for("child done");
-    let waiter = spawn("waiter", &dir, 1, &release, "60", "60");
+    let waiter = spawn("waiter", &dir, 0..1, &release, "60", "60");
     until_waiting(&waiter);
     std::fs::write(&release, b"").unwrap();
     holder.finish().assert(&[("builds", 1)]);
@@ -528,12 +453,33 @@ fn a_forked_child_holds_and_drops_none_of_its_parents_locks() {
 /// A holder of `keys` entries, each build waiting for the release file, and stopped
 /// (`SIGSTOP`) once it holds all their locks.
 fn stopped_holder(dir: &Path, keys: usize, release: &str) -> Worker {
-    let mut holder = spawn("holder", dir, keys, release, "60", "60");
+    let mut holder = spawn("holder", dir, 0..keys, release, "60", "60");
     for _ in 0..keys {
         holder.wait_for("holding k");
     }
     holder.signal(Signal::STOP);
     holder
+}
+
+/// The report of a waiter (lock timeout `timeout`, liveness window 1 s) for `keys` entries of
+/// a [`stopped_holder`].
+fn wait_for_a_stopped_holder(keys: usize, timeout: &str) -> Report {
+    let (_tmp, dir, release) = setup();
+    let _holder = stopped_holder(&dir, keys, &release);
+    spawn("waiter", &dir, 0..keys, &release, timeout, "1").finish()
+}
+
+/// The waiter built four entries (none loaded) after `timeouts` lock timeouts and `takeovers`
+/// takeovers, and said so in one warning, naming `cause`.
+fn assert_built_four_with_one_warning(waited: &Report, timeouts: u64, takeovers: u64, cause: &str) {
+    waited.assert(&[
+        ("builds", 4),
+        ("loads", 0),
+        ("timeouts", timeouts),
+        ("takeovers", takeovers),
+    ]);
+    assert_eq!(warnings(waited, cause), 1, "{waited:?}");
+    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
 }
 
 /// The waiter's warnings that name `cause`.
@@ -546,9 +492,7 @@ fn warnings(report: &Report, cause: &str) -> usize {
 /// (30 s), and says so once, at `warn`.
 #[test]
 fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
-    let (_tmp, dir, release) = setup();
-    let _holder = stopped_holder(&dir, 1, &release);
-    let waited = spawn("waiter", &dir, 1, &release, "30", "1").finish();
+    let waited = wait_for_a_stopped_holder(1, "30");
     waited.assert(&[
         ("builds", 1),
         ("loads", 0),
@@ -564,17 +508,8 @@ fn a_stopped_holder_costs_the_liveness_window_not_the_timeout() {
 /// (4 s, which four waits would add up to 16 s); one warning for the one holder.
 #[test]
 fn four_entries_of_a_stopped_holder_cost_one_wait() {
-    let (_tmp, dir, release) = setup();
-    let _holder = stopped_holder(&dir, 4, &release);
-    let waited = spawn("waiter", &dir, 4, &release, "4", "1").finish();
-    waited.assert(&[
-        ("builds", 4),
-        ("loads", 0),
-        ("timeouts", 0),
-        ("takeovers", 4),
-    ]);
-    assert_eq!(warnings(&waited, "no sign of life"), 1, "{waited:?}");
-    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+    let waited = wait_for_a_stopped_holder(4, "4");
+    assert_built_four_with_one_warning(&waited, 0, 4, "no sign of life");
 }
 
 /// A holder of four entries whose builds never end but whose process runs (its beat goes on,
@@ -583,19 +518,12 @@ fn four_entries_of_a_stopped_holder_cost_one_wait() {
 #[test]
 fn four_entries_of_a_hung_holder_cost_one_lock_timeout() {
     let (_tmp, dir, release) = setup();
-    let mut holder = spawn("holder", &dir, 4, &release, "60", "60");
+    let mut holder = spawn("holder", &dir, 0..4, &release, "60", "60");
     for _ in 0..4 {
         holder.wait_for("holding k");
     }
-    let waited = spawn("waiter", &dir, 4, &release, "2", "1").finish();
-    waited.assert(&[
-        ("builds", 4),
-        ("loads", 0),
-        ("timeouts", 1),
-        ("takeovers", 0),
-    ]);
-    assert_eq!(warnings(&waited, "lock timeout"), 1, "{waited:?}");
-    assert_eq!(waited.warnings.len(), 1, "{waited:?}");
+    let waited = spawn("waiter", &dir, 0..4, &release, "2", "1").finish();
+    assert_built_four_with_one_warning(&waited, 1, 0, "lock timeout");
     std::fs::write(&release, b"").unwrap();
     holder.finish().assert(&[("builds", 4)]);
 }
@@ -605,16 +533,34 @@ fn four_entries_of_a_hung_holder_cost_one_lock_timeout() {
 #[test]
 fn a_slow_live_holder_keeps_its_waiter() {
     let (_tmp, dir, _release) = setup();
-    let mut holder = spawn("holder", &dir, 1, "3500", "60", "1");
+    let mut holder = spawn("holder", &dir, 0..1, "3500", "60", "1");
     holder.wait_for("holding k0");
-    let waited = spawn("waiter", &dir, 1, "0", "60", "1").finish();
-    waited.assert(&[
-        ("builds", 0),
-        ("loads", 1),
-        ("waits", 1),
-        ("timeouts", 0),
-        ("takeovers", 0),
-    ]);
+    let waited = spawn("waiter", &dir, 0..1, "0", "60", "1").finish();
+    waited.assert_loaded_after_one_wait();
     assert!(waited.warnings.is_empty(), "{waited:?}");
     holder.finish().assert(&[("builds", 1)]);
+}
+
+/// Four entries held by four holders, each stopped (`SIGSTOP`) while it builds, with a
+/// liveness window (60 s) longer than the lock timeout (2 s): one lookup whose build needs all
+/// four waits the lock timeout once in all, for the first, and builds the other three at once
+/// (before, each cost a timeout of its own: four).
+#[test]
+fn one_lookup_of_four_held_entries_waits_one_lock_timeout_in_all() {
+    let (_tmp, dir, release) = setup();
+    let _holders: Vec<Worker> = (0..4)
+        .map(|i| {
+            let mut holder = spawn("holder", &dir, i..i + 1, &release, "60", "60");
+            holder.wait_for(&format!("holding k{i}"));
+            holder.signal(Signal::STOP);
+            holder
+        })
+        .collect();
+    let waited = spawn("nested-waiter", &dir, 0..4, &release, "2", "60").finish();
+    println!(
+        "one lookup of 4 held entries: {} ms",
+        waited.get("elapsed_ms")
+    );
+    waited.assert(&[("builds", 5), ("timeouts", 1), ("takeovers", 0)]);
+    assert_eq!(warnings(&waited, "lock timeout"), 1, "{waited:?}");
 }

@@ -13,9 +13,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +23,8 @@ use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::{DiskCache, DiskConfig, DiskStats};
 use kcache_testkit::cuda::{FakeDriver, PrimaryContext, Saxpy};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel_in_groups};
+use kcache_testkit::rerun_test;
+use kcache_testkit::workers::{Worker, flock_takers, sleeps};
 use rustix::process::{Pid, Signal};
 
 /// Set to the backend (`opencl` or `cuda`) in a worker process.
@@ -242,12 +242,6 @@ fn cuda_lookup(disk: Option<Arc<DiskCache>>, go: Option<&Path>) -> String {
 type Report = HashMap<String, String>;
 
 /// A worker process, started with its stdout piped (stderr goes to a file beside the cache).
-struct Worker {
-    child: Child,
-    stdout: BufReader<ChildStdout>,
-    stderr: PathBuf,
-}
-
 /// How to start workers.
 struct Spawner<'a> {
     backend: &'a str,
@@ -275,10 +269,9 @@ impl<'a> Spawner<'a> {
     }
 
     fn spawn(&self) -> Worker {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
         // Test names are module paths without the crate's name: at the top of an integration
         // test, just the function's name.
-        cmd.args(["node_worker", "--exact", "--nocapture", "--test-threads=1"]);
+        let mut cmd = rerun_test("node_worker");
         for name in [
             "KCACHE_DIR",
             "KCACHE_DISABLE",
@@ -308,24 +301,7 @@ impl<'a> Spawner<'a> {
         for (name, value) in self.env {
             cmd.env(name, value);
         }
-        let (stderr_file, stderr) = tempfile::Builder::new()
-            .prefix("worker-")
-            .suffix(".err")
-            .tempfile_in(logs)
-            .unwrap()
-            .keep()
-            .unwrap();
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(stderr_file)
-            .spawn()
-            .unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Worker {
-            child,
-            stdout,
-            stderr,
-        }
+        Worker::spawn(cmd, logs)
     }
 
     /// `n` workers, each set up and waiting for the go file.
@@ -345,58 +321,20 @@ impl<'a> Spawner<'a> {
     }
 }
 
-impl Worker {
-    fn pid(&self) -> Pid {
-        Pid::from_child(&self.child)
-    }
+trait NodeWorker {
+    /// Reads the worker's output up to its `ready`.
+    fn wait_ready(&mut self);
+    /// The worker's report, as key → value; fails if it does not exit within two minutes.
+    fn finish(self) -> Report;
+}
 
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
+impl NodeWorker for Worker {
     fn wait_ready(&mut self) {
         self.wait_for("ready");
     }
 
-    /// Reads the worker's output up to a line that ends with `said`.
-    fn wait_for(&mut self, said: &str) {
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = self.stdout.read_line(&mut line).unwrap();
-            assert!(
-                n > 0,
-                "worker exited before it said {said}: {}",
-                self.stderr()
-            );
-            // libtest has printed `test node_worker ... ` on the same line as `ready`.
-            if line.trim_end().ends_with(said) {
-                return;
-            }
-        }
-    }
-
-    /// The worker's report, as key → value; fails if it does not exit within two minutes.
-    fn finish(mut self) -> Report {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("worker still running after 120 s: {}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let mut out = String::new();
-        self.stdout.read_to_string(&mut out).unwrap();
-        assert!(
-            status.success(),
-            "worker failed ({status}): {out}\n{}",
-            self.stderr()
-        );
+    fn finish(self) -> Report {
+        let (out, _) = self.finish_output(Duration::from_secs(120));
         let line = out
             .lines()
             .find(|l| l.starts_with("builds="))
@@ -405,24 +343,6 @@ impl Worker {
             .filter_map(|field| field.split_once('='))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect()
-    }
-
-    fn signal(&self, signal: Signal) {
-        rustix::process::kill_process(self.pid(), signal).unwrap();
-    }
-
-    /// Kills it and reaps it.
-    fn kill(mut self) {
-        self.signal(Signal::KILL);
-        self.child.wait().unwrap();
-    }
-}
-
-/// A test that fails leaves no worker behind, stopped or waiting.
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -489,27 +409,11 @@ fn has_entry(dir: &Path) -> bool {
     !entry_files(dir).is_empty()
 }
 
-/// Whether process `pid` holds an `flock` on `path`, as `/proc/locks` says. Read rather than
-/// probed with a lock of our own: a probe that won the lock for an instant would turn the
-/// leader into a waiter.
+/// Whether process `pid` holds an `flock` on `path`, as `/proc/locks` says.
 fn holds_flock(pid: Pid, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let Ok(ino) = std::fs::metadata(path).map(|m| m.ino()) else {
-        return false;
-    };
-    let locks = std::fs::read_to_string("/proc/locks").unwrap();
-    locks.lines().any(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some(at) = fields.iter().position(|&f| f == "FLOCK") else {
-            return false;
-        };
-        // FLOCK ADVISORY WRITE <pid> <major:minor:inode> …
-        fields.get(at + 3) == Some(&pid.as_raw_nonzero().to_string().as_str())
-            && fields
-                .get(at + 4)
-                .and_then(|f| f.rsplit(':').next())
-                .is_some_and(|i| i == ino.to_string())
-    })
+    std::fs::metadata(path)
+        .is_ok_and(|m| flock_takers(m.ino()).contains(&pid.as_raw_nonzero().to_string()))
 }
 
 /// Whether process `pid` has `path` open.
@@ -519,17 +423,6 @@ fn has_open(pid: Pid, path: &Path) -> bool {
     };
     fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
         .any(|target| target == path)
-}
-
-/// Whether a thread of process `pid` sleeps (`/proc/<pid>/task/*/wchan`). In a worker that has
-/// the lock file open, only the lock's poll sleeps, and only after an attempt that failed.
-fn sleeps(pid: Pid) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero())) else {
-        return false;
-    };
-    tasks
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("wchan")).ok())
-        .any(|wchan| wchan.contains("nanosleep"))
 }
 
 /// A leader stopped (SIGSTOP) while it holds the lock of the heavy kernel's entry, before

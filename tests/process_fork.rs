@@ -1,13 +1,15 @@
 //! A forked child uses, flushes and drops the caches it inherited: after a miss of the parent's,
-//! while the parent's writer is in a remote write that stalls, and while the parent's opening
-//! scan of a large directory runs. Each child runs under a watchdog, so that a hang fails the
+//! while the parent's writer is in a remote write that stalls, while the parent's opening scan
+//! of a large directory runs, while a parent thread builds the key the child looks up, and while
+//! other threads hammer the cache. Each child runs under a watchdog, so that a hang fails the
 //! test instead of the suite.
 
 use std::path::Path;
-use std::sync::Mutex;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use kcache::memory::{MemoryCache, Options};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{Cache, disk, disk_with_remote, l2_key, lookup, tiered};
@@ -18,13 +20,18 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 /// Exit status of a child killed by the watchdog.
 const HUNG: i32 = -1;
 
-/// One fork at a time: a child inherits the locks other threads of the test binary hold at the
-/// fork, and these tests fork only while none of theirs runs kcache.
+/// One forking test at a time: a child inherits whatever the other tests' threads are doing at
+/// the fork, and each test checks only what its own threads do.
 static FORKING: Mutex<()> = Mutex::new(());
 
 /// Runs `child` in a forked child and returns its exit status (1 when it panicked), or
 /// [`HUNG`] when it was still running after [`WATCHDOG`] and was killed.
 fn in_child(child: impl FnOnce() -> i32) -> i32 {
+    in_child_within(WATCHDOG, child)
+}
+
+/// [`in_child`] with its own watchdog.
+fn in_child_within(watchdog: Duration, child: impl FnOnce() -> i32) -> i32 {
     // SAFETY: the child runs `child` (kcache calls on caches it inherited: what is tested) and
     // then `_exit`s without returning into the test harness.
     let pid = unsafe { libc::fork() };
@@ -44,7 +51,7 @@ fn in_child(child: impl FnOnce() -> i32) -> i32 {
             assert!(libc::WIFEXITED(status), "the child died: {status:#x}");
             return libc::WEXITSTATUS(status);
         }
-        if started.elapsed() > WATCHDOG {
+        if started.elapsed() > watchdog {
             // SAFETY: kills and reaps the child forked above.
             unsafe {
                 libc::kill(pid, libc::SIGKILL);
@@ -162,4 +169,100 @@ fn a_child_writes_while_the_parents_opening_scan_runs() {
         return;
     }
     panic!("the scan of 20,000 entries always finished before the fork");
+}
+
+#[test]
+fn a_child_builds_a_key_that_a_parent_thread_was_building_at_the_fork() {
+    let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let cache: Arc<MemoryCache<String, u32>> =
+        Arc::new(MemoryCache::new(Options::default(), |_| Ok(())));
+    let (started, building) = mpsc::channel();
+    let (finish, release) = mpsc::channel::<()>();
+    let builder = std::thread::spawn({
+        let cache = Arc::clone(&cache);
+        move || {
+            let lease = cache.find_or_build("held", None, || {
+                started.send(()).unwrap();
+                release.recv().unwrap();
+                Ok((1, 1))
+            });
+            *lease.unwrap()
+        }
+    });
+    building.recv().unwrap();
+    // The builder thread is not in the child: the child's lookup builds the key itself.
+    let child = in_child(|| {
+        let lease = cache.find_or_build("held", None, || Ok((2, 1))).unwrap();
+        i32::try_from(*lease).unwrap() + 10 * i32::try_from(cache.stats().builds).unwrap()
+    });
+    assert_eq!(child, 12, "the child's own build, counted once (-1: hung)");
+    finish.send(()).unwrap();
+    assert_eq!(builder.join().unwrap(), 1, "the parent's build goes on");
+    assert_eq!(
+        *cache.find_or_build("held", None, || Ok((3, 1))).unwrap(),
+        1
+    );
+    assert_eq!(cache.stats().builds, 1);
+}
+
+/// Forks again and again while four threads hammer one tiered cache: hits, misses written to
+/// disk, loads back from disk after a clear of the memory tier, flushes. Each child looks up
+/// (a hit and a miss), flushes and clears its copy, and exits. A lock that a hammering thread
+/// held at the fork, had the child inherited it taken, would hang the child: the watchdog
+/// kills it and the test fails.
+#[test]
+fn children_forked_while_threads_hammer_the_cache_never_hang() {
+    const FORKS: usize = 100;
+    let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Arc::new(tiered(Some(disk(tmp.path()))));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammers: Vec<_> = (0..4)
+        .map(|thread| {
+            let (cache, stop) = (Arc::clone(&cache), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let builds = AtomicUsize::new(0);
+                let mut rounds = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    lookup(&cache, "hot", &builds).unwrap();
+                    lookup(&cache, &format!("t{thread}-{}", rounds % 64), &builds).unwrap();
+                    if rounds % 16 == 15 {
+                        cache.memory().clear().unwrap();
+                        cache.flush();
+                    }
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for fork in 0..FORKS {
+        let outcome = in_child_within(Duration::from_secs(20), || {
+            let builds = AtomicUsize::new(0);
+            lookup(&cache, "hot", &builds).unwrap();
+            lookup(&cache, &format!("child-{fork}"), &builds).unwrap();
+            cache.flush();
+            cache.memory().clear().unwrap();
+            let on_disk = cache
+                .disk()
+                .unwrap()
+                .entry_path(&l2_key(&format!("child-{fork}")));
+            if on_disk.exists() { 0 } else { 2 }
+        });
+        outcomes.push(outcome);
+        if outcome == HUNG {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let rounds: u64 = hammers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(rounds > 0);
+    let hung = outcomes.iter().filter(|&&o| o == HUNG).count();
+    assert_eq!(hung, 0, "{hung} hung child after {} forks", outcomes.len());
+    assert_eq!(
+        outcomes,
+        vec![0; FORKS],
+        "every child's lookups, flush and clear"
+    );
 }

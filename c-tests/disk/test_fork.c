@@ -3,7 +3,9 @@
  * background writer runs), then forks while
  *   - writer:  the writer is in a remote write to a stopped redis-server (real, on 127.0.0.1);
  *   - scan:    the opening scan of a 20,000-entry directory runs;
- *   - locks:   another thread builds, holding its entry's lock.
+ *   - locks:   another thread builds, holding its entry's lock;
+ *   - flight:  another thread builds a memory-tier key, which the child then looks up (the
+ *              builder is not in the child: the child builds the key itself).
  * Each child runs under a watchdog: one still running after WATCHDOG_S seconds is killed and
  * fails the scenario instead of hanging the suite.
  *
@@ -288,10 +290,49 @@ static void test_fork_while_another_thread_holds_a_lock(void) {
   kc_disk_free(disk);
 }
 
+/* Another thread builds "held" in a memory tier at the fork; the child looks it up. */
+static void *build_in_memory(void *arg) {
+  builder *b = arg;
+  kc_lease *lease = NULL;
+  CHECK_STATUS(kc_cache_find_or_build(b->cache, (const uint8_t *)"held", 4, KC_NO_DEVICE,
+                                      gated_build, b, &lease),
+               KC_OK);
+  kc_lease_release(lease);
+  return NULL;
+}
+
+static void test_fork_while_another_thread_builds_the_key(void) {
+  builder b = {.cache = new_cache()};
+  gate_init(&b.gate);
+  pthread_t thread;
+  CHECK(pthread_create(&thread, NULL, build_in_memory, &b) == 0);
+  gate_wait_started(&b.gate, 1);
+  fflush(stdout);
+  pid_t pid = fork();
+  CHECK(pid >= 0);
+  if (pid == 0) {
+    backend own = {0};
+    kc_lease *lease = NULL;
+    CHECK_STATUS(kc_cache_find_or_build(b.cache, (const uint8_t *)"held", 4, KC_NO_DEVICE,
+                                        build_fn, &own, &lease),
+                 KC_OK);
+    CHECK(own.builds == 1);
+    CHECK(strcmp(kc_lease_value(lease), "held") == 0);
+    kc_lease_release(lease);
+    kc_cache_free(b.cache);
+    _exit(0);
+  }
+  wait_child(pid);
+  gate_open(&b.gate);
+  CHECK(pthread_join(thread, NULL) == 0);
+  kc_cache_free(b.cache);
+}
+
 static const scenario SCENARIOS[] = {
     {"writer", test_fork_while_the_writer_is_busy},
     {"scan", test_fork_during_the_opening_scan},
     {"locks", test_fork_while_another_thread_holds_a_lock},
+    {"flight", test_fork_while_another_thread_builds_the_key},
 };
 
 int main(int argc, char **argv) {

@@ -45,7 +45,7 @@ use rustix::io::Errno;
 
 use super::evict::lstat_at;
 use super::liveness::{self, Verdict, Watch};
-use super::{Inner, bump, heartbeat};
+use super::{Inner, budget, bump, heartbeat};
 use crate::ffi::lock_fds::TrackedFd;
 use crate::key::Key;
 use crate::log;
@@ -208,6 +208,9 @@ fn acquire(inner: &Inner, name: &str, entry: Option<&str>, deadline: Option<Inst
         return Acquired::Unavailable;
     };
     let mut waited = false;
+    // A lookup that has waited its lock timeout for other entries already tries once, and
+    // judges no holder for it.
+    let spent = deadline.is_some_and(|deadline| deadline <= Instant::now());
     let mut pause = Duration::from_micros(250);
     let mut watch = Watch::new();
     loop {
@@ -254,7 +257,7 @@ fn acquire(inner: &Inner, name: &str, entry: Option<&str>, deadline: Option<Inst
         let now = Instant::now();
         let left = deadline.map(|deadline| deadline.saturating_duration_since(now));
         if left.is_some_and(|left| left.is_zero()) {
-            if !inner.lock_timeout.is_zero() {
+            if !inner.lock_timeout.is_zero() && !spent {
                 watch.timed_out(inner.lock_timeout, &inner.path);
             }
             return Acquired::TimedOut;
@@ -280,7 +283,9 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     let entry = inner.entry_name(key);
     let name = lock_name(&entry);
     let started = Instant::now();
-    let deadline = started.checked_add(inner.lock_timeout);
+    let _waiting = budget::waiting(started);
+    let left = budget::left(inner.lock_timeout);
+    let deadline = started.checked_add(left);
     let c = &inner.counters;
     let mut counted_wait = false;
     let mut count_wait = || {
@@ -312,6 +317,15 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
                     format!(
                         "disk lock: {entry}: held by a process this one waited the lock timeout \
                          for already: building here too"
+                    )
+                });
+                return Claim::Alone;
+            }
+            Acquired::TimedOut if left.is_zero() && !inner.lock_timeout.is_zero() => {
+                log::debug(|| {
+                    format!(
+                        "disk lock: {entry}: held, and this lookup has waited its lock timeout \
+                         for other entries already: building here too"
                     )
                 });
                 return Claim::Alone;
@@ -416,7 +430,9 @@ fn timed_out(inner: &Inner, entry: &str, then: &str) {
 pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
     let entry = inner.entry_name(key);
     let name = lock_name(&entry);
-    let deadline = Instant::now().checked_add(inner.lock_timeout);
+    let started = Instant::now();
+    let _waiting = budget::waiting(started);
+    let deadline = started.checked_add(budget::left(inner.lock_timeout));
     for _ in 0..MAX_ATTEMPTS {
         match acquire(inner, &name, None, deadline) {
             Acquired::Held(file, waited) => {

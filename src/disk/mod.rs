@@ -9,17 +9,20 @@
 //! - `store`: `get`, `put`, `remove`; `evict`: the size and file-count caps; `gc`: collection
 //!   of leftovers.
 //! - `lock`: one build per entry across the processes sharing the directory; `heartbeat`: a
-//!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it.
+//!   holder's proof of life in its lock files; `liveness`: what a waiter makes of it;
+//!   `budget`: one lookup's lock waits, which share one lock timeout.
 //! - `writer`: writes made after the caller has its value, on a background thread;
 //!   `write_back`: what it writes, and when; `exit`: what an exit without freeing still writes.
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
-//! - `shards`: counters every process using the directory adds to, for operators' tools.
+//! - `shards`: counters every process using the directory adds to, for operators' tools;
+//!   `reported`: the figures the caches in front of the tier hand it for them.
 //! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
 //!   as here.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
 //! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
 
+mod budget;
 pub mod config;
 mod descriptor;
 mod dir;
@@ -32,6 +35,7 @@ mod listing;
 mod liveness;
 mod lock;
 mod operator_key;
+mod reported;
 pub mod settings;
 mod shards;
 mod shared;
@@ -46,6 +50,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub(crate) use budget::one_lookup;
 pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKey, parse_size};
 pub use descriptor::{
     CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
@@ -57,13 +62,14 @@ pub use listing::{Check, EntryInfo};
 pub use liveness::{DEFAULT_LOCK_LIVENESS, MIN_LOCK_LIVENESS};
 pub use lock::DEFAULT_LOCK_TIMEOUT;
 pub(crate) use lock::{Claim, KeyLock};
+pub(crate) use reported::{Reported, Reporter};
 pub use shards::{CounterRecord, DirectoryCounters, DirectoryStats, MAX_COUNTERS, SHARDS};
-pub(crate) use shards::{Reported, Reporter};
 pub use store::MAX_ENTRY_SIZE;
 pub use write_back::DiskBytes;
 pub use writer::{POLL, QUEUE_BOUND, max_polled};
 
 use crate::error::Result;
+use crate::ffi::process;
 use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
@@ -285,6 +291,13 @@ impl DiskCache {
         });
         evict::start_scan(&inner);
         exit::register(&inner);
+        process::lock_at_forks(Arc::downgrade(&inner) as _);
+        let publishing = Arc::downgrade(&inner);
+        inner.writer.every_few_seconds(Arc::new(move || {
+            if let Some(inner) = publishing.upgrade() {
+                shards::persist(&inner);
+            }
+        }));
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
         Ok(DiskCache {

@@ -23,15 +23,16 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
 use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
 use super::{DiskCache, Inner};
 use crate::error::Result;
+use crate::ffi::process::{ForkLocked, Held};
 use crate::log;
 
 /// Shard files per directory.
@@ -172,36 +173,24 @@ pub struct DirectoryStats {
     pub shards_ignored: u32,
 }
 
-/// Figures the disk tier cannot see itself, handed to it by the caches in front of it.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Reported {
-    pub memory_hits: u64,
-    pub memory_misses: u64,
-    pub builds: u64,
-}
-
-/// What a cache in front of a disk tier has reported to it so far, so that it reports only
-/// what is new.
-#[derive(Default)]
-pub(crate) struct Reporter(Mutex<Reported>);
-
-impl Reporter {
-    /// Hands `disk` what `total` (the cache's figures since it was created) adds to the last
-    /// report.
-    pub(crate) fn report(&self, disk: &DiskCache, total: Reported) {
-        let mut last = self.0.lock();
-        disk.record(Reported {
-            memory_hits: total.memory_hits.saturating_sub(last.memory_hits),
-            memory_misses: total.memory_misses.saturating_sub(last.memory_misses),
-            builds: total.builds.saturating_sub(last.builds),
-        });
-        *last = total;
-    }
-}
-
-/// What this process has written to its shard so far.
+/// What this process has written to its shard so far. The standard library's lock, which a
+/// fork takes first (see the `ForkLocked` implementation below): parking_lot's waits in a
+/// table the whole process shares.
 #[derive(Default)]
 pub(super) struct Persisted(Mutex<DirectoryCounters>);
+
+/// A fork waits for a persist in progress and takes its lock: a child that inherited it held
+/// by a thread it does not have would wait forever at its first flush.
+impl ForkLocked for Inner {
+    fn lock_for_fork(&self) -> Box<dyn Held + '_> {
+        Box::new(
+            self.persisted
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+}
 
 /// This process's figures since the disk tier was opened.
 fn current(inner: &Inner) -> DirectoryCounters {
@@ -245,7 +234,11 @@ fn current(inner: &Inner) -> DirectoryCounters {
 /// Adds what this process did since its last write to its shard. A failure keeps the delta
 /// for the next write.
 pub(super) fn persist(inner: &Inner) {
-    let mut last = inner.persisted.0.lock();
+    let mut last = inner
+        .persisted
+        .0
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     let now = current(inner);
     let delta = now.zip(*last, u64::saturating_sub);
     if delta == DirectoryCounters::default() {
@@ -458,18 +451,10 @@ fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
 }
 
 impl DiskCache {
-    /// Adds figures of the caches in front of this disk tier (the memory tier's lookups,
-    /// builds) to what the next flush persists.
-    pub(crate) fn record(&self, figures: Reported) {
-        let c = &self.inner.counters;
-        super::bump(&c.memory_hits, figures.memory_hits);
-        super::bump(&c.memory_misses, figures.memory_misses);
-        super::bump(&c.builds, figures.builds);
-    }
-
     /// The directory's counters: every process's figures since the last
     /// [`DiskCache::zero_directory_stats`], added up from the shard files. This process's
-    /// figures are included up to its last [`DiskCache::flush`].
+    /// figures are included up to its last [`DiskCache::flush`], or to the background
+    /// writer's last periodic publication ([`super::writer::PUBLISH`]).
     pub fn directory_stats(&self) -> Result<DirectoryStats> {
         let inner = &self.inner;
         let mut stats = DirectoryStats::default();

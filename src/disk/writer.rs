@@ -31,7 +31,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -94,7 +94,17 @@ impl Parked {
 #[derive(Default)]
 pub(super) struct Writer {
     line: Mutex<Line>,
+    /// What the writer thread does every [`PUBLISH`] (the disk tier's: add its counters to the
+    /// directory's), set once before the first write.
+    every_few_seconds: OnceLock<Tick>,
 }
+
+/// A periodic task of the writer thread.
+pub(super) type Tick = Arc<dyn Fn() + Send + Sync>;
+
+/// How often the writer thread runs its [`Writer::every_few_seconds`] task: how stale, at
+/// most, the directory's counters are of a running process that has written.
+pub const PUBLISH: Duration = Duration::from_secs(2);
 
 /// A process's queue and the thread that runs it.
 struct Line {
@@ -147,6 +157,12 @@ struct State {
 }
 
 impl Writer {
+    /// Has the writer thread, while it runs, call `tick` every [`PUBLISH`] when it is idle or
+    /// between two writes. Only the first call counts.
+    pub(super) fn every_few_seconds(&self, tick: Tick) {
+        let _ = self.every_few_seconds.set(tick);
+    }
+
     /// Runs `job` on the writer thread, or on the caller when the queue is full or the thread
     /// cannot be started.
     pub(super) fn submit(&self, job: impl FnOnce() + Send + 'static) {
@@ -201,9 +217,10 @@ impl Writer {
         }
         if start && line.thread.is_none() {
             let queue = Arc::clone(&line.queue);
+            let tick = self.every_few_seconds.get().cloned();
             line.thread = std::thread::Builder::new()
                 .name("kcache-writer".into())
-                .spawn(move || queue.run())
+                .spawn(move || queue.run(tick))
                 .ok();
             if line.thread.is_some() {
                 // From now on an exit has writes to finish.
@@ -266,10 +283,17 @@ impl Writer {
 }
 
 impl Queue {
-    fn run(&self) {
+    fn run(&self, tick: Option<Tick>) {
         ON_WRITER.set(true);
+        let mut ticked = Instant::now();
         let mut state = self.state();
         loop {
+            if let Some(tick) = tick.as_ref().filter(|_| ticked.elapsed() >= PUBLISH) {
+                drop(state);
+                tick();
+                ticked = Instant::now();
+                state = self.state();
+            }
             if let Some(job) = state.jobs.pop_front() {
                 state.busy = true;
                 drop(state);
@@ -292,15 +316,23 @@ impl Queue {
             if state.closed {
                 return;
             }
-            state = if state.parked.iter().any(|p| p.wanted.is_some()) {
-                self.work
-                    .wait_timeout(state, POLL)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0
-            } else {
-                self.work
+            let polling = state.parked.iter().any(|p| p.wanted.is_some());
+            let wait = match (polling, &tick) {
+                (true, _) => Some(POLL),
+                (false, Some(_)) => Some(PUBLISH.saturating_sub(ticked.elapsed())),
+                (false, None) => None,
+            };
+            state = match wait {
+                Some(wait) => {
+                    self.work
+                        .wait_timeout(state, wait)
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .0
+                }
+                None => self
+                    .work
                     .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner)
+                    .unwrap_or_else(PoisonError::into_inner),
             };
         }
     }

@@ -4,7 +4,9 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Mutex, MutexGuard, Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+};
 
 /// Whether the kernel started this process in secure-execution mode (setuid, setgid, file
 /// capabilities, or a security module's say): `AT_SECURE` from the auxiliary vector.
@@ -42,21 +44,7 @@ extern "C" fn count_fork() {
 /// index): a child would otherwise inherit that lock held by a thread it does not have.
 /// Sections must not nest, nor call code that may fork.
 pub(crate) fn unforked() -> Unforked {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| {
-        // SAFETY: the three handlers are 'static functions; they run on the forking thread,
-        // and only take or release `SECTIONS` (the prepare step before the fork, where any
-        // work is allowed; the others release what it took).
-        let rc = unsafe {
-            libc::pthread_atfork(
-                Some(close_sections),
-                Some(reopen_sections),
-                Some(reopen_sections),
-            )
-        };
-        // ENOMEM: a fork may then cut a section, as before kcache watched forks.
-        debug_assert_eq!(rc, 0, "pthread_atfork failed");
-    });
+    watch_forks();
     Unforked {
         _open: SECTIONS.read().unwrap_or_else(PoisonError::into_inner),
     }
@@ -67,24 +55,107 @@ pub(crate) struct Unforked {
     _open: RwLockReadGuard<'static, ()>,
 }
 
+/// Something that holds locks a forked child needs, taken on paths too hot for an
+/// [`unforked`] section (the memory tier's hit path takes its shard's lock): the prepare step
+/// of every fork takes them all, as malloc does with its arenas, so that the child never finds
+/// one held by a thread it does not have. The parent and the child release them after the
+/// fork. The locks must be the standard library's (parking_lot's wait in a table the whole
+/// process shares, which a fork can leave locked).
+pub(crate) trait ForkLocked: Send + Sync {
+    /// Takes every such lock, in the order its other users take them, and returns the guards.
+    /// Whoever holds one of them must not wait for an [`unforked`] section meanwhile.
+    fn lock_for_fork(&self) -> Box<dyn Held + '_>;
+}
+
+/// Guards held across a fork.
+pub(crate) trait Held {}
+
+impl<T> Held for T {}
+
+/// Has every fork take the locks of `locked` (see [`ForkLocked`]) for as long as it lives.
+pub(crate) fn lock_at_forks(locked: Weak<dyn ForkLocked>) {
+    watch_forks();
+    let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
+    registered.retain(|known| known.strong_count() > 0);
+    registered.push(locked);
+}
+
+/// Registers the prepare, parent and child steps that close the sections and take the
+/// registered locks, once.
+fn watch_forks() {
+    static REGISTER: Once = Once::new();
+    REGISTER.call_once(|| {
+        // SAFETY: the three handlers are 'static functions; they run on the forking thread,
+        // and only take or release `SECTIONS` and the registered locks (the prepare step
+        // before the fork, where any work is allowed; the others release what it took).
+        let rc = unsafe {
+            libc::pthread_atfork(
+                Some(close_sections),
+                Some(reopen_sections),
+                Some(reopen_sections),
+            )
+        };
+        // ENOMEM: a fork may then cut a section, as before kcache watched forks.
+        debug_assert_eq!(rc, 0, "pthread_atfork failed");
+    });
+}
+
 /// The standard library's lock, which waits on its own memory: parking_lot's would wait in a
 /// table the whole process shares, which a fork can leave locked in the child.
 static SECTIONS: RwLock<()> = RwLock::new(());
 
+/// Whatever [`lock_at_forks`] registered.
+static REGISTERED: Mutex<Vec<Weak<dyn ForkLocked>>> = Mutex::new(Vec::new());
+
+/// What the forking thread holds from the prepare step to the end of the fork. Fields drop in
+/// order: each object's guards before the object, the registry, then the sections.
+struct Closed {
+    _held: Vec<HeldLocks>,
+    _registered: MutexGuard<'static, Vec<Weak<dyn ForkLocked>>>,
+    _sections: RwLockWriteGuard<'static, ()>,
+}
+
+/// One registered object's guards, and the object, kept alive while they borrow it.
+struct HeldLocks {
+    _guards: Box<dyn Held>,
+    _owner: Arc<dyn ForkLocked>,
+}
+
 thread_local! {
-    /// The forking thread's hold on `SECTIONS`, from the prepare step to the end of the fork.
-    static CLOSED: RefCell<Option<RwLockWriteGuard<'static, ()>>> = const { RefCell::new(None) };
+    static CLOSED: RefCell<Option<Closed>> = const { RefCell::new(None) };
 }
 
 extern "C" fn close_sections() {
-    let held = SECTIONS.write().unwrap_or_else(PoisonError::into_inner);
-    CLOSED.with(|closed| *closed.borrow_mut() = Some(held));
+    let sections = SECTIONS.write().unwrap_or_else(PoisonError::into_inner);
+    let registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
+    let held = registered
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|owner| {
+            let guards = owner.lock_for_fork();
+            // SAFETY: only the lifetime changes. The guards borrow the object `owner` points
+            // to, which does not move and lives while `owner` does; `HeldLocks` keeps `owner`
+            // and drops the guards first.
+            let guards =
+                unsafe { std::mem::transmute::<Box<dyn Held + '_>, Box<dyn Held>>(guards) };
+            HeldLocks {
+                _guards: guards,
+                _owner: owner,
+            }
+        })
+        .collect();
+    let closed = Closed {
+        _held: held,
+        _registered: registered,
+        _sections: sections,
+    };
+    CLOSED.with(|slot| *slot.borrow_mut() = Some(closed));
 }
 
-/// In the parent and in the child. Threads that waited meanwhile to open a section are not in
-/// the child: waking them there is a wake-up nobody receives.
+/// In the parent and in the child. Threads that waited meanwhile to open a section or take a
+/// lock are not in the child: waking them there is a wake-up nobody receives.
 extern "C" fn reopen_sections() {
-    CLOSED.with(|closed| drop(closed.borrow_mut().take()));
+    CLOSED.with(|slot| drop(slot.borrow_mut().take()));
 }
 
 /// Registers `hook` to run in every child right after `fork`, before `fork` returns there.

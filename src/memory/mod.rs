@@ -42,6 +42,7 @@ mod entry;
 mod flight;
 mod metrics;
 mod policy;
+mod removal;
 mod shared;
 mod stats;
 mod sync;
@@ -49,7 +50,6 @@ mod tally;
 mod thread_index;
 
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,10 +63,11 @@ pub(crate) use stats::counters;
 
 use flight::Flight;
 use metrics::MemorySource;
-use policy::Clock;
 use shared::{Building, ErrorHook, Shared, Slot, bump};
-use sync::{AtomicU64, Mutex, Ordering};
+use sync::{AtomicU64, Ordering};
 
+#[cfg(not(feature = "shuttle"))]
+use crate::ffi::process;
 use crate::metrics::{self as process_metrics, Backend};
 use crate::stats::Baseline;
 use crate::{BuildError, DestroyError, DeviceId, Error, Result};
@@ -141,10 +142,6 @@ pub struct MemoryCache<K, V> {
     max_weight: Option<u64>,
     invalidated_by_clear: bool,
     generation: AtomicU64,
-    /// Eviction epoch of every device ever evicted; absent means 0.
-    epochs: Mutex<HashMap<DeviceId, u64>>,
-    /// Only consulted when a cap is set.
-    clock: Mutex<Clock<K, V>>,
     /// This cache's entry in the process's metrics, which lists it while this lives.
     metrics: Arc<MemorySource>,
     /// The counters at the last `reset_stats`.
@@ -157,10 +154,9 @@ struct Snapshot {
     generation: u64,
 }
 
-/// Unlinked entries waiting for their destroy, which must happen outside every lock.
-type Victims<K, V> = Vec<Arc<Entry<K, V>>>;
-
-impl<K: Hash + Eq, V> MemoryCache<K, V> {
+/// Made only of keys and values that any thread may use and drop, for as long as the process
+/// runs: a fork takes the cache's locks on the forking thread (see `ForkLocked`).
+impl<K: Hash + Eq + Send + Sync + 'static, V: Send + Sync + 'static> MemoryCache<K, V> {
     /// Creates a cache; `destroy` releases a value that leaves it.
     pub fn new(
         options: Options,
@@ -187,6 +183,8 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             Arc::clone(shared.tally.counts()),
         ));
         process_metrics::register(Arc::downgrade(&metrics) as _);
+        #[cfg(not(feature = "shuttle"))]
+        process::lock_at_forks(Arc::downgrade(&shared) as _);
         Self {
             shared,
             hasher: foldhash::fast::RandomState::default(),
@@ -194,13 +192,13 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             max_weight: options.max_weight,
             invalidated_by_clear: options.invalidated_by_clear,
             generation: AtomicU64::new(0),
-            epochs: Mutex::new(HashMap::new()),
-            clock: Mutex::new(Clock::new()),
             metrics,
             baseline: Baseline::default(),
         }
     }
+}
 
+impl<K: Hash + Eq, V> MemoryCache<K, V> {
     /// Returns a lease on the value for `key`, running `build` on a miss. `build` returns the
     /// value and its weight, and runs on the calling thread with no cache lock held. `device`
     /// records the entry for [`MemoryCache::evict_device`].
@@ -286,15 +284,21 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let mut table = self.shared.shard_of(hash).table.write();
-        match table.find(hash, |slot| slot.matches(hash, key)) {
+        let orphan = match table.find(hash, |slot| slot.matches(hash, key)) {
             Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
-            Some(Slot::Building(building)) => {
+            Some(Slot::Building(building)) if building.flight.can_finish_here() => {
                 let flight = Arc::clone(&building.flight);
                 drop(table);
                 return self.join(&flight);
             }
-            None => {}
-        }
+            // A build the parent process was running when this one forked: its builder is
+            // not here, so this lookup builds in its place (dropping the slot after the lock).
+            Some(Slot::Building(_)) => table
+                .find_entry(hash, |slot| slot.matches(hash, key))
+                .ok()
+                .map(|found| found.remove().0),
+            None => None,
+        };
         // Snapshots taken under the shard lock: see `install` for why that ordering matters.
         let epoch = device.map(|d| self.epoch(d));
         let generation = self.generation.load(Ordering::SeqCst);
@@ -309,6 +313,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             Slot::hash,
         );
         drop(table);
+        drop(orphan);
         self.shared.tally.miss();
 
         let mut guard = FlightGuard {
@@ -364,75 +369,6 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         self.find_ready(self.hasher.hash_one(key), key)
     }
 
-    /// Unlinks the ready entry for `key`. Its value is destroyed now if no lease holds it,
-    /// else when the last lease goes. Returns whether an entry was unlinked; a key still being
-    /// built is not affected. A failing destroy is returned as [`Error::Destroy`].
-    pub fn remove<Q>(&self, key: &Q) -> Result<bool>
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let hash = self.hasher.hash_one(key);
-        let mut table = self.shared.shard_of(hash).table.write();
-        let Ok(found) = table.find_entry(hash, |slot| {
-            matches!(slot, Slot::Ready(_)) && slot.key().borrow() == key
-        }) else {
-            return Ok(false);
-        };
-        let (Slot::Ready(entry), _) = found.remove() else {
-            unreachable!("only ready slots match");
-        };
-        self.unlinked(&entry);
-        drop(table);
-        destroy_all(vec![entry]).map(|_| true)
-    }
-
-    /// Unlinks every entry recorded for `device` and bumps its eviction epoch, so that builds
-    /// for it already in flight are discarded. Values are destroyed now unless leased. Every
-    /// victim is attempted; the first destroy failure is returned. Returns the unlinked count.
-    pub fn evict_device(&self, device: DeviceId) -> Result<usize> {
-        self.evict_devices([device])
-    }
-
-    /// [`MemoryCache::evict_device`] for several devices at once: every epoch is bumped before
-    /// one sweep over the shards unlinks the entries of all of them. Every victim is attempted;
-    /// the first destroy failure is returned. Returns the unlinked count.
-    pub fn evict_devices(&self, devices: impl IntoIterator<Item = DeviceId>) -> Result<usize> {
-        let mut devices: Vec<DeviceId> = devices.into_iter().collect();
-        devices.sort_unstable();
-        devices.dedup();
-        if devices.is_empty() {
-            return Ok(0);
-        }
-        {
-            let mut epochs = self.epochs.lock();
-            for &device in &devices {
-                *epochs.entry(device).or_insert(0) += 1;
-            }
-        }
-        let victims = self.unlink_where(|entry| {
-            entry
-                .device()
-                .is_some_and(|d| devices.binary_search(&d).is_ok())
-        });
-        self.shared
-            .counters
-            .device_evictions
-            .fetch_add(victims.len() as u64, Ordering::Relaxed);
-        destroy_all(victims)
-    }
-
-    /// Unlinks every entry and bumps the cache generation. Values are destroyed now unless
-    /// leased. Every victim is attempted; the first destroy failure is returned. Returns the
-    /// unlinked count.
-    pub fn clear(&self) -> Result<usize> {
-        self.generation.fetch_add(1, Ordering::SeqCst);
-        bump(&self.shared.counters.clears);
-        let victims = self.unlink_where(|_| true);
-        self.clock.lock().clear();
-        destroy_all(victims)
-    }
-
     /// Entries linked now.
     pub fn len(&self) -> usize {
         self.shared.counters.entries.load(Ordering::Relaxed) as usize
@@ -469,7 +405,7 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     }
 
     fn epoch(&self, device: DeviceId) -> u64 {
-        self.epochs.lock().get(&device).copied().unwrap_or(0)
+        self.shared.epochs.lock().get(&device).copied().unwrap_or(0)
     }
 
     /// Removes this flight's slot (freeing its key for a new build) and hands back the key.
@@ -559,91 +495,6 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         }
         Ok(lease)
     }
-
-    fn over_cap(&self, entries: u64, weight: u64) -> bool {
-        self.max_entries.is_some_and(|max| entries > max)
-            || self.max_weight.is_some_and(|max| weight > max)
-    }
-
-    fn enforce_caps(&self, newest: &Arc<Entry<K, V>>, entries: u64, weight: u64) {
-        let sweep = self
-            .clock
-            .lock()
-            .admit(newest, entries, weight, |e, w| self.over_cap(e, w));
-        drop(sweep.touched);
-        let mut unlinked = Vec::with_capacity(sweep.victims.len());
-        for victim in sweep.victims {
-            let mut table = self.shared.shard_of(victim.hash).table.write();
-            // Someone else (clear, remove, another sweep) may have unlinked it meanwhile.
-            if let Ok(found) = table.find_entry(
-                victim.hash,
-                |slot| matches!(slot, Slot::Ready(e) if Arc::ptr_eq(e, &victim)),
-            ) {
-                let removed = found.remove().0;
-                self.unlinked(&victim);
-                drop(table);
-                drop(removed);
-                unlinked.push(victim);
-            }
-        }
-        self.shared
-            .counters
-            .capacity_evictions
-            .fetch_add(unlinked.len() as u64, Ordering::Relaxed);
-        // No caller to return to: every failure goes to the hook (`destroy_all` keeps only the
-        // first).
-        for victim in unlinked {
-            if let Some(Err(e)) = Arc::into_inner(victim).map(Entry::destroy_now) {
-                self.shared.report_destroy_error(&e);
-            }
-        }
-    }
-
-    /// Bookkeeping for an entry just removed from the table.
-    fn unlinked(&self, entry: &Arc<Entry<K, V>>) {
-        entry.linked.store(false, Ordering::Release);
-        self.shared.detach(entry);
-        let c = &self.shared.counters;
-        c.entries.fetch_sub(1, Ordering::Relaxed);
-        c.weight.fetch_sub(entry.weight(), Ordering::Relaxed);
-    }
-
-    fn unlink_where(&self, doomed: impl Fn(&Entry<K, V>) -> bool) -> Victims<K, V> {
-        let mut victims = Vec::new();
-        for shard in self.shared.shards.iter() {
-            let mut table = shard.table.write();
-            table.retain(|slot| match slot {
-                Slot::Ready(entry) if doomed(entry) => {
-                    // The clone keeps the table's reference from being the last one dropped
-                    // here, under the lock.
-                    victims.push(Arc::clone(entry));
-                    false
-                }
-                _ => true,
-            });
-            drop(table);
-        }
-        for victim in &victims {
-            self.unlinked(victim);
-        }
-        victims
-    }
-}
-
-/// Destroys each victim that no lease holds; leased ones are destroyed by their last release.
-/// Returns how many were given, or the first destroy failure after attempting all.
-fn destroy_all<K, V>(victims: Victims<K, V>) -> Result<usize> {
-    let count = victims.len();
-    let mut first = None;
-    for victim in victims {
-        if let Some(Err(e)) = Arc::into_inner(victim).map(Entry::destroy_now) {
-            first.get_or_insert(e);
-        }
-    }
-    match first {
-        Some(e) => Err(Error::Destroy(e)),
-        None => Ok(count),
-    }
 }
 
 impl<K, V> MemoryCache<K, V> {
@@ -669,7 +520,7 @@ impl<K, V> Drop for MemoryCache<K, V> {
                 }
             }
         }
-        self.clock.lock().clear();
+        self.shared.clock.lock().clear();
         let c = &self.shared.counters;
         c.entries.store(0, Ordering::Relaxed);
         c.weight.store(0, Ordering::Relaxed);

@@ -1,16 +1,20 @@
 //! State shared by the cache and every entry that may outlive it: the sharded table, the
 //! destroy callback and the counters.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use hashbrown::HashTable;
 
 use super::entry::Entry;
 use super::flight::Flight;
+use super::policy::Clock;
 use super::stats::counters;
 use super::sync::{AtomicU64, Mutex, Ordering, RwLock};
 use super::tally::Tally;
-use crate::DestroyError;
+#[cfg(not(feature = "shuttle"))]
+use crate::ffi::process::{ForkLocked, Held};
+use crate::{DestroyError, DeviceId};
 
 pub(super) type DestroyFn<V> = Box<dyn Fn(V) -> Result<(), DestroyError> + Send + Sync>;
 pub(super) type ErrorHook = Arc<dyn Fn(&DestroyError) + Send + Sync>;
@@ -96,6 +100,10 @@ pub(super) struct Shared<K, V> {
     /// references (so hits and releases touch no counter); the statistics find them here and
     /// in the table.
     detached: Mutex<Detached<K, V>>,
+    /// Eviction epoch of every device ever evicted; absent means 0.
+    pub(super) epochs: Mutex<HashMap<DeviceId, u64>>,
+    /// Only consulted when a cap is set.
+    pub(super) clock: Mutex<Clock<K, V>>,
 }
 
 struct Detached<K, V> {
@@ -123,6 +131,8 @@ impl<K, V> Shared<K, V> {
                 entries: Vec::new(),
                 pruned_len: 0,
             }),
+            epochs: Mutex::new(HashMap::new()),
+            clock: Mutex::new(Clock::new()),
         }
     }
 
@@ -178,5 +188,26 @@ impl<K, V> Shared<K, V> {
         if let Some(hook) = &self.on_destroy_error {
             hook(error);
         }
+    }
+}
+
+/// A fork waits until no other thread holds a lock of the cache, and takes them all, so that
+/// the child inherits none held by a thread it does not have. The order is that of the
+/// cache's own nesting: a shard's table before the epochs (`install`) and the detached list
+/// (`unlinked`); the clock is never held with another.
+#[cfg(not(feature = "shuttle"))]
+impl<K: Send + Sync, V: Send + Sync> ForkLocked for Shared<K, V> {
+    fn lock_for_fork(&self) -> Box<dyn Held + '_> {
+        let tables: Vec<_> = self
+            .shards
+            .iter()
+            .map(|shard| shard.table.write())
+            .collect();
+        Box::new((
+            tables,
+            self.epochs.lock(),
+            self.clock.lock(),
+            self.detached.lock(),
+        ))
     }
 }

@@ -29,25 +29,20 @@ mod imp {
     pub use crossbeam_utils::sync::{
         ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
     };
-    pub use parking_lot::MutexGuard;
     pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+    pub use std::sync::{MutexGuard, PoisonError};
     pub use std::thread::ThreadId;
 
     pub fn current_thread() -> ThreadId {
         std::thread::current().id()
     }
 
-    #[derive(Default)]
-    pub struct Mutex<T>(parking_lot::Mutex<T>);
-
-    impl<T> Mutex<T> {
-        pub fn new(value: T) -> Self {
-            Self(parking_lot::Mutex::new(value))
-        }
-        pub fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock()
-        }
-    }
+    unpoisoned!(
+        /// The standard library's mutex, which waits on its own memory: parking_lot's waits in
+        /// a table the whole process shares, which a fork can leave locked in the child.
+        #[derive(Default)]
+        Mutex(std::sync::Mutex) { lock -> MutexGuard }
+    );
 
     unpoisoned!(
         /// The shard lock. A plain reader-writer lock makes every reader write its one lock
@@ -61,12 +56,11 @@ mod imp {
     );
 
     #[derive(Default)]
-    pub struct Condvar(parking_lot::Condvar);
+    pub struct Condvar(std::sync::Condvar);
 
     impl Condvar {
-        pub fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(&mut guard);
-            guard
+        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
         }
         pub fn notify_all(&self) {
             self.0.notify_all();

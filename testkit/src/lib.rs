@@ -9,6 +9,7 @@ pub mod prometheus;
 pub mod redis;
 pub mod strings;
 pub mod vulkan;
+pub mod workers;
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
