@@ -16,7 +16,9 @@ fn a_private_regular_file_is_accepted_through_a_symlink() {
     let tmp = tempfile::tempdir().unwrap();
     let file = file_with_mode(tmp.path(), "key", &[7; 32], 0o600);
     assert!(OperatorKey::from_file(&file).is_ok());
-    assert!(OperatorKey::from_file(&file_with_mode(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok());
+    assert!(
+        OperatorKey::from_file(&file_with_mode(tmp.path(), "read-only", &[7; 32], 0o400)).is_ok()
+    );
     // Mounted secrets are usually symlinks into a private directory.
     let link = tmp.path().join("link");
     std::os::unix::fs::symlink(&file, &link).unwrap();
