@@ -1,12 +1,11 @@
 //! The C ABI (`include/kcache.h`, generated from this module by cbindgen).
 //!
 //! One C object per file: `cache.rs` (`kc_cache`), `lease.rs` (`kc_lease`), `key_builder.rs`
-//! (`kc_key_builder`), `disk.rs` (`kc_disk`), `buffer.rs` (`kc_buffer`), `tiered.rs`
+//! (`kc_key_builder`), `persistence*.rs` (`kc_persistence`), `buffer.rs` (`kc_buffer`), `tiered.rs`
 //! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), `metrics.rs`
 //! (`kc_metrics_render`), one file per backend;
 //! `status.rs` holds the status codes and the other library-level functions, `args.rs` the
-//! argument conventions they all share, `remote_args.rs` the remote tier's fields that several
-//! options structs end with.
+//! argument conventions they all share, `backend_common.rs` what the backends' C APIs do alike.
 //!
 //! Names (see `docs/c-api-conventions.md`): every exported function is `kc_<object>_<verb>`,
 //! `<object>` being an opaque type's name without `kc_`, or a library or backend function
@@ -32,15 +31,16 @@ mod backend_common;
 pub mod buffer;
 mod cache;
 pub mod cuda;
-pub mod disk;
 pub mod key_builder;
 mod lease;
 pub(crate) mod lock_fds;
 pub mod log;
 pub mod metrics;
 pub mod opencl;
+pub mod persistence;
+pub mod persistence_entries;
+pub mod persistence_stats;
 pub(crate) mod process;
-mod remote_args;
 mod status;
 pub mod tiered;
 pub mod vulkan;

@@ -36,7 +36,6 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_void};
-use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
@@ -46,7 +45,7 @@ use super::args::{
 use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
 use super::buffer::kc_buffer;
 use super::cache::kc_cache_stats;
-use super::disk::kc_disk_statistics;
+use super::persistence::kc_persistence;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::opencl::{
     ContextRef, Device, OpenClCache, OpenClOptions, OpenClStats, Program, context_devices,
@@ -78,46 +77,6 @@ pub struct kc_opencl_options {
     /// from disk weighs its binary's size; one built from source weighs its source's length
     /// (its binary is not asked for on the lookup's path).
     pub max_weight: u64,
-    /// Keep program binaries on disk so that later processes skip the compiler.
-    pub use_disk: bool,
-    /// The disk cache directory, an absolute path (relative or empty:
-    /// `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-    /// `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-    /// `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-    pub disk_dir: *const c_char,
-    /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-    /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-    /// file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-    /// `KC_ERR_INVALID_ARGUMENT`.
-    pub disk_key: *const u8,
-    /// Length of `disk_key`.
-    pub disk_key_len: usize,
-    /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-    /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-    pub disk_require_key: bool,
-    /// How long a lookup that misses on disk waits for another process building the same
-    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-    /// 120 s.
-    pub disk_lock_timeout_ms: u64,
-    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
-    /// `remote_*` field below means what the field of the same name of `kc_disk_options` means,
-    /// and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
-    /// (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
-    pub remote_url: *const c_char,
-    pub remote_read_only: bool,
-    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-    pub remote_allow_unkeyed: bool,
-    pub remote_timeout_ms: u64,
-    pub remote_ttl_s: u64,
-    pub remote_prefix: *const c_char,
-    pub remote_max_entry_size: u64,
-    pub remote_lease_wait_ms: u64,
-    pub remote_ca_file: *const c_char,
-    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-    pub remote_cert_file: *const c_char,
-    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
@@ -125,7 +84,6 @@ backend_handles!(
     kc_opencl_options_default,
     kc_opencl_cache,
     OpenClCache,
-    remote
 );
 
 /// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
@@ -149,60 +107,40 @@ pub struct kc_opencl_cache_statistics {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-    /// caches counts for all of them.
-    pub disk: kc_disk_statistics,
 }
 
 c_statistics!(OpenClStats => kc_opencl_cache_statistics {
     source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
-} into { memory, disk });
+} into { memory });
 
-/// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
-/// across processes.
+/// Unbounded memory caps.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
     kc_opencl_options {
         struct_size: size_of::<kc_opencl_options>(),
         max_entries: 0,
         max_weight: 0,
-        use_disk: false,
-        disk_dir: ptr::null(),
-        disk_key: ptr::null(),
-        disk_key_len: 0,
-        disk_require_key: false,
-        disk_lock_timeout_ms: 0,
-        remote_url: ptr::null(),
-        remote_read_only: false,
-        remote_allow_unkeyed: false,
-        remote_timeout_ms: 0,
-        remote_ttl_s: 0,
-        remote_prefix: ptr::null(),
-        remote_max_entry_size: 0,
-        remote_lease_wait_ms: 0,
-        remote_ca_file: ptr::null(),
-        remote_cert_file: ptr::null(),
-        remote_key_file: ptr::null(),
     }
 }
 
 /// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
-/// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. A disk
-/// directory that is not owned by the user or that others may write is not used (the cache
-/// works from memory); one that cannot be created is `KC_ERR_IO`.
+/// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`.
+/// `persistence` is the persistent tiers the cache keeps its program binaries in, see `kc_persistence`
+/// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
+/// reference.
 ///
 /// # Safety
-/// `opts` must point to a `kc_opencl_options` whose `disk_dir` is NULL or a C string;
-/// `out_cache` must be writable.
+/// `opts` must point to a `kc_opencl_options`; `persistence` NULL, `kc_persistence_none()` or
+/// live; `out_cache` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
+    persistence: *mut kc_persistence,
     out_cache: *mut *mut kc_opencl_cache,
 ) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
     unsafe {
-        new_cache(opts, out_cache, |_, memory, disk| {
+        new_cache(opts, persistence, out_cache, |_, memory, disk| {
             let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
             Ok(kc_opencl_cache { inner })
         })
@@ -522,14 +460,12 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
     let stats = |cache: &OpenClCache| kc_opencl_cache_statistics::from(cache.stats());
-    // Callers compiled before `disk` was appended get the fields they know.
-    let size = offset_of!(kc_opencl_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_opencl_cache_statistics", size, stats) }
+    unsafe { write_stats(cache, out, "kc_opencl_cache_statistics", stats) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+/// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
+/// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 /// writes, what the disk index knows) stay. The directory's counters are not touched.
 ///
 /// # Safety

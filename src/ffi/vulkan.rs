@@ -18,7 +18,7 @@ use super::args::{
 };
 use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
 use super::cache::kc_cache_stats;
-use super::disk::kc_disk_statistics;
+use super::persistence::kc_persistence;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::vulkan::{
     DescriptorBinding, LayoutDesc, Pipeline, PipelineDesc, PipelineSpec, PushConstantRange,
@@ -69,60 +69,16 @@ pub struct kc_vulkan_options {
     pub max_entries: u64,
     /// Total SPIR-V bytes of the pipelines kept in memory at most; 0 = unlimited.
     pub max_weight: u64,
-    /// Keep each device's `VkPipelineCache` data on disk, so that later processes start warm
-    /// (on drivers that serialize pipelines into it).
-    pub use_disk: bool,
-    /// The disk cache directory, an absolute path (relative or empty:
-    /// `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-    /// `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-    /// `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-    pub disk_dir: *const c_char,
     /// The application's `vkGetInstanceProcAddr`; NULL: kcache loads `libvulkan.so.1`. The
     /// caller's handles must come from the same loader.
     pub get_instance_proc_addr: kc_vulkan_get_instance_proc_addr_fn,
-    /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-    /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-    /// file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-    /// `KC_ERR_INVALID_ARGUMENT`.
-    pub disk_key: *const u8,
-    /// Length of `disk_key`.
-    pub disk_key_len: usize,
-    /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-    /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-    pub disk_require_key: bool,
-    /// How long a lookup that misses on disk waits for another process building the same
-    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-    /// 120 s.
-    pub disk_lock_timeout_ms: u64,
-    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Each
-    /// device's pipeline-cache data is read from it at registration when the disk has none,
-    /// and merged and written there at each write-back. Every `remote_*` field below means
-    /// what the field of the same name of `kc_disk_options` means, and NULL or 0 leaves it to
-    /// its `KCACHE_REMOTE_*` variable, else the default (`docs/remote.md`). New in ABI 2.5: an
-    /// older caller's struct gets the environment's.
-    pub remote_url: *const c_char,
-    pub remote_read_only: bool,
-    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-    pub remote_allow_unkeyed: bool,
-    pub remote_timeout_ms: u64,
-    pub remote_ttl_s: u64,
-    pub remote_prefix: *const c_char,
-    pub remote_max_entry_size: u64,
-    pub remote_lease_wait_ms: u64,
-    pub remote_ca_file: *const c_char,
-    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-    pub remote_cert_file: *const c_char,
-    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
     kc_vulkan_options,
     kc_vulkan_options_default,
     kc_vulkan_cache,
-    VulkanCache,
-    remote
+    VulkanCache
 );
 
 /// One descriptor binding of the pipeline layout, visible to the compute stage.
@@ -262,60 +218,40 @@ pub struct kc_vulkan_cache_statistics {
     pub cache_data_merged: u64,
     /// Disk reads or writes that failed (a failed write is also returned by the flushing call).
     pub disk_errors: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-    /// caches counts for all of them.
-    pub disk: kc_disk_statistics,
 }
 
 c_statistics!(VulkanStats => kc_vulkan_cache_statistics {
     pipelines_created, pipelines_destroyed, layouts_created, cache_data_loaded,
     cache_data_missing, cache_data_rejected, cache_data_written, cache_data_merged,
     disk_errors,
-} into { memory, disk });
+} into { memory });
 
-/// Memory only, unbounded, with the system's Vulkan loader.
+/// Unbounded memory caps, the system's Vulkan loader.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
     kc_vulkan_options {
         struct_size: size_of::<kc_vulkan_options>(),
         max_entries: 0,
         max_weight: 0,
-        use_disk: false,
-        disk_dir: ptr::null(),
         get_instance_proc_addr: None,
-        disk_key: ptr::null(),
-        disk_key_len: 0,
-        disk_require_key: false,
-        disk_lock_timeout_ms: 0,
-        remote_url: ptr::null(),
-        remote_read_only: false,
-        remote_allow_unkeyed: false,
-        remote_timeout_ms: 0,
-        remote_ttl_s: 0,
-        remote_prefix: ptr::null(),
-        remote_max_entry_size: 0,
-        remote_lease_wait_ms: 0,
-        remote_ca_file: ptr::null(),
-        remote_cert_file: ptr::null(),
-        remote_key_file: ptr::null(),
     }
 }
 
 /// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
 /// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
-/// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
-/// untrusted disk directory is not used (the cache works from memory); one that cannot be
-/// created is `KC_ERR_IO`.
+/// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`.
+/// `persistence` is the persistent tiers the cache keeps each device's pipeline-cache data in,
+/// see `kc_persistence` (NULL: the process's default; `kc_persistence_none()`: memory only);
+/// the cache holds its own reference.
 ///
 /// # Safety
-/// `opts` must point to a `kc_vulkan_options` whose `disk_dir` and `remote_*` strings are
-/// NULL or C strings and whose `get_instance_proc_addr` is NULL or behaves as
-/// `vkGetInstanceProcAddr` for as long as the cache and its leases live; `out_cache` must be
-/// writable.
+/// `opts` must point to a `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or
+/// behaves as `vkGetInstanceProcAddr` for as long as the cache and its leases live;
+/// `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
+    persistence: *mut kc_persistence,
     out_cache: *mut *mut kc_vulkan_cache,
 ) -> kc_status {
     let make = |opts: &kc_vulkan_options, memory, disk| {
@@ -338,7 +274,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
         Ok(kc_vulkan_cache { inner })
     };
     // SAFETY: forwarded from the caller's contract.
-    unsafe { new_cache(opts, out_cache, make) }
+    unsafe { new_cache(opts, persistence, out_cache, make) }
 }
 
 /// Frees the cache. Every device still registered has its pipeline-cache data written back
@@ -719,14 +655,12 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
     let stats = |cache: &VulkanCache| kc_vulkan_cache_statistics::from(cache.stats());
-    // Callers compiled before `disk` was appended get the fields they know.
-    let size = offset_of!(kc_vulkan_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_vulkan_cache_statistics", size, stats) }
+    unsafe { write_stats(cache, out, "kc_vulkan_cache_statistics", stats) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
+/// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
+/// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 /// writes, what the disk index knows) stay. The directory's counters are not touched.
 ///
 /// # Safety
