@@ -429,7 +429,8 @@ typedef struct kc_persistence_options {
   uint64_t lock_timeout_ms;
   // How long such a wait goes on once the builder shows no sign of life (stopped, or gone
   // while a child it forked holds its lock), in milliseconds, before this process takes the
-  // build over; at least 1000. 0: `KCACHE_LOCK_LIVENESS` (seconds), else 5 s.
+  // build over (less than 1000 is taken as 1000); 0: `KCACHE_LOCK_LIVENESS` (seconds), else
+  // 5 s.
   uint64_t lock_liveness_ms;
   // The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
   // `rediss://…`, `redis+unix:///path` or a Redis Cluster's seed URLs, comma-separated;

@@ -11,8 +11,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::status::{byte_slice, guard_value, non_null, null_argument};
-use crate::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
 use crate::disk::OperatorKey;
+use crate::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
 use crate::memory::{Entry, Lease};
 use crate::{Error, Result};
 

@@ -91,7 +91,8 @@ pub struct kc_persistence_options {
     pub lock_timeout_ms: u64,
     /// How long such a wait goes on once the builder shows no sign of life (stopped, or gone
     /// while a child it forked holds its lock), in milliseconds, before this process takes the
-    /// build over; at least 1000. 0: `KCACHE_LOCK_LIVENESS` (seconds), else 5 s.
+    /// build over (less than 1000 is taken as 1000); 0: `KCACHE_LOCK_LIVENESS` (seconds), else
+    /// 5 s.
     pub lock_liveness_ms: u64,
     /// The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
     /// `rediss://…`, `redis+unix:///path` or a Redis Cluster's seed URLs, comma-separated;
@@ -224,7 +225,8 @@ unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
         unsafe { c_str(p, &format!("opts->{field}")) }.map(|s| Some(s.to_owned()))
     };
     // SAFETY: NULL or C strings by the caller's contract.
-    let path = |p: *const c_char, field: &str| unsafe { optional_path(p, &format!("opts->{field}")) };
+    let path =
+        |p: *const c_char, field: &str| unsafe { optional_path(p, &format!("opts->{field}")) };
     let nonzero = |n: u64| (n != 0).then_some(n);
     Ok(RemoteConfig {
         url: text(opts.remote_url, "remote_url")?,
@@ -311,9 +313,8 @@ fn default_persistence() -> Result<Option<&'static Arc<DiskCache>>> {
 pub unsafe extern "C" fn kc_persistence_default(out: *mut *mut kc_persistence) -> kc_status {
     guard(|| {
         non_null(out, "out")?;
-        let shared = default_persistence()?.ok_or_else(|| {
-            Error::Unavailable("the environment gives no persistent tier".into())
-        })?;
+        let shared = default_persistence()?
+            .ok_or_else(|| Error::Unavailable("the environment gives no persistent tier".into()))?;
         // SAFETY: non-NULL and writable by contract.
         unsafe { new_handle(out, Arc::clone(shared)) };
         Ok(())
@@ -391,7 +392,10 @@ pub unsafe extern "C" fn kc_persistence_free(persistence: *mut kc_persistence) {
 /// # Safety
 /// `persistence` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_persistence_fingerprint(persistence: *const kc_persistence, out: *mut u8) -> kc_status {
+pub unsafe extern "C" fn kc_persistence_fingerprint(
+    persistence: *const kc_persistence,
+    out: *mut u8,
+) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
         let disk = unsafe { persistence_ref(persistence) }?;

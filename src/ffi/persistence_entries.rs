@@ -155,7 +155,10 @@ pub unsafe extern "C" fn kc_persistence_get(
 /// # Safety
 /// `persistence` live; `key` `KC_KEY_LEN` readable bytes.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_persistence_remove(persistence: *mut kc_persistence, key: *const u8) -> kc_status {
+pub unsafe extern "C" fn kc_persistence_remove(
+    persistence: *mut kc_persistence,
+    key: *const u8,
+) -> kc_status {
     guard(|| {
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
         let (disk, key) = unsafe { (persistence_ref(persistence)?, key_arg(key)?) };
@@ -166,4 +169,3 @@ pub unsafe extern "C" fn kc_persistence_remove(persistence: *mut kc_persistence,
         }
     })
 }
-

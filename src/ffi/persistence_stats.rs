@@ -15,9 +15,8 @@ use crate::disk::{DiskStats, GcReport};
 pub const KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
 
 // The constant is a literal so cbindgen can emit it; this keeps it equal to the Rust one.
-const _: () = assert!(
-    KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S == crate::disk::DEFAULT_TEMP_MAX_AGE.as_secs()
-);
+const _: () =
+    assert!(KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S == crate::disk::DEFAULT_TEMP_MAX_AGE.as_secs());
 
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
 const OUT_MIN_SIZE: usize = size_of::<usize>();
@@ -183,7 +182,6 @@ c_statistics!(GcReport => kc_persistence_gc_report {
     lock_files, old_format,
 });
 
-
 /// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
 /// other key schemas, corrupt entries, and entries of operator keys that are neither this
 /// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
@@ -263,4 +261,3 @@ pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persist
         Ok(())
     })
 }
-

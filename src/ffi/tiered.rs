@@ -9,10 +9,10 @@ use std::ptr;
 
 use super::args::{handle_ref, invalid, lease_into_raw, read_sized};
 use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, make_value};
-use super::persistence::{kc_persistence, persistence_arg};
-use super::persistence_entries::{descriptor_arg, kc_entry_descriptor};
 use super::key_builder::key_arg;
 use super::lease::kc_lease;
+use super::persistence::{kc_persistence, persistence_arg};
+use super::persistence_entries::{descriptor_arg, kc_entry_descriptor};
 use super::status::{byte_slice, guard, kc_status, non_null};
 use crate::BuildError;
 use crate::disk::DiskBytes;

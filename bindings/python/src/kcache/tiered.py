@@ -82,7 +82,7 @@ class TieredCache(Generic[V]):
         try:
             status = lib.kc_tiered_find_or_build_described(
                 self.cache._handle(), data, len(data), device_id(device),
-                None if self.disk is None else self.disk._handle(), l2_key,
+                lib.kc_persistence_none() if self.disk is None else self.disk._handle(), l2_key,
                 ctypes.byref(callbacks), None if desc is None else ctypes.byref(desc),
                 ctypes.byref(out),
             )
