@@ -7,6 +7,11 @@
  * - A NULL pointer argument that must not be NULL gives KC_ERR_INVALID_ARGUMENT, never a
  *   crash. *_free and *_release accept NULL.
  * - Out-parameters are written only on success.
+ * - What every pointer must be, unless a function's comment says more: a handle live (from its
+ *   _new or _open, not yet freed or released); an out-parameter writable; a (pointer, length)
+ *   pair readable (or writable) for that length; a string NUL-terminated; a struct with a
+ *   struct_size readable (or writable) for that size. The kc_persistence * of a cache or tiered
+ *   lookup may also be NULL (the process's default) or kc_persistence_none() (memory only).
  * - No Rust panic crosses into C: it is caught and reported as KC_ERR_PANIC (NULL or 0 for
  *   functions without a status).
  * - All calls are thread-safe unless their comment says otherwise. Callbacks may run on any
@@ -749,9 +754,6 @@ extern "C" {
 
 // Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and zeroes
 // it. NULL, or a zeroed buffer, is a no-op.
-//
-// # Safety
-// `buffer` must be NULL or a buffer kcache filled and not freed since.
 void kc_buffer_free(struct kc_buffer *buffer);
 
 // The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
@@ -759,8 +761,6 @@ void kc_buffer_free(struct kc_buffer *buffer);
 struct kc_cache_options kc_cache_options_default(void);
 
 // Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
-//
-// # Safety
 // `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
 // writable. The callbacks and contexts in `opts` must stay valid until the last value is
 // destroyed.
@@ -769,9 +769,6 @@ enum kc_status kc_cache_new(const struct kc_cache_options *opts, struct kc_cache
 // Frees a cache: destroys every value no lease holds now; leased values are destroyed when
 // their last lease is released (the leases stay valid). No other call on `cache` may run
 // during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
 void kc_cache_free(struct kc_cache *cache);
 
 // Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
@@ -780,8 +777,6 @@ void kc_cache_free(struct kc_cache *cache);
 // that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
 // installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
 // 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
-//
-// # Safety
 // `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
 // when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
 // `build_ctx` as described for `kc_build_fn`.
@@ -796,8 +791,6 @@ enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
 // Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
 // including while the key is still being built (this call never builds or waits).
 // `*out_lease` is written on success only.
-//
-// # Safety
 // As for `kc_cache_find_or_build`.
 enum kc_status kc_cache_get(struct kc_cache *cache,
                             const uint8_t *key,
@@ -807,48 +800,29 @@ enum kc_status kc_cache_get(struct kc_cache *cache,
 // Removes the entry for `key`: its value is destroyed now if no lease holds it, else on the
 // last release. `KC_ERR_NOT_FOUND` if there is none (a key still being built is not
 // affected); `KC_ERR_DESTROY_FAILED` if the destroy callback failed (the entry is gone).
-//
-// # Safety
-// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-// when `key_len` is 0).
 enum kc_status kc_cache_remove(struct kc_cache *cache, const uint8_t *key, size_t key_len);
 
 // Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
 // fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
 // entries. Values are destroyed now unless leased. Every value is attempted; a failing
 // destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cache_evict_device(struct kc_cache *cache, int64_t device_id);
 
 // Removes every entry; values are destroyed now unless leased. On a cache created with
 // `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`. Every value is
 // attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cache_clear(struct kc_cache *cache);
 
 // The number of entries in the cache now; 0 if `cache` is NULL.
-//
-// # Safety
-// `cache` must be NULL or a live cache.
 size_t kc_cache_len(const struct kc_cache *cache);
 
 // Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
 enum kc_status kc_cache_stats(const struct kc_cache *cache,
                               struct kc_cache_statistics *out);
 
 // Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
 // `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
 // `kc_cache_stats`.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cache_reset_stats(struct kc_cache *cache);
 
 // `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
@@ -865,11 +839,6 @@ struct kc_cuda_options kc_cuda_options_default(void);
 // `persistence` is the persistent tiers the cache keeps its linked cubins in, see `kc_persistence`
 // (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
 // reference.
-//
-// # Safety
-// `opts` must point to a `kc_cuda_options` whose `driver_library` and `nvrtc_library` are
-// NULL or C strings; `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be
-// writable.
 enum kc_status kc_cuda_cache_new(const struct kc_cuda_options *opts,
                                  struct kc_persistence *persistence,
                                  struct kc_cuda_cache **out_cache);
@@ -877,8 +846,6 @@ enum kc_status kc_cuda_cache_new(const struct kc_cuda_options *opts,
 // Frees the cache: modules no lease holds are unloaded now (each with its context current),
 // the others when their last lease is released. No other call on `cache` may run during or
 // after this one. NULL is a no-op.
-//
-// # Safety
 // `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
 // of its modules must still be live.
 void kc_cuda_cache_free(struct kc_cuda_cache *cache);
@@ -892,8 +859,6 @@ void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 // `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
 // or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
 // the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
-//
-// # Safety
 // `context` must be NULL or a live context of the cache's driver, kept alive until evicted
 // with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
 // NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
@@ -918,8 +883,6 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
 // `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
 // `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-//
-// # Safety
 // As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
 // holding `nvrtc_option_count` C strings.
 enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
@@ -933,32 +896,20 @@ enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
                                                   struct kc_cuda_lease **out_lease);
 
 // The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_cuda_lease_module(const struct kc_cuda_lease *lease);
 
 // The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
 // current. NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_cuda_lease_context(const struct kc_cuda_lease *lease);
 
 // `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
 // valid until the lease is released. No such kernel: `KC_ERR_NOT_FOUND`.
-//
-// # Safety
-// `lease` must be a lease not yet released; `name` a C string; `out_function` writable.
 enum kc_status kc_cuda_lease_function(const struct kc_cuda_lease *lease,
                                       const char *name,
                                       void **out_function);
 
 // Releases a lease; the last release of an evicted module unloads it (with its context
 // current). NULL is a no-op.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 
 // Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
@@ -966,8 +917,6 @@ void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 // NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
 // modules looked up with a NULL context are recorded under the context that was current,
 // so name that one (`cuCtxGetCurrent`).
-//
-// # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
 // live when it has modules.
 enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
@@ -979,46 +928,29 @@ enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
 // `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
 // context retained again has the same address, which the cache would take for the old one.
 // `*out_count` (if not NULL) receives how many were unlinked.
-//
-// # Safety
 // As `kc_cuda_cache_evict_context`.
 enum kc_status kc_cuda_cache_evict_device(struct kc_cuda_cache *cache,
                                           int device,
                                           size_t *out_count);
 
 // Unlinks every module (the disk keeps its cubins).
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cuda_cache_clear(struct kc_cuda_cache *cache);
 
 // Waits until every cubin built so far is written to the disk tier (or failed to be: see
 // `failed_writes`). Cubins are written on a background thread after the lookup returns;
 // `kc_cuda_cache_free` waits for them too.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cuda_cache_flush(struct kc_cuda_cache *cache);
 
 // `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
-//
-// # Safety
-// `cache` must be NULL or a live cache.
 int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
 
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
 enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
                                    struct kc_cuda_cache_statistics *out);
 
 // Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
 // (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 // writes, what the disk index knows) stay. The directory's counters are not touched.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
 
 // Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
@@ -1027,16 +959,10 @@ enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
 enum kc_status kc_cuda_available(void);
 
 // Creates an empty key builder. `*out_builder` is written on success only.
-//
-// # Safety
-// `out_builder` must be writable.
 enum kc_status kc_key_builder_new(struct kc_key_builder **out_builder);
 
 // Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
 // unset field differs from an empty one.
-//
-// # Safety
-// `builder` must be a live builder; `bytes` must point to `len` readable bytes.
 enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
                                   uint32_t field,
                                   const uint8_t *bytes,
@@ -1048,9 +974,6 @@ enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
 // overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
 // `-O2` with `-O0`, `-I` search paths, `-include`) go through
 // `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
-//
-// # Safety
-// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
 enum kc_status kc_key_builder_option(struct kc_key_builder *builder,
                                      const uint8_t *name,
                                      size_t name_len,
@@ -1059,9 +982,6 @@ enum kc_status kc_key_builder_option(struct kc_key_builder *builder,
 
 // Adds a free-form input (specialization constants, a layout description, …): same rules as
 // options, in a separate namespace.
-//
-// # Safety
-// As for `kc_key_builder_option`.
 enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
                                     const uint8_t *name,
                                     size_t name_len,
@@ -1071,9 +991,6 @@ enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
 // Appends one command-line argument to the ordered options, hashed in the order given:
 // `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
 // ordered options is the same as before they existed.
-//
-// # Safety
-// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
 enum kc_status kc_key_builder_ordered_option(struct kc_key_builder *builder,
                                              const uint8_t *argument,
                                              size_t argument_len);
@@ -1082,9 +999,6 @@ enum kc_status kc_key_builder_ordered_option(struct kc_key_builder *builder,
 // precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
 // reads files itself, so a header not added here can change without changing the key. Sorted
 // by name; the same name twice makes `kc_key_builder_finish` fail.
-//
-// # Safety
-// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
 enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
                                          const uint8_t *name,
                                          size_t name_len,
@@ -1093,49 +1007,29 @@ enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
 
 // Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
 // `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
-//
-// # Safety
-// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
 enum kc_status kc_key_builder_finish(const struct kc_key_builder *builder, uint8_t *out_key);
 
 // Frees a builder. NULL is a no-op.
-//
-// # Safety
-// `builder` must be NULL or a builder not yet freed.
 void kc_key_builder_free(struct kc_key_builder *builder);
 
 // The value a lease holds, exactly as the build callback returned it. Valid until the lease
 // is released. NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_lease_value(const struct kc_lease *lease);
 
 // The weight the build callback reported for the value; 0 if `lease` is NULL.
-//
-// # Safety
-// As for `kc_lease_value`.
 uint64_t kc_lease_weight(const struct kc_lease *lease);
 
 // Another lease on the same value, to be released separately. NULL if `lease` is NULL.
-//
-// # Safety
-// As for `kc_lease_value`.
 struct kc_lease *kc_lease_clone(const struct kc_lease *lease);
 
 // Releases a lease; its value is destroyed here if it has left the cache and this was its
 // last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 void kc_lease_release(struct kc_lease *lease);
 
 // Sends kcache's messages to `callback` with `ctx` instead of stderr; NULL sends them to
 // stderr again. Which levels are sent is decided by `KCACHE_LOG` (`error`, `warn`, `info`,
 // `debug`; default `warn`), read once per process. When this returns, the previous callback
 // is not running and is never called again, so its `ctx` may be freed.
-//
-// # Safety
 // `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
 // replaced.
 void kc_set_log_callback(kc_log_fn callback, void *ctx);
@@ -1149,9 +1043,6 @@ void kc_set_log_callback(kc_log_fn callback, void *ctx);
 // nothing written). A `buf_len` smaller than needed writes nothing to `buf` and returns
 // `KC_ERR_BUFFER_TOO_SMALL`. The figures move between two calls, so a size asked first may
 // fall short by the time of the second: call again with the newly reported size.
-//
-// # Safety
-// `buf` must be NULL or point to `buf_len` writable bytes; `out_needed` must be writable.
 enum kc_status kc_metrics_render(char *buf, size_t buf_len, size_t *out_needed);
 
 // Unbounded memory caps.
@@ -1162,10 +1053,6 @@ struct kc_opencl_options kc_opencl_options_default(void);
 // `persistence` is the persistent tiers the cache keeps its program binaries in, see `kc_persistence`
 // (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
 // reference.
-//
-// # Safety
-// `opts` must point to a `kc_opencl_options`; `persistence` NULL, `kc_persistence_none()` or
-// live; `out_cache` must be writable.
 enum kc_status kc_opencl_cache_new(const struct kc_opencl_options *opts,
                                    struct kc_persistence *persistence,
                                    struct kc_opencl_cache **out_cache);
@@ -1173,9 +1060,6 @@ enum kc_status kc_opencl_cache_new(const struct kc_opencl_options *opts,
 // Frees the cache: programs no lease holds are released now, the others when their last
 // lease is released. No other call on `cache` may run during or after this one. NULL is a
 // no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
 void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 
 // The built program for `sources` and `options` on `device` in `context`: from memory, else
@@ -1188,8 +1072,6 @@ void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 // source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
 // success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
 // `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-//
-// # Safety
 // `context` and `device` must be live OpenCL handles, the device one of the context's;
 // `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
 // `options` must be NULL or a C string; `out_lease` must be writable.
@@ -1227,8 +1109,6 @@ enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
 // failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
 // which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
 // and `kc_last_error_message()` are the first failing device's.
-//
-// # Safety
 // `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
 // devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
 // `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
@@ -1246,24 +1126,16 @@ enum kc_status kc_opencl_cache_find_or_build_program(struct kc_opencl_cache *cac
                                                      struct kc_buffer *out_logs);
 
 // The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_opencl_lease_program(const struct kc_opencl_lease *lease);
 
 // Releases a lease; the last release of an evicted program releases the program. NULL is a
 // no-op.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 
 // Unlinks every program built for `device`, in every context; each is released now, or when
 // its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
 // `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
 // evict nothing).
-//
-// # Safety
 // `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
 // compared, never called: it may already be released.
 enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
@@ -1273,17 +1145,12 @@ enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
 // Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 // released now, or when their last lease is. `*out_count` (if not NULL) receives how many
 // were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
-//
-// # Safety
 // As `kc_opencl_cache_evict_device`.
 enum kc_status kc_opencl_cache_evict_context(struct kc_opencl_cache *cache,
                                              void *context,
                                              size_t *out_count);
 
 // Unlinks every program (the disk keeps its binaries).
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 
 // Waits until the binary of every program built so far is written to the disk tier (or
@@ -1291,24 +1158,15 @@ enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 // thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
 // are held back until another process waits for them or until this call, so that they carry
 // the work-group code the programs' launches compiled: call it after your warm-up launches.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
 
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
 enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
                                      struct kc_opencl_cache_statistics *out);
 
 // Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
 // (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 // writes, what the disk index knows) stay. The directory's counters are not touched.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_opencl_cache_reset_stats(struct kc_opencl_cache *cache);
 
 // Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
@@ -1328,9 +1186,6 @@ struct kc_persistence_options kc_persistence_options_default(void);
 // directory is also logged once per process at `KC_LOG_WARN` (on stderr, or to
 // `kc_set_log_callback`'s callback). A caller should then go on with memory only
 // (`kc_persistence_none()`).
-//
-// # Safety
-// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out` writable.
 enum kc_status kc_persistence_open(const struct kc_persistence_options *opts,
                                    struct kc_persistence **out);
 
@@ -1339,9 +1194,6 @@ enum kc_status kc_persistence_open(const struct kc_persistence_options *opts,
 // `kc_persistence_free`. Opened from the environment by the first use, as
 // `kc_persistence_open(NULL, …)` would: `KC_ERR_UNAVAILABLE` when the environment turns the
 // disk tier off or it was refused (then every NULL means memory only), `KC_ERR_IO`.
-//
-// # Safety
-// `out` must be writable.
 enum kc_status kc_persistence_default(struct kc_persistence **out);
 
 // What to pass as the `kc_persistence *` of a cache or tiered lookup that must keep nothing
@@ -1352,8 +1204,6 @@ struct kc_persistence *kc_persistence_none(void);
 // Gives up the caller's reference; the tiers close (after their pending writes) once no
 // cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
 // returned stay valid.
-//
-// # Safety
 // `persistence` must be NULL, `kc_persistence_none()` or from `kc_persistence_open` or
 // `kc_persistence_default`, not yet freed, with no call on it running.
 void kc_persistence_free(struct kc_persistence *persistence);
@@ -1361,9 +1211,6 @@ void kc_persistence_free(struct kc_persistence *persistence);
 // The fingerprint of the operator key this object writes under (`KC_FINGERPRINT_LEN` bytes,
 // all zero without a key): what to pass to another process's `kc_persistence_gc` to keep its
 // entries during a key rotation.
-//
-// # Safety
-// `persistence` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
 enum kc_status kc_persistence_fingerprint(const struct kc_persistence *persistence, uint8_t *out);
 
 // The distinct operator key fingerprints of the entries in the directory, in ascending
@@ -1372,10 +1219,6 @@ enum kc_status kc_persistence_fingerprint(const struct kc_persistence *persisten
 // written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
 // `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
 // can make the second count larger, so compare it with `capacity`.
-//
-// # Safety
-// `persistence` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
-// is 0); `out_count` writable.
 enum kc_status kc_persistence_fingerprints(const struct kc_persistence *persistence,
                                            uint8_t *out,
                                            size_t capacity,
@@ -1384,17 +1227,11 @@ enum kc_status kc_persistence_fingerprints(const struct kc_persistence *persiste
 // Waits until every background write of this object submitted so far has finished (written
 // or failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
 // too.
-//
-// # Safety
-// `persistence` live.
 enum kc_status kc_persistence_flush(const struct kc_persistence *persistence);
 
 // Waits for the scan of the directory that `kc_persistence_open` starts in the background
 // (milliseconds even for a full cache). Until it has finished, `kc_persistence_stats` counts only
 // this object's own writes, and writes wait for it; reads do not.
-//
-// # Safety
-// `persistence` live.
 enum kc_status kc_persistence_wait_scan(const struct kc_persistence *persistence);
 
 // Writes the entry for `key` (atomically: readers see the old entry or the new one).
@@ -1404,9 +1241,6 @@ enum kc_status kc_persistence_wait_scan(const struct kc_persistence *persistence
 // after `kc_persistence_open` the write waits for the directory scan (see `kc_persistence_wait_scan`), so
 // that it can make room within the cap first.
 // The entry says it holds a value of backend `custom` (`kc_persistence_put_described` says more).
-//
-// # Safety
-// `persistence` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
 enum kc_status kc_persistence_put(struct kc_persistence *persistence,
                                   const uint8_t *key,
                                   const uint8_t *data,
@@ -1415,10 +1249,6 @@ enum kc_status kc_persistence_put(struct kc_persistence *persistence,
 
 // `kc_persistence_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
 // no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
-//
-// # Safety
-// As `kc_persistence_put`; `descriptor` NULL or readable for its `struct_size`, its strings NULL or
-// C strings.
 enum kc_status kc_persistence_put_described(struct kc_persistence *persistence,
                                             const uint8_t *key,
                                             const uint8_t *data,
@@ -1430,27 +1260,17 @@ enum kc_status kc_persistence_put_described(struct kc_persistence *persistence,
 // with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
 // failed verification, was larger than the per-entry limit or was not a regular file, and
 // was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
-//
-// # Safety
-// `persistence` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
 enum kc_status kc_persistence_get(struct kc_persistence *persistence,
                                   const uint8_t *key,
                                   struct kc_buffer *out);
 
 // Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
-//
-// # Safety
-// `persistence` live; `key` `KC_KEY_LEN` readable bytes.
 enum kc_status kc_persistence_remove(struct kc_persistence *persistence, const uint8_t *key);
 
 // Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
 // other key schemas, corrupt entries, and entries of operator keys that are neither this
 // disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
 // concatenated) at `retain`. `out_report` may be NULL.
-//
-// # Safety
-// `persistence` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
-// NULL or a writable struct of at least its `struct_size` bytes.
 enum kc_status kc_persistence_gc(struct kc_persistence *persistence,
                                  const uint8_t *retain,
                                  size_t retain_count,
@@ -1458,18 +1278,12 @@ enum kc_status kc_persistence_gc(struct kc_persistence *persistence,
                                  struct kc_persistence_gc_report *out_report);
 
 // Fills `*out` with this object's counters (see `kc_persistence_stats`).
-//
-// # Safety
-// `persistence` live; `out` a writable struct of at least its `struct_size` bytes.
 enum kc_status kc_persistence_stats(const struct kc_persistence *persistence,
                                     struct kc_persistence_statistics *out);
 
 // Zeroes this object's event counters (`kc_persistence_statistics`); `entries`, `bytes`,
 // `scan_complete` and `pending_writes` stay. The directory's counters, which every process
 // adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
-//
-// # Safety
-// `persistence` live.
 enum kc_status kc_persistence_reset_stats(struct kc_persistence *persistence);
 
 // The static name of a status code: "KC_OK", "KC_ERR_CACHE_CLEARED", ... and
@@ -1504,8 +1318,6 @@ const char *kc_version(void);
 // `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
 // `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
 // (`kc_tiered_find_or_build_described` says more).
-//
-// # Safety
 // `cache` live; `persistence` NULL, `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable
 // for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
 enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
@@ -1519,8 +1331,6 @@ enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
 
 // `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
 // as `kc_persistence_put_described` takes it; NULL: backend `custom`).
-//
-// # Safety
 // As `kc_tiered_find_or_build`; `descriptor` as for `kc_persistence_put_described`.
 enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
                                                  const uint8_t *l1_key,
@@ -1541,8 +1351,6 @@ struct kc_vulkan_options kc_vulkan_options_default(void);
 // `persistence` is the persistent tiers the cache keeps each device's pipeline-cache data in,
 // see `kc_persistence` (NULL: the process's default; `kc_persistence_none()`: memory only);
 // the cache holds its own reference.
-//
-// # Safety
 // `opts` must point to a `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or
 // behaves as `vkGetInstanceProcAddr` for as long as the cache and its leases live;
 // `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be writable.
@@ -1556,16 +1364,11 @@ enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
 // the others at their last release. No other call on `cache` may run during or after this
 // one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
 // afterwards, which then just frees them. NULL is a no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
 void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 
 // Registers the caller's device with the cache: kcache reads its properties, creates its
 // `VkPipelineCache` (seeded from disk data whose header names this device), and records
 // pipelines under it. The caller keeps owning all three handles.
-//
-// # Safety
 // `cache` must be live; the handles must be live and related (the physical device from the
 // instance, the device from the physical device), created through the cache's loader, and
 // outlive the registration and every lease of the device's pipelines; `out_device` must be
@@ -1581,8 +1384,6 @@ enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
 // lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
 // hold: release them before destroying the device. `device` is freed whatever the status
 // (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-//
-// # Safety
 // `cache` must be the live cache the device was registered with (or, once that cache is
 // freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 // unregistered; `out_still_leased` must be NULL or writable.
@@ -1593,9 +1394,6 @@ enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
 // Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
 // released. Devices stay registered and their pipeline caches (and the data on disk) keep
 // what the driver stored, so rebuilding is cheaper than the first build.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 
 // Writes the device's pipeline-cache data to disk now if pipelines were created (or data
@@ -1604,8 +1402,6 @@ enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 // merges the remote's data too and writes the result there in the background (freeing the
 // cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
 // disk tier it writes nothing and succeeds.
-//
-// # Safety
 // `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      const struct kc_vulkan_device *device,
@@ -1620,17 +1416,12 @@ enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
 // malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
 // reaches the driver. Everything is copied: the description's memory may be reused
 // afterwards.
-//
-// # Safety
 // `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
 // and sizes it gives; `out_spec` must be writable.
 enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
                                   struct kc_vulkan_spec **out_spec);
 
 // Frees a description. NULL is a no-op.
-//
-// # Safety
-// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
 void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
 
 // The compute pipeline for `spec` on `device`: from memory, else created (concurrent
@@ -1638,8 +1429,6 @@ void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
 // the cache: do not destroy it; release the lease. A driver failure is
 // `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
 // unregistered is `KC_ERR_DEVICE_DESTROYED`.
-//
-// # Safety
 // `cache`, `device` and `spec` must be live, the device registered with this cache;
 // `out_lease` must be writable.
 enum kc_status kc_vulkan_cache_find_or_build(struct kc_vulkan_cache *cache,
@@ -1648,50 +1437,30 @@ enum kc_status kc_vulkan_cache_find_or_build(struct kc_vulkan_cache *cache,
                                              struct kc_vulkan_lease **out_lease);
 
 // The leased `VkPipeline`; 0 if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_pipeline(const struct kc_vulkan_lease *lease);
 
 // The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_layout(const struct kc_vulkan_lease *lease);
 
 // The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
 // has no such set.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_set_layout(const struct kc_vulkan_lease *lease, uint32_t set);
 
 // The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_shader_module(const struct kc_vulkan_lease *lease);
 
 // Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
-//
-// # Safety
 // `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
 // pipeline must no longer be executing if this may be its last release.
 void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 
 // Fills `*out` (whose `struct_size` the caller set). Written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
                                      struct kc_vulkan_cache_statistics *out);
 
 // Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
 // (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 // writes, what the disk index knows) stay. The directory's counters are not touched.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`

@@ -228,8 +228,6 @@ pub(super) unsafe fn make_value(
 }
 
 /// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
-///
-/// # Safety
 /// `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
 /// writable. The callbacks and contexts in `opts` must stay valid until the last value is
 /// destroyed.
@@ -286,9 +284,6 @@ pub unsafe extern "C" fn kc_cache_new(
 /// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
 /// their last lease is released (the leases stay valid). No other call on `cache` may run
 /// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cache_new`, or NULL.
@@ -301,8 +296,6 @@ pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
 /// that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
 /// installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
 /// 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
-///
-/// # Safety
 /// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
 /// when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
 /// `build_ctx` as described for `kc_build_fn`.
@@ -340,8 +333,6 @@ pub unsafe extern "C" fn kc_cache_find_or_build(
 /// Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
 /// including while the key is still being built (this call never builds or waits).
 /// `*out_lease` is written on success only.
-///
-/// # Safety
 /// As for `kc_cache_find_or_build`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_get(
@@ -366,10 +357,6 @@ pub unsafe extern "C" fn kc_cache_get(
 /// Removes the entry for `key`: its value is destroyed now if no lease holds it, else on the
 /// last release. `KC_ERR_NOT_FOUND` if there is none (a key still being built is not
 /// affected); `KC_ERR_DESTROY_FAILED` if the destroy callback failed (the entry is gone).
-///
-/// # Safety
-/// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-/// when `key_len` is 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_remove(
     cache: *mut kc_cache,
@@ -393,9 +380,6 @@ pub unsafe extern "C" fn kc_cache_remove(
 /// fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
 /// entries. Values are destroyed now unless leased. Every value is attempted; a failing
 /// destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: i64) -> kc_status {
     guard(|| {
@@ -414,9 +398,6 @@ pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: 
 /// Removes every entry; values are destroyed now unless leased. On a cache created with
 /// `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`. Every value is
 /// attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
     guard(|| {
@@ -427,9 +408,6 @@ pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
 }
 
 /// The number of entries in the cache now; 0 if `cache` is NULL.
-///
-/// # Safety
-/// `cache` must be NULL or a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     guard_value(0, || {
@@ -445,9 +423,6 @@ pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
 }
 
 /// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_stats(
     cache: *const kc_cache,
@@ -468,9 +443,6 @@ pub unsafe extern "C" fn kc_cache_stats(
 /// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
 /// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
 /// `kc_cache_stats`.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_reset_stats(cache: *mut kc_cache) -> kc_status {
     guard(|| {

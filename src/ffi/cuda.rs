@@ -150,11 +150,6 @@ pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
 /// `persistence` is the persistent tiers the cache keeps its linked cubins in, see `kc_persistence`
 /// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
 /// reference.
-///
-/// # Safety
-/// `opts` must point to a `kc_cuda_options` whose `driver_library` and `nvrtc_library` are
-/// NULL or C strings; `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be
-/// writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_new(
     opts: *const kc_cuda_options,
@@ -190,8 +185,6 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
 /// Frees the cache: modules no lease holds are unloaded now (each with its context current),
 /// the others when their last lease is released. No other call on `cache` may run during or
 /// after this one. NULL is a no-op.
-///
-/// # Safety
 /// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
 /// of its modules must still be live.
 #[unsafe(no_mangle)]
@@ -209,8 +202,6 @@ pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
 /// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
 /// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
 /// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
-///
-/// # Safety
 /// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
 /// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
 /// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
@@ -302,8 +293,6 @@ unsafe fn jit_options(
 /// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
 /// `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-///
-/// # Safety
 /// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
 /// holding `nvrtc_option_count` C strings.
 #[unsafe(no_mangle)]
@@ -347,9 +336,6 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
 }
 
 /// The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
@@ -358,9 +344,6 @@ pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *m
 
 /// The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
 /// current. NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
@@ -369,9 +352,6 @@ pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *
 
 /// `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
 /// valid until the lease is released. No such kernel: `KC_ERR_NOT_FOUND`.
-///
-/// # Safety
-/// `lease` must be a lease not yet released; `name` a C string; `out_function` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_function(
     lease: *const kc_cuda_lease,
@@ -394,9 +374,6 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
 
 /// Releases a lease; the last release of an evicted module unloads it (with its context
 /// current). NULL is a no-op.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
@@ -408,8 +385,6 @@ pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
 /// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
 /// modules looked up with a NULL context are recorded under the context that was current,
 /// so name that one (`cuCtxGetCurrent`).
-///
-/// # Safety
 /// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
 /// live when it has modules.
 #[unsafe(no_mangle)]
@@ -428,8 +403,6 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_context(
 /// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
 /// context retained again has the same address, which the cache would take for the old one.
 /// `*out_count` (if not NULL) receives how many were unlinked.
-///
-/// # Safety
 /// As `kc_cuda_cache_evict_context`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_evict_device(
@@ -448,9 +421,6 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_device(
 }
 
 /// Unlinks every module (the disk keeps its cubins).
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -460,9 +430,6 @@ pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_st
 /// Waits until every cubin built so far is written to the disk tier (or failed to be: see
 /// `failed_writes`). Cubins are written on a background thread after the lookup returns;
 /// `kc_cuda_cache_free` waits for them too.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_flush(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -475,9 +442,6 @@ pub unsafe extern "C" fn kc_cuda_cache_flush(cache: *mut kc_cuda_cache) -> kc_st
 }
 
 /// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
-///
-/// # Safety
-/// `cache` must be NULL or a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> c_int {
     guard_value(0, || {
@@ -491,9 +455,6 @@ pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> 
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
@@ -507,9 +468,6 @@ pub unsafe extern "C" fn kc_cuda_cache_stats(
 /// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
 /// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 /// writes, what the disk index knows) stay. The directory's counters are not touched.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_reset_stats(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.

@@ -128,10 +128,6 @@ pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
 /// `persistence` is the persistent tiers the cache keeps its program binaries in, see `kc_persistence`
 /// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
 /// reference.
-///
-/// # Safety
-/// `opts` must point to a `kc_opencl_options`; `persistence` NULL, `kc_persistence_none()` or
-/// live; `out_cache` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
@@ -150,9 +146,6 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
 /// Frees the cache: programs no lease holds are released now, the others when their last
 /// lease is released. No other call on `cache` may run during or after this one. NULL is a
 /// no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`, or NULL.
@@ -169,8 +162,6 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 /// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
 /// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-///
-/// # Safety
 /// `context` and `device` must be live OpenCL handles, the device one of the context's;
 /// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
 /// `options` must be NULL or a C string; `out_lease` must be writable.
@@ -277,8 +268,6 @@ unsafe fn program_text<'a>(
 /// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
 /// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
 /// and `kc_last_error_message()` are the first failing device's.
-///
-/// # Safety
 /// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
 /// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
 /// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
@@ -362,9 +351,6 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build_program(
 }
 
 /// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
@@ -373,9 +359,6 @@ pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) 
 
 /// Releases a lease; the last release of an evicted program releases the program. NULL is a
 /// no-op.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
@@ -386,8 +369,6 @@ pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
 /// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
 /// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
 /// evict nothing).
-///
-/// # Safety
 /// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
 /// compared, never called: it may already be released.
 #[unsafe(no_mangle)]
@@ -407,8 +388,6 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_device(
 /// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 /// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
 /// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
-///
-/// # Safety
 /// As `kc_opencl_cache_evict_device`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_evict_context(
@@ -422,9 +401,6 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_context(
 }
 
 /// Unlinks every program (the disk keeps its binaries).
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -436,9 +412,6 @@ pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> k
 /// thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
 /// are held back until another process waits for them or until this call, so that they carry
 /// the work-group code the programs' launches compiled: call it after your warm-up launches.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -451,9 +424,6 @@ pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> k
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
@@ -467,9 +437,6 @@ pub unsafe extern "C" fn kc_opencl_cache_stats(
 /// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
 /// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 /// writes, what the disk index knows) stay. The directory's counters are not touched.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_reset_stats(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.

@@ -255,9 +255,6 @@ unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
 /// directory is also logged once per process at `KC_LOG_WARN` (on stderr, or to
 /// `kc_set_log_callback`'s callback). A caller should then go on with memory only
 /// (`kc_persistence_none()`).
-///
-/// # Safety
-/// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_open(
     opts: *const kc_persistence_options,
@@ -306,9 +303,6 @@ fn default_persistence() -> Result<Option<&'static Arc<DiskCache>>> {
 /// `kc_persistence_free`. Opened from the environment by the first use, as
 /// `kc_persistence_open(NULL, …)` would: `KC_ERR_UNAVAILABLE` when the environment turns the
 /// disk tier off or it was refused (then every NULL means memory only), `KC_ERR_IO`.
-///
-/// # Safety
-/// `out` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_default(out: *mut *mut kc_persistence) -> kc_status {
     guard(|| {
@@ -372,8 +366,6 @@ pub(super) unsafe fn persistence_ref<'a>(p: *const kc_persistence) -> Result<&'a
 /// Gives up the caller's reference; the tiers close (after their pending writes) once no
 /// cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
 /// returned stay valid.
-///
-/// # Safety
 /// `persistence` must be NULL, `kc_persistence_none()` or from `kc_persistence_open` or
 /// `kc_persistence_default`, not yet freed, with no call on it running.
 #[unsafe(no_mangle)]
@@ -388,9 +380,6 @@ pub unsafe extern "C" fn kc_persistence_free(persistence: *mut kc_persistence) {
 /// The fingerprint of the operator key this object writes under (`KC_FINGERPRINT_LEN` bytes,
 /// all zero without a key): what to pass to another process's `kc_persistence_gc` to keep its
 /// entries during a key rotation.
-///
-/// # Safety
-/// `persistence` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_fingerprint(
     persistence: *const kc_persistence,
@@ -413,10 +402,6 @@ pub unsafe extern "C" fn kc_persistence_fingerprint(
 /// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
 /// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
 /// can make the second count larger, so compare it with `capacity`.
-///
-/// # Safety
-/// `persistence` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
-/// is 0); `out_count` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_fingerprints(
     persistence: *const kc_persistence,
@@ -448,9 +433,6 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
 /// Waits until every background write of this object submitted so far has finished (written
 /// or failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
 /// too.
-///
-/// # Safety
-/// `persistence` live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence) -> kc_status {
     guard(|| {
@@ -463,9 +445,6 @@ pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence
 /// Waits for the scan of the directory that `kc_persistence_open` starts in the background
 /// (milliseconds even for a full cache). Until it has finished, `kc_persistence_stats` counts only
 /// this object's own writes, and writes wait for it; reads do not.
-///
-/// # Safety
-/// `persistence` live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_wait_scan(persistence: *const kc_persistence) -> kc_status {
     guard(|| {

@@ -23,9 +23,6 @@ use crate::{Error, Result};
 /// after `kc_persistence_open` the write waits for the directory scan (see `kc_persistence_wait_scan`), so
 /// that it can make room within the cap first.
 /// The entry says it holds a value of backend `custom` (`kc_persistence_put_described` says more).
-///
-/// # Safety
-/// `persistence` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_put(
     persistence: *mut kc_persistence,
@@ -56,10 +53,6 @@ pub struct kc_entry_descriptor {
 
 /// `kc_persistence_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
 /// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
-///
-/// # Safety
-/// As `kc_persistence_put`; `descriptor` NULL or readable for its `struct_size`, its strings NULL or
-/// C strings.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_put_described(
     persistence: *mut kc_persistence,
@@ -130,9 +123,6 @@ pub(super) unsafe fn descriptor_arg(p: *const kc_entry_descriptor) -> Result<Des
 /// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
 /// failed verification, was larger than the per-entry limit or was not a regular file, and
 /// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
-///
-/// # Safety
-/// `persistence` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_get(
     persistence: *mut kc_persistence,
@@ -151,9 +141,6 @@ pub unsafe extern "C" fn kc_persistence_get(
 }
 
 /// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
-///
-/// # Safety
-/// `persistence` live; `key` `KC_KEY_LEN` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_remove(
     persistence: *mut kc_persistence,

@@ -186,10 +186,6 @@ c_statistics!(GcReport => kc_persistence_gc_report {
 /// other key schemas, corrupt entries, and entries of operator keys that are neither this
 /// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
 /// concatenated) at `retain`. `out_report` may be NULL.
-///
-/// # Safety
-/// `persistence` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
-/// NULL or a writable struct of at least its `struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_gc(
     persistence: *mut kc_persistence,
@@ -229,9 +225,6 @@ pub unsafe extern "C" fn kc_persistence_gc(
 }
 
 /// Fills `*out` with this object's counters (see `kc_persistence_stats`).
-///
-/// # Safety
-/// `persistence` live; `out` a writable struct of at least its `struct_size` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_stats(
     persistence: *const kc_persistence,
@@ -250,9 +243,6 @@ pub unsafe extern "C" fn kc_persistence_stats(
 /// Zeroes this object's event counters (`kc_persistence_statistics`); `entries`, `bytes`,
 /// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
 /// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
-///
-/// # Safety
-/// `persistence` live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persistence) -> kc_status {
     guard(|| {

@@ -125,8 +125,6 @@ unsafe fn serialize_value(
 /// `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
 /// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
 /// (`kc_tiered_find_or_build_described` says more).
-///
-/// # Safety
 /// `cache` live; `persistence` NULL, `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable
 /// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
 #[unsafe(no_mangle)]
@@ -158,8 +156,6 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
 
 /// `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
 /// as `kc_persistence_put_described` takes it; NULL: backend `custom`).
-///
-/// # Safety
 /// As `kc_tiered_find_or_build`; `descriptor` as for `kc_persistence_put_described`.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]

@@ -243,8 +243,6 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
 /// `persistence` is the persistent tiers the cache keeps each device's pipeline-cache data in,
 /// see `kc_persistence` (NULL: the process's default; `kc_persistence_none()`: memory only);
 /// the cache holds its own reference.
-///
-/// # Safety
 /// `opts` must point to a `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or
 /// behaves as `vkGetInstanceProcAddr` for as long as the cache and its leases live;
 /// `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be writable.
@@ -283,9 +281,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
 /// the others at their last release. No other call on `cache` may run during or after this
 /// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
 /// afterwards, which then just frees them. NULL is a no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`, or NULL.
@@ -295,8 +290,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
 /// Registers the caller's device with the cache: kcache reads its properties, creates its
 /// `VkPipelineCache` (seeded from disk data whose header names this device), and records
 /// pipelines under it. The caller keeps owning all three handles.
-///
-/// # Safety
 /// `cache` must be live; the handles must be live and related (the physical device from the
 /// instance, the device from the physical device), created through the cache's loader, and
 /// outlive the registration and every lease of the device's pipelines; `out_device` must be
@@ -336,8 +329,6 @@ fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H, Error> {
 /// lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
 /// hold: release them before destroying the device. `device` is freed whatever the status
 /// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-///
-/// # Safety
 /// `cache` must be the live cache the device was registered with (or, once that cache is
 /// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 /// unregistered; `out_still_leased` must be NULL or writable.
@@ -368,9 +359,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
 /// Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
 /// released. Devices stay registered and their pipeline caches (and the data on disk) keep
 /// what the driver stored, so rebuilding is cheaper than the first build.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -383,8 +371,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> k
 /// merges the remote's data too and writes the result there in the background (freeing the
 /// cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
 /// disk tier it writes nothing and succeeds.
-///
-/// # Safety
 /// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_flush(
@@ -486,8 +472,6 @@ unsafe fn specialization_of(
 /// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
 /// reaches the driver. Everything is copied: the description's memory may be reused
 /// afterwards.
-///
-/// # Safety
 /// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
 /// and sizes it gives; `out_spec` must be writable.
 #[unsafe(no_mangle)]
@@ -547,9 +531,6 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
 }
 
 /// Frees a description. NULL is a no-op.
-///
-/// # Safety
-/// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
     // SAFETY: the caller hands over the description it got from `kc_vulkan_spec_new`, or NULL.
@@ -561,8 +542,6 @@ pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
 /// the cache: do not destroy it; release the lease. A driver failure is
 /// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
 /// unregistered is `KC_ERR_DEVICE_DESTROYED`.
-///
-/// # Safety
 /// `cache`, `device` and `spec` must be live, the device registered with this cache;
 /// `out_lease` must be writable.
 #[unsafe(no_mangle)]
@@ -590,9 +569,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
 }
 
 /// The leased `VkPipeline`; 0 if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
@@ -600,9 +576,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease)
 }
 
 /// The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
@@ -611,9 +584,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -
 
 /// The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
 /// has no such set.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
     lease: *const kc_vulkan_lease,
@@ -625,9 +595,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
 }
 
 /// The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
@@ -635,8 +602,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_l
 }
 
 /// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
-///
-/// # Safety
 /// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
 /// pipeline must no longer be executing if this may be its last release.
 #[unsafe(no_mangle)]
@@ -646,9 +611,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
 }
 
 /// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
@@ -662,9 +624,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_stats(
 /// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
 /// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
 /// writes, what the disk index knows) stay. The directory's counters are not touched.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_reset_stats(cache: *mut kc_vulkan_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
