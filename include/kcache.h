@@ -944,13 +944,12 @@ enum kc_status kc_cuda_cache_flush(struct kc_cuda_cache *cache);
 // `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
 int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
 
-// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
                                    struct kc_cuda_cache_statistics *out);
 
-// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
-// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
-// writes, what the disk index knows) stay. The directory's counters are not touched.
+// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
 
 // Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
@@ -1160,13 +1159,12 @@ enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 // the work-group code the programs' launches compiled: call it after your warm-up launches.
 enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
 
-// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
                                      struct kc_opencl_cache_statistics *out);
 
-// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
-// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
-// writes, what the disk index knows) stay. The directory's counters are not touched.
+// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 enum kc_status kc_opencl_cache_reset_stats(struct kc_opencl_cache *cache);
 
 // Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
@@ -1454,13 +1452,12 @@ uint64_t kc_vulkan_lease_shader_module(const struct kc_vulkan_lease *lease);
 // pipeline must no longer be executing if this may be its last release.
 void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 
-// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
                                      struct kc_vulkan_cache_statistics *out);
 
-// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
-// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
-// writes, what the disk index knows) stay. The directory's counters are not touched.
+// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`

@@ -24,16 +24,24 @@ pub trait BackendOptions: Copy {
     fn memory_caps(&self) -> (u64, u64);
 }
 
-/// A backend's opaque cache handle around its Rust cache.
+/// A backend's opaque cache handle around its Rust cache, with the calls every backend's C API
+/// makes alike.
 pub trait CacheHandle {
     type Inner;
+    /// `kc_<backend>_cache_statistics`.
+    type Statistics: Copy;
+    /// Its C name, for messages about its size.
+    const STATISTICS: &'static str;
     fn inner(&self) -> &Self::Inner;
+    fn statistics(&self) -> Self::Statistics;
+    fn reset_stats(&self);
+    fn clear(&self) -> Result<()>;
 }
 
 /// [`BackendOptions`] for a backend's options struct (and the function that gives its
 /// defaults) and [`CacheHandle`] for its cache handle: every backend names the fields alike.
 macro_rules! backend_handles {
-    ($options:ident, $defaults:ident, $cache:ident, $inner:ty $(,)?) => {
+    ($options:ident, $defaults:ident, $cache:ident, $inner:ty, $statistics:ident $(,)?) => {
         impl $crate::ffi::backend_common::BackendOptions for $options {
             const C_NAME: &'static str = stringify!($options);
 
@@ -48,8 +56,23 @@ macro_rules! backend_handles {
 
         impl $crate::ffi::backend_common::CacheHandle for $cache {
             type Inner = $inner;
+            type Statistics = $statistics;
+            const STATISTICS: &'static str = stringify!($statistics);
+
             fn inner(&self) -> &$inner {
                 &self.inner
+            }
+
+            fn statistics(&self) -> $statistics {
+                self.inner.stats().into()
+            }
+
+            fn reset_stats(&self) {
+                self.inner.reset_stats();
+            }
+
+            fn clear(&self) -> $crate::error::Result<()> {
+                self.inner.clear().map(drop)
             }
         }
     };
@@ -131,24 +154,37 @@ pub unsafe fn evict_by<C: CacheHandle>(
     unsafe { with_cache(cache, call) }
 }
 
-/// The body of `kc_<backend>_cache_stats`: writes what `stats` makes of the inner cache of
-/// `cache` into the caller's `*out` (a `c_name` of at least its ABI 3.0 size).
+/// The body of `kc_<backend>_cache_stats`: writes the counters of `cache` into the caller's
+/// `*out` (of at least its ABI 3.0 size).
 ///
 /// # Safety
 /// `cache` must be NULL or a live handle; `out` NULL or a writable struct of at least its
 /// `struct_size` bytes.
-pub unsafe fn write_stats<C: CacheHandle, S: Copy>(
-    cache: *const C,
-    out: *mut S,
-    c_name: &str,
-    stats: impl FnOnce(&C::Inner) -> S,
-) -> kc_status {
-    let fill = |inner: &C::Inner| {
-        let stats = stats(inner);
+pub unsafe fn write_stats<C: CacheHandle>(cache: *const C, out: *mut C::Statistics) -> kc_status {
+    guard(|| {
+        // SAFETY: NULL or a live cache by contract; only shared access is needed.
+        let stats = unsafe { live(cache, "cache") }?.statistics();
         non_null(out, "out")?;
+        let size = size_of::<C::Statistics>();
         // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", c_name, size_of::<S>()) }
-    };
-    // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, fill) }
+        unsafe { write_sized(out, stats, "out", C::STATISTICS, size) }
+    })
+}
+
+/// The body of `kc_<backend>_cache_reset_stats`.
+///
+/// # Safety
+/// `cache` must be NULL or a live handle.
+pub unsafe fn reset_stats<C: CacheHandle>(cache: *const C) -> kc_status {
+    // SAFETY: NULL or a live cache by contract; only shared access is needed.
+    guard(|| unsafe { live(cache, "cache") }.map(C::reset_stats))
+}
+
+/// The body of `kc_<backend>_cache_clear`.
+///
+/// # Safety
+/// `cache` must be NULL or a live handle.
+pub unsafe fn clear<C: CacheHandle>(cache: *const C) -> kc_status {
+    // SAFETY: NULL or a live cache by contract; only shared access is needed.
+    guard(|| unsafe { live(cache, "cache") }?.clear())
 }

@@ -36,7 +36,9 @@ use super::args::{
     c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live_lease,
     optional_path, read_lease, release_lease, write_optional,
 };
-use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
+use super::backend_common::{
+    backend_handles, clear, evict_by, new_cache, reset_stats, with_cache, write_stats,
+};
 use super::cache::kc_cache_stats;
 use super::persistence::kc_persistence;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
@@ -82,6 +84,7 @@ backend_handles!(
     kc_cuda_options_default,
     kc_cuda_cache,
     CudaCache,
+    kc_cuda_cache_statistics,
 );
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -424,7 +427,7 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_device(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+    unsafe { clear(cache) }
 }
 
 /// Waits until every cubin built so far is written to the disk tier (or failed to be: see
@@ -454,29 +457,22 @@ pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> 
     })
 }
 
-/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
     out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &CudaCache| kc_cuda_cache_statistics::from(cache.stats());
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_cuda_cache_statistics", stats) }
+    unsafe { write_stats(cache, out) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
-/// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
-/// writes, what the disk index knows) stay. The directory's counters are not touched.
+/// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+/// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_reset_stats(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe {
-        with_cache(cache, |cache| {
-            cache.reset_stats();
-            Ok(())
-        })
-    }
+    unsafe { reset_stats(cache) }
 }
 
 /// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else

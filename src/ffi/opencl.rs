@@ -42,7 +42,9 @@ use super::args::{
     c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, read_lease,
     release_lease,
 };
-use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
+use super::backend_common::{
+    backend_handles, clear, evict_by, new_cache, reset_stats, with_cache, write_stats,
+};
 use super::buffer::kc_buffer;
 use super::cache::kc_cache_stats;
 use super::persistence::kc_persistence;
@@ -84,6 +86,7 @@ backend_handles!(
     kc_opencl_options_default,
     kc_opencl_cache,
     OpenClCache,
+    kc_opencl_cache_statistics,
 );
 
 /// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
@@ -404,7 +407,7 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_context(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+    unsafe { clear(cache) }
 }
 
 /// Waits until the binary of every program built so far is written to the disk tier (or
@@ -423,29 +426,22 @@ pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> k
     }
 }
 
-/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &OpenClCache| kc_opencl_cache_statistics::from(cache.stats());
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_opencl_cache_statistics", stats) }
+    unsafe { write_stats(cache, out) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
-/// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
-/// writes, what the disk index knows) stay. The directory's counters are not touched.
+/// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+/// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_reset_stats(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe {
-        with_cache(cache, |cache| {
-            cache.reset_stats();
-            Ok(())
-        })
-    }
+    unsafe { reset_stats(cache) }
 }
 
 /// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the

@@ -16,7 +16,9 @@ use super::args::{
     GrownInput, c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live,
     read_input, read_lease, release_lease, write_boxed, write_optional,
 };
-use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
+use super::backend_common::{
+    backend_handles, clear, new_cache, reset_stats, with_cache, write_stats,
+};
 use super::cache::kc_cache_stats;
 use super::persistence::kc_persistence;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
@@ -78,7 +80,8 @@ backend_handles!(
     kc_vulkan_options,
     kc_vulkan_options_default,
     kc_vulkan_cache,
-    VulkanCache
+    VulkanCache,
+    kc_vulkan_cache_statistics,
 );
 
 /// One descriptor binding of the pipeline layout, visible to the compute stage.
@@ -362,7 +365,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+    unsafe { clear(cache) }
 }
 
 /// Writes the device's pipeline-cache data to disk now if pipelines were created (or data
@@ -610,29 +613,22 @@ pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
     guard_value((), || unsafe { release_lease(lease) })
 }
 
-/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &VulkanCache| kc_vulkan_cache_statistics::from(cache.stats());
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_vulkan_cache_statistics", stats) }
+    unsafe { write_stats(cache, out) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and those of its `kc_persistence`
-/// (shared with other caches: reset for them too); gauges (entries, weight, leases, pending
-/// writes, what the disk index knows) stay. The directory's counters are not touched.
+/// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+/// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_reset_stats(cache: *mut kc_vulkan_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe {
-        with_cache(cache, |cache| {
-            cache.reset_stats();
-            Ok(())
-        })
-    }
+    unsafe { reset_stats(cache) }
 }
 
 /// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
