@@ -204,13 +204,13 @@ typedef struct kc_buffer {
   void *owner;
 } kc_buffer;
 
-// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
-// after an eviction or clear during its build, or the cache freed) once no lease holds it.
-// Called exactly once per built value, on whichever thread let go of it last, never under a
-// kcache lock: it may call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code is reported
-// as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
-// has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
-// Same rules as `kc_build_fn` for longjmp and exceptions.
+// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded after an
+// eviction or clear during its build, or the cache freed) once no lease holds it. Called exactly
+// once per built value, on whichever thread let go of it last, never under a kcache lock: it may
+// call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code
+// is reported as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when
+// that call has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded
+// builds). Same rules as `kc_build_fn` for longjmp and exceptions.
 typedef int (*kc_destroy_fn)(void *ctx, void *value);
 
 // Hears about destroy failures that no call can return: `code` is what `destroy` returned.
@@ -261,10 +261,10 @@ typedef int (*kc_build_fn)(void *ctx,
 
 // Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
 // `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
-// `kc_cache_stats` belongs to the function). Set `struct_size` to
-// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
-// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
-// concurrent use fields may be a few operations apart.
+// `kc_cache_stats` belongs to the function). Set `struct_size` to `sizeof(kc_cache_statistics)`
+// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to the
+// bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
+// fields may be a few operations apart.
 typedef struct kc_cache_statistics {
   // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
@@ -355,10 +355,10 @@ typedef struct kc_cuda_cache_statistics {
 } kc_cuda_cache_statistics;
 
 // Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
-// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the
-// call. Called on any thread (including the disk tier's background writer), possibly on
-// several at once, never while a cache's lock is held. It may call kcache, but what those calls log
-// goes to stderr, and `kc_set_log_callback` called from inside it does nothing.
+// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the call.
+// Called on any thread (including the disk tier's background writer), possibly on several at once,
+// never while a cache's lock is held. It may call kcache, but what those calls log goes to stderr,
+// and `kc_set_log_callback` called from inside it does nothing.
 typedef void (*kc_log_fn)(void *ctx, int level, const char *message);
 
 // How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
@@ -514,10 +514,10 @@ typedef struct kc_persistence_gc_report {
   uint64_t old_format;
 } kc_persistence_gc_report;
 
-// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats` (the name
-// `kc_persistence_stats` belongs to the function). Set `struct_size` to `sizeof(kc_persistence_statistics)`
-// before calling `kc_persistence_stats`; it fills the fields that fit and sets `struct_size` to the
-// bytes written.
+// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`
+// (the name `kc_persistence_stats` belongs to the function). Set `struct_size` to
+// `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
+// that fit and sets `struct_size` to the bytes written.
 typedef struct kc_persistence_statistics {
   // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
@@ -752,34 +752,31 @@ typedef struct kc_vulkan_cache_statistics {
 extern "C" {
 #endif // __cplusplus
 
-// Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and zeroes
-// it. NULL, or a zeroed buffer, is a no-op.
+// Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and
+// zeroes it. NULL, or a zeroed buffer, is a no-op.
 void kc_buffer_free(struct kc_buffer *buffer);
 
 // The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
 // no destroy callback.
 struct kc_cache_options kc_cache_options_default(void);
 
-// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
-// `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
-// writable. The callbacks and contexts in `opts` must stay valid until the last value is
+// Creates a cache. Free it with `kc_cache_free`. `opts` must point to at least `opts->struct_size`
+// readable bytes. The callbacks and contexts in `opts` must stay valid until the last value is
 // destroyed.
 enum kc_status kc_cache_new(const struct kc_cache_options *opts, struct kc_cache **out_cache);
 
-// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
-// their last lease is released (the leases stay valid). No other call on `cache` may run
-// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
+// Frees a cache: destroys every value no lease holds now; leased values are destroyed when their
+// last lease is released (the leases stay valid). No other call on `cache` may run during or after
+// this one, including from the destroy callbacks it runs.
 void kc_cache_free(struct kc_cache *cache);
 
 // Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
 // Concurrent callers of one key share one build and its outcome: the same value, or the same
-// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0
-// that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
-// installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
-// 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
-// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-// when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
-// `build_ctx` as described for `kc_build_fn`.
+// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
+// `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
+// entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
+// NULL) is a valid key. `key` must point to `key_len` readable bytes (or anything when `key_len`
+// is 0); `build` must be callable with `build_ctx` as described for `kc_build_fn`.
 enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       const uint8_t *key,
                                       size_t key_len,
@@ -789,9 +786,8 @@ enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       struct kc_lease **out_lease);
 
 // Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
-// including while the key is still being built (this call never builds or waits).
-// `*out_lease` is written on success only.
-// As for `kc_cache_find_or_build`.
+// including while the key is still being built (this call never builds or waits). As for
+// `kc_cache_find_or_build`.
 enum kc_status kc_cache_get(struct kc_cache *cache,
                             const uint8_t *key,
                             size_t key_len,
@@ -816,9 +812,9 @@ enum kc_status kc_cache_clear(struct kc_cache *cache);
 // The number of entries in the cache now; 0 if `cache` is NULL.
 size_t kc_cache_len(const struct kc_cache *cache);
 
-// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
-enum kc_status kc_cache_stats(const struct kc_cache *cache,
-                              struct kc_cache_statistics *out);
+// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is
+// written on success only.
+enum kc_status kc_cache_stats(const struct kc_cache *cache, struct kc_cache_statistics *out);
 
 // Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
 // `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
@@ -843,11 +839,10 @@ enum kc_status kc_cuda_cache_new(const struct kc_cuda_options *opts,
                                  struct kc_persistence *persistence,
                                  struct kc_cuda_cache **out_cache);
 
-// Frees the cache: modules no lease holds are unloaded now (each with its context current),
-// the others when their last lease is released. No other call on `cache` may run during or
-// after this one. NULL is a no-op.
-// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
-// of its modules must still be live.
+// Frees the cache: modules no lease holds are unloaded now (each with its context current), the
+// others when their last lease is released. No other call on `cache` may run during or after this
+// one. `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts of
+// its modules must still be live.
 void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 
 // The module for `ptx` linked with `options` in `context` (NULL: the calling thread's current
@@ -856,12 +851,11 @@ void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 // lease instead.
 //
 // `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
-// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
-// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
-// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
-// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
-// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
+// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX or
+// link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and the JIT
+// error log in `kc_last_error_message()`. `context` must be NULL or a live context of the cache's
+// driver, kept alive until evicted with `kc_cuda_cache_evict_context`; `ptx` must be readable (for
+// `ptx_len` bytes, or up to its NUL); `options` must hold `option_count` entries.
 enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                void *context,
                                                const char *ptx,
@@ -870,14 +864,14 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                size_t option_count,
                                                struct kc_cuda_lease **out_lease);
 
-// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
-// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
-// options are given, else to PTX for the highest architecture NVRTC supports up to the
-// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
-// `extern "C"`. JIT options with NVRTC options naming a real architecture (`sm_XY`, whose
-// cubin is loaded without a link, so JIT options would not apply) are
-// `KC_ERR_INVALID_ARGUMENT`. PTX needed from an NVRTC newer than the driver is
-// `KC_ERR_BUILD_FAILED` with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
+// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name an
+// architecture, to a cubin for the context's device when NVRTC supports it and no JIT options are
+// given, else to PTX for the highest architecture NVRTC supports up to the device's, linked as by
+// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them `extern "C"`.
+// JIT options with NVRTC options naming a real architecture (`sm_XY`, whose cubin is loaded
+// without a link, so JIT options would not apply) are `KC_ERR_INVALID_ARGUMENT`. PTX needed from
+// an NVRTC newer than the driver is `KC_ERR_BUILD_FAILED` with
+// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
 //
 // `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
@@ -908,17 +902,15 @@ enum kc_status kc_cuda_lease_function(const struct kc_cuda_lease *lease,
                                       const char *name,
                                       void **out_function);
 
-// Releases a lease; the last release of an evicted module unloads it (with its context
-// current). NULL is a no-op.
+// Releases a lease; the last release of an evicted module unloads it (with its context current).
 void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 
-// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
-// now (with `context` current), or when its last lease is released. `*out_count` (if not
-// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
-// modules looked up with a NULL context are recorded under the context that was current,
-// so name that one (`cuCtxGetCurrent`).
-// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
-// live when it has modules.
+// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded now
+// (with `context` current), or when its last lease is released. `*out_count` (if not NULL)
+// receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`: modules looked
+// up with a NULL context are recorded under the context that was current, so name that one
+// (`cuCtxGetCurrent`). `out_count` must be NULL or writable; `context` must still be live when it
+// has modules.
 enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
                                            void *context,
                                            size_t *out_count);
@@ -957,7 +949,7 @@ enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
 // `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
 enum kc_status kc_cuda_available(void);
 
-// Creates an empty key builder. `*out_builder` is written on success only.
+// Creates an empty key builder.
 enum kc_status kc_key_builder_new(struct kc_key_builder **out_builder);
 
 // Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
@@ -1008,7 +1000,7 @@ enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
 // `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
 enum kc_status kc_key_builder_finish(const struct kc_key_builder *builder, uint8_t *out_key);
 
-// Frees a builder. NULL is a no-op.
+// Frees a builder.
 void kc_key_builder_free(struct kc_key_builder *builder);
 
 // The value a lease holds, exactly as the build callback returned it. Valid until the lease
@@ -1021,8 +1013,8 @@ uint64_t kc_lease_weight(const struct kc_lease *lease);
 // Another lease on the same value, to be released separately. NULL if `lease` is NULL.
 struct kc_lease *kc_lease_clone(const struct kc_lease *lease);
 
-// Releases a lease; its value is destroyed here if it has left the cache and this was its
-// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
+// Releases a lease; its value is destroyed here if it has left the cache and this was its last
+// lease. Releasing a lease twice is undefined behaviour.
 void kc_lease_release(struct kc_lease *lease);
 
 // Sends kcache's messages to `callback` with `ctx` instead of stderr; NULL sends them to
@@ -1047,33 +1039,30 @@ enum kc_status kc_metrics_render(char *buf, size_t buf_len, size_t *out_needed);
 // Unbounded memory caps.
 struct kc_opencl_options kc_opencl_options_default(void);
 
-// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
-// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`.
-// `persistence` is the persistent tiers the cache keeps its program binaries in, see `kc_persistence`
-// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
-// reference.
+// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the file
+// named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. `persistence` is the
+// persistent tiers the cache keeps its program binaries in, see `kc_persistence` (NULL: the
+// process's default; `kc_persistence_none()`: memory only); the cache holds its own reference.
 enum kc_status kc_opencl_cache_new(const struct kc_opencl_options *opts,
                                    struct kc_persistence *persistence,
                                    struct kc_opencl_cache **out_cache);
 
-// Frees the cache: programs no lease holds are released now, the others when their last
-// lease is released. No other call on `cache` may run during or after this one. NULL is a
-// no-op.
+// Frees the cache: programs no lease holds are released now, the others when their last lease is
+// released. No other call on `cache` may run during or after this one.
 void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 
 // The built program for `sources` and `options` on `device` in `context`: from memory, else
 // from a binary on disk, else compiled (concurrent callers share one compile). The program
 // belongs to the cache: do not release it; release the lease instead.
 //
-// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
-// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
-// `options` is NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C
-// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
-// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
-// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-// `context` and `device` must be live OpenCL handles, the device one of the context's;
-// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
-// `options` must be NULL or a C string; `out_lease` must be writable.
+// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource` does;
+// `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated. `options` is
+// NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C source is; anything
+// else is `KC_ERR_INVALID_ARGUMENT`). A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL
+// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `context`
+// and `device` must be live OpenCL handles, the device one of the context's; `sources` must hold
+// `count` readable strings (of `lengths[i]` bytes, or NUL-terminated); `options` must be NULL or a
+// C string.
 enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
                                              void *context,
                                              void *device,
@@ -1127,16 +1116,14 @@ enum kc_status kc_opencl_cache_find_or_build_program(struct kc_opencl_cache *cac
 // The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
 void *kc_opencl_lease_program(const struct kc_opencl_lease *lease);
 
-// Releases a lease; the last release of an evicted program releases the program. NULL is a
-// no-op.
+// Releases a lease; the last release of an evicted program releases the program.
 void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 
-// Unlinks every program built for `device`, in every context; each is released now, or when
-// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
-// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
-// evict nothing).
-// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
-// compared, never called: it may already be released.
+// Unlinks every program built for `device`, in every context; each is released now, or when its
+// last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL `device` is
+// `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would evict nothing).
+// `out_count` must be NULL or writable. `device` is only compared, never called: it may already be
+// released.
 enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
                                             void *device,
                                             size_t *out_count);
@@ -1222,8 +1209,8 @@ enum kc_status kc_persistence_fingerprints(const struct kc_persistence *persiste
                                            size_t capacity,
                                            size_t *out_count);
 
-// Waits until every background write of this object submitted so far has finished (written
-// or failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
+// Waits until every background write of this object submitted so far has finished (written or
+// failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
 // too.
 enum kc_status kc_persistence_flush(const struct kc_persistence *persistence);
 
@@ -1232,13 +1219,13 @@ enum kc_status kc_persistence_flush(const struct kc_persistence *persistence);
 // this object's own writes, and writes wait for it; reads do not.
 enum kc_status kc_persistence_wait_scan(const struct kc_persistence *persistence);
 
-// Writes the entry for `key` (atomically: readers see the old entry or the new one).
-// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
-// smaller of the size cap and 1 GiB: decided from `len` alone, before `data` is read. Right
-// after `kc_persistence_open` the write waits for the directory scan (see `kc_persistence_wait_scan`), so
-// that it can make room within the cap first.
-// The entry says it holds a value of backend `custom` (`kc_persistence_put_described` says more).
+// Writes the entry for `key` (atomically: readers see the old entry or the new one). `KC_ERR_IO`
+// when the write fails (disk full, …): nothing partial is left behind. `KC_ERR_INVALID_ARGUMENT`
+// when the entry (payload, header and tag) is larger than the smaller of the size cap and 1 GiB:
+// decided from `len` alone, before `data` is read. Right after `kc_persistence_open` the write
+// waits for the directory scan (see `kc_persistence_wait_scan`), so that it can make room within
+// the cap first. The entry says it holds a value of backend `custom`
+// (`kc_persistence_put_described` says more).
 enum kc_status kc_persistence_put(struct kc_persistence *persistence,
                                   const uint8_t *key,
                                   const uint8_t *data,
@@ -1303,21 +1290,20 @@ int kc_last_build_error(void);
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
 
-// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
-// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
-// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `persistence` is
-// as for a cache (see `kc_persistence`: NULL the process's default, `kc_persistence_none()`
-// memory only). The disk read runs inside the memory tier's single flight: concurrent
-// callers of one key read or build once. A disk miss waits for another process building the
-// same `l2_key` in the same directory (up to the disk's lock timeout) and loads what it
-// wrote; if that build fails, this one builds too. A disk entry that `load` refuses is
-// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
-// the lookup returns; the write itself happens on the disk's background writer (see
-// `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
+// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
+// for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`
+// and writes `callbacks->serialize`'s bytes back to disk. `persistence` is as for a cache (see
+// `kc_persistence`: NULL the process's default, `kc_persistence_none()` memory only). The disk
+// read runs inside the memory tier's single flight: concurrent callers of one key read or build
+// once. A disk miss waits for another process building the same `l2_key` in the same directory (up
+// to the disk's lock timeout) and loads what it wrote; if that build fails, this one builds too. A
+// disk entry that `load` refuses is removed (and counted in `load_failures`). `serialize` runs on
+// the calling thread before the lookup returns; the write itself happens on the disk's background
+// writer (see `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
 // `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
-// (`kc_tiered_find_or_build_described` says more).
-// `cache` live; `persistence` NULL, `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable
-// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+// (`kc_tiered_find_or_build_described` says more). `cache` live; `persistence` NULL,
+// `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable for its
+// `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
 enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
                                        const uint8_t *l1_key,
                                        size_t l1_key_len,
@@ -1343,34 +1329,32 @@ enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
 // Unbounded memory caps, the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);
 
-// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
-// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
-// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`.
-// `persistence` is the persistent tiers the cache keeps each device's pipeline-cache data in,
-// see `kc_persistence` (NULL: the process's default; `kc_persistence_none()`: memory only);
-// the cache holds its own reference.
-// `opts` must point to a `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or
-// behaves as `vkGetInstanceProcAddr` for as long as the cache and its leases live;
-// `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be writable.
+// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a `get_instance_proc_addr`
+// that does not resolve `vkCreateInstance` (queried with a NULL instance, as every loader answers
+// it): `KC_ERR_UNAVAILABLE`. `persistence` is the persistent tiers the cache keeps each device's
+// pipeline-cache data in, see `kc_persistence` (NULL: the process's default;
+// `kc_persistence_none()`: memory only); the cache holds its own reference. `opts` must point to a
+// `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr`
+// for as long as the cache and its leases live; `persistence` NULL, `kc_persistence_none()` or
+// live.
 enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
                                    struct kc_persistence *persistence,
                                    struct kc_vulkan_cache **out_cache);
 
-// Frees the cache. Every device still registered has its pipeline-cache data written back
-// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
-// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
-// the others at their last release. No other call on `cache` may run during or after this
-// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
-// afterwards, which then just frees them. NULL is a no-op.
+// Frees the cache. Every device still registered has its pipeline-cache data written back (when
+// pipelines were created since the last write) and its `VkPipelineCache` destroyed, so free the
+// cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
+// their last release. No other call on `cache` may run during or after this one;
+// `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
+// afterwards, which then just frees them.
 void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 
 // Registers the caller's device with the cache: kcache reads its properties, creates its
-// `VkPipelineCache` (seeded from disk data whose header names this device), and records
-// pipelines under it. The caller keeps owning all three handles.
-// `cache` must be live; the handles must be live and related (the physical device from the
-// instance, the device from the physical device), created through the cache's loader, and
-// outlive the registration and every lease of the device's pipelines; `out_device` must be
-// writable.
+// `VkPipelineCache` (seeded from disk data whose header names this device), and records pipelines
+// under it. The caller keeps owning all three handles. `cache` must be live; the handles must be
+// live and related (the physical device from the instance, the device from the physical device),
+// created through the cache's loader, and outlive the registration and every lease of the device's
+// pipelines;
 enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
                                                void *instance,
                                                void *physical_device,
@@ -1405,30 +1389,26 @@ enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      const struct kc_vulkan_device *device,
                                      bool *out_written);
 
-// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-// GLCompute entry point of that name, unique specialization ids, map entries inside their
-// data, a compute-usable layout that covers every descriptor binding the entry point uses,
-// with a compatible descriptor type and enough descriptors, and every push-constant byte it
-// reads, or a layout derived from the shader when none is given; allowed flags; a power-of-two
-// subgroup size) and digests it. A
-// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
-// reaches the driver. Everything is copied: the description's memory may be reused
-// afterwards.
-// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
-// and sizes it gives; `out_spec` must be writable.
+// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
+// entry point of that name, unique specialization ids, map entries inside their data, a
+// compute-usable layout that covers every descriptor binding the entry point uses, with a
+// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
+// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
+// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
+// and never reaches the driver. Everything is copied: the description's memory may be reused
+// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
+// counts and sizes it gives;
 enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
                                   struct kc_vulkan_spec **out_spec);
 
-// Frees a description. NULL is a no-op.
+// Frees a description.
 void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
 
-// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
-// callers of one description share one `vkCreateComputePipelines`). The pipeline belongs to
-// the cache: do not destroy it; release the lease. A driver failure is
-// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
-// unregistered is `KC_ERR_DEVICE_DESTROYED`.
-// `cache`, `device` and `spec` must be live, the device registered with this cache;
-// `out_lease` must be writable.
+// The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
+// one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
+// destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
+// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`. `cache`,
+// `device` and `spec` must be live, the device registered with this cache.
 enum kc_status kc_vulkan_cache_find_or_build(struct kc_vulkan_cache *cache,
                                              const struct kc_vulkan_device *device,
                                              const struct kc_vulkan_spec *spec,
@@ -1447,9 +1427,9 @@ uint64_t kc_vulkan_lease_set_layout(const struct kc_vulkan_lease *lease, uint32_
 // The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
 uint64_t kc_vulkan_lease_shader_module(const struct kc_vulkan_lease *lease);
 
-// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
-// pipeline must no longer be executing if this may be its last release.
+// Releases a lease; the last release of an evicted pipeline destroys it. `lease` must be NULL or a
+// lease not yet released; it must not be used afterwards, and the pipeline must no longer be
+// executing if this may be its last release.
 void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 
 // Fills `*out`, whose `struct_size` the caller set.

@@ -454,8 +454,6 @@ pub unsafe fn operator_key_arg(
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::ffi::OsStringExt;
-
     use super::*;
 
     #[test]

@@ -67,8 +67,8 @@ impl kc_buffer {
     };
 }
 
-/// Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and zeroes
-/// it. NULL, or a zeroed buffer, is a no-op.
+/// Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and
+/// zeroes it. NULL, or a zeroed buffer, is a no-op.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_buffer_free(buffer: *mut kc_buffer) {
     guard_value((), || {

@@ -67,13 +67,13 @@ pub type kc_build_fn = Option<
     ) -> c_int,
 >;
 
-/// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
-/// after an eviction or clear during its build, or the cache freed) once no lease holds it.
-/// Called exactly once per built value, on whichever thread let go of it last, never under a
-/// kcache lock: it may call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code is reported
-/// as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
-/// has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
-/// Same rules as `kc_build_fn` for longjmp and exceptions.
+/// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded after an
+/// eviction or clear during its build, or the cache freed) once no lease holds it. Called exactly
+/// once per built value, on whichever thread let go of it last, never under a kcache lock: it may
+/// call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code
+/// is reported as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when
+/// that call has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded
+/// builds). Same rules as `kc_build_fn` for longjmp and exceptions.
 pub type kc_destroy_fn =
     Option<unsafe extern "C" fn(ctx: *mut c_void, value: *mut c_void) -> c_int>;
 
@@ -122,10 +122,10 @@ pub struct kc_cache_options {
 
 /// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
 /// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
-/// `kc_cache_stats` belongs to the function). Set `struct_size` to
-/// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
-/// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
-/// concurrent use fields may be a few operations apart.
+/// `kc_cache_stats` belongs to the function). Set `struct_size` to `sizeof(kc_cache_statistics)`
+/// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to the
+/// bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
+/// fields may be a few operations apart.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_cache_stats {
@@ -227,9 +227,8 @@ pub(super) unsafe fn make_value(
     }
 }
 
-/// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
-/// `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
-/// writable. The callbacks and contexts in `opts` must stay valid until the last value is
+/// Creates a cache. Free it with `kc_cache_free`. `opts` must point to at least `opts->struct_size`
+/// readable bytes. The callbacks and contexts in `opts` must stay valid until the last value is
 /// destroyed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_new(
@@ -281,9 +280,9 @@ pub unsafe extern "C" fn kc_cache_new(
     })
 }
 
-/// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
-/// their last lease is released (the leases stay valid). No other call on `cache` may run
-/// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
+/// Frees a cache: destroys every value no lease holds now; leased values are destroyed when their
+/// last lease is released (the leases stay valid). No other call on `cache` may run during or after
+/// this one, including from the destroy callbacks it runs.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cache_new`, or NULL.
@@ -292,13 +291,11 @@ pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
 
 /// Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
 /// Concurrent callers of one key share one build and its outcome: the same value, or the same
-/// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0
-/// that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
-/// installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
-/// 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
-/// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-/// when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
-/// `build_ctx` as described for `kc_build_fn`.
+/// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
+/// `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
+/// entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
+/// NULL) is a valid key. `key` must point to `key_len` readable bytes (or anything when `key_len`
+/// is 0); `build` must be callable with `build_ctx` as described for `kc_build_fn`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_find_or_build(
     cache: *mut kc_cache,
@@ -331,9 +328,8 @@ pub unsafe extern "C" fn kc_cache_find_or_build(
 }
 
 /// Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
-/// including while the key is still being built (this call never builds or waits).
-/// `*out_lease` is written on success only.
-/// As for `kc_cache_find_or_build`.
+/// including while the key is still being built (this call never builds or waits). As for
+/// `kc_cache_find_or_build`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_get(
     cache: *mut kc_cache,
@@ -422,7 +418,8 @@ pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     })
 }
 
-/// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
+/// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is
+/// written on success only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_stats(
     cache: *const kc_cache,

@@ -11,7 +11,10 @@
 //!
 //! kc_cuda_options opts = kc_cuda_options_default();
 //! kc_cuda_cache *cache;                           // NULL: the environment's persistent tiers
-//! if (kc_cuda_cache_new(&opts, NULL, &cache) != KC_OK) { puts(kc_last_error_message()); return 1; }
+//! if (kc_cuda_cache_new(&opts, NULL, &cache) != KC_OK) {
+//!     puts(kc_last_error_message());
+//!     return 1;
+//! }
 //!
 //! kc_cuda_jit_option jit[] = { { 0 /* CU_JIT_MAX_REGISTERS */, 32 } };
 //! kc_cuda_lease *lease;
@@ -185,11 +188,10 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
     unsafe { new_cache(opts, persistence, out_cache, make) }
 }
 
-/// Frees the cache: modules no lease holds are unloaded now (each with its context current),
-/// the others when their last lease is released. No other call on `cache` may run during or
-/// after this one. NULL is a no-op.
-/// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
-/// of its modules must still be live.
+/// Frees the cache: modules no lease holds are unloaded now (each with its context current), the
+/// others when their last lease is released. No other call on `cache` may run during or after this
+/// one. `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts of
+/// its modules must still be live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cuda_cache_new`, or NULL.
@@ -202,12 +204,11 @@ pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
 /// lease instead.
 ///
 /// `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
-/// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
-/// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
-/// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
-/// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-/// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
-/// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
+/// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX or
+/// link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and the JIT
+/// error log in `kc_last_error_message()`. `context` must be NULL or a live context of the cache's
+/// driver, kept alive until evicted with `kc_cuda_cache_evict_context`; `ptx` must be readable (for
+/// `ptx_len` bytes, or up to its NUL); `options` must hold `option_count` entries.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
     cache: *mut kc_cuda_cache,
@@ -283,14 +284,14 @@ unsafe fn jit_options(
         .collect()
 }
 
-/// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
-/// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
-/// options are given, else to PTX for the highest architecture NVRTC supports up to the
-/// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
-/// `extern "C"`. JIT options with NVRTC options naming a real architecture (`sm_XY`, whose
-/// cubin is loaded without a link, so JIT options would not apply) are
-/// `KC_ERR_INVALID_ARGUMENT`. PTX needed from an NVRTC newer than the driver is
-/// `KC_ERR_BUILD_FAILED` with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
+/// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name an
+/// architecture, to a cubin for the context's device when NVRTC supports it and no JIT options are
+/// given, else to PTX for the highest architecture NVRTC supports up to the device's, linked as by
+/// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them `extern "C"`.
+/// JIT options with NVRTC options naming a real architecture (`sm_XY`, whose cubin is loaded
+/// without a link, so JIT options would not apply) are `KC_ERR_INVALID_ARGUMENT`. PTX needed from
+/// an NVRTC newer than the driver is `KC_ERR_BUILD_FAILED` with
+/// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 /// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
@@ -375,21 +376,19 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
     })
 }
 
-/// Releases a lease; the last release of an evicted module unloads it (with its context
-/// current). NULL is a no-op.
+/// Releases a lease; the last release of an evicted module unloads it (with its context current).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
     guard_value((), || unsafe { release_lease(lease) })
 }
 
-/// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
-/// now (with `context` current), or when its last lease is released. `*out_count` (if not
-/// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
-/// modules looked up with a NULL context are recorded under the context that was current,
-/// so name that one (`cuCtxGetCurrent`).
-/// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
-/// live when it has modules.
+/// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded now
+/// (with `context` current), or when its last lease is released. `*out_count` (if not NULL)
+/// receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`: modules looked
+/// up with a NULL context are recorded under the context that was current, so name that one
+/// (`cuCtxGetCurrent`). `out_count` must be NULL or writable; `context` must still be live when it
+/// has modules.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     cache: *mut kc_cuda_cache,

@@ -63,7 +63,7 @@ pub(super) unsafe fn key_arg(key: *const u8) -> Result<Key> {
     }))
 }
 
-/// Creates an empty key builder. `*out_builder` is written on success only.
+/// Creates an empty key builder.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_new(out_builder: *mut *mut kc_key_builder) -> kc_status {
     guard(|| {
@@ -223,7 +223,7 @@ pub unsafe extern "C" fn kc_key_builder_finish(
     })
 }
 
-/// Frees a builder. NULL is a no-op.
+/// Frees a builder.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_free(builder: *mut kc_key_builder) {
     // SAFETY: the caller hands back the builder from `kc_key_builder_new`, or NULL.

@@ -58,8 +58,8 @@ pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease
     })
 }
 
-/// Releases a lease; its value is destroyed here if it has left the cache and this was its
-/// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
+/// Releases a lease; its value is destroyed here if it has left the cache and this was its last
+/// lease. Releasing a lease twice is undefined behaviour.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.

@@ -126,11 +126,10 @@ pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
     }
 }
 
-/// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
-/// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`.
-/// `persistence` is the persistent tiers the cache keeps its program binaries in, see `kc_persistence`
-/// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
-/// reference.
+/// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the file
+/// named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. `persistence` is the
+/// persistent tiers the cache keeps its program binaries in, see `kc_persistence` (NULL: the
+/// process's default; `kc_persistence_none()`: memory only); the cache holds its own reference.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
@@ -146,9 +145,8 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
     }
 }
 
-/// Frees the cache: programs no lease holds are released now, the others when their last
-/// lease is released. No other call on `cache` may run during or after this one. NULL is a
-/// no-op.
+/// Frees the cache: programs no lease holds are released now, the others when their last lease is
+/// released. No other call on `cache` may run during or after this one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`, or NULL.
@@ -159,15 +157,14 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 /// from a binary on disk, else compiled (concurrent callers share one compile). The program
 /// belongs to the cache: do not release it; release the lease instead.
 ///
-/// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
-/// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
-/// `options` is NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C
-/// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
-/// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
-/// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-/// `context` and `device` must be live OpenCL handles, the device one of the context's;
-/// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
-/// `options` must be NULL or a C string; `out_lease` must be writable.
+/// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource` does;
+/// `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated. `options` is
+/// NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C source is; anything
+/// else is `KC_ERR_INVALID_ARGUMENT`). A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL
+/// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `context`
+/// and `device` must be live OpenCL handles, the device one of the context's; `sources` must hold
+/// `count` readable strings (of `lengths[i]` bytes, or NUL-terminated); `options` must be NULL or a
+/// C string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     cache: *mut kc_opencl_cache,
@@ -360,20 +357,18 @@ pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) 
     unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().raw()) }
 }
 
-/// Releases a lease; the last release of an evicted program releases the program. NULL is a
-/// no-op.
+/// Releases a lease; the last release of an evicted program releases the program.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
     guard_value((), || unsafe { release_lease(lease) })
 }
 
-/// Unlinks every program built for `device`, in every context; each is released now, or when
-/// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
-/// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
-/// evict nothing).
-/// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
-/// compared, never called: it may already be released.
+/// Unlinks every program built for `device`, in every context; each is released now, or when its
+/// last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL `device` is
+/// `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would evict nothing).
+/// `out_count` must be NULL or writable. `device` is only compared, never called: it may already be
+/// released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     cache: *mut kc_opencl_cache,

@@ -430,8 +430,8 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
     })
 }
 
-/// Waits until every background write of this object submitted so far has finished (written
-/// or failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
+/// Waits until every background write of this object submitted so far has finished (written or
+/// failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
 /// too.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence) -> kc_status {

@@ -16,13 +16,13 @@ use super::status::{byte_slice, guard, kc_status, non_null};
 use crate::disk::Descriptor;
 use crate::{Error, Result};
 
-/// Writes the entry for `key` (atomically: readers see the old entry or the new one).
-/// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-/// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
-/// smaller of the size cap and 1 GiB: decided from `len` alone, before `data` is read. Right
-/// after `kc_persistence_open` the write waits for the directory scan (see `kc_persistence_wait_scan`), so
-/// that it can make room within the cap first.
-/// The entry says it holds a value of backend `custom` (`kc_persistence_put_described` says more).
+/// Writes the entry for `key` (atomically: readers see the old entry or the new one). `KC_ERR_IO`
+/// when the write fails (disk full, …): nothing partial is left behind. `KC_ERR_INVALID_ARGUMENT`
+/// when the entry (payload, header and tag) is larger than the smaller of the size cap and 1 GiB:
+/// decided from `len` alone, before `data` is read. Right after `kc_persistence_open` the write
+/// waits for the directory scan (see `kc_persistence_wait_scan`), so that it can make room within
+/// the cap first. The entry says it holds a value of backend `custom`
+/// (`kc_persistence_put_described` says more).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_put(
     persistence: *mut kc_persistence,

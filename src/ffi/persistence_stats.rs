@@ -21,10 +21,10 @@ const _: () =
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
 const OUT_MIN_SIZE: usize = size_of::<usize>();
 
-/// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats` (the name
-/// `kc_persistence_stats` belongs to the function). Set `struct_size` to `sizeof(kc_persistence_statistics)`
-/// before calling `kc_persistence_stats`; it fills the fields that fit and sets `struct_size` to the
-/// bytes written.
+/// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`
+/// (the name `kc_persistence_stats` belongs to the function). Set `struct_size` to
+/// `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
+/// that fit and sets `struct_size` to the bytes written.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_persistence_statistics {

@@ -112,21 +112,20 @@ unsafe fn serialize_value(
     Ok(buf)
 }
 
-/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
-/// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
-/// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `persistence` is
-/// as for a cache (see `kc_persistence`: NULL the process's default, `kc_persistence_none()`
-/// memory only). The disk read runs inside the memory tier's single flight: concurrent
-/// callers of one key read or build once. A disk miss waits for another process building the
-/// same `l2_key` in the same directory (up to the disk's lock timeout) and loads what it
-/// wrote; if that build fails, this one builds too. A disk entry that `load` refuses is
-/// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
-/// the lookup returns; the write itself happens on the disk's background writer (see
-/// `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
+/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
+/// for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`
+/// and writes `callbacks->serialize`'s bytes back to disk. `persistence` is as for a cache (see
+/// `kc_persistence`: NULL the process's default, `kc_persistence_none()` memory only). The disk
+/// read runs inside the memory tier's single flight: concurrent callers of one key read or build
+/// once. A disk miss waits for another process building the same `l2_key` in the same directory (up
+/// to the disk's lock timeout) and loads what it wrote; if that build fails, this one builds too. A
+/// disk entry that `load` refuses is removed (and counted in `load_failures`). `serialize` runs on
+/// the calling thread before the lookup returns; the write itself happens on the disk's background
+/// writer (see `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
 /// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
-/// (`kc_tiered_find_or_build_described` says more).
-/// `cache` live; `persistence` NULL, `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable
-/// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+/// (`kc_tiered_find_or_build_described` says more). `cache` live; `persistence` NULL,
+/// `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable for its
+/// `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_tiered_find_or_build(
     cache: *mut kc_cache,

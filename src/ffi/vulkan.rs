@@ -240,15 +240,14 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
     }
 }
 
-/// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
-/// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
-/// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`.
-/// `persistence` is the persistent tiers the cache keeps each device's pipeline-cache data in,
-/// see `kc_persistence` (NULL: the process's default; `kc_persistence_none()`: memory only);
-/// the cache holds its own reference.
-/// `opts` must point to a `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or
-/// behaves as `vkGetInstanceProcAddr` for as long as the cache and its leases live;
-/// `persistence` NULL, `kc_persistence_none()` or live; `out_cache` must be writable.
+/// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a `get_instance_proc_addr`
+/// that does not resolve `vkCreateInstance` (queried with a NULL instance, as every loader answers
+/// it): `KC_ERR_UNAVAILABLE`. `persistence` is the persistent tiers the cache keeps each device's
+/// pipeline-cache data in, see `kc_persistence` (NULL: the process's default;
+/// `kc_persistence_none()`: memory only); the cache holds its own reference. `opts` must point to a
+/// `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr`
+/// for as long as the cache and its leases live; `persistence` NULL, `kc_persistence_none()` or
+/// live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
@@ -278,12 +277,12 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
     unsafe { new_cache(opts, persistence, out_cache, make) }
 }
 
-/// Frees the cache. Every device still registered has its pipeline-cache data written back
-/// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
-/// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
-/// the others at their last release. No other call on `cache` may run during or after this
-/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
-/// afterwards, which then just frees them. NULL is a no-op.
+/// Frees the cache. Every device still registered has its pipeline-cache data written back (when
+/// pipelines were created since the last write) and its `VkPipelineCache` destroyed, so free the
+/// cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
+/// their last release. No other call on `cache` may run during or after this one;
+/// `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
+/// afterwards, which then just frees them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`, or NULL.
@@ -291,12 +290,11 @@ pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
 }
 
 /// Registers the caller's device with the cache: kcache reads its properties, creates its
-/// `VkPipelineCache` (seeded from disk data whose header names this device), and records
-/// pipelines under it. The caller keeps owning all three handles.
-/// `cache` must be live; the handles must be live and related (the physical device from the
-/// instance, the device from the physical device), created through the cache's loader, and
-/// outlive the registration and every lease of the device's pipelines; `out_device` must be
-/// writable.
+/// `VkPipelineCache` (seeded from disk data whose header names this device), and records pipelines
+/// under it. The caller keeps owning all three handles. `cache` must be live; the handles must be
+/// live and related (the physical device from the instance, the device from the physical device),
+/// created through the cache's loader, and outlive the registration and every lease of the device's
+/// pipelines;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     cache: *mut kc_vulkan_cache,
@@ -466,17 +464,15 @@ unsafe fn specialization_of(
     SpecConstant::from_map_entries(&entries, data)
 }
 
-/// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-/// GLCompute entry point of that name, unique specialization ids, map entries inside their
-/// data, a compute-usable layout that covers every descriptor binding the entry point uses,
-/// with a compatible descriptor type and enough descriptors, and every push-constant byte it
-/// reads, or a layout derived from the shader when none is given; allowed flags; a power-of-two
-/// subgroup size) and digests it. A
-/// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
-/// reaches the driver. Everything is copied: the description's memory may be reused
-/// afterwards.
-/// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
-/// and sizes it gives; `out_spec` must be writable.
+/// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
+/// entry point of that name, unique specialization ids, map entries inside their data, a
+/// compute-usable layout that covers every descriptor binding the entry point uses, with a
+/// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
+/// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
+/// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
+/// and never reaches the driver. Everything is copied: the description's memory may be reused
+/// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
+/// counts and sizes it gives;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_spec_new(
     desc: *const kc_vulkan_pipeline_desc,
@@ -533,20 +529,18 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
     })
 }
 
-/// Frees a description. NULL is a no-op.
+/// Frees a description.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
     // SAFETY: the caller hands over the description it got from `kc_vulkan_spec_new`, or NULL.
     guard_value((), || unsafe { free_boxed(spec) })
 }
 
-/// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
-/// callers of one description share one `vkCreateComputePipelines`). The pipeline belongs to
-/// the cache: do not destroy it; release the lease. A driver failure is
-/// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
-/// unregistered is `KC_ERR_DEVICE_DESTROYED`.
-/// `cache`, `device` and `spec` must be live, the device registered with this cache;
-/// `out_lease` must be writable.
+/// The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
+/// one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
+/// destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
+/// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`. `cache`,
+/// `device` and `spec` must be live, the device registered with this cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     cache: *mut kc_vulkan_cache,
@@ -604,9 +598,9 @@ pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_l
     unsafe { read_lease(lease, 0, |e| e.value().shader_module().as_raw()) }
 }
 
-/// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
-/// pipeline must no longer be executing if this may be its last release.
+/// Releases a lease; the last release of an evicted pipeline destroys it. `lease` must be NULL or a
+/// lease not yet released; it must not be used afterwards, and the pipeline must no longer be
+/// executing if this may be its last release.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.

@@ -1,4 +1,4 @@
-/* The disk tier (kc_disk_*) and the tiered lookup (kc_tiered_find_or_build). Disk calls do
+/* The disk tier (kc_persistence_*) and the tiered lookup (kc_tiered_find_or_build). Disk calls do
  * I/O and a tiered lookup runs callbacks: all of them run with the runtime lock released, on
  * copies of the keys and data. */
 #include "ml_kcache.h"
