@@ -7,6 +7,8 @@
  * - A NULL pointer argument that must not be NULL gives KC_ERR_INVALID_ARGUMENT, never a
  *   crash. *_free and *_release accept NULL.
  * - Out-parameters are written only on success.
+ * - A struct that starts with size_t struct_size: set it to sizeof the struct as compiled (the
+ *   *_default() functions do); in an output struct it is set to the bytes written.
  * - What every pointer must be, unless a function's comment says more: a handle live (from its
  *   _new or _open, not yet freed or released); an out-parameter writable; a (pointer, length)
  *   pair readable (or writable) for that length; a string NUL-terminated; a struct with a
@@ -223,7 +225,6 @@ typedef void (*kc_destroy_error_fn)(void *ctx, int code);
 // refuses (`KC_ERR_INVALID_ARGUMENT`) a `struct_size` that ends before `destroy_ctx`, and a
 // larger struct than it knows unless the bytes it does not know are all zero.
 typedef struct kc_cache_options {
-  // `sizeof(kc_cache_options)` as the caller compiled it.
   size_t struct_size;
   // Evict entries beyond this many; 0 = unlimited.
   uint64_t max_entries;
@@ -266,7 +267,6 @@ typedef int (*kc_build_fn)(void *ctx,
 // bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
 // fields may be a few operations apart.
 typedef struct kc_cache_statistics {
-  // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
   // Lookups answered from a ready entry.
   uint64_t hits;
@@ -300,7 +300,6 @@ typedef struct kc_cache_statistics {
 
 // How a CUDA cache behaves. Start from `kc_cuda_options_default()`.
 typedef struct kc_cuda_options {
-  // `sizeof(kc_cuda_options)` as the caller compiled it.
   size_t struct_size;
   // Modules kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
@@ -329,8 +328,6 @@ typedef struct kc_cuda_jit_option {
 
 // Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
 typedef struct kc_cuda_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
-  // an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -363,7 +360,6 @@ typedef void (*kc_log_fn)(void *ctx, int level, const char *message);
 
 // How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
 typedef struct kc_opencl_options {
-  // `sizeof(kc_opencl_options)` as the caller compiled it.
   size_t struct_size;
   // Programs kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
@@ -375,8 +371,6 @@ typedef struct kc_opencl_options {
 
 // Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
 typedef struct kc_opencl_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
-  // size of an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;
@@ -401,7 +395,6 @@ typedef struct kc_opencl_cache_statistics {
 // disk tier then needs `dir`, and is keyed only by `key`. The struct follows the
 // `struct_size` rule of every growing struct (see `docs/c-api-conventions.md`).
 typedef struct kc_persistence_options {
-  // `sizeof(kc_persistence_options)` as the caller compiled it.
   size_t struct_size;
   // Cache directory (NUL-terminated), an absolute path: a relative or empty one is
   // `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
@@ -475,7 +468,6 @@ typedef struct kc_persistence_options {
 // `kcache ls` shows it and `kcache evict` selects by it. Each string is NULL or UTF-8, and is
 // cut to its `KC_DESCRIPTOR_*_MAX` bytes on a character boundary.
 typedef struct kc_entry_descriptor {
-  // `sizeof(kc_entry_descriptor)` as the caller compiled it.
   size_t struct_size;
   // The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
   const char *backend;
@@ -488,7 +480,6 @@ typedef struct kc_entry_descriptor {
 // What one `kc_persistence_gc` removed, by reason. Same `struct_size` rule as
 // `kc_persistence_statistics`.
 typedef struct kc_persistence_gc_report {
-  // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
   // Temporary files of crashed writers.
   uint64_t temp_files;
@@ -519,7 +510,6 @@ typedef struct kc_persistence_gc_report {
 // `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
 // that fit and sets `struct_size` to the bytes written.
 typedef struct kc_persistence_statistics {
-  // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
   // Reads that returned a verified entry.
   uint64_t hits;
@@ -613,7 +603,6 @@ typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len
 
 // The callbacks of a tiered lookup; all receive `ctx`.
 typedef struct kc_tiered_callbacks {
-  // `sizeof(kc_tiered_callbacks)` as the caller compiled it.
   size_t struct_size;
   // Builds from scratch (required).
   kc_build_fn build;
@@ -633,7 +622,6 @@ typedef kc_vulkan_void_fn (*kc_vulkan_get_instance_proc_addr_fn)(void *instance,
 
 // How a Vulkan cache behaves. Start from `kc_vulkan_options_default()`.
 typedef struct kc_vulkan_options {
-  // `sizeof(kc_vulkan_options)` as the caller compiled it.
   size_t struct_size;
   // Pipelines kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
@@ -686,7 +674,6 @@ typedef struct kc_vulkan_specialization_info {
 // description), so a lookup never depends on handle values. A layout the caller creates
 // from the same description is compatible with it for binding descriptor sets.
 typedef struct kc_vulkan_pipeline_desc {
-  // `sizeof(kc_vulkan_pipeline_desc)` as the caller compiled it.
   size_t struct_size;
   // SPIR-V, as for `VkShaderModuleCreateInfo`: `code_size` is in bytes, a multiple of 4.
   const uint32_t *code;
@@ -721,8 +708,6 @@ typedef struct kc_vulkan_pipeline_desc {
 
 // Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
 typedef struct kc_vulkan_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
-  // size of an older header's struct without `disk`. Out: bytes written.
   size_t struct_size;
   // The memory tier's counters; its `struct_size` is set too.
   struct kc_cache_statistics memory;

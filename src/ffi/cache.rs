@@ -100,7 +100,6 @@ impl Handle for kc_cache {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_cache_options {
-    /// `sizeof(kc_cache_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Evict entries beyond this many; 0 = unlimited.
     pub max_entries: u64,
@@ -129,7 +128,6 @@ pub struct kc_cache_options {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_cache_stats {
-    /// In: size of the caller's struct. Out: bytes written.
     pub struct_size: usize,
     /// Lookups answered from a ready entry.
     pub hits: u64,

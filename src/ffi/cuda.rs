@@ -67,7 +67,6 @@ lease_handle!(kc_cuda_lease, Module);
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_cuda_options {
-    /// `sizeof(kc_cuda_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Modules kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
@@ -108,8 +107,6 @@ pub struct kc_cuda_jit_option {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
-    /// an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,

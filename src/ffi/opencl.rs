@@ -71,7 +71,6 @@ lease_handle!(kc_opencl_lease, Program);
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_opencl_options {
-    /// `sizeof(kc_opencl_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Programs kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
@@ -93,8 +92,6 @@ backend_handles!(
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_opencl_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
-    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,

@@ -58,7 +58,6 @@ impl Handle for kc_persistence {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_persistence_options {
-    /// `sizeof(kc_persistence_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Cache directory (NUL-terminated), an absolute path: a relative or empty one is
     /// `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,

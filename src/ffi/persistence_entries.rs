@@ -41,7 +41,6 @@ pub unsafe extern "C" fn kc_persistence_put(
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_entry_descriptor {
-    /// `sizeof(kc_entry_descriptor)` as the caller compiled it.
     pub struct_size: usize,
     /// The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
     pub backend: *const c_char,

@@ -28,7 +28,6 @@ const OUT_MIN_SIZE: usize = size_of::<usize>();
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_persistence_statistics {
-    /// In: size of the caller's struct. Out: bytes written.
     pub struct_size: usize,
     /// Reads that returned a verified entry.
     pub hits: u64,
@@ -151,7 +150,6 @@ impl From<DiskStats> for kc_persistence_statistics {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_persistence_gc_report {
-    /// In: size of the caller's struct. Out: bytes written.
     pub struct_size: usize,
     /// Temporary files of crashed writers.
     pub temp_files: u64,

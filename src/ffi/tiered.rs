@@ -55,7 +55,6 @@ pub type kc_serialize_fn = Option<
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_tiered_callbacks {
-    /// `sizeof(kc_tiered_callbacks)` as the caller compiled it.
     pub struct_size: usize,
     /// Builds from scratch (required).
     pub build: kc_build_fn,

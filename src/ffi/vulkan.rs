@@ -65,7 +65,6 @@ pub type kc_vulkan_get_instance_proc_addr_fn =
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_vulkan_options {
-    /// `sizeof(kc_vulkan_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Pipelines kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
@@ -136,7 +135,6 @@ pub struct kc_vulkan_specialization_info {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_vulkan_pipeline_desc {
-    /// `sizeof(kc_vulkan_pipeline_desc)` as the caller compiled it.
     pub struct_size: usize,
     /// SPIR-V, as for `VkShaderModuleCreateInfo`: `code_size` is in bytes, a multiple of 4.
     pub code: *const u32,
@@ -196,8 +194,6 @@ unsafe impl GrownInput for kc_vulkan_pipeline_desc {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_vulkan_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
-    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
