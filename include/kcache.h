@@ -632,6 +632,33 @@ typedef struct kc_vulkan_options {
   kc_vulkan_get_instance_proc_addr_fn get_instance_proc_addr;
 } kc_vulkan_options;
 
+// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
+typedef struct kc_vulkan_cache_statistics {
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // Successful `vkCreateComputePipelines` calls.
+  uint64_t pipelines_created;
+  // `vkDestroyPipeline` calls (each with its shader module).
+  uint64_t pipelines_destroyed;
+  // Pipeline layouts created (one per device and layout description).
+  uint64_t layouts_created;
+  // Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
+  // to the driver.
+  uint64_t cache_data_loaded;
+  // Device registrations that found no pipeline-cache data on disk.
+  uint64_t cache_data_missing;
+  // Blobs refused before the driver (header of another device, driver or format) or by it.
+  uint64_t cache_data_rejected;
+  // Pipeline-cache blobs written to disk.
+  uint64_t cache_data_written;
+  // Blobs another process (or node, through the remote tier) stored meanwhile, merged in
+  // before a write.
+  uint64_t cache_data_merged;
+  // Disk reads or writes that failed (a failed write is also returned by the flushing call).
+  uint64_t disk_errors;
+} kc_vulkan_cache_statistics;
+
 // A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
 typedef struct kc_vulkan_spec_constant {
   uint32_t id;
@@ -705,33 +732,6 @@ typedef struct kc_vulkan_pipeline_desc {
   // device; a size the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
   uint32_t required_subgroup_size;
 } kc_vulkan_pipeline_desc;
-
-// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
-typedef struct kc_vulkan_cache_statistics {
-  size_t struct_size;
-  // The memory tier's counters; its `struct_size` is set too.
-  struct kc_cache_statistics memory;
-  // Successful `vkCreateComputePipelines` calls.
-  uint64_t pipelines_created;
-  // `vkDestroyPipeline` calls (each with its shader module).
-  uint64_t pipelines_destroyed;
-  // Pipeline layouts created (one per device and layout description).
-  uint64_t layouts_created;
-  // Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
-  // to the driver.
-  uint64_t cache_data_loaded;
-  // Device registrations that found no pipeline-cache data on disk.
-  uint64_t cache_data_missing;
-  // Blobs refused before the driver (header of another device, driver or format) or by it.
-  uint64_t cache_data_rejected;
-  // Pipeline-cache blobs written to disk.
-  uint64_t cache_data_written;
-  // Blobs another process (or node, through the remote tier) stored meanwhile, merged in
-  // before a write.
-  uint64_t cache_data_merged;
-  // Disk reads or writes that failed (a failed write is also returned by the flushing call).
-  uint64_t disk_errors;
-} kc_vulkan_cache_statistics;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1374,21 +1374,6 @@ enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      const struct kc_vulkan_device *device,
                                      bool *out_written);
 
-// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
-// entry point of that name, unique specialization ids, map entries inside their data, a
-// compute-usable layout that covers every descriptor binding the entry point uses, with a
-// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
-// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
-// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
-// and never reaches the driver. Everything is copied: the description's memory may be reused
-// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
-// counts and sizes it gives;
-enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
-                                  struct kc_vulkan_spec **out_spec);
-
-// Frees a description.
-void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
-
 // The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
 // one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
 // destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
@@ -1428,6 +1413,21 @@ enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
 // with the reason in `kc_last_error_message()`.
 enum kc_status kc_vulkan_available(void);
+
+// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
+// entry point of that name, unique specialization ids, map entries inside their data, a
+// compute-usable layout that covers every descriptor binding the entry point uses, with a
+// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
+// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
+// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
+// and never reaches the driver. Everything is copied: the description's memory may be reused
+// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
+// counts and sizes it gives;
+enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
+                                  struct kc_vulkan_spec **out_spec);
+
+// Frees a description.
+void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -19,6 +19,7 @@ use kcache::ffi::opencl::*;
 use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
 use kcache::ffi::vulkan::*;
+use kcache::ffi::vulkan_spec::*;
 use kcache::ffi::{kc_last_error_message, kc_status};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;

@@ -3,9 +3,10 @@
 //! One C object per file: `cache.rs` (`kc_cache`), `lease.rs` (`kc_lease`), `key_builder.rs`
 //! (`kc_key_builder`), `persistence*.rs` (`kc_persistence`), `buffer.rs` (`kc_buffer`), `tiered.rs`
 //! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), `metrics.rs`
-//! (`kc_metrics_render`), one file per backend;
-//! `status.rs` holds the status codes and the other library-level functions, `args.rs` the
-//! argument conventions they all share, `backend_common.rs` what the backends' C APIs do alike.
+//! (`kc_metrics_render`), one file per backend (Vulkan's pipeline descriptions in
+//! `vulkan_spec.rs`); `status.rs` holds the status codes and the other library-level functions,
+//! `args.rs` the argument conventions they all share, `backend_common.rs` what the backends' C APIs
+//! do alike.
 //!
 //! Names (see `docs/c-api-conventions.md`): every exported function is `kc_<object>_<verb>`,
 //! `<object>` being an opaque type's name without `kc_`, or a library or backend function
@@ -51,6 +52,7 @@ pub(crate) mod process;
 mod status;
 pub mod tiered;
 pub mod vulkan;
+pub mod vulkan_spec;
 
 pub use cache::*;
 pub use lease::*;
