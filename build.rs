@@ -30,6 +30,11 @@ fn main() {
     let text = fs::read_to_string(&manifest).expect("read Cargo.toml");
     let abi = abi_version(&text).unwrap_or_else(|why| panic!("Cargo.toml: {why}"));
     let major = abi.split('.').next().expect("validated above");
+    // The header's KCACHE_VERSION_* macros and `kc_version()` are checked against these.
+    println!("cargo:rustc-env=KCACHE_ABI_VERSION={abi}");
+    for (part, value) in ["MAJOR", "MINOR", "PATCH"].iter().zip(abi.split('.')) {
+        println!("cargo:rustc-env=KCACHE_ABI_VERSION_{part}={value}");
+    }
 
     println!("cargo:rerun-if-env-changed=KCACHE_SONAME");
     let soname = format!("libkcache.so.{major}");

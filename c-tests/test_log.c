@@ -35,7 +35,7 @@ static int count_of(log_sink *sink) {
 }
 
 /* One lookup in a new memory tier, so that it goes to the disk. */
-static void lookup(kc_disk *disk, const char *entry) {
+static void lookup(kc_persistence *disk, const char *entry) {
   kc_cache *cache = new_cache();
   backend b;
   kc_lease *lease = NULL;
@@ -44,7 +44,7 @@ static void lookup(kc_disk *disk, const char *entry) {
   CHECK(strcmp((const char *)kc_lease_value(lease), "value") == 0);
   kc_lease_release(lease);
   kc_cache_free(cache);
-  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
 }
 
 /* The path of the one entry file in `dir`. */
@@ -81,8 +81,8 @@ int main(void) {
   char entry[4096];
   char captured[4096];
   const char *name;
-  kc_disk_options opts;
-  kc_disk *disk = NULL;
+  kc_persistence_options opts;
+  kc_persistence *disk = NULL;
   log_sink sink;
   FILE *err;
   int saved;
@@ -95,7 +95,7 @@ int main(void) {
   CHECK(mkdtemp(dir) != NULL);
   kc_set_log_callback(collect, &sink);
   opts = options_in(dir);
-  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK_STATUS(kc_persistence_open(&opts, &disk), KC_OK);
 
   /* Absent: built and written. */
   lookup(disk, "logged");
@@ -134,7 +134,7 @@ int main(void) {
   CHECK(strncmp(captured, "kcache: debug: disk miss: ", 26) == 0);
   CHECK(strstr(captured, ": absent\n") != NULL);
 
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
   remove_flat_dir(dir, NULL);
   pthread_mutex_destroy(&sink.lock);
   printf("test_log: ok\n");

@@ -1,6 +1,6 @@
 /* kc_metrics_render: the size protocol (query, too small, exact fit), its argument checks, and
  * the counters of caches used by this test (a kc_cache alone, and tiered lookups through a
- * kc_disk) in the text it writes. */
+ * kc_persistence) in the text it writes. */
 #include <stdlib.h>
 
 #include "disk/string_backend.h"
@@ -112,8 +112,8 @@ static void counters_of_a_cache(void) {
 static void tiered_lookups_through_a_disk(void) {
   char dir[] = "/tmp/kcache-metrics-XXXXXX";
   uint8_t key[KC_KEY_LEN];
-  kc_disk_options opts;
-  kc_disk *disk = NULL;
+  kc_persistence_options opts;
+  kc_persistence *disk = NULL;
   kc_cache *cold, *warm;
   kc_lease *lease = NULL;
   backend b;
@@ -121,13 +121,13 @@ static void tiered_lookups_through_a_disk(void) {
 
   CHECK(mkdtemp(dir) != NULL);
   opts = options_in(dir);
-  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  CHECK_STATUS(kc_persistence_open(&opts, &disk), KC_OK);
   memset(&b, 0, sizeof b);
   cold = new_cache();
   warm = new_cache();
   CHECK_STATUS(string_lookup(cold, disk, "value", "entry", &b, &lease), KC_OK);
   kc_lease_release(lease);
-  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
   CHECK_STATUS(string_lookup(warm, disk, "value", "entry", &b, &lease), KC_OK);
   kc_lease_release(lease);
   CHECK(b.builds == 1 && b.loads == 1);
@@ -149,9 +149,9 @@ static void tiered_lookups_through_a_disk(void) {
   kc_cache_free(cold);
   kc_cache_free(warm);
   make_key("entry", key);
-  CHECK_STATUS(kc_disk_remove(disk, key), KC_OK);
-  CHECK_STATUS(kc_disk_gc(disk, NULL, 0, 0, NULL), KC_OK);
-  kc_disk_free(disk);
+  CHECK_STATUS(kc_persistence_remove(disk, key), KC_OK);
+  CHECK_STATUS(kc_persistence_gc(disk, NULL, 0, 0, NULL), KC_OK);
+  kc_persistence_free(disk);
   text = render();
   CHECK_U64(sample(text, "kcache_disk_tiers"), 0);
   CHECK_U64(sample(text, "kcache_caches{backend=\"c\"}"), 0);

@@ -7,6 +7,13 @@
  * - A NULL pointer argument that must not be NULL gives KC_ERR_INVALID_ARGUMENT, never a
  *   crash. *_free and *_release accept NULL.
  * - Out-parameters are written only on success.
+ * - A struct that starts with size_t struct_size: set it to sizeof the struct as compiled (the
+ *   *_default() functions do); in an output struct it is set to the bytes written.
+ * - What every pointer must be, unless a function's comment says more: a handle live (from its
+ *   _new or _open, not yet freed or released); an out-parameter writable; a (pointer, length)
+ *   pair readable (or writable) for that length; a string NUL-terminated; a struct with a
+ *   struct_size readable (or writable) for that size. The kc_persistence * of a cache or tiered
+ *   lookup may also be NULL (the process's default) or kc_persistence_none() (memory only).
  * - No Rust panic crosses into C: it is caught and reported as KC_ERR_PANIC (NULL or 0 for
  *   functions without a status).
  * - All calls are thread-safe unless their comment says otherwise. Callbacks may run on any
@@ -26,21 +33,6 @@
 
 // Use this as the `device_id` of values that belong to no device.
 #define KC_NO_DEVICE (int64_t)-1
-
-// Length of an operator key fingerprint in bytes.
-#define KC_FINGERPRINT_LEN 8
-
-// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
-#define KC_DISK_DEFAULT_TEMP_MAX_AGE_S 900
-
-// Longest backend name an entry keeps, in bytes.
-#define KC_DESCRIPTOR_BACKEND_MAX 32
-
-// Longest device name an entry keeps, in bytes.
-#define KC_DESCRIPTOR_DEVICE_MAX 256
-
-// Longest entry name an entry keeps, in bytes.
-#define KC_DESCRIPTOR_NAME_MAX 1024
 
 // Length of a cache key in bytes.
 #define KC_KEY_LEN 32
@@ -78,13 +70,28 @@
 // Why a lookup missed a tier, and the waits for other processes.
 #define KC_LOG_DEBUG 3
 
-// Major version of the library this header belongs to.
-#define KCACHE_VERSION_MAJOR 0
+// Length of an operator key fingerprint in bytes.
+#define KC_FINGERPRINT_LEN 8
 
-// Minor version of the library this header belongs to.
-#define KCACHE_VERSION_MINOR 1
+// Longest backend name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_BACKEND_MAX 32
 
-// Patch version of the library this header belongs to.
+// Longest device name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_DEVICE_MAX 256
+
+// Longest entry name an entry keeps, in bytes.
+#define KC_DESCRIPTOR_NAME_MAX 1024
+
+// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
+#define KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S 900
+
+// Major version of the C ABI this header describes: the SONAME's number (`libkcache.so.3`).
+#define KCACHE_VERSION_MAJOR 3
+
+// Minor version of the C ABI this header describes.
+#define KCACHE_VERSION_MINOR 0
+
+// Patch version of the C ABI this header describes.
 #define KCACHE_VERSION_PATCH 0
 
 // What a `kc_load_fn` returns when its failure says nothing about the entry (out of memory, a
@@ -141,10 +148,6 @@ typedef struct kc_cuda_cache kc_cuda_cache;
 // it is evicted meanwhile.
 typedef struct kc_cuda_lease kc_cuda_lease;
 
-// An open disk tier. Thread-safe: every function taking a `kc_disk *` may be called from
-// any number of threads at once, except `kc_disk_free`, which must be the last call.
-typedef struct kc_disk kc_disk;
-
 // Collects the inputs of a key. Not thread-safe: use one builder per thread.
 typedef struct kc_key_builder kc_key_builder;
 
@@ -159,6 +162,20 @@ typedef struct kc_opencl_cache kc_opencl_cache;
 // A lease on a cached program: the program stays valid (and retained by the cache) until
 // `kc_opencl_lease_release`, even if it is evicted meanwhile.
 typedef struct kc_opencl_lease kc_opencl_lease;
+
+// The persistent tiers: the disk tier and, when configured, the remote tier behind it. Open
+// one with `kc_persistence_open` and hand it to every cache of the process
+// (`kc_opencl_cache_new`, `kc_cuda_cache_new`, `kc_vulkan_cache_new`) and tiered lookup
+// (`kc_tiered_find_or_build`): they share its writer, lock files, remote connection and
+// counters. Reference counted: a cache holds its own reference, so the caller may
+// `kc_persistence_free` its own once the caches are made. Thread-safe: every function taking a
+// `kc_persistence *` may be called from any number of threads at once, except
+// `kc_persistence_free`, which must be the caller's last call on its reference.
+//
+// Where a function takes a `kc_persistence *` for a cache or lookup, NULL means the process's
+// default object (`kc_persistence_default`) and `kc_persistence_none()` means no persistent
+// tier at all: memory only.
+typedef struct kc_persistence kc_persistence;
 
 // A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
 // `kc_vulkan_cache_free`.
@@ -176,7 +193,7 @@ typedef struct kc_vulkan_lease kc_vulkan_lease;
 // (`kc_vulkan_spec_new`) and look it up as often as needed.
 typedef struct kc_vulkan_spec kc_vulkan_spec;
 
-// Bytes kcache hands over: a verified payload read from disk (`kc_disk_get`) or a build log
+// Bytes kcache hands over: a verified payload read from disk (`kc_persistence_get`) or a build log
 // (`kc_opencl_cache_find_or_build_program`). `data` stays valid until `kc_buffer_free`.
 typedef struct kc_buffer {
   // The payload bytes.
@@ -189,13 +206,13 @@ typedef struct kc_buffer {
   void *owner;
 } kc_buffer;
 
-// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
-// after an eviction or clear during its build, or the cache freed) once no lease holds it.
-// Called exactly once per built value, on whichever thread let go of it last, never under a
-// kcache lock: it may call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code is reported
-// as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
-// has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
-// Same rules as `kc_build_fn` for longjmp and exceptions.
+// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded after an
+// eviction or clear during its build, or the cache freed) once no lease holds it. Called exactly
+// once per built value, on whichever thread let go of it last, never under a kcache lock: it may
+// call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code
+// is reported as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when
+// that call has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded
+// builds). Same rules as `kc_build_fn` for longjmp and exceptions.
 typedef int (*kc_destroy_fn)(void *ctx, void *value);
 
 // Hears about destroy failures that no call can return: `code` is what `destroy` returned.
@@ -208,7 +225,6 @@ typedef void (*kc_destroy_error_fn)(void *ctx, int code);
 // refuses (`KC_ERR_INVALID_ARGUMENT`) a `struct_size` that ends before `destroy_ctx`, and a
 // larger struct than it knows unless the bytes it does not know are all zero.
 typedef struct kc_cache_options {
-  // `sizeof(kc_cache_options)` as the caller compiled it.
   size_t struct_size;
   // Evict entries beyond this many; 0 = unlimited.
   uint64_t max_entries;
@@ -246,12 +262,11 @@ typedef int (*kc_build_fn)(void *ctx,
 
 // Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
 // `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
-// `kc_cache_stats` belongs to the function). Set `struct_size` to
-// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
-// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
-// concurrent use fields may be a few operations apart.
+// `kc_cache_stats` belongs to the function). Set `struct_size` to `sizeof(kc_cache_statistics)`
+// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to the
+// bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
+// fields may be a few operations apart.
 typedef struct kc_cache_statistics {
-  // In: size of the caller's struct. Out: bytes written.
   size_t struct_size;
   // Lookups answered from a ready entry.
   uint64_t hits;
@@ -285,19 +300,11 @@ typedef struct kc_cache_statistics {
 
 // How a CUDA cache behaves. Start from `kc_cuda_options_default()`.
 typedef struct kc_cuda_options {
-  // `sizeof(kc_cuda_options)` as the caller compiled it.
   size_t struct_size;
   // Modules kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
   // Total bytes of cubins kept in memory at most; 0 = unlimited.
   uint64_t max_weight;
-  // Keep linked cubins on disk so that later processes skip the PTX JIT.
-  bool use_disk;
-  // The disk cache directory, an absolute path (relative or empty:
-  // `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-  // `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-  // `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-  const char *disk_dir;
   // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
   const char *driver_library;
   // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
@@ -305,39 +312,6 @@ typedef struct kc_cuda_options {
   // (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
   // `libnvrtc.so.11.2`.
   const char *nvrtc_library;
-  // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-  // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-  // file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-  // `KC_ERR_INVALID_ARGUMENT`.
-  const uint8_t *disk_key;
-  // Length of `disk_key`.
-  size_t disk_key_len;
-  // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-  // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-  bool disk_require_key;
-  // How long a lookup that misses on disk waits for another process building the same
-  // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-  // 120 s.
-  uint64_t disk_lock_timeout_ms;
-  // The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-  // `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-  // Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
-  // `remote_*` field below means what the field of the same name of `kc_disk_options` means,
-  // and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
-  // (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
-  const char *remote_url;
-  bool remote_read_only;
-  // **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-  bool remote_allow_unkeyed;
-  uint64_t remote_timeout_ms;
-  uint64_t remote_ttl_s;
-  const char *remote_prefix;
-  uint64_t remote_max_entry_size;
-  uint64_t remote_lease_wait_ms;
-  const char *remote_ca_file;
-  // With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-  const char *remote_cert_file;
-  const char *remote_key_file;
 } kc_cuda_options;
 
 // One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -352,12 +326,190 @@ typedef struct kc_cuda_jit_option {
   uint32_t value;
 } kc_cuda_jit_option;
 
-// Counters of one `kc_disk` since it was opened or its last `kc_disk_reset_stats` (the name
-// `kc_disk_stats` belongs to the function). Set `struct_size` to `sizeof(kc_disk_statistics)`
-// before calling `kc_disk_stats`; it fills the fields that fit and sets `struct_size` to the
-// bytes written.
-typedef struct kc_disk_statistics {
-  // In: size of the caller's struct. Out: bytes written.
+// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
+typedef struct kc_cuda_cache_statistics {
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // PTX linked into a cubin.
+  uint64_t links;
+  // Links that failed (the caller got `KC_ERR_BUILD_FAILED`).
+  uint64_t link_failures;
+  // Modules loaded from a disk cubin without any PTX JIT.
+  uint64_t cubin_loads;
+  // Disk cubins the driver refused; each was deleted and the PTX linked again.
+  uint64_t cubins_rejected;
+  // Disk lookups that found a cubin.
+  uint64_t disk_hits;
+  // Disk lookups that found none.
+  uint64_t disk_misses;
+  // Disk reads or writes that failed (the lookup went on without the disk).
+  uint64_t disk_errors;
+  // CUDA C++ sources compiled to PTX by NVRTC.
+  uint64_t nvrtc_compiles;
+  // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
+  uint64_t nvrtc_failures;
+} kc_cuda_cache_statistics;
+
+// Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
+// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the call.
+// Called on any thread (including the disk tier's background writer), possibly on several at once,
+// never while a cache's lock is held. It may call kcache, but what those calls log goes to stderr,
+// and `kc_set_log_callback` called from inside it does nothing.
+typedef void (*kc_log_fn)(void *ctx, int level, const char *message);
+
+// How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
+typedef struct kc_opencl_options {
+  size_t struct_size;
+  // Programs kept in memory at most; 0 = unlimited.
+  uint64_t max_entries;
+  // Total weight of the programs kept in memory at most; 0 = unlimited. A program loaded
+  // from disk weighs its binary's size; one built from source weighs its source's length
+  // (its binary is not asked for on the lookup's path).
+  uint64_t max_weight;
+} kc_opencl_options;
+
+// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
+typedef struct kc_opencl_cache_statistics {
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // Programs compiled from source.
+  uint64_t source_builds;
+  // Programs created from a binary found on disk.
+  uint64_t binary_loads;
+  // Disk binaries the driver refused; each was deleted and the source compiled instead.
+  uint64_t binaries_rejected;
+  // Disk lookups that found a binary.
+  uint64_t disk_hits;
+  // Disk lookups that found none.
+  uint64_t disk_misses;
+  // Disk reads or writes that failed (the lookup went on without the disk).
+  uint64_t disk_errors;
+} kc_opencl_cache_statistics;
+
+// How to open the persistent tiers. Start from `kc_persistence_options_default()`. Unset
+// fields (NULL / 0) come from the environment unless `ignore_env` is set, then from the
+// defaults (`docs/disk-tier.md`, `docs/remote.md`). In a secure-execution process (setuid,
+// setgid, file capabilities) the environment is not read (`KCACHE_DISABLE=1` excepted): the
+// disk tier then needs `dir`, and is keyed only by `key`. The struct follows the
+// `struct_size` rule of every growing struct (see `docs/c-api-conventions.md`).
+typedef struct kc_persistence_options {
+  size_t struct_size;
+  // Cache directory (NUL-terminated), an absolute path: a relative or empty one is
+  // `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
+  // `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
+  // refused unless owned by the effective user and not writable by group or others.
+  const char *dir;
+  // Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
+  uint64_t max_size;
+  // Most entry files the directory holds (evicted least recently used first, as the size
+  // cap's are); 0: `KCACHE_MAX_FILES`, else the default; `UINT64_MAX`: no limit.
+  uint64_t max_files;
+  // Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
+  // the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
+  // `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+  // `KC_ERR_INVALID_ARGUMENT`.
+  const uint8_t *key;
+  // Length of `key`.
+  size_t key_len;
+  // Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
+  bool relaxed_durability;
+  // Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
+  // included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
+  bool ignore_env;
+  // Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
+  // `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
+  // too.
+  bool require_key;
+  // How long a lookup that misses waits for another process building the same entry, in
+  // milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
+  uint64_t lock_timeout_ms;
+  // How long such a wait goes on once the builder shows no sign of life (stopped, or gone
+  // while a child it forked holds its lock), in milliseconds, before this process takes the
+  // build over (less than 1000 is taken as 1000); 0: `KCACHE_LOCK_LIVENESS` (seconds), else
+  // 5 s.
+  uint64_t lock_liveness_ms;
+  // The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
+  // `rediss://…`, `redis+unix:///path` or a Redis Cluster's seed URLs, comma-separated;
+  // NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used leaves the remote off
+  // (one warning), not the disk. It needs an operator key unless `remote_allow_unkeyed`.
+  // Each `remote_*` field left NULL or 0 takes its `KCACHE_REMOTE_*` variable, else the
+  // default (`docs/remote.md`).
+  const char *remote_url;
+  // Read the remote, never write it.
+  bool remote_read_only;
+  // **Unsafe**: use the remote without an operator key, so that anyone who can write the
+  // store can run code on this process's GPUs.
+  bool remote_allow_unkeyed;
+  // Budget of one remote operation in milliseconds (default 250).
+  uint64_t remote_timeout_ms;
+  // Lifetime of a remote entry in seconds (default 7 days).
+  uint64_t remote_ttl_s;
+  // Namespace of the remote's keys (NUL-terminated; default `kcache:`).
+  const char *remote_prefix;
+  // Largest remote entry read or written, in bytes (default 64 MiB).
+  uint64_t remote_max_entry_size;
+  // How long a miss waits for another node building the same entry, in milliseconds
+  // (default 120 s).
+  uint64_t remote_lease_wait_ms;
+  // The certificate authority (PEM, an absolute path) that a `rediss://` server's
+  // certificate must chain to (default: the system's roots).
+  const char *remote_ca_file;
+  // The client certificate (PEM, an absolute path) shown to a `rediss://` server that
+  // requires one (mutual TLS). Set with `remote_key_file`: one without the other leaves
+  // the remote off (one warning).
+  const char *remote_cert_file;
+  // The client certificate's private key (PEM, an absolute path).
+  const char *remote_key_file;
+} kc_persistence_options;
+
+// What an entry holds, for `kc_persistence_put_described` and `kc_tiered_find_or_build_described`:
+// `kcache ls` shows it and `kcache evict` selects by it. Each string is NULL or UTF-8, and is
+// cut to its `KC_DESCRIPTOR_*_MAX` bytes on a character boundary.
+typedef struct kc_entry_descriptor {
+  size_t struct_size;
+  // The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
+  const char *backend;
+  // The device's name; NULL: empty.
+  const char *device;
+  // What the entry holds (kernel or program names); NULL: empty.
+  const char *name;
+} kc_entry_descriptor;
+
+// What one `kc_persistence_gc` removed, by reason. Same `struct_size` rule as
+// `kc_persistence_statistics`.
+typedef struct kc_persistence_gc_report {
+  size_t struct_size;
+  // Temporary files of crashed writers.
+  uint64_t temp_files;
+  // Entries written under another key schema.
+  uint64_t stale_schema;
+  // Entries of operator keys neither active nor retained.
+  uint64_t stale_fingerprint;
+  // Entries that failed verification.
+  uint64_t corrupt;
+  // Entries left in place.
+  uint64_t kept;
+  // Bytes removed.
+  uint64_t bytes_freed;
+  // Files or directories that should have gone but could not be removed (a directory
+  // tree more than 16 levels deep, a permission error, …): left in place.
+  uint64_t undeletable;
+  // Lock files nobody held (left by processes that died building), and anything but a
+  // regular file at a lock file's name (a directory with everything in it); held ones are
+  // kept.
+  uint64_t lock_files;
+  // Entries of format 1, which do not say what they hold (reads accept them; `gc`
+  // removes them, and the next build writes them again with a descriptor).
+  uint64_t old_format;
+} kc_persistence_gc_report;
+
+// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`
+// (the name `kc_persistence_stats` belongs to the function). Set `struct_size` to
+// `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
+// that fit and sets `struct_size` to the bytes written.
+typedef struct kc_persistence_statistics {
   size_t struct_size;
   // Reads that returned a verified entry.
   uint64_t hits;
@@ -376,7 +528,7 @@ typedef struct kc_disk_statistics {
   uint64_t io_errors;
   // Entries removed by the size cap.
   uint64_t evictions;
-  // Entries removed by `kc_disk_remove`.
+  // Entries removed by `kc_persistence_remove`.
   uint64_t removes;
   // Entries a tiered lookup's `load` refused, removed.
   uint64_t load_failures;
@@ -385,8 +537,8 @@ typedef struct kc_disk_statistics {
   uint64_t entries;
   // Their total size in bytes.
   uint64_t bytes;
-  // Whether the scan of the directory that `kc_disk_new` starts has finished
-  // (`kc_disk_wait_scan` waits for it).
+  // Whether the scan of the directory that `kc_persistence_open` starts has finished
+  // (`kc_persistence_wait_scan` waits for it).
   bool scan_complete;
   // Misses that waited for another process building the same entry, then read what it
   // published or, when its build failed or it died, built.
@@ -395,12 +547,12 @@ typedef struct kc_disk_statistics {
   uint64_t lock_timeouts;
   // Misses that found the lock released by a process that died building: they built.
   uint64_t lock_takeovers;
-  // Background writes queued, held back or running now (`kc_disk_flush` writes and waits
+  // Background writes queued, held back or running now (`kc_persistence_flush` writes and waits
   // for them).
   uint64_t pending_writes;
   // Background writes that failed (the value could not be serialized or written).
   uint64_t failed_writes;
-  // Whether a remote tier is behind this disk (`remote_url`, `KCACHE_REMOTE_URL`); the
+  // Whether a remote tier is behind the disk (`remote_url`, `KCACHE_REMOTE_URL`); the
   // `remote_*` counters stay zero without one. See `docs/remote.md`.
   bool remote;
   // Remote entries read and verified.
@@ -431,237 +583,7 @@ typedef struct kc_disk_statistics {
   uint64_t remote_bytes_read;
   // Bytes written to the remote.
   uint64_t remote_bytes_written;
-} kc_disk_statistics;
-
-// Counters of a CUDA cache. Set `struct_size` to `sizeof(kc_cuda_cache_statistics)` first.
-typedef struct kc_cuda_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
-  // an older header's struct without `disk`. Out: bytes written.
-  size_t struct_size;
-  // The memory tier's counters; its `struct_size` is set too.
-  struct kc_cache_statistics memory;
-  // PTX linked into a cubin.
-  uint64_t links;
-  // Links that failed (the caller got `KC_ERR_BUILD_FAILED`).
-  uint64_t link_failures;
-  // Modules loaded from a disk cubin without any PTX JIT.
-  uint64_t cubin_loads;
-  // Disk cubins the driver refused; each was deleted and the PTX linked again.
-  uint64_t cubins_rejected;
-  // Disk lookups that found a cubin.
-  uint64_t disk_hits;
-  // Disk lookups that found none.
-  uint64_t disk_misses;
-  // Disk reads or writes that failed (the lookup went on without the disk).
-  uint64_t disk_errors;
-  // CUDA C++ sources compiled to PTX by NVRTC.
-  uint64_t nvrtc_compiles;
-  // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
-  uint64_t nvrtc_failures;
-  // The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-  // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-  // caches counts for all of them.
-  struct kc_disk_statistics disk;
-} kc_cuda_cache_statistics;
-
-// How to open a disk tier. Start from `kc_disk_options_default()`. Unset fields (NULL / 0)
-// come from the environment unless `ignore_env` is set, then from the defaults. In a
-// secure-execution process (setuid, setgid, file capabilities) the environment is not read
-// (`KCACHE_DISABLE=1` excepted): the tier then needs `dir`, and is keyed only by `key`.
-// The struct follows the `struct_size` rule of every growing struct (see
-// `docs/c-api-conventions.md`); `require_key` was appended to the first layout, which ended
-// at `ignore_env`.
-typedef struct kc_disk_options {
-  // `sizeof(kc_disk_options)` as the caller compiled it.
-  size_t struct_size;
-  // Cache directory (NUL-terminated), an absolute path: a relative or empty one is
-  // `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
-  // `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
-  // refused unless owned by the effective user and not writable by group or others.
-  const char *dir;
-  // Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
-  uint64_t max_size;
-  // Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
-  // the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
-  // `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-  // `KC_ERR_INVALID_ARGUMENT`.
-  const uint8_t *key;
-  // Length of `key`.
-  size_t key_len;
-  // Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
-  bool relaxed_durability;
-  // Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
-  // included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
-  bool ignore_env;
-  // Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
-  // `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
-  // too.
-  bool require_key;
-  // How long a lookup that misses waits for another process building the same entry, in
-  // milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
-  uint64_t lock_timeout_ms;
-  // The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
-  // `redis+unix:///path`; NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used
-  // leaves the remote off (one warning), not the disk. It needs an operator key unless
-  // `remote_allow_unkeyed`. See `docs/remote.md`.
-  const char *remote_url;
-  // Read the remote, never write it (`KCACHE_REMOTE_READ_ONLY=1` sets it too).
-  bool remote_read_only;
-  // **Unsafe**: use the remote without an operator key, so that anyone who can write the
-  // store can run code on this process's GPUs (`KCACHE_REMOTE_ALLOW_UNKEYED=1` too).
-  bool remote_allow_unkeyed;
-  // Budget of one remote operation in milliseconds; 0: `KCACHE_REMOTE_TIMEOUT_MS`, else 250.
-  uint64_t remote_timeout_ms;
-  // Lifetime of a remote entry in seconds; 0: `KCACHE_REMOTE_TTL`, else 7 days.
-  uint64_t remote_ttl_s;
-  // Namespace of the remote's keys (NUL-terminated); NULL: `KCACHE_REMOTE_PREFIX`, else
-  // `kcache:`.
-  const char *remote_prefix;
-  // Largest remote entry read or written, in bytes; 0: `KCACHE_REMOTE_MAX_ENTRY_SIZE`,
-  // else 64 MiB.
-  uint64_t remote_max_entry_size;
-  // How long a miss waits for another node building the same entry, in milliseconds; 0:
-  // `KCACHE_REMOTE_LEASE_WAIT` (seconds), else 120 s.
-  uint64_t remote_lease_wait_ms;
-  // The certificate authority (PEM, an absolute path, NUL-terminated) that a `rediss://`
-  // server's certificate must chain to; NULL: `KCACHE_REMOTE_CA_FILE`, else the system's
-  // roots. Since ABI 2.5.
-  const char *remote_ca_file;
-  // The client certificate (PEM, an absolute path) shown to a `rediss://` server that
-  // requires one (mutual TLS); NULL: `KCACHE_REMOTE_CERT_FILE`, else none. Set with
-  // `remote_key_file`: one without the other leaves the remote off (one warning).
-  const char *remote_cert_file;
-  // The client certificate's private key (PEM, an absolute path); NULL:
-  // `KCACHE_REMOTE_KEY_FILE`, else none.
-  const char *remote_key_file;
-} kc_disk_options;
-
-// What an entry holds, for `kc_disk_put_described` and `kc_tiered_find_or_build_described`:
-// `kcache ls` shows it and `kcache evict` selects by it. Each string is NULL or UTF-8, and is
-// cut to its `KC_DESCRIPTOR_*_MAX` bytes on a character boundary.
-typedef struct kc_entry_descriptor {
-  // `sizeof(kc_entry_descriptor)` as the caller compiled it.
-  size_t struct_size;
-  // The backend's short name (`opencl`, `cuda`, your own); NULL or empty: `custom`.
-  const char *backend;
-  // The device's name; NULL: empty.
-  const char *device;
-  // What the entry holds (kernel or program names); NULL: empty.
-  const char *name;
-} kc_entry_descriptor;
-
-// What one `kc_disk_gc` removed, by reason. Same `struct_size` rule as
-// `kc_disk_statistics`.
-typedef struct kc_disk_gc_report {
-  // In: size of the caller's struct. Out: bytes written.
-  size_t struct_size;
-  // Temporary files of crashed writers.
-  uint64_t temp_files;
-  // Entries written under another key schema.
-  uint64_t stale_schema;
-  // Entries of operator keys neither active nor retained.
-  uint64_t stale_fingerprint;
-  // Entries that failed verification.
-  uint64_t corrupt;
-  // Entries left in place.
-  uint64_t kept;
-  // Bytes removed.
-  uint64_t bytes_freed;
-  // Files or directories that should have gone but could not be removed (a directory
-  // tree more than 16 levels deep, a permission error, …): left in place.
-  uint64_t undeletable;
-  // Lock files nobody held (left by processes that died building), and anything but a
-  // regular file at a lock file's name (a directory with everything in it); held ones are
-  // kept.
-  uint64_t lock_files;
-  // Entries of format 1, which do not say what they hold (reads accept them; `gc`
-  // removes them, and the next build writes them again with a descriptor).
-  uint64_t old_format;
-} kc_disk_gc_report;
-
-// Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
-// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the
-// call. Called on any thread (including the disk tier's background writer), possibly on
-// several at once, never while a cache's lock is held. It may call kcache, but what those calls log
-// goes to stderr, and `kc_set_log_callback` called from inside it does nothing.
-typedef void (*kc_log_fn)(void *ctx, int level, const char *message);
-
-// How an OpenCL cache behaves. Start from `kc_opencl_options_default()`.
-typedef struct kc_opencl_options {
-  // `sizeof(kc_opencl_options)` as the caller compiled it.
-  size_t struct_size;
-  // Programs kept in memory at most; 0 = unlimited.
-  uint64_t max_entries;
-  // Total weight of the programs kept in memory at most; 0 = unlimited. A program loaded
-  // from disk weighs its binary's size; one built from source weighs its source's length
-  // (its binary is not asked for on the lookup's path).
-  uint64_t max_weight;
-  // Keep program binaries on disk so that later processes skip the compiler.
-  bool use_disk;
-  // The disk cache directory, an absolute path (relative or empty:
-  // `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-  // `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-  // `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-  const char *disk_dir;
-  // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-  // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-  // file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-  // `KC_ERR_INVALID_ARGUMENT`.
-  const uint8_t *disk_key;
-  // Length of `disk_key`.
-  size_t disk_key_len;
-  // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-  // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-  bool disk_require_key;
-  // How long a lookup that misses on disk waits for another process building the same
-  // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-  // 120 s.
-  uint64_t disk_lock_timeout_ms;
-  // The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-  // `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-  // Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
-  // `remote_*` field below means what the field of the same name of `kc_disk_options` means,
-  // and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
-  // (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
-  const char *remote_url;
-  bool remote_read_only;
-  // **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-  bool remote_allow_unkeyed;
-  uint64_t remote_timeout_ms;
-  uint64_t remote_ttl_s;
-  const char *remote_prefix;
-  uint64_t remote_max_entry_size;
-  uint64_t remote_lease_wait_ms;
-  const char *remote_ca_file;
-  // With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-  const char *remote_cert_file;
-  const char *remote_key_file;
-} kc_opencl_options;
-
-// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
-typedef struct kc_opencl_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
-  // size of an older header's struct without `disk`. Out: bytes written.
-  size_t struct_size;
-  // The memory tier's counters; its `struct_size` is set too.
-  struct kc_cache_statistics memory;
-  // Programs compiled from source.
-  uint64_t source_builds;
-  // Programs created from a binary found on disk.
-  uint64_t binary_loads;
-  // Disk binaries the driver refused; each was deleted and the source compiled instead.
-  uint64_t binaries_rejected;
-  // Disk lookups that found a binary.
-  uint64_t disk_hits;
-  // Disk lookups that found none.
-  uint64_t disk_misses;
-  // Disk reads or writes that failed (the lookup went on without the disk).
-  uint64_t disk_errors;
-  // The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-  // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-  // caches counts for all of them.
-  struct kc_disk_statistics disk;
-} kc_opencl_cache_statistics;
+} kc_persistence_statistics;
 
 // Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
 // the value and its weight, return 0; non-zero: the entry is removed and the value built),
@@ -681,7 +603,6 @@ typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len
 
 // The callbacks of a tiered lookup; all receive `ctx`.
 typedef struct kc_tiered_callbacks {
-  // `sizeof(kc_tiered_callbacks)` as the caller compiled it.
   size_t struct_size;
   // Builds from scratch (required).
   kc_build_fn build;
@@ -701,59 +622,47 @@ typedef kc_vulkan_void_fn (*kc_vulkan_get_instance_proc_addr_fn)(void *instance,
 
 // How a Vulkan cache behaves. Start from `kc_vulkan_options_default()`.
 typedef struct kc_vulkan_options {
-  // `sizeof(kc_vulkan_options)` as the caller compiled it.
   size_t struct_size;
   // Pipelines kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
   // Total SPIR-V bytes of the pipelines kept in memory at most; 0 = unlimited.
   uint64_t max_weight;
-  // Keep each device's `VkPipelineCache` data on disk, so that later processes start warm
-  // (on drivers that serialize pipelines into it).
-  bool use_disk;
-  // The disk cache directory, an absolute path (relative or empty:
-  // `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-  // `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-  // `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-  const char *disk_dir;
   // The application's `vkGetInstanceProcAddr`; NULL: kcache loads `libvulkan.so.1`. The
   // caller's handles must come from the same loader.
   kc_vulkan_get_instance_proc_addr_fn get_instance_proc_addr;
-  // Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-  // copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-  // file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-  // `KC_ERR_INVALID_ARGUMENT`.
-  const uint8_t *disk_key;
-  // Length of `disk_key`.
-  size_t disk_key_len;
-  // Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-  // the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-  bool disk_require_key;
-  // How long a lookup that misses on disk waits for another process building the same
-  // entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-  // 120 s.
-  uint64_t disk_lock_timeout_ms;
-  // The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-  // `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-  // Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Each
-  // device's pipeline-cache data is read from it at registration when the disk has none,
-  // and merged and written there at each write-back. Every `remote_*` field below means
-  // what the field of the same name of `kc_disk_options` means, and NULL or 0 leaves it to
-  // its `KCACHE_REMOTE_*` variable, else the default (`docs/remote.md`). New in ABI 2.5: an
-  // older caller's struct gets the environment's.
-  const char *remote_url;
-  bool remote_read_only;
-  // **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-  bool remote_allow_unkeyed;
-  uint64_t remote_timeout_ms;
-  uint64_t remote_ttl_s;
-  const char *remote_prefix;
-  uint64_t remote_max_entry_size;
-  uint64_t remote_lease_wait_ms;
-  const char *remote_ca_file;
-  // With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-  const char *remote_cert_file;
-  const char *remote_key_file;
 } kc_vulkan_options;
+
+// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
+typedef struct kc_vulkan_cache_statistics {
+  size_t struct_size;
+  // The memory tier's counters; its `struct_size` is set too.
+  struct kc_cache_statistics memory;
+  // Successful `vkCreateComputePipelines` calls.
+  uint64_t pipelines_created;
+  // `vkDestroyPipeline` calls (each with its shader module).
+  uint64_t pipelines_destroyed;
+  // Pipeline layouts created (one per device and layout description).
+  uint64_t layouts_created;
+  // Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
+  // to the driver.
+  uint64_t cache_data_loaded;
+  // Device registrations that found no pipeline-cache data on disk.
+  uint64_t cache_data_missing;
+  // Blobs refused before the driver (header of another device, driver or format) or by it.
+  uint64_t cache_data_rejected;
+  // Pipeline-cache blobs written to disk.
+  uint64_t cache_data_written;
+  // Blobs another process (or node, through the remote tier) stored meanwhile, merged in
+  // before a write.
+  uint64_t cache_data_merged;
+  // Disk reads or writes that failed (a failed write is also returned by the flushing call).
+  uint64_t disk_errors;
+} kc_vulkan_cache_statistics;
+
+// Destroys a device handed to kcache: `device` is the `VkDevice` registered, `user_data` what
+// the registration was given. Typically calls `vkDestroyDevice(device, NULL)`, and may destroy
+// the instance too once the program needs it no longer.
+typedef void (*kc_vulkan_destroy_device_fn)(void *device, void *user_data);
 
 // A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
 typedef struct kc_vulkan_spec_constant {
@@ -797,7 +706,6 @@ typedef struct kc_vulkan_specialization_info {
 // description), so a lookup never depends on handle values. A layout the caller creates
 // from the same description is compatible with it for binding descriptor sets.
 typedef struct kc_vulkan_pipeline_desc {
-  // `sizeof(kc_vulkan_pipeline_desc)` as the caller compiled it.
   size_t struct_size;
   // SPIR-V, as for `VkShaderModuleCreateInfo`: `code_size` is in bytes, a multiple of 4.
   const uint32_t *code;
@@ -830,86 +738,35 @@ typedef struct kc_vulkan_pipeline_desc {
   uint32_t required_subgroup_size;
 } kc_vulkan_pipeline_desc;
 
-// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
-typedef struct kc_vulkan_cache_statistics {
-  // In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
-  // size of an older header's struct without `disk`. Out: bytes written.
-  size_t struct_size;
-  // The memory tier's counters; its `struct_size` is set too.
-  struct kc_cache_statistics memory;
-  // Successful `vkCreateComputePipelines` calls.
-  uint64_t pipelines_created;
-  // `vkDestroyPipeline` calls (each with its shader module).
-  uint64_t pipelines_destroyed;
-  // Pipeline layouts created (one per device and layout description).
-  uint64_t layouts_created;
-  // Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
-  // to the driver.
-  uint64_t cache_data_loaded;
-  // Device registrations that found no pipeline-cache data on disk.
-  uint64_t cache_data_missing;
-  // Blobs refused before the driver (header of another device, driver or format) or by it.
-  uint64_t cache_data_rejected;
-  // Pipeline-cache blobs written to disk.
-  uint64_t cache_data_written;
-  // Blobs another process (or node, through the remote tier) stored meanwhile, merged in
-  // before a write.
-  uint64_t cache_data_merged;
-  // Disk reads or writes that failed (a failed write is also returned by the flushing call).
-  uint64_t disk_errors;
-  // The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-  // zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-  // caches counts for all of them.
-  struct kc_disk_statistics disk;
-} kc_vulkan_cache_statistics;
-
-// Destroys a device handed to kcache: `device` is the `VkDevice` registered, `user_data` what
-// the registration was given. Typically calls `vkDestroyDevice(device, NULL)`, and may destroy
-// the instance too once the program needs it no longer.
-typedef void (*kc_vulkan_destroy_device_fn)(void *device, void *user_data);
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
-// Releases a buffer from `kc_disk_get` or `kc_opencl_cache_find_or_build_program` and zeroes
-// it. NULL, or a zeroed buffer, is a no-op.
-//
-// # Safety
-// `buffer` must be NULL or a buffer kcache filled and not freed since.
+// Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and
+// zeroes it. NULL, or a zeroed buffer, is a no-op.
 void kc_buffer_free(struct kc_buffer *buffer);
 
 // The default options, with `struct_size` set: unbounded, owning (not invalidated by clear),
 // no destroy callback.
 struct kc_cache_options kc_cache_options_default(void);
 
-// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
-//
-// # Safety
-// `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
-// writable. The callbacks and contexts in `opts` must stay valid until the last value is
+// Creates a cache. Free it with `kc_cache_free`. `opts` must point to at least `opts->struct_size`
+// readable bytes. The callbacks and contexts in `opts` must stay valid until the last value is
 // destroyed.
 enum kc_status kc_cache_new(const struct kc_cache_options *opts, struct kc_cache **out_cache);
 
-// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
-// their last lease is released (the leases stay valid). No other call on `cache` may run
-// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
+// Frees a cache: destroys every value no lease holds now; leased values are destroyed when their
+// last lease is released (the leases stay valid). No other call on `cache` may run during or after
+// this one, including from the destroy callbacks it runs.
 void kc_cache_free(struct kc_cache *cache);
 
 // Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
 // Concurrent callers of one key share one build and its outcome: the same value, or the same
-// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0
-// that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
-// installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
-// 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-// when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
-// `build_ctx` as described for `kc_build_fn`.
+// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
+// `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
+// entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
+// NULL) is a valid key. `key` must point to `key_len` readable bytes (or anything when `key_len`
+// is 0); `build` must be callable with `build_ctx` as described for `kc_build_fn`.
 enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       const uint8_t *key,
                                       size_t key_len,
@@ -919,11 +776,8 @@ enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       struct kc_lease **out_lease);
 
 // Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
-// including while the key is still being built (this call never builds or waits).
-// `*out_lease` is written on success only.
-//
-// # Safety
-// As for `kc_cache_find_or_build`.
+// including while the key is still being built (this call never builds or waits). As for
+// `kc_cache_find_or_build`.
 enum kc_status kc_cache_get(struct kc_cache *cache,
                             const uint8_t *key,
                             size_t key_len,
@@ -932,48 +786,29 @@ enum kc_status kc_cache_get(struct kc_cache *cache,
 // Removes the entry for `key`: its value is destroyed now if no lease holds it, else on the
 // last release. `KC_ERR_NOT_FOUND` if there is none (a key still being built is not
 // affected); `KC_ERR_DESTROY_FAILED` if the destroy callback failed (the entry is gone).
-//
-// # Safety
-// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-// when `key_len` is 0).
 enum kc_status kc_cache_remove(struct kc_cache *cache, const uint8_t *key, size_t key_len);
 
 // Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
 // fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
 // entries. Values are destroyed now unless leased. Every value is attempted; a failing
 // destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cache_evict_device(struct kc_cache *cache, int64_t device_id);
 
 // Removes every entry; values are destroyed now unless leased. On a cache created with
 // `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`. Every value is
 // attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cache_clear(struct kc_cache *cache);
 
 // The number of entries in the cache now; 0 if `cache` is NULL.
-//
-// # Safety
-// `cache` must be NULL or a live cache.
 size_t kc_cache_len(const struct kc_cache *cache);
 
-// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
-enum kc_status kc_cache_stats(const struct kc_cache *cache,
-                              struct kc_cache_statistics *out);
+// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is
+// written on success only.
+enum kc_status kc_cache_stats(const struct kc_cache *cache, struct kc_cache_statistics *out);
 
 // Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
 // `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
 // `kc_cache_stats`.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cache_reset_stats(struct kc_cache *cache);
 
 // `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
@@ -981,29 +816,23 @@ enum kc_status kc_cache_reset_stats(struct kc_cache *cache);
 // e.g. `kc_hit_rate(s.hits, s.misses)`.
 double kc_hit_rate(uint64_t hits, uint64_t misses);
 
-// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
-// `disk_dir`) to keep cubins across processes.
+// Unbounded memory caps, the default driver and NVRTC.
 struct kc_cuda_options kc_cuda_options_default(void);
 
 // Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
 // `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
-// GPU): `KC_ERR_UNAVAILABLE`. A disk directory that is not owned by the user or that others
-// may write is not used (the cache works from memory); one that cannot be created is
-// `KC_ERR_IO`.
-//
-// # Safety
-// `opts` must point to a `kc_cuda_options` whose `disk_dir`, `driver_library` and
-// `nvrtc_library` are NULL or C strings; `out_cache` must be writable.
+// GPU): `KC_ERR_UNAVAILABLE`.
+// `persistence` is the persistent tiers the cache keeps its linked cubins in, see `kc_persistence`
+// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
+// reference.
 enum kc_status kc_cuda_cache_new(const struct kc_cuda_options *opts,
+                                 struct kc_persistence *persistence,
                                  struct kc_cuda_cache **out_cache);
 
-// Frees the cache: modules no lease holds are unloaded now (each with its context current),
-// the others when their last lease is released. No other call on `cache` may run during or
-// after this one. NULL is a no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
-// of its modules must still be live.
+// Frees the cache: modules no lease holds are unloaded now (each with its context current), the
+// others when their last lease is released. No other call on `cache` may run during or after this
+// one. `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts of
+// its modules must still be live.
 void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 
 // The module for `ptx` linked with `options` in `context` (NULL: the calling thread's current
@@ -1012,14 +841,11 @@ void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 // lease instead.
 //
 // `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
-// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
-// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
-// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
-//
-// # Safety
-// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
-// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
+// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX or
+// link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and the JIT
+// error log in `kc_last_error_message()`. `context` must be NULL or a live context of the cache's
+// driver, kept alive until evicted with `kc_cuda_cache_evict_context`; `ptx` must be readable (for
+// `ptx_len` bytes, or up to its NUL); `options` must hold `option_count` entries.
 enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                void *context,
                                                const char *ptx,
@@ -1028,21 +854,19 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                size_t option_count,
                                                struct kc_cuda_lease **out_lease);
 
-// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
-// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
-// options are given, else to PTX for the highest architecture NVRTC supports up to the
-// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
-// `extern "C"`. JIT options with NVRTC options naming a real architecture (`sm_XY`, whose
-// cubin is loaded without a link, so JIT options would not apply) are
-// `KC_ERR_INVALID_ARGUMENT`. PTX needed from an NVRTC newer than the driver is
-// `KC_ERR_BUILD_FAILED` with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
+// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name an
+// architecture, to a cubin for the context's device when NVRTC supports it and no JIT options are
+// given, else to PTX for the highest architecture NVRTC supports up to the device's, linked as by
+// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them `extern "C"`.
+// JIT options with NVRTC options naming a real architecture (`sm_XY`, whose cubin is loaded
+// without a link, so JIT options would not apply) are `KC_ERR_INVALID_ARGUMENT`. PTX needed from
+// an NVRTC newer than the driver is `KC_ERR_BUILD_FAILED` with
+// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
 //
 // `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
 // `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
 // `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-//
-// # Safety
 // As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
 // holding `nvrtc_option_count` C strings.
 enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
@@ -1056,43 +880,27 @@ enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
                                                   struct kc_cuda_lease **out_lease);
 
 // The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_cuda_lease_module(const struct kc_cuda_lease *lease);
 
 // The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
 // current. NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_cuda_lease_context(const struct kc_cuda_lease *lease);
 
 // `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
 // valid until the lease is released. No such kernel: `KC_ERR_NOT_FOUND`.
-//
-// # Safety
-// `lease` must be a lease not yet released; `name` a C string; `out_function` writable.
 enum kc_status kc_cuda_lease_function(const struct kc_cuda_lease *lease,
                                       const char *name,
                                       void **out_function);
 
-// Releases a lease; the last release of an evicted module unloads it (with its context
-// current). NULL is a no-op.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+// Releases a lease; the last release of an evicted module unloads it (with its context current).
 void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 
-// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
-// now (with `context` current), or when its last lease is released. `*out_count` (if not
-// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
-// modules looked up with a NULL context are recorded under the context that was current,
-// so name that one (`cuCtxGetCurrent`).
-//
-// # Safety
-// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
-// live when it has modules.
+// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded now
+// (with `context` current), or when its last lease is released. `*out_count` (if not NULL)
+// receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`: modules looked
+// up with a NULL context are recorded under the context that was current, so name that one
+// (`cuCtxGetCurrent`). `out_count` must be NULL or writable; `context` must still be live when it
+// has modules.
 enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
                                            void *context,
                                            size_t *out_count);
@@ -1102,46 +910,28 @@ enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
 // `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
 // context retained again has the same address, which the cache would take for the old one.
 // `*out_count` (if not NULL) receives how many were unlinked.
-//
-// # Safety
 // As `kc_cuda_cache_evict_context`.
 enum kc_status kc_cuda_cache_evict_device(struct kc_cuda_cache *cache,
                                           int device,
                                           size_t *out_count);
 
 // Unlinks every module (the disk keeps its cubins).
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cuda_cache_clear(struct kc_cuda_cache *cache);
 
 // Waits until every cubin built so far is written to the disk tier (or failed to be: see
 // `failed_writes`). Cubins are written on a background thread after the lookup returns;
 // `kc_cuda_cache_free` waits for them too.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_cuda_cache_flush(struct kc_cuda_cache *cache);
 
 // `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
-//
-// # Safety
-// `cache` must be NULL or a live cache.
 int kc_cuda_driver_version(const struct kc_cuda_cache *cache);
 
-// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_cuda_cache_stats(const struct kc_cuda_cache *cache,
                                    struct kc_cuda_cache_statistics *out);
 
-// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
-// writes, what the disk index knows) stay. The directory's counters are not touched.
-//
-// # Safety
-// `cache` must be a live cache.
+// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
 
 // Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else
@@ -1149,150 +939,11 @@ enum kc_status kc_cuda_cache_reset_stats(struct kc_cuda_cache *cache);
 // `kc_last_error_message()`. A cache may name another driver in `kc_cuda_options`.
 enum kc_status kc_cuda_available(void);
 
-// Default options: everything from the environment, fsyncs on.
-struct kc_disk_options kc_disk_options_default(void);
-
-// Opens a disk tier; `opts` NULL takes everything from the environment. Refusals:
-// `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory, a secure-execution process without
-// `opts->dir`, an invalid `KCACHE_MAX_SIZE`), `KC_ERR_UNTRUSTED` (directory not private to
-// this user or a symlink; no operator key while one is required; an unusable
-// `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see `kc_disk_options`), `KC_ERR_IO`. Each
-// refusal that comes from the environment or the directory is also logged once per process at
-// `KC_LOG_WARN` (on stderr, or to `kc_set_log_callback`'s callback). A caller should then go
-// on with memory only.
-//
-// # Safety
-// `opts` must be NULL or point to `opts->struct_size` readable bytes; `out_disk` writable.
-enum kc_status kc_disk_new(const struct kc_disk_options *opts, struct kc_disk **out_disk);
-
-// Frees a disk tier. NULL is a no-op. Buffers already returned stay valid.
-//
-// # Safety
-// `disk` must be NULL or from `kc_disk_new`, not yet freed, with no call on it running.
-void kc_disk_free(struct kc_disk *disk);
-
-// Writes the entry for `key` (atomically: readers see the old entry or the new one).
-// `KC_ERR_IO` when the write fails (disk full, …): nothing partial is left behind.
-// `KC_ERR_INVALID_ARGUMENT` when the entry (payload, header and tag) is larger than the
-// smaller of the size cap and 1 GiB: decided from `len` alone, before `data` is read. Right
-// after `kc_disk_new` the write waits for the directory scan (see `kc_disk_wait_scan`), so
-// that it can make room within the cap first.
-// The entry says it holds a value of backend `custom` (`kc_disk_put_described` says more).
-//
-// # Safety
-// `disk` live; `key` `KC_KEY_LEN` readable bytes; `data` `len` readable bytes.
-enum kc_status kc_disk_put(struct kc_disk *disk,
-                           const uint8_t *key,
-                           const uint8_t *data,
-                           size_t len,
-                           uint64_t build_time_ns);
-
-// `kc_disk_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
-// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
-//
-// # Safety
-// As `kc_disk_put`; `descriptor` NULL or readable for its `struct_size`, its strings NULL or
-// C strings.
-enum kc_status kc_disk_put_described(struct kc_disk *disk,
-                                     const uint8_t *key,
-                                     const uint8_t *data,
-                                     size_t len,
-                                     uint64_t build_time_ns,
-                                     const struct kc_entry_descriptor *descriptor);
-
-// Reads and verifies the entry for `key` into `*out` (written on success only; free it
-// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
-// failed verification, was larger than the per-entry limit or was not a regular file, and
-// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
-//
-// # Safety
-// `disk` live; `key` `KC_KEY_LEN` readable bytes; `out` writable.
-enum kc_status kc_disk_get(struct kc_disk *disk, const uint8_t *key, struct kc_buffer *out);
-
-// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
-//
-// # Safety
-// `disk` live; `key` `KC_KEY_LEN` readable bytes.
-enum kc_status kc_disk_remove(struct kc_disk *disk, const uint8_t *key);
-
-// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
-// other key schemas, corrupt entries, and entries of operator keys that are neither this
-// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
-// concatenated) at `retain`. `out_report` may be NULL.
-//
-// # Safety
-// `disk` live; `retain` `retain_count * KC_FINGERPRINT_LEN` readable bytes; `out_report`
-// NULL or a writable struct of at least its `struct_size` bytes.
-enum kc_status kc_disk_gc(struct kc_disk *disk,
-                          const uint8_t *retain,
-                          size_t retain_count,
-                          uint64_t temp_max_age_s,
-                          struct kc_disk_gc_report *out_report);
-
-// Fills `*out` with this disk's counters (see `kc_disk_stats`).
-//
-// # Safety
-// `disk` live; `out` a writable struct of at least its `struct_size` bytes.
-enum kc_status kc_disk_stats(const struct kc_disk *disk, struct kc_disk_statistics *out);
-
-// Zeroes this disk's event counters (`kc_disk_statistics`); `entries`, `bytes`,
-// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
-// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
-//
-// # Safety
-// `disk` live.
-enum kc_status kc_disk_reset_stats(struct kc_disk *disk);
-
-// The fingerprint of the operator key this disk writes under (`KC_FINGERPRINT_LEN` bytes,
-// all zero without a key): what to pass to another process's `kc_disk_gc` to keep its
-// entries during a key rotation.
-//
-// # Safety
-// `disk` live; `out` `KC_FINGERPRINT_LEN` writable bytes.
-enum kc_status kc_disk_fingerprint(const struct kc_disk *disk, uint8_t *out);
-
-// The distinct operator key fingerprints of the entries in the directory, in ascending
-// byte order: one per key generation that has entries there (all zero for unkeyed entries).
-// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
-// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
-// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
-// can make the second count larger, so compare it with `capacity`.
-//
-// # Safety
-// `disk` live; `out` `capacity * KC_FINGERPRINT_LEN` writable bytes (NULL when `capacity`
-// is 0); `out_count` writable.
-enum kc_status kc_disk_fingerprints(const struct kc_disk *disk,
-                                    uint8_t *out,
-                                    size_t capacity,
-                                    size_t *out_count);
-
-// Waits until every background write of this disk submitted so far has finished (written
-// or failed): the tiered lookups' and the backend caches' that use it. `kc_disk_free` does it
-// too.
-//
-// # Safety
-// `disk` live.
-enum kc_status kc_disk_flush(const struct kc_disk *disk);
-
-// Waits for the scan of the directory that `kc_disk_new` starts in the background
-// (milliseconds even for a full cache). Until it has finished, `kc_disk_stats` counts only
-// this disk's own writes, and writes wait for it; reads do not.
-//
-// # Safety
-// `disk` live.
-enum kc_status kc_disk_wait_scan(const struct kc_disk *disk);
-
-// Creates an empty key builder. `*out_builder` is written on success only.
-//
-// # Safety
-// `out_builder` must be writable.
+// Creates an empty key builder.
 enum kc_status kc_key_builder_new(struct kc_key_builder **out_builder);
 
 // Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
 // unset field differs from an empty one.
-//
-// # Safety
-// `builder` must be a live builder; `bytes` must point to `len` readable bytes.
 enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
                                   uint32_t field,
                                   const uint8_t *bytes,
@@ -1304,9 +955,6 @@ enum kc_status kc_key_builder_set(struct kc_key_builder *builder,
 // overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
 // `-O2` with `-O0`, `-I` search paths, `-include`) go through
 // `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
-//
-// # Safety
-// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
 enum kc_status kc_key_builder_option(struct kc_key_builder *builder,
                                      const uint8_t *name,
                                      size_t name_len,
@@ -1315,9 +963,6 @@ enum kc_status kc_key_builder_option(struct kc_key_builder *builder,
 
 // Adds a free-form input (specialization constants, a layout description, …): same rules as
 // options, in a separate namespace.
-//
-// # Safety
-// As for `kc_key_builder_option`.
 enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
                                     const uint8_t *name,
                                     size_t name_len,
@@ -1327,9 +972,6 @@ enum kc_status kc_key_builder_extra(struct kc_key_builder *builder,
 // Appends one command-line argument to the ordered options, hashed in the order given:
 // `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
 // ordered options is the same as before they existed.
-//
-// # Safety
-// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
 enum kc_status kc_key_builder_ordered_option(struct kc_key_builder *builder,
                                              const uint8_t *argument,
                                              size_t argument_len);
@@ -1338,9 +980,6 @@ enum kc_status kc_key_builder_ordered_option(struct kc_key_builder *builder,
 // precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
 // reads files itself, so a header not added here can change without changing the key. Sorted
 // by name; the same name twice makes `kc_key_builder_finish` fail.
-//
-// # Safety
-// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
 enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
                                          const uint8_t *name,
                                          size_t name_len,
@@ -1349,49 +988,29 @@ enum kc_status kc_key_builder_dependency(struct kc_key_builder *builder,
 
 // Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
 // `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
-//
-// # Safety
-// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
 enum kc_status kc_key_builder_finish(const struct kc_key_builder *builder, uint8_t *out_key);
 
-// Frees a builder. NULL is a no-op.
-//
-// # Safety
-// `builder` must be NULL or a builder not yet freed.
+// Frees a builder.
 void kc_key_builder_free(struct kc_key_builder *builder);
 
 // The value a lease holds, exactly as the build callback returned it. Valid until the lease
 // is released. NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_lease_value(const struct kc_lease *lease);
 
 // The weight the build callback reported for the value; 0 if `lease` is NULL.
-//
-// # Safety
-// As for `kc_lease_value`.
 uint64_t kc_lease_weight(const struct kc_lease *lease);
 
 // Another lease on the same value, to be released separately. NULL if `lease` is NULL.
-//
-// # Safety
-// As for `kc_lease_value`.
 struct kc_lease *kc_lease_clone(const struct kc_lease *lease);
 
-// Releases a lease; its value is destroyed here if it has left the cache and this was its
-// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+// Releases a lease; its value is destroyed here if it has left the cache and this was its last
+// lease. Releasing a lease twice is undefined behaviour.
 void kc_lease_release(struct kc_lease *lease);
 
 // Sends kcache's messages to `callback` with `ctx` instead of stderr; NULL sends them to
 // stderr again. Which levels are sent is decided by `KCACHE_LOG` (`error`, `warn`, `info`,
 // `debug`; default `warn`), read once per process. When this returns, the previous callback
 // is not running and is never called again, so its `ctx` may be freed.
-//
-// # Safety
 // `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
 // replaced.
 void kc_set_log_callback(kc_log_fn callback, void *ctx);
@@ -1405,49 +1024,35 @@ void kc_set_log_callback(kc_log_fn callback, void *ctx);
 // nothing written). A `buf_len` smaller than needed writes nothing to `buf` and returns
 // `KC_ERR_BUFFER_TOO_SMALL`. The figures move between two calls, so a size asked first may
 // fall short by the time of the second: call again with the newly reported size.
-//
-// # Safety
-// `buf` must be NULL or point to `buf_len` writable bytes; `out_needed` must be writable.
 enum kc_status kc_metrics_render(char *buf, size_t buf_len, size_t *out_needed);
 
-// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
-// across processes.
+// Unbounded memory caps.
 struct kc_opencl_options kc_opencl_options_default(void);
 
-// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
-// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. A disk
-// directory that is not owned by the user or that others may write is not used (the cache
-// works from memory); one that cannot be created is `KC_ERR_IO`.
-//
-// # Safety
-// `opts` must point to a `kc_opencl_options` whose `disk_dir` is NULL or a C string;
-// `out_cache` must be writable.
+// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the file
+// named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. `persistence` is the
+// persistent tiers the cache keeps its program binaries in, see `kc_persistence` (NULL: the
+// process's default; `kc_persistence_none()`: memory only); the cache holds its own reference.
 enum kc_status kc_opencl_cache_new(const struct kc_opencl_options *opts,
+                                   struct kc_persistence *persistence,
                                    struct kc_opencl_cache **out_cache);
 
-// Frees the cache: programs no lease holds are released now, the others when their last
-// lease is released. No other call on `cache` may run during or after this one. NULL is a
-// no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
+// Frees the cache: programs no lease holds are released now, the others when their last lease is
+// released. No other call on `cache` may run during or after this one.
 void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 
 // The built program for `sources` and `options` on `device` in `context`: from memory, else
 // from a binary on disk, else compiled (concurrent callers share one compile). The program
 // belongs to the cache: do not release it; release the lease instead.
 //
-// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
-// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
-// `options` is NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C
-// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
-// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
-// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-//
-// # Safety
-// `context` and `device` must be live OpenCL handles, the device one of the context's;
-// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
-// `options` must be NULL or a C string; `out_lease` must be writable.
+// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource` does;
+// `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated. `options` is
+// NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C source is; anything
+// else is `KC_ERR_INVALID_ARGUMENT`). A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL
+// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `context`
+// and `device` must be live OpenCL handles, the device one of the context's; `sources` must hold
+// `count` readable strings (of `lengths[i]` bytes, or NUL-terminated); `options` must be NULL or a
+// C string.
 enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
                                              void *context,
                                              void *device,
@@ -1482,8 +1087,6 @@ enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
 // failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
 // which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
 // and `kc_last_error_message()` are the first failing device's.
-//
-// # Safety
 // `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
 // devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
 // `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
@@ -1501,26 +1104,16 @@ enum kc_status kc_opencl_cache_find_or_build_program(struct kc_opencl_cache *cac
                                                      struct kc_buffer *out_logs);
 
 // The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 void *kc_opencl_lease_program(const struct kc_opencl_lease *lease);
 
-// Releases a lease; the last release of an evicted program releases the program. NULL is a
-// no-op.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+// Releases a lease; the last release of an evicted program releases the program.
 void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 
-// Unlinks every program built for `device`, in every context; each is released now, or when
-// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
-// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
-// evict nothing).
-//
-// # Safety
-// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
-// compared, never called: it may already be released.
+// Unlinks every program built for `device`, in every context; each is released now, or when its
+// last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL `device` is
+// `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would evict nothing).
+// `out_count` must be NULL or writable. `device` is only compared, never called: it may already be
+// released.
 enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
                                             void *device,
                                             size_t *out_count);
@@ -1528,17 +1121,12 @@ enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
 // Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 // released now, or when their last lease is. `*out_count` (if not NULL) receives how many
 // were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
-//
-// # Safety
 // As `kc_opencl_cache_evict_device`.
 enum kc_status kc_opencl_cache_evict_context(struct kc_opencl_cache *cache,
                                              void *context,
                                              size_t *out_count);
 
 // Unlinks every program (the disk keeps its binaries).
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 
 // Waits until the binary of every program built so far is written to the disk tier (or
@@ -1546,29 +1134,132 @@ enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 // thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
 // are held back until another process waits for them or until this call, so that they carry
 // the work-group code the programs' launches compiled: call it after your warm-up launches.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
 
-// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_opencl_cache_stats(const struct kc_opencl_cache *cache,
                                      struct kc_opencl_cache_statistics *out);
 
-// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
-// writes, what the disk index knows) stay. The directory's counters are not touched.
-//
-// # Safety
-// `cache` must be a live cache.
+// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 enum kc_status kc_opencl_cache_reset_stats(struct kc_opencl_cache *cache);
 
 // Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the
 // reason in `kc_last_error_message()`.
 enum kc_status kc_opencl_available(void);
+
+// Default options: everything from the environment, fsyncs on.
+struct kc_persistence_options kc_persistence_options_default(void);
+
+// Opens the persistent tiers; `opts` NULL takes everything from the environment. Each call
+// opens a new object (its own writer and counters): to share one, pass it around, or use
+// `kc_persistence_default`. Refusals: `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory,
+// a secure-execution process without `opts->dir`, an invalid `KCACHE_MAX_SIZE`),
+// `KC_ERR_UNTRUSTED` (directory not private to this user or a symlink; no operator key while
+// one is required; an unusable `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see
+// `kc_persistence_options`), `KC_ERR_IO`. Each refusal that comes from the environment or the
+// directory is also logged once per process at `KC_LOG_WARN` (on stderr, or to
+// `kc_set_log_callback`'s callback). A caller should then go on with memory only
+// (`kc_persistence_none()`).
+enum kc_status kc_persistence_open(const struct kc_persistence_options *opts,
+                                   struct kc_persistence **out);
+
+// A new reference to the process's default persistent tiers (what a NULL `kc_persistence *`
+// gives a cache or lookup), to read its statistics or flush it; free it with
+// `kc_persistence_free`. Opened from the environment by the first use, as
+// `kc_persistence_open(NULL, …)` would: `KC_ERR_UNAVAILABLE` when the environment turns the
+// disk tier off or it was refused (then every NULL means memory only), `KC_ERR_IO`.
+enum kc_status kc_persistence_default(struct kc_persistence **out);
+
+// What to pass as the `kc_persistence *` of a cache or tiered lookup that must keep nothing
+// beyond memory, whatever the environment says. Not an object: `kc_persistence_free` ignores
+// it and the `kc_persistence_*` functions refuse it (`KC_ERR_INVALID_ARGUMENT`).
+struct kc_persistence *kc_persistence_none(void);
+
+// Gives up the caller's reference; the tiers close (after their pending writes) once no
+// cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
+// returned stay valid.
+// `persistence` must be NULL, `kc_persistence_none()` or from `kc_persistence_open` or
+// `kc_persistence_default`, not yet freed, with no call on it running.
+void kc_persistence_free(struct kc_persistence *persistence);
+
+// The fingerprint of the operator key this object writes under (`KC_FINGERPRINT_LEN` bytes,
+// all zero without a key): what to pass to another process's `kc_persistence_gc` to keep its
+// entries during a key rotation.
+enum kc_status kc_persistence_fingerprint(const struct kc_persistence *persistence, uint8_t *out);
+
+// The distinct operator key fingerprints of the entries in the directory, in ascending
+// byte order: one per key generation that has entries there (all zero for unkeyed entries).
+// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
+// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
+// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
+// can make the second count larger, so compare it with `capacity`.
+enum kc_status kc_persistence_fingerprints(const struct kc_persistence *persistence,
+                                           uint8_t *out,
+                                           size_t capacity,
+                                           size_t *out_count);
+
+// Waits until every background write of this object submitted so far has finished (written or
+// failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
+// too.
+enum kc_status kc_persistence_flush(const struct kc_persistence *persistence);
+
+// Waits for the scan of the directory that `kc_persistence_open` starts in the background
+// (milliseconds even for a full cache). Until it has finished, `kc_persistence_stats` counts only
+// this object's own writes, and writes wait for it; reads do not.
+enum kc_status kc_persistence_wait_scan(const struct kc_persistence *persistence);
+
+// Writes the entry for `key` (atomically: readers see the old entry or the new one). `KC_ERR_IO`
+// when the write fails (disk full, …): nothing partial is left behind. `KC_ERR_INVALID_ARGUMENT`
+// when the entry (payload, header and tag) is larger than the smaller of the size cap and 1 GiB:
+// decided from `len` alone, before `data` is read. Right after `kc_persistence_open` the write
+// waits for the directory scan (see `kc_persistence_wait_scan`), so that it can make room within
+// the cap first. The entry says it holds a value of backend `custom`
+// (`kc_persistence_put_described` says more).
+enum kc_status kc_persistence_put(struct kc_persistence *persistence,
+                                  const uint8_t *key,
+                                  const uint8_t *data,
+                                  size_t len,
+                                  uint64_t build_time_ns);
+
+// `kc_persistence_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
+// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
+enum kc_status kc_persistence_put_described(struct kc_persistence *persistence,
+                                            const uint8_t *key,
+                                            const uint8_t *data,
+                                            size_t len,
+                                            uint64_t build_time_ns,
+                                            const struct kc_entry_descriptor *descriptor);
+
+// Reads and verifies the entry for `key` into `*out` (written on success only; free it
+// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
+// failed verification, was larger than the per-entry limit or was not a regular file, and
+// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
+enum kc_status kc_persistence_get(struct kc_persistence *persistence,
+                                  const uint8_t *key,
+                                  struct kc_buffer *out);
+
+// Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
+enum kc_status kc_persistence_remove(struct kc_persistence *persistence, const uint8_t *key);
+
+// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
+// other key schemas, corrupt entries, and entries of operator keys that are neither this
+// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
+// concatenated) at `retain`. `out_report` may be NULL.
+enum kc_status kc_persistence_gc(struct kc_persistence *persistence,
+                                 const uint8_t *retain,
+                                 size_t retain_count,
+                                 uint64_t temp_max_age_s,
+                                 struct kc_persistence_gc_report *out_report);
+
+// Fills `*out` with this object's counters (see `kc_persistence_stats`).
+enum kc_status kc_persistence_stats(const struct kc_persistence *persistence,
+                                    struct kc_persistence_statistics *out);
+
+// Zeroes this object's event counters (`kc_persistence_statistics`); `entries`, `bytes`,
+// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
+// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
+enum kc_status kc_persistence_reset_stats(struct kc_persistence *persistence);
 
 // The static name of a status code: "KC_OK", "KC_ERR_CACHE_CLEARED", ... and
 // "KC_UNKNOWN_STATUS" for any other value. Takes an `int` so that any value is safe to pass;
@@ -1585,87 +1276,75 @@ const char *kc_last_error_message(void);
 // build gets the builder's code. Other failures leave it unchanged.
 int kc_last_build_error(void);
 
-// The library version, "MAJOR.MINOR.PATCH", a static string. Compare with the
+// The library's C ABI version, "MAJOR.MINOR.PATCH", a static string. Compare with the
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
 
-// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
-// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
-// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
-// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
-// callers of one key read or build once. A disk miss waits for another process building the
-// same `l2_key` in the same directory (up to the disk's lock timeout) and loads what it
-// wrote; if that build fails, this one builds too. A disk entry that `load` refuses is
-// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
-// the lookup returns; the write itself happens on the disk's background writer (see
-// `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
+// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
+// for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`
+// and writes `callbacks->serialize`'s bytes back to disk. `persistence` is as for a cache (see
+// `kc_persistence`: NULL the process's default, `kc_persistence_none()` memory only). The disk
+// read runs inside the memory tier's single flight: concurrent callers of one key read or build
+// once. A disk miss waits for another process building the same `l2_key` in the same directory (up
+// to the disk's lock timeout) and loads what it wrote; if that build fails, this one builds too. A
+// disk entry that `load` refuses is removed (and counted in `load_failures`). `serialize` runs on
+// the calling thread before the lookup returns; the write itself happens on the disk's background
+// writer (see `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
 // `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
-// (`kc_tiered_find_or_build_described` says more).
-//
-// # Safety
-// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
-// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+// (`kc_tiered_find_or_build_described` says more). `cache` live; `persistence` NULL,
+// `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable for its
+// `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
 enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
                                        const uint8_t *l1_key,
                                        size_t l1_key_len,
                                        int64_t device_id,
-                                       struct kc_disk *disk,
+                                       struct kc_persistence *persistence,
                                        const uint8_t *l2_key,
                                        const struct kc_tiered_callbacks *callbacks,
                                        struct kc_lease **out_lease);
 
 // `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
-// as `kc_disk_put_described` takes it; NULL: backend `custom`).
-//
-// # Safety
-// As `kc_tiered_find_or_build`; `descriptor` as for `kc_disk_put_described`.
+// as `kc_persistence_put_described` takes it; NULL: backend `custom`).
+// As `kc_tiered_find_or_build`; `descriptor` as for `kc_persistence_put_described`.
 enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
                                                  const uint8_t *l1_key,
                                                  size_t l1_key_len,
                                                  int64_t device_id,
-                                                 struct kc_disk *disk,
+                                                 struct kc_persistence *persistence,
                                                  const uint8_t *l2_key,
                                                  const struct kc_tiered_callbacks *callbacks,
                                                  const struct kc_entry_descriptor *descriptor,
                                                  struct kc_lease **out_lease);
 
-// Memory only, unbounded, with the system's Vulkan loader.
+// Unbounded memory caps, the system's Vulkan loader.
 struct kc_vulkan_options kc_vulkan_options_default(void);
 
-// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
-// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
-// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
-// untrusted disk directory is not used (the cache works from memory); one that cannot be
-// created is `KC_ERR_IO`.
-//
-// # Safety
-// `opts` must point to a `kc_vulkan_options` whose `disk_dir` and `remote_*` strings are
-// NULL or C strings and whose `get_instance_proc_addr` is NULL or behaves as
-// `vkGetInstanceProcAddr` for as long as the cache and its leases live; `out_cache` must be
-// writable.
+// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a `get_instance_proc_addr`
+// that does not resolve `vkCreateInstance` (queried with a NULL instance, as every loader answers
+// it): `KC_ERR_UNAVAILABLE`. `persistence` is the persistent tiers the cache keeps each device's
+// pipeline-cache data in, see `kc_persistence` (NULL: the process's default;
+// `kc_persistence_none()`: memory only); the cache holds its own reference. `opts` must point to a
+// `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr`
+// for as long as the cache and its leases live; `persistence` NULL, `kc_persistence_none()` or
+// live.
 enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
+                                   struct kc_persistence *persistence,
                                    struct kc_vulkan_cache **out_cache);
 
-// Frees the cache. Every device still registered has its pipeline-cache data written back
-// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
-// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
-// the others at their last release. No other call on `cache` may run during or after this
-// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
-// afterwards, which then just frees them. NULL is a no-op.
-//
-// # Safety
-// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
+// Frees the cache. Every device still registered has its pipeline-cache data written back (when
+// pipelines were created since the last write) and its `VkPipelineCache` destroyed, so free the
+// cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
+// their last release. No other call on `cache` may run during or after this one;
+// `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
+// afterwards, which then just frees them.
 void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 
 // Registers the caller's device with the cache: kcache reads its properties, creates its
-// `VkPipelineCache` (seeded from disk data whose header names this device), and records
-// pipelines under it. The caller keeps owning all three handles.
-//
-// # Safety
-// `cache` must be live; the handles must be live and related (the physical device from the
-// instance, the device from the physical device), created through the cache's loader, and
-// outlive the registration and every lease of the device's pipelines; `out_device` must be
-// writable.
+// `VkPipelineCache` (seeded from disk data whose header names this device), and records pipelines
+// under it. The caller keeps owning all three handles. `cache` must be live; the handles must be
+// live and related (the physical device from the instance, the device from the physical device),
+// created through the cache's loader, and outlive the registration and every lease of the device's
+// pipelines;
 enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
                                                void *instance,
                                                void *physical_device,
@@ -1677,8 +1356,6 @@ enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
 // lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
 // hold: release them before destroying the device. `device` is freed whatever the status
 // (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-//
-// # Safety
 // `cache` must be the live cache the device was registered with (or, once that cache is
 // freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 // unregistered; `out_still_leased` must be NULL or writable.
@@ -1689,9 +1366,6 @@ enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
 // Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
 // released. Devices stay registered and their pipeline caches (and the data on disk) keep
 // what the driver stored, so rebuilding is cheaper than the first build.
-//
-// # Safety
-// `cache` must be a live cache.
 enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 
 // Writes the device's pipeline-cache data to disk now if pipelines were created (or data
@@ -1700,94 +1374,45 @@ enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 // merges the remote's data too and writes the result there in the background (freeing the
 // cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
 // disk tier it writes nothing and succeeds.
-//
-// # Safety
 // `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      const struct kc_vulkan_device *device,
                                      bool *out_written);
 
-// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-// GLCompute entry point of that name, unique specialization ids, map entries inside their
-// data, a compute-usable layout that covers every descriptor binding the entry point uses,
-// with a compatible descriptor type and enough descriptors, and every push-constant byte it
-// reads, or a layout derived from the shader when none is given; allowed flags; a power-of-two
-// subgroup size) and digests it. A
-// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
-// reaches the driver. Everything is copied: the description's memory may be reused
-// afterwards.
-//
-// # Safety
-// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
-// and sizes it gives; `out_spec` must be writable.
-enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
-                                  struct kc_vulkan_spec **out_spec);
-
-// Frees a description. NULL is a no-op.
-//
-// # Safety
-// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
-void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
-
-// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
-// callers of one description share one `vkCreateComputePipelines`). The pipeline belongs to
-// the cache: do not destroy it; release the lease. A driver failure is
-// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
-// unregistered is `KC_ERR_DEVICE_DESTROYED`.
-//
-// # Safety
-// `cache`, `device` and `spec` must be live, the device registered with this cache;
-// `out_lease` must be writable.
+// The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
+// one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
+// destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
+// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`. `cache`,
+// `device` and `spec` must be live, the device registered with this cache.
 enum kc_status kc_vulkan_cache_find_or_build(struct kc_vulkan_cache *cache,
                                              const struct kc_vulkan_device *device,
                                              const struct kc_vulkan_spec *spec,
                                              struct kc_vulkan_lease **out_lease);
 
 // The leased `VkPipeline`; 0 if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_pipeline(const struct kc_vulkan_lease *lease);
 
 // The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_layout(const struct kc_vulkan_lease *lease);
 
 // The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
 // has no such set.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_set_layout(const struct kc_vulkan_lease *lease, uint32_t set);
 
 // The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released.
 uint64_t kc_vulkan_lease_shader_module(const struct kc_vulkan_lease *lease);
 
-// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
-//
-// # Safety
-// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
-// pipeline must no longer be executing if this may be its last release.
+// Releases a lease; the last release of an evicted pipeline destroys it. `lease` must be NULL or a
+// lease not yet released; it must not be used afterwards, and the pipeline must no longer be
+// executing if this may be its last release.
 void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 
-// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-//
-// # Safety
-// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_vulkan_cache_stats(const struct kc_vulkan_cache *cache,
                                      struct kc_vulkan_cache_statistics *out);
 
-// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
-// writes, what the disk index knows) stay. The directory's counters are not touched.
-//
-// # Safety
-// `cache` must be a live cache.
+// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 
 // Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`
@@ -1816,6 +1441,21 @@ enum kc_status kc_vulkan_cache_register_owned_device(struct kc_vulkan_cache *cac
                                                      kc_vulkan_destroy_device_fn destroy,
                                                      void *user_data,
                                                      struct kc_vulkan_device **out_device);
+
+// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
+// entry point of that name, unique specialization ids, map entries inside their data, a
+// compute-usable layout that covers every descriptor binding the entry point uses, with a
+// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
+// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
+// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
+// and never reaches the driver. Everything is copied: the description's memory may be reused
+// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
+// counts and sizes it gives;
+enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
+                                  struct kc_vulkan_spec **out_spec);
+
+// Frees a description.
+void kc_vulkan_spec_free(struct kc_vulkan_spec *spec);
 
 #ifdef __cplusplus
 }  // extern "C"

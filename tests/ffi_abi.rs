@@ -151,7 +151,7 @@ fn a_struct_size_larger_than_any_struct_is_refused_unread() {
 
 #[test]
 fn a_pipeline_description_s_sizes_are_checked_before_use() {
-    use kcache::ffi::vulkan::{
+    use kcache::ffi::vulkan_spec::{
         kc_vulkan_binding, kc_vulkan_pipeline_desc, kc_vulkan_spec_constant, kc_vulkan_spec_new,
     };
     let code = [0x0723_0203u32];

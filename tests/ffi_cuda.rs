@@ -9,6 +9,8 @@ use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 
 use kcache::ffi::cuda::*;
+use kcache::ffi::persistence::*;
+use kcache::ffi::persistence_stats::*;
 use kcache::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
@@ -20,12 +22,30 @@ fn last_error() -> String {
         .into_owned()
 }
 
-struct Cache(*mut kc_cuda_cache);
+/// A cache and the persistent tiers it was given (`kc_persistence_none()` for none).
+struct Cache(*mut kc_cuda_cache, *mut kc_persistence);
 
 impl Drop for Cache {
     fn drop(&mut self) {
-        // SAFETY: a cache from kc_cuda_cache_new, freed once.
-        unsafe { kc_cuda_cache_free(self.0) };
+        // SAFETY: a cache from kc_cuda_cache_new and the caller's reference to its tiers (or
+        // the marker), each freed once.
+        unsafe {
+            kc_cuda_cache_free(self.0);
+            kc_persistence_free(self.1);
+        }
+    }
+}
+
+impl Cache {
+    fn tiers_stats(&self) -> kc_persistence_statistics {
+        let mut out = kc_persistence_statistics {
+            struct_size: size_of::<kc_persistence_statistics>(),
+            ..Default::default()
+        };
+        // SAFETY: a live object and a writable struct of its size.
+        let status = unsafe { kc_persistence_stats(self.1, &mut out) };
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        out
     }
 }
 
@@ -33,24 +53,35 @@ fn new_cache(fake: &FakeDriver, disk: Option<&std::path::Path>) -> Cache {
     new_cache_with(fake, disk, |_| ())
 }
 
-/// As [`new_cache`], with more options set by `more` (its strings must outlive the call).
+/// As [`new_cache`], with more options of the persistent tiers set by `more` (its strings must
+/// outlive the call).
 fn new_cache_with(
     fake: &FakeDriver,
     disk: Option<&std::path::Path>,
-    more: impl FnOnce(&mut kc_cuda_options),
+    more: impl FnOnce(&mut kc_persistence_options),
 ) -> Cache {
     let library = CString::new(fake.path().to_str().unwrap()).unwrap();
-    let dir = disk.map(|d| CString::new(d.to_str().unwrap()).unwrap());
+    let tiers = match disk {
+        None => kc_persistence_none(),
+        Some(dir) => {
+            let dir = CString::new(dir.to_str().unwrap()).unwrap();
+            let mut opts = kc_persistence_options_default();
+            opts.dir = dir.as_ptr();
+            more(&mut opts);
+            let mut tiers = ptr::null_mut();
+            // SAFETY: valid options (strings live for the call) and out-pointer.
+            let status = unsafe { kc_persistence_open(&opts, &mut tiers) };
+            assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+            tiers
+        }
+    };
     let mut opts = kc_cuda_options_default();
     opts.driver_library = library.as_ptr();
-    opts.use_disk = dir.is_some();
-    opts.disk_dir = dir.as_ref().map_or(ptr::null(), |d| d.as_ptr());
-    more(&mut opts);
     let mut cache = ptr::null_mut();
-    // SAFETY: valid options and out-pointer.
-    let status = unsafe { kc_cuda_cache_new(&opts, &mut cache) };
+    // SAFETY: valid options, persistent tiers (or none) and out-pointer.
+    let status = unsafe { kc_cuda_cache_new(&opts, tiers, &mut cache) };
     assert_eq!(status, kc_status::KC_OK, "{}", last_error());
-    Cache(cache)
+    Cache(cache, tiers)
 }
 
 fn stats(cache: &Cache) -> kc_cuda_cache_statistics {
@@ -146,17 +177,18 @@ fn module_function_evict_release_through_the_c_api() {
     );
 }
 
-/// The remote tier from `kc_cuda_options`' own fields: a cache links and writes its cubin to
-/// the store; a second one, with another disk directory, loads it without linking.
+/// The remote tier from `kc_persistence_options` given to a CUDA cache: a cache links and
+/// writes its cubin to the store; a second one, with another disk directory, loads it without
+/// linking.
 #[test]
 fn the_remote_tier_from_the_cuda_options() {
     let fake = FakeDriver::new();
     let server = kcache_testkit::redis::RedisServer::start();
     let url = CString::new(server.url()).unwrap();
     const KEY: [u8; 32] = [4; 32];
-    let remote = |opts: &mut kc_cuda_options| {
-        opts.disk_key = KEY.as_ptr();
-        opts.disk_key_len = KEY.len();
+    let remote = |opts: &mut kc_persistence_options| {
+        opts.key = KEY.as_ptr();
+        opts.key_len = KEY.len();
         opts.remote_url = url.as_ptr();
         opts.remote_timeout_ms = 2000;
     };
@@ -182,15 +214,15 @@ fn the_remote_tier_from_the_cuda_options() {
             kc_cuda_lease_release(lease);
             assert_eq!(kc_cuda_cache_flush(cache.0), kc_status::KC_OK);
         }
-        stats(cache)
+        (stats(cache), cache.tiers_stats())
     };
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = lookup(&new_cache_with(&fake, Some(a_dir.path()), remote));
+    let (a, tiers) = lookup(&new_cache_with(&fake, Some(a_dir.path()), remote));
     assert_eq!((a.links, a.cubin_loads), (1, 0));
-    assert_eq!((a.disk.remote, a.disk.remote_puts), (true, 1));
+    assert_eq!((tiers.remote, tiers.remote_puts), (true, 1));
     assert_eq!(server.keys().len(), 1);
-    let b = lookup(&new_cache_with(&fake, Some(b_dir.path()), remote));
-    assert_eq!((b.links, b.cubin_loads, b.disk.remote_hits), (0, 1, 1));
+    let (b, tiers) = lookup(&new_cache_with(&fake, Some(b_dir.path()), remote));
+    assert_eq!((b.links, b.cubin_loads, tiers.remote_hits), (0, 1, 1));
 }
 
 #[test]
@@ -292,7 +324,7 @@ fn no_driver_is_unavailable() {
     opts.driver_library = c"/nonexistent/libcuda.so.1".as_ptr();
     let mut cache = ptr::null_mut();
     // SAFETY: valid options and out-pointer.
-    let status = unsafe { kc_cuda_cache_new(&opts, &mut cache) };
+    let status = unsafe { kc_cuda_cache_new(&opts, kc_persistence_none(), &mut cache) };
     assert_eq!(status, kc_status::KC_ERR_UNAVAILABLE);
     assert!(cache.is_null());
     assert!(last_error().contains("no CUDA driver"), "{}", last_error());
@@ -310,10 +342,10 @@ fn cuda_source_through_nvrtc() {
     let mut raw = ptr::null_mut();
     // SAFETY: valid options and out-pointer.
     assert_eq!(
-        unsafe { kc_cuda_cache_new(&opts, &mut raw) },
+        unsafe { kc_cuda_cache_new(&opts, kc_persistence_none(), &mut raw) },
         kc_status::KC_OK
     );
-    let cache = Cache(raw);
+    let cache = Cache(raw, kc_persistence_none());
     let ctx = fake.create_context(1);
     let source = c"extern \"C\" __global__ void scale(float *x) { x[0] *= 2.0f; }";
     let options = [c"-DSCALE=2".as_ptr(), c"-lineinfo".as_ptr()];
@@ -390,7 +422,7 @@ fn cuda_source_through_nvrtc() {
     opts.nvrtc_library = c"/nonexistent/libnvrtc.so".as_ptr();
     let mut none = ptr::null_mut();
     // SAFETY: valid options and out-pointer.
-    let status = unsafe { kc_cuda_cache_new(&opts, &mut none) };
+    let status = unsafe { kc_cuda_cache_new(&opts, kc_persistence_none(), &mut none) };
     assert_eq!(status, kc_status::KC_ERR_UNAVAILABLE);
     assert!(none.is_null());
 }

@@ -1,24 +1,25 @@
-//! The remote tier configured through a backend's own C options alone (the `remote_*` fields
-//! of `kc_opencl_options` and `kc_vulkan_options`, the environment holding no
-//! `KCACHE_REMOTE_*` variable), called as C would call it, with one `redis-server` on
-//! loopback. OpenCL on PoCL: a cache writes its program binary to the store under the prefix
-//! its options name; a second cache with another disk directory loads it without compiling.
-//! Vulkan on lavapipe under the validation layer: a cache writes a device's pipeline-cache
-//! data to the store; a second cache with another disk directory seeds its device's pipeline
-//! cache from it. A caller compiled against the layout before the remote fields gets no
-//! remote, whatever lies past its `struct_size`.
+//! The remote tier configured through the C options of the persistent tiers alone (the
+//! `remote_*` fields of `kc_persistence_options`, the environment holding no `KCACHE_REMOTE_*`
+//! variable) and handed to backend caches, called as C would call it, with one `redis-server`
+//! on loopback. OpenCL on PoCL: a cache writes its program binary to the store under the
+//! prefix the options name; a second cache on persistent tiers with another disk directory
+//! loads it without compiling. Vulkan on lavapipe under the validation layer: a cache writes a
+//! device's pipeline-cache data to the store; a second cache with another disk directory seeds
+//! its device's pipeline cache from it.
 
 mod vulkan_common;
 
 use std::ffi::{CStr, CString, c_void};
-use std::mem::offset_of;
 use std::path::Path;
 use std::ptr;
 
 use ash::vk::Handle;
 use kcache::backend::vulkan::DeviceOwner;
 use kcache::ffi::opencl::*;
+use kcache::ffi::persistence::*;
+use kcache::ffi::persistence_stats::*;
 use kcache::ffi::vulkan::*;
+use kcache::ffi::vulkan_spec::*;
 use kcache::ffi::{kc_last_error_message, kc_status};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
@@ -38,23 +39,46 @@ fn c_path(path: &Path) -> CString {
     CString::new(path.to_str().unwrap()).unwrap()
 }
 
-/// A backend's options (from `$default()`) for a cache on a disk in `$dir` (a C string),
-/// keyed, with the store at `$url` under `$prefix`, as a caller whose options struct is
-/// `$struct_size` bytes sets them up: every backend names these fields alike. The strings must
-/// outlive the options.
-macro_rules! remote_options {
-    ($default:ident, $dir:expr, $url:expr, $prefix:expr, $struct_size:expr) => {{
-        let mut opts = $default();
-        opts.struct_size = $struct_size;
-        opts.use_disk = true;
-        opts.disk_dir = $dir.as_ptr();
-        opts.disk_key = KEY.as_ptr();
-        opts.disk_key_len = KEY.len();
-        opts.remote_url = $url.as_ptr();
-        opts.remote_prefix = $prefix.as_ptr();
+/// Persistent tiers on a disk in `dir`, keyed, with the store at `url` under `prefix`, as C
+/// opens them; freed on drop.
+struct Persistence(*mut kc_persistence);
+
+impl Persistence {
+    fn open(dir: &Path, url: &CStr, prefix: &CStr) -> Persistence {
+        let dir = c_path(dir);
+        let mut opts = kc_persistence_options_default();
+        opts.dir = dir.as_ptr();
+        opts.key = KEY.as_ptr();
+        opts.key_len = KEY.len();
+        opts.remote_url = url.as_ptr();
+        opts.remote_prefix = prefix.as_ptr();
         opts.remote_timeout_ms = 2000;
-        opts
-    }};
+        let mut out = ptr::null_mut();
+        // SAFETY: valid options (strings live for the call) and out-pointer.
+        let status = unsafe { kc_persistence_open(&opts, &mut out) };
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        Persistence(out)
+    }
+
+    fn stats(&self) -> kc_persistence_statistics {
+        let mut out = kc_persistence_statistics {
+            struct_size: size_of::<kc_persistence_statistics>(),
+            ..Default::default()
+        };
+        // SAFETY: a live object and a writable struct of its size.
+        assert_eq!(
+            unsafe { kc_persistence_stats(self.0, &mut out) },
+            kc_status::KC_OK
+        );
+        out
+    }
+}
+
+impl Drop for Persistence {
+    fn drop(&mut self) {
+        // SAFETY: from kc_persistence_open, freed once.
+        unsafe { kc_persistence_free(self.0) };
+    }
 }
 
 /// The remote must come from the options alone.
@@ -77,14 +101,12 @@ impl Drop for Cache {
 }
 
 impl Cache {
-    /// A cache on a disk in `dir`, keyed, with the store at `url` under `prefix`, as a caller
-    /// whose `kc_opencl_options` is `struct_size` bytes sets it up.
-    fn new(dir: &Path, url: &CStr, prefix: &CStr, struct_size: usize) -> Cache {
-        let dir = c_path(dir);
-        let opts = remote_options!(kc_opencl_options_default, dir, url, prefix, struct_size);
+    /// A cache on `persistence`, which it holds a reference of its own to.
+    fn new(persistence: &Persistence) -> Cache {
+        let opts = kc_opencl_options_default();
         let mut cache = ptr::null_mut();
-        // SAFETY: valid options (strings live for the call) and out-pointer.
-        let status = unsafe { kc_opencl_cache_new(&opts, &mut cache) };
+        // SAFETY: valid options, a live persistence object and an out-pointer.
+        let status = unsafe { kc_opencl_cache_new(&opts, persistence.0, &mut cache) };
         assert_eq!(status, kc_status::KC_OK, "{}", last_error());
         Cache(cache)
     }
@@ -135,24 +157,14 @@ fn opencl_caches_share_programs_through_their_c_options_alone() {
     let server = RedisServer::start();
     let url = CString::new(server.url()).unwrap();
     let prefix = c"ffi:";
-    let size = size_of::<kc_opencl_options>();
-    let (a_dir, b_dir, old_dir) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
 
-    let a = Cache::new(a_dir.path(), &url, prefix, size).lookup(&context);
+    let a_tiers = Persistence::open(a_dir.path(), &url, prefix);
+    let a = Cache::new(&a_tiers).lookup(&context);
     assert_eq!((a.source_builds, a.binary_loads), (1, 0));
-    assert!(a.disk.remote);
-    assert_eq!(
-        (
-            a.disk.remote_puts,
-            a.disk.remote_leases,
-            a.disk.remote_errors
-        ),
-        (1, 1, 0)
-    );
+    let p = a_tiers.stats();
+    assert!(p.remote);
+    assert_eq!((p.remote_puts, p.remote_leases, p.remote_errors), (1, 1, 0));
     let keys = server.keys();
     assert_eq!(keys.len(), 1, "{keys:?}");
     assert!(
@@ -160,16 +172,11 @@ fn opencl_caches_share_programs_through_their_c_options_alone() {
         "{keys:?}"
     );
 
-    let b = Cache::new(b_dir.path(), &url, prefix, size).lookup(&context);
+    let b_tiers = Persistence::open(b_dir.path(), &url, prefix);
+    let b = Cache::new(&b_tiers).lookup(&context);
     assert_eq!((b.source_builds, b.binary_loads), (0, 1));
-    assert_eq!((b.disk.remote_hits, b.disk.remote_puts), (1, 0));
-    assert_eq!(server.keys(), keys);
-
-    // The 2.4 layout ended before `remote_url`: what lies past it is not read.
-    let older = offset_of!(kc_opencl_options, remote_url);
-    let old = Cache::new(old_dir.path(), &url, prefix, older).lookup(&context);
-    assert_eq!((old.source_builds, old.binary_loads), (1, 0));
-    assert!(!old.disk.remote);
+    let p = b_tiers.stats();
+    assert_eq!((p.remote_hits, p.remote_puts), (1, 0));
     assert_eq!(server.keys(), keys);
 }
 
@@ -179,23 +186,24 @@ fn opencl_caches_share_programs_through_their_c_options_alone() {
 struct VulkanNode {
     cache: *mut kc_vulkan_cache,
     device: *mut kc_vulkan_device,
+    tiers: Persistence,
     /// Dropped after the cache: it checks that the validation layer reported nothing.
     gpu: TestGpu,
 }
 
 impl VulkanNode {
-    fn new(dir: &Path, url: &CStr, prefix: &CStr, struct_size: usize) -> VulkanNode {
+    fn new(dir: &Path, url: &CStr, prefix: &CStr) -> VulkanNode {
         let gpu = TestGpu::new().expect("a Vulkan device (lavapipe) and the validation layer");
         let mut node = VulkanNode {
             cache: ptr::null_mut(),
             device: ptr::null_mut(),
+            tiers: Persistence::open(dir, url, prefix),
             gpu,
         };
-        let dir = c_path(dir);
-        let opts = remote_options!(kc_vulkan_options_default, dir, url, prefix, struct_size);
-        // SAFETY: valid options (strings live for the call, the system's loader) and
+        let opts = kc_vulkan_options_default();
+        // SAFETY: valid options (the system's loader), a live persistence object and an
         // out-pointer.
-        let status = unsafe { kc_vulkan_cache_new(&opts, &mut node.cache) };
+        let status = unsafe { kc_vulkan_cache_new(&opts, node.tiers.0, &mut node.cache) };
         assert_eq!(status, kc_status::KC_OK, "{}", last_error());
         // Dispatchable handles cross the C ABI as pointers.
         let raw = |handle: u64| handle as *mut c_void;
@@ -288,14 +296,9 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
     let server = RedisServer::start();
     let url = CString::new(server.url()).unwrap();
     let prefix = c"vk:";
-    let size = size_of::<kc_vulkan_options>();
-    let (a_dir, b_dir, old_dir) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
 
-    let a = VulkanNode::new(a_dir.path(), &url, prefix, size);
+    let a = VulkanNode::new(a_dir.path(), &url, prefix);
     assert!(a.build_and_flush(), "its disk had nothing");
     let s = a.stats();
     assert_eq!(
@@ -307,16 +310,10 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
         (1, 1, 0)
     );
     assert_eq!(s.cache_data_written, 1);
-    assert!(s.disk.remote);
+    let p = a.tiers.stats();
+    assert!(p.remote);
     // Nothing in the store at registration, nor when the write-back read it to merge.
-    assert_eq!(
-        (
-            s.disk.remote_misses,
-            s.disk.remote_hits,
-            s.disk.remote_errors
-        ),
-        (2, 0, 0)
-    );
+    assert_eq!((p.remote_misses, p.remote_hits, p.remote_errors), (2, 0, 0));
     drop(a);
     let keys = server.keys();
     assert_eq!(keys.len(), 1, "{keys:?}");
@@ -325,7 +322,7 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
         "{keys:?}"
     );
 
-    let b = VulkanNode::new(b_dir.path(), &url, prefix, size);
+    let b = VulkanNode::new(b_dir.path(), &url, prefix);
     let s = b.stats();
     assert_eq!(
         (
@@ -336,24 +333,11 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
         (1, 1, 0),
         "missing on disk, seeded from the remote"
     );
+    let p = b.tiers.stats();
     assert_eq!(
-        (
-            s.disk.remote_hits,
-            s.disk.remote_misses,
-            s.disk.remote_rejects
-        ),
+        (p.remote_hits, p.remote_misses, p.remote_rejects),
         (1, 0, 0)
     );
     drop(b);
-    assert_eq!(server.keys(), keys);
-
-    // The 2.4 layout ended before `remote_url`: what lies past it is not read.
-    let older = offset_of!(kc_vulkan_options, remote_url);
-    let old = VulkanNode::new(old_dir.path(), &url, prefix, older);
-    let s = old.stats();
-    assert_eq!((s.cache_data_missing, s.cache_data_loaded), (1, 0));
-    assert!(!s.disk.remote);
-    assert!(old.build_and_flush());
-    drop(old);
     assert_eq!(server.keys(), keys);
 }

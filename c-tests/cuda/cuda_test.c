@@ -29,20 +29,24 @@ unsigned long long fakecuda_counter(const char *name);
 static const char PTX[] = ".version 7.0\n.target sm_52\n.address_size 64\n"
                           ".visible .entry twice(.param .u64 p) { ret; }\n";
 
-static kc_cuda_cache *new_cache(const char *driver, const char *disk_dir) {
+static kc_cuda_cache *new_cache(const char *driver, kc_persistence *tiers) {
     kc_cuda_options opts = kc_cuda_options_default();
     kc_cuda_cache *cache = NULL;
     opts.driver_library = driver;
-    opts.use_disk = true;
-    opts.disk_dir = disk_dir;
-    EXPECT(kc_cuda_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_cuda_cache_new(&opts, tiers, &cache) == KC_OK);
     return cache;
 }
 
-/* One lookup in a fresh cache; returns the statistics after it. */
-static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir, void *ctx) {
+/* One lookup in a fresh cache on fresh persistent tiers in disk_dir; returns the statistics
+ * after it, and the persistent tiers' in *tier_stats. */
+static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir, void *ctx,
+                                       kc_persistence_statistics *tier_stats) {
     kc_cuda_cache_statistics stats;
-    kc_cuda_cache *cache = new_cache(driver, disk_dir);
+    kc_persistence_options topts = kc_persistence_options_default();
+    kc_persistence *tiers = NULL;
+    topts.dir = disk_dir;
+    EXPECT(kc_persistence_open(&topts, &tiers) == KC_OK);
+    kc_cuda_cache *cache = new_cache(driver, tiers);
     kc_cuda_lease *lease = NULL;
     void *function = NULL;
     size_t evicted = 0;
@@ -59,7 +63,10 @@ static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir,
     /* The cubin is written on a background thread; a flush waits for that. */
     EXPECT(kc_cuda_cache_flush(cache) == KC_OK);
     EXPECT(kc_cuda_cache_stats(cache, &stats) == KC_OK);
-    EXPECT(stats.disk.pending_writes == 0 && stats.disk.failed_writes == 0);
+    memset(tier_stats, 0, sizeof *tier_stats);
+    tier_stats->struct_size = sizeof *tier_stats;
+    EXPECT(kc_persistence_stats(tiers, tier_stats) == KC_OK);
+    EXPECT(tier_stats->pending_writes == 0 && tier_stats->failed_writes == 0);
     /* A reset zeroes the counters (returned as they were before it) and keeps the gauges. */
     {
         kc_cuda_cache_statistics reset;
@@ -68,7 +75,7 @@ static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir,
         EXPECT(kc_cuda_cache_reset_stats(cache) == KC_OK);
         EXPECT(kc_cuda_cache_stats(cache, &reset) == KC_OK);
         EXPECT(reset.links == 0 && reset.cubin_loads == 0 && reset.memory.misses == 0);
-        EXPECT(reset.disk.puts == 0 && reset.disk.hits == 0);
+        EXPECT(reset.disk_hits == 0 && reset.disk_misses == 0);
         EXPECT(reset.memory.entries == 1 && reset.memory.leases == 1);
         EXPECT(kc_hit_rate(reset.memory.hits, reset.memory.misses) == 0.0);
         EXPECT(kc_cuda_cache_reset_stats(NULL) == KC_ERR_INVALID_ARGUMENT);
@@ -79,6 +86,7 @@ static kc_cuda_cache_statistics lookup(const char *driver, const char *disk_dir,
     EXPECT(evicted == 1);
     kc_cuda_lease_release(lease);
     kc_cuda_cache_free(cache);
+    kc_persistence_free(tiers);
     return stats;
 }
 
@@ -87,7 +95,7 @@ int main(int argc, char **argv) {
         kc_cuda_options opts = kc_cuda_options_default();
         kc_cuda_cache *cache = NULL;
         opts.driver_library = "/nonexistent/libcuda.so.1";
-        EXPECT(kc_cuda_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
+        EXPECT(kc_cuda_cache_new(&opts, kc_persistence_none(), &cache) == KC_ERR_UNAVAILABLE);
         EXPECT(cache == NULL);
         EXPECT(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
         EXPECT(setenv("KCACHE_CUDA_LIBRARY", "/nonexistent/libcuda.so.1", 1) == 0);
@@ -106,14 +114,15 @@ int main(int argc, char **argv) {
     EXPECT(cuInit(0) == 0);
     EXPECT(cuCtxCreate_v2(&ctx, 0, 0) == 0 && cuCtxPopCurrent_v2(&popped) == 0 && popped == ctx);
 
-    kc_cuda_cache_statistics cold = lookup(driver, disk_dir, ctx);
+    kc_persistence_statistics tiers;
+    kc_cuda_cache_statistics cold = lookup(driver, disk_dir, ctx, &tiers);
     EXPECT(cold.links == 1 && cold.disk_misses == 1 && cold.cubin_loads == 0);
-    EXPECT(cold.disk.puts == 1);
+    EXPECT(tiers.puts == 1);
     EXPECT(fakecuda_counter("link_complete") == 1);
 
-    kc_cuda_cache_statistics warm = lookup(driver, disk_dir, ctx);
+    kc_cuda_cache_statistics warm = lookup(driver, disk_dir, ctx, &tiers);
     EXPECT(warm.links == 0 && warm.disk_hits == 1 && warm.cubin_loads == 1);
-    EXPECT(warm.disk.puts == 0);
+    EXPECT(tiers.puts == 0 && tiers.hits == 1);
     EXPECT(kc_cuda_cache_flush(NULL) == KC_ERR_INVALID_ARGUMENT);
     EXPECT(fakecuda_counter("link_complete") == 1);
     EXPECT(fakecuda_counter("module_load") == 2);

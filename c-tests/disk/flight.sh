@@ -144,7 +144,7 @@ expect "waiting behind a forked child" "$(sums forkwait)" "builds=0 loads=1 wait
 settled "$work/fork" 1
 
 # Across nodes: four workers with directories of their own and one redis-server on loopback
-# (the remote tier through kc_disk_options): one builds under the entry's lease, the others
+# (the remote tier through kc_persistence_options): one builds under the entry's lease, the others
 # wait for it and load its entry from the store.
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mkdir -m 700 "$work/redis"

@@ -8,7 +8,7 @@
  * code.
  * Usage: flight_worker DIR READY GO BUILD_MS BUILD_RESULT LOCK_TIMEOUT_MS [REMOTE_URL]
  * (LOCK_TIMEOUT_MS 0: the default). With REMOTE_URL the disk is keyed and has that remote tier
- * behind it (kc_disk_options' remote fields).
+ * behind it (kc_persistence_options' remote fields).
  * With FLIGHT_FORK_UNTIL set to a path, the build first forks a child that does nothing until
  * that file exists (a minute at most): a process that outlives its parent, holding whatever
  * descriptors it inherited. */
@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
   backend b = {0};
   b.build_ms = atol(argv[4]);
   b.build_result = atoi(argv[5]);
-  kc_disk_options opts = options_in(argv[1]);
+  kc_persistence_options opts = options_in(argv[1]);
   opts.lock_timeout_ms = strtoull(argv[6], NULL, 10);
   if (argc == 8) {
     opts.key = (const uint8_t *)REMOTE_KEY;
@@ -53,8 +53,8 @@ int main(int argc, char **argv) {
     opts.remote_url = argv[7];
     opts.remote_timeout_ms = 2000;
   }
-  kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  kc_persistence *disk = NULL;
+  CHECK_STATUS(kc_persistence_open(&opts, &disk), KC_OK);
   kc_cache *cache = new_cache();
 
   FILE *ready = fopen(argv[2], "w");
@@ -84,12 +84,12 @@ int main(int argc, char **argv) {
     CHECK_STATUS(status, KC_ERR_BUILD_FAILED);
     CHECK(kc_last_build_error() == b.build_result);
   }
-  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
-  kc_disk_statistics s = disk_stats(disk);
+  CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
+  kc_persistence_statistics s = disk_stats(disk);
   CHECK_U64(s.pending_writes + s.failed_writes, 0);
   printf("builds=%d loads=%d waits=%llu timeouts=%llu\n", b.builds, b.loads,
          (unsigned long long)s.lock_waits, (unsigned long long)s.lock_timeouts);
   kc_cache_free(cache);
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
   return 0;
 }

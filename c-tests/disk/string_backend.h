@@ -20,8 +20,8 @@ static inline void make_key(const char *entry, uint8_t out[KC_KEY_LEN]) {
 }
 
 /* Options of an unkeyed disk tier in `dir`, without the environment or fsyncs. */
-static inline kc_disk_options options_in(const char *dir) {
-  kc_disk_options opts = kc_disk_options_default();
+static inline kc_persistence_options options_in(const char *dir) {
+  kc_persistence_options opts = kc_persistence_options_default();
   opts.dir = dir;
   opts.ignore_env = true;
   opts.relaxed_durability = true;
@@ -45,11 +45,11 @@ static inline void remove_flat_dir(const char *dir, const char *prefix) {
   CHECK(rmdir(dir) == 0);
 }
 
-static inline kc_disk_statistics disk_stats(const kc_disk *disk) {
-  kc_disk_statistics s;
+static inline kc_persistence_statistics disk_stats(const kc_persistence *disk) {
+  kc_persistence_statistics s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  CHECK_STATUS(kc_disk_stats(disk, &s), KC_OK);
+  CHECK_STATUS(kc_persistence_stats(disk, &s), KC_OK);
   CHECK(s.struct_size == sizeof s);
   return s;
 }
@@ -120,7 +120,7 @@ static inline kc_cache *new_cache(void) {
 }
 
 /* The tiered lookup of the string `value` (its own memory key) under the disk key of `entry`. */
-static inline kc_status string_lookup(kc_cache *cache, kc_disk *disk, const char *value,
+static inline kc_status string_lookup(kc_cache *cache, kc_persistence *disk, const char *value,
                                       const char *entry, backend *b, kc_lease **lease) {
   uint8_t l2[KC_KEY_LEN];
   make_key(entry, l2);

@@ -47,39 +47,39 @@ static double now_ms(void) {
 }
 
 /* Whether the entry of `entry` is on `disk`. */
-static int on_disk(kc_disk *disk, const char *entry) {
+static int on_disk(kc_persistence *disk, const char *entry) {
   uint8_t key[KC_KEY_LEN];
   kc_buffer buffer;
   make_key(entry, key);
-  kc_status status = kc_disk_get(disk, key, &buffer);
+  kc_status status = kc_persistence_get(disk, key, &buffer);
   if (status == KC_OK) kc_buffer_free(&buffer);
   return status == KC_OK;
 }
 
 /* Looks `entry` up (a miss: it builds) and flushes. */
-static void miss_and_flush(kc_cache *cache, kc_disk *disk, const char *entry) {
+static void miss_and_flush(kc_cache *cache, kc_persistence *disk, const char *entry) {
   backend b = {0};
   kc_lease *lease = NULL;
   CHECK_STATUS(string_lookup(cache, disk, entry, entry, &b, &lease), KC_OK);
   kc_lease_release(lease);
   CHECK(b.builds == 1);
-  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
   CHECK(on_disk(disk, entry));
 }
 
 /* The child: a miss of its own, flush, free, and its entry is on disk. Exits 0 when all held. */
-static void child_uses_and_frees(kc_cache *cache, kc_disk *disk, const kc_disk_options *opts) {
+static void child_uses_and_frees(kc_cache *cache, kc_persistence *disk, const kc_persistence_options *opts) {
   double started = now_ms();
   miss_and_flush(cache, disk, "child");
   kc_cache_free(cache);
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
   printf("   child: miss, flush and free in %.0f ms\n", now_ms() - started);
   fflush(stdout);
   /* A new handle, as another process would open it, finds the child's entry. */
-  kc_disk *again = NULL;
-  CHECK_STATUS(kc_disk_new(opts, &again), KC_OK);
+  kc_persistence *again = NULL;
+  CHECK_STATUS(kc_persistence_open(opts, &again), KC_OK);
   CHECK(on_disk(again, "child"));
-  kc_disk_free(again);
+  kc_persistence_free(again);
   _exit(0);
 }
 
@@ -104,7 +104,7 @@ static void wait_child(pid_t pid) {
 }
 
 /* Forks; the child uses and frees the caches, the parent waits for it. */
-static void fork_child(kc_cache *cache, kc_disk *disk, const kc_disk_options *opts) {
+static void fork_child(kc_cache *cache, kc_persistence *disk, const kc_persistence_options *opts) {
   fflush(stdout);
   pid_t pid = fork();
   CHECK(pid >= 0);
@@ -176,14 +176,14 @@ static void test_fork_while_the_writer_is_busy(void) {
   CHECK(mkdir(redis_dir, 0700) == 0);
   server redis = start_redis(redis_dir);
   snprintf(url, sizeof url, "redis://127.0.0.1:%d/", redis.port);
-  kc_disk_options opts = options_in(dir);
+  kc_persistence_options opts = options_in(dir);
   opts.key = (const uint8_t *)OPERATOR_KEY;
   opts.key_len = strlen(OPERATOR_KEY);
   opts.remote_url = url;
   opts.remote_timeout_ms = 2000;
   opts.remote_lease_wait_ms = 100;
-  kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  kc_persistence *disk = NULL;
+  CHECK_STATUS(kc_persistence_open(&opts, &disk), KC_OK);
   CHECK(disk_stats(disk).remote);
   kc_cache *cache = new_cache();
   miss_and_flush(cache, disk, "warm");
@@ -200,11 +200,11 @@ static void test_fork_while_the_writer_is_busy(void) {
   fork_child(cache, disk, &opts);
 
   CHECK(kill(redis.pid, SIGCONT) == 0);
-  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
   CHECK_U64(disk_stats(disk).pending_writes, 0);
   miss_and_flush(cache, disk, "parent-after");
   kc_cache_free(cache);
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
   stop_redis(&redis);
 }
 
@@ -219,21 +219,21 @@ static void test_fork_during_the_opening_scan(void) {
     CHECK(fd >= 0);
     close(fd);
   }
-  kc_disk_options opts = options_in(dir);
+  kc_persistence_options opts = options_in(dir);
   kc_cache *cache = new_cache();
   /* A fast machine may finish the scan before the fork: try again on a new handle. */
   for (int attempt = 0; attempt < 20; attempt++) {
-    kc_disk *disk = NULL;
-    CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+    kc_persistence *disk = NULL;
+    CHECK_STATUS(kc_persistence_open(&opts, &disk), KC_OK);
     if (disk_stats(disk).scan_complete) {
-      kc_disk_free(disk);
+      kc_persistence_free(disk);
       continue;
     }
     fork_child(cache, disk, &opts);
     miss_and_flush(cache, disk, "parent-after");
     CHECK(disk_stats(disk).entries >= SCAN_ENTRIES);
     kc_cache_free(cache);
-    kc_disk_free(disk);
+    kc_persistence_free(disk);
     return;
   }
   fprintf(stderr, "the scan always finished before the fork\n");
@@ -243,7 +243,7 @@ static void test_fork_during_the_opening_scan(void) {
 /* Another thread builds an entry (holding its lock) at the fork. */
 typedef struct builder {
   kc_cache *cache;
-  kc_disk *disk;
+  kc_persistence *disk;
   gate gate; /* the build waits there, holding its entry's lock, until the child is done */
 } builder;
 
@@ -270,9 +270,9 @@ static void *build_slowly(void *arg) {
 static void test_fork_while_another_thread_holds_a_lock(void) {
   char dir[4096];
   path_in(dir, sizeof dir, "locks");
-  kc_disk_options opts = options_in(dir);
-  kc_disk *disk = NULL;
-  CHECK_STATUS(kc_disk_new(&opts, &disk), KC_OK);
+  kc_persistence_options opts = options_in(dir);
+  kc_persistence *disk = NULL;
+  CHECK_STATUS(kc_persistence_open(&opts, &disk), KC_OK);
   kc_cache *cache = new_cache();
   miss_and_flush(cache, disk, "warm");
   builder b = {.cache = cache, .disk = disk};
@@ -283,11 +283,11 @@ static void test_fork_while_another_thread_holds_a_lock(void) {
   fork_child(cache, disk, &opts);
   gate_open(&b.gate);
   CHECK(pthread_join(thread, NULL) == 0);
-  CHECK_STATUS(kc_disk_flush(disk), KC_OK);
+  CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
   CHECK(on_disk(disk, "held"));
   miss_and_flush(cache, disk, "parent-after");
   kc_cache_free(cache);
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
 }
 
 /* Another thread builds "held" in a memory tier at the fork; the child looks it up. */

@@ -58,10 +58,20 @@ int main(int argc, char **argv) {
 
     /* One cache per process, shared by every thread. Handles go in and out as void *. */
     kc_opencl_options opts = kc_opencl_options_default();
-    opts.use_disk = true;
-    opts.disk_dir = argc > 1 ? argv[1] : NULL;
+    /* The persistent tiers: a directory of our own, or (NULL) the environment's. */
+    kc_persistence *tiers = NULL;
+    if (argc > 1) {
+        kc_persistence_options tiers_opts = kc_persistence_options_default();
+        tiers_opts.dir = argv[1];
+        if (kc_persistence_open(&tiers_opts, &tiers) != KC_OK) {
+            fprintf(stderr, "kc_persistence_open: %s\n", kc_last_error_message());
+            return 1;
+        }
+    }
     kc_opencl_cache *cache;
-    if (kc_opencl_cache_new(&opts, &cache) != KC_OK) {
+    kc_status created = kc_opencl_cache_new(&opts, tiers, &cache);
+    kc_persistence_free(tiers); /* the cache holds a reference of its own */
+    if (created != KC_OK) {
         fprintf(stderr, "kc_opencl_cache_new: %s\n", kc_last_error_message());
         return 1;
     }

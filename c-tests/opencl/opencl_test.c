@@ -64,7 +64,7 @@ static void open_first_device(cl_device_id *device, cl_context *context, cl_comm
 static void test_own_reference(cl_context context, cl_device_id device, cl_command_queue queue) {
     kc_opencl_options opts = kc_opencl_options_default();
     kc_opencl_cache *cache = NULL;
-    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_opencl_cache_new(&opts, kc_persistence_none(), &cache) == KC_OK);
     const char *tagged =
         "// own-reference\n"
         "__kernel void add_one(__global float *x) { x[get_global_id(0)] += 1.0f; }\n";
@@ -155,7 +155,7 @@ static int test_unavailable(void) {
     EXPECT(strstr(kc_last_error_message(), "OpenCL") != NULL);
     kc_opencl_options opts = kc_opencl_options_default();
     kc_opencl_cache *cache = NULL;
-    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_ERR_UNAVAILABLE);
+    EXPECT(kc_opencl_cache_new(&opts, kc_persistence_none(), &cache) == KC_ERR_UNAVAILABLE);
     EXPECT(cache == NULL);
     return check_finish("opencl_test unavailable");
 }
@@ -174,11 +174,14 @@ int main(int argc, char **argv) {
     EXPECT(kc_opencl_available() == KC_OK);
 
     kc_opencl_options opts = kc_opencl_options_default();
-    opts.use_disk = true;
-    opts.disk_dir = argv[1];
+    kc_persistence_options tiers_opts = kc_persistence_options_default();
+    kc_persistence *tiers = NULL;
+    tiers_opts.dir = argv[1];
+    REQUIRE(kc_persistence_open(&tiers_opts, &tiers) == KC_OK);
     kc_opencl_cache *cache = NULL;
-    EXPECT(kc_opencl_cache_new(NULL, &cache) == KC_ERR_INVALID_ARGUMENT);
-    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_opencl_cache_new(NULL, tiers, &cache) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_opencl_cache_new(&opts, tiers, &cache) == KC_OK);
+    kc_persistence_statistics t = {.struct_size = sizeof t};
 
     /* Invalid arguments never crash and never write the out-parameter. */
     kc_opencl_lease *lease = NULL;
@@ -212,8 +215,9 @@ int main(int argc, char **argv) {
     /* The binary is written on a background thread; a flush waits for that (and on PoCL then
      * rewrites it with the work-group code the launch compiled: a second put). */
     EXPECT(kc_opencl_cache_flush(cache) == KC_OK);
+    EXPECT(kc_persistence_stats(tiers, &t) == KC_OK);
+    EXPECT(t.puts >= 1 && t.pending_writes == 0 && t.failed_writes == 0);
     s = stats_of(cache);
-    EXPECT(s.disk.puts >= 1 && s.disk.pending_writes == 0 && s.disk.failed_writes == 0);
     EXPECT(kc_opencl_cache_flush(NULL) == KC_ERR_INVALID_ARGUMENT);
 
     /* A reset zeroes the counters, keeps the gauges; the next hit counts again. */
@@ -221,7 +225,8 @@ int main(int argc, char **argv) {
     EXPECT(kc_opencl_cache_reset_stats(cache) == KC_OK);
     s = stats_of(cache);
     EXPECT(s.source_builds == 0 && s.memory.hits == 0 && s.memory.misses == 0);
-    EXPECT(s.disk_misses == 0 && s.disk.puts == 0);
+    EXPECT(s.disk_misses == 0);
+    EXPECT(kc_persistence_stats(tiers, &t) == KC_OK && t.puts == 0);
     EXPECT(s.memory.entries == 1 && s.memory.leases == 1);
     EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &again) ==
            KC_OK);
@@ -262,7 +267,7 @@ int main(int argc, char **argv) {
     kc_opencl_cache_free(cache);
 
     /* A new cache on the same directory (as a new process would) loads the binary from disk. */
-    EXPECT(kc_opencl_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_opencl_cache_new(&opts, tiers, &cache) == KC_OK);
     EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &SOURCE, NULL, 1, "", &lease) ==
            KC_OK);
     EXPECT(run_add_one(context, queue, kc_opencl_lease_program(lease)));
@@ -272,6 +277,7 @@ int main(int argc, char **argv) {
     EXPECT(kc_opencl_cache_clear(cache) == KC_OK);
     EXPECT(stats_of(cache).memory.entries == 0);
     kc_opencl_cache_free(cache);
+    kc_persistence_free(tiers);
 
     test_own_reference(context, device, queue);
 

@@ -31,9 +31,16 @@ static inline int opencl_setup_open(opencl_setup *s, const char *disk_dir) {
     s->queue = clCreateCommandQueue(s->context, s->device, 0, &err);
     if (err != CL_SUCCESS) return 1;
     kc_opencl_options opts = kc_opencl_options_default();
-    opts.use_disk = true;
-    opts.disk_dir = disk_dir;
-    if (kc_opencl_cache_new(&opts, &s->cache) != KC_OK) {
+    kc_persistence_options tiers_opts = kc_persistence_options_default();
+    tiers_opts.dir = disk_dir;
+    kc_persistence *tiers;
+    if (kc_persistence_open(&tiers_opts, &tiers) != KC_OK) {
+        fprintf(stderr, "kc_persistence_open: %s\n", kc_last_error_message());
+        return 1;
+    }
+    kc_status created = kc_opencl_cache_new(&opts, tiers, &s->cache);
+    kc_persistence_free(tiers); /* the cache holds a reference of its own */
+    if (created != KC_OK) {
         fprintf(stderr, "kc_opencl_cache_new: %s\n", kc_last_error_message());
         return 1;
     }

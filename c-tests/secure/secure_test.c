@@ -42,9 +42,9 @@ static void check_default_library(kc_status status, const char *soname) {
   if (status == KC_ERR_UNAVAILABLE) REQUIRE(LAST_ERROR_HAS(soname));
 }
 
-static int fingerprint_is_zero(const kc_disk *disk) {
+static int fingerprint_is_zero(const kc_persistence *disk) {
   uint8_t fp[KC_FINGERPRINT_LEN];
-  REQUIRE(kc_disk_fingerprint(disk, fp) == KC_OK);
+  REQUIRE(kc_persistence_fingerprint(disk, fp) == KC_OK);
   for (int i = 0; i < KC_FINGERPRINT_LEN; i++) {
     if (fp[i] != 0) return 0;
   }
@@ -52,26 +52,26 @@ static int fingerprint_is_zero(const kc_disk *disk) {
 }
 
 static void check_disk(const char *explicit_dir) {
-  kc_disk *disk = NULL;
+  kc_persistence *disk = NULL;
   /* The environment names a directory, but a secure-execution process does not read it. */
-  REQUIRE(kc_disk_new(NULL, &disk) == KC_ERR_UNAVAILABLE);
+  REQUIRE(kc_persistence_open(NULL, &disk) == KC_ERR_UNAVAILABLE);
   REQUIRE(LAST_ERROR_HAS("secure-execution process: the disk tier needs an explicit directory"));
-  kc_disk_options opts = kc_disk_options_default();
-  REQUIRE(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
+  kc_persistence_options opts = kc_persistence_options_default();
+  REQUIRE(kc_persistence_open(&opts, &disk) == KC_ERR_UNAVAILABLE);
   REQUIRE(LAST_ERROR_HAS("secure-execution"));
   REQUIRE(disk == NULL);
 
   /* The program's own directory is used, without the environment's key file (which would be
    * refused, so the open would fail), but with its demand for a key, which only takes away. */
   opts.dir = explicit_dir;
-  REQUIRE(kc_disk_new(&opts, &disk) == KC_ERR_UNTRUSTED);
+  REQUIRE(kc_persistence_open(&opts, &disk) == KC_ERR_UNTRUSTED);
   REQUIRE(LAST_ERROR_HAS("operator key is required"));
   static const uint8_t own_key[] = "the program's own key, 32 bytes.";
   opts.key = own_key;
   opts.key_len = sizeof own_key - 1;
-  REQUIRE(kc_disk_new(&opts, &disk) == KC_OK);
+  REQUIRE(kc_persistence_open(&opts, &disk) == KC_OK);
   REQUIRE(!fingerprint_is_zero(disk));
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
 }
 
 /* A process that dropped privileges (`how`: setuid or undumpable) reads its environment: the
@@ -90,35 +90,35 @@ static void check_dropped(const char *how) {
   /* What made kcache take such a process for a setuid program. */
   REQUIRE(fopen("/proc/self/auxv", "rb") == NULL);
   kc_set_log_callback(count_message, NULL);
-  kc_disk *disk = NULL;
-  REQUIRE(kc_disk_new(NULL, &disk) == KC_OK);
+  kc_persistence *disk = NULL;
+  REQUIRE(kc_persistence_open(NULL, &disk) == KC_OK);
   REQUIRE(!fingerprint_is_zero(disk));
-  kc_disk_free(disk);
+  kc_persistence_free(disk);
   REQUIRE(logged[KC_LOG_DEBUG] == 0);
   REQUIRE(unsetenv("KCACHE_KEY_FILE") == 0);
-  REQUIRE(kc_disk_new(NULL, &disk) == KC_ERR_UNTRUSTED);
+  REQUIRE(kc_persistence_open(NULL, &disk) == KC_ERR_UNTRUSTED);
   REQUIRE(LAST_ERROR_HAS("operator key is required"));
   REQUIRE(logged[KC_LOG_DEBUG] > 0);
 }
 
 static void check_backends(const char *cuda_driver) {
-  /* OpenCL: the ICD loader's soname, and with use_disk but no directory, no disk. */
+  /* OpenCL: the ICD loader's soname, on the process's default persistent tiers: none here, the
+   * environment naming no directory that this process may read. */
   kc_opencl_options cl = kc_opencl_options_default();
-  cl.use_disk = true;
   kc_opencl_cache *cl_cache = NULL;
-  check_default_library(kc_opencl_cache_new(&cl, &cl_cache), "libOpenCL.so.1");
+  check_default_library(kc_opencl_cache_new(&cl, NULL, &cl_cache), "libOpenCL.so.1");
   kc_opencl_cache_free(cl_cache);
 
   /* CUDA: the driver's soname. */
   kc_cuda_options cu = kc_cuda_options_default();
   kc_cuda_cache *cu_cache = NULL;
-  check_default_library(kc_cuda_cache_new(&cu, &cu_cache), "libcuda.so.1");
+  check_default_library(kc_cuda_cache_new(&cu, NULL, &cu_cache), "libcuda.so.1");
   kc_cuda_cache_free(cu_cache);
   cu_cache = NULL;
 
   /* NVRTC, loaded on first use, through a driver the program names itself. */
   cu.driver_library = cuda_driver;
-  REQUIRE(kc_cuda_cache_new(&cu, &cu_cache) == KC_OK);
+  REQUIRE(kc_cuda_cache_new(&cu, NULL, &cu_cache) == KC_OK);
   const char *source = "extern \"C\" __global__ void k() {}";
   kc_cuda_lease *lease = NULL;
   kc_status status = kc_cuda_cache_find_or_build_source(cu_cache, NULL, source, strlen(source),
@@ -148,20 +148,20 @@ int main(int argc, char **argv) {
     kc_cuda_options cu = kc_cuda_options_default();
     kc_cuda_cache *cache = NULL;
     /* The marker library is no CUDA driver: the load itself is what counts. */
-    REQUIRE(kc_cuda_cache_new(&cu, &cache) != KC_OK);
+    REQUIRE(kc_cuda_cache_new(&cu, kc_persistence_none(), &cache) != KC_OK);
     /* Without privileges KCACHE_LOG=debug is read: the refused disk tier says why. */
-    kc_disk *disk = NULL;
-    REQUIRE(kc_disk_new(NULL, &disk) != KC_OK);
+    kc_persistence *disk = NULL;
+    REQUIRE(kc_persistence_open(NULL, &disk) != KC_OK);
     REQUIRE(logged[KC_LOG_DEBUG] > 0);
     printf("control: ok\n");
     return 0;
   }
   REQUIRE(privileged);
   if (strcmp(mode, "disabled") == 0) {
-    kc_disk_options opts = kc_disk_options_default();
+    kc_persistence_options opts = kc_persistence_options_default();
     opts.dir = explicit_dir;
-    kc_disk *disk = NULL;
-    REQUIRE(kc_disk_new(&opts, &disk) == KC_ERR_UNAVAILABLE);
+    kc_persistence *disk = NULL;
+    REQUIRE(kc_persistence_open(&opts, &disk) == KC_ERR_UNAVAILABLE);
     REQUIRE(LAST_ERROR_HAS("KCACHE_DISABLE=1"));
     printf("disabled: ok\n");
     return 0;

@@ -66,12 +66,16 @@ int main(int argc, char **argv) {
     if (vkCreateDevice(physical, &dci, NULL, &device) != VK_SUCCESS) return 1;
 
     /* A cache that uses the application's loader and keeps pipeline-cache data in argv[1]. */
+    kc_persistence_options tiers_opts = kc_persistence_options_default();
+    tiers_opts.dir = argv[1];
+    kc_persistence *tiers;
+    if (check(kc_persistence_open(&tiers_opts, &tiers), "kc_persistence_open")) return 1;
     kc_vulkan_options opts = kc_vulkan_options_default();
-    opts.use_disk = true;
-    opts.disk_dir = argv[1];
     opts.get_instance_proc_addr = (kc_vulkan_get_instance_proc_addr_fn)vkGetInstanceProcAddr;
     kc_vulkan_cache *cache;
-    if (check(kc_vulkan_cache_new(&opts, &cache), "kc_vulkan_cache_new")) return 1;
+    kc_status created = kc_vulkan_cache_new(&opts, tiers, &cache);
+    kc_persistence_free(tiers); /* the cache holds a reference of its own */
+    if (check(created, "kc_vulkan_cache_new")) return 1;
     kc_vulkan_device *dev;
     if (check(kc_vulkan_cache_register_device(cache, instance, physical, device, &dev),
               "kc_vulkan_cache_register_device"))

@@ -29,7 +29,7 @@ static void start(gpu *g, kc_vulkan_cache **cache, kc_vulkan_device **dev, kc_vu
                   kc_vulkan_lease **lease, const uint32_t *code, size_t size) {
     gpu_create(g);
     kc_vulkan_options opts = kc_vulkan_options_default();
-    REQUIRE(kc_vulkan_cache_new(&opts, cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_new(&opts, kc_persistence_none(), cache) == KC_OK);
     REQUIRE(kc_vulkan_cache_register_owned_device(*cache, g->instance, g->physical, g->device,
                                                   destroy_device, &destroyed, dev) == KC_OK);
     static const uint32_t mul = 3;
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
     /* Refused registrations leave the device the caller's: no callback. */
     gpu_create(&g);
     kc_vulkan_options opts = kc_vulkan_options_default();
-    REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_new(&opts, kc_persistence_none(), &cache) == KC_OK);
     dev = NULL;
     EXPECT(kc_vulkan_cache_register_owned_device(cache, g.instance, g.physical, g.device, NULL,
                                                  NULL, &dev) == KC_ERR_INVALID_ARGUMENT);
@@ -102,7 +102,7 @@ int main(int argc, char **argv) {
     /* A loader that lacks the instance functions kcache needs fails after the arguments
      * are taken: the device is still not destroyed. */
     opts.get_instance_proc_addr = global_functions_only;
-    REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_new(&opts, kc_persistence_none(), &cache) == KC_OK);
     EXPECT(kc_vulkan_cache_register_owned_device(cache, g.instance, g.physical, g.device,
                                                  destroy_device, &destroyed,
                                                  &dev) == KC_ERR_UNAVAILABLE);

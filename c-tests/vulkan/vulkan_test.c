@@ -54,7 +54,7 @@ static uint64_t pipelines_created(kc_vulkan_cache *cache) {
 static void test_descriptions(const gpu *g, const uint32_t *code, size_t size) {
     kc_vulkan_cache *cache = NULL;
     kc_vulkan_options opts = kc_vulkan_options_default();
-    REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_new(&opts, kc_persistence_none(), &cache) == KC_OK);
     kc_vulkan_device *dev = NULL;
     REQUIRE(kc_vulkan_cache_register_device(cache, g->instance, g->physical, g->device, &dev) ==
             KC_OK);
@@ -148,11 +148,12 @@ static void test_descriptions(const gpu *g, const uint32_t *code, size_t size) {
     kc_vulkan_cache_free(cache);
 }
 
-/* The remote tier's fields (2.5) default to "leave it to the environment", as in every
- * backend's options, and the struct a caller sets up is the one this header describes. */
+/* The persistent tiers' remote fields default to "leave it to the environment", and the
+ * struct a caller sets up is the one this header describes. */
 static void test_remote_defaults(void) {
-    kc_vulkan_options opts = kc_vulkan_options_default();
-    EXPECT(opts.struct_size == sizeof(kc_vulkan_options));
+    kc_persistence_options opts = kc_persistence_options_default();
+    EXPECT(opts.struct_size == sizeof(kc_persistence_options));
+    EXPECT(opts.max_files == 0 && opts.lock_liveness_ms == 0);
     EXPECT(opts.remote_url == NULL && opts.remote_prefix == NULL);
     EXPECT(opts.remote_ca_file == NULL && opts.remote_cert_file == NULL &&
            opts.remote_key_file == NULL);
@@ -173,14 +174,17 @@ int main(int argc, char **argv) {
     gpu_create(&g);
 
     kc_vulkan_options opts = kc_vulkan_options_default();
-    opts.use_disk = true;
-    opts.disk_dir = argv[1];
+    kc_persistence_options tiers_opts = kc_persistence_options_default();
+    kc_persistence *tiers = NULL;
+    tiers_opts.dir = argv[1];
+    REQUIRE(kc_persistence_open(&tiers_opts, &tiers) == KC_OK);
     kc_vulkan_cache *cache = NULL;
-    EXPECT(kc_vulkan_cache_new(NULL, &cache) == KC_ERR_INVALID_ARGUMENT);
+    EXPECT(kc_vulkan_cache_new(NULL, tiers, &cache) == KC_ERR_INVALID_ARGUMENT);
     kc_vulkan_options short_opts = opts;
     short_opts.struct_size = sizeof(size_t);
-    EXPECT(kc_vulkan_cache_new(&short_opts, &cache) == KC_ERR_INVALID_ARGUMENT);
-    REQUIRE(kc_vulkan_cache_new(&opts, &cache) == KC_OK);
+    EXPECT(kc_vulkan_cache_new(&short_opts, tiers, &cache) == KC_ERR_INVALID_ARGUMENT);
+    REQUIRE(kc_vulkan_cache_new(&opts, tiers, &cache) == KC_OK);
+    kc_persistence_free(tiers); /* the cache holds a reference of its own */
 
     kc_vulkan_device *dev = NULL;
     EXPECT(kc_vulkan_cache_register_device(cache, g.instance, NULL, g.device, &dev) ==
@@ -294,7 +298,7 @@ int main(int argc, char **argv) {
     kc_vulkan_options empty = kc_vulkan_options_default();
     empty.get_instance_proc_addr = no_functions;
     kc_vulkan_cache *untouched = (kc_vulkan_cache *)&empty;
-    EXPECT(kc_vulkan_cache_new(&empty, &untouched) == KC_ERR_UNAVAILABLE);
+    EXPECT(kc_vulkan_cache_new(&empty, kc_persistence_none(), &untouched) == KC_ERR_UNAVAILABLE);
     EXPECT(untouched == (kc_vulkan_cache *)&empty);
     EXPECT(strstr(kc_last_error_message(), "vkCreateInstance") != NULL);
 
@@ -302,7 +306,7 @@ int main(int argc, char **argv) {
      * reported at registration, not called. */
     kc_vulkan_options partial = kc_vulkan_options_default();
     partial.get_instance_proc_addr = global_functions_only;
-    REQUIRE(kc_vulkan_cache_new(&partial, &cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_new(&partial, kc_persistence_none(), &cache) == KC_OK);
     dev = NULL;
     EXPECT(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &dev) ==
            KC_ERR_UNAVAILABLE);

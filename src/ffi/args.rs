@@ -1,7 +1,7 @@
 //! Argument and result conventions shared by every `kc_*` function: boxed handles (and the
 //! [`Handle`] casts between a C handle type and its Rust value), leases carried as raw
 //! reference counts, `struct_size`-prefixed structs, optional out-parameters, C strings and
-//! arrays, and the memory and disk tiers that every backend's options describe.
+//! arrays.
 
 use std::ffi::{CStr, OsStr, c_char};
 use std::mem::size_of;
@@ -10,11 +10,10 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
-use super::remote_args::RemoteArgs;
 use super::status::{byte_slice, guard_value, non_null, null_argument};
+use crate::disk::OperatorKey;
 use crate::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
-use crate::disk::{DiskCache, DiskConfig, OperatorKey};
-use crate::memory::{self, Entry, Lease};
+use crate::memory::{Entry, Lease};
 use crate::{Error, Result};
 
 /// The error for an argument that breaks its contract, described by `message`.
@@ -453,101 +452,9 @@ pub unsafe fn operator_key_arg(
     OperatorKey::new(bytes).map(Some)
 }
 
-/// The disk tier a backend cache's options describe: `use_disk`, the directory (NULL: the
-/// default location), and the operator key (NULL: `KCACHE_KEY_FILE`) and `require_key`.
-#[derive(Debug, Clone, Copy)]
-pub struct BackendDisk {
-    pub use_disk: bool,
-    pub dir: *const c_char,
-    pub key: *const u8,
-    pub key_len: usize,
-    pub require_key: bool,
-    /// 0: the environment's or the default.
-    pub lock_timeout_ms: u64,
-    /// The remote tier behind the disk, for backends whose options have its fields; `None`:
-    /// the environment's alone.
-    pub remote: Option<RemoteArgs>,
-}
-
-/// The memory and disk tiers that the options of every backend cache describe with the same
-/// fields: the memory caps (0 = unlimited) and, when `use_disk` is set, the disk tier with the
-/// environment's defaults for what the options leave unset (see `DiskConfig`). Invalid
-/// arguments (an empty or relative directory, a key NULL with a length or of a wrong length)
-/// are errors, and so is a remote path or string that is not UTF-8. A tier that is off (`KCACHE_DISABLE=1`, no directory, a secure-execution process
-/// without an explicit directory) or refused (a directory not private to the user, no operator
-/// key while one is required, an unusable `KCACHE_KEY_FILE`; each warned about once per
-/// process) leaves the cache working from memory.
-///
-/// # Safety
-/// `disk.dir` must be NULL or a C string; `disk.key` NULL or `disk.key_len` readable bytes;
-/// the strings of `disk.remote` NULL or C strings.
-pub unsafe fn backend_tiers(
-    max_entries: u64,
-    max_weight: u64,
-    disk: BackendDisk,
-) -> Result<(memory::Options, Option<Arc<DiskCache>>)> {
-    let memory = memory::Options {
-        max_entries: (max_entries != 0).then_some(max_entries),
-        max_weight: (max_weight != 0).then_some(max_weight),
-        ..memory::Options::default()
-    };
-    if !disk.use_disk {
-        return Ok((memory, None));
-    }
-    let config = DiskConfig {
-        // SAFETY: NULL or a C string by the caller's contract.
-        dir: unsafe { dir_arg(disk.dir, "disk_dir") }?,
-        // SAFETY: NULL or `key_len` readable bytes by the caller's contract.
-        key: unsafe { operator_key_arg(disk.key, disk.key_len, "disk_key") }?,
-        require_key: disk.require_key,
-        lock_timeout: (disk.lock_timeout_ms != 0)
-            .then(|| std::time::Duration::from_millis(disk.lock_timeout_ms)),
-        // SAFETY: NULL or C strings by the caller's contract.
-        remote: unsafe { disk.remote.map(|r| r.config(true, "opts")).transpose() }?,
-        ..DiskConfig::from_env()
-    };
-    match DiskCache::open(config) {
-        Ok(disk) => Ok((memory, Some(Arc::new(disk)))),
-        Err(Error::Unavailable(_) | Error::Untrusted(_)) => Ok((memory, None)),
-        Err(e) => Err(e),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::os::unix::ffi::OsStringExt;
-
     use super::*;
-
-    fn disk(dir: &std::ffi::CStr, key: &[u8], require_key: bool) -> BackendDisk {
-        BackendDisk {
-            use_disk: true,
-            dir: dir.as_ptr(),
-            key: if key.is_empty() {
-                ptr::null()
-            } else {
-                key.as_ptr()
-            },
-            key_len: key.len(),
-            require_key,
-            lock_timeout_ms: 0,
-            remote: None,
-        }
-    }
-
-    #[test]
-    fn a_backend_that_requires_a_key_works_from_memory_without_one() {
-        let tmp = tempfile::tempdir().unwrap();
-        let dir =
-            std::ffi::CString::new(tmp.path().join("cache").into_os_string().into_vec()).unwrap();
-        // SAFETY: a C string and no key.
-        let (_, tier) = unsafe { backend_tiers(0, 0, disk(&dir, &[], true)) }.unwrap();
-        assert!(tier.is_none());
-        assert!(!tmp.path().join("cache").exists());
-        // SAFETY: a C string and a key of its length.
-        let (_, tier) = unsafe { backend_tiers(0, 0, disk(&dir, &[7; 16], true)) }.unwrap();
-        assert_ne!(tier.unwrap().fingerprint(), [0; 8]);
-    }
 
     #[test]
     fn read_grown_normalises_bools_and_defaults_missing_fields() {

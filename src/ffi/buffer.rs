@@ -10,7 +10,7 @@ use std::ptr;
 use super::status::guard_value;
 use crate::disk::Entry;
 
-/// Bytes kcache hands over: a verified payload read from disk (`kc_disk_get`) or a build log
+/// Bytes kcache hands over: a verified payload read from disk (`kc_persistence_get`) or a build log
 /// (`kc_opencl_cache_find_or_build_program`). `data` stays valid until `kc_buffer_free`.
 #[repr(C)]
 #[derive(Debug)]
@@ -67,11 +67,8 @@ impl kc_buffer {
     };
 }
 
-/// Releases a buffer from `kc_disk_get` or `kc_opencl_cache_find_or_build_program` and zeroes
-/// it. NULL, or a zeroed buffer, is a no-op.
-///
-/// # Safety
-/// `buffer` must be NULL or a buffer kcache filled and not freed since.
+/// Releases a buffer from `kc_persistence_get` or `kc_opencl_cache_find_or_build_program` and
+/// zeroes it. NULL, or a zeroed buffer, is a no-op.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_buffer_free(buffer: *mut kc_buffer) {
     guard_value((), || {

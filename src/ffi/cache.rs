@@ -67,13 +67,13 @@ pub type kc_build_fn = Option<
     ) -> c_int,
 >;
 
-/// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded
-/// after an eviction or clear during its build, or the cache freed) once no lease holds it.
-/// Called exactly once per built value, on whichever thread let go of it last, never under a
-/// kcache lock: it may call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code is reported
-/// as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when that call
-/// has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded builds).
-/// Same rules as `kc_build_fn` for longjmp and exceptions.
+/// Releases a value that left the cache (removed, evicted, cleared, over a cap, discarded after an
+/// eviction or clear during its build, or the cache freed) once no lease holds it. Called exactly
+/// once per built value, on whichever thread let go of it last, never under a kcache lock: it may
+/// call into the cache (except while `kc_cache_free` runs). Returns 0 on success; a non-zero code
+/// is reported as `KC_ERR_DESTROY_FAILED` by the call that ran it, or to `on_destroy_error` when
+/// that call has no status (`kc_lease_release`, `kc_cache_free`, capacity eviction, discarded
+/// builds). Same rules as `kc_build_fn` for longjmp and exceptions.
 pub type kc_destroy_fn =
     Option<unsafe extern "C" fn(ctx: *mut c_void, value: *mut c_void) -> c_int>;
 
@@ -100,7 +100,6 @@ impl Handle for kc_cache {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_cache_options {
-    /// `sizeof(kc_cache_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Evict entries beyond this many; 0 = unlimited.
     pub max_entries: u64,
@@ -122,14 +121,13 @@ pub struct kc_cache_options {
 
 /// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
 /// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
-/// `kc_cache_stats` belongs to the function). Set `struct_size` to
-/// `sizeof(kc_cache_statistics)` before calling `kc_cache_stats`, which fills the fields that
-/// fit and sets `struct_size` to the bytes it wrote. Each field is read atomically, the whole is not a snapshot: under
-/// concurrent use fields may be a few operations apart.
+/// `kc_cache_stats` belongs to the function). Set `struct_size` to `sizeof(kc_cache_statistics)`
+/// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to the
+/// bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
+/// fields may be a few operations apart.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_cache_stats {
-    /// In: size of the caller's struct. Out: bytes written.
     pub struct_size: usize,
     /// Lookups answered from a ready entry.
     pub hits: u64,
@@ -227,11 +225,8 @@ pub(super) unsafe fn make_value(
     }
 }
 
-/// Creates a cache. `*out_cache` is written on success only. Free it with `kc_cache_free`.
-///
-/// # Safety
-/// `opts` must point to at least `opts->struct_size` readable bytes; `out_cache` must be
-/// writable. The callbacks and contexts in `opts` must stay valid until the last value is
+/// Creates a cache. Free it with `kc_cache_free`. `opts` must point to at least `opts->struct_size`
+/// readable bytes. The callbacks and contexts in `opts` must stay valid until the last value is
 /// destroyed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_new(
@@ -283,12 +278,9 @@ pub unsafe extern "C" fn kc_cache_new(
     })
 }
 
-/// Frees a cache: destroys every value no lease holds now; leased values are destroyed when
-/// their last lease is released (the leases stay valid). No other call on `cache` may run
-/// during or after this one, including from the destroy callbacks it runs. NULL is a no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_cache_new` not yet freed.
+/// Frees a cache: destroys every value no lease holds now; leased values are destroyed when their
+/// last lease is released (the leases stay valid). No other call on `cache` may run during or after
+/// this one, including from the destroy callbacks it runs.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cache_new`, or NULL.
@@ -297,15 +289,11 @@ pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
 
 /// Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
 /// Concurrent callers of one key share one build and its outcome: the same value, or the same
-/// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0
-/// that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that
-/// installs the entry. Keys are byte strings compared by content; the empty key (`key_len`
-/// 0, `key` may then be NULL) is a valid key. `*out_lease` is written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-/// when `key_len` is 0); `out_lease` must be writable; `build` must be callable with
-/// `build_ctx` as described for `kc_build_fn`.
+/// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
+/// `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
+/// entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
+/// NULL) is a valid key. `key` must point to `key_len` readable bytes (or anything when `key_len`
+/// is 0); `build` must be callable with `build_ctx` as described for `kc_build_fn`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_find_or_build(
     cache: *mut kc_cache,
@@ -338,11 +326,8 @@ pub unsafe extern "C" fn kc_cache_find_or_build(
 }
 
 /// Returns a lease on the value for `key` if the cache holds one: `KC_ERR_NOT_FOUND` if not,
-/// including while the key is still being built (this call never builds or waits).
-/// `*out_lease` is written on success only.
-///
-/// # Safety
-/// As for `kc_cache_find_or_build`.
+/// including while the key is still being built (this call never builds or waits). As for
+/// `kc_cache_find_or_build`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_get(
     cache: *mut kc_cache,
@@ -366,10 +351,6 @@ pub unsafe extern "C" fn kc_cache_get(
 /// Removes the entry for `key`: its value is destroyed now if no lease holds it, else on the
 /// last release. `KC_ERR_NOT_FOUND` if there is none (a key still being built is not
 /// affected); `KC_ERR_DESTROY_FAILED` if the destroy callback failed (the entry is gone).
-///
-/// # Safety
-/// `cache` must be a live cache; `key` must point to `key_len` readable bytes (or anything
-/// when `key_len` is 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_remove(
     cache: *mut kc_cache,
@@ -393,9 +374,6 @@ pub unsafe extern "C" fn kc_cache_remove(
 /// fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
 /// entries. Values are destroyed now unless leased. Every value is attempted; a failing
 /// destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: i64) -> kc_status {
     guard(|| {
@@ -414,9 +392,6 @@ pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: 
 /// Removes every entry; values are destroyed now unless leased. On a cache created with
 /// `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`. Every value is
 /// attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
     guard(|| {
@@ -427,9 +402,6 @@ pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
 }
 
 /// The number of entries in the cache now; 0 if `cache` is NULL.
-///
-/// # Safety
-/// `cache` must be NULL or a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     guard_value(0, || {
@@ -444,10 +416,8 @@ pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     })
 }
 
-/// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to `out->struct_size` writable bytes.
+/// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is
+/// written on success only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_stats(
     cache: *const kc_cache,
@@ -468,9 +438,6 @@ pub unsafe extern "C" fn kc_cache_stats(
 /// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
 /// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
 /// `kc_cache_stats`.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_reset_stats(cache: *mut kc_cache) -> kc_status {
     guard(|| {

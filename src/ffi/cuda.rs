@@ -10,9 +10,11 @@
 //! #include <kcache.h>
 //!
 //! kc_cuda_options opts = kc_cuda_options_default();
-//! opts.use_disk = true;                           // cubins survive the process
-//! kc_cuda_cache *cache;
-//! if (kc_cuda_cache_new(&opts, &cache) != KC_OK) { puts(kc_last_error_message()); return 1; }
+//! kc_cuda_cache *cache;                           // NULL: the environment's persistent tiers
+//! if (kc_cuda_cache_new(&opts, NULL, &cache) != KC_OK) {
+//!     puts(kc_last_error_message());
+//!     return 1;
+//! }
 //!
 //! kc_cuda_jit_option jit[] = { { 0 /* CU_JIT_MAX_REGISTERS */, 32 } };
 //! kc_cuda_lease *lease;
@@ -30,7 +32,6 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::mem::offset_of;
 use std::ptr;
 use std::sync::Arc;
 
@@ -38,9 +39,11 @@ use super::args::{
     c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live_lease,
     optional_path, read_lease, release_lease, write_optional,
 };
-use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
+use super::backend_common::{
+    backend_handles, clear, evict_by, new_cache, reset_stats, with_cache, write_stats,
+};
 use super::cache::kc_cache_stats;
-use super::disk::kc_disk_statistics;
+use super::persistence::kc_persistence;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::backend::cuda::{
     Context, CudaCache, CudaOptions, CudaStats, Driver, JitOption, Module, ModuleLease, Nvrtc,
@@ -64,19 +67,11 @@ lease_handle!(kc_cuda_lease, Module);
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_cuda_options {
-    /// `sizeof(kc_cuda_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Modules kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
     /// Total bytes of cubins kept in memory at most; 0 = unlimited.
     pub max_weight: u64,
-    /// Keep linked cubins on disk so that later processes skip the PTX JIT.
-    pub use_disk: bool,
-    /// The disk cache directory, an absolute path (relative or empty:
-    /// `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-    /// `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-    /// `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-    pub disk_dir: *const c_char,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
     /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
@@ -84,39 +79,6 @@ pub struct kc_cuda_options {
     /// (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
     /// `libnvrtc.so.11.2`.
     pub nvrtc_library: *const c_char,
-    /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-    /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-    /// file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-    /// `KC_ERR_INVALID_ARGUMENT`.
-    pub disk_key: *const u8,
-    /// Length of `disk_key`.
-    pub disk_key_len: usize,
-    /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-    /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-    pub disk_require_key: bool,
-    /// How long a lookup that misses on disk waits for another process building the same
-    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-    /// 120 s.
-    pub disk_lock_timeout_ms: u64,
-    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
-    /// `remote_*` field below means what the field of the same name of `kc_disk_options` means,
-    /// and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
-    /// (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
-    pub remote_url: *const c_char,
-    pub remote_read_only: bool,
-    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-    pub remote_allow_unkeyed: bool,
-    pub remote_timeout_ms: u64,
-    pub remote_ttl_s: u64,
-    pub remote_prefix: *const c_char,
-    pub remote_max_entry_size: u64,
-    pub remote_lease_wait_ms: u64,
-    pub remote_ca_file: *const c_char,
-    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-    pub remote_cert_file: *const c_char,
-    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
@@ -124,7 +86,7 @@ backend_handles!(
     kc_cuda_options_default,
     kc_cuda_cache,
     CudaCache,
-    remote
+    kc_cuda_cache_statistics,
 );
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -145,8 +107,6 @@ pub struct kc_cuda_jit_option {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_cuda_cache_statistics)`, or the smaller size of
-    /// an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -168,59 +128,35 @@ pub struct kc_cuda_cache_statistics {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
     pub nvrtc_failures: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-    /// caches counts for all of them.
-    pub disk: kc_disk_statistics,
 }
 
 c_statistics!(CudaStats => kc_cuda_cache_statistics {
     links, link_failures, cubin_loads, cubins_rejected, disk_hits, disk_misses,
     disk_errors, nvrtc_compiles, nvrtc_failures,
-} into { memory, disk });
+} into { memory });
 
-/// Memory-only caching, unbounded, with the default driver: set `use_disk` (and optionally
-/// `disk_dir`) to keep cubins across processes.
+/// Unbounded memory caps, the default driver and NVRTC.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
     kc_cuda_options {
         struct_size: size_of::<kc_cuda_options>(),
         max_entries: 0,
         max_weight: 0,
-        use_disk: false,
-        disk_dir: ptr::null(),
         driver_library: ptr::null(),
         nvrtc_library: ptr::null(),
-        disk_key: ptr::null(),
-        disk_key_len: 0,
-        disk_require_key: false,
-        disk_lock_timeout_ms: 0,
-        remote_url: ptr::null(),
-        remote_read_only: false,
-        remote_allow_unkeyed: false,
-        remote_timeout_ms: 0,
-        remote_ttl_s: 0,
-        remote_prefix: ptr::null(),
-        remote_max_entry_size: 0,
-        remote_lease_wait_ms: 0,
-        remote_ca_file: ptr::null(),
-        remote_cert_file: ptr::null(),
-        remote_key_file: ptr::null(),
     }
 }
 
 /// Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
 /// `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
-/// GPU): `KC_ERR_UNAVAILABLE`. A disk directory that is not owned by the user or that others
-/// may write is not used (the cache works from memory); one that cannot be created is
-/// `KC_ERR_IO`.
-///
-/// # Safety
-/// `opts` must point to a `kc_cuda_options` whose `disk_dir`, `driver_library` and
-/// `nvrtc_library` are NULL or C strings; `out_cache` must be writable.
+/// GPU): `KC_ERR_UNAVAILABLE`.
+/// `persistence` is the persistent tiers the cache keeps its linked cubins in, see `kc_persistence`
+/// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
+/// reference.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_new(
     opts: *const kc_cuda_options,
+    persistence: *mut kc_persistence,
     out_cache: *mut *mut kc_cuda_cache,
 ) -> kc_status {
     let make = |opts: &kc_cuda_options, memory, disk| {
@@ -246,16 +182,13 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
         Ok(kc_cuda_cache { inner })
     };
     // SAFETY: forwarded from the caller's contract.
-    unsafe { new_cache(opts, out_cache, make) }
+    unsafe { new_cache(opts, persistence, out_cache, make) }
 }
 
-/// Frees the cache: modules no lease holds are unloaded now (each with its context current),
-/// the others when their last lease is released. No other call on `cache` may run during or
-/// after this one. NULL is a no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts
-/// of its modules must still be live.
+/// Frees the cache: modules no lease holds are unloaded now (each with its context current), the
+/// others when their last lease is released. No other call on `cache` may run during or after this
+/// one. `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts of
+/// its modules must still be live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cuda_cache_new`, or NULL.
@@ -268,14 +201,11 @@ pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
 /// lease instead.
 ///
 /// `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
-/// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX
-/// or link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and
-/// the JIT error log in `kc_last_error_message()`. `*out_lease` is written on success only.
-///
-/// # Safety
-/// `context` must be NULL or a live context of the cache's driver, kept alive until evicted
-/// with `kc_cuda_cache_evict_context`; `ptx` must be readable (for `ptx_len` bytes, or up to its
-/// NUL); `options` must hold `option_count` entries; `out_lease` must be writable.
+/// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX or
+/// link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and the JIT
+/// error log in `kc_last_error_message()`. `context` must be NULL or a live context of the cache's
+/// driver, kept alive until evicted with `kc_cuda_cache_evict_context`; `ptx` must be readable (for
+/// `ptx_len` bytes, or up to its NUL); `options` must hold `option_count` entries.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
     cache: *mut kc_cuda_cache,
@@ -351,21 +281,19 @@ unsafe fn jit_options(
         .collect()
 }
 
-/// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name
-/// an architecture, to a cubin for the context's device when NVRTC supports it and no JIT
-/// options are given, else to PTX for the highest architecture NVRTC supports up to the
-/// device's, linked as by `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them
-/// `extern "C"`. JIT options with NVRTC options naming a real architecture (`sm_XY`, whose
-/// cubin is loaded without a link, so JIT options would not apply) are
-/// `KC_ERR_INVALID_ARGUMENT`. PTX needed from an NVRTC newer than the driver is
-/// `KC_ERR_BUILD_FAILED` with `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
+/// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`: unless they name an
+/// architecture, to a cubin for the context's device when NVRTC supports it and no JIT options are
+/// given, else to PTX for the highest architecture NVRTC supports up to the device's, linked as by
+/// `kc_cuda_cache_find_or_build_ptx`. Kernels are found by symbol name: declare them `extern "C"`.
+/// JIT options with NVRTC options naming a real architecture (`sm_XY`, whose cubin is loaded
+/// without a link, so JIT options would not apply) are `KC_ERR_INVALID_ARGUMENT`. PTX needed from
+/// an NVRTC newer than the driver is `KC_ERR_BUILD_FAILED` with
+/// `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222) before any compile.
 ///
 /// `source_len` is the source length in bytes, or 0 when `source` is NUL-terminated.
 /// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
 /// `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-///
-/// # Safety
 /// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
 /// holding `nvrtc_option_count` C strings.
 #[unsafe(no_mangle)]
@@ -409,9 +337,6 @@ pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
 }
 
 /// The leased `CUmodule`, as `void *`; NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
@@ -420,9 +345,6 @@ pub unsafe extern "C" fn kc_cuda_lease_module(lease: *const kc_cuda_lease) -> *m
 
 /// The `CUcontext` the leased module was loaded in, as `void *`: launch its kernels with it
 /// current. NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
@@ -431,9 +353,6 @@ pub unsafe extern "C" fn kc_cuda_lease_context(lease: *const kc_cuda_lease) -> *
 
 /// `*out_function` receives the kernel `name` of the leased module as a `CUfunction` (`void *`),
 /// valid until the lease is released. No such kernel: `KC_ERR_NOT_FOUND`.
-///
-/// # Safety
-/// `lease` must be a lease not yet released; `name` a C string; `out_function` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_function(
     lease: *const kc_cuda_lease,
@@ -454,26 +373,19 @@ pub unsafe extern "C" fn kc_cuda_lease_function(
     })
 }
 
-/// Releases a lease; the last release of an evicted module unloads it (with its context
-/// current). NULL is a no-op.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+/// Releases a lease; the last release of an evicted module unloads it (with its context current).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
     guard_value((), || unsafe { release_lease(lease) })
 }
 
-/// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded
-/// now (with `context` current), or when its last lease is released. `*out_count` (if not
-/// NULL) receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`:
-/// modules looked up with a NULL context are recorded under the context that was current,
-/// so name that one (`cuCtxGetCurrent`).
-///
-/// # Safety
-/// `cache` must be a live cache; `out_count` must be NULL or writable; `context` must still be
-/// live when it has modules.
+/// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded now
+/// (with `context` current), or when its last lease is released. `*out_count` (if not NULL)
+/// receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`: modules looked
+/// up with a NULL context are recorded under the context that was current, so name that one
+/// (`cuCtxGetCurrent`). `out_count` must be NULL or writable; `context` must still be live when it
+/// has modules.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     cache: *mut kc_cuda_cache,
@@ -490,8 +402,6 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_context(
 /// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
 /// context retained again has the same address, which the cache would take for the old one.
 /// `*out_count` (if not NULL) receives how many were unlinked.
-///
-/// # Safety
 /// As `kc_cuda_cache_evict_context`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_evict_device(
@@ -510,21 +420,15 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_device(
 }
 
 /// Unlinks every module (the disk keeps its cubins).
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_clear(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+    unsafe { clear(cache) }
 }
 
 /// Waits until every cubin built so far is written to the disk tier (or failed to be: see
 /// `failed_writes`). Cubins are written on a background thread after the lookup returns;
 /// `kc_cuda_cache_free` waits for them too.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_flush(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -537,9 +441,6 @@ pub unsafe extern "C" fn kc_cuda_cache_flush(cache: *mut kc_cuda_cache) -> kc_st
 }
 
 /// `cuDriverGetVersion` of the cache's driver (e.g. 12040), or 0 if `cache` is NULL.
-///
-/// # Safety
-/// `cache` must be NULL or a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> c_int {
     guard_value(0, || {
@@ -552,37 +453,22 @@ pub unsafe extern "C" fn kc_cuda_driver_version(cache: *const kc_cuda_cache) -> 
     })
 }
 
-/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_cuda_cache_statistics`.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_stats(
     cache: *const kc_cuda_cache,
     out: *mut kc_cuda_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &CudaCache| kc_cuda_cache_statistics::from(cache.stats());
-    // Callers compiled before `disk` was appended get the fields they know.
-    let size = offset_of!(kc_cuda_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_cuda_cache_statistics", size, stats) }
+    unsafe { write_stats(cache, out) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
-/// writes, what the disk index knows) stay. The directory's counters are not touched.
-///
-/// # Safety
-/// `cache` must be a live cache.
+/// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+/// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_reset_stats(cache: *mut kc_cuda_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe {
-        with_cache(cache, |cache| {
-            cache.reset_stats();
-            Ok(())
-        })
-    }
+    unsafe { reset_stats(cache) }
 }
 
 /// Whether a CUDA driver can be loaded and initialised here (`KCACHE_CUDA_LIBRARY`, else

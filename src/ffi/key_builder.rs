@@ -63,10 +63,7 @@ pub(super) unsafe fn key_arg(key: *const u8) -> Result<Key> {
     }))
 }
 
-/// Creates an empty key builder. `*out_builder` is written on success only.
-///
-/// # Safety
-/// `out_builder` must be writable.
+/// Creates an empty key builder.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_new(out_builder: *mut *mut kc_key_builder) -> kc_status {
     guard(|| {
@@ -79,9 +76,6 @@ pub unsafe extern "C" fn kc_key_builder_new(out_builder: *mut *mut kc_key_builde
 
 /// Sets one field (`KC_KEY_BACKEND` … `KC_KEY_SOURCE`), replacing an earlier value. An
 /// unset field differs from an empty one.
-///
-/// # Safety
-/// `builder` must be a live builder; `bytes` must point to `len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_set(
     builder: *mut kc_key_builder,
@@ -106,9 +100,6 @@ pub unsafe extern "C" fn kc_key_builder_set(
 /// overriding or extending another. Options that interact by position (`-DX=1` with `-UX`,
 /// `-O2` with `-O0`, `-I` search paths, `-include`) go through
 /// `kc_key_builder_ordered_option`; when in doubt, pass the whole command line that way.
-///
-/// # Safety
-/// `builder` must be a live builder; `name`/`value` must point to their lengths in bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_option(
     builder: *mut kc_key_builder,
@@ -127,9 +118,6 @@ pub unsafe extern "C" fn kc_key_builder_option(
 
 /// Adds a free-form input (specialization constants, a layout description, …): same rules as
 /// options, in a separate namespace.
-///
-/// # Safety
-/// As for `kc_key_builder_option`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_extra(
     builder: *mut kc_key_builder,
@@ -149,9 +137,6 @@ pub unsafe extern "C" fn kc_key_builder_extra(
 /// Appends one command-line argument to the ordered options, hashed in the order given:
 /// `-DX=1 -UX` and `-UX -DX=1` give different keys. Repeats are allowed. A key made without
 /// ordered options is the same as before they existed.
-///
-/// # Safety
-/// `builder` must be a live builder; `argument` must point to `argument_len` readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_ordered_option(
     builder: *mut kc_key_builder,
@@ -171,9 +156,6 @@ pub unsafe extern "C" fn kc_key_builder_ordered_option(
 /// precompiled module): `name` as the compiler resolves it, `contents` its bytes. kcache never
 /// reads files itself, so a header not added here can change without changing the key. Sorted
 /// by name; the same name twice makes `kc_key_builder_finish` fail.
-///
-/// # Safety
-/// `builder` must be a live builder; `name`/`contents` must point to their lengths in bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_dependency(
     builder: *mut kc_key_builder,
@@ -225,9 +207,6 @@ unsafe fn add_named(
 
 /// Derives the key into `out_key` (`KC_KEY_LEN` bytes). The builder stays usable.
 /// `KC_ERR_INVALID_ARGUMENT` for a duplicate option, extra or dependency name.
-///
-/// # Safety
-/// `builder` must be a live builder; `out_key` must have `KC_KEY_LEN` writable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_finish(
     builder: *const kc_key_builder,
@@ -244,10 +223,7 @@ pub unsafe extern "C" fn kc_key_builder_finish(
     })
 }
 
-/// Frees a builder. NULL is a no-op.
-///
-/// # Safety
-/// `builder` must be NULL or a builder not yet freed.
+/// Frees a builder.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_key_builder_free(builder: *mut kc_key_builder) {
     // SAFETY: the caller hands back the builder from `kc_key_builder_new`, or NULL.

@@ -28,9 +28,6 @@ lease_handle!(kc_lease, RawValue);
 
 /// The value a lease holds, exactly as the build callback returned it. Valid until the lease
 /// is released. NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
@@ -38,9 +35,6 @@ pub unsafe extern "C" fn kc_lease_value(lease: *const kc_lease) -> *mut c_void {
 }
 
 /// The weight the build callback reported for the value; 0 if `lease` is NULL.
-///
-/// # Safety
-/// As for `kc_lease_value`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_weight(lease: *const kc_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
@@ -48,9 +42,6 @@ pub unsafe extern "C" fn kc_lease_weight(lease: *const kc_lease) -> u64 {
 }
 
 /// Another lease on the same value, to be released separately. NULL if `lease` is NULL.
-///
-/// # Safety
-/// As for `kc_lease_value`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease {
     guard_value(ptr::null_mut(), || {
@@ -67,11 +58,8 @@ pub unsafe extern "C" fn kc_lease_clone(lease: *const kc_lease) -> *mut kc_lease
     })
 }
 
-/// Releases a lease; its value is destroyed here if it has left the cache and this was its
-/// last lease. NULL is a no-op. Releasing a lease twice is undefined behaviour.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+/// Releases a lease; its value is destroyed here if it has left the cache and this was its last
+/// lease. Releasing a lease twice is undefined behaviour.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_lease_release(lease: *mut kc_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.

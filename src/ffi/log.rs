@@ -25,10 +25,10 @@ const _: () = assert!(KC_LOG_INFO == Level::Info as c_int);
 const _: () = assert!(KC_LOG_DEBUG == Level::Debug as c_int);
 
 /// Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
-/// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the
-/// call. Called on any thread (including the disk tier's background writer), possibly on
-/// several at once, never while a cache's lock is held. It may call kcache, but what those calls log
-/// goes to stderr, and `kc_set_log_callback` called from inside it does nothing.
+/// NUL-terminated line without the `kcache: ` prefix that stderr gets, valid only during the call.
+/// Called on any thread (including the disk tier's background writer), possibly on several at once,
+/// never while a cache's lock is held. It may call kcache, but what those calls log goes to stderr,
+/// and `kc_set_log_callback` called from inside it does nothing.
 pub type kc_log_fn =
     Option<unsafe extern "C" fn(ctx: *mut c_void, level: c_int, message: *const c_char)>;
 
@@ -60,8 +60,6 @@ impl Callback {
 /// stderr again. Which levels are sent is decided by `KCACHE_LOG` (`error`, `warn`, `info`,
 /// `debug`; default `warn`), read once per process. When this returns, the previous callback
 /// is not running and is never called again, so its `ctx` may be freed.
-///
-/// # Safety
 /// `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
 /// replaced.
 #[unsafe(no_mangle)]

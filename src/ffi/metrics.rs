@@ -16,9 +16,6 @@ use crate::metrics;
 /// nothing written). A `buf_len` smaller than needed writes nothing to `buf` and returns
 /// `KC_ERR_BUFFER_TOO_SMALL`. The figures move between two calls, so a size asked first may
 /// fall short by the time of the second: call again with the newly reported size.
-///
-/// # Safety
-/// `buf` must be NULL or point to `buf_len` writable bytes; `out_needed` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_metrics_render(
     buf: *mut c_char,

@@ -1,12 +1,12 @@
 //! The C ABI (`include/kcache.h`, generated from this module by cbindgen).
 //!
 //! One C object per file: `cache.rs` (`kc_cache`), `lease.rs` (`kc_lease`), `key_builder.rs`
-//! (`kc_key_builder`), `disk.rs` (`kc_disk`), `buffer.rs` (`kc_buffer`), `tiered.rs`
+//! (`kc_key_builder`), `persistence*.rs` (`kc_persistence`), `buffer.rs` (`kc_buffer`), `tiered.rs`
 //! (`kc_tiered_find_or_build`), `log.rs` (`kc_set_log_callback`), `metrics.rs`
-//! (`kc_metrics_render`), one file per backend;
-//! `status.rs` holds the status codes and the other library-level functions, `args.rs` the
-//! argument conventions they all share, `remote_args.rs` the remote tier's fields that several
-//! options structs end with.
+//! (`kc_metrics_render`), one file per backend (Vulkan's pipeline descriptions in
+//! `vulkan_spec.rs`); `status.rs` holds the status codes and the other library-level functions,
+//! `args.rs` the argument conventions they all share, `backend_common.rs` what the backends' C APIs
+//! do alike.
 //!
 //! Names (see `docs/c-api-conventions.md`): every exported function is `kc_<object>_<verb>`,
 //! `<object>` being an opaque type's name without `kc_`, or a library or backend function
@@ -26,25 +26,34 @@
 //!   is `KC_ERR_INVALID_ARGUMENT` with a message naming the argument. `*_free`/`*_release`
 //!   accept NULL. A handle is cast to the Rust value it stands for only through `args::Handle`.
 //! - Out-parameters are written only on success.
+//! - What every pointer argument must be (a live handle, a writable out-parameter, a readable
+//!   range, a C string) is said once, in the header's preamble (`cbindgen.toml`) and in
+//!   `docs/c-api-conventions.md`; an exported function's comment says only what it needs beyond
+//!   that, not under a `# Safety` heading of its own, so that the header does not repeat it.
+
+// The exported functions' contract is the C API's, said once (see above).
+#![allow(clippy::missing_safety_doc)]
 
 mod args;
 mod backend_common;
 pub mod buffer;
 mod cache;
 pub mod cuda;
-pub mod disk;
 pub mod key_builder;
 mod lease;
 pub(crate) mod lock_fds;
 pub mod log;
 pub mod metrics;
 pub mod opencl;
+pub mod persistence;
+pub mod persistence_entries;
+pub mod persistence_stats;
 pub(crate) mod process;
-mod remote_args;
 mod status;
 pub mod tiered;
 pub mod vulkan;
 pub mod vulkan_device;
+pub mod vulkan_spec;
 
 pub use cache::*;
 pub use lease::*;

@@ -10,7 +10,8 @@
 //!
 //! kc_opencl_options opts = kc_opencl_options_default();
 //! kc_opencl_cache *cache;
-//! if (kc_opencl_cache_new(&opts, &cache) != KC_OK) { puts(kc_last_error_message()); return 1; }
+//! // NULL: the process's persistent tiers, as the environment configures them
+//! if (kc_opencl_cache_new(&opts, NULL, &cache) != KC_OK) { puts(kc_last_error_message()); return 1; }
 //!
 //! const char *sources[] = { "__kernel void twice(__global float *x)"
 //!                           "{ x[get_global_id(0)] *= 2.0f; }" };
@@ -36,17 +37,18 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{CStr, c_char, c_void};
-use std::mem::offset_of;
 use std::ptr;
 
 use super::args::{
     c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, read_lease,
     release_lease,
 };
-use super::backend_common::{backend_handles, evict_by, new_cache, with_cache, write_stats};
+use super::backend_common::{
+    backend_handles, clear, evict_by, new_cache, reset_stats, with_cache, write_stats,
+};
 use super::buffer::kc_buffer;
 use super::cache::kc_cache_stats;
-use super::disk::kc_disk_statistics;
+use super::persistence::kc_persistence;
 use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
 use crate::backend::opencl::{
     ContextRef, Device, OpenClCache, OpenClOptions, OpenClStats, Program, context_devices,
@@ -70,7 +72,6 @@ lease_handle!(kc_opencl_lease, Program);
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_opencl_options {
-    /// `sizeof(kc_opencl_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Programs kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
@@ -78,46 +79,6 @@ pub struct kc_opencl_options {
     /// from disk weighs its binary's size; one built from source weighs its source's length
     /// (its binary is not asked for on the lookup's path).
     pub max_weight: u64,
-    /// Keep program binaries on disk so that later processes skip the compiler.
-    pub use_disk: bool,
-    /// The disk cache directory, an absolute path (relative or empty:
-    /// `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-    /// `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-    /// `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-    pub disk_dir: *const c_char,
-    /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-    /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-    /// file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-    /// `KC_ERR_INVALID_ARGUMENT`.
-    pub disk_key: *const u8,
-    /// Length of `disk_key`.
-    pub disk_key_len: usize,
-    /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-    /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-    pub disk_require_key: bool,
-    /// How long a lookup that misses on disk waits for another process building the same
-    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-    /// 120 s.
-    pub disk_lock_timeout_ms: u64,
-    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Every
-    /// `remote_*` field below means what the field of the same name of `kc_disk_options` means,
-    /// and NULL or 0 leaves it to its `KCACHE_REMOTE_*` variable, else the default
-    /// (`docs/remote.md`). New in ABI 2.5: an older caller's struct gets the environment's.
-    pub remote_url: *const c_char,
-    pub remote_read_only: bool,
-    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-    pub remote_allow_unkeyed: bool,
-    pub remote_timeout_ms: u64,
-    pub remote_ttl_s: u64,
-    pub remote_prefix: *const c_char,
-    pub remote_max_entry_size: u64,
-    pub remote_lease_wait_ms: u64,
-    pub remote_ca_file: *const c_char,
-    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-    pub remote_cert_file: *const c_char,
-    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
@@ -125,15 +86,13 @@ backend_handles!(
     kc_opencl_options_default,
     kc_opencl_cache,
     OpenClCache,
-    remote
+    kc_opencl_cache_statistics,
 );
 
 /// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_opencl_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_opencl_cache_statistics)`, or the smaller
-    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -149,72 +108,43 @@ pub struct kc_opencl_cache_statistics {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-    /// caches counts for all of them.
-    pub disk: kc_disk_statistics,
 }
 
 c_statistics!(OpenClStats => kc_opencl_cache_statistics {
     source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
-} into { memory, disk });
+} into { memory });
 
-/// Memory-only caching, unbounded: set `use_disk` (and optionally `disk_dir`) to keep binaries
-/// across processes.
+/// Unbounded memory caps.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
     kc_opencl_options {
         struct_size: size_of::<kc_opencl_options>(),
         max_entries: 0,
         max_weight: 0,
-        use_disk: false,
-        disk_dir: ptr::null(),
-        disk_key: ptr::null(),
-        disk_key_len: 0,
-        disk_require_key: false,
-        disk_lock_timeout_ms: 0,
-        remote_url: ptr::null(),
-        remote_read_only: false,
-        remote_allow_unkeyed: false,
-        remote_timeout_ms: 0,
-        remote_ttl_s: 0,
-        remote_prefix: ptr::null(),
-        remote_max_entry_size: 0,
-        remote_lease_wait_ms: 0,
-        remote_ca_file: ptr::null(),
-        remote_cert_file: ptr::null(),
-        remote_key_file: ptr::null(),
     }
 }
 
-/// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the
-/// file named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. A disk
-/// directory that is not owned by the user or that others may write is not used (the cache
-/// works from memory); one that cannot be created is `KC_ERR_IO`.
-///
-/// # Safety
-/// `opts` must point to a `kc_opencl_options` whose `disk_dir` is NULL or a C string;
-/// `out_cache` must be writable.
+/// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the file
+/// named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. `persistence` is the
+/// persistent tiers the cache keeps its program binaries in, see `kc_persistence` (NULL: the
+/// process's default; `kc_persistence_none()`: memory only); the cache holds its own reference.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
+    persistence: *mut kc_persistence,
     out_cache: *mut *mut kc_opencl_cache,
 ) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
     unsafe {
-        new_cache(opts, out_cache, |_, memory, disk| {
+        new_cache(opts, persistence, out_cache, |_, memory, disk| {
             let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
             Ok(kc_opencl_cache { inner })
         })
     }
 }
 
-/// Frees the cache: programs no lease holds are released now, the others when their last
-/// lease is released. No other call on `cache` may run during or after this one. NULL is a
-/// no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_opencl_cache_new` not yet freed.
+/// Frees the cache: programs no lease holds are released now, the others when their last lease is
+/// released. No other call on `cache` may run during or after this one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`, or NULL.
@@ -225,17 +155,14 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 /// from a binary on disk, else compiled (concurrent callers share one compile). The program
 /// belongs to the cache: do not release it; release the lease instead.
 ///
-/// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource`
-/// does; `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated.
-/// `options` is NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C
-/// source is; anything else is `KC_ERR_INVALID_ARGUMENT`). `*out_lease` is written on
-/// success only. A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL status in
-/// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-///
-/// # Safety
-/// `context` and `device` must be live OpenCL handles, the device one of the context's;
-/// `sources` must hold `count` readable strings (of `lengths[i]` bytes, or NUL-terminated);
-/// `options` must be NULL or a C string; `out_lease` must be writable.
+/// `sources` holds `count` strings, concatenated in order as `clCreateProgramWithSource` does;
+/// `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated. `options` is
+/// NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C source is; anything
+/// else is `KC_ERR_INVALID_ARGUMENT`). A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL
+/// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `context`
+/// and `device` must be live OpenCL handles, the device one of the context's; `sources` must hold
+/// `count` readable strings (of `lengths[i]` bytes, or NUL-terminated); `options` must be NULL or a
+/// C string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     cache: *mut kc_opencl_cache,
@@ -339,8 +266,6 @@ unsafe fn program_text<'a>(
 /// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
 /// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
 /// and `kc_last_error_message()` are the first failing device's.
-///
-/// # Safety
 /// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
 /// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
 /// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
@@ -424,34 +349,24 @@ pub unsafe extern "C" fn kc_opencl_cache_find_or_build_program(
 }
 
 /// The leased `cl_program`, as `void *`; NULL if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_program(lease: *const kc_opencl_lease) -> *mut c_void {
     // SAFETY: NULL or a live lease by contract.
     unsafe { read_lease(lease, ptr::null_mut(), |e| e.value().raw()) }
 }
 
-/// Releases a lease; the last release of an evicted program releases the program. NULL is a
-/// no-op.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards.
+/// Releases a lease; the last release of an evicted program releases the program.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
     guard_value((), || unsafe { release_lease(lease) })
 }
 
-/// Unlinks every program built for `device`, in every context; each is released now, or when
-/// its last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL
-/// `device` is `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would
-/// evict nothing).
-///
-/// # Safety
-/// `cache` must be a live cache; `out_count` must be NULL or writable. `device` is only
-/// compared, never called: it may already be released.
+/// Unlinks every program built for `device`, in every context; each is released now, or when its
+/// last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL `device` is
+/// `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would evict nothing).
+/// `out_count` must be NULL or writable. `device` is only compared, never called: it may already be
+/// released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     cache: *mut kc_opencl_cache,
@@ -469,8 +384,6 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_device(
 /// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
 /// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
 /// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
-///
-/// # Safety
 /// As `kc_opencl_cache_evict_device`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_evict_context(
@@ -484,13 +397,10 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_context(
 }
 
 /// Unlinks every program (the disk keeps its binaries).
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+    unsafe { clear(cache) }
 }
 
 /// Waits until the binary of every program built so far is written to the disk tier (or
@@ -498,9 +408,6 @@ pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> k
 /// thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
 /// are held back until another process waits for them or until this call, so that they carry
 /// the work-group code the programs' launches compiled: call it after your warm-up launches.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
@@ -512,37 +419,22 @@ pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> k
     }
 }
 
-/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_opencl_cache_statistics`.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_stats(
     cache: *const kc_opencl_cache,
     out: *mut kc_opencl_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &OpenClCache| kc_opencl_cache_statistics::from(cache.stats());
-    // Callers compiled before `disk` was appended get the fields they know.
-    let size = offset_of!(kc_opencl_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_opencl_cache_statistics", size, stats) }
+    unsafe { write_stats(cache, out) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
-/// writes, what the disk index knows) stay. The directory's counters are not touched.
-///
-/// # Safety
-/// `cache` must be a live cache.
+/// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+/// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_reset_stats(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe {
-        with_cache(cache, |cache| {
-            cache.reset_stats();
-            Ok(())
-        })
-    }
+    unsafe { reset_stats(cache) }
 }
 
 /// Whether an OpenCL runtime can be loaded here: `KC_OK`, or `KC_ERR_UNAVAILABLE` with the

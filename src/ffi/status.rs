@@ -11,18 +11,19 @@ use std::panic::{self, AssertUnwindSafe};
 
 use crate::{Error, Result};
 
-/// Major version of the library this header belongs to.
-pub const KCACHE_VERSION_MAJOR: u32 = 0;
-/// Minor version of the library this header belongs to.
-pub const KCACHE_VERSION_MINOR: u32 = 1;
-/// Patch version of the library this header belongs to.
+/// Major version of the C ABI this header describes: the SONAME's number (`libkcache.so.3`).
+pub const KCACHE_VERSION_MAJOR: u32 = 3;
+/// Minor version of the C ABI this header describes.
+pub const KCACHE_VERSION_MINOR: u32 = 0;
+/// Patch version of the C ABI this header describes.
 pub const KCACHE_VERSION_PATCH: u32 = 0;
 
 // The macros above are literals so that cbindgen can emit them; these checks keep them equal
-// to the crate version, at compile time.
-const _: () = assert!(KCACHE_VERSION_MAJOR == decimal(env!("CARGO_PKG_VERSION_MAJOR")));
-const _: () = assert!(KCACHE_VERSION_MINOR == decimal(env!("CARGO_PKG_VERSION_MINOR")));
-const _: () = assert!(KCACHE_VERSION_PATCH == decimal(env!("CARGO_PKG_VERSION_PATCH")));
+// to `abi-version` in Cargo.toml (which build.rs passes on, and which names the SONAME, CMake's
+// and pkg-config's version), at compile time: C users see one version number.
+const _: () = assert!(KCACHE_VERSION_MAJOR == decimal(env!("KCACHE_ABI_VERSION_MAJOR")));
+const _: () = assert!(KCACHE_VERSION_MINOR == decimal(env!("KCACHE_ABI_VERSION_MINOR")));
+const _: () = assert!(KCACHE_VERSION_PATCH == decimal(env!("KCACHE_ABI_VERSION_PATCH")));
 
 const fn decimal(digits: &str) -> u32 {
     let digits = digits.as_bytes();
@@ -37,7 +38,7 @@ const fn decimal(digits: &str) -> u32 {
 }
 
 const VERSION: &CStr =
-    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+    match CStr::from_bytes_with_nul(concat!(env!("KCACHE_ABI_VERSION"), "\0").as_bytes()) {
         Ok(version) => version,
         Err(_) => panic!("the crate version contains a NUL byte"),
     };
@@ -296,7 +297,7 @@ pub extern "C" fn kc_last_build_error() -> c_int {
     guard_value(0, || LAST_BUILD_ERROR.try_with(Cell::get).unwrap_or(0))
 }
 
-/// The library version, "MAJOR.MINOR.PATCH", a static string. Compare with the
+/// The library's C ABI version, "MAJOR.MINOR.PATCH", a static string. Compare with the
 /// KCACHE_VERSION_* macros to detect a header/library mismatch.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_version() -> *const c_char {

@@ -9,9 +9,10 @@ use std::ptr;
 
 use super::args::{handle_ref, invalid, lease_into_raw, read_sized};
 use super::cache::{RawValue, device_of, kc_build_fn, kc_cache, make_value};
-use super::disk::{descriptor_arg, kc_disk, kc_entry_descriptor};
 use super::key_builder::key_arg;
 use super::lease::kc_lease;
+use super::persistence::{kc_persistence, persistence_arg};
+use super::persistence_entries::{descriptor_arg, kc_entry_descriptor};
 use super::status::{byte_slice, guard, kc_status, non_null};
 use crate::BuildError;
 use crate::disk::DiskBytes;
@@ -54,7 +55,6 @@ pub type kc_serialize_fn = Option<
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_tiered_callbacks {
-    /// `sizeof(kc_tiered_callbacks)` as the caller compiled it.
     pub struct_size: usize,
     /// Builds from scratch (required).
     pub build: kc_build_fn,
@@ -111,29 +111,27 @@ unsafe fn serialize_value(
     Ok(buf)
 }
 
-/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk
-/// entry for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with
-/// `callbacks->build` and writes `callbacks->serialize`'s bytes back to disk. `disk` may be
-/// NULL (memory only). The disk read runs inside the memory tier's single flight: concurrent
-/// callers of one key read or build once. A disk miss waits for another process building the
-/// same `l2_key` in the same directory (up to the disk's lock timeout) and loads what it
-/// wrote; if that build fails, this one builds too. A disk entry that `load` refuses is
-/// removed (and counted in `load_failures`). `serialize` runs on the calling thread before
-/// the lookup returns; the write itself happens on the disk's background writer (see
-/// `kc_disk_flush`), and a failed one is counted, not returned. Statuses as for
+/// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
+/// for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`
+/// and writes `callbacks->serialize`'s bytes back to disk. `persistence` is as for a cache (see
+/// `kc_persistence`: NULL the process's default, `kc_persistence_none()` memory only). The disk
+/// read runs inside the memory tier's single flight: concurrent callers of one key read or build
+/// once. A disk miss waits for another process building the same `l2_key` in the same directory (up
+/// to the disk's lock timeout) and loads what it wrote; if that build fails, this one builds too. A
+/// disk entry that `load` refuses is removed (and counted in `load_failures`). `serialize` runs on
+/// the calling thread before the lookup returns; the write itself happens on the disk's background
+/// writer (see `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
 /// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
-/// (`kc_tiered_find_or_build_described` says more).
-///
-/// # Safety
-/// `cache` live; `disk` NULL or live; keys readable for their lengths; `callbacks` readable
-/// for its `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+/// (`kc_tiered_find_or_build_described` says more). `cache` live; `persistence` NULL,
+/// `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable for its
+/// `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_tiered_find_or_build(
     cache: *mut kc_cache,
     l1_key: *const u8,
     l1_key_len: usize,
     device_id: i64,
-    disk: *mut kc_disk,
+    persistence: *mut kc_persistence,
     l2_key: *const u8,
     callbacks: *const kc_tiered_callbacks,
     out_lease: *mut *mut kc_lease,
@@ -145,7 +143,7 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
             l1_key,
             l1_key_len,
             device_id,
-            disk,
+            persistence,
             l2_key,
             callbacks,
             ptr::null(),
@@ -155,10 +153,8 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
 }
 
 /// `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
-/// as `kc_disk_put_described` takes it; NULL: backend `custom`).
-///
-/// # Safety
-/// As `kc_tiered_find_or_build`; `descriptor` as for `kc_disk_put_described`.
+/// as `kc_persistence_put_described` takes it; NULL: backend `custom`).
+/// As `kc_tiered_find_or_build`; `descriptor` as for `kc_persistence_put_described`.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kc_tiered_find_or_build_described(
@@ -166,7 +162,7 @@ pub unsafe extern "C" fn kc_tiered_find_or_build_described(
     l1_key: *const u8,
     l1_key_len: usize,
     device_id: i64,
-    disk: *mut kc_disk,
+    persistence: *mut kc_persistence,
     l2_key: *const u8,
     callbacks: *const kc_tiered_callbacks,
     descriptor: *const kc_entry_descriptor,
@@ -187,12 +183,8 @@ pub unsafe extern "C" fn kc_tiered_find_or_build_described(
         let descriptor = unsafe { descriptor_arg(descriptor) }?;
         // SAFETY: pointer validity is the caller's contract, NULLs are checked.
         let l2_key = unsafe { key_arg(l2_key) }?;
-        let disk = if disk.is_null() {
-            None
-        } else {
-            // SAFETY: non-NULL and live by contract.
-            Some(unsafe { handle_ref(disk, "disk") }?)
-        };
+        // SAFETY: NULL, the marker or live by contract.
+        let disk = unsafe { persistence_arg(persistence) }?.map(|shared| &**shared);
         // SAFETY: the caller promises `l1_key_len` readable bytes.
         let key = unsafe { byte_slice(l1_key, l1_key_len, "key") }?;
         let device = device_of(device_id)?;

@@ -7,22 +7,23 @@
 #![allow(non_camel_case_types)]
 
 use std::ffi::{c_char, c_void};
-use std::mem::{offset_of, size_of};
-use std::ptr;
+use std::mem::size_of;
 
 use ash::vk::{self, Handle};
 
 use super::args::{
-    GrownInput, c_statistics, c_str, elements, free_boxed, lease_handle, lease_into_raw, live,
-    read_input, read_lease, release_lease, write_boxed, write_optional,
+    c_statistics, free_boxed, lease_handle, lease_into_raw, live, read_lease, release_lease,
+    write_boxed, write_optional,
 };
-use super::backend_common::{backend_handles, new_cache, with_cache, write_stats};
+use super::backend_common::{
+    backend_handles, clear, new_cache, reset_stats, with_cache, write_stats,
+};
 use super::cache::kc_cache_stats;
-use super::disk::kc_disk_statistics;
-use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
+use super::persistence::kc_persistence;
+use super::status::{guard, guard_value, kc_status, non_null};
+use super::vulkan_spec::kc_vulkan_spec;
 use crate::backend::vulkan::{
-    DescriptorBinding, LayoutDesc, Pipeline, PipelineDesc, PipelineSpec, PushConstantRange,
-    SpecConstant, Vulkan, VulkanCache, VulkanDevice, VulkanOptions, VulkanStats, words_from_bytes,
+    Pipeline, Vulkan, VulkanCache, VulkanDevice, VulkanOptions, VulkanStats,
 };
 use crate::error::Error;
 
@@ -36,12 +37,6 @@ pub struct kc_vulkan_cache {
 /// `kc_vulkan_cache_unregister_device`.
 pub struct kc_vulkan_device {
     pub(super) inner: VulkanDevice,
-}
-
-/// A validated pipeline description with its digest: make it once per kernel
-/// (`kc_vulkan_spec_new`) and look it up as often as needed.
-pub struct kc_vulkan_spec {
-    inner: PipelineSpec,
 }
 
 /// A lease on a cached pipeline: the pipeline, its shader module and its layouts stay valid
@@ -63,58 +58,14 @@ pub type kc_vulkan_get_instance_proc_addr_fn =
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_vulkan_options {
-    /// `sizeof(kc_vulkan_options)` as the caller compiled it.
     pub struct_size: usize,
     /// Pipelines kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
     /// Total SPIR-V bytes of the pipelines kept in memory at most; 0 = unlimited.
     pub max_weight: u64,
-    /// Keep each device's `VkPipelineCache` data on disk, so that later processes start warm
-    /// (on drivers that serialize pipelines into it).
-    pub use_disk: bool,
-    /// The disk cache directory, an absolute path (relative or empty:
-    /// `KC_ERR_INVALID_ARGUMENT`); NULL: `KCACHE_DIR`, else `$XDG_CACHE_HOME/kcache`, else
-    /// `$HOME/.cache/kcache`, none of which a secure-execution process reads.
-    /// `KCACHE_DISABLE=1` turns the disk off whatever is set here.
-    pub disk_dir: *const c_char,
     /// The application's `vkGetInstanceProcAddr`; NULL: kcache loads `libvulkan.so.1`. The
     /// caller's handles must come from the same loader.
     pub get_instance_proc_addr: kc_vulkan_get_instance_proc_addr_fn,
-    /// Operator key authenticating the disk entries with HMAC-SHA256 (16 to 4096 bytes),
-    /// copied and the copy wiped once it has keyed the HMAC; NULL with `disk_key_len` 0: the
-    /// file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-    /// `KC_ERR_INVALID_ARGUMENT`.
-    pub disk_key: *const u8,
-    /// Length of `disk_key`.
-    pub disk_key_len: usize,
-    /// Use the disk only with an operator key (`disk_key` or `KCACHE_KEY_FILE`); without one
-    /// the cache works from memory. `KCACHE_REQUIRE_KEY=1` sets it too.
-    pub disk_require_key: bool,
-    /// How long a lookup that misses on disk waits for another process building the same
-    /// entry, in milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else
-    /// 120 s.
-    pub disk_lock_timeout_ms: u64,
-    /// The shared tier behind the disk (NUL-terminated; used only with `use_disk`), as
-    /// `kc_disk_options.remote_url`: `redis://…`, `rediss://…`, `redis+unix://…` or a Redis
-    /// Cluster's seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`, else none. Each
-    /// device's pipeline-cache data is read from it at registration when the disk has none,
-    /// and merged and written there at each write-back. Every `remote_*` field below means
-    /// what the field of the same name of `kc_disk_options` means, and NULL or 0 leaves it to
-    /// its `KCACHE_REMOTE_*` variable, else the default (`docs/remote.md`). New in ABI 2.5: an
-    /// older caller's struct gets the environment's.
-    pub remote_url: *const c_char,
-    pub remote_read_only: bool,
-    /// **Unsafe**: anyone who can write the store can then run code on this process's GPUs.
-    pub remote_allow_unkeyed: bool,
-    pub remote_timeout_ms: u64,
-    pub remote_ttl_s: u64,
-    pub remote_prefix: *const c_char,
-    pub remote_max_entry_size: u64,
-    pub remote_lease_wait_ms: u64,
-    pub remote_ca_file: *const c_char,
-    /// With `remote_key_file` (mutual TLS): one without the other leaves the remote off.
-    pub remote_cert_file: *const c_char,
-    pub remote_key_file: *const c_char,
 }
 
 backend_handles!(
@@ -122,123 +73,13 @@ backend_handles!(
     kc_vulkan_options_default,
     kc_vulkan_cache,
     VulkanCache,
-    remote
+    kc_vulkan_cache_statistics,
 );
-
-/// One descriptor binding of the pipeline layout, visible to the compute stage.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kc_vulkan_binding {
-    /// Descriptor set index, below 64.
-    pub set: u32,
-    pub binding: u32,
-    /// A `VkDescriptorType` value usable from a compute shader.
-    pub descriptor_type: i32,
-    /// Descriptor count (array size).
-    pub count: u32,
-}
-
-/// A specialization constant: `size` bytes (1, 2, 4 or 8) at `data` for `constant_id` `id`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kc_vulkan_spec_constant {
-    pub id: u32,
-    pub size: u32,
-    pub data: *const c_void,
-}
-
-/// One constant of a `kc_vulkan_specialization_info`: the same layout as
-/// `VkSpecializationMapEntry`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kc_vulkan_spec_map_entry {
-    pub constant_id: u32,
-    /// Byte offset of the value in `data`.
-    pub offset: u32,
-    /// Bytes of the value: 1, 2, 4 or 8.
-    pub size: usize,
-}
-
-/// Specialization constants as Vulkan has them: the same layout as `VkSpecializationInfo`, so
-/// a program's `const VkSpecializationInfo *` can be passed cast to this type.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kc_vulkan_specialization_info {
-    pub map_entry_count: u32,
-    pub map_entries: *const kc_vulkan_spec_map_entry,
-    pub data_size: usize,
-    pub data: *const c_void,
-}
-
-/// Everything a compute pipeline is made of. The layout is described by content: kcache
-/// creates the descriptor-set layouts and the pipeline layout (one per device and
-/// description), so a lookup never depends on handle values. A layout the caller creates
-/// from the same description is compatible with it for binding descriptor sets.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct kc_vulkan_pipeline_desc {
-    /// `sizeof(kc_vulkan_pipeline_desc)` as the caller compiled it.
-    pub struct_size: usize,
-    /// SPIR-V, as for `VkShaderModuleCreateInfo`: `code_size` is in bytes, a multiple of 4.
-    pub code: *const u32,
-    pub code_size: usize,
-    /// The compute entry point; NULL means "main".
-    pub entry_point: *const c_char,
-    pub constants: *const kc_vulkan_spec_constant,
-    pub constant_count: usize,
-    /// Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included). No
-    /// bindings and no push-constant range: the layout is derived from what the entry point
-    /// uses (one binding per resource, with the descriptor type it implies, and a push-constant
-    /// range over the bytes it reads).
-    pub bindings: *const kc_vulkan_binding,
-    pub binding_count: usize,
-    /// The compute push-constant range; `push_constant_size` 0 means none.
-    pub push_constant_offset: u32,
-    pub push_constant_size: u32,
-    /// Since ABI 2.3. Specialization constants in `VkSpecializationInfo` form, in addition to
-    /// `constants` (an id given in both is `KC_ERR_INVALID_ARGUMENT`); NULL: none.
-    pub specialization: *const kc_vulkan_specialization_info,
-    /// Since ABI 2.3. `VkPipelineCreateFlags` of the pipeline, part of its key: among
-    /// `DISABLE_OPTIMIZATION`, `ALLOW_DERIVATIVES`, `DISPATCH_BASE`, `CAPTURE_STATISTICS_KHR`,
-    /// `CAPTURE_INTERNAL_REPRESENTATIONS_KHR`, `FAIL_ON_PIPELINE_COMPILE_REQUIRED` and
-    /// `EARLY_RETURN_ON_FAILURE`; any other bit is `KC_ERR_INVALID_ARGUMENT`.
-    pub flags: u32,
-    /// Since ABI 2.3. The subgroup size the compute stage requires
-    /// (`VkPipelineShaderStageRequiredSubgroupSizeCreateInfo`), part of the key; 0: none. A
-    /// power of two the device supports for compute, with `subgroupSizeControl` enabled on the
-    /// device; a size the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
-    pub required_subgroup_size: u32,
-}
-
-// SAFETY: every field is an integer or a raw pointer.
-unsafe impl GrownInput for kc_vulkan_pipeline_desc {
-    const C_NAME: &str = "kc_vulkan_pipeline_desc";
-    /// The first layout ended with `push_constant_size`.
-    const MIN_SIZE: usize = offset_of!(kc_vulkan_pipeline_desc, specialization);
-    const BOOLS: &[usize] = &[];
-    const DEFAULT: kc_vulkan_pipeline_desc = kc_vulkan_pipeline_desc {
-        struct_size: size_of::<kc_vulkan_pipeline_desc>(),
-        code: ptr::null(),
-        code_size: 0,
-        entry_point: ptr::null(),
-        constants: ptr::null(),
-        constant_count: 0,
-        bindings: ptr::null(),
-        binding_count: 0,
-        push_constant_offset: 0,
-        push_constant_size: 0,
-        specialization: ptr::null(),
-        flags: 0,
-        required_subgroup_size: 0,
-    };
-}
 
 /// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_vulkan_cache_statistics {
-    /// In: size of the caller's struct: `sizeof(kc_vulkan_cache_statistics)`, or the smaller
-    /// size of an older header's struct without `disk`. Out: bytes written.
     pub struct_size: usize,
     /// The memory tier's counters; its `struct_size` is set too.
     pub memory: kc_cache_stats,
@@ -262,60 +103,37 @@ pub struct kc_vulkan_cache_statistics {
     pub cache_data_merged: u64,
     /// Disk reads or writes that failed (a failed write is also returned by the flushing call).
     pub disk_errors: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …), all
-    /// zero without a disk tier; its `struct_size` is set too. A disk tier shared with other
-    /// caches counts for all of them.
-    pub disk: kc_disk_statistics,
 }
 
 c_statistics!(VulkanStats => kc_vulkan_cache_statistics {
     pipelines_created, pipelines_destroyed, layouts_created, cache_data_loaded,
     cache_data_missing, cache_data_rejected, cache_data_written, cache_data_merged,
     disk_errors,
-} into { memory, disk });
+} into { memory });
 
-/// Memory only, unbounded, with the system's Vulkan loader.
+/// Unbounded memory caps, the system's Vulkan loader.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
     kc_vulkan_options {
         struct_size: size_of::<kc_vulkan_options>(),
         max_entries: 0,
         max_weight: 0,
-        use_disk: false,
-        disk_dir: ptr::null(),
         get_instance_proc_addr: None,
-        disk_key: ptr::null(),
-        disk_key_len: 0,
-        disk_require_key: false,
-        disk_lock_timeout_ms: 0,
-        remote_url: ptr::null(),
-        remote_read_only: false,
-        remote_allow_unkeyed: false,
-        remote_timeout_ms: 0,
-        remote_ttl_s: 0,
-        remote_prefix: ptr::null(),
-        remote_max_entry_size: 0,
-        remote_lease_wait_ms: 0,
-        remote_ca_file: ptr::null(),
-        remote_cert_file: ptr::null(),
-        remote_key_file: ptr::null(),
     }
 }
 
-/// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a
-/// `get_instance_proc_addr` that does not resolve `vkCreateInstance` (queried with a NULL
-/// instance, as every loader answers it): `KC_ERR_UNAVAILABLE`. An
-/// untrusted disk directory is not used (the cache works from memory); one that cannot be
-/// created is `KC_ERR_IO`.
-///
-/// # Safety
-/// `opts` must point to a `kc_vulkan_options` whose `disk_dir` and `remote_*` strings are
-/// NULL or C strings and whose `get_instance_proc_addr` is NULL or behaves as
-/// `vkGetInstanceProcAddr` for as long as the cache and its leases live; `out_cache` must be
-/// writable.
+/// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a `get_instance_proc_addr`
+/// that does not resolve `vkCreateInstance` (queried with a NULL instance, as every loader answers
+/// it): `KC_ERR_UNAVAILABLE`. `persistence` is the persistent tiers the cache keeps each device's
+/// pipeline-cache data in, see `kc_persistence` (NULL: the process's default;
+/// `kc_persistence_none()`: memory only); the cache holds its own reference. `opts` must point to a
+/// `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr`
+/// for as long as the cache and its leases live; `persistence` NULL, `kc_persistence_none()` or
+/// live.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
+    persistence: *mut kc_persistence,
     out_cache: *mut *mut kc_vulkan_cache,
 ) -> kc_status {
     let make = |opts: &kc_vulkan_options, memory, disk| {
@@ -338,18 +156,15 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
         Ok(kc_vulkan_cache { inner })
     };
     // SAFETY: forwarded from the caller's contract.
-    unsafe { new_cache(opts, out_cache, make) }
+    unsafe { new_cache(opts, persistence, out_cache, make) }
 }
 
-/// Frees the cache. Every device still registered has its pipeline-cache data written back
-/// (when pipelines were created since the last write) and its `VkPipelineCache` destroyed, so
-/// free the cache before destroying those devices; pipelines no lease holds are destroyed now,
-/// the others at their last release. No other call on `cache` may run during or after this
-/// one; `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
-/// afterwards, which then just frees them. NULL is a no-op.
-///
-/// # Safety
-/// `cache` must be NULL or a cache from `kc_vulkan_cache_new` not yet freed.
+/// Frees the cache. Every device still registered has its pipeline-cache data written back (when
+/// pipelines were created since the last write) and its `VkPipelineCache` destroyed, so free the
+/// cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
+/// their last release. No other call on `cache` may run during or after this one;
+/// `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
+/// afterwards, which then just frees them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`, or NULL.
@@ -357,14 +172,11 @@ pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
 }
 
 /// Registers the caller's device with the cache: kcache reads its properties, creates its
-/// `VkPipelineCache` (seeded from disk data whose header names this device), and records
-/// pipelines under it. The caller keeps owning all three handles.
-///
-/// # Safety
-/// `cache` must be live; the handles must be live and related (the physical device from the
-/// instance, the device from the physical device), created through the cache's loader, and
-/// outlive the registration and every lease of the device's pipelines; `out_device` must be
-/// writable.
+/// `VkPipelineCache` (seeded from disk data whose header names this device), and records pipelines
+/// under it. The caller keeps owning all three handles. `cache` must be live; the handles must be
+/// live and related (the physical device from the instance, the device from the physical device),
+/// created through the cache's loader, and outlive the registration and every lease of the device's
+/// pipelines;
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     cache: *mut kc_vulkan_cache,
@@ -400,8 +212,6 @@ pub(super) fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H,
 /// lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
 /// hold: release them before destroying the device. `device` is freed whatever the status
 /// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-///
-/// # Safety
 /// `cache` must be the live cache the device was registered with (or, once that cache is
 /// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
 /// unregistered; `out_still_leased` must be NULL or writable.
@@ -432,13 +242,10 @@ pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
 /// Unlinks every pipeline of every device; each is destroyed now, or when its last lease is
 /// released. Devices stay registered and their pipeline caches (and the data on disk) keep
 /// what the driver stored, so rebuilding is cheaper than the first build.
-///
-/// # Safety
-/// `cache` must be a live cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe { with_cache(cache, |cache| cache.clear().map(drop)) }
+    unsafe { clear(cache) }
 }
 
 /// Writes the device's pipeline-cache data to disk now if pipelines were created (or data
@@ -447,8 +254,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> k
 /// merges the remote's data too and writes the result there in the background (freeing the
 /// cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
 /// disk tier it writes nothing and succeeds.
-///
-/// # Safety
 /// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_flush(
@@ -467,168 +272,11 @@ pub unsafe extern "C" fn kc_vulkan_cache_flush(
     })
 }
 
-/// The highest descriptor set number a binding may name, plus one: more sets than any device
-/// binds (`maxBoundDescriptorSets` is 32 at most on current drivers), few enough that the
-/// layout, which has `max(set) + 1` sets, stays small whatever number a caller passes.
-const MAX_SETS: u32 = 64;
-
-/// The layout a description gives; `None` (derive it) when it gives no binding and no
-/// push-constant range. A set number of [`MAX_SETS`] or more is refused before any set is
-/// allocated.
-fn layout_of(
-    bindings: &[kc_vulkan_binding],
-    offset: u32,
-    size: u32,
-) -> Result<Option<LayoutDesc>, Error> {
-    if bindings.is_empty() && size == 0 {
-        return Ok(None);
-    }
-    if let Some(b) = bindings.iter().find(|b| b.set >= MAX_SETS) {
-        return Err(Error::InvalidArgument(format!(
-            "binding {} names descriptor set {}; sets are numbered below {MAX_SETS}",
-            b.binding, b.set
-        )));
-    }
-    let set_count = bindings
-        .iter()
-        .map(|b| b.set as usize + 1)
-        .max()
-        .unwrap_or(0);
-    let mut sets = vec![Vec::new(); set_count];
-    for b in bindings {
-        sets[b.set as usize].push(DescriptorBinding {
-            binding: b.binding,
-            descriptor_type: vk::DescriptorType::from_raw(b.descriptor_type),
-            count: b.count,
-        });
-    }
-    Ok(Some(LayoutDesc {
-        sets,
-        push_constants: (size != 0).then_some(PushConstantRange { offset, size }),
-    }))
-}
-
-/// The constants of a `kc_vulkan_specialization_info`, NULL being none.
-///
-/// # Safety
-/// `info` must be NULL or point to a struct whose pointers are valid for its counts and sizes.
-unsafe fn specialization_of(
-    info: *const kc_vulkan_specialization_info,
-) -> Result<Vec<SpecConstant>, Error> {
-    if info.is_null() {
-        return Ok(Vec::new());
-    }
-    // SAFETY: a non-NULL `info` points to a readable struct by contract.
-    let info = unsafe { info.read_unaligned() };
-    // SAFETY: `map_entry_count` elements at `map_entries` by contract.
-    let entries = unsafe {
-        elements(
-            info.map_entries,
-            info.map_entry_count as usize,
-            "specialization->map_entries",
-        )
-    }?;
-    // SAFETY: `data_size` readable bytes at `data` by contract.
-    let data = unsafe { byte_slice(info.data.cast(), info.data_size, "specialization->data") }?;
-    let entries: Vec<vk::SpecializationMapEntry> = entries
-        .iter()
-        .map(|e| vk::SpecializationMapEntry {
-            constant_id: e.constant_id,
-            offset: e.offset,
-            size: e.size,
-        })
-        .collect();
-    SpecConstant::from_map_entries(&entries, data)
-}
-
-/// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a
-/// GLCompute entry point of that name, unique specialization ids, map entries inside their
-/// data, a compute-usable layout that covers every descriptor binding the entry point uses,
-/// with a compatible descriptor type and enough descriptors, and every push-constant byte it
-/// reads, or a layout derived from the shader when none is given; allowed flags; a power-of-two
-/// subgroup size) and digests it. A
-/// malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and never
-/// reaches the driver. Everything is copied: the description's memory may be reused
-/// afterwards.
-///
-/// # Safety
-/// `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the counts
-/// and sizes it gives; `out_spec` must be writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_spec_new(
-    desc: *const kc_vulkan_pipeline_desc,
-    out_spec: *mut *mut kc_vulkan_spec,
-) -> kc_status {
-    guard(|| {
-        non_null(desc, "desc")?;
-        non_null(out_spec, "out_spec")?;
-        // SAFETY: `desc` points to a struct starting with its size by contract.
-        let desc = unsafe { read_input(desc, "desc") }?;
-        // SAFETY: `code_size` readable bytes at `code` by contract.
-        let bytes = unsafe { byte_slice(desc.code.cast(), desc.code_size, "code") }?;
-        let words = words_from_bytes(bytes)?;
-        let entry = if desc.entry_point.is_null() {
-            "main"
-        } else {
-            // SAFETY: a non-NULL `entry_point` is a C string by contract.
-            unsafe { c_str(desc.entry_point, "entry_point") }?
-        };
-        // SAFETY: `constant_count` elements at `constants` by contract.
-        let raw_constants = unsafe { elements(desc.constants, desc.constant_count, "constants") }?;
-        let mut constants = Vec::with_capacity(raw_constants.len());
-        for c in raw_constants {
-            // The size before the bytes: a constant is 1, 2, 4 or 8 bytes, never more.
-            if ![1, 2, 4, 8].contains(&c.size) {
-                return Err(Error::InvalidArgument(format!(
-                    "specialization constant {} has {} bytes; expected 1, 2, 4 or 8",
-                    c.id, c.size
-                )));
-            }
-            // SAFETY: `size` readable bytes at `data` by contract.
-            let value = unsafe { byte_slice(c.data.cast(), c.size as usize, "constants[i].data") }?;
-            constants.push(SpecConstant {
-                id: c.id,
-                value: value.to_vec(),
-            });
-        }
-        // SAFETY: a NULL or valid `specialization` by contract.
-        constants.extend(unsafe { specialization_of(desc.specialization) }?);
-        // SAFETY: `binding_count` elements at `bindings` by contract.
-        let bindings = unsafe { elements(desc.bindings, desc.binding_count, "bindings") }?;
-        let layout = layout_of(bindings, desc.push_constant_offset, desc.push_constant_size)?;
-        let spec = PipelineSpec::from_desc(&PipelineDesc {
-            specialization: &constants,
-            layout: layout.as_ref(),
-            flags: vk::PipelineCreateFlags::from_raw(desc.flags),
-            required_subgroup_size: (desc.required_subgroup_size != 0)
-                .then_some(desc.required_subgroup_size),
-            ..PipelineDesc::new(&words, entry)
-        })?;
-        // SAFETY: `out_spec` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_spec, kc_vulkan_spec { inner: spec }) };
-        Ok(())
-    })
-}
-
-/// Frees a description. NULL is a no-op.
-///
-/// # Safety
-/// `spec` must be NULL or a description from `kc_vulkan_spec_new` not yet freed.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn kc_vulkan_spec_free(spec: *mut kc_vulkan_spec) {
-    // SAFETY: the caller hands over the description it got from `kc_vulkan_spec_new`, or NULL.
-    guard_value((), || unsafe { free_boxed(spec) })
-}
-
-/// The compute pipeline for `spec` on `device`: from memory, else created (concurrent
-/// callers of one description share one `vkCreateComputePipelines`). The pipeline belongs to
-/// the cache: do not destroy it; release the lease. A driver failure is
-/// `KC_ERR_BUILD_FAILED` with the `VkResult` in `kc_last_build_error()`; a device already
-/// unregistered is `KC_ERR_DEVICE_DESTROYED`.
-///
-/// # Safety
-/// `cache`, `device` and `spec` must be live, the device registered with this cache;
-/// `out_lease` must be writable.
+/// The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
+/// one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
+/// destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
+/// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`. `cache`,
+/// `device` and `spec` must be live, the device registered with this cache.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     cache: *mut kc_vulkan_cache,
@@ -654,9 +302,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
 }
 
 /// The leased `VkPipeline`; 0 if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
@@ -664,9 +309,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_pipeline(lease: *const kc_vulkan_lease)
 }
 
 /// The leased pipeline's `VkPipelineLayout` (created by kcache); 0 if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
@@ -675,9 +317,6 @@ pub unsafe extern "C" fn kc_vulkan_lease_layout(lease: *const kc_vulkan_lease) -
 
 /// The `VkDescriptorSetLayout` of descriptor set `set`; 0 if `lease` is NULL or the layout
 /// has no such set.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
     lease: *const kc_vulkan_lease,
@@ -689,57 +328,37 @@ pub unsafe extern "C" fn kc_vulkan_lease_set_layout(
 }
 
 /// The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_lease) -> u64 {
     // SAFETY: NULL or a live lease by contract.
     unsafe { read_lease(lease, 0, |e| e.value().shader_module().as_raw()) }
 }
 
-/// Releases a lease; the last release of an evicted pipeline destroys it. NULL is a no-op.
-///
-/// # Safety
-/// `lease` must be NULL or a lease not yet released; it must not be used afterwards, and the
-/// pipeline must no longer be executing if this may be its last release.
+/// Releases a lease; the last release of an evicted pipeline destroys it. `lease` must be NULL or a
+/// lease not yet released; it must not be used afterwards, and the pipeline must no longer be
+/// executing if this may be its last release.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.
     guard_value((), || unsafe { release_lease(lease) })
 }
 
-/// Fills `*out` (whose `struct_size` the caller set). Written on success only.
-///
-/// # Safety
-/// `cache` must be a live cache; `out` must point to a writable `kc_vulkan_cache_statistics`.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_stats(
     cache: *const kc_vulkan_cache,
     out: *mut kc_vulkan_cache_statistics,
 ) -> kc_status {
-    let stats = |cache: &VulkanCache| kc_vulkan_cache_statistics::from(cache.stats());
-    // Callers compiled before `disk` was appended get the fields they know.
-    let size = offset_of!(kc_vulkan_cache_statistics, disk);
     // SAFETY: forwarded from the caller's contract.
-    unsafe { write_stats(cache, out, "kc_vulkan_cache_statistics", size, stats) }
+    unsafe { write_stats(cache, out) }
 }
 
-/// Zeroes the cache's event counters, its memory tier's and its disk tier's (a `kc_disk`
-/// shared with other caches is reset for them too); gauges (entries, weight, leases, pending
-/// writes, what the disk index knows) stay. The directory's counters are not touched.
-///
-/// # Safety
-/// `cache` must be a live cache.
+/// Zeroes the event counters of the cache, of its memory tier and of its `kc_persistence`
+/// (for every cache sharing it); gauges stay (`docs/c-api.md`, "Statistics reset by a baseline").
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_reset_stats(cache: *mut kc_vulkan_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.
-    unsafe {
-        with_cache(cache, |cache| {
-            cache.reset_stats();
-            Ok(())
-        })
-    }
+    unsafe { reset_stats(cache) }
 }
 
 /// Whether the system's Vulkan loader can be opened here: `KC_OK`, or `KC_ERR_UNAVAILABLE`

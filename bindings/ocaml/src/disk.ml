@@ -1,8 +1,8 @@
-(* The disk tier (the kc_disk functions): entries in a directory, verified on every read. *)
+(* The disk tier (the kc_persistence functions): entries in a directory, verified on every read. *)
 
 type t
 
-(* Passed whole to ml_kc_disk_new, which reads the fields in this order. *)
+(* Passed whole to ml_kc_persistence_open, which reads the fields in this order. *)
 type options = {
   dir : string option;
   max_size : int;
@@ -34,14 +34,14 @@ type stats = {
   scan_complete : bool;
 }
 
-external disk_new : options -> t = "ml_kc_disk_new"
-external free : t -> unit = "ml_kc_disk_free"
-external put : t -> string -> string -> unit = "ml_kc_disk_put"
-external get : t -> string -> string option = "ml_kc_disk_get"
-external remove : t -> string -> bool = "ml_kc_disk_remove"
-external flush : t -> unit = "ml_kc_disk_flush"
-external stats : t -> stats = "ml_kc_disk_stats"
-external reset_stats : t -> unit = "ml_kc_disk_reset_stats"
+external disk_new : options -> t = "ml_kc_persistence_open"
+external free : t -> unit = "ml_kc_persistence_free"
+external put : t -> string -> string -> unit = "ml_kc_persistence_put"
+external get : t -> string -> string option = "ml_kc_persistence_get"
+external remove : t -> string -> bool = "ml_kc_persistence_remove"
+external flush : t -> unit = "ml_kc_persistence_flush"
+external stats : t -> stats = "ml_kc_persistence_stats"
+external reset_stats : t -> unit = "ml_kc_persistence_reset_stats"
 
 let create ?dir ?(max_size = 0) ?key ?(relaxed_durability = false) ?(ignore_env = false)
     ?(require_key = false) ?(lock_timeout_ms = 0) () =

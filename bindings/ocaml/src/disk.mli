@@ -17,7 +17,7 @@ val create :
   t
 (** Opens the tier in [dir] (an absolute path; default from [KCACHE_DIR], then the XDG cache
     directory). [max_size] caps it in bytes (0: [KCACHE_MAX_SIZE], else 1 GiB); [key] is an
-    operator key of 16 to 4096 bytes; the other arguments are those of [kc_disk_options].
+    operator key of 16 to 4096 bytes; the other arguments are those of [kc_persistence_options].
     Raises [Kcache.Error] when the tier is refused ([Unavailable], [Untrusted],
     [Invalid_argument], [Io]): a program should then go on with memory only. Free it with
     {!free} (or use {!with_disk}). *)
@@ -72,7 +72,7 @@ type stats = {
   failed_writes : int;
   scan_complete : bool;
 }
-(** The counters of [kc_disk_statistics]. *)
+(** The counters of [kc_persistence_statistics]. *)
 
 val stats : t -> stats
 val reset_stats : t -> unit

@@ -1,11 +1,11 @@
-/* The disk tier (kc_disk_*) and the tiered lookup (kc_tiered_find_or_build). Disk calls do
+/* The disk tier (kc_persistence_*) and the tiered lookup (kc_tiered_find_or_build). Disk calls do
  * I/O and a tiered lookup runs callbacks: all of them run with the runtime lock released, on
  * copies of the keys and data. */
 #include "ml_kcache.h"
 
 /* One OCaml disk; `calls` as in struct ml_cache. */
 struct ml_disk {
-  kc_disk *disk;
+  kc_persistence *disk;
   intnat calls;
 };
 
@@ -32,12 +32,12 @@ static void ml_disk_key(value vkey, uint8_t *out) {
 }
 
 /* `vopts` is a Kcache.Disk options record: dir, max_size, key, relaxed_durability,
- * ignore_env, require_key, lock_timeout_ms. kc_disk_new neither waits nor runs callbacks and
+ * ignore_env, require_key, lock_timeout_ms. kc_persistence_open neither waits nor runs callbacks and
  * copies what it keeps, so OCaml strings are passed straight through, the lock held. */
-value ml_kc_disk_new(value vopts) {
+value ml_kc_persistence_open(value vopts) {
   CAMLparam1(vopts);
   CAMLlocal1(vdisk);
-  kc_disk_options opts = kc_disk_options_default();
+  kc_persistence_options opts = kc_persistence_options_default();
   value vdir = Field(vopts, 0), vkey = Field(vopts, 2);
   if (Is_block(vdir)) {
     if (!caml_string_is_c_safe(Field(vdir, 0)))
@@ -56,7 +56,7 @@ value ml_kc_disk_new(value vopts) {
   struct ml_disk *md = malloc(sizeof *md);
   if (md == NULL) caml_raise_out_of_memory();
   md->calls = 0;
-  kc_status status = kc_disk_new(&opts, &md->disk);
+  kc_status status = kc_persistence_open(&opts, &md->disk);
   if (status != KC_OK) {
     free(md);
     ml_raise_status(status);
@@ -66,19 +66,19 @@ value ml_kc_disk_new(value vopts) {
   CAMLreturn(vdisk);
 }
 
-value ml_kc_disk_free(value vdisk) {
+value ml_kc_persistence_free(value vdisk) {
   struct ml_disk *md = Disk_ptr(vdisk);
   if (md == NULL) return Val_unit;
   if (md->calls > 0) caml_invalid_argument("Kcache.Disk.free: calls on the disk are running");
   Disk_ptr(vdisk) = NULL;
   caml_release_runtime_system();
-  kc_disk_free(md->disk);
+  kc_persistence_free(md->disk);
   caml_acquire_runtime_system();
   free(md);
   return Val_unit;
 }
 
-value ml_kc_disk_put(value vdisk, value vkey, value vdata) {
+value ml_kc_persistence_put(value vdisk, value vkey, value vdata) {
   CAMLparam3(vdisk, vkey, vdata);
   struct ml_disk *md = ml_disk_of(vdisk);
   uint8_t key[KC_KEY_LEN];
@@ -88,7 +88,7 @@ value ml_kc_disk_put(value vdisk, value vkey, value vdata) {
   if (data == NULL) caml_raise_out_of_memory();
   memcpy(data, String_val(vdata), len);
   kc_status status;
-  ML_UNLOCKED_CALL(md->calls, status, kc_disk_put(md->disk, key, data, len, 0));
+  ML_UNLOCKED_CALL(md->calls, status, kc_persistence_put(md->disk, key, data, len, 0));
   free(data);
   ml_check(status);
   CAMLreturn(Val_unit);
@@ -96,7 +96,7 @@ value ml_kc_disk_put(value vdisk, value vkey, value vdata) {
 
 /* Some payload, or None for a miss (no entry, or one that failed verification and was
  * removed). */
-value ml_kc_disk_get(value vdisk, value vkey) {
+value ml_kc_persistence_get(value vdisk, value vkey) {
   CAMLparam2(vdisk, vkey);
   CAMLlocal2(vdata, vsome);
   struct ml_disk *md = ml_disk_of(vdisk);
@@ -105,7 +105,7 @@ value ml_kc_disk_get(value vdisk, value vkey) {
   kc_buffer buf;
   memset(&buf, 0, sizeof buf);
   kc_status status;
-  ML_UNLOCKED_CALL(md->calls, status, kc_disk_get(md->disk, key, &buf));
+  ML_UNLOCKED_CALL(md->calls, status, kc_persistence_get(md->disk, key, &buf));
   if (status == KC_ERR_NOT_FOUND || status == KC_ERR_INTEGRITY) CAMLreturn(Val_none);
   ml_check(status);
   vdata = caml_alloc_initialized_string(buf.len, (const char *)buf.data);
@@ -114,38 +114,38 @@ value ml_kc_disk_get(value vdisk, value vkey) {
   CAMLreturn(vsome);
 }
 
-value ml_kc_disk_remove(value vdisk, value vkey) {
+value ml_kc_persistence_remove(value vdisk, value vkey) {
   CAMLparam2(vdisk, vkey);
   struct ml_disk *md = ml_disk_of(vdisk);
   uint8_t key[KC_KEY_LEN];
   ml_disk_key(vkey, key);
   kc_status status;
-  ML_UNLOCKED_CALL(md->calls, status, kc_disk_remove(md->disk, key));
+  ML_UNLOCKED_CALL(md->calls, status, kc_persistence_remove(md->disk, key));
   if (status == KC_ERR_NOT_FOUND) CAMLreturn(Val_false);
   ml_check(status);
   CAMLreturn(Val_true);
 }
 
-value ml_kc_disk_flush(value vdisk) {
+value ml_kc_persistence_flush(value vdisk) {
   CAMLparam1(vdisk);
   struct ml_disk *md = ml_disk_of(vdisk);
   kc_status status;
-  ML_UNLOCKED_CALL(md->calls, status, kc_disk_flush(md->disk));
+  ML_UNLOCKED_CALL(md->calls, status, kc_persistence_flush(md->disk));
   ml_check(status);
   CAMLreturn(Val_unit);
 }
 
-value ml_kc_disk_reset_stats(value vdisk) {
-  ml_check(kc_disk_reset_stats(ml_disk_of(vdisk)->disk));
+value ml_kc_persistence_reset_stats(value vdisk) {
+  ml_check(kc_persistence_reset_stats(ml_disk_of(vdisk)->disk));
   return Val_unit;
 }
 
 /* The fields in the order of Kcache.Disk.stats. */
-value ml_kc_disk_stats(value vdisk) {
-  kc_disk_statistics s;
+value ml_kc_persistence_stats(value vdisk) {
+  kc_persistence_statistics s;
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
-  ml_check(kc_disk_stats(ml_disk_of(vdisk)->disk, &s));
+  ml_check(kc_persistence_stats(ml_disk_of(vdisk)->disk, &s));
   const uint64_t fields[] = {s.hits,          s.misses,         s.puts,
                              s.bytes_read,    s.bytes_written,  s.integrity_rejects,
                              s.io_errors,     s.evictions,      s.removes,
@@ -232,9 +232,9 @@ value ml_kc_tiered_find_or_build(value vcache, value vkey, value vdevice, value 
   kc_lease *lease = NULL;
   kc_status status;
   if (md != NULL) md->calls++;
+  kc_persistence *tiers = md != NULL ? md->disk : kc_persistence_none();
   ML_UNLOCKED_CALL(mc->calls, status,
-                   kc_tiered_find_or_build(mc->cache, key, len, device,
-                                           md != NULL ? md->disk : NULL, l2_key, &cbs, &lease));
+                   kc_tiered_find_or_build(mc->cache, key, len, device, tiers, l2_key, &cbs, &lease));
   if (md != NULL) md->calls--;
   if (key != small) free(key);
   ml_check(status);

@@ -16,9 +16,9 @@ STRUCTS = {
     "kc_buffer": _lib.Buffer,
     "kc_cache_options": _lib.CacheOptions,
     "kc_cache_statistics": _lib.CacheStatistics,
-    "kc_disk_options": _lib.DiskOptions,
-    "kc_disk_statistics": _lib.DiskStatistics,
-    "kc_disk_gc_report": _lib.DiskGcReport,
+    "kc_persistence_options": _lib.DiskOptions,
+    "kc_persistence_statistics": _lib.DiskStatistics,
+    "kc_persistence_gc_report": _lib.DiskGcReport,
     "kc_entry_descriptor": _lib.EntryDescriptor,
     "kc_tiered_callbacks": _lib.TieredCallbacks,
     "kc_opencl_options": _lib.OpenclOptions,
@@ -43,7 +43,7 @@ def test_fields_match_the_header(name: str) -> None:
     "default, struct",
     [
         (_lib.lib.kc_cache_options_default, _lib.CacheOptions),
-        (_lib.lib.kc_disk_options_default, _lib.DiskOptions),
+        (_lib.lib.kc_persistence_options_default, _lib.DiskOptions),
         (_lib.lib.kc_opencl_options_default, _lib.OpenclOptions),
     ],
 )
@@ -60,5 +60,5 @@ def test_statistics_sizes_match_the_library(tmp_path: Path) -> None:
     assert out.struct_size == ctypes.sizeof(_lib.CacheStatistics)
     disk = kcache.Disk(tmp_path / "kc")
     dout = _lib.DiskStatistics(struct_size=ctypes.sizeof(_lib.DiskStatistics))
-    assert _lib.lib.kc_disk_stats(disk._handle(), ctypes.byref(dout)) == 0
+    assert _lib.lib.kc_persistence_stats(disk._handle(), ctypes.byref(dout)) == 0
     assert dout.struct_size == ctypes.sizeof(_lib.DiskStatistics)

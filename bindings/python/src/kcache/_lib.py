@@ -89,8 +89,21 @@ class CacheStatistics(Structure):
     _fields_ = [("struct_size", c_size_t)] + [(name, c_uint64) for name in _CACHE_COUNTERS]
 
 
-# The remote tier's fields that kc_disk_options and kc_opencl_options end with.
-_REMOTE_OPTIONS = [
+# kc_persistence_options: the disk tier's fields, then the remote tier's.
+class DiskOptions(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("dir", c_char_p),
+        ("max_size", c_uint64),
+        ("max_files", c_uint64),
+        ("key", c_char_p),
+        ("key_len", c_size_t),
+        ("relaxed_durability", c_bool),
+        ("ignore_env", c_bool),
+        ("require_key", c_bool),
+        ("lock_timeout_ms", c_uint64),
+        ("lock_liveness_ms", c_uint64),
+
     ("remote_url", c_char_p),
     ("remote_read_only", c_bool),
     ("remote_allow_unkeyed", c_bool),
@@ -101,22 +114,8 @@ _REMOTE_OPTIONS = [
     ("remote_lease_wait_ms", c_uint64),
     ("remote_ca_file", c_char_p),
     ("remote_cert_file", c_char_p),
-    ("remote_key_file", c_char_p),
-]
-
-
-class DiskOptions(Structure):
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("dir", c_char_p),
-        ("max_size", c_uint64),
-        ("key", c_char_p),
-        ("key_len", c_size_t),
-        ("relaxed_durability", c_bool),
-        ("ignore_env", c_bool),
-        ("require_key", c_bool),
-        ("lock_timeout_ms", c_uint64),
-    ] + _REMOTE_OPTIONS
+        ("remote_key_file", c_char_p),
+    ]
 
 
 class DiskStatistics(Structure):
@@ -199,13 +198,7 @@ class OpenclOptions(Structure):
         ("struct_size", c_size_t),
         ("max_entries", c_uint64),
         ("max_weight", c_uint64),
-        ("use_disk", c_bool),
-        ("disk_dir", c_char_p),
-        ("disk_key", c_char_p),
-        ("disk_key_len", c_size_t),
-        ("disk_require_key", c_bool),
-        ("disk_lock_timeout_ms", c_uint64),
-    ] + _REMOTE_OPTIONS
+    ]
 
 
 class OpenclCacheStatistics(Structure):
@@ -218,7 +211,6 @@ class OpenclCacheStatistics(Structure):
         ("disk_hits", c_uint64),
         ("disk_misses", c_uint64),
         ("disk_errors", c_uint64),
-        ("disk", DiskStatistics),
     ]
 
 
@@ -265,21 +257,22 @@ _PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     "kc_lease_clone": (c_void_p, [c_void_p]),
     "kc_lease_release": (None, [c_void_p]),
     # disk tier
-    "kc_disk_options_default": (DiskOptions, []),
-    "kc_disk_new": (_status, [_P(DiskOptions), _P(c_void_p)]),
-    "kc_disk_free": (None, [c_void_p]),
-    "kc_disk_put_described": (
+    "kc_persistence_options_default": (DiskOptions, []),
+    "kc_persistence_open": (_status, [_P(DiskOptions), _P(c_void_p)]),
+    "kc_persistence_none": (c_void_p, []),
+    "kc_persistence_free": (None, [c_void_p]),
+    "kc_persistence_put_described": (
         _status,
         [c_void_p, c_char_p, c_char_p, c_size_t, c_uint64, _P(EntryDescriptor)],
     ),
-    "kc_disk_get": (_status, [c_void_p, c_char_p, _P(Buffer)]),
-    "kc_disk_remove": (_status, [c_void_p, c_char_p]),
-    "kc_disk_gc": (_status, [c_void_p, c_char_p, c_size_t, c_uint64, _P(DiskGcReport)]),
-    "kc_disk_stats": (_status, [c_void_p, _P(DiskStatistics)]),
-    "kc_disk_reset_stats": (_status, [c_void_p]),
-    "kc_disk_fingerprint": (_status, [c_void_p, _P(c_uint8)]),
-    "kc_disk_flush": (_status, [c_void_p]),
-    "kc_disk_wait_scan": (_status, [c_void_p]),
+    "kc_persistence_get": (_status, [c_void_p, c_char_p, _P(Buffer)]),
+    "kc_persistence_remove": (_status, [c_void_p, c_char_p]),
+    "kc_persistence_gc": (_status, [c_void_p, c_char_p, c_size_t, c_uint64, _P(DiskGcReport)]),
+    "kc_persistence_stats": (_status, [c_void_p, _P(DiskStatistics)]),
+    "kc_persistence_reset_stats": (_status, [c_void_p]),
+    "kc_persistence_fingerprint": (_status, [c_void_p, _P(c_uint8)]),
+    "kc_persistence_flush": (_status, [c_void_p]),
+    "kc_persistence_wait_scan": (_status, [c_void_p]),
     # keys
     "kc_key_builder_new": (_status, [_P(c_void_p)]),
     "kc_key_builder_set": (_status, [c_void_p, c_uint32, c_char_p, c_size_t]),
@@ -310,7 +303,7 @@ _PROTOTYPES: dict[str, tuple[object, list[object]]] = {
     # OpenCL
     "kc_opencl_available": (_status, []),
     "kc_opencl_options_default": (OpenclOptions, []),
-    "kc_opencl_cache_new": (_status, [_P(OpenclOptions), _P(c_void_p)]),
+    "kc_opencl_cache_new": (_status, [_P(OpenclOptions), c_void_p, _P(c_void_p)]),
     "kc_opencl_cache_free": (None, [c_void_p]),
     "kc_opencl_cache_find_or_build_program": (
         _status,

@@ -58,7 +58,7 @@ class Disk(Owned):
         require_key: bool = False,
         lock_timeout_ms: int = 0,
     ) -> None:
-        opts = lib.kc_disk_options_default()
+        opts = lib.kc_persistence_options_default()
         opts.dir = None if dir is None else os.fsencode(dir)
         opts.max_size = max_size
         opts.key = key
@@ -67,7 +67,7 @@ class Disk(Owned):
         opts.ignore_env = ignore_env
         opts.require_key = require_key
         opts.lock_timeout_ms = lock_timeout_ms
-        self._create(lib.kc_disk_new, ctypes.byref(opts))
+        self._create(lib.kc_persistence_open, ctypes.byref(opts))
 
     def put(
         self,
@@ -83,7 +83,7 @@ class Disk(Owned):
         ``name`` say what it holds (``kcache ls``)."""
         desc = descriptor(backend, device, name)
         check(
-            lib.kc_disk_put_described(
+            lib.kc_persistence_put_described(
                 self._handle(), _disk_key(key), bytes(data), len(data), build_time_ns,
                 None if desc is None else ctypes.byref(desc),
             )
@@ -93,7 +93,7 @@ class Disk(Owned):
         """The verified payload for ``key``, or None when there is none. An entry that fails
         verification is removed and raises ``IntegrityError``."""
         buf = _lib.Buffer()
-        status = lib.kc_disk_get(self._handle(), _disk_key(key), ctypes.byref(buf))
+        status = lib.kc_persistence_get(self._handle(), _disk_key(key), ctypes.byref(buf))
         if status == NOT_FOUND:
             return None
         check(status)
@@ -104,7 +104,7 @@ class Disk(Owned):
 
     def remove(self, key: bytes) -> bool:
         """Removes the entry for ``key``; False if there was none."""
-        status = lib.kc_disk_remove(self._handle(), _disk_key(key))
+        status = lib.kc_persistence_remove(self._handle(), _disk_key(key))
         if status == NOT_FOUND:
             return False
         check(status)
@@ -123,7 +123,7 @@ class Disk(Owned):
             raise ValueError(f"a fingerprint is {_lib.FINGERPRINT_LEN} bytes")
         report = _lib.DiskGcReport(struct_size=ctypes.sizeof(_lib.DiskGcReport))
         check(
-            lib.kc_disk_gc(
+            lib.kc_persistence_gc(
                 self._handle(), b"".join(kept) or None, len(kept), temp_max_age_s,
                 ctypes.byref(report),
             )
@@ -133,24 +133,24 @@ class Disk(Owned):
     def fingerprint(self) -> bytes:
         """The fingerprint of the operator key this disk writes under (zeros without one)."""
         out = (ctypes.c_uint8 * _lib.FINGERPRINT_LEN)()
-        check(lib.kc_disk_fingerprint(self._handle(), out))
+        check(lib.kc_persistence_fingerprint(self._handle(), out))
         return bytes(out)
 
     def flush(self) -> None:
         """Waits for every background write submitted so far."""
-        check(lib.kc_disk_flush(self._handle()))
+        check(lib.kc_persistence_flush(self._handle()))
 
     def wait_scan(self) -> None:
         """Waits for the directory scan that opening starts (so ``stats`` counts every entry)."""
-        check(lib.kc_disk_wait_scan(self._handle()))
+        check(lib.kc_persistence_wait_scan(self._handle()))
 
     def stats(self) -> DiskStats:
         out = _lib.DiskStatistics(struct_size=ctypes.sizeof(_lib.DiskStatistics))
-        check(lib.kc_disk_stats(self._handle(), ctypes.byref(out)))
+        check(lib.kc_persistence_stats(self._handle(), ctypes.byref(out)))
         return from_struct(DiskStats, out)
 
     def reset_stats(self) -> None:
-        check(lib.kc_disk_reset_stats(self._handle()))
+        check(lib.kc_persistence_reset_stats(self._handle()))
 
     def _free(self, ptr: int) -> None:
-        lib.kc_disk_free(ptr)
+        lib.kc_persistence_free(ptr)

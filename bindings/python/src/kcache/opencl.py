@@ -17,8 +17,9 @@ import functools
 from typing import TYPE_CHECKING
 
 from . import _lib
-from ._errors import BUILD_FAILED, BuildFailedError, check
+from ._errors import BUILD_FAILED, BuildFailedError, UnavailableError, UntrustedError, check
 from ._owned import Owned
+from .disk import Disk
 from .stats import DiskStats, OpenCLStats, from_struct, memory_stats
 
 if TYPE_CHECKING:
@@ -81,15 +82,22 @@ class ProgramCache(Owned):
         disk_lock_timeout_ms: int = 0,
     ) -> None:
         opts = lib.kc_opencl_options_default()
-        opts.use_disk = use_disk
-        opts.disk_dir = None if disk_dir is None else os.fsencode(disk_dir)
         opts.max_entries = max_entries
         opts.max_weight = max_weight
-        opts.disk_key = disk_key
-        opts.disk_key_len = 0 if disk_key is None else len(disk_key)
-        opts.disk_require_key = disk_require_key
-        opts.disk_lock_timeout_ms = disk_lock_timeout_ms
-        self._create(lib.kc_opencl_cache_new, ctypes.byref(opts))
+        # The persistent tiers the cache holds a reference to; kept here for their counters.
+        self._disk: Disk | None = None
+        if use_disk:
+            try:
+                self._disk = Disk(
+                    disk_dir,
+                    key=disk_key,
+                    require_key=disk_require_key,
+                    lock_timeout_ms=disk_lock_timeout_ms,
+                )
+            except (UnavailableError, UntrustedError):
+                pass  # turned off or refused (warned once): memory only
+        tiers = lib.kc_persistence_none() if self._disk is None else self._disk._handle()
+        self._create(lib.kc_opencl_cache_new, ctypes.byref(opts), tiers)
 
     def get_program(
         self,
@@ -154,13 +162,15 @@ class ProgramCache(Owned):
     def stats(self) -> OpenCLStats:
         out = _lib.OpenclCacheStatistics(struct_size=ctypes.sizeof(_lib.OpenclCacheStatistics))
         out.memory.struct_size = ctypes.sizeof(_lib.CacheStatistics)
-        out.disk.struct_size = ctypes.sizeof(_lib.DiskStatistics)
         check(lib.kc_opencl_cache_stats(self._handle(), ctypes.byref(out)))
+        # The counters of the persistent tiers, all zero without them.
+        none = _lib.DiskStatistics(struct_size=ctypes.sizeof(_lib.DiskStatistics))
+        disk = from_struct(DiskStats, none) if self._disk is None else self._disk.stats()
         return from_struct(
             OpenCLStats,
             out,
             memory=memory_stats(out.memory, out.binary_loads),
-            disk=from_struct(DiskStats, out.disk),
+            disk=disk,
         )
 
     def reset_stats(self) -> None:
@@ -168,6 +178,8 @@ class ProgramCache(Owned):
 
     def _free(self, ptr: int) -> None:
         lib.kc_opencl_cache_free(ptr)
+        if self._disk is not None:
+            self._disk.close()
 
 
 _default: ProgramCache | None = None

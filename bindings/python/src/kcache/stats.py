@@ -63,7 +63,7 @@ class CacheStats(_Lookups):
 
 @dataclass(frozen=True)
 class DiskStats(_Lookups):
-    """Counters of a disk tier (``kc_disk_statistics``)."""
+    """Counters of a disk tier (``kc_persistence_statistics``)."""
 
     puts: int
     bytes_read: int
@@ -85,7 +85,7 @@ class DiskStats(_Lookups):
 
 @dataclass(frozen=True)
 class GcReport:
-    """What one ``Disk.gc`` removed, by reason (``kc_disk_gc_report``)."""
+    """What one ``Disk.gc`` removed, by reason (``kc_persistence_gc_report``)."""
 
     temp_files: int
     stale_schema: int

@@ -76,7 +76,7 @@ class TieredCache(Generic[V]):
         call = Call(build, key, self._load, self._serialize)
         desc = descriptor(self.backend, device_name, name)
         cache = self.cache._handle()
-        disk = None if self.disk is None else self.disk._handle()
+        disk = lib.kc_persistence_none() if self.disk is None else self.disk._handle()
         out = ctypes.c_void_p()
 
         def c_call(token: int) -> int:

@@ -1,0 +1,456 @@
+//! `kc_persistence`: the persistent tiers through the C ABI, the disk tier and, when
+//! configured, the remote tier behind it. One object serves every cache and tiered lookup it
+//! is given (one background writer, one set of lock files, one remote connection, one set of
+//! counters); this file opens it and resolves the `kc_persistence *` argument of those
+//! functions. Its entries are in `persistence_entries.rs`, its counters in
+//! `persistence_stats.rs`.
+
+// The C names are the contract.
+#![allow(non_camel_case_types)]
+
+use std::ffi::c_char;
+use std::mem::{offset_of, size_of};
+use std::ptr;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use super::args::{
+    GrownInput, Handle, c_str, dir_arg, free_handle, handle_ref, invalid, new_handle,
+    operator_key_arg, optional_path, read_input,
+};
+use super::status::{guard, guard_value, kc_status, non_null};
+use crate::disk::{DiskCache, DiskConfig, Durability};
+use crate::remote::RemoteConfig;
+use crate::{Error, Result};
+
+/// Length of an operator key fingerprint in bytes.
+pub const KC_FINGERPRINT_LEN: usize = 8;
+
+// The constant is a literal so cbindgen can emit it; this keeps it equal to the Rust type.
+const _: () = assert!(KC_FINGERPRINT_LEN == size_of::<crate::disk::Fingerprint>());
+
+/// The persistent tiers: the disk tier and, when configured, the remote tier behind it. Open
+/// one with `kc_persistence_open` and hand it to every cache of the process
+/// (`kc_opencl_cache_new`, `kc_cuda_cache_new`, `kc_vulkan_cache_new`) and tiered lookup
+/// (`kc_tiered_find_or_build`): they share its writer, lock files, remote connection and
+/// counters. Reference counted: a cache holds its own reference, so the caller may
+/// `kc_persistence_free` its own once the caches are made. Thread-safe: every function taking a
+/// `kc_persistence *` may be called from any number of threads at once, except
+/// `kc_persistence_free`, which must be the caller's last call on its reference.
+///
+/// Where a function takes a `kc_persistence *` for a cache or lookup, NULL means the process's
+/// default object (`kc_persistence_default`) and `kc_persistence_none()` means no persistent
+/// tier at all: memory only.
+pub struct kc_persistence {
+    _opaque: [u8; 0],
+}
+
+impl Handle for kc_persistence {
+    type Rust = Arc<DiskCache>;
+}
+
+/// How to open the persistent tiers. Start from `kc_persistence_options_default()`. Unset
+/// fields (NULL / 0) come from the environment unless `ignore_env` is set, then from the
+/// defaults (`docs/disk-tier.md`, `docs/remote.md`). In a secure-execution process (setuid,
+/// setgid, file capabilities) the environment is not read (`KCACHE_DISABLE=1` excepted): the
+/// disk tier then needs `dir`, and is keyed only by `key`. The struct follows the
+/// `struct_size` rule of every growing struct (see `docs/c-api-conventions.md`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kc_persistence_options {
+    pub struct_size: usize,
+    /// Cache directory (NUL-terminated), an absolute path: a relative or empty one is
+    /// `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
+    /// `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
+    /// refused unless owned by the effective user and not writable by group or others.
+    pub dir: *const c_char,
+    /// Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
+    pub max_size: u64,
+    /// Most entry files the directory holds (evicted least recently used first, as the size
+    /// cap's are); 0: `KCACHE_MAX_FILES`, else the default; `UINT64_MAX`: no limit.
+    pub max_files: u64,
+    /// Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
+    /// the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
+    /// `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
+    /// `KC_ERR_INVALID_ARGUMENT`.
+    pub key: *const u8,
+    /// Length of `key`.
+    pub key_len: usize,
+    /// Skip the fsyncs: writes stay atomic but a power loss may lose recent entries.
+    pub relaxed_durability: bool,
+    /// Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
+    /// included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
+    pub ignore_env: bool,
+    /// Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
+    /// `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
+    /// too.
+    pub require_key: bool,
+    /// How long a lookup that misses waits for another process building the same entry, in
+    /// milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
+    pub lock_timeout_ms: u64,
+    /// How long such a wait goes on once the builder shows no sign of life (stopped, or gone
+    /// while a child it forked holds its lock), in milliseconds, before this process takes the
+    /// build over (less than 1000 is taken as 1000); 0: `KCACHE_LOCK_LIVENESS` (seconds), else
+    /// 5 s.
+    pub lock_liveness_ms: u64,
+    /// The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
+    /// `rediss://…`, `redis+unix:///path` or a Redis Cluster's seed URLs, comma-separated;
+    /// NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used leaves the remote off
+    /// (one warning), not the disk. It needs an operator key unless `remote_allow_unkeyed`.
+    /// Each `remote_*` field left NULL or 0 takes its `KCACHE_REMOTE_*` variable, else the
+    /// default (`docs/remote.md`).
+    pub remote_url: *const c_char,
+    /// Read the remote, never write it.
+    pub remote_read_only: bool,
+    /// **Unsafe**: use the remote without an operator key, so that anyone who can write the
+    /// store can run code on this process's GPUs.
+    pub remote_allow_unkeyed: bool,
+    /// Budget of one remote operation in milliseconds (default 250).
+    pub remote_timeout_ms: u64,
+    /// Lifetime of a remote entry in seconds (default 7 days).
+    pub remote_ttl_s: u64,
+    /// Namespace of the remote's keys (NUL-terminated; default `kcache:`).
+    pub remote_prefix: *const c_char,
+    /// Largest remote entry read or written, in bytes (default 64 MiB).
+    pub remote_max_entry_size: u64,
+    /// How long a miss waits for another node building the same entry, in milliseconds
+    /// (default 120 s).
+    pub remote_lease_wait_ms: u64,
+    /// The certificate authority (PEM, an absolute path) that a `rediss://` server's
+    /// certificate must chain to (default: the system's roots).
+    pub remote_ca_file: *const c_char,
+    /// The client certificate (PEM, an absolute path) shown to a `rediss://` server that
+    /// requires one (mutual TLS). Set with `remote_key_file`: one without the other leaves
+    /// the remote off (one warning).
+    pub remote_cert_file: *const c_char,
+    /// The client certificate's private key (PEM, an absolute path).
+    pub remote_key_file: *const c_char,
+}
+
+// SAFETY: every field but the bools is an integer or a raw pointer.
+unsafe impl GrownInput for kc_persistence_options {
+    const C_NAME: &str = "kc_persistence_options";
+    const MIN_SIZE: usize = size_of::<kc_persistence_options>();
+    const BOOLS: &[usize] = &[
+        offset_of!(kc_persistence_options, relaxed_durability),
+        offset_of!(kc_persistence_options, ignore_env),
+        offset_of!(kc_persistence_options, require_key),
+        offset_of!(kc_persistence_options, remote_read_only),
+        offset_of!(kc_persistence_options, remote_allow_unkeyed),
+    ];
+    const DEFAULT: kc_persistence_options = kc_persistence_options {
+        struct_size: size_of::<kc_persistence_options>(),
+        dir: ptr::null(),
+        max_size: 0,
+        max_files: 0,
+        key: ptr::null(),
+        key_len: 0,
+        relaxed_durability: false,
+        ignore_env: false,
+        require_key: false,
+        lock_timeout_ms: 0,
+        lock_liveness_ms: 0,
+        remote_url: ptr::null(),
+        remote_read_only: false,
+        remote_allow_unkeyed: false,
+        remote_timeout_ms: 0,
+        remote_ttl_s: 0,
+        remote_prefix: ptr::null(),
+        remote_max_entry_size: 0,
+        remote_lease_wait_ms: 0,
+        remote_ca_file: ptr::null(),
+        remote_cert_file: ptr::null(),
+        remote_key_file: ptr::null(),
+    };
+}
+
+/// Default options: everything from the environment, fsyncs on.
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_persistence_options_default() -> kc_persistence_options {
+    kc_persistence_options::DEFAULT
+}
+
+/// The configuration `opts` describes.
+///
+/// # Safety
+/// `opts` must be non-NULL and point to `opts->struct_size` readable bytes; its strings NULL
+/// or C strings; `key` NULL or `key_len` readable bytes.
+unsafe fn read_options(opts: *const kc_persistence_options) -> Result<DiskConfig> {
+    // SAFETY: readable for its size by the caller's contract.
+    let opts = unsafe { read_input(opts, "opts") }?;
+    if opts.ignore_env && opts.dir.is_null() {
+        return Err(invalid(
+            "opts->ignore_env is set and opts->dir is NULL: no cache directory",
+        ));
+    }
+    let millis = |ms: u64| (ms != 0).then(|| Duration::from_millis(ms));
+    Ok(DiskConfig {
+        // SAFETY: NULL or a C string by contract.
+        dir: unsafe { dir_arg(opts.dir, "opts->dir") }?,
+        max_size: (opts.max_size != 0).then_some(opts.max_size),
+        max_files: match opts.max_files {
+            0 => None,
+            u64::MAX => Some(0),
+            n => Some(n),
+        },
+        // SAFETY: NULL or `key_len` readable bytes by contract.
+        key: unsafe { operator_key_arg(opts.key, opts.key_len, "opts->key") }?,
+        require_key: opts.require_key,
+        durability: if opts.relaxed_durability {
+            Durability::Relaxed
+        } else {
+            Durability::Sync
+        },
+        read_env: !opts.ignore_env,
+        lock_timeout: millis(opts.lock_timeout_ms),
+        lock_liveness: millis(opts.lock_liveness_ms),
+        // SAFETY: NULL or C strings by contract.
+        remote: Some(unsafe { remote_config(&opts) }?),
+        ..DiskConfig::from_env()
+    })
+}
+
+/// The remote tier's settings of `opts`: NULL or 0 leaves one to the environment (unless
+/// `ignore_env`), else to the default.
+///
+/// # Safety
+/// The strings of `opts` must be NULL or C strings.
+unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
+    let text = |p: *const c_char, field: &str| -> Result<Option<String>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: non-NULL, hence a C string by the caller's contract.
+        unsafe { c_str(p, &format!("opts->{field}")) }.map(|s| Some(s.to_owned()))
+    };
+    // SAFETY: NULL or C strings by the caller's contract.
+    let path =
+        |p: *const c_char, field: &str| unsafe { optional_path(p, &format!("opts->{field}")) };
+    let nonzero = |n: u64| (n != 0).then_some(n);
+    Ok(RemoteConfig {
+        url: text(opts.remote_url, "remote_url")?,
+        read_only: opts.remote_read_only.then_some(true),
+        timeout: nonzero(opts.remote_timeout_ms).map(Duration::from_millis),
+        ttl: nonzero(opts.remote_ttl_s).map(Duration::from_secs),
+        prefix: text(opts.remote_prefix, "remote_prefix")?,
+        max_entry_size: nonzero(opts.remote_max_entry_size),
+        lease_wait: nonzero(opts.remote_lease_wait_ms).map(Duration::from_millis),
+        ca_file: path(opts.remote_ca_file, "remote_ca_file")?,
+        cert_file: path(opts.remote_cert_file, "remote_cert_file")?,
+        key_file: path(opts.remote_key_file, "remote_key_file")?,
+        allow_unkeyed: opts.remote_allow_unkeyed,
+        read_env: !opts.ignore_env,
+        ..RemoteConfig::default()
+    })
+}
+
+/// Opens the persistent tiers; `opts` NULL takes everything from the environment. Each call
+/// opens a new object (its own writer and counters): to share one, pass it around, or use
+/// `kc_persistence_default`. Refusals: `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory,
+/// a secure-execution process without `opts->dir`, an invalid `KCACHE_MAX_SIZE`),
+/// `KC_ERR_UNTRUSTED` (directory not private to this user or a symlink; no operator key while
+/// one is required; an unusable `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see
+/// `kc_persistence_options`), `KC_ERR_IO`. Each refusal that comes from the environment or the
+/// directory is also logged once per process at `KC_LOG_WARN` (on stderr, or to
+/// `kc_set_log_callback`'s callback). A caller should then go on with memory only
+/// (`kc_persistence_none()`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_open(
+    opts: *const kc_persistence_options,
+    out: *mut *mut kc_persistence,
+) -> kc_status {
+    guard(|| {
+        non_null(out, "out")?;
+        let config = if opts.is_null() {
+            DiskConfig::from_env()
+        } else {
+            // SAFETY: non-NULL; its size is the caller's promise.
+            unsafe { read_options(opts) }?
+        };
+        let inner = Arc::new(DiskCache::open(config)?);
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { new_handle(out, inner) };
+        Ok(())
+    })
+}
+
+/// The process's default persistent tiers, opened from the environment on first use and
+/// shared by every cache and lookup given a NULL `kc_persistence *`; `None` when the
+/// environment turns the disk tier off or it is refused (warned about once). An I/O error is
+/// returned, and the next use tries again.
+fn default_persistence() -> Result<Option<&'static Arc<DiskCache>>> {
+    static DEFAULT: OnceLock<Option<Arc<DiskCache>>> = OnceLock::new();
+    static OPENING: Mutex<()> = Mutex::new(());
+    if let Some(opened) = DEFAULT.get() {
+        return Ok(opened.as_ref());
+    }
+    // One opener at a time, so that the process never holds two default objects.
+    let _opening = OPENING.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(opened) = DEFAULT.get() {
+        return Ok(opened.as_ref());
+    }
+    let opened = match DiskCache::open(DiskConfig::from_env()) {
+        Ok(disk) => Some(Arc::new(disk)),
+        Err(Error::Unavailable(_) | Error::Untrusted(_)) => None,
+        Err(e) => return Err(e),
+    };
+    Ok(DEFAULT.get_or_init(|| opened).as_ref())
+}
+
+/// A new reference to the process's default persistent tiers (what a NULL `kc_persistence *`
+/// gives a cache or lookup), to read its statistics or flush it; free it with
+/// `kc_persistence_free`. Opened from the environment by the first use, as
+/// `kc_persistence_open(NULL, …)` would: `KC_ERR_UNAVAILABLE` when the environment turns the
+/// disk tier off or it was refused (then every NULL means memory only), `KC_ERR_IO`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_default(out: *mut *mut kc_persistence) -> kc_status {
+    guard(|| {
+        non_null(out, "out")?;
+        let shared = default_persistence()?
+            .ok_or_else(|| Error::Unavailable("the environment gives no persistent tier".into()))?;
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { new_handle(out, Arc::clone(shared)) };
+        Ok(())
+    })
+}
+
+/// The address `kc_persistence_none()` returns; never read.
+static NO_PERSISTENCE: u8 = 0;
+
+fn is_none_marker(p: *const kc_persistence) -> bool {
+    ptr::eq(p.cast::<u8>(), &NO_PERSISTENCE)
+}
+
+/// What to pass as the `kc_persistence *` of a cache or tiered lookup that must keep nothing
+/// beyond memory, whatever the environment says. Not an object: `kc_persistence_free` ignores
+/// it and the `kc_persistence_*` functions refuse it (`KC_ERR_INVALID_ARGUMENT`).
+#[unsafe(no_mangle)]
+pub extern "C" fn kc_persistence_none() -> *mut kc_persistence {
+    ptr::from_ref(&NO_PERSISTENCE).cast_mut().cast()
+}
+
+/// The persistent tiers a cache or tiered lookup is given: NULL the process's default,
+/// `kc_persistence_none()` none, else that object.
+///
+/// # Safety
+/// `p` must be NULL, `kc_persistence_none()` or a live object, live for `'a`.
+pub(super) unsafe fn persistence_arg<'a>(
+    p: *const kc_persistence,
+) -> Result<Option<&'a Arc<DiskCache>>> {
+    if p.is_null() {
+        default_persistence()
+    } else if is_none_marker(p) {
+        Ok(None)
+    } else {
+        // SAFETY: a live object by contract.
+        unsafe { handle_ref(p, "persistence") }.map(Some)
+    }
+}
+
+/// The object of a `kc_persistence_*` function's first argument: NULL and
+/// `kc_persistence_none()` are `KC_ERR_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// As [`persistence_arg`].
+pub(super) unsafe fn persistence_ref<'a>(p: *const kc_persistence) -> Result<&'a DiskCache> {
+    if is_none_marker(p) {
+        return Err(invalid(
+            "persistence is kc_persistence_none(), which stands for no persistent tier",
+        ));
+    }
+    // SAFETY: NULL or a live object by contract.
+    unsafe { handle_ref(p, "persistence") }.map(|shared| &**shared)
+}
+
+/// Gives up the caller's reference; the tiers close (after their pending writes) once no
+/// cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
+/// returned stay valid.
+/// `persistence` must be NULL, `kc_persistence_none()` or from `kc_persistence_open` or
+/// `kc_persistence_default`, not yet freed, with no call on it running.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_free(persistence: *mut kc_persistence) {
+    if is_none_marker(persistence) {
+        return;
+    }
+    // SAFETY: the caller hands back its reference, or NULL.
+    guard_value((), || unsafe { free_handle(persistence) });
+}
+
+/// The fingerprint of the operator key this object writes under (`KC_FINGERPRINT_LEN` bytes,
+/// all zero without a key): what to pass to another process's `kc_persistence_gc` to keep its
+/// entries during a key rotation.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_fingerprint(
+    persistence: *const kc_persistence,
+    out: *mut u8,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { persistence_ref(persistence) }?;
+        non_null(out, "out")?;
+        let fp = disk.fingerprint();
+        // SAFETY: `out` has `KC_FINGERPRINT_LEN` writable bytes by contract.
+        unsafe { ptr::copy_nonoverlapping(fp.as_ptr(), out, KC_FINGERPRINT_LEN) };
+        Ok(())
+    })
+}
+
+/// The distinct operator key fingerprints of the entries in the directory, in ascending
+/// byte order: one per key generation that has entries there (all zero for unkeyed entries).
+/// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
+/// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
+/// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
+/// can make the second count larger, so compare it with `capacity`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_fingerprints(
+    persistence: *const kc_persistence,
+    out: *mut u8,
+    capacity: usize,
+    out_count: *mut usize,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { persistence_ref(persistence) }?;
+        non_null(out_count, "out_count")?;
+        if capacity > 0 {
+            non_null(out, "out")?;
+        }
+        let found = disk.fingerprints()?;
+        let n = found.len().min(capacity);
+        if n > 0 {
+            let bytes = found.as_flattened();
+            // SAFETY: `out` is non-NULL with `capacity * KC_FINGERPRINT_LEN` writable bytes by
+            // contract, and `n <= capacity`.
+            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), out, n * KC_FINGERPRINT_LEN) };
+        }
+        // SAFETY: non-NULL and writable by contract.
+        unsafe { out_count.write(found.len()) };
+        Ok(())
+    })
+}
+
+/// Waits until every background write of this object submitted so far has finished (written or
+/// failed): the tiered lookups' and the backend caches' that use it. `kc_persistence_free` does it
+/// too.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { persistence_ref(persistence) }?.flush();
+        Ok(())
+    })
+}
+
+/// Waits for the scan of the directory that `kc_persistence_open` starts in the background
+/// (milliseconds even for a full cache). Until it has finished, `kc_persistence_stats` counts only
+/// this object's own writes, and writes wait for it; reads do not.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_wait_scan(persistence: *const kc_persistence) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { persistence_ref(persistence) }?.wait_scan();
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------------------------------

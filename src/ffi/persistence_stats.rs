@@ -1,0 +1,251 @@
+//! The counters of a `kc_persistence` and its directory sweep (`kc_persistence_gc`).
+
+// The C names are the contract.
+#![allow(non_camel_case_types)]
+
+use std::mem::size_of;
+use std::time::Duration;
+
+use super::args::{c_statistics, invalid, write_sized};
+use super::persistence::{KC_FINGERPRINT_LEN, kc_persistence, persistence_ref};
+use super::status::{byte_slice, guard, kc_status, non_null};
+use crate::disk::{DiskStats, GcReport};
+
+/// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
+pub const KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
+
+// The constant is a literal so cbindgen can emit it; this keeps it equal to the Rust one.
+const _: () =
+    assert!(KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S == crate::disk::DEFAULT_TEMP_MAX_AGE.as_secs());
+
+/// Counters and reports are written truncated to any caller's size that holds `struct_size`.
+const OUT_MIN_SIZE: usize = size_of::<usize>();
+
+/// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`
+/// (the name `kc_persistence_stats` belongs to the function). Set `struct_size` to
+/// `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
+/// that fit and sets `struct_size` to the bytes written.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kc_persistence_statistics {
+    pub struct_size: usize,
+    /// Reads that returned a verified entry.
+    pub hits: u64,
+    /// Reads that returned none: absent, rejected or failed.
+    pub misses: u64,
+    /// Entries written.
+    pub puts: u64,
+    /// Bytes of entries read.
+    pub bytes_read: u64,
+    /// Bytes of entries written.
+    pub bytes_written: u64,
+    /// Entries that failed verification (bad content, too large, not a regular file) and
+    /// were removed, and directories a write found at its entry's name and moved aside.
+    pub integrity_rejects: u64,
+    /// Failed reads and writes.
+    pub io_errors: u64,
+    /// Entries removed by the size cap.
+    pub evictions: u64,
+    /// Entries removed by `kc_persistence_remove`.
+    pub removes: u64,
+    /// Entries a tiered lookup's `load` refused, removed.
+    pub load_failures: u64,
+    /// Entry files in the directory, as far as this process knows: complete once
+    /// `scan_complete` is set.
+    pub entries: u64,
+    /// Their total size in bytes.
+    pub bytes: u64,
+    /// Whether the scan of the directory that `kc_persistence_open` starts has finished
+    /// (`kc_persistence_wait_scan` waits for it).
+    pub scan_complete: bool,
+    /// Misses that waited for another process building the same entry, then read what it
+    /// published or, when its build failed or it died, built.
+    pub lock_waits: u64,
+    /// Waits that reached the lock timeout; each of those misses built without waiting more.
+    pub lock_timeouts: u64,
+    /// Misses that found the lock released by a process that died building: they built.
+    pub lock_takeovers: u64,
+    /// Background writes queued, held back or running now (`kc_persistence_flush` writes and waits
+    /// for them).
+    pub pending_writes: u64,
+    /// Background writes that failed (the value could not be serialized or written).
+    pub failed_writes: u64,
+    /// Whether a remote tier is behind the disk (`remote_url`, `KCACHE_REMOTE_URL`); the
+    /// `remote_*` counters stay zero without one. See `docs/remote.md`.
+    pub remote: bool,
+    /// Remote entries read and verified.
+    pub remote_hits: u64,
+    /// Remote reads that returned no usable entry (absent, rejected, failed, skipped).
+    pub remote_misses: u64,
+    /// Remote entries refused by verification (changed, another key, too large).
+    pub remote_rejects: u64,
+    /// Remote operations that failed, timeouts apart.
+    pub remote_errors: u64,
+    /// Remote operations that ran past `remote_timeout_ms`.
+    pub remote_timeouts: u64,
+    /// Remote operations skipped because the breaker was open.
+    pub remote_skipped: u64,
+    /// Times the breaker opened after consecutive failures.
+    pub remote_breaker_trips: u64,
+    /// Whether the breaker is open now.
+    pub remote_breaker_open: bool,
+    /// Leases taken: builds led for every node.
+    pub remote_leases: u64,
+    /// Misses that waited for another node holding the lease.
+    pub remote_lease_waits: u64,
+    /// Of those, waits that reached the deadline and built.
+    pub remote_lease_timeouts: u64,
+    /// Entries written to the remote.
+    pub remote_puts: u64,
+    /// Bytes read from the remote.
+    pub remote_bytes_read: u64,
+    /// Bytes written to the remote.
+    pub remote_bytes_written: u64,
+}
+
+impl From<DiskStats> for kc_persistence_statistics {
+    fn from(s: DiskStats) -> Self {
+        let r = s.remote.unwrap_or_default();
+        kc_persistence_statistics {
+            struct_size: size_of::<kc_persistence_statistics>(),
+            hits: s.hits,
+            misses: s.misses,
+            puts: s.puts,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            integrity_rejects: s.integrity_rejects,
+            io_errors: s.io_errors,
+            evictions: s.evictions,
+            removes: s.removes,
+            load_failures: s.load_failures,
+            entries: s.entries,
+            bytes: s.bytes,
+            scan_complete: s.scan_complete,
+            lock_waits: s.lock_waits,
+            lock_timeouts: s.lock_timeouts,
+            lock_takeovers: s.lock_takeovers,
+            pending_writes: s.pending_writes,
+            failed_writes: s.failed_writes,
+            remote: s.remote.is_some(),
+            remote_hits: r.hits,
+            remote_misses: r.misses,
+            remote_rejects: r.rejects,
+            remote_errors: r.errors,
+            remote_timeouts: r.timeouts,
+            remote_skipped: r.skipped,
+            remote_breaker_trips: r.breaker_trips,
+            remote_breaker_open: r.breaker_open,
+            remote_leases: r.leases,
+            remote_lease_waits: r.lease_waits,
+            remote_lease_timeouts: r.lease_timeouts,
+            remote_puts: r.puts,
+            remote_bytes_read: r.bytes_read,
+            remote_bytes_written: r.bytes_written,
+        }
+    }
+}
+
+/// What one `kc_persistence_gc` removed, by reason. Same `struct_size` rule as
+/// `kc_persistence_statistics`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kc_persistence_gc_report {
+    pub struct_size: usize,
+    /// Temporary files of crashed writers.
+    pub temp_files: u64,
+    /// Entries written under another key schema.
+    pub stale_schema: u64,
+    /// Entries of operator keys neither active nor retained.
+    pub stale_fingerprint: u64,
+    /// Entries that failed verification.
+    pub corrupt: u64,
+    /// Entries left in place.
+    pub kept: u64,
+    /// Bytes removed.
+    pub bytes_freed: u64,
+    /// Files or directories that should have gone but could not be removed (a directory
+    /// tree more than 16 levels deep, a permission error, …): left in place.
+    pub undeletable: u64,
+    /// Lock files nobody held (left by processes that died building), and anything but a
+    /// regular file at a lock file's name (a directory with everything in it); held ones are
+    /// kept.
+    pub lock_files: u64,
+    /// Entries of format 1, which do not say what they hold (reads accept them; `gc`
+    /// removes them, and the next build writes them again with a descriptor).
+    pub old_format: u64,
+}
+
+c_statistics!(GcReport => kc_persistence_gc_report {
+    temp_files, stale_schema, stale_fingerprint, corrupt, kept, bytes_freed, undeletable,
+    lock_files, old_format,
+});
+
+/// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
+/// other key schemas, corrupt entries, and entries of operator keys that are neither this
+/// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
+/// concatenated) at `retain`. `out_report` may be NULL.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_gc(
+    persistence: *mut kc_persistence,
+    retain: *const u8,
+    retain_count: usize,
+    temp_max_age_s: u64,
+    out_report: *mut kc_persistence_gc_report,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { persistence_ref(persistence) }?;
+        let bytes = retain_count
+            .checked_mul(KC_FINGERPRINT_LEN)
+            .ok_or_else(|| invalid("retain_count is too large"))?;
+        // SAFETY: the caller promises `bytes` readable bytes.
+        let retain = unsafe { byte_slice(retain, bytes, "retain") }?;
+        let retain: Vec<[u8; 8]> = retain
+            .chunks_exact(KC_FINGERPRINT_LEN)
+            .map(|c| c.try_into().expect("chunks are fingerprint-sized"))
+            .collect();
+        let r = disk.gc(&retain, Duration::from_secs(temp_max_age_s))?;
+        if !out_report.is_null() {
+            let report = kc_persistence_gc_report::from(r);
+            // SAFETY: non-NULL; its size is the caller's promise.
+            unsafe {
+                write_sized(
+                    out_report,
+                    report,
+                    "out_report",
+                    "kc_persistence_gc_report",
+                    OUT_MIN_SIZE,
+                )
+            }?;
+        }
+        Ok(())
+    })
+}
+
+/// Fills `*out` with this object's counters (see `kc_persistence_stats`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_stats(
+    persistence: *const kc_persistence,
+    out: *mut kc_persistence_statistics,
+) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        let disk = unsafe { persistence_ref(persistence) }?;
+        non_null(out, "out")?;
+        let stats = kc_persistence_statistics::from(disk.stats());
+        // SAFETY: non-NULL; its size is the caller's promise.
+        unsafe { write_sized(out, stats, "out", "kc_persistence_statistics", OUT_MIN_SIZE) }
+    })
+}
+
+/// Zeroes this object's event counters (`kc_persistence_statistics`); `entries`, `bytes`,
+/// `scan_complete` and `pending_writes` stay. The directory's counters, which every process
+/// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persistence) -> kc_status {
+    guard(|| {
+        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+        unsafe { persistence_ref(persistence) }?.reset_stats();
+        Ok(())
+    })
+}
