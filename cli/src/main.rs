@@ -32,6 +32,7 @@ mod commands;
 mod evict;
 mod metrics;
 mod report;
+mod run;
 mod settings;
 
 use std::path::PathBuf;
@@ -155,6 +156,15 @@ enum Command {
         device: Option<String>,
         #[arg(long)]
         json: bool,
+    },
+    /// Runs an unmodified OpenCL program with kcache's OpenCL layer: its builds come from the cache
+    Run {
+        /// Print on stderr, once the program exits, what the cache saved it
+        #[arg(long)]
+        stats: bool,
+        /// The program and its arguments (after `--`)
+        #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM")]
+        command: Vec<std::ffi::OsString>,
     },
     /// The directory's figures in the Prometheus text format
     Metrics {
@@ -329,6 +339,7 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Clear { json } => commands::clear(&target, json),
+        Command::Run { stats, command } => run::run(&target, stats, &command),
         Command::Metrics { textfile } => metrics::metrics(&target, textfile.as_deref()),
         Command::Completions { shell } => generated(|out| {
             clap_complete::generate(shell, &mut Cli::command(), "kcache", out);
