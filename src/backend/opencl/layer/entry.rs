@@ -27,9 +27,11 @@ const CL_KERNEL_REFERENCE_COUNT: cl_uint = 0x1192;
 const CL_KERNEL_PROGRAM: cl_uint = 0x1194;
 
 type CreateKernel = unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel;
-type CreateKernels = unsafe extern "C" fn(cl_program, cl_uint, *mut cl_kernel, *mut cl_uint) -> cl_int;
+type CreateKernels =
+    unsafe extern "C" fn(cl_program, cl_uint, *mut cl_kernel, *mut cl_uint) -> cl_int;
 type ReleaseKernel = unsafe extern "C" fn(cl_kernel) -> cl_int;
-type KernelInfo = unsafe extern "C" fn(cl_kernel, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
+type KernelInfo =
+    unsafe extern "C" fn(cl_kernel, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
 type CloneKernel = unsafe extern "C" fn(cl_kernel, *mut cl_int) -> cl_kernel;
 type CompileProgram = unsafe extern "C" fn(
     cl_program,
@@ -136,18 +138,36 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
         return false;
     }
     let ours: [(usize, *const c_void); 14] = [
-        (slot::CREATE_PROGRAM_WITH_SOURCE, create_program_with_source as *const c_void),
-        (slot::CREATE_PROGRAM_WITH_BINARY, create_program_with_binary as *const c_void),
-        (slot::CREATE_PROGRAM_WITH_BUILT_IN_KERNELS, create_program_with_built_ins as *const c_void),
-        (slot::CREATE_PROGRAM_WITH_IL, create_program_with_il as *const c_void),
+        (
+            slot::CREATE_PROGRAM_WITH_SOURCE,
+            create_program_with_source as *const c_void,
+        ),
+        (
+            slot::CREATE_PROGRAM_WITH_BINARY,
+            create_program_with_binary as *const c_void,
+        ),
+        (
+            slot::CREATE_PROGRAM_WITH_BUILT_IN_KERNELS,
+            create_program_with_built_ins as *const c_void,
+        ),
+        (
+            slot::CREATE_PROGRAM_WITH_IL,
+            create_program_with_il as *const c_void,
+        ),
         (slot::LINK_PROGRAM, link_program as *const c_void),
         (slot::COMPILE_PROGRAM, compile_program as *const c_void),
         (slot::BUILD_PROGRAM, build_program as *const c_void),
         (slot::RELEASE_PROGRAM, release_program as *const c_void),
         (slot::GET_PROGRAM_INFO, get_program_info as *const c_void),
-        (slot::GET_PROGRAM_BUILD_INFO, get_program_build_info as *const c_void),
+        (
+            slot::GET_PROGRAM_BUILD_INFO,
+            get_program_build_info as *const c_void,
+        ),
         (slot::CREATE_KERNEL, create_kernel as *const c_void),
-        (slot::CREATE_KERNELS_IN_PROGRAM, create_kernels_in_program as *const c_void),
+        (
+            slot::CREATE_KERNELS_IN_PROGRAM,
+            create_kernels_in_program as *const c_void,
+        ),
         (slot::RELEASE_KERNEL, release_kernel as *const c_void),
         (slot::GET_KERNEL_INFO, get_kernel_info as *const c_void),
     ];
@@ -171,7 +191,9 @@ impl Layer {
                     memory: Default::default(),
                     disk: Some(Arc::new(disk)),
                 })
-                .inspect_err(|e| log::info(|| format!("OpenCL layer: builds go to the driver: {e}")))
+                .inspect_err(|e| {
+                    log::info(|| format!("OpenCL layer: builds go to the driver: {e}"))
+                })
                 .ok()
             })
             .as_ref()
@@ -289,7 +311,11 @@ unsafe fn source_text(
         // a length of 0 marks a NUL-terminated string.
         let bytes = unsafe {
             let string = *strings.add(i);
-            match if lengths.is_null() { 0 } else { *lengths.add(i) } {
+            match if lengths.is_null() {
+                0
+            } else {
+                *lengths.add(i)
+            } {
                 0 => CStr::from_ptr(string).to_bytes(),
                 length => std::slice::from_raw_parts(string.cast::<u8>(), length),
             }
@@ -308,8 +334,9 @@ unsafe extern "C" fn create_program_with_source(
 ) -> cl_program {
     let layer = layer();
     // SAFETY: the application's call, passed on.
-    let program =
-        unsafe { (layer.api.clCreateProgramWithSource)(context, count, strings, lengths, errcode_ret) };
+    let program = unsafe {
+        (layer.api.clCreateProgramWithSource)(context, count, strings, lengths, errcode_ret)
+    };
     if !program.is_null() {
         // SAFETY: the driver accepted the strings.
         match unsafe { source_text(count, strings, lengths) } {
@@ -450,7 +477,14 @@ unsafe extern "C" fn build_program(
     if !was_served {
         // SAFETY: the application's call, passed on.
         return unsafe {
-            (layer.api.clBuildProgram)(program, num_devices, device_list, options, pfn_notify, user_data)
+            (layer.api.clBuildProgram)(
+                program,
+                num_devices,
+                device_list,
+                options,
+                pfn_notify,
+                user_data,
+            )
         };
     }
     if let Some(notify) = pfn_notify {
@@ -497,7 +531,14 @@ unsafe extern "C" fn get_program_build_info(
     let layer = layer();
     // SAFETY: the application's call, on the program that answers it.
     unsafe {
-        (layer.api.clGetProgramBuildInfo)(layer.built_or(program), device, param, size, value, size_ret)
+        (layer.api.clGetProgramBuildInfo)(
+            layer.built_or(program),
+            device,
+            param,
+            size,
+            value,
+            size_ret,
+        )
     }
 }
 
@@ -605,7 +646,9 @@ unsafe extern "C" fn get_kernel_info(
     // holds `size` bytes, checked above to fit a handle.
     unsafe {
         if !value.is_null() {
-            value.cast::<cl_program>().write_unaligned(program as cl_program);
+            value
+                .cast::<cl_program>()
+                .write_unaligned(program as cl_program);
         }
         if !size_ret.is_null() {
             *size_ret = size_of::<cl_program>();

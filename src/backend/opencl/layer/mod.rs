@@ -71,9 +71,8 @@ pub unsafe fn init_layer(
         return CL_INVALID_VALUE;
     }
     // SAFETY: the loader's table of `num_entries` slots, valid for the process.
-    let next = unsafe {
-        std::slice::from_raw_parts(target.cast::<*const c_void>(), num_entries as usize)
-    };
+    let next =
+        unsafe { std::slice::from_raw_parts(target.cast::<*const c_void>(), num_entries as usize) };
     let mut table = next.to_vec();
     if table.len() < dispatch::NEEDED || !entry::install(&mut table) {
         log::info(|| "OpenCL layer: every call goes straight to the driver".to_string());
