@@ -6,10 +6,13 @@
 //! made from it are linked back to the application's program, which each of them keeps alive
 //! (as a driver's kernel keeps its program), so that `CL_KERNEL_PROGRAM` names it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::RwLock;
+
+/// Handles are addresses: foldhash, as the memory tier uses, rather than SipHash on the path
+/// of every intercepted query.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 use crate::backend::opencl::Program;
 
