@@ -13,7 +13,7 @@ use kcache::backend::opencl::{cl_device_id, cl_int, cl_program};
 use kcache::{Error, Result};
 use libloading::Library;
 
-use crate::opencl::Context;
+use crate::opencl::{BuiltProgram, Context};
 
 type cl_uint = u32;
 
@@ -190,11 +190,14 @@ impl LayerTable {
         Ok(program)
     }
 
-    /// `clGetProgramBuildInfo(CL_PROGRAM_BUILD_STATUS)`, a call the layer intercepts.
+    /// `clGetProgramBuildInfo(CL_PROGRAM_BUILD_STATUS)` of `program`, a call the layer
+    /// intercepts: through the layer for a program it served, straight to the loader for one
+    /// the driver built ([`Context::build_uncached`]), so that both answers come from a built
+    /// program.
     pub fn build_status(
         &self,
         through_layer: bool,
-        program: &ServedProgram,
+        program: &impl BuiltProgram,
         context: &Context,
     ) -> cl_int {
         // SAFETY: the header's slot.
@@ -204,7 +207,7 @@ impl LayerTable {
             // SAFETY: a live program and device; `value` holds `size` bytes.
             unsafe {
                 query(
-                    program.raw,
+                    program.raw(),
                     device,
                     CL_PROGRAM_BUILD_STATUS,
                     size,
@@ -246,6 +249,12 @@ fn answer<T: Default>(fill: impl FnOnce(usize, *mut c_void) -> cl_int) -> T {
 pub struct ServedProgram {
     raw: cl_program,
     table: &'static [*const c_void],
+}
+
+impl BuiltProgram for ServedProgram {
+    fn raw(&self) -> cl_program {
+        self.raw
+    }
 }
 
 impl Drop for ServedProgram {

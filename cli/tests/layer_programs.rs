@@ -42,8 +42,7 @@ struct Setup {
 impl Setup {
     fn new() -> Setup {
         let temp = tempfile::tempdir().unwrap();
-        let dir = temp.path().join("kcache");
-        let pocl = temp.path().join("pocl");
+        let [dir, pocl] = ["kcache", "pocl"].map(|name| temp.path().join(name));
         Setup {
             _temp: temp,
             dir,
