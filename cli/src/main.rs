@@ -30,6 +30,7 @@ macro_rules! out {
 
 mod commands;
 mod report;
+mod run;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -152,6 +153,15 @@ enum Command {
         device: Option<String>,
         #[arg(long)]
         json: bool,
+    },
+    /// Runs an unmodified OpenCL program with kcache's OpenCL layer: its builds come from the cache
+    Run {
+        /// Print on stderr, once the program exits, what the cache saved it
+        #[arg(long)]
+        stats: bool,
+        /// The program and its arguments (after `--`)
+        #[arg(required = true, trailing_var_arg = true, value_name = "PROGRAM")]
+        command: Vec<std::ffi::OsString>,
     },
     /// The directory's figures in the Prometheus text format
     Metrics {
@@ -328,6 +338,7 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Clear { json } => commands::clear(&target, json),
+        Command::Run { stats, command } => run::run(&target, stats, &command),
         Command::Metrics { textfile } => commands::metrics::metrics(&target, textfile.as_deref()),
         Command::Completions { shell } => generated(|out| {
             clap_complete::generate(shell, &mut Cli::command(), "kcache", out);

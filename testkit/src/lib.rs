@@ -5,6 +5,7 @@
 pub mod cuda;
 pub mod ffi;
 pub mod opencl;
+pub mod opencl_layer;
 pub mod prometheus;
 pub mod redis;
 pub mod strings;

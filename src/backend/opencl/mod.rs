@@ -4,6 +4,7 @@
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
 mod cache;
+pub mod layer;
 mod pocl;
 mod programs;
 pub(crate) mod runtime;

@@ -108,8 +108,13 @@ pub struct Api {
     ) -> cl_int,
     pub clRetainProgram: unsafe extern "C" fn(cl_program) -> cl_int,
     pub clReleaseProgram: unsafe extern "C" fn(cl_program) -> cl_int,
-    _library: RuntimeLibrary,
+    /// The library the entry points come from; `None` for an OpenCL layer's next dispatch
+    /// table, which the ICD loader owns for the whole process.
+    pub(super) _library: Option<RuntimeLibrary>,
 }
+
+/// The process-wide table: loaded on first use, or installed first by the OpenCL layer.
+static API: OnceLock<std::result::Result<Api, Error>> = OnceLock::new();
 
 impl Api {
     /// Opens `path` (a file path or a soname searched like `dlopen` does) and resolves every
@@ -136,7 +141,7 @@ impl Api {
             clGetProgramBuildInfo: resolve!(clGetProgramBuildInfo),
             clRetainProgram: resolve!(clRetainProgram),
             clReleaseProgram: resolve!(clReleaseProgram),
-            _library: library,
+            _library: Some(library),
         })
     }
 
@@ -144,7 +149,6 @@ impl Api {
     /// [`DEFAULT_LIBRARY`]. A failed load is remembered: the environment is read once, so every
     /// later call reports the same error rather than retrying `dlopen` on each lookup.
     pub fn get() -> Result<&'static Api> {
-        static API: OnceLock<std::result::Result<Api, Error>> = OnceLock::new();
         API.get_or_init(|| {
             let path = library::from_env("KCACHE_OPENCL_LIBRARY")
                 .unwrap_or_else(|| OsString::from(DEFAULT_LIBRARY));
@@ -157,6 +161,13 @@ impl Api {
         })
         .as_ref()
         .map_err(Clone::clone)
+    }
+
+    /// Makes `api` the process-wide table, before anything loaded one: the OpenCL layer's own
+    /// calls must go to the next dispatch table, not back through the loader into the layer.
+    /// False when a table was loaded already.
+    pub(super) fn install(api: Api) -> bool {
+        API.set(Ok(api)).is_ok()
     }
 }
 

@@ -1,0 +1,376 @@
+//! kcache's OpenCL layer under unmodified programs, through `kcache run` (and `OPENCL_LAYERS`
+//! set by hand): pyopencl's published examples and clinfo give the same output with and
+//! without it, and their builds come from the cache once it holds them. Real processes on PoCL.
+//!
+//! The layer library must be built next to the command (`cargo build --workspace`, which the
+//! test command's `cargo test --workspace` does).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kcache::disk::{DirectoryCounters, DiskCache, DiskConfig};
+
+/// pyopencl's examples as Debian installs them (python-pyopencl-doc).
+const EXAMPLES: &str = "/usr/share/doc/python-pyopencl-doc/examples";
+
+/// The Python with numpy and pyopencl: the system's.
+fn python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+fn layer() -> PathBuf {
+    let layer = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
+    assert!(
+        layer.is_file(),
+        "{} is not built: run cargo build --workspace",
+        layer.display()
+    );
+    layer
+}
+
+/// One cache directory and PoCL kernel cache per test.
+struct Setup {
+    _temp: tempfile::TempDir,
+    dir: PathBuf,
+    pocl: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let temp = tempfile::tempdir().unwrap();
+        let [dir, pocl] = ["kcache", "pocl"].map(|name| temp.path().join(name));
+        Setup {
+            _temp: temp,
+            dir,
+            pocl,
+        }
+    }
+
+    /// `PROGRAM ARGS` as is (`layer` false) or under `kcache run`, with the test's
+    /// directories, pyopencl's own binary cache off (its hits would be binaries, which the
+    /// layer passes through) and `extra` variables.
+    fn command(&self, layer: bool, program: &[&str], extra: &[(&str, &str)]) -> Command {
+        let mut command = if layer {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_kcache"));
+            command.arg("run").arg("--");
+            command.args(program);
+            command
+        } else {
+            let mut command = Command::new(program[0]);
+            command.args(&program[1..]);
+            command
+        };
+        command
+            .env("KCACHE_DIR", &self.dir)
+            .env("POCL_CACHE_DIR", &self.pocl)
+            .env("PYOPENCL_NO_CACHE", "1")
+            .env("PYOPENCL_CTX", "0")
+            .env_remove("OPENCL_LAYERS")
+            .env_remove("KCACHE_DISABLE")
+            .envs(extra.iter().copied());
+        command
+    }
+
+    fn run(&self, layer: bool, program: &[&str], extra: &[(&str, &str)]) -> Output {
+        let output = self.command(layer, program, extra).output().unwrap();
+        assert!(
+            output.status.success(),
+            "{program:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    }
+
+    /// The directory's counters, summed over every process that used it.
+    fn counters(&self) -> DirectoryCounters {
+        let cache = DiskCache::open(DiskConfig::in_dir(&self.dir)).unwrap();
+        cache.directory_stats().unwrap().counters
+    }
+
+    /// Entry files in the directory (none if it does not exist).
+    fn entries(&self) -> usize {
+        if !self.dir.exists() {
+            return 0;
+        }
+        DiskCache::open(DiskConfig::in_dir(&self.dir))
+            .unwrap()
+            .entries()
+            .unwrap()
+            .len()
+    }
+}
+
+/// A pyopencl example, unchanged, with numpy's generator seeded so that its output is the
+/// same from run to run.
+fn example(name: &str) -> Vec<String> {
+    let path = format!("{EXAMPLES}/{name}");
+    assert!(
+        Path::new(&path).is_file(),
+        "{path} is missing: install python-pyopencl-doc"
+    );
+    let script = format!(
+        "import numpy, sys; numpy.random.seed(0); sys.argv = [{path:?}]; \
+         exec(compile(open({path:?}).read(), {path:?}, 'exec'))"
+    );
+    vec![python().into(), "-c".into(), script]
+}
+
+fn args(program: &[String]) -> Vec<&str> {
+    program.iter().map(String::as_str).collect()
+}
+
+/// Without the layer, cold with it, warm with it: the same output; the cold run compiles, the
+/// warm one compiles nothing and reads every program from disk.
+fn same_output_cold_and_warm(program: &[&str], programs: u64) {
+    let setup = Setup::new();
+    let plain = setup.run(false, program, &[]);
+    assert_eq!(setup.entries(), 0, "nothing is cached without the layer");
+    let cold = setup.run(true, program, &[]);
+    assert_eq!(cold.stdout, plain.stdout, "cold output of {program:?}");
+    let after_cold = setup.counters();
+    assert_eq!(after_cold.builds, programs, "compiles of the cold run");
+    assert_eq!(setup.entries() as u64, programs);
+    let warm = setup.run(true, program, &[]);
+    assert_eq!(warm.stdout, plain.stdout, "warm output of {program:?}");
+    let after_warm = setup.counters();
+    assert_eq!(after_warm.builds, programs, "the warm run compiled nothing");
+    assert_eq!(
+        after_warm.disk_hits - after_cold.disk_hits,
+        programs,
+        "the warm run read every program from disk"
+    );
+}
+
+#[test]
+fn pyopencl_demo_runs_the_same_and_warm_compiles_nothing() {
+    same_output_cold_and_warm(&args(&example("demo.py")), 1);
+}
+
+#[test]
+fn pyopencl_elementwise_demo_runs_the_same_and_warm_compiles_nothing() {
+    same_output_cold_and_warm(&args(&example("demo_elementwise.py")), 3);
+}
+
+#[test]
+fn pyopencl_array_demo_runs_the_same_and_warm_compiles_nothing() {
+    same_output_cold_and_warm(&args(&example("demo_array.py")), 2);
+}
+
+#[test]
+fn clinfo_runs_the_same_under_the_layer() {
+    // clinfo builds one program per device to ask for a kernel's work-group figures.
+    same_output_cold_and_warm(&["clinfo"], 1);
+}
+
+#[test]
+fn opencl_layers_set_by_hand_works_as_kcache_run() {
+    let setup = Setup::new();
+    let program = example("demo.py");
+    let layer = layer();
+    let plain = setup.run(false, &args(&program), &[]);
+    let layers = layer.to_str().unwrap();
+    let by_hand = setup.run(false, &args(&program), &[("OPENCL_LAYERS", layers)]);
+    assert_eq!(by_hand.stdout, plain.stdout);
+    assert_eq!(setup.counters().builds, 1);
+    assert_eq!(setup.entries(), 1);
+}
+
+#[test]
+fn kcache_disable_passes_every_build_through() {
+    let setup = Setup::new();
+    let program = example("demo_elementwise.py");
+    let plain = setup.run(false, &args(&program), &[]);
+    let disabled = setup.run(true, &args(&program), &[("KCACHE_DISABLE", "1")]);
+    assert_eq!(disabled.stdout, plain.stdout);
+    assert_eq!(setup.entries(), 0, "no entry written with KCACHE_DISABLE=1");
+    assert!(!setup.dir.exists(), "the directory is not even created");
+}
+
+#[test]
+fn six_processes_starting_at_once_compile_once() {
+    let setup = Setup::new();
+    let program = example("demo.py");
+    let plain = setup.run(false, &args(&program), &[]);
+    let children: Vec<_> = (0..6)
+        .map(|_| {
+            setup
+                .command(true, &args(&program), &[])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success());
+        assert_eq!(output.stdout, plain.stdout);
+    }
+    let counters = setup.counters();
+    assert_eq!(
+        counters.builds, 1,
+        "one compile for six processes: {counters:?}"
+    );
+    assert_eq!(setup.entries(), 1);
+}
+
+/// What a program can see of a build: status, options, log, kernels, reference counts, the
+/// kernel's program, its source; and a launch's result.
+const OBSERVE: &str = r#"
+import sys, numpy, pyopencl as cl
+source = sys.argv[1]
+options = sys.argv[2].split()
+platform = cl.get_platforms()[0]
+device = platform.get_devices()[0]
+def build(context):
+    program = cl.Program(context, source)
+    try:
+        program.build(options=options)
+    except cl.RuntimeError as e:
+        print("build failed:", e.code, str(e).strip().splitlines()[0])
+        print("status:", program.get_build_info(device, cl.program_build_info.STATUS))
+        print("log:", program.get_build_info(device, cl.program_build_info.LOG).strip())
+        return None
+    print("status:", program.get_build_info(device, cl.program_build_info.STATUS))
+    print("options:", program.get_build_info(device, cl.program_build_info.OPTIONS))
+    print("kernels:", program.get_info(cl.program_info.KERNEL_NAMES))
+    print("num kernels:", program.get_info(cl.program_info.NUM_KERNELS))
+    print("source kept:", program.get_info(cl.program_info.SOURCE) == source)
+    print("binaries:", len(program.get_info(cl.program_info.BINARIES)),
+          min(program.get_info(cl.program_info.BINARY_SIZES)) > 0)
+    print("refcount:", program.get_info(cl.program_info.REFERENCE_COUNT))
+    kernel = cl.Kernel(program, "twice")
+    print("kernel program:", kernel.get_info(cl.kernel_info.PROGRAM) == program)
+    print("refcount with a kernel:", program.get_info(cl.program_info.REFERENCE_COUNT))
+    queue = cl.CommandQueue(context)
+    data = numpy.arange(16, dtype=numpy.float32)
+    buffer = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
+    kernel(queue, data.shape, None, buffer)
+    cl.enqueue_copy(queue, data, buffer)
+    print("result:", data.tolist())
+    return program
+contexts = int(sys.argv[3])
+kept = [build(cl.Context([device])) for _ in range(contexts)]
+"#;
+
+const TWICE: &str = "__kernel void twice(__global float *x) { x[get_global_id(0)] *= 2.0f; }";
+
+fn observe(source: &str, options: &str, contexts: usize) -> Vec<String> {
+    vec![
+        python().into(),
+        "-c".into(),
+        OBSERVE.into(),
+        source.into(),
+        options.into(),
+        contexts.to_string(),
+    ]
+}
+
+#[test]
+fn what_a_program_sees_of_a_served_build_is_the_drivers() {
+    let setup = Setup::new();
+    let program = observe(TWICE, "-cl-fast-relaxed-math -DUNUSED=1", 1);
+    let plain = setup.run(false, &args(&program), &[]);
+    let text = String::from_utf8_lossy(&plain.stdout).into_owned();
+    assert!(text.contains("kernel program: True"), "{text}");
+    let cold = setup.run(true, &args(&program), &[]);
+    assert_eq!(String::from_utf8_lossy(&cold.stdout), text);
+    let warm = setup.run(true, &args(&program), &[]);
+    assert_eq!(String::from_utf8_lossy(&warm.stdout), text);
+    assert_eq!(setup.counters().builds, 1, "the warm run was served");
+}
+
+#[test]
+fn the_same_source_in_two_contexts_is_served_in_both() {
+    let setup = Setup::new();
+    let program = observe(TWICE, "", 2);
+    let plain = setup.run(false, &args(&program), &[]);
+    let cold = setup.run(true, &args(&program), &[]);
+    assert_eq!(cold.stdout, plain.stdout);
+    let after_cold = setup.counters();
+    let warm = setup.run(true, &args(&program), &[]);
+    assert_eq!(warm.stdout, plain.stdout);
+    let after_warm = setup.counters();
+    assert_eq!(
+        after_warm.builds, after_cold.builds,
+        "the warm run compiled nothing"
+    );
+    assert_eq!(
+        after_warm.disk_hits - after_cold.disk_hits,
+        2,
+        "one read per context"
+    );
+}
+
+/// `output` with the names of PoCL's temporary source files (`tempfile_XXXXXX.cl`, different
+/// in every build) made alike.
+fn without_temporary_names(output: &[u8]) -> String {
+    let text = String::from_utf8_lossy(output);
+    let mut parts = text.split("tempfile_");
+    let mut out = parts.next().unwrap_or_default().to_owned();
+    for part in parts {
+        out.push_str("tempfile_*");
+        out.push_str(part.trim_start_matches(|c: char| c.is_ascii_alphanumeric()));
+    }
+    out
+}
+
+#[test]
+fn a_failing_build_gives_the_drivers_error_and_log() {
+    let setup = Setup::new();
+    let broken = "__kernel void twice(__global float *x) { x[get_global_id(0)] *= undefined; }";
+    let program = observe(broken, "", 1);
+    let plain = setup.run(false, &args(&program), &[]);
+    let text = without_temporary_names(&plain.stdout);
+    assert!(text.contains("build failed: -11"), "{text}");
+    assert!(
+        text.contains("undeclared identifier 'undefined'"),
+        "the log: {text}"
+    );
+    let layered = setup.run(true, &args(&program), &[]);
+    assert_eq!(without_temporary_names(&layered.stdout), text);
+    assert_eq!(setup.entries(), 0, "a failed build is not stored");
+}
+
+#[test]
+fn kcache_run_reports_what_it_saved_and_keeps_the_exit_status() {
+    let setup = Setup::new();
+    let program = example("demo.py");
+    let run = |setup: &Setup| {
+        let mut command = setup.command(false, &[env!("CARGO_BIN_EXE_kcache"), "run"], &[]);
+        command.arg("--stats").arg("--").args(&program);
+        command.output().unwrap()
+    };
+    let cold = run(&setup);
+    assert!(cold.status.success());
+    let cold_report = String::from_utf8_lossy(&cold.stderr).into_owned();
+    assert!(
+        cold_report.contains("0 program builds served from the cache"),
+        "{cold_report}"
+    );
+    assert!(cold_report.contains("1 compiled"), "{cold_report}");
+    let warm = run(&setup);
+    let warm_report = String::from_utf8_lossy(&warm.stderr).into_owned();
+    assert!(
+        warm_report.contains("1 program builds served from the cache (1 from disk"),
+        "{warm_report}"
+    );
+    assert!(warm_report.contains("0 compiled"), "{warm_report}");
+
+    let status = setup
+        .command(true, &["sh", "-c", "exit 7"], &[])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+    let layers = setup
+        .run(true, &["sh", "-c", "echo \"$OPENCL_LAYERS\""], &[])
+        .stdout;
+    assert_eq!(
+        String::from_utf8_lossy(&layers).trim(),
+        layer().to_str().unwrap()
+    );
+}

@@ -1,0 +1,658 @@
+//! The entry points the layer replaces in the dispatch table. Each does the application's call
+//! on the next table, with the served build's handle in place of the application's where the
+//! answer depends on the build; everything else about a program stays the driver's.
+
+use std::ffi::{CStr, c_char, c_void};
+use std::ptr;
+use std::sync::{Arc, OnceLock};
+
+use super::dispatch::{entry, slot};
+use super::tracked::Tracked;
+use crate::backend::opencl::runtime::ContextRef;
+use crate::backend::opencl::sys::*;
+use crate::backend::opencl::{OpenClCache, OpenClOptions, Program};
+use crate::disk::{DiskCache, DiskConfig};
+use crate::error::Error;
+use crate::log;
+
+#[allow(non_camel_case_types)]
+type cl_kernel = *mut c_void;
+type Notify = Option<unsafe extern "C" fn(cl_program, *mut c_void)>;
+
+const CL_PROGRAM_REFERENCE_COUNT: cl_uint = 0x1160;
+const CL_PROGRAM_NUM_KERNELS: cl_uint = 0x1167;
+const CL_PROGRAM_SCOPE_GLOBAL_CTORS_PRESENT: cl_uint = 0x116A;
+const CL_PROGRAM_SCOPE_GLOBAL_DTORS_PRESENT: cl_uint = 0x116B;
+const CL_KERNEL_REFERENCE_COUNT: cl_uint = 0x1192;
+const CL_KERNEL_PROGRAM: cl_uint = 0x1194;
+
+type CreateKernel = unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel;
+type CreateKernels =
+    unsafe extern "C" fn(cl_program, cl_uint, *mut cl_kernel, *mut cl_uint) -> cl_int;
+type ReleaseKernel = unsafe extern "C" fn(cl_kernel) -> cl_int;
+type KernelInfo =
+    unsafe extern "C" fn(cl_kernel, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
+type CloneKernel = unsafe extern "C" fn(cl_kernel, *mut cl_int) -> cl_kernel;
+type CompileProgram = unsafe extern "C" fn(
+    cl_program,
+    cl_uint,
+    *const cl_device_id,
+    *const c_char,
+    cl_uint,
+    *const cl_program,
+    *const *const c_char,
+    Notify,
+    *mut c_void,
+) -> cl_int;
+type LinkProgram = unsafe extern "C" fn(
+    cl_context,
+    cl_uint,
+    *const cl_device_id,
+    *const c_char,
+    cl_uint,
+    *const cl_program,
+    Notify,
+    *mut c_void,
+    *mut cl_int,
+) -> cl_program;
+type WithBuiltIns = unsafe extern "C" fn(
+    cl_context,
+    cl_uint,
+    *const cl_device_id,
+    *const c_char,
+    *mut cl_int,
+) -> cl_program;
+type WithIl = unsafe extern "C" fn(cl_context, *const c_void, usize, *mut cl_int) -> cl_program;
+
+/// The next table's entry points the layer calls beyond kcache's own ([`Api`]).
+struct Next {
+    create_kernel: CreateKernel,
+    create_kernels: CreateKernels,
+    release_kernel: ReleaseKernel,
+    kernel_info: KernelInfo,
+    clone_kernel: CloneKernel,
+    compile_program: CompileProgram,
+    link_program: LinkProgram,
+    with_built_ins: WithBuiltIns,
+    with_il: WithIl,
+}
+
+pub(super) struct Layer {
+    api: &'static Api,
+    next: Next,
+    /// Made at the first build: opening the tiers at `clInitLayer` would do I/O inside the
+    /// loader's initialisation. `None`: no disk tier, so builds go to the driver.
+    cache: OnceLock<Option<OpenClCache>>,
+    tracked: Tracked,
+}
+
+static LAYER: OnceLock<Layer> = OnceLock::new();
+
+fn layer() -> &'static Layer {
+    LAYER
+        .get()
+        .expect("the layer's entry points are handed out only once it is set")
+}
+
+/// Sets the layer up on the next table and writes its entry points into `table` (a copy of
+/// the next one). False, leaving `table` as it is, when a slot is empty or kcache's calls
+/// already go elsewhere.
+pub(super) fn install(table: &mut [*const c_void]) -> bool {
+    macro_rules! next {
+        ($slot:ident) => {
+            // SAFETY: the slot is the header's for this entry point, whose prototype the
+            // field's type is.
+            match unsafe { entry(table, slot::$slot) } {
+                Some(entry) => entry,
+                None => return false,
+            }
+        };
+    }
+    let next = Next {
+        create_kernel: next!(CREATE_KERNEL),
+        create_kernels: next!(CREATE_KERNELS_IN_PROGRAM),
+        release_kernel: next!(RELEASE_KERNEL),
+        kernel_info: next!(GET_KERNEL_INFO),
+        clone_kernel: next!(CLONE_KERNEL),
+        compile_program: next!(COMPILE_PROGRAM),
+        link_program: next!(LINK_PROGRAM),
+        with_built_ins: next!(CREATE_PROGRAM_WITH_BUILT_IN_KERNELS),
+        with_il: next!(CREATE_PROGRAM_WITH_IL),
+    };
+    let Some(api) = super::dispatch::next_api(table) else {
+        return false;
+    };
+    if !Api::install(api) {
+        return false;
+    }
+    let Ok(api) = Api::get() else {
+        return false;
+    };
+    let layer = Layer {
+        api,
+        next,
+        cache: OnceLock::new(),
+        tracked: Tracked::default(),
+    };
+    if LAYER.set(layer).is_err() {
+        return false;
+    }
+    let ours: [(usize, *const c_void); 14] = [
+        (
+            slot::CREATE_PROGRAM_WITH_SOURCE,
+            create_program_with_source as *const c_void,
+        ),
+        (
+            slot::CREATE_PROGRAM_WITH_BINARY,
+            create_program_with_binary as *const c_void,
+        ),
+        (
+            slot::CREATE_PROGRAM_WITH_BUILT_IN_KERNELS,
+            create_program_with_built_ins as *const c_void,
+        ),
+        (
+            slot::CREATE_PROGRAM_WITH_IL,
+            create_program_with_il as *const c_void,
+        ),
+        (slot::LINK_PROGRAM, link_program as *const c_void),
+        (slot::COMPILE_PROGRAM, compile_program as *const c_void),
+        (slot::BUILD_PROGRAM, build_program as *const c_void),
+        (slot::RELEASE_PROGRAM, release_program as *const c_void),
+        (slot::GET_PROGRAM_INFO, get_program_info as *const c_void),
+        (
+            slot::GET_PROGRAM_BUILD_INFO,
+            get_program_build_info as *const c_void,
+        ),
+        (slot::CREATE_KERNEL, create_kernel as *const c_void),
+        (
+            slot::CREATE_KERNELS_IN_PROGRAM,
+            create_kernels_in_program as *const c_void,
+        ),
+        (slot::RELEASE_KERNEL, release_kernel as *const c_void),
+        (slot::GET_KERNEL_INFO, get_kernel_info as *const c_void),
+    ];
+    for (slot, entry) in ours {
+        table[slot] = entry;
+    }
+    table[slot::CLONE_KERNEL] = clone_kernel as *const c_void;
+    true
+}
+
+impl Layer {
+    fn cache(&self) -> Option<&OpenClCache> {
+        self.cache
+            .get_or_init(|| {
+                let disk = DiskCache::open(DiskConfig::from_env())
+                    .inspect_err(|e| {
+                        log::info(|| format!("OpenCL layer: builds go to the driver: {e}"))
+                    })
+                    .ok()?;
+                OpenClCache::new(OpenClOptions {
+                    memory: Default::default(),
+                    disk: Some(Arc::new(disk)),
+                })
+                .inspect_err(|e| {
+                    log::info(|| format!("OpenCL layer: builds go to the driver: {e}"))
+                })
+                .ok()
+            })
+            .as_ref()
+    }
+
+    /// The served build of `clBuildProgram(program, devices, options)`, or `None` to leave the
+    /// build to the driver: a program not from source, a context of several devices, options
+    /// or source that are not text, any error (a failing build included: the driver's own
+    /// build then gives the application its error and log).
+    fn serve(
+        &self,
+        program: cl_program,
+        num_devices: cl_uint,
+        device_list: *const cl_device_id,
+        options: *const c_char,
+    ) -> Option<Program> {
+        let (context, source) = self.tracked.source(program as usize)?;
+        let options = if options.is_null() {
+            ""
+        } else {
+            // SAFETY: the application passes options as a C string.
+            unsafe { CStr::from_ptr(options) }.to_str().ok()?
+        };
+        // SAFETY: the program holds a reference to its context, so the context is live.
+        let context = unsafe { ContextRef::from_raw(context as cl_context) };
+        let devices = context.devices(self.api).ok()?;
+        let [device] = devices[..] else {
+            return None;
+        };
+        let listed = match (num_devices, device_list.is_null()) {
+            (0, true) => true,
+            // SAFETY: a list of one device, as the application said.
+            (1, false) => (unsafe { *device_list }) == device.raw(),
+            _ => false,
+        };
+        if !listed {
+            return None;
+        }
+        let cache = self.cache()?;
+        let built = cache.find_or_build_program(context, device, &[&source], options);
+        // The program is the application's from here; the memory tier would keep its context
+        // alive after the application released it.
+        let _ = cache.evict_context(context.raw());
+        match built {
+            Ok(built) => Some(built),
+            Err(Error::Build(_)) => None,
+            Err(e) => {
+                log::info(|| format!("OpenCL layer: build left to the driver: {e}"));
+                None
+            }
+        }
+    }
+
+    /// The handle the answer about `program`'s build comes from.
+    fn built_or(&self, program: cl_program) -> cl_program {
+        self.tracked
+            .built(program as usize)
+            .map_or(program, |built| built as cl_program)
+    }
+
+    /// Links the kernels made from a served build to the application's program, which each
+    /// keeps alive as a driver's kernel does; forgets links left at reused kernel handles.
+    fn link(&self, program: cl_program, served: bool, kernels: &[cl_kernel]) {
+        for &kernel in kernels {
+            if let Some(stale) = self.tracked.unlink_kernel(kernel as usize) {
+                self.release_program(stale as cl_program);
+            }
+            // SAFETY: the application holds `program`, so it is live.
+            if served && unsafe { (self.api.clRetainProgram)(program) } == CL_SUCCESS {
+                self.tracked.link_kernel(kernel as usize, program as usize);
+            }
+        }
+    }
+
+    fn release_program(&self, program: cl_program) -> cl_int {
+        if self.tracked.is_tracked(program as usize) {
+            let mut count: cl_uint = 0;
+            // SAFETY: one cl_uint answer, its size passed; the program is the caller's.
+            let code = unsafe {
+                (self.api.clGetProgramInfo)(
+                    program,
+                    CL_PROGRAM_REFERENCE_COUNT,
+                    size_of::<cl_uint>(),
+                    (&raw mut count).cast(),
+                    ptr::null_mut(),
+                )
+            };
+            if code == CL_SUCCESS && count == 1 && self.tracked.forget(program as usize) {
+                // The disk tier's write of a served build may hold the build (and through it
+                // the application's context) until the cache is flushed, which PoCL 3.1 does
+                // not survive once the application has released that context: it aborts in
+                // `pocl_llvm_release_context` at a later context's release.
+                if let Some(Some(cache)) = self.cache.get() {
+                    cache.flush();
+                }
+            }
+        }
+        // SAFETY: the caller's release, passed on.
+        unsafe { (self.api.clReleaseProgram)(program) }
+    }
+}
+
+/// The concatenated source strings of `clCreateProgramWithSource`, if they are text.
+///
+/// # Safety
+/// The arguments must be as the specification says, which the driver checked.
+unsafe fn source_text(
+    count: cl_uint,
+    strings: *const *const c_char,
+    lengths: *const usize,
+) -> Option<String> {
+    let mut text = Vec::new();
+    for i in 0..count as usize {
+        // SAFETY: `strings` holds `count` pointers, `lengths` (if not null) `count` lengths;
+        // a length of 0 marks a NUL-terminated string.
+        let bytes = unsafe {
+            let string = *strings.add(i);
+            match if lengths.is_null() {
+                0
+            } else {
+                *lengths.add(i)
+            } {
+                0 => CStr::from_ptr(string).to_bytes(),
+                length => std::slice::from_raw_parts(string.cast::<u8>(), length),
+            }
+        };
+        text.extend_from_slice(bytes);
+    }
+    String::from_utf8(text).ok()
+}
+
+unsafe extern "C" fn create_program_with_source(
+    context: cl_context,
+    count: cl_uint,
+    strings: *const *const c_char,
+    lengths: *const usize,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
+    let layer = layer();
+    // SAFETY: the application's call, passed on.
+    let program = unsafe {
+        (layer.api.clCreateProgramWithSource)(context, count, strings, lengths, errcode_ret)
+    };
+    if !program.is_null() {
+        // SAFETY: the driver accepted the strings.
+        match unsafe { source_text(count, strings, lengths) } {
+            Some(text) => layer.tracked.add(program as usize, context as usize, text),
+            None => {
+                layer.tracked.forget(program as usize);
+            }
+        }
+    }
+    program
+}
+
+/// Forgets what was known of a handle the driver reused for a program not from source.
+fn not_from_source(program: cl_program) -> cl_program {
+    if !program.is_null() {
+        layer().tracked.forget(program as usize);
+    }
+    program
+}
+
+unsafe extern "C" fn create_program_with_binary(
+    context: cl_context,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    lengths: *const usize,
+    binaries: *const *const u8,
+    binary_status: *mut cl_int,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
+    // SAFETY: the application's call, passed on.
+    not_from_source(unsafe {
+        (layer().api.clCreateProgramWithBinary)(
+            context,
+            num_devices,
+            device_list,
+            lengths,
+            binaries,
+            binary_status,
+            errcode_ret,
+        )
+    })
+}
+
+unsafe extern "C" fn create_program_with_built_ins(
+    context: cl_context,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    kernel_names: *const c_char,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
+    // SAFETY: the application's call, passed on.
+    not_from_source(unsafe {
+        (layer().next.with_built_ins)(context, num_devices, device_list, kernel_names, errcode_ret)
+    })
+}
+
+unsafe extern "C" fn create_program_with_il(
+    context: cl_context,
+    il: *const c_void,
+    length: usize,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
+    // SAFETY: the application's call, passed on.
+    not_from_source(unsafe { (layer().next.with_il)(context, il, length, errcode_ret) })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn link_program(
+    context: cl_context,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    options: *const c_char,
+    num_inputs: cl_uint,
+    inputs: *const cl_program,
+    pfn_notify: Notify,
+    user_data: *mut c_void,
+    errcode_ret: *mut cl_int,
+) -> cl_program {
+    // SAFETY: the application's call, passed on.
+    not_from_source(unsafe {
+        (layer().next.link_program)(
+            context,
+            num_devices,
+            device_list,
+            options,
+            num_inputs,
+            inputs,
+            pfn_notify,
+            user_data,
+            errcode_ret,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn compile_program(
+    program: cl_program,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    options: *const c_char,
+    num_headers: cl_uint,
+    headers: *const cl_program,
+    header_names: *const *const c_char,
+    pfn_notify: Notify,
+    user_data: *mut c_void,
+) -> cl_int {
+    let layer = layer();
+    // Compiled by the driver: a served build no longer answers for it.
+    layer.tracked.set_built(program as usize, None);
+    // SAFETY: the application's call, passed on.
+    unsafe {
+        (layer.next.compile_program)(
+            program,
+            num_devices,
+            device_list,
+            options,
+            num_headers,
+            headers,
+            header_names,
+            pfn_notify,
+            user_data,
+        )
+    }
+}
+
+unsafe extern "C" fn build_program(
+    program: cl_program,
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    options: *const c_char,
+    pfn_notify: Notify,
+    user_data: *mut c_void,
+) -> cl_int {
+    let layer = layer();
+    let served = layer.serve(program, num_devices, device_list, options);
+    let was_served = served.is_some();
+    layer.tracked.set_built(program as usize, served);
+    if !was_served {
+        // SAFETY: the application's call, passed on.
+        return unsafe {
+            (layer.api.clBuildProgram)(
+                program,
+                num_devices,
+                device_list,
+                options,
+                pfn_notify,
+                user_data,
+            )
+        };
+    }
+    if let Some(notify) = pfn_notify {
+        // SAFETY: the application's callback, called once the build is complete, as the
+        // driver would.
+        unsafe { notify(program, user_data) };
+    }
+    CL_SUCCESS
+}
+
+unsafe extern "C" fn release_program(program: cl_program) -> cl_int {
+    layer().release_program(program)
+}
+
+unsafe extern "C" fn get_program_info(
+    program: cl_program,
+    param: cl_uint,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
+    let layer = layer();
+    let target = match param {
+        CL_PROGRAM_BINARY_SIZES
+        | CL_PROGRAM_BINARIES
+        | CL_PROGRAM_NUM_KERNELS
+        | CL_PROGRAM_KERNEL_NAMES
+        | CL_PROGRAM_SCOPE_GLOBAL_CTORS_PRESENT
+        | CL_PROGRAM_SCOPE_GLOBAL_DTORS_PRESENT => layer.built_or(program),
+        _ => program,
+    };
+    // SAFETY: the application's call, on the program that answers it.
+    unsafe { (layer.api.clGetProgramInfo)(target, param, size, value, size_ret) }
+}
+
+unsafe extern "C" fn get_program_build_info(
+    program: cl_program,
+    device: cl_device_id,
+    param: cl_uint,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
+    let layer = layer();
+    // SAFETY: the application's call, on the program that answers it.
+    unsafe {
+        (layer.api.clGetProgramBuildInfo)(
+            layer.built_or(program),
+            device,
+            param,
+            size,
+            value,
+            size_ret,
+        )
+    }
+}
+
+unsafe extern "C" fn create_kernel(
+    program: cl_program,
+    name: *const c_char,
+    errcode_ret: *mut cl_int,
+) -> cl_kernel {
+    let layer = layer();
+    let target = layer.built_or(program);
+    // SAFETY: the application's call, on the program that answers it.
+    let kernel = unsafe { (layer.next.create_kernel)(target, name, errcode_ret) };
+    if !kernel.is_null() {
+        layer.link(program, target != program, &[kernel]);
+    }
+    kernel
+}
+
+unsafe extern "C" fn create_kernels_in_program(
+    program: cl_program,
+    num_kernels: cl_uint,
+    kernels: *mut cl_kernel,
+    num_kernels_ret: *mut cl_uint,
+) -> cl_int {
+    let layer = layer();
+    let target = layer.built_or(program);
+    let mut made: cl_uint = 0;
+    // SAFETY: the application's call, on the program that answers it.
+    let code = unsafe { (layer.next.create_kernels)(target, num_kernels, kernels, &mut made) };
+    if !num_kernels_ret.is_null() {
+        // SAFETY: the application's output, which it passed.
+        unsafe { *num_kernels_ret = made };
+    }
+    if code == CL_SUCCESS && !kernels.is_null() {
+        // SAFETY: the driver wrote `made` kernels into the application's array.
+        let made = unsafe { std::slice::from_raw_parts(kernels, made as usize) };
+        layer.link(program, target != program, made);
+    }
+    code
+}
+
+unsafe extern "C" fn clone_kernel(source: cl_kernel, errcode_ret: *mut cl_int) -> cl_kernel {
+    let layer = layer();
+    // SAFETY: the application's call, passed on.
+    let kernel = unsafe { (layer.next.clone_kernel)(source, errcode_ret) };
+    if !kernel.is_null() {
+        match layer.tracked.program_of(source as usize) {
+            Some(program) => layer.link(program as cl_program, true, &[kernel]),
+            None => layer.link(ptr::null_mut(), false, &[kernel]),
+        }
+    }
+    kernel
+}
+
+unsafe extern "C" fn release_kernel(kernel: cl_kernel) -> cl_int {
+    let layer = layer();
+    let Some(program) = layer.tracked.program_of(kernel as usize) else {
+        // SAFETY: the application's call, passed on.
+        return unsafe { (layer.next.release_kernel)(kernel) };
+    };
+    let mut count: cl_uint = 0;
+    // SAFETY: one cl_uint answer, its size passed; the kernel is the caller's.
+    let code = unsafe {
+        (layer.next.kernel_info)(
+            kernel,
+            CL_KERNEL_REFERENCE_COUNT,
+            size_of::<cl_uint>(),
+            (&raw mut count).cast(),
+            ptr::null_mut(),
+        )
+    };
+    let last = code == CL_SUCCESS && count == 1;
+    if last {
+        // Before the release: the driver may hand the handle out again right after it.
+        layer.tracked.unlink_kernel(kernel as usize);
+    }
+    // SAFETY: the application's call, passed on.
+    let released = unsafe { (layer.next.release_kernel)(kernel) };
+    if last {
+        layer.release_program(program as cl_program);
+    }
+    released
+}
+
+unsafe extern "C" fn get_kernel_info(
+    kernel: cl_kernel,
+    param: cl_uint,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
+    let layer = layer();
+    let program = match param {
+        CL_KERNEL_PROGRAM => layer.tracked.program_of(kernel as usize),
+        _ => None,
+    };
+    let Some(program) = program else {
+        // SAFETY: the application's call, passed on.
+        return unsafe { (layer.next.kernel_info)(kernel, param, size, value, size_ret) };
+    };
+    if !value.is_null() && size < size_of::<cl_program>() {
+        return CL_INVALID_VALUE;
+    }
+    // SAFETY: the application's outputs, as the specification has them: `value` (if not null)
+    // holds `size` bytes, checked above to fit a handle.
+    unsafe {
+        if !value.is_null() {
+            value
+                .cast::<cl_program>()
+                .write_unaligned(program as cl_program);
+        }
+        if !size_ret.is_null() {
+            *size_ret = size_of::<cl_program>();
+        }
+    }
+    CL_SUCCESS
+}
