@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use hmac::{Hmac, Mac};
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::{Key, KeyBuilder};
 use sha2::Sha256;
 
@@ -23,13 +23,13 @@ fn key(name: &str) -> Key {
         .unwrap()
 }
 
-fn open(dir: &std::path::Path, keyed: bool, durability: Durability) -> DiskCache {
-    let mut config = DiskConfig::in_dir(dir);
+fn open(dir: &std::path::Path, keyed: bool, durability: Durability) -> Persistence {
+    let mut config = PersistenceConfig::in_dir(dir);
     config.durability = durability;
     if keyed {
         config.key = Some(OperatorKey::new(OPERATOR.to_vec()).unwrap());
     }
-    DiskCache::open(config).unwrap()
+    Persistence::open(config).unwrap()
 }
 
 fn payload() -> Vec<u8> {

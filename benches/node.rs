@@ -34,7 +34,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::opencl::{BuiltProgram, Context, KernelArg, Matmul, run_kernel_in_groups};
 
@@ -179,17 +179,17 @@ impl Mode {
 fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>, node: Option<&str>) {
     let context = Context::first_device().unwrap();
     let config = match node {
-        None => DiskConfig::in_dir(dir),
-        Some(remote) => DiskConfig {
+        None => PersistenceConfig::in_dir(dir),
+        Some(remote) => PersistenceConfig {
             key: Some(OperatorKey::new(OPERATOR_KEY.to_vec()).unwrap()),
             remote: (!remote.is_empty()).then(|| RemoteConfig::at(remote)),
-            ..DiskConfig::in_dir(dir)
+            ..PersistenceConfig::in_dir(dir)
         },
     };
-    let disk = (mode == Mode::Kcache.name()).then(|| Arc::new(DiskCache::open(config).unwrap()));
+    let disk = (mode == Mode::Kcache.name()).then(|| Arc::new(Persistence::open(config).unwrap()));
     let cache = disk.as_ref().map(|disk| {
         OpenClCache::new(OpenClOptions {
-            disk: Some(Arc::clone(disk)),
+            persistence: Some(Arc::clone(disk)),
             ..OpenClOptions::default()
         })
         .unwrap()

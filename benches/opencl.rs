@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions, OpenClStats};
-use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
@@ -108,7 +108,7 @@ fn in_child(mode: Mode, iters: u64, dirs: &Dirs) -> Duration {
 /// cache), so nothing but the tier under test can answer.
 fn child(mode: Mode, iters: u64, dir: &Path, remote: &str) {
     let device = Context::first_device().unwrap().device();
-    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+    let disk = Arc::new(Persistence::open(PersistenceConfig::in_dir(dir)).unwrap());
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         let context = Context::new(device).unwrap();
@@ -127,7 +127,7 @@ fn child(mode: Mode, iters: u64, dir: &Path, remote: &str) {
             Mode::KcacheRemote => {
                 // A new node: its disk tier is empty.
                 let empty = tempfile::tempdir().unwrap();
-                let disk = Arc::new(DiskCache::open(keyed(empty.path(), remote)).unwrap());
+                let disk = Arc::new(Persistence::open(keyed(empty.path(), remote)).unwrap());
                 let (time, stats) = timed_lookup(&disk, &context);
                 total += time;
                 assert_eq!(
@@ -143,9 +143,9 @@ fn child(mode: Mode, iters: u64, dir: &Path, remote: &str) {
 }
 
 /// How long the first lookup of a new kcache on `disk` takes, and the cache's counters after.
-fn timed_lookup(disk: &Arc<DiskCache>, context: &Context) -> (Duration, OpenClStats) {
+fn timed_lookup(disk: &Arc<Persistence>, context: &Context) -> (Duration, OpenClStats) {
     let cache = OpenClCache::new(OpenClOptions {
-        disk: Some(Arc::clone(disk)),
+        persistence: Some(Arc::clone(disk)),
         ..OpenClOptions::default()
     })
     .unwrap();
@@ -166,11 +166,11 @@ struct Dirs {
 }
 
 /// A disk tier in `dir` under [`OPERATOR_KEY`], with the remote tier at `url` behind it.
-fn keyed(dir: &Path, url: &str) -> DiskConfig {
-    DiskConfig {
+fn keyed(dir: &Path, url: &str) -> PersistenceConfig {
+    PersistenceConfig {
         key: Some(OperatorKey::new(OPERATOR_KEY.to_vec()).unwrap()),
         remote: Some(RemoteConfig::at(url)),
-        ..DiskConfig::in_dir(dir)
+        ..PersistenceConfig::in_dir(dir)
     }
 }
 
@@ -180,7 +180,7 @@ fn warm_dirs() -> Dirs {
     let root = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
     // Another node's disk: the build it makes goes to the remote.
-    warm(DiskCache::open(keyed(&root.path().join("node"), &redis.url())).unwrap());
+    warm(Persistence::open(keyed(&root.path().join("node"), &redis.url())).unwrap());
     let dirs = Dirs {
         kcache: root.path().join("kcache"),
         pocl: root.path().join("pocl"),
@@ -188,17 +188,17 @@ fn warm_dirs() -> Dirs {
         _root: root,
     };
     std::fs::create_dir(&dirs.pocl).unwrap();
-    warm(DiskCache::open(DiskConfig::in_dir(&dirs.kcache)).unwrap());
+    warm(Persistence::open(PersistenceConfig::in_dir(&dirs.kcache)).unwrap());
     in_child(Mode::PoclHit, 1, &dirs);
     dirs
 }
 
 /// Builds the program through a cache on `disk`, and flushes its binary to the disk (and to
 /// the remote tier behind it, if any).
-fn warm(disk: DiskCache) {
+fn warm(disk: Persistence) {
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
-        disk: Some(Arc::new(disk)),
+        persistence: Some(Arc::new(disk)),
         ..OpenClOptions::default()
     })
     .unwrap();

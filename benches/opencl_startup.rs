@@ -30,7 +30,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions, cl_program};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{BuiltProgram, Context, KernelArg, Matmul, run_kernel_in_groups};
 use kcache_testkit::successful_stdout;
 
@@ -102,9 +102,9 @@ fn child(workload_name: &str, cache: &str) {
     let programs = workload(workload_name);
     let context = Context::first_device().unwrap();
     let cache = (cache != "plain").then(|| {
-        let disk = DiskCache::open(DiskConfig::in_dir(cache)).unwrap();
+        let disk = Persistence::open(PersistenceConfig::in_dir(cache)).unwrap();
         OpenClCache::new(OpenClOptions {
-            disk: Some(disk.into()),
+            persistence: Some(disk.into()),
             ..OpenClOptions::default()
         })
         .unwrap()

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
 use kcache_testkit::strings::{lookup, tiered};
@@ -74,7 +74,7 @@ fn peak_rss() -> String {
 fn run(name: &str, scenario: Scenario) {
     let (server, lease_wait, lookups) = scenario();
     let dir = tempfile::tempdir().unwrap();
-    let disk = DiskCache::open(DiskConfig {
+    let disk = Persistence::open(PersistenceConfig {
         key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
         durability: Durability::Relaxed,
         remote: Some(RemoteConfig {
@@ -83,7 +83,7 @@ fn run(name: &str, scenario: Scenario) {
             breaker_cooldown: Some(Duration::from_secs(3600)),
             ..RemoteConfig::at(server.url())
         }),
-        ..DiskConfig::in_dir(dir.path())
+        ..PersistenceConfig::in_dir(dir.path())
     })
     .unwrap();
     let cache = tiered(Some(Arc::new(disk)));

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use kcache::Error;
 use kcache::backend::cuda::{Context, CudaCache, CudaOptions, Driver, ModuleLease};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{PrimaryContext, SAXPY_CUDA, SAXPY_PTX, Saxpy};
 
 const L1_ROUNDS: u32 = 10_000;
@@ -97,9 +97,9 @@ fn run_jit(driver: &Driver) -> Result<(), Error> {
 }
 
 fn run_kcache(driver: &Arc<Driver>, nvrtc: bool, expect: &str) -> Result<(), Error> {
-    let disk = Arc::new(DiskCache::open(DiskConfig::from_env())?);
+    let disk = Arc::new(Persistence::open(PersistenceConfig::from_env())?);
     let cache = CudaCache::new(CudaOptions {
-        disk: Some(disk),
+        persistence: Some(disk),
         driver: Some(Arc::clone(driver)),
         ..CudaOptions::default()
     })?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, OpenClStats};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{BuiltProgram, Context, Matmul, run_kernel};
 
 const SOURCE: &str = r#"
@@ -57,9 +57,9 @@ fn main() -> ExitCode {
 }
 
 fn open_cache(dir: &Path) -> Result<OpenClCache, Error> {
-    let disk = DiskCache::open(DiskConfig::in_dir(dir))?;
+    let disk = Persistence::open(PersistenceConfig::in_dir(dir))?;
     Ok(OpenClCache::new(OpenClOptions {
-        disk: Some(Arc::new(disk)),
+        persistence: Some(Arc::new(disk)),
         ..OpenClOptions::default()
     })?)
 }

@@ -31,6 +31,7 @@ pub mod stats;
 /// cbindgen:ignore
 pub mod tiered;
 
+pub use disk::{Persistence, PersistenceConfig};
 pub use error::{BuildError, DestroyError, DeviceId, Error, Result};
 
 // The README's Rust examples run as doctests (`cargo test --doc`).

@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::disk::{
-    Claim, Descriptor, DiskBytes, DiskCache, Entry, KeyLock, Reported, Reporter, one_lookup,
+    Claim, Descriptor, DiskBytes, Entry, KeyLock, Persistence, Reported, Reporter, one_lookup,
 };
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
@@ -38,7 +38,7 @@ use crate::stats::Baseline;
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {
     memory: Arc<MemoryCache<K, V>>,
-    disk: Option<Arc<DiskCache>>,
+    disk: Option<Arc<Persistence>>,
     counters: Arc<Counters>,
     /// The counters at the last `reset_stats`.
     baseline: Baseline<TieredStats>,
@@ -68,7 +68,7 @@ pub struct TieredStats {
     /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
     pub disk_misses: u64,
     /// Of those, values loaded from the remote tier instead of built (its own counters are
-    /// [`DiskCache::remote_stats`]).
+    /// [`Persistence::remote_stats`]).
     pub remote_hits: u64,
     /// Of those, the ones where the disk tier had no entry for the key, or only a corrupt one
     /// (which it removed).
@@ -119,7 +119,7 @@ where
 {
     /// `disk: None` (no directory, untrusted, `KCACHE_DISABLE=1`) leaves a memory-only cache
     /// with the same interface.
-    pub fn new(memory: Arc<MemoryCache<K, V>>, disk: Option<Arc<DiskCache>>) -> Self {
+    pub fn new(memory: Arc<MemoryCache<K, V>>, disk: Option<Arc<Persistence>>) -> Self {
         TieredCache {
             memory,
             disk,
@@ -142,7 +142,7 @@ where
         &self.memory
     }
 
-    pub fn disk(&self) -> Option<&Arc<DiskCache>> {
+    pub fn disk(&self) -> Option<&Arc<Persistence>> {
         self.disk.as_ref()
     }
 
@@ -242,7 +242,7 @@ where
 
 impl<K, V> TieredCache<K, V> {
     /// Tells the disk tier what the memory tier did since the last report.
-    fn report(&self, disk: &DiskCache) {
+    fn report(&self, disk: &Persistence) {
         let memory = self.memory.raw_stats();
         self.reported.report(
             disk,
@@ -270,7 +270,7 @@ impl<K, V> Drop for TieredCache<K, V> {
 /// caller pairs a memory tier with a disk tier on each lookup, lends those.
 pub(crate) struct Tiers<'a, K, V> {
     pub memory: &'a MemoryCache<K, V>,
-    pub disk: Option<&'a DiskCache>,
+    pub disk: Option<&'a Persistence>,
     pub counters: &'a Arc<Counters>,
 }
 
@@ -420,7 +420,7 @@ where
     /// transient.
     fn load_from_remote(
         &self,
-        disk: &DiskCache,
+        disk: &Persistence,
         l2_key: &Key,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
     ) -> Option<Built<V>> {
@@ -432,7 +432,7 @@ where
     /// which `lock` is released. A refused one gives `lock` back, for the build.
     fn load_remote_entry(
         &self,
-        disk: &DiskCache,
+        disk: &Persistence,
         l2_key: &Key,
         entry: Entry,
         lock: Option<KeyLock>,
@@ -452,7 +452,7 @@ where
     /// accepts; `load`'s error when it is transient (`BuildError::transient`): the entry stays.
     fn load_from_disk(
         &self,
-        disk: &DiskCache,
+        disk: &Persistence,
         l2_key: &Key,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
     ) -> Option<Built<V>> {
@@ -476,7 +476,7 @@ where
     /// remote's is replaced when the rebuild is written).
     fn load_stored(
         &self,
-        disk: &DiskCache,
+        disk: &Persistence,
         l2_key: &Key,
         payload: &[u8],
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,

@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::log::{self, Level};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::free_port;
@@ -28,14 +28,14 @@ fn finishes(scenario: impl FnOnce() + Send + 'static) -> bool {
 /// A tiered cache whose remote tier refuses every connection: each background write's remote
 /// part fails and logs (at debug) on the writer thread.
 fn cache_with_a_failing_remote(dir: &std::path::Path) -> Arc<Cache> {
-    let disk = DiskCache::open(DiskConfig {
+    let disk = Persistence::open(PersistenceConfig {
         key: Some(OperatorKey::new(vec![3; 32]).unwrap()),
         durability: Durability::Relaxed,
         remote: Some(RemoteConfig {
             breaker_threshold: Some(1_000),
             ..RemoteConfig::at(format!("redis://127.0.0.1:{}/", free_port()))
         }),
-        ..DiskConfig::in_dir(dir)
+        ..PersistenceConfig::in_dir(dir)
     })
     .unwrap();
     Arc::new(tiered(Some(Arc::new(disk))))

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kcache::disk::config::LONGEST_WAIT;
-use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::disk::{Durability, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{disk_with_lock_timeout, disk_with_remote, lookup, tiered};
@@ -32,9 +32,9 @@ fn child_role() {
     let Some(dir) = std::env::var_os("KCACHE_TEST_DIR") else {
         return;
     };
-    let mut config = DiskConfig::from_env();
+    let mut config = PersistenceConfig::from_env();
     config.durability = Durability::Relaxed;
-    let disk = Arc::new(DiskCache::open(config).unwrap());
+    let disk = Arc::new(Persistence::open(config).unwrap());
     assert_eq!(disk.path(), Path::new(&dir));
     let timeout = disk.lock_timeout();
     let builds = AtomicUsize::new(0);

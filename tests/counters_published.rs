@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{disk, lookup, tiered};
 use kcache_testkit::workers::Worker;
@@ -43,7 +43,7 @@ fn a_running_process_publishes_its_counters_without_a_flush() {
     command.env(DIR_ENV, &dir);
     let mut worker = Worker::spawn(command, tmp.path());
     worker.wait_for("looked up");
-    let reader = DiskCache::open(DiskConfig::in_dir(&dir)).unwrap();
+    let reader = Persistence::open(PersistenceConfig::in_dir(&dir)).unwrap();
     // A watchdog, not a speed claim: the figures are due within seconds.
     let deadline = Instant::now() + Duration::from_secs(60);
     let counters = loop {

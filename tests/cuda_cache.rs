@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use kcache::disk::{Descriptor, DiskCache, DiskConfig, DiskStats};
+use kcache::disk::{Descriptor, DiskStats, Persistence, PersistenceConfig};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, Handle};
 use kcache_testkit::{assert_err, rerun_test, successful_stdout};
@@ -25,13 +25,13 @@ fn ctx(raw: CUcontext) -> Option<Context> {
     unsafe { Context::from_raw(raw) }
 }
 
-fn disk(dir: &TempDir) -> Arc<DiskCache> {
-    Arc::new(DiskCache::open(DiskConfig::in_dir(dir.path().join("l2"))).unwrap())
+fn disk(dir: &TempDir) -> Arc<Persistence> {
+    Arc::new(Persistence::open(PersistenceConfig::in_dir(dir.path().join("l2"))).unwrap())
 }
 
-fn cache(fake: &FakeDriver, disk: Option<Arc<DiskCache>>) -> CudaCache {
+fn cache(fake: &FakeDriver, disk: Option<Arc<Persistence>>) -> CudaCache {
     CudaCache::new(CudaOptions {
-        disk,
+        persistence: disk,
         driver: Some(fake.driver()),
         ..CudaOptions::default()
     })
@@ -160,9 +160,9 @@ fn warm_start_child() {
     let fake_path = std::env::var_os("KCACHE_CUDA_LIBRARY").unwrap();
     // SAFETY: the fake driver library named by the parent.
     let fake = unsafe { libloading::Library::new(&fake_path) }.unwrap();
-    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+    let disk = Arc::new(Persistence::open(PersistenceConfig::in_dir(dir)).unwrap());
     let cache = CudaCache::new(CudaOptions {
-        disk: Some(disk),
+        persistence: Some(disk),
         ..CudaOptions::default()
     })
     .unwrap();

@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc, PrimaryContext, SAXPY_CUDA, SAXPY_PTX};
 
 const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
@@ -27,9 +27,9 @@ fn ctx(raw: CUcontext) -> Option<Context> {
 }
 
 fn cache(fake: &FakeDriver, dir: &TempDir) -> CudaCache {
-    let disk = DiskCache::open(DiskConfig::in_dir(dir.path().join("l2"))).unwrap();
+    let disk = Persistence::open(PersistenceConfig::in_dir(dir.path().join("l2"))).unwrap();
     CudaCache::new(CudaOptions {
-        disk: Some(Arc::new(disk)),
+        persistence: Some(Arc::new(disk)),
         driver: Some(fake.driver()),
         ..CudaOptions::default()
     })

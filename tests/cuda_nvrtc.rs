@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption, Nvrtc};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::assert_err;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
 
@@ -26,7 +26,8 @@ fn ctx(raw: CUcontext) -> Option<Context> {
 
 fn cache(driver: &FakeDriver, nvrtc: Arc<Nvrtc>, disk: Option<&Path>) -> CudaCache {
     CudaCache::new(CudaOptions {
-        disk: disk.map(|d| Arc::new(DiskCache::open(DiskConfig::in_dir(d)).unwrap())),
+        persistence: disk
+            .map(|d| Arc::new(Persistence::open(PersistenceConfig::in_dir(d)).unwrap())),
         driver: Some(driver.driver()),
         nvrtc: Some(nvrtc),
         ..CudaOptions::default()

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
 
 fn key(name: &str) -> Key {
@@ -22,15 +22,15 @@ fn cache_dir() -> (tempfile::TempDir, PathBuf) {
     (tmp, dir)
 }
 
-fn config(dir: &Path) -> DiskConfig {
-    let mut config = DiskConfig::in_dir(dir);
+fn config(dir: &Path) -> PersistenceConfig {
+    let mut config = PersistenceConfig::in_dir(dir);
     config.durability = Durability::Relaxed;
     config
 }
 
 /// A disk tier in `dir` capped at `max_size` bytes.
-fn open_capped(dir: &Path, max_size: u64) -> DiskCache {
-    DiskCache::open(DiskConfig {
+fn open_capped(dir: &Path, max_size: u64) -> Persistence {
+    Persistence::open(PersistenceConfig {
         max_size: Some(max_size),
         ..config(dir)
     })
@@ -49,8 +49,8 @@ fn on_threads(threads: usize, work: impl Fn(usize) + Sync) {
 
 /// An uncapped disk tier in `dir` holding entries "0", "1", … of `ENTRY` bytes each (1000 on
 /// disk).
-fn filled(dir: &Path, count: usize) -> DiskCache {
-    let disk = DiskCache::open(config(dir)).unwrap();
+fn filled(dir: &Path, count: usize) -> Persistence {
+    let disk = Persistence::open(config(dir)).unwrap();
     for i in 0..count {
         disk.put(&key(&i.to_string()), &[0u8; ENTRY], Duration::ZERO)
             .unwrap();
@@ -94,11 +94,11 @@ fn total_stays_under_the_cap_plus_one_entry() {
 #[test]
 fn least_recently_read_entry_goes_first() {
     let (_tmp, dir) = cache_dir();
-    let capped = || DiskConfig {
+    let capped = || PersistenceConfig {
         max_size: Some(4_500),
         ..config(&dir)
     };
-    let disk = DiskCache::open(capped()).unwrap();
+    let disk = Persistence::open(capped()).unwrap();
     disk.usage();
     for name in ["a", "b", "c", "d"] {
         disk.put(&key(name), &[1u8; ENTRY], Duration::ZERO).unwrap();
@@ -112,7 +112,7 @@ fn least_recently_read_entry_goes_first() {
     }
     assert!(disk.get(&key("a")).unwrap().is_some());
     disk.put(&key("e"), &[1u8; ENTRY], Duration::ZERO).unwrap();
-    let present = |d: &DiskCache, n: &str| d.entry_path(&key(n)).exists();
+    let present = |d: &Persistence, n: &str| d.entry_path(&key(n)).exists();
     assert!(present(&disk, "a"), "the entry read last was evicted");
     assert!(!present(&disk, "b"));
     assert!(present(&disk, "c") && present(&disk, "d") && present(&disk, "e"));
@@ -120,7 +120,7 @@ fn least_recently_read_entry_goes_first() {
 
     // Another process (here: a second handle with its own index) reads "c"; this handle's
     // index still thinks "c" is old, but eviction rechecks the file and keeps it.
-    let other = DiskCache::open(capped()).unwrap();
+    let other = Persistence::open(capped()).unwrap();
     assert!(other.get(&key("c")).unwrap().is_some());
     disk.put(&key("f"), &[1u8; ENTRY], Duration::ZERO).unwrap();
     assert!(
@@ -141,10 +141,10 @@ fn opening_over_the_cap_trims_in_the_background() {
     assert_eq!(small.stats().evictions, 7);
 }
 
-fn keyed(dir: &Path, k: &[u8]) -> DiskCache {
+fn keyed(dir: &Path, k: &[u8]) -> Persistence {
     let mut c = config(dir);
     c.key = Some(OperatorKey::new(k.to_vec()).unwrap());
-    DiskCache::open(c).unwrap()
+    Persistence::open(c).unwrap()
 }
 
 #[test]
@@ -185,11 +185,11 @@ fn gc_removes_old_schemas_corrupt_entries_and_old_temp_files_only() {
     let (_tmp, dir) = cache_dir();
     let mut c = config(&dir);
     c.key_schema = KEY_SCHEMA_VERSION + 1000;
-    let other_schema = DiskCache::open(c).unwrap();
+    let other_schema = Persistence::open(c).unwrap();
     other_schema.put(&key("s1"), b"x", Duration::ZERO).unwrap();
     other_schema.put(&key("s2"), b"x", Duration::ZERO).unwrap();
 
-    let disk = DiskCache::open(config(&dir)).unwrap();
+    let disk = Persistence::open(config(&dir)).unwrap();
     disk.put(&key("good"), b"good", Duration::ZERO).unwrap();
     disk.put(&key("bad"), b"bad!", Duration::ZERO).unwrap();
     let bad = disk.entry_path(&key("bad"));
@@ -328,7 +328,7 @@ fn the_index_matches_the_directory_after_concurrent_puts_gets_and_removes() {
 #[test]
 fn gc_removes_directories_at_entry_names_and_reports_one_too_deep() {
     let (_tmp, dir) = cache_dir();
-    let disk = DiskCache::open(config(&dir)).unwrap();
+    let disk = Persistence::open(config(&dir)).unwrap();
     let empty = disk.entry_path(&key("empty dir"));
     let full = disk.entry_path(&key("full dir"));
     let deep = disk.entry_path(&key("deep dir"));
@@ -360,7 +360,7 @@ fn gc_removes_directories_at_entry_names_and_reports_one_too_deep() {
 fn stats_say_when_the_opening_scan_has_finished() {
     let (_tmp, dir) = cache_dir();
     let _first = filled(&dir, 5);
-    let disk = DiskCache::open(config(&dir)).unwrap();
+    let disk = Persistence::open(config(&dir)).unwrap();
     disk.wait_scan();
     let s = disk.stats();
     assert!(s.scan_complete);
@@ -373,7 +373,7 @@ fn stats_say_when_the_opening_scan_has_finished() {
 fn the_file_count_cap_keeps_at_most_that_many_entries() {
     let (_tmp, dir) = cache_dir();
     let capped = || {
-        let disk = DiskCache::open(DiskConfig {
+        let disk = Persistence::open(PersistenceConfig {
             max_files: Some(3),
             ..config(&dir)
         })
@@ -409,7 +409,7 @@ fn the_file_count_cap_keeps_at_most_that_many_entries() {
     assert_eq!(second.usage().entries, 3);
     assert_eq!(second.stats().evictions, 2);
     // `Some(0)` is no limit.
-    let unlimited = DiskCache::open(DiskConfig {
+    let unlimited = Persistence::open(PersistenceConfig {
         max_files: Some(0),
         ..config(&dir)
     })

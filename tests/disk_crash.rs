@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kcache::Error;
-use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::disk::{Durability, Persistence, PersistenceConfig};
 use kcache::key::{Key, KeyBuilder};
 
 const KEYS: u64 = 8;
@@ -57,10 +57,10 @@ impl Rng {
     }
 }
 
-fn open(dir: &Path, durability: Durability) -> DiskCache {
-    let mut config = DiskConfig::in_dir(dir);
+fn open(dir: &Path, durability: Durability) -> Persistence {
+    let mut config = PersistenceConfig::in_dir(dir);
     config.durability = durability;
-    DiskCache::open(config).unwrap()
+    Persistence::open(config).unwrap()
 }
 
 fn child_command(role: &str, dir: &Path) -> Command {

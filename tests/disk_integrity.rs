@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION, Header};
-use kcache::disk::{Descriptor, DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Descriptor, Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
 use kcache_testkit::assert_err;
 
@@ -18,15 +18,15 @@ fn key(name: &str) -> Key {
         .unwrap()
 }
 
-fn open(dir: &Path, operator: Option<&[u8]>) -> DiskCache {
-    let mut config = DiskConfig::in_dir(dir.join("cache"));
+fn open(dir: &Path, operator: Option<&[u8]>) -> Persistence {
+    let mut config = PersistenceConfig::in_dir(dir.join("cache"));
     config.key = operator.map(|k| OperatorKey::new(k.to_vec()).unwrap());
     config.durability = Durability::Relaxed;
-    DiskCache::open(config).unwrap()
+    Persistence::open(config).unwrap()
 }
 
 /// [`open`] in a new temporary directory, which lasts as long as the first value.
-fn open_temp(operator: Option<&[u8]>) -> (tempfile::TempDir, DiskCache) {
+fn open_temp(operator: Option<&[u8]>) -> (tempfile::TempDir, Persistence) {
     let tmp = tempfile::tempdir().unwrap();
     let disk = open(tmp.path(), operator);
     (tmp, disk)
@@ -253,9 +253,9 @@ fn fifo_under_an_entry_name_does_not_block() {
 #[test]
 fn oversized_entry_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut config = DiskConfig::in_dir(tmp.path().join("cache"));
+    let mut config = PersistenceConfig::in_dir(tmp.path().join("cache"));
     config.max_size = Some(1024);
-    let disk = DiskCache::open(config).unwrap();
+    let disk = Persistence::open(config).unwrap();
     let k = key("big");
     assert_err!(
         disk.put(&k, &[0u8; 1024], Duration::ZERO),
@@ -309,10 +309,10 @@ fn file_layout_matches_the_documented_format() {
 #[test]
 fn sparse_entry_larger_than_memory_is_a_miss_and_is_removed() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut config = DiskConfig::in_dir(tmp.path().join("cache"));
+    let mut config = PersistenceConfig::in_dir(tmp.path().join("cache"));
     config.max_size = Some(1 << 40);
     config.durability = Durability::Relaxed;
-    let disk = DiskCache::open(config).unwrap();
+    let disk = Persistence::open(config).unwrap();
     let k = key("sparse");
     let path = disk.entry_path(&k);
     let plant = || {

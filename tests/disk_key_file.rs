@@ -110,7 +110,7 @@ fn the_key_is_wiped_on_drop() {
 mod tls {
     use std::time::Duration;
 
-    use kcache::disk::{DiskCache, DiskConfig};
+    use kcache::disk::{Persistence, PersistenceConfig};
     use kcache::remote::RemoteConfig;
 
     use super::*;
@@ -121,13 +121,13 @@ mod tls {
         let (done, result) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let dir = tempfile::tempdir().unwrap();
-            let disk = DiskCache::open(DiskConfig {
+            let disk = Persistence::open(PersistenceConfig {
                 key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
                 remote: Some(RemoteConfig {
                     url: Some("rediss://127.0.0.1:1/".into()),
                     ..tls
                 }),
-                ..DiskConfig::in_dir(dir.path())
+                ..PersistenceConfig::in_dir(dir.path())
             })
             .unwrap();
             done.send(disk.remote_stats().is_some()).unwrap();

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::BuildError;
-use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::disk::{Durability, Persistence, PersistenceConfig};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{Cache, find_or_build, serialize, tiered};
 use kcache_testkit::workers::{Worker, flock_takers, sleeps};
@@ -48,13 +48,13 @@ fn lock_worker() {
     let var = |name| std::env::var(name).unwrap();
     let dir = PathBuf::from(var(DIR_ENV));
     // From the environment for the liveness window (KCACHE_LOCK_LIVENESS), the rest explicit.
-    let config = DiskConfig {
+    let config = PersistenceConfig {
         dir: Some(dir),
         lock_timeout: Some(Duration::from_secs_f64(var(TIMEOUT_ENV).parse().unwrap())),
         durability: Durability::Relaxed,
-        ..DiskConfig::from_env()
+        ..PersistenceConfig::from_env()
     };
-    let disk = Arc::new(DiskCache::open(config).unwrap());
+    let disk = Arc::new(Persistence::open(config).unwrap());
     let cache = tiered(Some(Arc::clone(&disk)));
     let keys = var(KEYS_ENV);
     let (first, end) = keys.split_once("..").unwrap();
@@ -136,7 +136,7 @@ fn wait_for_release(release: &str) {
     }
 }
 
-fn report(cache: &Cache, disk: &DiskCache, elapsed: Duration) {
+fn report(cache: &Cache, disk: &Persistence, elapsed: Duration) {
     let (t, d) = (cache.stats(), disk.stats());
     println!(
         "builds={} loads={} waits={} timeouts={} takeovers={} elapsed_ms={}",

@@ -8,11 +8,11 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use kcache::Error;
-use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::KeyBuilder;
 
-fn open(dir: &Path) -> kcache::Result<DiskCache> {
-    DiskCache::open(DiskConfig::in_dir(dir))
+fn open(dir: &Path) -> kcache::Result<Persistence> {
+    Persistence::open(PersistenceConfig::in_dir(dir))
 }
 
 fn chmod(path: &Path, mode: u32) {
@@ -128,26 +128,26 @@ fn child_role() {
             }
         }
         "disabled" => {
-            let r = DiskCache::open(DiskConfig::from_env());
+            let r = Persistence::open(PersistenceConfig::from_env());
             assert!(matches!(r, Err(Error::Unavailable(_))), "{:?}", r.err());
         }
         "print-dir" => {
-            let disk = DiskCache::open(DiskConfig::from_env()).unwrap();
+            let disk = Persistence::open(PersistenceConfig::from_env()).unwrap();
             println!("DIR={}", disk.path().display());
             println!("MAX={}", disk.max_size());
             println!("FP={:?}", disk.fingerprint());
         }
         "no-dir" => {
-            let r = DiskCache::open(DiskConfig::from_env());
+            let r = Persistence::open(PersistenceConfig::from_env());
             assert!(matches!(r, Err(Error::Unavailable(_))), "{:?}", r.err());
         }
         "bad-key-file" => {
-            let r = DiskCache::open(DiskConfig::from_env());
+            let r = Persistence::open(PersistenceConfig::from_env());
             assert!(matches!(r, Err(Error::Untrusted(_))), "{:?}", r.err());
         }
         "open-three-times" => {
             for _ in 0..3 {
-                match DiskCache::open(DiskConfig::from_env()) {
+                match Persistence::open(PersistenceConfig::from_env()) {
                     Ok(disk) => println!("OPEN=ok {}", disk.path().display()),
                     Err(e) => println!("OPEN={e:?}"),
                 }
@@ -422,19 +422,19 @@ fn required_key_from_the_environment() {
 fn required_key_in_the_configuration() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("cache");
-    let config = DiskConfig {
+    let config = PersistenceConfig {
         require_key: true,
-        ..DiskConfig::in_dir(&dir)
+        ..PersistenceConfig::in_dir(&dir)
     };
-    match DiskCache::open(config) {
+    match Persistence::open(config) {
         Err(Error::Untrusted(m)) => assert!(m.contains("operator key is required"), "{m}"),
         other => panic!("{:?}", other.err()),
     }
     assert!(!dir.exists());
-    let config = DiskConfig {
+    let config = PersistenceConfig {
         require_key: true,
         key: Some(OperatorKey::new([7u8; 16]).unwrap()),
-        ..DiskConfig::in_dir(&dir)
+        ..PersistenceConfig::in_dir(&dir)
     };
-    assert_ne!(DiskCache::open(config).unwrap().fingerprint(), [0; 8]);
+    assert_ne!(Persistence::open(config).unwrap().fingerprint(), [0; 8]);
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::log::{self, Level};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{
@@ -22,7 +22,7 @@ use kcache_testkit::strings::{
 type Messages = Arc<Mutex<Vec<(Level, String)>>>;
 
 /// A tiered cache with an empty memory tier in front of `disk`.
-fn tiered(disk: &Arc<DiskCache>) -> Cache {
+fn tiered(disk: &Arc<Persistence>) -> Cache {
     strings::tiered(Some(disk.clone()))
 }
 
@@ -41,11 +41,11 @@ fn lookup(cache: &Cache, source: &str) -> String {
     value
 }
 
-fn entry_path(disk: &DiskCache, source: &str) -> PathBuf {
+fn entry_path(disk: &Persistence, source: &str) -> PathBuf {
     disk.entry_path(&l2_key(source))
 }
 
-fn entry_name(disk: &DiskCache, source: &str) -> String {
+fn entry_name(disk: &Persistence, source: &str) -> String {
     let path = entry_path(disk, source);
     path.file_name().unwrap().to_str().unwrap().to_owned()
 }
@@ -82,7 +82,7 @@ fn rejected(name: &str, reason: &str) -> (Level, String) {
 }
 
 /// Holds the lock file of `source`'s entry as another process building it would.
-fn hold_lock(disk: &DiskCache, source: &str) -> File {
+fn hold_lock(disk: &Persistence, source: &str) -> File {
     let entry = entry_path(disk, source);
     let name = format!(".{}.lock", entry.file_name().unwrap().to_str().unwrap());
     let file = OpenOptions::new()
@@ -257,7 +257,7 @@ fn each_miss_says_where_and_why() {
     let shared = tmp.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
-    assert!(DiskCache::open(DiskConfig::in_dir(&shared)).is_err());
+    assert!(Persistence::open(PersistenceConfig::in_dir(&shared)).is_err());
     let logged = take(&messages);
     assert_eq!(logged.len(), 2, "{logged:?}");
     assert_eq!(logged[0].0, Level::Warn);
@@ -275,7 +275,7 @@ fn each_miss_says_where_and_why() {
         "{logged:?}"
     );
     // The warning once per process; the reason each time.
-    assert!(DiskCache::open(DiskConfig::in_dir(&shared)).is_err());
+    assert!(Persistence::open(PersistenceConfig::in_dir(&shared)).is_err());
     let logged = take(&messages);
     assert_eq!(logged.len(), 1, "{logged:?}");
     assert!(logged[0].1.starts_with("disk tier off: untrusted: "));

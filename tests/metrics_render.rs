@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use kcache::backend::cuda::{CudaCache, CudaOptions};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::memory::{MemoryCache, Options};
 use kcache::metrics;
 use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
@@ -39,11 +39,11 @@ fn builds(p: &Parsed, backend: &str, result: &str) -> f64 {
 }
 
 /// An OpenCL cache on the disk tier in `dir`, and that disk tier.
-fn opencl_cache(dir: &Path) -> (OpenClCache, Arc<DiskCache>) {
-    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+fn opencl_cache(dir: &Path) -> (OpenClCache, Arc<Persistence>) {
+    let disk = Arc::new(Persistence::open(PersistenceConfig::in_dir(dir)).unwrap());
     disk.wait_scan();
     let cache = OpenClCache::new(OpenClOptions {
-        disk: Some(Arc::clone(&disk)),
+        persistence: Some(Arc::clone(&disk)),
         ..OpenClOptions::default()
     })
     .unwrap();

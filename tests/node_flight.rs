@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use kcache::Error;
 use kcache::backend::cuda::{CudaCache, CudaOptions};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache::disk::{DiskStats, Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{FakeDriver, PrimaryContext, Saxpy};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel_in_groups};
 use kcache_testkit::rerun_test;
@@ -33,7 +33,7 @@ const WORKER_ENV: &str = "KCACHE_NODE_WORKER";
 const DIR_ENV: &str = "KCACHE_NODE_DIR";
 /// `ok`, `heavy` (slow to compile) or `broken` (a syntax error).
 const VARIANT_ENV: &str = "KCACHE_NODE_VARIANT";
-/// The lock timeout in seconds, or `env` to open the cache with `DiskConfig::from_env`.
+/// The lock timeout in seconds, or `env` to open the cache with `PersistenceConfig::from_env`.
 const TIMEOUT_ENV: &str = "KCACHE_NODE_TIMEOUT";
 /// A file to wait for before the lookup, so that several workers look up at the same moment.
 const GO_ENV: &str = "KCACHE_NODE_GO";
@@ -89,19 +89,19 @@ fn node_worker() {
     let var = |name| std::env::var(name).unwrap();
     let dir = PathBuf::from(var(DIR_ENV));
     let config = match var(TIMEOUT_ENV).as_str() {
-        "env" => DiskConfig::from_env(),
+        "env" => PersistenceConfig::from_env(),
         seconds => {
             let timeout = Duration::from_secs_f64(seconds.parse().unwrap());
             // The tests stop a leader (SIGSTOP) only to catch it holding the lock: a liveness
             // window as long as the lock timeout keeps its followers from taking it over.
-            DiskConfig {
+            PersistenceConfig {
                 lock_timeout: Some(timeout),
                 lock_liveness: Some(timeout),
-                ..DiskConfig::in_dir(&dir)
+                ..PersistenceConfig::in_dir(&dir)
             }
         }
     };
-    let (disk, disk_state) = match DiskCache::open(config) {
+    let (disk, disk_state) = match Persistence::open(config) {
         Ok(disk) => (Some(Arc::new(disk)), "on"),
         Err(Error::Unavailable(_)) => (None, "unavailable"),
         Err(Error::Untrusted(_)) => (None, "untrusted"),
@@ -152,14 +152,14 @@ fn report(
 }
 
 fn opencl_lookup(
-    disk: Option<Arc<DiskCache>>,
+    disk: Option<Arc<Persistence>>,
     variant: &str,
     go: Option<&Path>,
     hold: Option<&Path>,
 ) -> String {
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
-        disk: disk.clone(),
+        persistence: disk.clone(),
         ..OpenClOptions::default()
     })
     .unwrap();
@@ -210,12 +210,12 @@ fn opencl_lookup(
     format!("{line} metric_builds={metric_builds} directory_builds={directory_builds}")
 }
 
-fn cuda_lookup(disk: Option<Arc<DiskCache>>, go: Option<&Path>) -> String {
+fn cuda_lookup(disk: Option<Arc<Persistence>>, go: Option<&Path>) -> String {
     let fake = FakeDriver::new();
     let driver = fake.driver();
     let _context = PrimaryContext::bind(&driver, driver.device(0).unwrap()).unwrap();
     let cache = CudaCache::new(CudaOptions {
-        disk,
+        persistence: disk,
         driver: Some(driver),
         ..CudaOptions::default()
     })

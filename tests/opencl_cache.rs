@@ -11,7 +11,7 @@ use kcache::Error;
 use kcache::backend::opencl::{
     CL_BUILD_PROGRAM_FAILURE, OpenClCache, OpenClStats, Program, ProgramLease, program_disk_key,
 };
-use kcache::disk::{DiskCache, DiskConfig, DiskStats};
+use kcache::disk::{DiskStats, Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, reference_count, run_kernel};
 use tempfile::TempDir;
 
@@ -332,7 +332,7 @@ fn a_tampered_binary_shows_in_the_disk_tier_counters() {
         let s = stats(&cold);
         assert_eq!((s.disk.puts, s.disk.integrity_rejects), (1, 0));
     }
-    let disk = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+    let disk = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
     let key = program_disk_key(context.device(), &[&source], "").unwrap();
     let path = disk.entry_path(&key);
     let mut bytes = std::fs::read(&path).unwrap();

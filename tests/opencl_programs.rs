@@ -6,7 +6,7 @@ use kcache::Error;
 use kcache::backend::opencl::{
     CL_BUILD_PROGRAM_FAILURE, OpenClCache, Program, context_devices, program_disk_key,
 };
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, reference_count, release_program, run_kernel};
 
 mod opencl_common;
@@ -106,7 +106,7 @@ fn a_device_list_and_all_devices_of_the_context_build_per_device_with_binaries_o
 
     // The device's binary is on disk under that device's identity, and a fresh cache (a new
     // process) loads it for the device list.
-    let disk = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+    let disk = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
     let key = program_disk_key(context.device(), &[&source], "").unwrap();
     assert!(disk.get(&key).unwrap().is_some());
     let fresh = cache_with_disk(dir.path());

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use kcache::disk::{DiskCache, DiskConfig, Durability};
+use kcache::disk::{Durability, Persistence, PersistenceConfig};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{l2_key, lookup, tiered};
 
@@ -17,11 +17,11 @@ fn source(i: usize) -> String {
     format!("exit-{i}")
 }
 
-fn open(dir: &Path) -> DiskCache {
-    DiskCache::open(DiskConfig {
+fn open(dir: &Path) -> Persistence {
+    Persistence::open(PersistenceConfig {
         // Each write syncs its file and the directory: the writer falls behind the builds.
         durability: Durability::Sync,
-        ..DiskConfig::in_dir(dir)
+        ..PersistenceConfig::in_dir(dir)
     })
     .unwrap()
 }

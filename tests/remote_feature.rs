@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::log::{self, Level};
 use kcache::remote::RemoteConfig;
 
@@ -20,10 +20,10 @@ fn a_configured_remote_is_opened_or_warned_about() {
     });
     let dir = tempfile::tempdir().unwrap();
     // Opening connects to nothing (connections are made on first use): no server is needed.
-    let disk = DiskCache::open(DiskConfig {
+    let disk = Persistence::open(PersistenceConfig {
         key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
         remote: Some(RemoteConfig::at("redis://:hunter2@127.0.0.1:1/")),
-        ..DiskConfig::in_dir(dir.path())
+        ..PersistenceConfig::in_dir(dir.path())
     })
     .unwrap();
     log::reset_hook();

@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
 use kcache_testkit::prometheus;
 use kcache_testkit::redis::RedisServer;
@@ -38,10 +38,10 @@ fn remote_worker() {
     if std::env::var_os(WORKER_ENV).is_none() {
         return;
     }
-    let disk = Arc::new(DiskCache::open(DiskConfig::from_env()).unwrap());
+    let disk = Arc::new(Persistence::open(PersistenceConfig::from_env()).unwrap());
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
-        disk: Some(disk.clone()),
+        persistence: Some(disk.clone()),
         ..OpenClOptions::default()
     })
     .unwrap();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
 use kcache_testkit::strings::{Cache, lookup, tiered};
@@ -17,7 +17,7 @@ use tempfile::TempDir;
 /// lookup, one per write).
 fn node(seed: &FakeRedis) -> (TempDir, Cache) {
     let dir = tempfile::tempdir().unwrap();
-    let disk = DiskCache::open(DiskConfig {
+    let disk = Persistence::open(PersistenceConfig {
         key: Some(OperatorKey::new(vec![7; 32]).unwrap()),
         durability: Durability::Relaxed,
         remote: Some(RemoteConfig {
@@ -26,7 +26,7 @@ fn node(seed: &FakeRedis) -> (TempDir, Cache) {
             lease_wait: Some(Duration::ZERO),
             ..RemoteConfig::at(seed.url())
         }),
-        ..DiskConfig::in_dir(dir.path())
+        ..PersistenceConfig::in_dir(dir.path())
     })
     .unwrap();
     (dir, tiered(Some(Arc::new(disk))))

@@ -16,7 +16,7 @@ use std::time::Duration;
 use kcache::backend::vulkan::{
     HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
 };
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::vulkan::TestGpu;
@@ -30,7 +30,7 @@ const KEY: [u8; 32] = [7; 32];
 /// Vulkan cache on them, as a new process on another machine would have.
 struct Node {
     gpu: Arc<TestGpu>,
-    disk: Arc<DiskCache>,
+    disk: Arc<Persistence>,
     cache: VulkanCache,
     device: VulkanDevice,
     _dir: TempDir,
@@ -40,7 +40,7 @@ impl Node {
     fn new(server: &RedisServer, read_only: bool) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let disk = Arc::new(
-            DiskCache::open(DiskConfig {
+            Persistence::open(PersistenceConfig {
                 key: Some(OperatorKey::new(KEY.to_vec()).unwrap()),
                 durability: Durability::Relaxed,
                 remote: Some(RemoteConfig {
@@ -48,7 +48,7 @@ impl Node {
                     timeout: Some(Duration::from_secs(2)),
                     ..RemoteConfig::at(server.url())
                 }),
-                ..DiskConfig::in_dir(dir.path())
+                ..PersistenceConfig::in_dir(dir.path())
             })
             .unwrap(),
         );
@@ -94,10 +94,10 @@ impl Node {
 }
 
 /// A new device registered with a new cache on `disk`.
-fn registered(disk: &Arc<DiskCache>) -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
+fn registered(disk: &Arc<Persistence>) -> (Arc<TestGpu>, VulkanCache, VulkanDevice) {
     let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
     let cache = VulkanCache::new(VulkanOptions {
-        disk: Some(disk.clone()),
+        persistence: Some(disk.clone()),
         vulkan: Some(vulkan()),
         ..VulkanOptions::default()
     })
@@ -301,7 +301,7 @@ fn processes_configured_by_the_environment_share_the_data() {
 /// One process: a disk tier from the environment alone, a device built on and dropped (which
 /// writes back); prints its counters.
 fn child() {
-    let disk = Arc::new(DiskCache::open(DiskConfig::from_env()).unwrap());
+    let disk = Arc::new(Persistence::open(PersistenceConfig::from_env()).unwrap());
     let (gpu, cache, device) = registered(&disk);
     let loaded = cache.stats().cache_data_loaded;
     let lease = cache.find_or_build(&device, &spec(7)).unwrap();

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kcache::Error;
-use kcache::disk::{DEFAULT_MAX_SIZE, DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{DEFAULT_MAX_SIZE, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 
 const NOBODY: &str = "65534";
@@ -53,7 +53,7 @@ fn child_role() {
     let explicit = PathBuf::from(std::env::var_os("TEST_EXPLICIT").unwrap());
     match role.as_str() {
         "configured-by-the-environment" => {
-            match DiskCache::open(DiskConfig::from_env()) {
+            match Persistence::open(PersistenceConfig::from_env()) {
                 Err(Error::Unavailable(m)) => assert_eq!(
                     m,
                     "secure-execution process: the disk tier needs an explicit directory"
@@ -63,9 +63,9 @@ fn child_role() {
             // The program's own directory is used, with none of the environment's settings
             // but KCACHE_REQUIRE_KEY=1, which can only take the tier away: no key file, so
             // without a key of the program's the tier is refused...
-            let unkeyed = DiskCache::open(DiskConfig {
+            let unkeyed = Persistence::open(PersistenceConfig {
                 dir: Some(explicit.clone()),
-                ..DiskConfig::from_env()
+                ..PersistenceConfig::from_env()
             });
             match unkeyed {
                 Err(Error::Untrusted(m)) => assert!(m.contains("key is required"), "{m}"),
@@ -73,16 +73,16 @@ fn child_role() {
             }
             // ...and with one it is used, keyed by the program's key and with the default cap.
             let own_key = || Some(OperatorKey::new(vec![5; 32]).unwrap());
-            let disk = DiskCache::open(DiskConfig {
+            let disk = Persistence::open(PersistenceConfig {
                 dir: Some(explicit.clone()),
                 key: own_key(),
-                ..DiskConfig::from_env()
+                ..PersistenceConfig::from_env()
             })
             .unwrap();
             let reference = tempfile::tempdir().unwrap();
-            let expected = DiskCache::open(DiskConfig {
+            let expected = Persistence::open(PersistenceConfig {
                 key: own_key(),
-                ..DiskConfig::in_dir(reference.path())
+                ..PersistenceConfig::in_dir(reference.path())
             })
             .unwrap()
             .fingerprint();
@@ -94,11 +94,11 @@ fn child_role() {
             // it were read.
             let keyed = |remote: RemoteConfig| {
                 let dir = tempfile::tempdir().unwrap();
-                DiskCache::open(DiskConfig {
+                Persistence::open(PersistenceConfig {
                     dir: Some(dir.path().to_path_buf()),
                     key: Some(OperatorKey::new(vec![9; 32]).unwrap()),
                     remote: Some(remote),
-                    ..DiskConfig::from_env()
+                    ..PersistenceConfig::from_env()
                 })
                 .unwrap()
                 .remote_stats()
@@ -112,9 +112,9 @@ fn child_role() {
             assert!(keyed(own).is_some());
         }
         "disabled" => {
-            let r = DiskCache::open(DiskConfig {
+            let r = Persistence::open(PersistenceConfig {
                 dir: Some(explicit),
-                ..DiskConfig::from_env()
+                ..PersistenceConfig::from_env()
             });
             assert!(matches!(r, Err(Error::Unavailable(_))), "{:?}", r.err());
         }
@@ -229,9 +229,9 @@ fn dropped_role() {
     assert!(!kcache::env::secure_execution());
     // KCACHE_LOG is read.
     assert_eq!(kcache::log::level(), kcache::log::Level::Debug);
-    let mut config = DiskConfig::from_env();
+    let mut config = PersistenceConfig::from_env();
     config.remote = Some(RemoteConfig::default());
-    let opened = DiskCache::open(config);
+    let opened = Persistence::open(config);
     match std::env::var("TEST_EXPECT").unwrap().as_str() {
         "keyed" => {
             let disk = opened.unwrap();
@@ -323,9 +323,9 @@ fn service_files() -> ServiceFiles {
     std::os::unix::fs::chown(&cache, nobody, nobody).unwrap();
     std::os::unix::fs::chown(&key, nobody, nobody).unwrap();
     let reference = tempfile::tempdir().unwrap();
-    let fingerprint = DiskCache::open(DiskConfig {
+    let fingerprint = Persistence::open(PersistenceConfig {
         key: Some(OperatorKey::new(vec![3; 32]).unwrap()),
-        ..DiskConfig::in_dir(reference.path())
+        ..PersistenceConfig::in_dir(reference.path())
     })
     .unwrap()
     .fingerprint()

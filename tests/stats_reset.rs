@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcache::disk::DiskCache;
+use kcache::disk::Persistence;
 use kcache::memory::{MemoryCache, Options};
 use kcache_testkit::strings::{disk, find_or_build, l2_key, serialize, tiered};
 
@@ -133,7 +133,7 @@ fn a_shard_that_cannot_be_written_is_skipped_without_error() {
 #[test]
 fn tiered_reset_and_the_memory_figures_it_reports_to_the_directory() {
     let tmp = tempfile::tempdir().unwrap();
-    let d: Arc<DiskCache> = disk(tmp.path());
+    let d: Arc<Persistence> = disk(tmp.path());
     let cache = tiered(Some(d.clone()));
     let lookup = |source: &str| {
         drop(find_or_build(&cache, source, || Ok((source.to_uppercase(), 1)), serialize).unwrap())

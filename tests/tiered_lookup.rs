@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use kcache::disk::DiskCache;
+use kcache::disk::Persistence;
 use kcache::{BuildError, Error};
 use kcache_testkit::strings::{
     Cache, disk, find_or_build, l2_key, load, lookup, serialize, tiered,
@@ -16,7 +16,7 @@ use tempfile::TempDir;
 
 /// A tiered cache on a disk tier in a new temporary directory, that disk tier, and the
 /// directory (removed on drop).
-fn tiered_on_temp_disk() -> (TempDir, Arc<DiskCache>, Cache) {
+fn tiered_on_temp_disk() -> (TempDir, Arc<Persistence>, Cache) {
     let tmp = tempfile::tempdir().unwrap();
     let d = disk(tmp.path());
     let cache = tiered(Some(d.clone()));

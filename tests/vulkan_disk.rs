@@ -14,19 +14,19 @@ use std::time::Duration;
 use kcache::backend::vulkan::{
     CacheIdentity, HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
 };
-use kcache::disk::{Descriptor, DiskCache, DiskConfig};
+use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
 use kcache_testkit::vulkan::TestGpu;
 use kcache_testkit::{rerun_test, successful_stdout};
 use vulkan_common::{dispatch, expected, spec, vulkan};
 
 /// A cache over `dir` with a freshly opened disk tier and a freshly created device, as a new
 /// process would have.
-fn fresh(dir: &Path) -> (Arc<TestGpu>, Arc<DiskCache>, VulkanCache, VulkanDevice) {
+fn fresh(dir: &Path) -> (Arc<TestGpu>, Arc<Persistence>, VulkanCache, VulkanDevice) {
     let vulkan = vulkan();
     let gpu = Arc::new(TestGpu::new().expect("a Vulkan device (lavapipe)"));
-    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+    let disk = Arc::new(Persistence::open(PersistenceConfig::in_dir(dir)).unwrap());
     let cache = VulkanCache::new(VulkanOptions {
-        disk: Some(disk.clone()),
+        persistence: Some(disk.clone()),
         vulkan: Some(vulkan),
         ..VulkanOptions::default()
     })
@@ -41,7 +41,7 @@ fn build_and_dispatch(gpu: &TestGpu, cache: &VulkanCache, device: &VulkanDevice,
     assert_eq!(out, expected(mul, 9));
 }
 
-fn stored_blob(disk: &DiskCache, device: &VulkanDevice) -> Option<Vec<u8>> {
+fn stored_blob(disk: &Persistence, device: &VulkanDevice) -> Option<Vec<u8>> {
     disk.get(&device.pipeline_cache_key())
         .unwrap()
         .map(|e| e.into_payload())
@@ -196,7 +196,7 @@ fn foreign_or_corrupt_blobs_are_rejected_before_the_driver() {
     for (what, corrupt) in damage {
         let mut blob = valid.clone();
         corrupt(&mut blob);
-        let writer = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+        let writer = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
         writer.put(&key, &blob, Duration::ZERO).unwrap();
 
         let (gpu, disk, cache, device) = fresh(dir.path());

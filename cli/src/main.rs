@@ -1,7 +1,7 @@
 //! `kcache`: see, check and trim a kcache disk cache (`docs/command.md` has the usage, the JSON
 //! schemas and the exit codes).
 //!
-//! The command opens the directory exactly as the library does (`DiskConfig::from_env`, or
+//! The command opens the directory exactly as the library does (`PersistenceConfig::from_env`, or
 //! `--dir`), so what it reports is what every process using the cache sees. Its dependencies
 //! are the common choices for what each does, so the command behaves as operators expect:
 //! - clap (derive): arguments, `--help`, and usage errors with exit status 2, as other

@@ -6,7 +6,7 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kcache::disk::{DirectoryCounters, DiskCache, DiskConfig};
+use kcache::disk::{DirectoryCounters, Persistence, PersistenceConfig};
 
 use crate::Failure;
 use crate::commands::Target;
@@ -82,9 +82,9 @@ pub fn run(target: &Target, stats: bool, command: &[OsString]) -> Result<u8, Fai
         let e = child.exec();
         return Err(cannot_run(program, e));
     }
-    let cache = DiskCache::open(DiskConfig {
+    let cache = Persistence::open(PersistenceConfig {
         dir,
-        ..DiskConfig::from_env()
+        ..PersistenceConfig::from_env()
     });
     let before = counters(&cache);
     let status = child.status().map_err(|e| cannot_run(program, e))?;
@@ -107,7 +107,7 @@ fn cannot_run(program: &OsStr, e: std::io::Error) -> Failure {
     }
 }
 
-fn counters(cache: &kcache::Result<DiskCache>) -> Option<DirectoryCounters> {
+fn counters(cache: &kcache::Result<Persistence>) -> Option<DirectoryCounters> {
     let cache = cache.as_ref().ok()?;
     cache.directory_stats().ok().map(|stats| stats.counters)
 }

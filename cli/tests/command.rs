@@ -12,7 +12,7 @@ mod common;
 
 use common::{json, run};
 use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
-use kcache::disk::{DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::Key;
 use kcache_testkit::opencl::Context;
 use kcache_testkit::prometheus;
@@ -48,12 +48,12 @@ fn key(n: u8) -> Key {
     Key::from_bytes([n; 32])
 }
 
-fn open(dir: &Path) -> DiskCache {
-    DiskCache::open(DiskConfig::in_dir(dir)).unwrap()
+fn open(dir: &Path) -> Persistence {
+    Persistence::open(PersistenceConfig::in_dir(dir)).unwrap()
 }
 
 /// A new directory holding entries for keys 1 to `count`, each with `len` bytes of its number.
-fn filled(count: u8, len: usize) -> (tempfile::TempDir, DiskCache) {
+fn filled(count: u8, len: usize) -> (tempfile::TempDir, Persistence) {
     let dir = tempfile::tempdir().unwrap();
     let cache = open(dir.path());
     for n in 1..=count {
@@ -66,15 +66,15 @@ fn operator_key(byte: u8) -> OperatorKey {
     OperatorKey::new(vec![byte; 32]).unwrap()
 }
 
-fn open_keyed(dir: &Path, byte: u8) -> DiskCache {
-    DiskCache::open(DiskConfig {
+fn open_keyed(dir: &Path, byte: u8) -> Persistence {
+    Persistence::open(PersistenceConfig {
         key: Some(operator_key(byte)),
-        ..DiskConfig::in_dir(dir)
+        ..PersistenceConfig::in_dir(dir)
     })
     .unwrap()
 }
 
-/// Bytes an entry written by `DiskCache::put` adds to its payload: the format 2 header with
+/// Bytes an entry written by `Persistence::put` adds to its payload: the format 2 header with
 /// the default descriptor (backend `custom`, no device, no name: 2 + 12 bytes) and the tag.
 const OVERHEAD: u64 = 104 + 2 + 12;
 
@@ -190,7 +190,7 @@ fn an_opencl_program_shows_in_ls_and_verifies() {
                   size_t i = get_global_id(0);\n y[i] = 2.0f * y[i];\n}\n";
     let disk = Arc::new(open(dir.path()));
     let options = OpenClOptions {
-        disk: Some(Arc::clone(&disk)),
+        persistence: Some(Arc::clone(&disk)),
         ..OpenClOptions::default()
     };
     let cache = OpenClCache::new(options).unwrap();
@@ -514,7 +514,7 @@ fn metrics_and_its_textfile_give_the_directory_figures() {
                   size_t i = get_global_id(0);\n y[i] = 0.5f * y[i];\n}\n";
     let disk = Arc::new(open(dir.path()));
     let options = OpenClOptions {
-        disk: Some(Arc::clone(&disk)),
+        persistence: Some(Arc::clone(&disk)),
         ..OpenClOptions::default()
     };
     let cache = OpenClCache::new(options).unwrap();

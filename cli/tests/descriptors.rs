@@ -14,7 +14,7 @@ mod common;
 use common::{json, run};
 use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION_1, Header};
-use kcache::disk::{Descriptor, DiskCache, DiskConfig};
+use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
 use kcache::key::{KEY_SCHEMA_VERSION, Key};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::strings::{l2_key, load, serialize, tiered};
@@ -33,7 +33,7 @@ fn entry_files(dir: &Path) -> usize {
 
 /// Writes the entry for `key` as format 1 wrote it: the 72-byte header without a
 /// descriptor, the payload and a BLAKE3 tag.
-fn write_format_1(disk: &DiskCache, key: &Key, payload: &[u8], build_nanos: u64) -> u64 {
+fn write_format_1(disk: &Persistence, key: &Key, payload: &[u8], build_nanos: u64) -> u64 {
     let header = Header {
         version: FORMAT_VERSION_1,
         algorithm: ALG_BLAKE3,
@@ -65,7 +65,7 @@ fn rows(ls: &Value) -> Vec<(String, Value)> {
     rows
 }
 
-fn size_of_entry(disk: &DiskCache, key: &Key) -> u64 {
+fn size_of_entry(disk: &Persistence, key: &Key) -> u64 {
     fs::metadata(disk.entry_path(key)).unwrap().len()
 }
 
@@ -73,7 +73,7 @@ fn size_of_entry(disk: &DiskCache, key: &Key) -> u64 {
 fn entries_are_listed_counted_and_evicted_by_what_they_hold() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let disk = Arc::new(DiskCache::open(DiskConfig::in_dir(dir)).unwrap());
+    let disk = Arc::new(Persistence::open(PersistenceConfig::in_dir(dir)).unwrap());
 
     // Through the OpenCL backend on PoCL: one program of two kernels.
     let context = Context::first_device().unwrap();
@@ -82,7 +82,7 @@ fn entries_are_listed_counted_and_evicted_by_what_they_hold() {
                   __kernel void second(__global int *x) { x[0] = 2; }\n";
     {
         let opencl = OpenClCache::new(OpenClOptions {
-            disk: Some(Arc::clone(&disk)),
+            persistence: Some(Arc::clone(&disk)),
             ..OpenClOptions::default()
         })
         .unwrap();
@@ -266,7 +266,7 @@ fn an_edited_descriptor_is_neither_shown_nor_matched() {
     // key whose descriptor was edited after it was written (the tag no longer matches).
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let disk = DiskCache::open(DiskConfig::in_dir(dir)).unwrap();
+    let disk = Persistence::open(PersistenceConfig::in_dir(dir)).unwrap();
     let key = l2_key("edited");
     disk.put_described(
         &key,

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kcache::disk::{DirectoryCounters, DiskCache, DiskConfig};
+use kcache::disk::{DirectoryCounters, Persistence, PersistenceConfig};
 
 /// pyopencl's examples as Debian installs them (python-pyopencl-doc).
 const EXAMPLES: &str = "/usr/share/doc/python-pyopencl-doc/examples";
@@ -87,7 +87,7 @@ impl Setup {
 
     /// The directory's counters, summed over every process that used it.
     fn counters(&self) -> DirectoryCounters {
-        let cache = DiskCache::open(DiskConfig::in_dir(&self.dir)).unwrap();
+        let cache = Persistence::open(PersistenceConfig::in_dir(&self.dir)).unwrap();
         cache.directory_stats().unwrap().counters
     }
 
@@ -96,7 +96,7 @@ impl Setup {
         if !self.dir.exists() {
             return 0;
         }
-        DiskCache::open(DiskConfig::in_dir(&self.dir))
+        Persistence::open(PersistenceConfig::in_dir(&self.dir))
             .unwrap()
             .entries()
             .unwrap()

@@ -8,7 +8,7 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{DiskCache, DiskConfig, SHARDS};
+use kcache::disk::{Persistence, PersistenceConfig, SHARDS};
 use kcache::key::Key;
 use serde_json::Value;
 
@@ -50,7 +50,7 @@ fn partial(dir: &Path, args: &[&str]) -> (Option<i32>, Value, String) {
 #[test]
 fn clear_removes_every_entry_it_can_and_names_the_rest() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+    let cache = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
     // In listing order the blocked names may come first: clear used to stop at the first.
     for n in 1..=6 {
         cache.put(&key(n), &[n; 10], Duration::ZERO).unwrap();
@@ -85,7 +85,7 @@ fn clear_removes_every_entry_it_can_and_names_the_rest() {
 fn zero_stats_zeroes_every_counter_file_it_can() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let cache = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+        let cache = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
         cache.put(&key(1), b"v", Duration::ZERO).unwrap();
     }
     let own = format!(".stats-{:x}", std::process::id() % SHARDS);
@@ -118,7 +118,7 @@ fn zero_stats_zeroes_every_counter_file_it_can() {
 #[test]
 fn gc_goes_on_past_what_it_cannot_remove_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+    let cache = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
     cache.put(&key(1), b"kept", Duration::ZERO).unwrap();
     plant_deep(&cache.entry_path(&key(2)));
     plant_tree(&cache.entry_path(&key(3)));

@@ -8,7 +8,7 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{Descriptor, DiskCache, DiskConfig};
+use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
 use kcache::key::Key;
 use serde_json::Value;
 
@@ -37,7 +37,7 @@ fn stdout(output: &Output) -> String {
 /// A directory with one entry described by the hostile fields.
 fn hostile_entry() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let disk = DiskCache::open(DiskConfig::in_dir(dir.path())).unwrap();
+    let disk = Persistence::open(PersistenceConfig::in_dir(dir.path())).unwrap();
     let descriptor = Descriptor::new(BACKEND, DEVICE, NAME);
     let key = Key::from_bytes([9; 32]);
     disk.put_described(&key, b"payload", Duration::ZERO, &descriptor)

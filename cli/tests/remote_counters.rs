@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicUsize;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{l2_key, lookup, tiered};
@@ -30,13 +30,13 @@ const WORKER_URL: &str = "KCACHE_REMOTE_COUNTERS_URL";
 const KEY: [u8; 32] = [5; 32];
 
 /// A keyed disk tier in `dir` with the store at `url` behind it.
-fn node(dir: &Path, url: &str) -> Arc<DiskCache> {
+fn node(dir: &Path, url: &str) -> Arc<Persistence> {
     Arc::new(
-        DiskCache::open(DiskConfig {
+        Persistence::open(PersistenceConfig {
             key: Some(OperatorKey::new(KEY.to_vec()).unwrap()),
             durability: Durability::Relaxed,
             remote: Some(RemoteConfig::at(url)),
-            ..DiskConfig::in_dir(dir)
+            ..PersistenceConfig::in_dir(dir)
         })
         .unwrap(),
     )

@@ -11,7 +11,7 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{DiskCache, DiskConfig};
+use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::key::Key;
 use kcache_testkit::prometheus;
 use kcache_testkit::strings::{disk, find_or_build, serialize, tiered};
@@ -74,7 +74,7 @@ fn settings_set_by_the_command_are_applied_by_another_process() {
     );
 
     // This process opens the directory without saying anything of caps: the directory's apply.
-    let cache = DiskCache::open(DiskConfig::in_dir(&dir)).unwrap();
+    let cache = Persistence::open(PersistenceConfig::in_dir(&dir)).unwrap();
     assert_eq!(cache.max_size(), 1_500_000);
     assert_eq!(cache.max_files(), Some(3));
     assert_eq!(cache.lock_timeout(), Duration::from_millis(7500));
@@ -89,10 +89,10 @@ fn settings_set_by_the_command_are_applied_by_another_process() {
     drop(cache);
 
     // Values given in code win over the directory's.
-    let explicit = DiskCache::open(DiskConfig {
+    let explicit = Persistence::open(PersistenceConfig {
         max_size: Some(10_000_000),
         max_files: Some(0),
-        ..DiskConfig::in_dir(&dir)
+        ..PersistenceConfig::in_dir(&dir)
     })
     .unwrap();
     assert_eq!(
@@ -130,7 +130,7 @@ fn settings_set_by_the_command_are_applied_by_another_process() {
     );
     let get = run(&dir, &["config", "get", "max-size"]);
     assert_eq!((get.status.code(), stdout(&get)), (Some(1), String::new()));
-    let reopened = DiskCache::open(DiskConfig::in_dir(&dir)).unwrap();
+    let reopened = Persistence::open(PersistenceConfig::in_dir(&dir)).unwrap();
     assert_eq!(reopened.max_size(), kcache::disk::DEFAULT_MAX_SIZE);
     assert_eq!(reopened.max_files(), Some(3));
 }
@@ -168,7 +168,7 @@ fn a_directory_that_requires_a_key_refuses_processes_without_one() {
     let tmp = tempfile::tempdir().unwrap();
     let set = run(tmp.path(), &["config", "set", "require-key", "true"]);
     assert_eq!(set.status.code(), Some(0), "{}", stderr(&set));
-    let refused = DiskCache::open(DiskConfig::in_dir(tmp.path()));
+    let refused = Persistence::open(PersistenceConfig::in_dir(tmp.path()));
     assert!(
         matches!(refused, Err(kcache::Error::Untrusted(ref m)) if m.contains("require-key")),
         "{:?}",
@@ -183,7 +183,7 @@ fn a_directory_that_requires_a_key_refuses_processes_without_one() {
             .code(),
         Some(0)
     );
-    assert!(DiskCache::open(DiskConfig::in_dir(tmp.path())).is_ok());
+    assert!(Persistence::open(PersistenceConfig::in_dir(tmp.path())).is_ok());
 }
 
 #[test]
@@ -249,9 +249,9 @@ fn sizes_take_ccache_units_everywhere() {
         let config = run_with_env(tmp.path(), &env, &["config", "--json"]);
         let config: serde_json::Value = serde_json::from_slice(&config.stdout).unwrap();
         assert_eq!(config["cap_bytes"], bytes, "{value}");
-        let cache = DiskCache::open(DiskConfig {
+        let cache = Persistence::open(PersistenceConfig {
             max_size: Some(kcache::disk::parse_size(value).unwrap()),
-            ..DiskConfig::in_dir(tmp.path())
+            ..PersistenceConfig::in_dir(tmp.path())
         })
         .unwrap();
         assert_eq!(cache.max_size(), bytes);

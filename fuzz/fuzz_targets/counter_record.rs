@@ -15,7 +15,7 @@
 use std::sync::OnceLock;
 
 use arbitrary::{Arbitrary, Unstructured};
-use kcache::disk::{CounterRecord, DirectoryCounters, DiskCache, DiskConfig, MAX_COUNTERS};
+use kcache::disk::{CounterRecord, DirectoryCounters, Persistence, PersistenceConfig, MAX_COUNTERS};
 use libfuzzer_sys::fuzz_target;
 
 const MAGIC: &[u8; 8] = b"KCSTATS\n";
@@ -70,11 +70,11 @@ fn check_bytes(bytes: &[u8]) {
 
 /// One directory for the whole run, holding counter files the input writes: in the
 /// temporary directory (`scripts/fuzz` points `TMPDIR` at one it removes afterwards).
-fn directory() -> &'static DiskCache {
-    static DIR: OnceLock<DiskCache> = OnceLock::new();
+fn directory() -> &'static Persistence {
+    static DIR: OnceLock<Persistence> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("kcache-fuzz-counters-{}", std::process::id()));
-        DiskCache::open(DiskConfig::in_dir(dir)).unwrap()
+        Persistence::open(PersistenceConfig::in_dir(dir)).unwrap()
     })
 }
 

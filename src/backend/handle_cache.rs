@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registration, Registry};
-use crate::disk::{Descriptor, DiskBytes, DiskCache, DiskStats};
+use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::key::Key;
 use crate::memory::{self, Built, Lease, MemoryCache};
@@ -131,7 +131,7 @@ pub struct HandleCache<R: Runtime> {
 
 impl<R: Runtime> HandleCache<R> {
     /// The memory tier destroys values through [`Destroy`]; `disk: None` is memory only.
-    pub fn new(runtime: R, memory: memory::Options, disk: Option<Arc<DiskCache>>) -> Self {
+    pub fn new(runtime: R, memory: memory::Options, disk: Option<Arc<Persistence>>) -> Self {
         let memory = Arc::new(MemoryCache::for_backend(
             R::BACKEND,
             memory,
@@ -152,7 +152,7 @@ impl<R: Runtime> HandleCache<R> {
         self.tiered.memory()
     }
 
-    pub fn disk(&self) -> Option<&Arc<DiskCache>> {
+    pub fn disk(&self) -> Option<&Arc<Persistence>> {
         self.tiered.disk()
     }
 

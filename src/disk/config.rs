@@ -61,7 +61,7 @@ pub enum Durability {
 /// `KCACHE_DISABLE` and `KCACHE_REQUIRE_KEY` is read (see [`crate::env`]): the tier is off
 /// unless `dir` is set, and entries are keyed only by an explicit `key`.
 #[derive(Debug)]
-pub struct DiskConfig {
+pub struct PersistenceConfig {
     /// An absolute path; a relative or empty one is refused (`InvalidArgument`) rather than
     /// resolved against whatever the working directory happens to be.
     pub dir: Option<PathBuf>,
@@ -94,9 +94,9 @@ pub struct DiskConfig {
     pub remote: Option<RemoteConfig>,
 }
 
-impl Default for DiskConfig {
+impl Default for PersistenceConfig {
     fn default() -> Self {
-        DiskConfig {
+        PersistenceConfig {
             dir: None,
             max_size: None,
             max_files: None,
@@ -116,7 +116,7 @@ impl Default for DiskConfig {
 const SECURE_NEEDS_DIR: &str =
     "secure-execution process: the disk tier needs an explicit directory";
 
-impl DiskConfig {
+impl PersistenceConfig {
     /// Everything from the environment.
     pub fn from_env() -> Self {
         Self::default()
@@ -124,18 +124,18 @@ impl DiskConfig {
 
     /// A cache in `dir` (absolute), ignoring the environment entirely (tests, embedded uses).
     pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
-        DiskConfig {
+        PersistenceConfig {
             dir: Some(dir.into()),
             read_env: false,
             ..Self::default()
         }
     }
 
-    /// The directory this configuration names and where it comes from, as [`DiskCache::open`]
+    /// The directory this configuration names and where it comes from, as [`Persistence::open`]
     /// resolves it, without opening or checking it and whatever else is configured (a tier
     /// that `KCACHE_DISABLE=1` or a bad key turns off still has a directory to report).
     ///
-    /// [`DiskCache::open`]: super::DiskCache::open
+    /// [`Persistence::open`]: super::Persistence::open
     pub fn locate_dir(&self) -> Result<(PathBuf, DirSource)> {
         let non_empty = |name: &str| {
             self.read_env
@@ -248,10 +248,10 @@ impl DiskConfig {
     }
 }
 
-/// Where [`DiskConfig::locate_dir`] found the directory.
+/// Where [`PersistenceConfig::locate_dir`] found the directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DirSource {
-    /// [`DiskConfig::dir`].
+    /// [`PersistenceConfig::dir`].
     Explicit,
     /// `KCACHE_DIR`.
     KcacheDir,
@@ -463,10 +463,10 @@ mod tests {
 
     #[test]
     fn an_explicit_dir_is_located_as_given() {
-        let (dir, source) = DiskConfig::in_dir("/x/y").locate_dir().unwrap();
+        let (dir, source) = PersistenceConfig::in_dir("/x/y").locate_dir().unwrap();
         assert_eq!((dir, source), (PathBuf::from("/x/y"), DirSource::Explicit));
         assert!(matches!(
-            DiskConfig::in_dir("x/y").locate_dir(),
+            PersistenceConfig::in_dir("x/y").locate_dir(),
             Err(Error::InvalidArgument(_))
         ));
     }

@@ -12,7 +12,7 @@ pub const MAX_NAME_LEN: usize = 1024;
 /// Longest encoded descriptor: three 2-byte lengths and the three fields at their limits.
 pub const MAX_ENCODED_LEN: usize = 6 + MAX_BACKEND_LEN + MAX_DEVICE_LEN + MAX_NAME_LEN;
 
-/// The backend name of entries whose writer named none (`DiskCache::put`, a tiered lookup
+/// The backend name of entries whose writer named none (`Persistence::put`, a tiered lookup
 /// without a descriptor).
 pub const CUSTOM_BACKEND: &str = "custom";
 

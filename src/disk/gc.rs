@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use super::evict::{Index, Unlinked, lstat_at};
 use super::listing::{Check, EntryInfo};
-use super::{DiskCache, Fingerprint, Inner, is_temp_name, lock, parse_entry_name};
+use super::{Fingerprint, Inner, Persistence, is_temp_name, lock, parse_entry_name};
 use crate::error::{Error, Result};
 
 /// Default age after which a temporary file is taken for a crashed writer's leftover. Far
@@ -50,12 +50,12 @@ enum Verdict {
     Corrupt,
 }
 
-impl DiskCache {
+impl Persistence {
     /// Sweeps the directory. Entries whose key fingerprint is neither this cache's nor in
     /// `retain` are removed (after a key rotation, pass the fingerprints still in use by
     /// other processes, or nothing). Entries of this cache's key are fully verified; entries
     /// of retained foreign keys can only be checked for structure; no file is read past
-    /// [`DiskCache::max_entry_size`]. Anything at an entry name but a regular file is corrupt
+    /// [`Persistence::max_entry_size`]. Anything at an entry name but a regular file is corrupt
     /// (removed, a directory with everything in it; what cannot be is counted in
     /// `undeletable`). Temporary files older than `temp_older_than` are removed, and lock
     /// files nobody holds, and anything but a regular file at a lock file's name.
@@ -155,9 +155,9 @@ fn remove(
 }
 
 /// Judges a listed entry: another key generation not retained is stale unread; the rest is
-/// checked as [`DiskCache::check`] does (fully for this cache's key, structure only for
+/// checked as [`Persistence::check`] does (fully for this cache's key, structure only for
 /// retained ones), and a file that changed since it was listed is left to the next run.
-fn classify(cache: &DiskCache, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
+fn classify(cache: &Persistence, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
     let inner = &cache.inner;
     if entry.fingerprint != inner.tagger.fingerprint() && !retain.contains(&entry.fingerprint) {
         return Verdict::StaleFingerprint;

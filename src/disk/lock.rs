@@ -51,7 +51,7 @@ use crate::key::Key;
 use crate::log;
 use crate::log::Warning;
 
-/// Default of [`DiskConfig::lock_timeout`](super::DiskConfig::lock_timeout): longer than
+/// Default of [`PersistenceConfig::lock_timeout`](super::PersistenceConfig::lock_timeout): longer than
 /// nearly every kernel build (milliseconds to tens of seconds), so that followers wait for a
 /// slow leader rather than compiling beside it, and short enough that a leader stuck in a
 /// driver costs its followers two minutes, not their run.
@@ -85,7 +85,7 @@ pub(super) fn entry_of_lock(name: &str) -> Option<&str> {
     super::parse_entry_name(entry).map(|_| entry)
 }
 
-/// What a miss should do, as [`super::DiskCache::claim`] decides.
+/// What a miss should do, as [`super::Persistence::claim`] decides.
 pub(crate) enum Claim {
     /// Build and publish; other processes wait on the lock until it is dropped (after the
     /// write) or [`KeyLock::abandon`]ed.

@@ -20,7 +20,7 @@
 //!   as here.
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
-//! [`DiskCache::open`], with `O_NOFOLLOW` on the entry name.
+//! [`Persistence::open`], with `O_NOFOLLOW` on the entry name.
 
 mod budget;
 pub mod config;
@@ -51,7 +51,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub(crate) use budget::one_lookup;
-pub use config::{DEFAULT_MAX_SIZE, DirSource, DiskConfig, Durability, OperatorKey, parse_size};
+pub use config::{
+    DEFAULT_MAX_SIZE, DirSource, Durability, OperatorKey, PersistenceConfig, parse_size,
+};
 pub use descriptor::{
     CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
 };
@@ -77,9 +79,12 @@ use crate::remote::{Remote, RemoteStats};
 use crate::stats::Baseline;
 use format::{TAG_LEN, Tagger};
 
-/// An open disk tier. Share it between threads (and with a tiered cache) through an `Arc`;
-/// any number of processes may use the same directory at once.
-pub struct DiskCache {
+/// The persistent tiers, open: the disk tier and, when configured (`remote` in its
+/// [`PersistenceConfig`], or `KCACHE_REMOTE_URL`), the remote tier behind it. One serves every
+/// cache of a process that is handed it (OpenCL, CUDA, Vulkan, tiered lookups): one writer
+/// thread, one set of locks, one remote connection, one set of counters. Share it through an
+/// `Arc`; any number of processes may use the same directory at once.
+pub struct Persistence {
     inner: Arc<Inner>,
     /// Keeps this tier in the process's metrics exactly as long as the handle lives (the
     /// background writer and scan also hold `inner`, for a while after it is dropped).
@@ -139,10 +144,10 @@ fn bump(counter: &AtomicU64, by: u64) {
     counter.fetch_add(by, Ordering::Relaxed);
 }
 
-/// Counters since this `DiskCache` was opened or its statistics last reset (per process),
+/// Counters since this `Persistence` was opened or its statistics last reset (per process),
 /// plus what its index knows of the directory. `pending_writes`, `entries`, `bytes` and
 /// `scan_complete` are gauges, never reset. The directory's counters, all processes
-/// together, are [`DiskCache::directory_stats`].
+/// together, are [`Persistence::directory_stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DiskStats {
     pub hits: u64,
@@ -183,9 +188,9 @@ pub struct DiskStats {
     pub entries: u64,
     pub bytes: u64,
     /// Whether the scan of the directory that `open` starts has finished
-    /// ([`DiskCache::wait_scan`] waits for it).
+    /// ([`Persistence::wait_scan`] waits for it).
     pub scan_complete: bool,
-    /// The remote tier's counters ([`DiskCache::remote_stats`]); `None` without one.
+    /// The remote tier's counters ([`Persistence::remote_stats`]); `None` without one.
     pub remote: Option<RemoteStats>,
 }
 
@@ -253,16 +258,16 @@ pub struct Usage {
     pub bytes: u64,
 }
 
-impl DiskCache {
+impl Persistence {
     /// Opens (creating if needed, mode 0700) and checks the directory. Refusals:
     /// `Unavailable` (disabled, no directory configured), `Untrusted` (with one warning per
     /// process, see [`crate::log`]), `InvalidArgument` (bad size or key), `Io`. Every refusal
     /// is logged at `debug` (`disk tier off: …`).
-    pub fn open(config: DiskConfig) -> Result<DiskCache> {
+    pub fn open(config: PersistenceConfig) -> Result<Persistence> {
         Self::open_resolved(config).inspect_err(|e| log::debug(|| format!("disk tier off: {e}")))
     }
 
-    fn open_resolved(config: DiskConfig) -> Result<DiskCache> {
+    fn open_resolved(config: PersistenceConfig) -> Result<Persistence> {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
         let applied = resolved.with_settings(&settings::applied(&dir, &resolved.dir))?;
@@ -300,7 +305,7 @@ impl DiskCache {
         }));
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
-        Ok(DiskCache {
+        Ok(Persistence {
             inner,
             _listed: listed,
         })
@@ -336,7 +341,7 @@ impl DiskCache {
     }
 
     /// How long a miss waits for another process building the same entry once that process
-    /// shows no sign of life (see [`DiskConfig::lock_liveness`]).
+    /// shows no sign of life (see [`PersistenceConfig::lock_liveness`]).
     pub fn lock_liveness(&self) -> Duration {
         self.inner.lock_liveness
     }
@@ -352,13 +357,13 @@ impl DiskCache {
         self.inner.tagger.fingerprint()
     }
 
-    /// This process's counters since `open` or the last [`DiskCache::reset_stats`].
+    /// This process's counters since `open` or the last [`Persistence::reset_stats`].
     pub fn stats(&self) -> DiskStats {
         self.inner.baseline.apply(&self.inner.stats())
     }
 
     /// Zeroes this handle's event counters, the remote tier's included (not the gauges, nor the directory's counters:
-    /// see [`DiskCache::zero_directory_stats`]).
+    /// see [`Persistence::zero_directory_stats`]).
     pub fn reset_stats(&self) {
         self.inner.baseline.reset(self.inner.stats());
         if let Some(remote) = &self.inner.remote {
@@ -383,7 +388,7 @@ impl DiskCache {
 
     /// Waits until every background write submitted so far has finished (written or
     /// failed), then adds what this process did since its last flush to the directory's
-    /// counters ([`DiskCache::directory_stats`]). Dropping the disk tier flushes too. Called
+    /// counters ([`Persistence::directory_stats`]). Dropping the disk tier flushes too. Called
     /// on the background writer's own thread (from a log hook), it cannot wait for that
     /// thread: the writes held back are queued and run once the hook returns.
     pub fn flush(&self) {
@@ -404,7 +409,7 @@ impl DiskCache {
     }
 }
 
-impl Drop for DiskCache {
+impl Drop for Persistence {
     /// Pending writes are finished first: a value built in this process is not lost because
     /// the cache was dropped right after; then the directory's counters are brought up to date.
     fn drop(&mut self) {

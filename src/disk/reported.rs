@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::DiskCache;
+use super::Persistence;
 
 /// Figures the disk tier cannot see itself, handed to it by the caches in front of it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -26,7 +26,7 @@ pub(crate) struct Reporter {
 impl Reporter {
     /// Hands `disk` what `total` (the cache's figures since it was created) adds to the last
     /// report.
-    pub(crate) fn report(&self, disk: &DiskCache, total: Reported) {
+    pub(crate) fn report(&self, disk: &Persistence, total: Reported) {
         let new = |mark: &AtomicU64, total: u64| {
             total.saturating_sub(mark.fetch_max(total, Ordering::Relaxed))
         };
@@ -38,7 +38,7 @@ impl Reporter {
     }
 }
 
-impl DiskCache {
+impl Persistence {
     /// Adds figures of the caches in front of this disk tier (the memory tier's lookups,
     /// builds) to what the next flush persists.
     pub(crate) fn record(&self, figures: Reported) {

@@ -2,7 +2,7 @@
 //!
 //! A process adds what it did since its last write to one of [`SHARDS`] small files in the
 //! directory, `.stats-0` … `.stats-f`, the one its process id picks, at
-//! [`DiskCache::flush`] and when the disk tier is dropped; never on a lookup. Readers (`kcache
+//! [`Persistence::flush`] and when the disk tier is dropped; never on a lookup. Readers (`kcache
 //! stats`) add the shards up; `kcache zero-stats` rewrites each with zeros. Several files
 //! rather than one, as ccache does, so that processes ending at once rarely wait for the same
 //! lock.
@@ -30,7 +30,7 @@ use rustix::fs::{FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
-use super::{DiskCache, Inner};
+use super::{Inner, Persistence};
 use crate::error::Result;
 use crate::ffi::process::{ForkLocked, Held};
 use crate::log;
@@ -160,7 +160,7 @@ impl DirectoryCounters {
     }
 }
 
-/// The directory's counters as [`DiskCache::directory_stats`] read them.
+/// The directory's counters as [`Persistence::directory_stats`] read them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DirectoryStats {
     pub counters: DirectoryCounters,
@@ -450,10 +450,10 @@ fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
     write(&file, &record)
 }
 
-impl DiskCache {
+impl Persistence {
     /// The directory's counters: every process's figures since the last
-    /// [`DiskCache::zero_directory_stats`], added up from the shard files. This process's
-    /// figures are included up to its last [`DiskCache::flush`], or to the background
+    /// [`Persistence::zero_directory_stats`], added up from the shard files. This process's
+    /// figures are included up to its last [`Persistence::flush`], or to the background
     /// writer's last periodic publication ([`super::writer::PUBLISH`]).
     pub fn directory_stats(&self) -> Result<DirectoryStats> {
         let inner = &self.inner;

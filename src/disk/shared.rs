@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Descriptor, DiskCache, Entry, Inner, KeyLock, store};
+use super::{Descriptor, Entry, Inner, KeyLock, Persistence, store};
 use crate::key::Key;
 use crate::log;
 use crate::remote::{Flight, RemoteStats};
 
-impl DiskCache {
+impl Persistence {
     /// The remote tier's counters since `open` or the last reset; `None` without a remote.
     pub fn remote_stats(&self) -> Option<RemoteStats> {
         self.inner.remote.as_ref().map(|r| r.stats())

@@ -24,7 +24,7 @@ use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epo
 use super::format::{
     self, DESCRIPTOR_LEN_FIELD, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD, TAG_LEN,
 };
-use super::{Descriptor, DiskCache, Durability, Entry, Inner, bump};
+use super::{Descriptor, Durability, Entry, Inner, Persistence, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
 use crate::log;
@@ -33,10 +33,10 @@ use crate::log;
 /// holds a whole entry in memory, so this bounds what one read can allocate.
 pub const MAX_ENTRY_SIZE: u64 = 1 << 30;
 
-impl DiskCache {
+impl Persistence {
     /// Reads and verifies the entry for `key`. `Ok(None)`: no entry. `Err(Integrity)`: an
     /// entry was there but failed verification (bad content, larger than
-    /// [`DiskCache::max_entry_size`], not a regular file) and has been removed (a directory
+    /// [`Persistence::max_entry_size`], not a regular file) and has been removed (a directory
     /// with everything in it, never following a link). `Err(Io)`: it could not be read (or
     /// its size could not be allocated). All three count as misses.
     pub fn get(&self, key: &Key) -> Result<Option<Entry>> {
@@ -72,16 +72,16 @@ impl DiskCache {
     /// Room is made (least recently used entries evicted) before the entry appears, so this
     /// process's writes never take the directory over the cap; a write made right after
     /// `open` waits for the opening scan to know what is there. An entry larger than
-    /// [`DiskCache::max_entry_size`] is refused with `InvalidArgument`, from its length, before
+    /// [`Persistence::max_entry_size`] is refused with `InvalidArgument`, from its length, before
     /// a byte of it is read. A directory at the entry's name is moved aside and removed with
     /// everything in it (counted in `integrity_rejects`): the write takes its place. The
     /// entry's descriptor is the default one (backend `custom`, no device, no name);
-    /// [`DiskCache::put_described`] gives one.
+    /// [`Persistence::put_described`] gives one.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
         self.put_described(key, payload, build_time, &Descriptor::default())
     }
 
-    /// [`DiskCache::put`], with what the entry holds (`kcache ls` shows it, `kcache evict`
+    /// [`Persistence::put`], with what the entry holds (`kcache ls` shows it, `kcache evict`
     /// selects by it).
     pub fn put_described(
         &self,
@@ -93,7 +93,7 @@ impl DiskCache {
         put(&self.inner, key, payload, build_time, descriptor)
     }
 
-    /// Refuses (`InvalidArgument`, as [`DiskCache::put_described`] would) a payload of `len`
+    /// Refuses (`InvalidArgument`, as [`Persistence::put_described`] would) a payload of `len`
     /// bytes too large for an entry with `descriptor`, from its length alone: for a caller
     /// that has only a length yet (a C buffer, a serializer's announced size).
     pub fn check_payload_len(&self, len: usize, descriptor: &Descriptor) -> Result<()> {
@@ -151,7 +151,7 @@ pub(super) fn stored_len(inner: &Inner, key: &Key) -> Option<u64> {
     Some(u64::from_le_bytes(head[56..64].try_into().ok()?))
 }
 
-/// [`DiskCache::put`], for the background writer too.
+/// [`Persistence::put`], for the background writer too.
 pub(super) fn put(
     inner: &Arc<Inner>,
     key: &Key,

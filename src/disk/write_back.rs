@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::writer::Cause;
-use super::{Descriptor, DiskCache, Inner, KeyLock, bump, shared, store};
+use super::{Descriptor, Inner, KeyLock, Persistence, bump, shared, store};
 use crate::error::BuildError;
 use crate::key::Key;
 use crate::log;
@@ -61,7 +61,7 @@ impl From<Vec<u8>> for DiskBytes {
     }
 }
 
-impl DiskCache {
+impl Persistence {
     /// Writes the entry for `key`, described by `descriptor`, from `bytes` on the background
     /// writer, then releases `lock`; `done` learns whether it was written. Bytes held back
     /// ([`DiskBytes::held`]) are made as wanted when a process waits on `lock`, or when

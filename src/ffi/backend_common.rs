@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::args::{live, read_grown, write_boxed, write_optional, write_sized};
 use super::persistence::{kc_persistence, persistence_arg};
 use super::status::{guard, kc_status, non_null};
-use crate::disk::DiskCache;
+use crate::disk::Persistence;
 use crate::error::Result;
 use crate::memory;
 
@@ -92,7 +92,7 @@ pub unsafe fn new_cache<O: BackendOptions, C>(
     opts: *const O,
     persistence: *const kc_persistence,
     out_cache: *mut *mut C,
-    make: impl FnOnce(&O, memory::Options, Option<Arc<DiskCache>>) -> Result<C>,
+    make: impl FnOnce(&O, memory::Options, Option<Arc<Persistence>>) -> Result<C>,
 ) -> kc_status {
     guard(|| {
         non_null(opts, "opts")?;

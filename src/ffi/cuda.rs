@@ -175,7 +175,7 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
         };
         let inner = CudaCache::new(CudaOptions {
             memory,
-            disk,
+            persistence: disk,
             driver: Some(Arc::new(driver)),
             nvrtc,
         })?;

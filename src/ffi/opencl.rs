@@ -137,7 +137,10 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
     // SAFETY: forwarded from the caller's contract.
     unsafe {
         new_cache(opts, persistence, out_cache, |_, memory, disk| {
-            let inner = OpenClCache::new(OpenClOptions { memory, disk })?;
+            let inner = OpenClCache::new(OpenClOptions {
+                memory,
+                persistence: disk,
+            })?;
             Ok(kc_opencl_cache { inner })
         })
     }

@@ -19,7 +19,7 @@ use super::args::{
     operator_key_arg, optional_path, read_input,
 };
 use super::status::{guard, guard_value, kc_status, non_null};
-use crate::disk::{DiskCache, DiskConfig, Durability};
+use crate::disk::{Durability, Persistence, PersistenceConfig};
 use crate::remote::RemoteConfig;
 use crate::{Error, Result};
 
@@ -46,7 +46,7 @@ pub struct kc_persistence {
 }
 
 impl Handle for kc_persistence {
-    type Rust = Arc<DiskCache>;
+    type Rust = Arc<Persistence>;
 }
 
 /// How to open the persistent tiers. Start from `kc_persistence_options_default()`. Unset
@@ -175,7 +175,7 @@ pub extern "C" fn kc_persistence_options_default() -> kc_persistence_options {
 /// # Safety
 /// `opts` must be non-NULL and point to `opts->struct_size` readable bytes; its strings NULL
 /// or C strings; `key` NULL or `key_len` readable bytes.
-unsafe fn read_options(opts: *const kc_persistence_options) -> Result<DiskConfig> {
+unsafe fn read_options(opts: *const kc_persistence_options) -> Result<PersistenceConfig> {
     // SAFETY: readable for its size by the caller's contract.
     let opts = unsafe { read_input(opts, "opts") }?;
     if opts.ignore_env && opts.dir.is_null() {
@@ -184,7 +184,7 @@ unsafe fn read_options(opts: *const kc_persistence_options) -> Result<DiskConfig
         ));
     }
     let millis = |ms: u64| (ms != 0).then(|| Duration::from_millis(ms));
-    Ok(DiskConfig {
+    Ok(PersistenceConfig {
         // SAFETY: NULL or a C string by contract.
         dir: unsafe { dir_arg(opts.dir, "opts->dir") }?,
         max_size: (opts.max_size != 0).then_some(opts.max_size),
@@ -206,7 +206,7 @@ unsafe fn read_options(opts: *const kc_persistence_options) -> Result<DiskConfig
         lock_liveness: millis(opts.lock_liveness_ms),
         // SAFETY: NULL or C strings by contract.
         remote: Some(unsafe { remote_config(&opts) }?),
-        ..DiskConfig::from_env()
+        ..PersistenceConfig::from_env()
     })
 }
 
@@ -262,12 +262,12 @@ pub unsafe extern "C" fn kc_persistence_open(
     guard(|| {
         non_null(out, "out")?;
         let config = if opts.is_null() {
-            DiskConfig::from_env()
+            PersistenceConfig::from_env()
         } else {
             // SAFETY: non-NULL; its size is the caller's promise.
             unsafe { read_options(opts) }?
         };
-        let inner = Arc::new(DiskCache::open(config)?);
+        let inner = Arc::new(Persistence::open(config)?);
         // SAFETY: non-NULL and writable by contract.
         unsafe { new_handle(out, inner) };
         Ok(())
@@ -278,8 +278,8 @@ pub unsafe extern "C" fn kc_persistence_open(
 /// shared by every cache and lookup given a NULL `kc_persistence *`; `None` when the
 /// environment turns the disk tier off or it is refused (warned about once). An I/O error is
 /// returned, and the next use tries again.
-fn default_persistence() -> Result<Option<&'static Arc<DiskCache>>> {
-    static DEFAULT: OnceLock<Option<Arc<DiskCache>>> = OnceLock::new();
+fn default_persistence() -> Result<Option<&'static Arc<Persistence>>> {
+    static DEFAULT: OnceLock<Option<Arc<Persistence>>> = OnceLock::new();
     static OPENING: Mutex<()> = Mutex::new(());
     if let Some(opened) = DEFAULT.get() {
         return Ok(opened.as_ref());
@@ -289,7 +289,7 @@ fn default_persistence() -> Result<Option<&'static Arc<DiskCache>>> {
     if let Some(opened) = DEFAULT.get() {
         return Ok(opened.as_ref());
     }
-    let opened = match DiskCache::open(DiskConfig::from_env()) {
+    let opened = match Persistence::open(PersistenceConfig::from_env()) {
         Ok(disk) => Some(Arc::new(disk)),
         Err(Error::Unavailable(_) | Error::Untrusted(_)) => None,
         Err(e) => return Err(e),
@@ -336,7 +336,7 @@ pub extern "C" fn kc_persistence_none() -> *mut kc_persistence {
 /// `p` must be NULL, `kc_persistence_none()` or a live object, live for `'a`.
 pub(super) unsafe fn persistence_arg<'a>(
     p: *const kc_persistence,
-) -> Result<Option<&'a Arc<DiskCache>>> {
+) -> Result<Option<&'a Arc<Persistence>>> {
     if p.is_null() {
         default_persistence()
     } else if is_none_marker(p) {
@@ -352,7 +352,7 @@ pub(super) unsafe fn persistence_arg<'a>(
 ///
 /// # Safety
 /// As [`persistence_arg`].
-pub(super) unsafe fn persistence_ref<'a>(p: *const kc_persistence) -> Result<&'a DiskCache> {
+pub(super) unsafe fn persistence_ref<'a>(p: *const kc_persistence) -> Result<&'a Persistence> {
     if is_none_marker(p) {
         return Err(invalid(
             "persistence is kc_persistence_none(), which stands for no persistent tier",

@@ -150,7 +150,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
         };
         let inner = VulkanCache::new(VulkanOptions {
             memory,
-            disk,
+            persistence: disk,
             vulkan,
         })?;
         Ok(kc_vulkan_cache { inner })

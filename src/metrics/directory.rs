@@ -1,4 +1,4 @@
-//! A directory's counters (`DiskCache::directory_stats`): every process's lookups, builds and
+//! A directory's counters (`Persistence::directory_stats`): every process's lookups, builds and
 //! writes added up, as counters under the names a process's own metrics give them, so that one
 //! dashboard reads both. `kcache metrics` writes them; zeroing the directory's counters is, to
 //! Prometheus, the counter reset it is.

@@ -204,9 +204,9 @@ mod tests {
             !debug.contains("hunter2") && debug.contains("***:***@host"),
             "{debug}"
         );
-        let disk = crate::disk::DiskConfig {
+        let disk = crate::disk::PersistenceConfig {
             remote: Some(config),
-            ..crate::disk::DiskConfig::in_dir("/x")
+            ..crate::disk::PersistenceConfig::in_dir("/x")
         };
         assert!(!format!("{disk:?}").contains("hunter2"));
     }

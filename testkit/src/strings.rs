@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::{DiskCache, DiskConfig, Durability, OperatorKey};
+use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::{Key, KeyBuilder};
 use kcache::memory::{Lease, MemoryCache, Options};
 use kcache::remote::{RemoteConfig, RemoteStats};
@@ -27,26 +27,26 @@ pub fn l2_key(source: &str) -> Key {
 
 /// A disk tier in `dir` with relaxed durability (tests need no fsync) and the default lock
 /// timeout.
-pub fn disk(dir: &Path) -> Arc<DiskCache> {
+pub fn disk(dir: &Path) -> Arc<Persistence> {
     disk_with_lock_timeout(dir, None)
 }
 
 /// As [`disk`], waiting `lock_timeout` for other processes' builds.
-pub fn disk_with_lock_timeout(dir: &Path, lock_timeout: Option<Duration>) -> Arc<DiskCache> {
-    let mut config = DiskConfig::in_dir(dir);
+pub fn disk_with_lock_timeout(dir: &Path, lock_timeout: Option<Duration>) -> Arc<Persistence> {
+    let mut config = PersistenceConfig::in_dir(dir);
     config.durability = Durability::Relaxed;
     config.lock_timeout = lock_timeout;
-    Arc::new(DiskCache::open(config).unwrap())
+    Arc::new(Persistence::open(config).unwrap())
 }
 
 /// As [`disk`], keyed by `key` when given, with `remote` behind it: a node of the remote tier's
 /// tests (a remote tier is shared under an operator key only, unless it allows unkeyed entries).
-pub fn disk_with_remote(dir: &Path, key: Option<&[u8]>, remote: RemoteConfig) -> Arc<DiskCache> {
-    let mut config = DiskConfig::in_dir(dir);
+pub fn disk_with_remote(dir: &Path, key: Option<&[u8]>, remote: RemoteConfig) -> Arc<Persistence> {
+    let mut config = PersistenceConfig::in_dir(dir);
     config.durability = Durability::Relaxed;
     config.key = key.map(|k| OperatorKey::new(k).unwrap());
     config.remote = Some(remote);
-    Arc::new(DiskCache::open(config).unwrap())
+    Arc::new(Persistence::open(config).unwrap())
 }
 
 /// A node of the remote tier's tests: its own disk directory with `remote` behind it, a tiered
@@ -78,7 +78,7 @@ impl Node {
         self.builds.load(Ordering::SeqCst)
     }
 
-    pub fn disk(&self) -> &DiskCache {
+    pub fn disk(&self) -> &Persistence {
         self.cache.disk().unwrap()
     }
 
@@ -94,7 +94,7 @@ impl Node {
 }
 
 /// A tiered cache with a new, unbounded memory tier in front of `disk`.
-pub fn tiered(disk: Option<Arc<DiskCache>>) -> Cache {
+pub fn tiered(disk: Option<Arc<Persistence>>) -> Cache {
     let memory = Arc::new(MemoryCache::new(Options::default(), |_v: String| Ok(())));
     TieredCache::new(memory, disk)
 }

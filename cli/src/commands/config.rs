@@ -6,7 +6,7 @@ use std::fmt::Display;
 use std::path::Path;
 
 use kcache::Error;
-use kcache::disk::DiskCache;
+use kcache::disk::Persistence;
 use kcache::disk::settings::{SETTINGS_FILE, Setting};
 use serde::Serialize;
 
@@ -112,7 +112,7 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
                 // Opening creates a missing directory, unless `KCACHE_DISABLE=1` refuses first
                 // (which `--dir` does not consult).
                 if out.exists || (target.dir.is_none() && kcache::env::disk_disabled()) {
-                    let opened = DiskCache::open(config);
+                    let opened = Persistence::open(config);
                     if let Ok(cache) = &opened {
                         settings.with_directory(cache.path());
                         if let Some(problem) = &settings.directory_problem {
@@ -174,7 +174,7 @@ pub fn config(target: &Target, json: bool) -> Result<u8, Failure> {
     Ok(if out.enabled { 0 } else { 1 })
 }
 
-fn print_config(out: &ConfigJson, cache: Option<&DiskCache>) {
+fn print_config(out: &ConfigJson, cache: Option<&Persistence>) {
     use report::printable;
     let none = || "none".to_owned();
     out!(

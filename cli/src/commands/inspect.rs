@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use kcache::disk::format::ALG_BLAKE3;
-use kcache::disk::{Check, DiskCache, EntryInfo};
+use kcache::disk::{Check, EntryInfo, Persistence};
 use serde::Serialize;
 
 use super::ls::{EntryJson, entry_json};
@@ -31,7 +31,7 @@ struct HeaderJson {
 
 /// Finds the entry `spec` names: an entry file name, or a key (or a unique prefix of one) in
 /// hex, of any key generation.
-fn find_entry(cache: &DiskCache, spec: &str) -> Result<EntryInfo, Failure> {
+fn find_entry(cache: &Persistence, spec: &str) -> Result<EntryInfo, Failure> {
     if spec.ends_with(".kce") {
         return cache.entry(spec)?.ok_or_else(|| {
             Failure::usage(format!("no entry {spec} in {}", cache.path().display()))

@@ -4,7 +4,7 @@ use std::cmp::Reverse;
 use std::time::{Duration, SystemTime};
 
 use kcache::disk::format::Header;
-use kcache::disk::{Check, DiskCache, EntryInfo};
+use kcache::disk::{Check, EntryInfo, Persistence};
 use serde::Serialize;
 
 use super::{SCHEMA, Target, backend_of, descriptor_of, hex};
@@ -46,7 +46,7 @@ fn describe(check: &Check) -> (&'static str, Option<&'static str>, Option<&Heade
     }
 }
 
-pub(super) fn entry_json(cache: &DiskCache, entry: &EntryInfo, check: &Check) -> EntryJson {
+pub(super) fn entry_json(cache: &Persistence, entry: &EntryInfo, check: &Check) -> EntryJson {
     let (status, reason, header) = describe(check);
     let descriptor = descriptor_of(check);
     EntryJson {

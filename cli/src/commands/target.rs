@@ -4,7 +4,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use kcache::Error;
-use kcache::disk::{DEFAULT_MAX_SIZE, DirSource, DiskCache, DiskConfig, OperatorKey};
+use kcache::disk::{DEFAULT_MAX_SIZE, DirSource, OperatorKey, Persistence, PersistenceConfig};
 
 use super::{error_message, with_context};
 use crate::Failure;
@@ -32,14 +32,14 @@ fn non_empty_env(name: &str) -> Option<OsString> {
 impl Target {
     /// The configuration's directory part: `--dir` (made absolute against the working
     /// directory, as a command-line path is expected to be), else the environment.
-    pub(super) fn base_config(&self) -> Result<DiskConfig, Failure> {
+    pub(super) fn base_config(&self) -> Result<PersistenceConfig, Failure> {
         match &self.dir {
             Some(dir) => {
                 let dir = std::path::absolute(dir)
                     .map_err(|e| Failure::usage(format!("--dir {}: {e}", dir.display())))?;
-                Ok(DiskConfig::in_dir(dir))
+                Ok(PersistenceConfig::in_dir(dir))
             }
-            None => Ok(DiskConfig::from_env()),
+            None => Ok(PersistenceConfig::from_env()),
         }
     }
 
@@ -69,7 +69,7 @@ impl Target {
     /// library's refusals. The directory itself is opened without caps: the caps a process
     /// applies evict when it opens a directory over them, and looking at a cache must not
     /// change it.
-    pub(super) fn add_settings(&self, config: &mut DiskConfig) -> Result<Settings, Error> {
+    pub(super) fn add_settings(&self, config: &mut PersistenceConfig) -> Result<Settings, Error> {
         let load = |path: &Path, what: &str| {
             OperatorKey::from_file(path)
                 .map_err(|e| with_context(e, &format!("{what}={}", path.display())))
@@ -131,7 +131,7 @@ impl Target {
     /// Opens the directory as the library does. A directory that does not exist is an error
     /// rather than created: nothing has been cached there, and a mistyped `--dir` should say
     /// so instead of leaving an empty cache behind.
-    pub fn open(&self) -> Result<(DiskCache, Settings), Failure> {
+    pub fn open(&self) -> Result<(Persistence, Settings), Failure> {
         let mut config = self.base_config()?;
         let (dir, source) = config
             .locate_dir()
@@ -152,7 +152,7 @@ impl Target {
             ))
         };
         let mut settings = self.add_settings(&mut config).map_err(refused)?;
-        let cache = DiskCache::open(config).map_err(refused)?;
+        let cache = Persistence::open(config).map_err(refused)?;
         settings.with_directory(cache.path());
         Ok((cache, settings))
     }

@@ -12,7 +12,7 @@ pub(super) use super::module::ModuleLease;
 use super::nvrtc::Nvrtc;
 use super::runtime::{Counters, Cuda, Input, Source, picked_arch};
 use crate::backend::handle_cache::{HandleCache, common_calls};
-use crate::disk::{DiskCache, DiskStats};
+use crate::disk::{DiskStats, Persistence};
 use crate::error::{Error, Result};
 use crate::memory;
 
@@ -21,8 +21,8 @@ use crate::memory;
 pub struct CudaOptions {
     pub memory: memory::Options,
     /// `None`: memory only. Its operator key and key requirement are those of the
-    /// [`DiskConfig`](crate::disk::DiskConfig) it was opened with.
-    pub disk: Option<Arc<DiskCache>>,
+    /// [`PersistenceConfig`](crate::disk::PersistenceConfig) it was opened with.
+    pub persistence: Option<Arc<Persistence>>,
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,
     /// NVRTC already loaded; `None` loads it with [`Nvrtc::load_for_driver`] on the first
@@ -91,7 +91,7 @@ impl CudaCache {
             counters: Counters::default(),
         };
         Ok(CudaCache {
-            cache: HandleCache::new(runtime, options.memory, options.disk),
+            cache: HandleCache::new(runtime, options.memory, options.persistence),
             nvrtc: match options.nvrtc {
                 Some(nvrtc) => OnceLock::from(Ok(nvrtc)),
                 None => OnceLock::new(),

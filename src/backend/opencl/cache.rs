@@ -9,7 +9,7 @@ use super::pocl::{self, Sibling, SiblingBuilds};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{Descriptor, DiskBytes, DiskCache, DiskStats};
+use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
@@ -55,9 +55,9 @@ pub struct OpenClOptions {
     /// in `max_weight`; one built from source its source's length.
     pub memory: memory::Options,
     /// Where program binaries persist; `None` keeps everything in memory. Its operator key and
-    /// key requirement are those of the [`DiskConfig`](crate::disk::DiskConfig) it was opened
+    /// key requirement are those of the [`PersistenceConfig`](crate::disk::PersistenceConfig) it was opened
     /// with.
-    pub disk: Option<Arc<DiskCache>>,
+    pub persistence: Option<Arc<Persistence>>,
 }
 
 /// What a program is built from, on which (context, device) pair.
@@ -203,11 +203,11 @@ impl OpenClCache {
         let runtime = OpenCl {
             api: Api::get()?,
             source_builds: Arc::default(),
-            stores: options.disk.is_some(),
-            siblings: SiblingBuilds::new(options.disk.as_ref()),
+            stores: options.persistence.is_some(),
+            siblings: SiblingBuilds::new(options.persistence.as_ref()),
         };
         Ok(OpenClCache {
-            cache: HandleCache::new(runtime, options.memory, options.disk),
+            cache: HandleCache::new(runtime, options.memory, options.persistence),
         })
     }
 

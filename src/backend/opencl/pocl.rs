@@ -52,7 +52,7 @@ use std::sync::{Arc, Weak};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
-use crate::disk::{DiskCache, Reported};
+use crate::disk::{Persistence, Reported};
 use crate::error::BuildError;
 use crate::metrics::{self, Backend, Totals};
 
@@ -187,12 +187,12 @@ impl Sibling {
 pub(super) struct SiblingBuilds {
     builds: AtomicU64,
     /// Weak: the disk tier's writer runs the sibling builds, and must not keep it alive.
-    disk: Option<Weak<DiskCache>>,
+    disk: Option<Weak<Persistence>>,
 }
 
 impl SiblingBuilds {
     /// Listed in metrics until dropped.
-    pub(super) fn new(disk: Option<&Arc<DiskCache>>) -> Arc<SiblingBuilds> {
+    pub(super) fn new(disk: Option<&Arc<Persistence>>) -> Arc<SiblingBuilds> {
         let siblings = Arc::new(SiblingBuilds {
             builds: AtomicU64::new(0),
             disk: disk.map(Arc::downgrade),

@@ -15,7 +15,7 @@ use super::pipeline::{self, Pipeline};
 use super::spec::PipelineSpec;
 use super::stats::{Counters, VulkanStats};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{DiskCache, Reported, Reporter};
+use crate::disk::{Persistence, Reported, Reporter};
 use crate::key::Key;
 use crate::memory::{Lease, Options};
 use crate::metrics::Backend;
@@ -30,9 +30,9 @@ pub struct VulkanOptions {
     /// Caps and hooks of the memory tier.
     pub memory: Options,
     /// Where pipeline-cache data persists; `None` keeps everything in memory. Its operator
-    /// key and key requirement are those of the [`DiskConfig`](crate::disk::DiskConfig) it
+    /// key and key requirement are those of the [`PersistenceConfig`](crate::disk::PersistenceConfig) it
     /// was opened with.
-    pub disk: Option<Arc<DiskCache>>,
+    pub persistence: Option<Arc<Persistence>>,
     /// A loader already opened; `None` opens the system's with [`Vulkan::load`].
     pub vulkan: Option<Vulkan>,
 }
@@ -103,7 +103,7 @@ pub struct VulkanCache {
     cache: HandleCache<VulkanRuntime>,
     id: u64,
     /// Where each registered device's pipeline-cache data persists.
-    disk: Option<Arc<DiskCache>>,
+    disk: Option<Arc<Persistence>>,
     /// What `disk` has been told of the memory tier's lookups and builds.
     reported: Reporter,
 }
@@ -122,7 +122,7 @@ impl VulkanCache {
         Ok(VulkanCache {
             cache: HandleCache::new(runtime, options.memory, None),
             id: NEXT_CACHE.fetch_add(1, Ordering::Relaxed),
-            disk: options.disk,
+            disk: options.persistence,
             reported: Reporter::default(),
         })
     }

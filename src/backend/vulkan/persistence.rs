@@ -17,7 +17,7 @@ use ash::vk;
 use super::device::DeviceState;
 use super::header::{self, CacheIdentity};
 use super::stats::{Counters, bump};
-use crate::disk::{Descriptor, DiskCache};
+use crate::disk::{Descriptor, Persistence};
 use crate::key::{Key, KeyBuilder};
 use crate::{Error, Result};
 
@@ -74,7 +74,7 @@ pub(super) struct Created {
 /// Creates the device's pipeline cache from disk data whose header names this device, else
 /// from the remote tier's (behind the disk tier, when it has one), else empty.
 pub(super) fn create_pipeline_cache(
-    disk: Option<&DiskCache>,
+    disk: Option<&Persistence>,
     counters: &Counters,
     fns: &ash::Device,
     identity: &CacheIdentity,
@@ -155,7 +155,7 @@ fn checked(counters: &Counters, data: Vec<u8>, identity: &CacheIdentity) -> Opti
 /// write, merging in what another process or node stored meanwhile. Returns whether it wrote
 /// to disk.
 pub(super) fn write_back(
-    disk: Option<&DiskCache>,
+    disk: Option<&Persistence>,
     counters: &Counters,
     state: &DeviceState,
 ) -> Result<bool> {
@@ -180,7 +180,7 @@ pub(super) fn write_back(
 }
 
 fn write_data(
-    disk: &DiskCache,
+    disk: &Persistence,
     counters: &Counters,
     state: &DeviceState,
     cache: vk::PipelineCache,

@@ -11,7 +11,7 @@ use super::tracked::Tracked;
 use crate::backend::opencl::runtime::ContextRef;
 use crate::backend::opencl::sys::*;
 use crate::backend::opencl::{OpenClCache, OpenClOptions, Program};
-use crate::disk::{DiskCache, DiskConfig};
+use crate::disk::{Persistence, PersistenceConfig};
 use crate::error::Error;
 use crate::log;
 
@@ -182,14 +182,14 @@ impl Layer {
     fn cache(&self) -> Option<&OpenClCache> {
         self.cache
             .get_or_init(|| {
-                let disk = DiskCache::open(DiskConfig::from_env())
+                let disk = Persistence::open(PersistenceConfig::from_env())
                     .inspect_err(|e| {
                         log::info(|| format!("OpenCL layer: builds go to the driver: {e}"))
                     })
                     .ok()?;
                 OpenClCache::new(OpenClOptions {
                     memory: Default::default(),
-                    disk: Some(Arc::new(disk)),
+                    persistence: Some(Arc::new(disk)),
                 })
                 .inspect_err(|e| {
                     log::info(|| format!("OpenCL layer: builds go to the driver: {e}"))
