@@ -533,7 +533,15 @@ fn the_flush_stores_the_launches_code_that_a_waiters_entry_lacks() {
 fn a_program_loaded_from_a_binary_packs_without_its_launches_code() {
     let (tmp, dir, _go) = setup();
     let context = Context::first_device().unwrap();
-    let source = kernel_source(LIGHT_ROUNDS, false);
+    // A program of this run's own: with PoCL's cache on, programs of one preprocessed source
+    // share PoCL's directory, and launches of other runs or tests would already have put their
+    // code there.
+    let nanos = std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let source = format!(
+        "{}__constant uint run_{}_{nanos} = 0;\n",
+        kernel_source(LIGHT_ROUNDS, false),
+        std::process::id()
+    );
     let open = |dir: &Path| {
         let disk = Persistence::open(PersistenceConfig::in_dir(dir)).unwrap();
         OpenClCache::new(OpenClOptions {
