@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use kcache::Error;
 use kcache::backend::cuda::{CudaCache, CudaOptions};
-use kcache::backend::opencl::{OpenClCache, OpenClOptions};
+use kcache::backend::opencl::{OpenClCache, OpenClOptions, Program};
 use kcache::disk::{DiskStats, Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{FakeDriver, PrimaryContext, Saxpy};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel_in_groups};
@@ -172,15 +172,7 @@ fn opencl_lookup(
     ready_then_wait(go);
     let found = cache.find_or_build(context.context(), context.device(), &[&source], "");
     let (correct, error) = match found {
-        Ok(program) => {
-            let mut y: Vec<f32> = (0..ITEMS).map(|i| i as f32).collect();
-            let mut args = [KernelArg::Floats(&mut y), KernelArg::Float(FACTOR)];
-            let value = program.value();
-            run_kernel_in_groups(&context, value, "scramble", &mut args, ITEMS, Some(GROUP))
-                .unwrap();
-            let correct = (0..ITEMS as u32).all(|i| y[i as usize] == expected(i, rounds, i as f32));
-            (correct, "")
-        }
+        Ok(program) => (launch(&context, program.value(), rounds), ""),
         Err(Error::Build(_)) => (false, "build"),
         Err(e) => panic!("lookup: {e}"),
     };
@@ -208,6 +200,15 @@ fn opencl_lookup(
         .unwrap_or_else(|| panic!("no {metric} in {metrics}"));
     let directory_builds = disk.map_or(0, |d| d.directory_stats().unwrap().counters.builds);
     format!("{line} metric_builds={metric_builds} directory_builds={directory_builds}")
+}
+
+/// Runs the kernel of `program` (built with `rounds`) in work-groups of [`GROUP`]; whether
+/// every output is right.
+fn launch(context: &Context, program: &Program, rounds: u32) -> bool {
+    let mut y: Vec<f32> = (0..ITEMS).map(|i| i as f32).collect();
+    let mut args = [KernelArg::Floats(&mut y), KernelArg::Float(FACTOR)];
+    run_kernel_in_groups(context, program, "scramble", &mut args, ITEMS, Some(GROUP)).unwrap();
+    (0..ITEMS as u32).all(|i| y[i as usize] == expected(i, rounds, i as f32))
 }
 
 fn cuda_lookup(disk: Option<Arc<Persistence>>, go: Option<&Path>) -> String {
@@ -520,6 +521,69 @@ fn the_flush_stores_the_launches_code_that_a_waiters_entry_lacks() {
         flushed > written_for_the_follower,
         "the flush left the entry written for the follower ({written_for_the_follower} bytes; \
          now {flushed} bytes)"
+    );
+}
+
+/// Why the entry for a waiting process is a second compile (a sibling) and not the leader's
+/// program packed at once and loaded again from those bytes for its caller, which would save
+/// that compile: PoCL packs a program loaded from a binary as the bytes it was loaded from,
+/// whatever its launches compiled since, so the entry rewritten at the flush would never carry
+/// the launches' code. A program built from source and launched the same way packs that code.
+#[test]
+fn a_program_loaded_from_a_binary_packs_without_its_launches_code() {
+    let (tmp, dir, _go) = setup();
+    let context = Context::first_device().unwrap();
+    // A program of this run's own: with PoCL's cache on, programs of one preprocessed source
+    // share PoCL's directory, and launches of other runs or tests would already have put their
+    // code there.
+    let nanos = std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let source = format!(
+        "{}__constant uint run_{}_{nanos} = 0;\n",
+        kernel_source(LIGHT_ROUNDS, false),
+        std::process::id()
+    );
+    let open = |dir: &Path| {
+        let disk = Persistence::open(PersistenceConfig::in_dir(dir)).unwrap();
+        OpenClCache::new(OpenClOptions {
+            persistence: Some(Arc::new(disk)),
+            ..OpenClOptions::default()
+        })
+        .unwrap()
+    };
+    let find = |cache: &OpenClCache| {
+        cache
+            .find_or_build(context.context(), context.device(), &[&source], "")
+            .unwrap()
+    };
+
+    // Packed before any launch, as the leader's program would be for processes that wait.
+    let leader = open(&dir);
+    let built = find(&leader);
+    leader.flush();
+    let early = built.value().binary().unwrap().len();
+
+    let loader = open(&dir);
+    let loaded = find(&loader);
+    let stats = loader.stats();
+    assert_eq!((stats.source_builds, stats.binary_loads), (0, 1));
+    assert!(launch(&context, loaded.value(), LIGHT_ROUNDS));
+    let loaded_after_launch = loaded.value().binary().unwrap().len();
+
+    let elsewhere = open(&tmp.path().join("elsewhere"));
+    let compiled = find(&elsewhere);
+    assert_eq!(elsewhere.stats().source_builds, 1);
+    assert!(launch(&context, compiled.value(), LIGHT_ROUNDS));
+    elsewhere.flush();
+    let compiled_after_launch = compiled.value().binary().unwrap().len();
+
+    assert_eq!(
+        loaded_after_launch, early,
+        "the loaded program's binary changed after its launch"
+    );
+    assert!(
+        compiled_after_launch > early,
+        "the launch compiled nothing a binary holds ({compiled_after_launch} against {early} \
+         bytes)"
     );
 }
 

@@ -15,7 +15,10 @@
 //!   (`pocl_release_dlhandle_cache: Assertion 'found->ref_count > 0' failed`) when a program's
 //!   binary is queried on one thread while the caller launches on another; measured in about
 //!   one in seven two-process runs of `benches/node.rs`, against none in eighteen with the
-//!   sibling;
+//!   sibling. Packing the cached program before its caller has it, and handing the caller a
+//!   program loaded from those bytes instead, would save the sibling's compile but never store
+//!   the launches' code: PoCL packs a program loaded from a binary as the bytes it was loaded
+//!   from, whatever its launches compiled (`docs/node.md`, measured);
 //! - at flush (and when the cache is freed), the cached program's binary, which then holds
 //!   what its launches compiled: stored, or replacing the sibling's when it is larger. The
 //!   sibling is never launched: its binary holds the launches' code only when PoCL's own
