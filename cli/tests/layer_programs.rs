@@ -374,3 +374,41 @@ fn kcache_run_reports_what_it_saved_and_keeps_the_exit_status() {
         layer().to_str().unwrap()
     );
 }
+
+/// Compile once per cluster: two nodes (a cache directory and a PoCL cache each) share one
+/// real `redis-server` and an operator key; the program's builds on node A go to the store,
+/// and node B, with an empty directory, compiles nothing and gives the same output.
+#[cfg(feature = "remote")]
+#[test]
+fn a_second_node_compiles_nothing_with_the_remote_tier() {
+    use kcache_testkit::redis::RedisServer;
+
+    let server = RedisServer::start();
+    let url = server.url();
+    let keys = tempfile::tempdir().unwrap();
+    let key_file = keys.path().join("operator.key");
+    kcache_testkit::write_key_file(&key_file, &[7; 32]);
+    let remote = [
+        ("KCACHE_REMOTE_URL", url.as_str()),
+        ("KCACHE_KEY_FILE", key_file.to_str().unwrap()),
+    ];
+    let program = example("demo_elementwise.py");
+    let (a, b) = (Setup::new(), Setup::new());
+    let plain = a.run(false, &args(&program), &[]);
+
+    let on_a = a.run(true, &args(&program), &remote);
+    assert_eq!(on_a.stdout, plain.stdout, "node A's output");
+    let counters_a = a.counters();
+    assert_eq!(counters_a.builds, 3, "node A compiled: {counters_a:?}");
+    assert_eq!(counters_a.remote_hits, 0, "{counters_a:?}");
+
+    let on_b = b.run(true, &args(&program), &remote);
+    assert_eq!(on_b.stdout, plain.stdout, "node B's output");
+    let counters_b = b.counters();
+    assert_eq!(counters_b.builds, 0, "node B compiled nothing: {counters_b:?}");
+    assert_eq!(
+        counters_b.remote_hits, 3,
+        "every program from the store: {counters_b:?}"
+    );
+    assert_eq!(b.entries(), 3, "node B keeps them on its disk too");
+}
