@@ -412,3 +412,19 @@ fn a_second_node_compiles_nothing_with_the_remote_tier() {
     );
     assert_eq!(b.entries(), 3, "node B keeps them on its disk too");
 }
+
+#[test]
+fn the_layer_exports_only_its_two_entry_points() {
+    let output = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(layer())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "nm failed");
+    let mut symbols: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().last().map(str::to_owned))
+        .collect();
+    symbols.sort();
+    assert_eq!(symbols, ["clGetLayerInfo", "clInitLayer"]);
+}
