@@ -281,18 +281,25 @@ impl Layer {
                     ptr::null_mut(),
                 )
             };
-            if code == CL_SUCCESS && count == 1 && self.tracked.forget(program as usize) {
-                // The disk tier's write of a served build may hold the build (and through it
-                // the application's context) until the cache is flushed, which PoCL 3.1 does
-                // not survive once the application has released that context: it aborts in
-                // `pocl_llvm_release_context` at a later context's release.
-                if let Some(Some(cache)) = self.cache.get() {
-                    cache.flush();
-                }
+            if code == CL_SUCCESS && count == 1 {
+                self.forget(program);
             }
         }
         // SAFETY: the caller's release, passed on.
         unsafe { (self.api.clReleaseProgram)(program) }
+    }
+
+    /// Forgets `program` and drops its served build, if any.
+    fn forget(&self, program: cl_program) {
+        if self.tracked.forget(program as usize) {
+            // The disk tier's write of a served build may hold the build (and through it
+            // the application's context) until the cache is flushed, which PoCL 3.1 does
+            // not survive once the application has released that context: it aborts in
+            // `pocl_llvm_release_context` at a later context's release.
+            if let Some(Some(cache)) = self.cache.get() {
+                cache.flush();
+            }
+        }
     }
 }
 
@@ -444,8 +451,9 @@ unsafe extern "C" fn compile_program(
     user_data: *mut c_void,
 ) -> cl_int {
     let layer = layer();
-    // Compiled by the driver: a served build no longer answers for it.
-    layer.tracked.set_built(program as usize, None);
+    // Compiled by the driver: a served build no longer answers for it, and the layer has no
+    // more use for its source (see `build_program`).
+    layer.forget(program);
     // SAFETY: the application's call, passed on.
     unsafe {
         (layer.next.compile_program)(
@@ -471,10 +479,12 @@ unsafe extern "C" fn build_program(
     user_data: *mut c_void,
 ) -> cl_int {
     let layer = layer();
-    let served = layer.serve(program, num_devices, device_list, options);
-    let was_served = served.is_some();
-    layer.tracked.set_built(program as usize, served);
-    if !was_served {
+    let Some(served) = layer.serve(program, num_devices, device_list, options) else {
+        // Built by the driver: the layer forgets the program now. Kernels of a driver's build
+        // keep their program alive without the layer seeing their releases, so the
+        // application's last release of the program may happen behind its back; what the
+        // layer kept of it (its source) would then stay until the handle came back.
+        layer.forget(program);
         // SAFETY: the application's call, passed on.
         return unsafe {
             (layer.api.clBuildProgram)(
@@ -486,7 +496,8 @@ unsafe extern "C" fn build_program(
                 user_data,
             )
         };
-    }
+    };
+    layer.tracked.set_built(program as usize, served);
     if let Some(notify) = pfn_notify {
         // SAFETY: the application's callback, called once the build is complete, as the
         // driver would.

@@ -20,8 +20,8 @@ use crate::backend::opencl::Program;
 pub(super) struct Source {
     pub context: usize,
     pub text: String,
-    /// The program kcache served its last build from; `None` until then, or when the last
-    /// build went to the driver.
+    /// The program kcache served its last build from; `None` until then. A program whose
+    /// build goes to the driver is forgotten.
     pub built: Option<Program>,
 }
 
@@ -71,12 +71,12 @@ impl Tracked {
             .map(|source| (source.context, source.text.clone()))
     }
 
-    /// Sets (or clears) the served build of a tracked program.
-    pub fn set_built(&self, program: usize, built: Option<Program>) {
+    /// Sets the served build of a tracked program.
+    pub fn set_built(&self, program: usize, built: Program) {
         let mut programs = self.programs.write();
         let old = match programs.get_mut(&program) {
-            Some(source) => std::mem::replace(&mut source.built, built),
-            None => built,
+            Some(source) => source.built.replace(built),
+            None => Some(built),
         };
         drop(programs);
         drop(old);
