@@ -24,48 +24,59 @@ macro_rules! unpoisoned {
     };
 }
 
+/// The facade's `Mutex`, `RwLock` and `Condvar` over one implementation's mutex,
+/// reader-writer lock and condition variable, all three taking the guard even when poisoned.
+macro_rules! locks {
+    ($($mutex:ident)::+, $($rwlock:ident)::+, $($condvar:ident)::+) => {
+        unpoisoned!(
+            #[derive(Default)]
+            Mutex($($mutex)::+) { lock -> MutexGuard }
+        );
+        unpoisoned!(
+            #[derive(Default)]
+            RwLock($($rwlock)::+) { read -> RwLockReadGuard, write -> RwLockWriteGuard }
+        );
+
+        #[derive(Default)]
+        pub struct Condvar($($condvar)::+);
+
+        impl Condvar {
+            pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+                self.0
+                    .wait(guard)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            }
+            pub fn notify_all(&self) {
+                self.0.notify_all();
+            }
+        }
+    };
+}
+
 #[cfg(not(feature = "shuttle"))]
 mod imp {
     pub use crossbeam_utils::sync::{
         ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
     };
+    pub use std::sync::MutexGuard;
     pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
-    pub use std::sync::{MutexGuard, PoisonError};
     pub use std::thread::ThreadId;
 
     pub fn current_thread() -> ThreadId {
         std::thread::current().id()
     }
 
-    unpoisoned!(
-        /// The standard library's mutex, which waits on its own memory: parking_lot's waits in
-        /// a table the whole process shares, which a fork can leave locked in the child.
-        #[derive(Default)]
-        Mutex(std::sync::Mutex) { lock -> MutexGuard }
+    // The standard library's mutex waits on its own memory: parking_lot's waits in a table the
+    // whole process shares, which a fork can leave locked in the child. The shard lock is a
+    // sharded one: a plain reader-writer lock makes every reader write its one lock word, and on
+    // a shared hot set that cache line then travels between cores on every hit; a sharded lock
+    // gives each thread a word of its own, at the price of a slower write lock (misses and
+    // evictions only).
+    locks!(
+        std::sync::Mutex,
+        crossbeam_utils::sync::ShardedLock,
+        std::sync::Condvar
     );
-
-    unpoisoned!(
-        /// The shard lock. A plain reader-writer lock makes every reader write its one lock
-        /// word, and on a shared hot set that cache line then travels between cores on every
-        /// hit; a sharded lock gives each thread a word of its own, at the price of a slower
-        /// write lock (misses and evictions only).
-        RwLock(crossbeam_utils::sync::ShardedLock) {
-            read -> RwLockReadGuard,
-            write -> RwLockWriteGuard
-        }
-    );
-
-    #[derive(Default)]
-    pub struct Condvar(std::sync::Condvar);
-
-    impl Condvar {
-        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
-        }
-        pub fn notify_all(&self) {
-            self.0.notify_all();
-        }
-    }
 }
 
 #[cfg(feature = "shuttle")]
@@ -73,36 +84,16 @@ mod imp {
     pub use shuttle::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
     pub use shuttle::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
     pub use shuttle::thread::ThreadId;
-    use std::sync::PoisonError;
 
     pub fn current_thread() -> ThreadId {
         shuttle::thread::current().id()
     }
 
-    unpoisoned!(
-        #[derive(Default)]
-        Mutex(shuttle::sync::Mutex) { lock -> MutexGuard }
+    locks!(
+        shuttle::sync::Mutex,
+        shuttle::sync::RwLock,
+        shuttle::sync::Condvar
     );
-
-    unpoisoned!(
-        #[derive(Default)]
-        RwLock(shuttle::sync::RwLock) {
-            read -> RwLockReadGuard,
-            write -> RwLockWriteGuard
-        }
-    );
-
-    #[derive(Default)]
-    pub struct Condvar(shuttle::sync::Condvar);
-
-    impl Condvar {
-        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
-        }
-        pub fn notify_all(&self) {
-            self.0.notify_all();
-        }
-    }
 }
 
 pub(crate) use imp::*;
