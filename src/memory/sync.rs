@@ -24,13 +24,22 @@ macro_rules! unpoisoned {
     };
 }
 
-/// The facade's `Mutex`, `RwLock` and `Condvar` over one implementation's mutex,
-/// reader-writer lock and condition variable, all three taking the guard even when poisoned.
-macro_rules! locks {
-    ($($mutex:ident)::+, $($rwlock:ident)::+, $($condvar:ident)::+) => {
+/// The facade over the implementation `$root` (`std` or `shuttle`): its atomics and threads, its
+/// mutex and condition variable, and the reader-writer lock `$rwlock` (whose guards the caller
+/// imports), the locks taking the guard even when poisoned.
+macro_rules! facade {
+    ($root:ident, $($rwlock:ident)::+) => {
+        pub use $root::sync::MutexGuard;
+        pub use $root::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+        pub use $root::thread::ThreadId;
+
+        pub fn current_thread() -> ThreadId {
+            $root::thread::current().id()
+        }
+
         unpoisoned!(
             #[derive(Default)]
-            Mutex($($mutex)::+) { lock -> MutexGuard }
+            Mutex($root::sync::Mutex) { lock -> MutexGuard }
         );
         unpoisoned!(
             #[derive(Default)]
@@ -38,7 +47,7 @@ macro_rules! locks {
         );
 
         #[derive(Default)]
-        pub struct Condvar($($condvar)::+);
+        pub struct Condvar($root::sync::Condvar);
 
         impl Condvar {
             pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
@@ -53,47 +62,23 @@ macro_rules! locks {
     };
 }
 
+// The standard library's mutex waits on its own memory: parking_lot's waits in a table the whole
+// process shares, which a fork can leave locked in the child. The shard lock is a sharded one: a
+// plain reader-writer lock makes every reader write its one lock word, and on a shared hot set
+// that cache line then travels between cores on every hit; a sharded lock gives each thread a
+// word of its own, at the price of a slower write lock (misses and evictions only).
 #[cfg(not(feature = "shuttle"))]
 mod imp {
     pub use crossbeam_utils::sync::{
         ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
     };
-    pub use std::sync::MutexGuard;
-    pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
-    pub use std::thread::ThreadId;
-
-    pub fn current_thread() -> ThreadId {
-        std::thread::current().id()
-    }
-
-    // The standard library's mutex waits on its own memory: parking_lot's waits in a table the
-    // whole process shares, which a fork can leave locked in the child. The shard lock is a
-    // sharded one: a plain reader-writer lock makes every reader write its one lock word, and on
-    // a shared hot set that cache line then travels between cores on every hit; a sharded lock
-    // gives each thread a word of its own, at the price of a slower write lock (misses and
-    // evictions only).
-    locks!(
-        std::sync::Mutex,
-        crossbeam_utils::sync::ShardedLock,
-        std::sync::Condvar
-    );
+    facade!(std, crossbeam_utils::sync::ShardedLock);
 }
 
 #[cfg(feature = "shuttle")]
 mod imp {
-    pub use shuttle::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
-    pub use shuttle::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
-    pub use shuttle::thread::ThreadId;
-
-    pub fn current_thread() -> ThreadId {
-        shuttle::thread::current().id()
-    }
-
-    locks!(
-        shuttle::sync::Mutex,
-        shuttle::sync::RwLock,
-        shuttle::sync::Condvar
-    );
+    pub use shuttle::sync::{RwLockReadGuard, RwLockWriteGuard};
+    facade!(shuttle, shuttle::sync::RwLock);
 }
 
 pub(crate) use imp::*;
