@@ -416,7 +416,6 @@ pub unsafe extern "C" fn kc_cache_stats(
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
         let stats: kc_cache_stats = unsafe { handle_ref(cache, "cache") }?.stats().into();
-        non_null(out, "out")?;
         // The first published layout is the whole struct: every field is known from the start.
         let min = size_of::<kc_cache_stats>();
         // SAFETY: `out` has `out->struct_size` writable bytes by contract; the struct has no

@@ -339,6 +339,19 @@ pub(super) unsafe fn persistence_ref<'a>(p: *const kc_persistence) -> Result<&'a
     unsafe { handle_ref(p, "persistence") }.map(|shared| &**shared)
 }
 
+/// The body of a `kc_persistence_*` function: `call` on the object of its first argument,
+/// inside [`guard`].
+///
+/// # Safety
+/// As [`persistence_arg`].
+pub(super) unsafe fn with_persistence(
+    persistence: *const kc_persistence,
+    call: impl FnOnce(&Persistence) -> Result<()>,
+) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    guard(|| call(unsafe { persistence_ref(persistence) }?))
+}
+
 /// Gives up the caller's reference; the tiers close (after their pending writes) once no
 /// cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
 /// returned stay valid.
@@ -359,15 +372,15 @@ pub unsafe extern "C" fn kc_persistence_fingerprint(
     persistence: *const kc_persistence,
     out: *mut u8,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
+    let copy = |disk: &Persistence| {
         non_null(out, "out")?;
         let fp = disk.fingerprint();
         // SAFETY: `out` has `KC_FINGERPRINT_LEN` writable bytes by contract.
         unsafe { ptr::copy_nonoverlapping(fp.as_ptr(), out, KC_FINGERPRINT_LEN) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, copy) }
 }
 
 /// The distinct operator key fingerprints of the directory's entries, ascending (all zero for
@@ -380,9 +393,7 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
     capacity: usize,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
+    let list = |disk: &Persistence| {
         non_null(out_count, "out_count")?;
         if capacity > 0 {
             non_null(out, "out")?;
@@ -398,7 +409,9 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
         // SAFETY: non-NULL and writable by contract.
         unsafe { out_count.write(found.len()) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, list) }
 }
 
 /// Waits until every background write of this object submitted so far has finished (written or
@@ -406,11 +419,8 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
 /// too.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { persistence_ref(persistence) }?.flush();
-        Ok(())
-    })
+    // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::flush))
 }
 
 /// Waits for the scan of the directory that `kc_persistence_open` starts in the background
@@ -418,11 +428,8 @@ pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence
 /// this object's own writes, and writes wait for it; reads do not.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_wait_scan(persistence: *const kc_persistence) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { persistence_ref(persistence) }?.wait_scan();
-        Ok(())
-    })
+    // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::wait_scan))
 }
 
 // ---------------------------------------------------------------------------------------

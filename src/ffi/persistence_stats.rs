@@ -7,9 +7,9 @@ use std::mem::size_of;
 use std::time::Duration;
 
 use super::args::{c_statistics, invalid, write_sized};
-use super::persistence::{KC_FINGERPRINT_LEN, kc_persistence, persistence_ref};
-use super::status::{byte_slice, guard, kc_status, non_null};
-use crate::disk::{DiskStats, GcReport};
+use super::persistence::{KC_FINGERPRINT_LEN, kc_persistence, persistence_ref, with_persistence};
+use super::status::{byte_slice, guard, kc_status};
+use crate::disk::{DiskStats, GcReport, Persistence};
 
 /// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 pub const KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
@@ -177,9 +177,7 @@ pub unsafe extern "C" fn kc_persistence_gc(
     temp_max_age_s: u64,
     out_report: *mut kc_persistence_gc_report,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
+    let sweep = |disk: &Persistence| {
         let bytes = retain_count
             .checked_mul(KC_FINGERPRINT_LEN)
             .ok_or_else(|| invalid("retain_count is too large"))?;
@@ -204,7 +202,9 @@ pub unsafe extern "C" fn kc_persistence_gc(
             }?;
         }
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, sweep) }
 }
 
 /// Fills `*out`, whose `struct_size` the caller set.
@@ -213,14 +213,13 @@ pub unsafe extern "C" fn kc_persistence_stats(
     persistence: *const kc_persistence,
     out: *mut kc_persistence_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
-        non_null(out, "out")?;
+    let write = |disk: &Persistence| {
         let stats = kc_persistence_statistics::from(disk.stats());
-        // SAFETY: non-NULL; its size is the caller's promise.
+        // SAFETY: NULL (refused) or writable for its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_persistence_statistics", OUT_MIN_SIZE) }
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, write) }
 }
 
 /// Zeroes this object's event counters (`kc_persistence_statistics`); `entries`, `bytes`,
@@ -228,9 +227,6 @@ pub unsafe extern "C" fn kc_persistence_stats(
 /// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persistence) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { persistence_ref(persistence) }?.reset_stats();
-        Ok(())
-    })
+    // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::reset_stats))
 }
