@@ -164,13 +164,9 @@ typedef struct kc_opencl_cache kc_opencl_cache;
 typedef struct kc_opencl_lease kc_opencl_lease;
 
 // The persistent tiers: the disk tier and, when configured, the remote tier behind it. Open
-// one with `kc_persistence_open` and hand it to every cache of the process
-// (`kc_opencl_cache_new`, `kc_cuda_cache_new`, `kc_vulkan_cache_new`) and tiered lookup
-// (`kc_tiered_find_or_build`): they share its writer, lock files, remote connection and
-// counters. Reference counted: a cache holds its own reference, so the caller may
-// `kc_persistence_free` its own once the caches are made. Thread-safe: every function taking a
-// `kc_persistence *` may be called from any number of threads at once, except
-// `kc_persistence_free`, which must be the caller's last call on its reference.
+// one with `kc_persistence_open` and hand it to every cache and tiered lookup of the process:
+// they share its writer, lock files, remote connection and counters. Reference counted: a
+// cache holds its own reference, so the caller may `kc_persistence_free` its own.
 //
 // Where a function takes a `kc_persistence *` for a cache or lookup, NULL means the process's
 // default object (`kc_persistence_default`) and `kc_persistence_none()` means no persistent
@@ -219,17 +215,14 @@ typedef int (*kc_destroy_fn)(void *ctx, void *value);
 // Runs on the thread that ran the destroy, right after it, with no kcache lock held.
 typedef void (*kc_destroy_error_fn)(void *ctx, int code);
 
-// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
-// `struct_size`, then change fields. Fields may be appended in later versions: the library
-// reads only the first `struct_size` bytes and uses defaults for the fields after them. It
-// refuses (`KC_ERR_INVALID_ARGUMENT`) a `struct_size` that ends before `destroy_ctx`, and a
-// larger struct than it knows unless the bytes it does not know are all zero.
+// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`. A
+// `struct_size` that ends before `destroy_ctx` is `KC_ERR_INVALID_ARGUMENT`.
 typedef struct kc_cache_options {
   size_t struct_size;
   // Evict entries beyond this many; 0 = unlimited.
   uint64_t max_entries;
-  // Evict entries while their total weight exceeds this; 0 = unlimited. A single entry
-  // heavier than this is still admitted, alone.
+  // Evict entries while their total weight exceeds this (a heavier entry stays, alone);
+  // 0 = unlimited.
   uint64_t max_weight;
   // Set when values borrow resources that `kc_cache_clear` releases: a build in flight
   // across a clear is then destroyed and reported as `KC_ERR_CACHE_CLEARED`.
@@ -260,12 +253,8 @@ typedef int (*kc_build_fn)(void *ctx,
                            void **out_value,
                            uint64_t *out_weight);
 
-// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
-// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
-// `kc_cache_stats` belongs to the function). Set `struct_size` to `sizeof(kc_cache_statistics)`
-// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to the
-// bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
-// fields may be a few operations apart.
+// Counters of one cache since its creation or its last `kc_cache_reset_stats`. Each field is
+// read atomically, the whole is not a snapshot: fields may be a few operations apart.
 typedef struct kc_cache_statistics {
   size_t struct_size;
   // Lookups answered from a ready entry.
@@ -307,20 +296,15 @@ typedef struct kc_cuda_options {
   uint64_t max_weight;
   // The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
   const char *driver_library;
-  // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
-  // call from `KCACHE_NVRTC_LIBRARY`, else the first found of the driver's own release
-  // (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
-  // `libnvrtc.so.11.2`.
+  // The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: `KCACHE_NVRTC_LIBRARY`,
+  // else the driver's own release and then the others (`docs/cuda.md`), on first use.
   const char *nvrtc_library;
 } kc_cuda_options;
 
 // One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
 // MAX_REGISTERS (0), THREADS_PER_BLOCK (1, not with TARGET), OPTIMIZATION_LEVEL (7), TARGET
-// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT's information log goes to kcache's
-// log at `info`), GENERATE_LINE_INFO (13), CACHE_MODE (14). FALLBACK_STRATEGY (10) cannot be
-// used with the `cuLink*` calls kcache links with, and THREADS_PER_BLOCK with TARGET cannot be
-// combined (NVIDIA's documentation): both are `KC_ERR_INVALID_ARGUMENT`. Log buffers and other
-// pointer or output options belong to kcache.
+// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT log goes to kcache's log at `info`),
+// GENERATE_LINE_INFO (13), CACHE_MODE (14); any other is `KC_ERR_INVALID_ARGUMENT`.
 typedef struct kc_cuda_jit_option {
   uint32_t option;
   uint32_t value;
@@ -363,9 +347,8 @@ typedef struct kc_opencl_options {
   size_t struct_size;
   // Programs kept in memory at most; 0 = unlimited.
   uint64_t max_entries;
-  // Total weight of the programs kept in memory at most; 0 = unlimited. A program loaded
-  // from disk weighs its binary's size; one built from source weighs its source's length
-  // (its binary is not asked for on the lookup's path).
+  // Total weight of the programs kept in memory at most (a binary's size, or a source's
+  // length for a program built from source); 0 = unlimited.
   uint64_t max_weight;
 } kc_opencl_options;
 
@@ -390,26 +373,20 @@ typedef struct kc_opencl_cache_statistics {
 
 // How to open the persistent tiers. Start from `kc_persistence_options_default()`. Unset
 // fields (NULL / 0) come from the environment unless `ignore_env` is set, then from the
-// defaults (`docs/disk-tier.md`, `docs/remote.md`). In a secure-execution process (setuid,
-// setgid, file capabilities) the environment is not read (`KCACHE_DISABLE=1` excepted): the
-// disk tier then needs `dir`, and is keyed only by `key`. The struct follows the
-// `struct_size` rule of every growing struct (see `docs/c-api-conventions.md`).
+// defaults (`docs/disk-tier.md`, `docs/remote.md`). A secure-execution process reads no
+// environment (`KCACHE_DISABLE=1` excepted): the disk tier then needs `dir`.
 typedef struct kc_persistence_options {
   size_t struct_size;
-  // Cache directory (NUL-terminated), an absolute path: a relative or empty one is
-  // `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
-  // `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
-  // refused unless owned by the effective user and not writable by group or others.
+  // Cache directory, an absolute path, owned by the effective user and not writable by others
+  // (created mode 0700); NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache`.
   const char *dir;
   // Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
   uint64_t max_size;
   // Most entry files the directory holds (evicted least recently used first, as the size
   // cap's are); 0: `KCACHE_MAX_FILES`, else the default; `UINT64_MAX`: no limit.
   uint64_t max_files;
-  // Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
-  // the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
-  // `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-  // `KC_ERR_INVALID_ARGUMENT`.
+  // Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes; copied, the copy
+  // wiped once used); NULL: the file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums.
   const uint8_t *key;
   // Length of `key`.
   size_t key_len;
@@ -418,24 +395,19 @@ typedef struct kc_persistence_options {
   // Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
   // included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
   bool ignore_env;
-  // Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
-  // `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
-  // too.
+  // Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key instead of writing unkeyed
+  // entries. `KCACHE_REQUIRE_KEY=1` sets it too.
   bool require_key;
   // How long a lookup that misses waits for another process building the same entry, in
   // milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
   uint64_t lock_timeout_ms;
-  // How long such a wait goes on once the builder shows no sign of life (stopped, or gone
-  // while a child it forked holds its lock), in milliseconds, before this process takes the
-  // build over (less than 1000 is taken as 1000); 0: `KCACHE_LOCK_LIVENESS` (seconds), else
-  // 5 s.
+  // How long such a wait goes on once the builder shows no sign of life, in milliseconds (at
+  // least 1000), before taking the build over; 0: `KCACHE_LOCK_LIVENESS` (seconds), else 5 s.
   uint64_t lock_liveness_ms;
-  // The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
-  // `rediss://…`, `redis+unix:///path` or a Redis Cluster's seed URLs, comma-separated;
-  // NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used leaves the remote off
-  // (one warning), not the disk. It needs an operator key unless `remote_allow_unkeyed`.
-  // Each `remote_*` field left NULL or 0 takes its `KCACHE_REMOTE_*` variable, else the
-  // default (`docs/remote.md`).
+  // The shared tier behind the disk: `redis://[user:password@]host[:port]`, `rediss://…`,
+  // `redis+unix:///path` or Redis Cluster seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`,
+  // else none. An unusable URL leaves the remote off (one warning). It needs an operator key
+  // unless `remote_allow_unkeyed`. A `remote_*` field left NULL or 0 takes `KCACHE_REMOTE_*`.
   const char *remote_url;
   // Read the remote, never write it.
   bool remote_read_only;
@@ -450,15 +422,12 @@ typedef struct kc_persistence_options {
   const char *remote_prefix;
   // Largest remote entry read or written, in bytes (default 64 MiB).
   uint64_t remote_max_entry_size;
-  // How long a miss waits for another node building the same entry, in milliseconds
-  // (default 120 s).
+  // How long a miss waits for another node building the same entry, in ms (default 120 s).
   uint64_t remote_lease_wait_ms;
-  // The certificate authority (PEM, an absolute path) that a `rediss://` server's
-  // certificate must chain to (default: the system's roots).
+  // The CA (PEM, an absolute path) a `rediss://` server's certificate must chain to
+  // (default: the system's roots).
   const char *remote_ca_file;
-  // The client certificate (PEM, an absolute path) shown to a `rediss://` server that
-  // requires one (mutual TLS). Set with `remote_key_file`: one without the other leaves
-  // the remote off (one warning).
+  // The client certificate (PEM, an absolute path) for mutual TLS; set with `remote_key_file`.
   const char *remote_cert_file;
   // The client certificate's private key (PEM, an absolute path).
   const char *remote_key_file;
@@ -477,8 +446,7 @@ typedef struct kc_entry_descriptor {
   const char *name;
 } kc_entry_descriptor;
 
-// What one `kc_persistence_gc` removed, by reason. Same `struct_size` rule as
-// `kc_persistence_statistics`.
+// What one `kc_persistence_gc` removed, by reason.
 typedef struct kc_persistence_gc_report {
   size_t struct_size;
   // Temporary files of crashed writers.
@@ -493,22 +461,15 @@ typedef struct kc_persistence_gc_report {
   uint64_t kept;
   // Bytes removed.
   uint64_t bytes_freed;
-  // Files or directories that should have gone but could not be removed (a directory
-  // tree more than 16 levels deep, a permission error, …): left in place.
+  // Files or directories that should have gone but could not be removed.
   uint64_t undeletable;
-  // Lock files nobody held (left by processes that died building), and anything but a
-  // regular file at a lock file's name (a directory with everything in it); held ones are
-  // kept.
+  // Lock files nobody held (left by processes that died building), and non-files at their names.
   uint64_t lock_files;
-  // Entries of format 1, which do not say what they hold (reads accept them; `gc`
-  // removes them, and the next build writes them again with a descriptor).
+  // Entries of format 1, which do not say what they hold (read, but removed by `gc`).
   uint64_t old_format;
 } kc_persistence_gc_report;
 
-// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`
-// (the name `kc_persistence_stats` belongs to the function). Set `struct_size` to
-// `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
-// that fit and sets `struct_size` to the bytes written.
+// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`.
 typedef struct kc_persistence_statistics {
   size_t struct_size;
   // Reads that returned a verified entry.
@@ -521,8 +482,7 @@ typedef struct kc_persistence_statistics {
   uint64_t bytes_read;
   // Bytes of entries written.
   uint64_t bytes_written;
-  // Entries that failed verification (bad content, too large, not a regular file) and
-  // were removed, and directories a write found at its entry's name and moved aside.
+  // Entries that failed verification and were removed (and directories moved aside by a write).
   uint64_t integrity_rejects;
   // Failed reads and writes.
   uint64_t io_errors;
@@ -532,28 +492,23 @@ typedef struct kc_persistence_statistics {
   uint64_t removes;
   // Entries a tiered lookup's `load` refused, removed.
   uint64_t load_failures;
-  // Entry files in the directory, as far as this process knows: complete once
-  // `scan_complete` is set.
+  // Entry files in the directory, as far as this process knows (all once `scan_complete`).
   uint64_t entries;
   // Their total size in bytes.
   uint64_t bytes;
-  // Whether the scan of the directory that `kc_persistence_open` starts has finished
-  // (`kc_persistence_wait_scan` waits for it).
+  // Whether the directory scan `kc_persistence_open` starts has finished.
   bool scan_complete;
-  // Misses that waited for another process building the same entry, then read what it
-  // published or, when its build failed or it died, built.
+  // Misses that waited for another process building the same entry.
   uint64_t lock_waits;
   // Waits that reached the lock timeout; each of those misses built without waiting more.
   uint64_t lock_timeouts;
   // Misses that found the lock released by a process that died building: they built.
   uint64_t lock_takeovers;
-  // Background writes queued, held back or running now (`kc_persistence_flush` writes and waits
-  // for them).
+  // Background writes queued, held back or running now.
   uint64_t pending_writes;
   // Background writes that failed (the value could not be serialized or written).
   uint64_t failed_writes;
-  // Whether a remote tier is behind the disk (`remote_url`, `KCACHE_REMOTE_URL`); the
-  // `remote_*` counters stay zero without one. See `docs/remote.md`.
+  // Whether a remote tier is behind the disk; without one the `remote_*` counters stay zero.
   bool remote;
   // Remote entries read and verified.
   uint64_t remote_hits;
@@ -585,9 +540,8 @@ typedef struct kc_persistence_statistics {
   uint64_t remote_bytes_written;
 } kc_persistence_statistics;
 
-// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
-// the value and its weight, return 0; non-zero: the entry is removed and the value built),
-// except for `KC_LOAD_TRANSIENT`.
+// Turns a serialized payload back into a live value. As `kc_build_fn`, but non-zero removes
+// the entry and builds the value (except `KC_LOAD_TRANSIENT`).
 typedef int (*kc_load_fn)(void *ctx,
                           const uint8_t *bytes,
                           size_t len,
@@ -595,10 +549,8 @@ typedef int (*kc_load_fn)(void *ctx,
                           uint64_t *out_weight);
 
 // Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
-// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back, and so
-// does a size past the disk's entry size limit (less the header and tag), refused before the
-// buffer is allocated.
+// `buf` NULL store the size in `*len`; then fill a buffer of `*len` bytes and store the bytes
+// written in `*len`. Return 0 on success; non-zero (or a size too large) skips the write-back.
 typedef int (*kc_serialize_fn)(void *ctx, void *value, uint8_t *buf, size_t *len);
 
 // The callbacks of a tiered lookup; all receive `ctx`.
@@ -643,8 +595,7 @@ typedef struct kc_vulkan_cache_statistics {
   uint64_t pipelines_destroyed;
   // Pipeline layouts created (one per device and layout description).
   uint64_t layouts_created;
-  // Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
-  // to the driver.
+  // Pipeline-cache blobs read from disk (or the remote tier), validated and given to the driver.
   uint64_t cache_data_loaded;
   // Device registrations that found no pipeline-cache data on disk.
   uint64_t cache_data_missing;
@@ -652,8 +603,7 @@ typedef struct kc_vulkan_cache_statistics {
   uint64_t cache_data_rejected;
   // Pipeline-cache blobs written to disk.
   uint64_t cache_data_written;
-  // Blobs another process (or node, through the remote tier) stored meanwhile, merged in
-  // before a write.
+  // Blobs another process (or node) stored meanwhile, merged in before a write.
   uint64_t cache_data_merged;
   // Disk reads or writes that failed (a failed write is also returned by the flushing call).
   uint64_t disk_errors;
@@ -714,10 +664,8 @@ typedef struct kc_vulkan_pipeline_desc {
   const char *entry_point;
   const struct kc_vulkan_spec_constant *constants;
   size_t constant_count;
-  // Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included). No
-  // bindings and no push-constant range: the layout is derived from what the entry point
-  // uses (one binding per resource, with the descriptor type it implies, and a push-constant
-  // range over the bytes it reads).
+  // Bindings of all sets; the layout has `max(set) + 1` sets. No bindings and no push-constant
+  // range: the layout is derived from what the entry point uses.
   const struct kc_vulkan_binding *bindings;
   size_t binding_count;
   // The compute push-constant range; `push_constant_size` 0 means none.
@@ -726,15 +674,11 @@ typedef struct kc_vulkan_pipeline_desc {
   // Since ABI 2.3. Specialization constants in `VkSpecializationInfo` form, in addition to
   // `constants` (an id given in both is `KC_ERR_INVALID_ARGUMENT`); NULL: none.
   const struct kc_vulkan_specialization_info *specialization;
-  // Since ABI 2.3. `VkPipelineCreateFlags` of the pipeline, part of its key: among
-  // `DISABLE_OPTIMIZATION`, `ALLOW_DERIVATIVES`, `DISPATCH_BASE`, `CAPTURE_STATISTICS_KHR`,
-  // `CAPTURE_INTERNAL_REPRESENTATIONS_KHR`, `FAIL_ON_PIPELINE_COMPILE_REQUIRED` and
-  // `EARLY_RETURN_ON_FAILURE`; any other bit is `KC_ERR_INVALID_ARGUMENT`.
+  // Since ABI 2.3. `VkPipelineCreateFlags`, part of the key; the bits allowed are listed in
+  // `docs/vulkan.md`, any other is `KC_ERR_INVALID_ARGUMENT`.
   uint32_t flags;
-  // Since ABI 2.3. The subgroup size the compute stage requires
-  // (`VkPipelineShaderStageRequiredSubgroupSizeCreateInfo`), part of the key; 0: none. A
-  // power of two the device supports for compute, with `subgroupSizeControl` enabled on the
-  // device; a size the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
+  // Since ABI 2.3. The subgroup size the compute stage requires, part of the key; 0: none. One
+  // the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
   uint32_t required_subgroup_size;
 } kc_vulkan_pipeline_desc;
 
@@ -750,9 +694,8 @@ void kc_buffer_free(struct kc_buffer *buffer);
 // no destroy callback.
 struct kc_cache_options kc_cache_options_default(void);
 
-// Creates a cache. Free it with `kc_cache_free`. `opts` must point to at least `opts->struct_size`
-// readable bytes. The callbacks and contexts in `opts` must stay valid until the last value is
-// destroyed.
+// Creates a cache. Free it with `kc_cache_free`. The callbacks and contexts in `opts` must stay
+// valid until the last value is destroyed.
 enum kc_status kc_cache_new(const struct kc_cache_options *opts, struct kc_cache **out_cache);
 
 // Frees a cache: destroys every value no lease holds now; leased values are destroyed when their
@@ -765,8 +708,7 @@ void kc_cache_free(struct kc_cache *cache);
 // failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
 // `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
 // entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
-// NULL) is a valid key. `key` must point to `key_len` readable bytes (or anything when `key_len`
-// is 0); `build` must be callable with `build_ctx` as described for `kc_build_fn`.
+// NULL) is a valid key.
 enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       const uint8_t *key,
                                       size_t key_len,
@@ -802,37 +744,29 @@ enum kc_status kc_cache_clear(struct kc_cache *cache);
 // The number of entries in the cache now; 0 if `cache` is NULL.
 size_t kc_cache_len(const struct kc_cache *cache);
 
-// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is
-// written on success only.
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_cache_stats(const struct kc_cache *cache, struct kc_cache_statistics *out);
 
-// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
-// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
-// `kc_cache_stats`.
+// Zeroes the cache's event counters; `entries`, `weight` and `leases` stay. A count made
+// meanwhile is not lost: it is reset or shows in the next `kc_cache_stats`.
 enum kc_status kc_cache_reset_stats(struct kc_cache *cache);
 
-// `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
-// `hits + misses` to tell it from a cache that never hit). For any statistics struct's pair,
-// e.g. `kc_hit_rate(s.hits, s.misses)`.
+// `hits / (hits + misses)`, or 0.0 when both are 0, for any statistics struct's pair, e.g.
+// `kc_hit_rate(s.hits, s.misses)`.
 double kc_hit_rate(uint64_t hits, uint64_t misses);
 
 // Unbounded memory caps, the default driver and NVRTC.
 struct kc_cuda_options kc_cuda_options_default(void);
 
-// Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
-// `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
-// GPU): `KC_ERR_UNAVAILABLE`.
-// `persistence` is the persistent tiers the cache keeps its linked cubins in, see `kc_persistence`
-// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
-// reference.
+// Creates a CUDA cache and loads the driver (see `driver_library`). No driver, or one whose
+// `cuInit` fails (no GPU): `KC_ERR_UNAVAILABLE`. The cache keeps its cubins in `persistence`
+// (see `kc_persistence`) and holds its own reference to it.
 enum kc_status kc_cuda_cache_new(const struct kc_cuda_options *opts,
                                  struct kc_persistence *persistence,
                                  struct kc_cuda_cache **out_cache);
 
-// Frees the cache: modules no lease holds are unloaded now (each with its context current), the
-// others when their last lease is released. No other call on `cache` may run during or after this
-// one. `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts of
-// its modules must still be live.
+// Frees the cache: modules no lease holds are unloaded now (each with its context current, which
+// must still be live), the others at their last lease release. Last call on `cache`.
 void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 
 // The module for `ptx` linked with `options` in `context` (NULL: the calling thread's current
@@ -843,9 +777,8 @@ void kc_cuda_cache_free(struct kc_cuda_cache *cache);
 // `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
 // `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX or
 // link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and the JIT
-// error log in `kc_last_error_message()`. `context` must be NULL or a live context of the cache's
-// driver, kept alive until evicted with `kc_cuda_cache_evict_context`; `ptx` must be readable (for
-// `ptx_len` bytes, or up to its NUL); `options` must hold `option_count` entries.
+// error log in `kc_last_error_message()`. `context` must be NULL or a context of the cache's
+// driver, kept alive until evicted with `kc_cuda_cache_evict_context`.
 enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
                                                void *context,
                                                const char *ptx,
@@ -867,8 +800,6 @@ enum kc_status kc_cuda_cache_find_or_build_ptx(struct kc_cuda_cache *cache,
 // `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
 // `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
 // `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
-// holding `nvrtc_option_count` C strings.
 enum kc_status kc_cuda_cache_find_or_build_source(struct kc_cuda_cache *cache,
                                                   void *context,
                                                   const char *source,
@@ -898,9 +829,7 @@ void kc_cuda_lease_release(struct kc_cuda_lease *lease);
 // Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded now
 // (with `context` current), or when its last lease is released. `*out_count` (if not NULL)
 // receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`: modules looked
-// up with a NULL context are recorded under the context that was current, so name that one
-// (`cuCtxGetCurrent`). `out_count` must be NULL or writable; `context` must still be live when it
-// has modules.
+// up with a NULL context are recorded under the context that was current (`cuCtxGetCurrent`).
 enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
                                            void *context,
                                            size_t *out_count);
@@ -909,8 +838,7 @@ enum kc_status kc_cuda_cache_evict_context(struct kc_cuda_cache *cache,
 // the last `cuDevicePrimaryCtxRelease` of the device's primary context and before
 // `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
 // context retained again has the same address, which the cache would take for the old one.
-// `*out_count` (if not NULL) receives how many were unlinked.
-// As `kc_cuda_cache_evict_context`.
+// `out_count` as for `kc_cuda_cache_evict_context`.
 enum kc_status kc_cuda_cache_evict_device(struct kc_cuda_cache *cache,
                                           int device,
                                           size_t *out_count);
@@ -1011,34 +939,28 @@ void kc_lease_release(struct kc_lease *lease);
 // stderr again. Which levels are sent is decided by `KCACHE_LOG` (`error`, `warn`, `info`,
 // `debug`; default `warn`), read once per process. When this returns, the previous callback
 // is not running and is never called again, so its `ctx` may be freed.
-// `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
-// replaced.
 void kc_set_log_callback(kc_log_fn callback, void *ctx);
 
-// Writes the metrics of every kcache cache alive in this process (memory tiers, disk tiers,
-// backends) into `buf`, in the Prometheus text exposition format (version 0.0.4),
-// NUL-terminated. `docs/metrics.md` lists the metric families.
+// Writes the metrics of every kcache cache alive in this process into `buf`, in the Prometheus
+// text exposition format (0.0.4), NUL-terminated (families: `docs/metrics.md`).
 //
-// `*out_needed` is always set on `KC_OK` and `KC_ERR_BUFFER_TOO_SMALL`: the bytes the text
-// takes, its NUL included. `buf` NULL with `buf_len` 0 asks for that size only (`KC_OK`,
-// nothing written). A `buf_len` smaller than needed writes nothing to `buf` and returns
-// `KC_ERR_BUFFER_TOO_SMALL`. The figures move between two calls, so a size asked first may
-// fall short by the time of the second: call again with the newly reported size.
+// `*out_needed` receives the bytes the text takes, its NUL included, on `KC_OK` and on
+// `KC_ERR_BUFFER_TOO_SMALL` (a `buf_len` too small; nothing written). `buf` NULL with `buf_len` 0
+// asks for the size only. The size may grow between two calls: call again with the new one.
 enum kc_status kc_metrics_render(char *buf, size_t buf_len, size_t *out_needed);
 
 // Unbounded memory caps.
 struct kc_opencl_options kc_opencl_options_default(void);
 
-// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the file
-// named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. `persistence` is the
-// persistent tiers the cache keeps its program binaries in, see `kc_persistence` (NULL: the
-// process's default; `kc_persistence_none()`: memory only); the cache holds its own reference.
+// Creates an OpenCL cache; loads the OpenCL library on first use (`KCACHE_OPENCL_LIBRARY`, else
+// `libOpenCL.so.1`; none: `KC_ERR_UNAVAILABLE`). The cache keeps its binaries in `persistence`
+// (see `kc_persistence`) and holds its own reference to it.
 enum kc_status kc_opencl_cache_new(const struct kc_opencl_options *opts,
                                    struct kc_persistence *persistence,
                                    struct kc_opencl_cache **out_cache);
 
-// Frees the cache: programs no lease holds are released now, the others when their last lease is
-// released. No other call on `cache` may run during or after this one.
+// Frees the cache: programs no lease holds are released now, the others at their last lease
+// release. It must be the last call on `cache`.
 void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 
 // The built program for `sources` and `options` on `device` in `context`: from memory, else
@@ -1049,10 +971,8 @@ void kc_opencl_cache_free(struct kc_opencl_cache *cache);
 // `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated. `options` is
 // NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C source is; anything
 // else is `KC_ERR_INVALID_ARGUMENT`). A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL
-// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `context`
-// and `device` must be live OpenCL handles, the device one of the context's; `sources` must hold
-// `count` readable strings (of `lengths[i]` bytes, or NUL-terminated); `options` must be NULL or a
-// C string.
+// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `device`
+// must be one of `context`'s.
 enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
                                              void *context,
                                              void *device,
@@ -1062,36 +982,15 @@ enum kc_status kc_opencl_cache_find_or_build(struct kc_opencl_cache *cache,
                                              const char *options,
                                              struct kc_opencl_lease **out_lease);
 
-// The built program for `sources` and `options` on each of `num_devices` devices of
-// `context`, as `clCreateProgramWithSource` + `clBuildProgram` make it, except that it comes
-// from the cache: from memory, else from a binary on disk, else compiled. Unlike
-// `kc_opencl_cache_find_or_build`, no lease: `out_programs[i]` is a `cl_program` reference
-// of the caller's own, for `device_list[i]`, released with `clReleaseProgram` when the caller
-// is done with it. The cache keeps its own reference; eviction gives up only that one.
-// `device_list` is a `const cl_device_id *` and `out_programs` a `cl_program *`, passed as
-// `void *` like every OpenCL handle here, so that a `&program` converts without a cast:
-// `kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &source, NULL, 1, "",
-// &program, NULL)` stands for `clCreateProgramWithSource` + `clBuildProgram`.
-//
-// `device_list` NULL builds for every device of the context (as `clBuildProgram` does with
-// no list); `num_devices` must then be the context's device count (`CL_CONTEXT_NUM_DEVICES`),
-// since it is the length of `out_programs` and `out_logs`: another count is
-// `KC_ERR_INVALID_ARGUMENT`. Each device gets a program of its own, built and kept on disk
-// under that device's identity: a kernel created from `out_programs[i]` runs on
-// `device_list[i]`'s queues. `sources`, `lengths`, `count` and `options` are as for
-// `kc_opencl_cache_find_or_build`.
-//
-// `out_logs` is NULL, or `num_devices` buffers, written once the lookups have run: on
-// `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds `device_list[i]`'s whole build message (a first
-// line naming the OpenCL status, then the compiler's log; not NUL-terminated) if its build
-// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
-// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
-// and `kc_last_error_message()` are the first failing device's.
-// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
-// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
-// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
-// `cl_program`s; `out_logs` NULL or `num_devices`
-// writable `kc_buffer`s.
+// What `clCreateProgramWithSource` + `clBuildProgram` make, from the cache: for each of
+// `num_devices` devices, `out_programs[i]` (a `cl_program *` as `void *`) receives a reference of
+// the caller's own to the program for `device_list[i]` (a `const cl_device_id *`), released with
+// `clReleaseProgram`; the cache keeps its own. `device_list` NULL means every device of `context`:
+// `num_devices` must then be its `CL_CONTEXT_NUM_DEVICES`. `sources`, `lengths`, `count` and
+// `options` as for `kc_opencl_cache_find_or_build`. `out_logs` is NULL or `num_devices` buffers:
+// on `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds the build message of a device whose build failed
+// (not NUL-terminated), the others are zeroed; free each with `kc_buffer_free`. On failure no
+// program is handed out; status and errors are the first failing device's.
 enum kc_status kc_opencl_cache_find_or_build_program(struct kc_opencl_cache *cache,
                                                      void *context,
                                                      size_t num_devices,
@@ -1111,17 +1010,13 @@ void kc_opencl_lease_release(struct kc_opencl_lease *lease);
 
 // Unlinks every program built for `device`, in every context; each is released now, or when its
 // last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL `device` is
-// `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would evict nothing).
-// `out_count` must be NULL or writable. `device` is only compared, never called: it may already be
-// released.
+// `KC_ERR_INVALID_ARGUMENT`. `device` is only compared, never called: it may already be released.
 enum kc_status kc_opencl_cache_evict_device(struct kc_opencl_cache *cache,
                                             void *device,
                                             size_t *out_count);
 
-// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
-// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
-// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
-// As `kc_opencl_cache_evict_device`.
+// Unlinks every program of `context`; call it before `clReleaseContext`. As
+// `kc_opencl_cache_evict_device` otherwise.
 enum kc_status kc_opencl_cache_evict_context(struct kc_opencl_cache *cache,
                                              void *context,
                                              size_t *out_count);
@@ -1129,11 +1024,10 @@ enum kc_status kc_opencl_cache_evict_context(struct kc_opencl_cache *cache,
 // Unlinks every program (the disk keeps its binaries).
 enum kc_status kc_opencl_cache_clear(struct kc_opencl_cache *cache);
 
-// Waits until the binary of every program built so far is written to the disk tier (or
-// failed to be: see `failed_writes`). Binaries are asked for and written on a background
-// thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
-// are held back until another process waits for them or until this call, so that they carry
-// the work-group code the programs' launches compiled: call it after your warm-up launches.
+// Waits until the binary of every program built so far is written to the disk tier (or failed
+// to be), as `kc_opencl_cache_free` does. On PoCL binaries are held back until this call (or
+// another process waits for them) so that they carry the code launches compiled: call it after
+// your warm-up launches.
 enum kc_status kc_opencl_cache_flush(struct kc_opencl_cache *cache);
 
 // Fills `*out`, whose `struct_size` the caller set.
@@ -1151,16 +1045,11 @@ enum kc_status kc_opencl_available(void);
 // Default options: everything from the environment, fsyncs on.
 struct kc_persistence_options kc_persistence_options_default(void);
 
-// Opens the persistent tiers; `opts` NULL takes everything from the environment. Each call
-// opens a new object (its own writer and counters): to share one, pass it around, or use
-// `kc_persistence_default`. Refusals: `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory,
-// a secure-execution process without `opts->dir`, an invalid `KCACHE_MAX_SIZE`),
-// `KC_ERR_UNTRUSTED` (directory not private to this user or a symlink; no operator key while
-// one is required; an unusable `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see
-// `kc_persistence_options`), `KC_ERR_IO`. Each refusal that comes from the environment or the
-// directory is also logged once per process at `KC_LOG_WARN` (on stderr, or to
-// `kc_set_log_callback`'s callback). A caller should then go on with memory only
-// (`kc_persistence_none()`).
+// Opens the persistent tiers (`opts` NULL: all from the environment) as a new object with its
+// own writer and counters. Refusals, also logged once at `KC_LOG_WARN`: `KC_ERR_UNAVAILABLE`
+// (`KCACHE_DISABLE=1`, no directory, an invalid `KCACHE_MAX_SIZE`, secure execution without
+// `opts->dir`), `KC_ERR_UNTRUSTED` (directory not private or a symlink; no operator key while one
+// is required), `KC_ERR_INVALID_ARGUMENT`, `KC_ERR_IO`: go on with `kc_persistence_none()`.
 enum kc_status kc_persistence_open(const struct kc_persistence_options *opts,
                                    struct kc_persistence **out);
 
@@ -1179,8 +1068,6 @@ struct kc_persistence *kc_persistence_none(void);
 // Gives up the caller's reference; the tiers close (after their pending writes) once no
 // cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
 // returned stay valid.
-// `persistence` must be NULL, `kc_persistence_none()` or from `kc_persistence_open` or
-// `kc_persistence_default`, not yet freed, with no call on it running.
 void kc_persistence_free(struct kc_persistence *persistence);
 
 // The fingerprint of the operator key this object writes under (`KC_FINGERPRINT_LEN` bytes,
@@ -1188,12 +1075,9 @@ void kc_persistence_free(struct kc_persistence *persistence);
 // entries during a key rotation.
 enum kc_status kc_persistence_fingerprint(const struct kc_persistence *persistence, uint8_t *out);
 
-// The distinct operator key fingerprints of the entries in the directory, in ascending
-// byte order: one per key generation that has entries there (all zero for unkeyed entries).
-// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
-// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
-// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
-// can make the second count larger, so compare it with `capacity`.
+// The distinct operator key fingerprints of the directory's entries, ascending (all zero for
+// unkeyed entries). `*out_count` receives how many there are; at most `capacity` are written to
+// `out` (`KC_FINGERPRINT_LEN` bytes each). `out` NULL with `capacity` 0 asks for the count.
 enum kc_status kc_persistence_fingerprints(const struct kc_persistence *persistence,
                                            uint8_t *out,
                                            size_t capacity,
@@ -1209,13 +1093,9 @@ enum kc_status kc_persistence_flush(const struct kc_persistence *persistence);
 // this object's own writes, and writes wait for it; reads do not.
 enum kc_status kc_persistence_wait_scan(const struct kc_persistence *persistence);
 
-// Writes the entry for `key` (atomically: readers see the old entry or the new one). `KC_ERR_IO`
-// when the write fails (disk full, …): nothing partial is left behind. `KC_ERR_INVALID_ARGUMENT`
-// when the entry (payload, header and tag) is larger than the smaller of the size cap and 1 GiB:
-// decided from `len` alone, before `data` is read. Right after `kc_persistence_open` the write
-// waits for the directory scan (see `kc_persistence_wait_scan`), so that it can make room within
-// the cap first. The entry says it holds a value of backend `custom`
-// (`kc_persistence_put_described` says more).
+// Writes the entry for `key` atomically, of backend `custom`. `KC_ERR_IO` when the write fails
+// (nothing partial is left); `KC_ERR_INVALID_ARGUMENT` when the entry is larger than the smaller
+// of the size cap and 1 GiB. It waits for the directory scan (`kc_persistence_wait_scan`).
 enum kc_status kc_persistence_put(struct kc_persistence *persistence,
                                   const uint8_t *key,
                                   const uint8_t *data,
@@ -1231,10 +1111,8 @@ enum kc_status kc_persistence_put_described(struct kc_persistence *persistence,
                                             uint64_t build_time_ns,
                                             const struct kc_entry_descriptor *descriptor);
 
-// Reads and verifies the entry for `key` into `*out` (written on success only; free it
-// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
-// failed verification, was larger than the per-entry limit or was not a regular file, and
-// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
+// Reads and verifies the entry for `key` into `*out` (free it with `kc_buffer_free`). Misses:
+// `KC_ERR_NOT_FOUND`, `KC_ERR_INTEGRITY` (the entry was refused and removed), `KC_ERR_IO`.
 enum kc_status kc_persistence_get(struct kc_persistence *persistence,
                                   const uint8_t *key,
                                   struct kc_buffer *out);
@@ -1242,17 +1120,16 @@ enum kc_status kc_persistence_get(struct kc_persistence *persistence,
 // Removes the entry for `key`; `KC_ERR_NOT_FOUND` when there is none.
 enum kc_status kc_persistence_remove(struct kc_persistence *persistence, const uint8_t *key);
 
-// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
-// other key schemas, corrupt entries, and entries of operator keys that are neither this
-// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
-// concatenated) at `retain`. `out_report` may be NULL.
+// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of other key
+// schemas, corrupt entries, and entries of operator keys neither this disk's nor among the
+// `retain_count` fingerprints at `retain`. `out_report` may be NULL.
 enum kc_status kc_persistence_gc(struct kc_persistence *persistence,
                                  const uint8_t *retain,
                                  size_t retain_count,
                                  uint64_t temp_max_age_s,
                                  struct kc_persistence_gc_report *out_report);
 
-// Fills `*out` with this object's counters (see `kc_persistence_stats`).
+// Fills `*out`, whose `struct_size` the caller set.
 enum kc_status kc_persistence_stats(const struct kc_persistence *persistence,
                                     struct kc_persistence_statistics *out);
 
@@ -1282,18 +1159,12 @@ const char *kc_version(void);
 
 // Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
 // for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`
-// and writes `callbacks->serialize`'s bytes back to disk. `persistence` is as for a cache (see
-// `kc_persistence`: NULL the process's default, `kc_persistence_none()` memory only). The disk
-// read runs inside the memory tier's single flight: concurrent callers of one key read or build
-// once. A disk miss waits for another process building the same `l2_key` in the same directory (up
-// to the disk's lock timeout) and loads what it wrote; if that build fails, this one builds too. A
-// disk entry that `load` refuses is removed (and counted in `load_failures`). `serialize` runs on
-// the calling thread before the lookup returns; the write itself happens on the disk's background
-// writer (see `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
-// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
-// (`kc_tiered_find_or_build_described` says more). `cache` live; `persistence` NULL,
-// `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable for its
-// `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+// and writes `callbacks->serialize`'s bytes back (backend `custom`) through `persistence` (see
+// `kc_persistence`). Concurrent callers of one key read or build once, and a disk miss first waits
+// for another process building the same `l2_key`. An entry `load` refuses is removed.
+// `serialize` runs before the lookup returns; the write happens in the background (see
+// `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
+// `kc_cache_find_or_build`.
 enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
                                        const uint8_t *l1_key,
                                        size_t l1_key_len,
@@ -1305,7 +1176,6 @@ enum kc_status kc_tiered_find_or_build(struct kc_cache *cache,
 
 // `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
 // as `kc_persistence_put_described` takes it; NULL: backend `custom`).
-// As `kc_tiered_find_or_build`; `descriptor` as for `kc_persistence_put_described`.
 enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
                                                  const uint8_t *l1_key,
                                                  size_t l1_key_len,
@@ -1320,13 +1190,8 @@ enum kc_status kc_tiered_find_or_build_described(struct kc_cache *cache,
 struct kc_vulkan_options kc_vulkan_options_default(void);
 
 // Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a `get_instance_proc_addr`
-// that does not resolve `vkCreateInstance` (queried with a NULL instance, as every loader answers
-// it): `KC_ERR_UNAVAILABLE`. `persistence` is the persistent tiers the cache keeps each device's
-// pipeline-cache data in, see `kc_persistence` (NULL: the process's default;
-// `kc_persistence_none()`: memory only); the cache holds its own reference. `opts` must point to a
-// `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr`
-// for as long as the cache and its leases live; `persistence` NULL, `kc_persistence_none()` or
-// live.
+// that does not resolve `vkCreateInstance` for a NULL instance: `KC_ERR_UNAVAILABLE`. The cache
+// keeps pipeline-cache data in `persistence` (see `kc_persistence`) and holds its own reference.
 enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
                                    struct kc_persistence *persistence,
                                    struct kc_vulkan_cache **out_cache);
@@ -1341,10 +1206,8 @@ void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 
 // Registers the caller's device with the cache: kcache reads its properties, creates its
 // `VkPipelineCache` (seeded from disk data whose header names this device), and records pipelines
-// under it. The caller keeps owning all three handles. `cache` must be live; the handles must be
-// live and related (the physical device from the instance, the device from the physical device),
-// created through the cache's loader, and outlive the registration and every lease of the device's
-// pipelines;
+// under it. The caller keeps owning the three related handles, made through the cache's loader:
+// they must outlive the registration and every lease of the device's pipelines.
 enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
                                                void *instance,
                                                void *physical_device,
@@ -1356,9 +1219,7 @@ enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
 // lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
 // hold: release them before destroying the device. `device` is freed whatever the status
 // (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-// `cache` must be the live cache the device was registered with (or, once that cache is
-// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
-// unregistered; `out_still_leased` must be NULL or writable.
+// Once the cache is freed, `cache` may be anything: the handle is then just freed.
 enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
                                                  struct kc_vulkan_device *device,
                                                  uint64_t *out_still_leased);
@@ -1374,7 +1235,6 @@ enum kc_status kc_vulkan_cache_clear(struct kc_vulkan_cache *cache);
 // merges the remote's data too and writes the result there in the background (freeing the
 // cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
 // disk tier it writes nothing and succeeds.
-// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
                                      const struct kc_vulkan_device *device,
                                      bool *out_written);
@@ -1382,8 +1242,7 @@ enum kc_status kc_vulkan_cache_flush(struct kc_vulkan_cache *cache,
 // The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
 // one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
 // destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
-// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`. `cache`,
-// `device` and `spec` must be live, the device registered with this cache.
+// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`.
 enum kc_status kc_vulkan_cache_find_or_build(struct kc_vulkan_cache *cache,
                                              const struct kc_vulkan_device *device,
                                              const struct kc_vulkan_spec *spec,
@@ -1402,9 +1261,8 @@ uint64_t kc_vulkan_lease_set_layout(const struct kc_vulkan_lease *lease, uint32_
 // The leased pipeline's `VkShaderModule`; 0 if `lease` is NULL.
 uint64_t kc_vulkan_lease_shader_module(const struct kc_vulkan_lease *lease);
 
-// Releases a lease; the last release of an evicted pipeline destroys it. `lease` must be NULL or a
-// lease not yet released; it must not be used afterwards, and the pipeline must no longer be
-// executing if this may be its last release.
+// Releases a lease; the last release of an evicted pipeline destroys it, which must then no
+// longer be executing.
 void kc_vulkan_lease_release(struct kc_vulkan_lease *lease);
 
 // Fills `*out`, whose `struct_size` the caller set.
@@ -1428,12 +1286,6 @@ enum kc_status kc_vulkan_available(void);
 // The instance must outlive the device: destroy it in `destroy`, or after it has run. NULL
 // `destroy` is `KC_ERR_INVALID_ARGUMENT`. On failure the device stays the caller's and `destroy`
 // is not called.
-//
-// # Safety
-// `cache` must be live; the handles must be live and related (the physical device from the
-// instance, the device from the physical device) and created through the cache's loader, and
-// stay so until `destroy` is called; `destroy` must be callable from any thread with
-// `user_data`; `out_device` must be writable.
 enum kc_status kc_vulkan_cache_register_owned_device(struct kc_vulkan_cache *cache,
                                                      void *instance,
                                                      void *physical_device,
@@ -1442,15 +1294,10 @@ enum kc_status kc_vulkan_cache_register_owned_device(struct kc_vulkan_cache *cac
                                                      void *user_data,
                                                      struct kc_vulkan_device **out_device);
 
-// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
-// entry point of that name, unique specialization ids, map entries inside their data, a
-// compute-usable layout that covers every descriptor binding the entry point uses, with a
-// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
-// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
-// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
-// and never reaches the driver. Everything is copied: the description's memory may be reused
-// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
-// counts and sizes it gives;
+// Validates a pipeline description (the SPIR-V, its GLCompute entry point, the constants, a layout
+// that covers what the entry point uses, the flags and subgroup size; `docs/vulkan.md`) and
+// digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and
+// never reaches the driver. Everything is copied: the description's memory may be reused.
 enum kc_status kc_vulkan_spec_new(const struct kc_vulkan_pipeline_desc *desc,
                                   struct kc_vulkan_spec **out_spec);
 

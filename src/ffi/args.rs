@@ -343,10 +343,10 @@ pub unsafe fn read_input<T: GrownInput>(p: *const T, name: &str) -> Result<T> {
 
 /// Writes `value` (a `repr(C)` struct whose first field is its size) into the caller's struct
 /// of `out->struct_size` bytes, at least `min`: as many bytes as both sides know, with
-/// `struct_size` set to that count.
+/// `struct_size` set to that count. A NULL `out` is `KC_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
-/// `out` must be non-NULL and point to a writable struct of at least its `struct_size` bytes;
+/// `out` must be NULL or point to a writable struct of at least its `struct_size` bytes;
 /// `T` must have no padding before the bytes written.
 pub unsafe fn write_sized<T: Copy>(
     out: *mut T,
@@ -355,6 +355,7 @@ pub unsafe fn write_sized<T: Copy>(
     c_name: &str,
     min: usize,
 ) -> Result<()> {
+    non_null(out, name)?;
     // SAFETY: forwarded from the caller's contract.
     let given = unsafe { struct_size(out.cast_const(), name, c_name, min) }?;
     let n = given.min(size_of::<T>());

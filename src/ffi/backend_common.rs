@@ -164,9 +164,8 @@ pub unsafe fn write_stats<C: CacheHandle>(cache: *const C, out: *mut C::Statisti
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         let stats = unsafe { live(cache, "cache") }?.statistics();
-        non_null(out, "out")?;
         let size = size_of::<C::Statistics>();
-        // SAFETY: `out` points to a writable struct of at least its `struct_size` by contract.
+        // SAFETY: `out` is NULL (refused) or a writable struct of its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", C::STATISTICS, size) }
     })
 }

@@ -92,19 +92,16 @@ impl Handle for kc_cache {
     type Rust = RawCache;
 }
 
-/// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`, which sets
-/// `struct_size`, then change fields. Fields may be appended in later versions: the library
-/// reads only the first `struct_size` bytes and uses defaults for the fields after them. It
-/// refuses (`KC_ERR_INVALID_ARGUMENT`) a `struct_size` that ends before `destroy_ctx`, and a
-/// larger struct than it knows unless the bytes it does not know are all zero.
+/// How a cache behaves; fixed at creation. Start from `kc_cache_options_default()`. A
+/// `struct_size` that ends before `destroy_ctx` is `KC_ERR_INVALID_ARGUMENT`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_cache_options {
     pub struct_size: usize,
     /// Evict entries beyond this many; 0 = unlimited.
     pub max_entries: u64,
-    /// Evict entries while their total weight exceeds this; 0 = unlimited. A single entry
-    /// heavier than this is still admitted, alone.
+    /// Evict entries while their total weight exceeds this (a heavier entry stays, alone);
+    /// 0 = unlimited.
     pub max_weight: u64,
     /// Set when values borrow resources that `kc_cache_clear` releases: a build in flight
     /// across a clear is then destroyed and reported as `KC_ERR_CACHE_CLEARED`.
@@ -119,12 +116,8 @@ pub struct kc_cache_options {
     pub on_destroy_error_ctx: *mut c_void,
 }
 
-/// Counters of one cache since its creation or its last `kc_cache_reset_stats`, which leaves
-/// `entries`, `weight` and `leases` alone (`kc_cache_statistics` in C, where the name
-/// `kc_cache_stats` belongs to the function). Set `struct_size` to `sizeof(kc_cache_statistics)`
-/// before calling `kc_cache_stats`, which fills the fields that fit and sets `struct_size` to the
-/// bytes it wrote. Each field is read atomically, the whole is not a snapshot: under concurrent use
-/// fields may be a few operations apart.
+/// Counters of one cache since its creation or its last `kc_cache_reset_stats`. Each field is
+/// read atomically, the whole is not a snapshot: fields may be a few operations apart.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_cache_stats {
@@ -225,9 +218,8 @@ pub(super) unsafe fn make_value(
     }
 }
 
-/// Creates a cache. Free it with `kc_cache_free`. `opts` must point to at least `opts->struct_size`
-/// readable bytes. The callbacks and contexts in `opts` must stay valid until the last value is
-/// destroyed.
+/// Creates a cache. Free it with `kc_cache_free`. The callbacks and contexts in `opts` must stay
+/// valid until the last value is destroyed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_new(
     opts: *const kc_cache_options,
@@ -292,8 +284,7 @@ pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
 /// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
 /// `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
 /// entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
-/// NULL) is a valid key. `key` must point to `key_len` readable bytes (or anything when `key_len`
-/// is 0); `build` must be callable with `build_ctx` as described for `kc_build_fn`.
+/// NULL) is a valid key.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_find_or_build(
     cache: *mut kc_cache,
@@ -416,8 +407,7 @@ pub unsafe extern "C" fn kc_cache_len(cache: *const kc_cache) -> usize {
     })
 }
 
-/// Copies the cache's counters into `*out`; see `kc_cache_statistics` for `struct_size`. `*out` is
-/// written on success only.
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_stats(
     cache: *const kc_cache,
@@ -426,7 +416,6 @@ pub unsafe extern "C" fn kc_cache_stats(
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
         let stats: kc_cache_stats = unsafe { handle_ref(cache, "cache") }?.stats().into();
-        non_null(out, "out")?;
         // The first published layout is the whole struct: every field is known from the start.
         let min = size_of::<kc_cache_stats>();
         // SAFETY: `out` has `out->struct_size` writable bytes by contract; the struct has no
@@ -435,9 +424,8 @@ pub unsafe extern "C" fn kc_cache_stats(
     })
 }
 
-/// Zeroes the cache's event counters (hits, misses, builds, …); `entries`, `weight` and
-/// `leases` stay. A count made meanwhile is not lost: it is reset or shows in the next
-/// `kc_cache_stats`.
+/// Zeroes the cache's event counters; `entries`, `weight` and `leases` stay. A count made
+/// meanwhile is not lost: it is reset or shows in the next `kc_cache_stats`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_reset_stats(cache: *mut kc_cache) -> kc_status {
     guard(|| {
@@ -447,9 +435,8 @@ pub unsafe extern "C" fn kc_cache_reset_stats(cache: *mut kc_cache) -> kc_status
     })
 }
 
-/// `hits / (hits + misses)`, or 0.0 when both are 0 (no lookup yet: check
-/// `hits + misses` to tell it from a cache that never hit). For any statistics struct's pair,
-/// e.g. `kc_hit_rate(s.hits, s.misses)`.
+/// `hits / (hits + misses)`, or 0.0 when both are 0, for any statistics struct's pair, e.g.
+/// `kc_hit_rate(s.hits, s.misses)`.
 #[unsafe(no_mangle)]
 pub extern "C" fn kc_hit_rate(hits: u64, misses: u64) -> f64 {
     crate::stats::hit_rate(hits, misses).unwrap_or(0.0)

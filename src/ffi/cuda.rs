@@ -74,10 +74,8 @@ pub struct kc_cuda_options {
     pub max_weight: u64,
     /// The driver library to load; NULL: `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`.
     pub driver_library: *const c_char,
-    /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: loaded on its first
-    /// call from `KCACHE_NVRTC_LIBRARY`, else the first found of the driver's own release
-    /// (`libnvrtc.so.12` on a 12.x driver), `libnvrtc.so`, `libnvrtc.so.13`, `libnvrtc.so.12`,
-    /// `libnvrtc.so.11.2`.
+    /// The NVRTC library for `kc_cuda_cache_find_or_build_source`; NULL: `KCACHE_NVRTC_LIBRARY`,
+    /// else the driver's own release and then the others (`docs/cuda.md`), on first use.
     pub nvrtc_library: *const c_char,
 }
 
@@ -91,11 +89,8 @@ backend_handles!(
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
 /// MAX_REGISTERS (0), THREADS_PER_BLOCK (1, not with TARGET), OPTIMIZATION_LEVEL (7), TARGET
-/// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT's information log goes to kcache's
-/// log at `info`), GENERATE_LINE_INFO (13), CACHE_MODE (14). FALLBACK_STRATEGY (10) cannot be
-/// used with the `cuLink*` calls kcache links with, and THREADS_PER_BLOCK with TARGET cannot be
-/// combined (NVIDIA's documentation): both are `KC_ERR_INVALID_ARGUMENT`. Log buffers and other
-/// pointer or output options belong to kcache.
+/// (9), GENERATE_DEBUG_INFO (11), LOG_VERBOSE (12: the JIT log goes to kcache's log at `info`),
+/// GENERATE_LINE_INFO (13), CACHE_MODE (14); any other is `KC_ERR_INVALID_ARGUMENT`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct kc_cuda_jit_option {
@@ -147,12 +142,9 @@ pub extern "C" fn kc_cuda_options_default() -> kc_cuda_options {
     }
 }
 
-/// Creates a CUDA cache and loads the driver (`opts->driver_library`, else the file named by
-/// `KCACHE_CUDA_LIBRARY`, else `libcuda.so.1`). No driver, or one whose `cuInit` fails (no
-/// GPU): `KC_ERR_UNAVAILABLE`.
-/// `persistence` is the persistent tiers the cache keeps its linked cubins in, see `kc_persistence`
-/// (NULL: the process's default; `kc_persistence_none()`: memory only); the cache holds its own
-/// reference.
+/// Creates a CUDA cache and loads the driver (see `driver_library`). No driver, or one whose
+/// `cuInit` fails (no GPU): `KC_ERR_UNAVAILABLE`. The cache keeps its cubins in `persistence`
+/// (see `kc_persistence`) and holds its own reference to it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_new(
     opts: *const kc_cuda_options,
@@ -185,10 +177,8 @@ pub unsafe extern "C" fn kc_cuda_cache_new(
     unsafe { new_cache(opts, persistence, out_cache, make) }
 }
 
-/// Frees the cache: modules no lease holds are unloaded now (each with its context current), the
-/// others when their last lease is released. No other call on `cache` may run during or after this
-/// one. `cache` must be NULL or a cache from `kc_cuda_cache_new` not yet freed, and the contexts of
-/// its modules must still be live.
+/// Frees the cache: modules no lease holds are unloaded now (each with its context current, which
+/// must still be live), the others at their last lease release. Last call on `cache`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_cuda_cache_new`, or NULL.
@@ -203,9 +193,8 @@ pub unsafe extern "C" fn kc_cuda_cache_free(cache: *mut kc_cuda_cache) {
 /// `ptx_len` is the PTX length in bytes, or 0 when `ptx` is NUL-terminated. `options` holds
 /// `option_count` entries (NULL when 0); giving one option twice is an invalid argument. A PTX or
 /// link error is `KC_ERR_BUILD_FAILED`, with the `CUresult` in `kc_last_build_error()` and the JIT
-/// error log in `kc_last_error_message()`. `context` must be NULL or a live context of the cache's
-/// driver, kept alive until evicted with `kc_cuda_cache_evict_context`; `ptx` must be readable (for
-/// `ptx_len` bytes, or up to its NUL); `options` must hold `option_count` entries.
+/// error log in `kc_last_error_message()`. `context` must be NULL or a context of the cache's
+/// driver, kept alive until evicted with `kc_cuda_cache_evict_context`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_find_or_build_ptx(
     cache: *mut kc_cuda_cache,
@@ -294,8 +283,6 @@ unsafe fn jit_options(
 /// `nvrtc_options` holds `nvrtc_option_count` C strings (NULL when 0). No NVRTC library:
 /// `KC_ERR_UNAVAILABLE`. A compile error is `KC_ERR_BUILD_FAILED`, with the `nvrtcResult` in
 /// `kc_last_build_error()` and the compiler log in `kc_last_error_message()`.
-/// As `kc_cuda_cache_find_or_build_ptx`, with `source` in place of `ptx`, and `nvrtc_options`
-/// holding `nvrtc_option_count` C strings.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)] // One C call; a struct would only move the same fields.
 pub unsafe extern "C" fn kc_cuda_cache_find_or_build_source(
@@ -383,9 +370,7 @@ pub unsafe extern "C" fn kc_cuda_lease_release(lease: *mut kc_cuda_lease) {
 /// Unlinks every module of `context`; call it before `cuCtxDestroy`. Each module is unloaded now
 /// (with `context` current), or when its last lease is released. `*out_count` (if not NULL)
 /// receives how many were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`: modules looked
-/// up with a NULL context are recorded under the context that was current, so name that one
-/// (`cuCtxGetCurrent`). `out_count` must be NULL or writable; `context` must still be live when it
-/// has modules.
+/// up with a NULL context are recorded under the context that was current (`cuCtxGetCurrent`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_evict_context(
     cache: *mut kc_cuda_cache,
@@ -401,8 +386,7 @@ pub unsafe extern "C" fn kc_cuda_cache_evict_context(
 /// the last `cuDevicePrimaryCtxRelease` of the device's primary context and before
 /// `cuDevicePrimaryCtxReset` / `cudaDeviceReset`: they destroy the context, and a primary
 /// context retained again has the same address, which the cache would take for the old one.
-/// `*out_count` (if not NULL) receives how many were unlinked.
-/// As `kc_cuda_cache_evict_context`.
+/// `out_count` as for `kc_cuda_cache_evict_context`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cuda_cache_evict_device(
     cache: *mut kc_cuda_cache,

@@ -60,8 +60,6 @@ impl Callback {
 /// stderr again. Which levels are sent is decided by `KCACHE_LOG` (`error`, `warn`, `info`,
 /// `debug`; default `warn`), read once per process. When this returns, the previous callback
 /// is not running and is never called again, so its `ctx` may be freed.
-/// `callback` must be NULL or callable with `ctx` from any thread, concurrently, until it is
-/// replaced.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_set_log_callback(callback: kc_log_fn, ctx: *mut c_void) {
     guard_value((), || match callback {

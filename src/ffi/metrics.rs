@@ -7,15 +7,12 @@ use super::args::invalid;
 use super::status::{buffer_too_small, guard, kc_status, non_null};
 use crate::metrics;
 
-/// Writes the metrics of every kcache cache alive in this process (memory tiers, disk tiers,
-/// backends) into `buf`, in the Prometheus text exposition format (version 0.0.4),
-/// NUL-terminated. `docs/metrics.md` lists the metric families.
+/// Writes the metrics of every kcache cache alive in this process into `buf`, in the Prometheus
+/// text exposition format (0.0.4), NUL-terminated (families: `docs/metrics.md`).
 ///
-/// `*out_needed` is always set on `KC_OK` and `KC_ERR_BUFFER_TOO_SMALL`: the bytes the text
-/// takes, its NUL included. `buf` NULL with `buf_len` 0 asks for that size only (`KC_OK`,
-/// nothing written). A `buf_len` smaller than needed writes nothing to `buf` and returns
-/// `KC_ERR_BUFFER_TOO_SMALL`. The figures move between two calls, so a size asked first may
-/// fall short by the time of the second: call again with the newly reported size.
+/// `*out_needed` receives the bytes the text takes, its NUL included, on `KC_OK` and on
+/// `KC_ERR_BUFFER_TOO_SMALL` (a `buf_len` too small; nothing written). `buf` NULL with `buf_len` 0
+/// asks for the size only. The size may grow between two calls: call again with the new one.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_metrics_render(
     buf: *mut c_char,

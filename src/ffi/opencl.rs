@@ -75,9 +75,8 @@ pub struct kc_opencl_options {
     pub struct_size: usize,
     /// Programs kept in memory at most; 0 = unlimited.
     pub max_entries: u64,
-    /// Total weight of the programs kept in memory at most; 0 = unlimited. A program loaded
-    /// from disk weighs its binary's size; one built from source weighs its source's length
-    /// (its binary is not asked for on the lookup's path).
+    /// Total weight of the programs kept in memory at most (a binary's size, or a source's
+    /// length for a program built from source); 0 = unlimited.
     pub max_weight: u64,
 }
 
@@ -124,10 +123,9 @@ pub extern "C" fn kc_opencl_options_default() -> kc_opencl_options {
     }
 }
 
-/// Creates an OpenCL cache; loads the OpenCL library on first use (`libOpenCL.so.1`, or the file
-/// named by `KCACHE_OPENCL_LIBRARY`). Without one: `KC_ERR_UNAVAILABLE`. `persistence` is the
-/// persistent tiers the cache keeps its program binaries in, see `kc_persistence` (NULL: the
-/// process's default; `kc_persistence_none()`: memory only); the cache holds its own reference.
+/// Creates an OpenCL cache; loads the OpenCL library on first use (`KCACHE_OPENCL_LIBRARY`, else
+/// `libOpenCL.so.1`; none: `KC_ERR_UNAVAILABLE`). The cache keeps its binaries in `persistence`
+/// (see `kc_persistence`) and holds its own reference to it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_new(
     opts: *const kc_opencl_options,
@@ -146,8 +144,8 @@ pub unsafe extern "C" fn kc_opencl_cache_new(
     }
 }
 
-/// Frees the cache: programs no lease holds are released now, the others when their last lease is
-/// released. No other call on `cache` may run during or after this one.
+/// Frees the cache: programs no lease holds are released now, the others at their last lease
+/// release. It must be the last call on `cache`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_opencl_cache_new`, or NULL.
@@ -162,10 +160,8 @@ pub unsafe extern "C" fn kc_opencl_cache_free(cache: *mut kc_opencl_cache) {
 /// `lengths` gives their byte lengths, or is NULL when every string is NUL-terminated. `options` is
 /// NULL or the `clBuildProgram` options string. Both must be UTF-8 (OpenCL C source is; anything
 /// else is `KC_ERR_INVALID_ARGUMENT`). A compile error is `KC_ERR_BUILD_FAILED`, with the OpenCL
-/// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `context`
-/// and `device` must be live OpenCL handles, the device one of the context's; `sources` must hold
-/// `count` readable strings (of `lengths[i]` bytes, or NUL-terminated); `options` must be NULL or a
-/// C string.
+/// status in `kc_last_build_error()` and the compiler log in `kc_last_error_message()`. `device`
+/// must be one of `context`'s.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_find_or_build(
     cache: *mut kc_opencl_cache,
@@ -244,36 +240,15 @@ unsafe fn program_text<'a>(
     Ok((texts, options))
 }
 
-/// The built program for `sources` and `options` on each of `num_devices` devices of
-/// `context`, as `clCreateProgramWithSource` + `clBuildProgram` make it, except that it comes
-/// from the cache: from memory, else from a binary on disk, else compiled. Unlike
-/// `kc_opencl_cache_find_or_build`, no lease: `out_programs[i]` is a `cl_program` reference
-/// of the caller's own, for `device_list[i]`, released with `clReleaseProgram` when the caller
-/// is done with it. The cache keeps its own reference; eviction gives up only that one.
-/// `device_list` is a `const cl_device_id *` and `out_programs` a `cl_program *`, passed as
-/// `void *` like every OpenCL handle here, so that a `&program` converts without a cast:
-/// `kc_opencl_cache_find_or_build_program(cache, context, 1, &device, &source, NULL, 1, "",
-/// &program, NULL)` stands for `clCreateProgramWithSource` + `clBuildProgram`.
-///
-/// `device_list` NULL builds for every device of the context (as `clBuildProgram` does with
-/// no list); `num_devices` must then be the context's device count (`CL_CONTEXT_NUM_DEVICES`),
-/// since it is the length of `out_programs` and `out_logs`: another count is
-/// `KC_ERR_INVALID_ARGUMENT`. Each device gets a program of its own, built and kept on disk
-/// under that device's identity: a kernel created from `out_programs[i]` runs on
-/// `device_list[i]`'s queues. `sources`, `lengths`, `count` and `options` are as for
-/// `kc_opencl_cache_find_or_build`.
-///
-/// `out_logs` is NULL, or `num_devices` buffers, written once the lookups have run: on
-/// `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds `device_list[i]`'s whole build message (a first
-/// line naming the OpenCL status, then the compiler's log; not NUL-terminated) if its build
-/// failed; every other buffer is zeroed. Free each with `kc_buffer_free` (a zeroed one too,
-/// which is a no-op). On failure no program is handed out: the status, `kc_last_build_error()`
-/// and `kc_last_error_message()` are the first failing device's.
-/// `context` must be a live OpenCL context and `device_list` NULL or `num_devices` of its
-/// devices (`cl_device_id`s); `sources`, `lengths` and `options` as for
-/// `kc_opencl_cache_find_or_build`; `out_programs` must hold `num_devices` writable
-/// `cl_program`s; `out_logs` NULL or `num_devices`
-/// writable `kc_buffer`s.
+/// What `clCreateProgramWithSource` + `clBuildProgram` make, from the cache: for each of
+/// `num_devices` devices, `out_programs[i]` (a `cl_program *` as `void *`) receives a reference of
+/// the caller's own to the program for `device_list[i]` (a `const cl_device_id *`), released with
+/// `clReleaseProgram`; the cache keeps its own. `device_list` NULL means every device of `context`:
+/// `num_devices` must then be its `CL_CONTEXT_NUM_DEVICES`. `sources`, `lengths`, `count` and
+/// `options` as for `kc_opencl_cache_find_or_build`. `out_logs` is NULL or `num_devices` buffers:
+/// on `KC_ERR_BUILD_FAILED`, `out_logs[i]` holds the build message of a device whose build failed
+/// (not NUL-terminated), the others are zeroed; free each with `kc_buffer_free`. On failure no
+/// program is handed out; status and errors are the first failing device's.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_find_or_build_program(
     cache: *mut kc_opencl_cache,
@@ -367,9 +342,7 @@ pub unsafe extern "C" fn kc_opencl_lease_release(lease: *mut kc_opencl_lease) {
 
 /// Unlinks every program built for `device`, in every context; each is released now, or when its
 /// last lease is. `*out_count` (if not NULL) receives how many were unlinked. A NULL `device` is
-/// `KC_ERR_INVALID_ARGUMENT` (no program is built for a NULL device, so it would evict nothing).
-/// `out_count` must be NULL or writable. `device` is only compared, never called: it may already be
-/// released.
+/// `KC_ERR_INVALID_ARGUMENT`. `device` is only compared, never called: it may already be released.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     cache: *mut kc_opencl_cache,
@@ -384,10 +357,8 @@ pub unsafe extern "C" fn kc_opencl_cache_evict_device(
     unsafe { evict_by(cache, device, "device", out_count, evict) }
 }
 
-/// Unlinks every program of `context`; call it before `clReleaseContext`. Programs are
-/// released now, or when their last lease is. `*out_count` (if not NULL) receives how many
-/// were unlinked. A NULL `context` is `KC_ERR_INVALID_ARGUMENT`.
-/// As `kc_opencl_cache_evict_device`.
+/// Unlinks every program of `context`; call it before `clReleaseContext`. As
+/// `kc_opencl_cache_evict_device` otherwise.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_evict_context(
     cache: *mut kc_opencl_cache,
@@ -406,11 +377,10 @@ pub unsafe extern "C" fn kc_opencl_cache_clear(cache: *mut kc_opencl_cache) -> k
     unsafe { clear(cache) }
 }
 
-/// Waits until the binary of every program built so far is written to the disk tier (or
-/// failed to be: see `failed_writes`). Binaries are asked for and written on a background
-/// thread after the lookup returns; `kc_opencl_cache_free` waits for them too. On PoCL they
-/// are held back until another process waits for them or until this call, so that they carry
-/// the work-group code the programs' launches compiled: call it after your warm-up launches.
+/// Waits until the binary of every program built so far is written to the disk tier (or failed
+/// to be), as `kc_opencl_cache_free` does. On PoCL binaries are held back until this call (or
+/// another process waits for them) so that they carry the code launches compiled: call it after
+/// your warm-up launches.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_opencl_cache_flush(cache: *mut kc_opencl_cache) -> kc_status {
     // SAFETY: forwarded from the caller's contract.

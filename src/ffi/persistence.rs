@@ -30,13 +30,9 @@ pub const KC_FINGERPRINT_LEN: usize = 8;
 const _: () = assert!(KC_FINGERPRINT_LEN == size_of::<crate::disk::Fingerprint>());
 
 /// The persistent tiers: the disk tier and, when configured, the remote tier behind it. Open
-/// one with `kc_persistence_open` and hand it to every cache of the process
-/// (`kc_opencl_cache_new`, `kc_cuda_cache_new`, `kc_vulkan_cache_new`) and tiered lookup
-/// (`kc_tiered_find_or_build`): they share its writer, lock files, remote connection and
-/// counters. Reference counted: a cache holds its own reference, so the caller may
-/// `kc_persistence_free` its own once the caches are made. Thread-safe: every function taking a
-/// `kc_persistence *` may be called from any number of threads at once, except
-/// `kc_persistence_free`, which must be the caller's last call on its reference.
+/// one with `kc_persistence_open` and hand it to every cache and tiered lookup of the process:
+/// they share its writer, lock files, remote connection and counters. Reference counted: a
+/// cache holds its own reference, so the caller may `kc_persistence_free` its own.
 ///
 /// Where a function takes a `kc_persistence *` for a cache or lookup, NULL means the process's
 /// default object (`kc_persistence_default`) and `kc_persistence_none()` means no persistent
@@ -51,28 +47,22 @@ impl Handle for kc_persistence {
 
 /// How to open the persistent tiers. Start from `kc_persistence_options_default()`. Unset
 /// fields (NULL / 0) come from the environment unless `ignore_env` is set, then from the
-/// defaults (`docs/disk-tier.md`, `docs/remote.md`). In a secure-execution process (setuid,
-/// setgid, file capabilities) the environment is not read (`KCACHE_DISABLE=1` excepted): the
-/// disk tier then needs `dir`, and is keyed only by `key`. The struct follows the
-/// `struct_size` rule of every growing struct (see `docs/c-api-conventions.md`).
+/// defaults (`docs/disk-tier.md`, `docs/remote.md`). A secure-execution process reads no
+/// environment (`KCACHE_DISABLE=1` excepted): the disk tier then needs `dir`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_persistence_options {
     pub struct_size: usize,
-    /// Cache directory (NUL-terminated), an absolute path: a relative or empty one is
-    /// `KC_ERR_INVALID_ARGUMENT`. NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`,
-    /// `$HOME/.cache/kcache`. Every directory kcache creates is mode 0700; the directory is
-    /// refused unless owned by the effective user and not writable by group or others.
+    /// Cache directory, an absolute path, owned by the effective user and not writable by others
+    /// (created mode 0700); NULL: `KCACHE_DIR`, `$XDG_CACHE_HOME/kcache`, `$HOME/.cache/kcache`.
     pub dir: *const c_char,
     /// Size cap in bytes; 0: `KCACHE_MAX_SIZE`, else 1 GiB.
     pub max_size: u64,
     /// Most entry files the directory holds (evicted least recently used first, as the size
     /// cap's are); 0: `KCACHE_MAX_FILES`, else the default; `UINT64_MAX`: no limit.
     pub max_files: u64,
-    /// Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes), copied and
-    /// the copy wiped once it has keyed the HMAC; NULL with `key_len` 0: the file named by
-    /// `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums. NULL with a length is
-    /// `KC_ERR_INVALID_ARGUMENT`.
+    /// Operator key authenticating entries with HMAC-SHA256 (16 to 4096 bytes; copied, the copy
+    /// wiped once used); NULL: the file named by `KCACHE_KEY_FILE`, else unkeyed BLAKE3 checksums.
     pub key: *const u8,
     /// Length of `key`.
     pub key_len: usize,
@@ -81,24 +71,19 @@ pub struct kc_persistence_options {
     /// Ignore the environment entirely (`KCACHE_*`, `XDG_CACHE_HOME`, `HOME`; `KCACHE_DISABLE`
     /// included): `dir` must then be set (NULL is `KC_ERR_INVALID_ARGUMENT`).
     pub ignore_env: bool,
-    /// Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key, from `key` or
-    /// `KCACHE_KEY_FILE`, instead of writing unkeyed entries. `KCACHE_REQUIRE_KEY=1` sets it
-    /// too.
+    /// Refuse to open (`KC_ERR_UNTRUSTED`) without an operator key instead of writing unkeyed
+    /// entries. `KCACHE_REQUIRE_KEY=1` sets it too.
     pub require_key: bool,
     /// How long a lookup that misses waits for another process building the same entry, in
     /// milliseconds, before it builds too; 0: `KCACHE_LOCK_TIMEOUT` (seconds), else 120 s.
     pub lock_timeout_ms: u64,
-    /// How long such a wait goes on once the builder shows no sign of life (stopped, or gone
-    /// while a child it forked holds its lock), in milliseconds, before this process takes the
-    /// build over (less than 1000 is taken as 1000); 0: `KCACHE_LOCK_LIVENESS` (seconds), else
-    /// 5 s.
+    /// How long such a wait goes on once the builder shows no sign of life, in milliseconds (at
+    /// least 1000), before taking the build over; 0: `KCACHE_LOCK_LIVENESS` (seconds), else 5 s.
     pub lock_liveness_ms: u64,
-    /// The shared tier behind the disk (NUL-terminated): `redis://[user:password@]host[:port]`,
-    /// `rediss://…`, `redis+unix:///path` or a Redis Cluster's seed URLs, comma-separated;
-    /// NULL: `KCACHE_REMOTE_URL`, else none. A URL that cannot be used leaves the remote off
-    /// (one warning), not the disk. It needs an operator key unless `remote_allow_unkeyed`.
-    /// Each `remote_*` field left NULL or 0 takes its `KCACHE_REMOTE_*` variable, else the
-    /// default (`docs/remote.md`).
+    /// The shared tier behind the disk: `redis://[user:password@]host[:port]`, `rediss://…`,
+    /// `redis+unix:///path` or Redis Cluster seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`,
+    /// else none. An unusable URL leaves the remote off (one warning). It needs an operator key
+    /// unless `remote_allow_unkeyed`. A `remote_*` field left NULL or 0 takes `KCACHE_REMOTE_*`.
     pub remote_url: *const c_char,
     /// Read the remote, never write it.
     pub remote_read_only: bool,
@@ -113,15 +98,12 @@ pub struct kc_persistence_options {
     pub remote_prefix: *const c_char,
     /// Largest remote entry read or written, in bytes (default 64 MiB).
     pub remote_max_entry_size: u64,
-    /// How long a miss waits for another node building the same entry, in milliseconds
-    /// (default 120 s).
+    /// How long a miss waits for another node building the same entry, in ms (default 120 s).
     pub remote_lease_wait_ms: u64,
-    /// The certificate authority (PEM, an absolute path) that a `rediss://` server's
-    /// certificate must chain to (default: the system's roots).
+    /// The CA (PEM, an absolute path) a `rediss://` server's certificate must chain to
+    /// (default: the system's roots).
     pub remote_ca_file: *const c_char,
-    /// The client certificate (PEM, an absolute path) shown to a `rediss://` server that
-    /// requires one (mutual TLS). Set with `remote_key_file`: one without the other leaves
-    /// the remote off (one warning).
+    /// The client certificate (PEM, an absolute path) for mutual TLS; set with `remote_key_file`.
     pub remote_cert_file: *const c_char,
     /// The client certificate's private key (PEM, an absolute path).
     pub remote_key_file: *const c_char,
@@ -244,16 +226,11 @@ unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
     })
 }
 
-/// Opens the persistent tiers; `opts` NULL takes everything from the environment. Each call
-/// opens a new object (its own writer and counters): to share one, pass it around, or use
-/// `kc_persistence_default`. Refusals: `KC_ERR_UNAVAILABLE` (`KCACHE_DISABLE=1`, no directory,
-/// a secure-execution process without `opts->dir`, an invalid `KCACHE_MAX_SIZE`),
-/// `KC_ERR_UNTRUSTED` (directory not private to this user or a symlink; no operator key while
-/// one is required; an unusable `KCACHE_KEY_FILE`), `KC_ERR_INVALID_ARGUMENT` (see
-/// `kc_persistence_options`), `KC_ERR_IO`. Each refusal that comes from the environment or the
-/// directory is also logged once per process at `KC_LOG_WARN` (on stderr, or to
-/// `kc_set_log_callback`'s callback). A caller should then go on with memory only
-/// (`kc_persistence_none()`).
+/// Opens the persistent tiers (`opts` NULL: all from the environment) as a new object with its
+/// own writer and counters. Refusals, also logged once at `KC_LOG_WARN`: `KC_ERR_UNAVAILABLE`
+/// (`KCACHE_DISABLE=1`, no directory, an invalid `KCACHE_MAX_SIZE`, secure execution without
+/// `opts->dir`), `KC_ERR_UNTRUSTED` (directory not private or a symlink; no operator key while one
+/// is required), `KC_ERR_INVALID_ARGUMENT`, `KC_ERR_IO`: go on with `kc_persistence_none()`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_open(
     opts: *const kc_persistence_options,
@@ -362,11 +339,22 @@ pub(super) unsafe fn persistence_ref<'a>(p: *const kc_persistence) -> Result<&'a
     unsafe { handle_ref(p, "persistence") }.map(|shared| &**shared)
 }
 
+/// The body of a `kc_persistence_*` function: `call` on the object of its first argument,
+/// inside [`guard`].
+///
+/// # Safety
+/// As [`persistence_arg`].
+pub(super) unsafe fn with_persistence(
+    persistence: *const kc_persistence,
+    call: impl FnOnce(&Persistence) -> Result<()>,
+) -> kc_status {
+    // SAFETY: forwarded from the caller's contract.
+    guard(|| call(unsafe { persistence_ref(persistence) }?))
+}
+
 /// Gives up the caller's reference; the tiers close (after their pending writes) once no
 /// cache holds one either. NULL and `kc_persistence_none()` are no-ops. Buffers already
 /// returned stay valid.
-/// `persistence` must be NULL, `kc_persistence_none()` or from `kc_persistence_open` or
-/// `kc_persistence_default`, not yet freed, with no call on it running.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_free(persistence: *mut kc_persistence) {
     if is_none_marker(persistence) {
@@ -384,23 +372,20 @@ pub unsafe extern "C" fn kc_persistence_fingerprint(
     persistence: *const kc_persistence,
     out: *mut u8,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
+    let copy = |disk: &Persistence| {
         non_null(out, "out")?;
         let fp = disk.fingerprint();
         // SAFETY: `out` has `KC_FINGERPRINT_LEN` writable bytes by contract.
         unsafe { ptr::copy_nonoverlapping(fp.as_ptr(), out, KC_FINGERPRINT_LEN) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, copy) }
 }
 
-/// The distinct operator key fingerprints of the entries in the directory, in ascending
-/// byte order: one per key generation that has entries there (all zero for unkeyed entries).
-/// `*out_count` receives how many there are; the first `min(capacity, *out_count)` are
-/// written to `out` (`KC_FINGERPRINT_LEN` bytes each, concatenated). Call with `out` NULL and
-/// `capacity` 0 to learn the count, then again with room for it; entries written meanwhile
-/// can make the second count larger, so compare it with `capacity`.
+/// The distinct operator key fingerprints of the directory's entries, ascending (all zero for
+/// unkeyed entries). `*out_count` receives how many there are; at most `capacity` are written to
+/// `out` (`KC_FINGERPRINT_LEN` bytes each). `out` NULL with `capacity` 0 asks for the count.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_fingerprints(
     persistence: *const kc_persistence,
@@ -408,9 +393,7 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
     capacity: usize,
     out_count: *mut usize,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
+    let list = |disk: &Persistence| {
         non_null(out_count, "out_count")?;
         if capacity > 0 {
             non_null(out, "out")?;
@@ -426,7 +409,9 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
         // SAFETY: non-NULL and writable by contract.
         unsafe { out_count.write(found.len()) };
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, list) }
 }
 
 /// Waits until every background write of this object submitted so far has finished (written or
@@ -434,11 +419,8 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
 /// too.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { persistence_ref(persistence) }?.flush();
-        Ok(())
-    })
+    // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::flush))
 }
 
 /// Waits for the scan of the directory that `kc_persistence_open` starts in the background
@@ -446,11 +428,8 @@ pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence
 /// this object's own writes, and writes wait for it; reads do not.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_wait_scan(persistence: *const kc_persistence) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { persistence_ref(persistence) }?.wait_scan();
-        Ok(())
-    })
+    // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::wait_scan))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -16,13 +16,9 @@ use super::status::{byte_slice, guard, kc_status, non_null};
 use crate::disk::Descriptor;
 use crate::{Error, Result};
 
-/// Writes the entry for `key` (atomically: readers see the old entry or the new one). `KC_ERR_IO`
-/// when the write fails (disk full, …): nothing partial is left behind. `KC_ERR_INVALID_ARGUMENT`
-/// when the entry (payload, header and tag) is larger than the smaller of the size cap and 1 GiB:
-/// decided from `len` alone, before `data` is read. Right after `kc_persistence_open` the write
-/// waits for the directory scan (see `kc_persistence_wait_scan`), so that it can make room within
-/// the cap first. The entry says it holds a value of backend `custom`
-/// (`kc_persistence_put_described` says more).
+/// Writes the entry for `key` atomically, of backend `custom`. `KC_ERR_IO` when the write fails
+/// (nothing partial is left); `KC_ERR_INVALID_ARGUMENT` when the entry is larger than the smaller
+/// of the size cap and 1 GiB. It waits for the directory scan (`kc_persistence_wait_scan`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_put(
     persistence: *mut kc_persistence,
@@ -118,10 +114,8 @@ pub(super) unsafe fn descriptor_arg(p: *const kc_entry_descriptor) -> Result<Des
     ))
 }
 
-/// Reads and verifies the entry for `key` into `*out` (written on success only; free it
-/// with `kc_buffer_free`). Misses: `KC_ERR_NOT_FOUND` (none), `KC_ERR_INTEGRITY` (an entry
-/// failed verification, was larger than the per-entry limit or was not a regular file, and
-/// was removed: a directory with everything in it, never following a link), `KC_ERR_IO`.
+/// Reads and verifies the entry for `key` into `*out` (free it with `kc_buffer_free`). Misses:
+/// `KC_ERR_NOT_FOUND`, `KC_ERR_INTEGRITY` (the entry was refused and removed), `KC_ERR_IO`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_get(
     persistence: *mut kc_persistence,

@@ -7,9 +7,9 @@ use std::mem::size_of;
 use std::time::Duration;
 
 use super::args::{c_statistics, invalid, write_sized};
-use super::persistence::{KC_FINGERPRINT_LEN, kc_persistence, persistence_ref};
-use super::status::{byte_slice, guard, kc_status, non_null};
-use crate::disk::{DiskStats, GcReport};
+use super::persistence::{KC_FINGERPRINT_LEN, kc_persistence, persistence_ref, with_persistence};
+use super::status::{byte_slice, guard, kc_status};
+use crate::disk::{DiskStats, GcReport, Persistence};
 
 /// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 pub const KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
@@ -21,10 +21,7 @@ const _: () =
 /// Counters and reports are written truncated to any caller's size that holds `struct_size`.
 const OUT_MIN_SIZE: usize = size_of::<usize>();
 
-/// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`
-/// (the name `kc_persistence_stats` belongs to the function). Set `struct_size` to
-/// `sizeof(kc_persistence_statistics)` before calling `kc_persistence_stats`; it fills the fields
-/// that fit and sets `struct_size` to the bytes written.
+/// Counters of one `kc_persistence` since it was opened or its last `kc_persistence_reset_stats`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_persistence_statistics {
@@ -39,8 +36,7 @@ pub struct kc_persistence_statistics {
     pub bytes_read: u64,
     /// Bytes of entries written.
     pub bytes_written: u64,
-    /// Entries that failed verification (bad content, too large, not a regular file) and
-    /// were removed, and directories a write found at its entry's name and moved aside.
+    /// Entries that failed verification and were removed (and directories moved aside by a write).
     pub integrity_rejects: u64,
     /// Failed reads and writes.
     pub io_errors: u64,
@@ -50,28 +46,23 @@ pub struct kc_persistence_statistics {
     pub removes: u64,
     /// Entries a tiered lookup's `load` refused, removed.
     pub load_failures: u64,
-    /// Entry files in the directory, as far as this process knows: complete once
-    /// `scan_complete` is set.
+    /// Entry files in the directory, as far as this process knows (all once `scan_complete`).
     pub entries: u64,
     /// Their total size in bytes.
     pub bytes: u64,
-    /// Whether the scan of the directory that `kc_persistence_open` starts has finished
-    /// (`kc_persistence_wait_scan` waits for it).
+    /// Whether the directory scan `kc_persistence_open` starts has finished.
     pub scan_complete: bool,
-    /// Misses that waited for another process building the same entry, then read what it
-    /// published or, when its build failed or it died, built.
+    /// Misses that waited for another process building the same entry.
     pub lock_waits: u64,
     /// Waits that reached the lock timeout; each of those misses built without waiting more.
     pub lock_timeouts: u64,
     /// Misses that found the lock released by a process that died building: they built.
     pub lock_takeovers: u64,
-    /// Background writes queued, held back or running now (`kc_persistence_flush` writes and waits
-    /// for them).
+    /// Background writes queued, held back or running now.
     pub pending_writes: u64,
     /// Background writes that failed (the value could not be serialized or written).
     pub failed_writes: u64,
-    /// Whether a remote tier is behind the disk (`remote_url`, `KCACHE_REMOTE_URL`); the
-    /// `remote_*` counters stay zero without one. See `docs/remote.md`.
+    /// Whether a remote tier is behind the disk; without one the `remote_*` counters stay zero.
     pub remote: bool,
     /// Remote entries read and verified.
     pub remote_hits: u64,
@@ -145,8 +136,7 @@ impl From<DiskStats> for kc_persistence_statistics {
     }
 }
 
-/// What one `kc_persistence_gc` removed, by reason. Same `struct_size` rule as
-/// `kc_persistence_statistics`.
+/// What one `kc_persistence_gc` removed, by reason.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct kc_persistence_gc_report {
@@ -163,15 +153,11 @@ pub struct kc_persistence_gc_report {
     pub kept: u64,
     /// Bytes removed.
     pub bytes_freed: u64,
-    /// Files or directories that should have gone but could not be removed (a directory
-    /// tree more than 16 levels deep, a permission error, …): left in place.
+    /// Files or directories that should have gone but could not be removed.
     pub undeletable: u64,
-    /// Lock files nobody held (left by processes that died building), and anything but a
-    /// regular file at a lock file's name (a directory with everything in it); held ones are
-    /// kept.
+    /// Lock files nobody held (left by processes that died building), and non-files at their names.
     pub lock_files: u64,
-    /// Entries of format 1, which do not say what they hold (reads accept them; `gc`
-    /// removes them, and the next build writes them again with a descriptor).
+    /// Entries of format 1, which do not say what they hold (read, but removed by `gc`).
     pub old_format: u64,
 }
 
@@ -180,10 +166,9 @@ c_statistics!(GcReport => kc_persistence_gc_report {
     lock_files, old_format,
 });
 
-/// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of
-/// other key schemas, corrupt entries, and entries of operator keys that are neither this
-/// disk's nor among the `retain_count` fingerprints (`KC_FINGERPRINT_LEN` bytes each,
-/// concatenated) at `retain`. `out_report` may be NULL.
+/// Sweeps the directory: temporary files older than `temp_max_age_s` seconds, entries of other key
+/// schemas, corrupt entries, and entries of operator keys neither this disk's nor among the
+/// `retain_count` fingerprints at `retain`. `out_report` may be NULL.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_gc(
     persistence: *mut kc_persistence,
@@ -192,9 +177,7 @@ pub unsafe extern "C" fn kc_persistence_gc(
     temp_max_age_s: u64,
     out_report: *mut kc_persistence_gc_report,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
+    let sweep = |disk: &Persistence| {
         let bytes = retain_count
             .checked_mul(KC_FINGERPRINT_LEN)
             .ok_or_else(|| invalid("retain_count is too large"))?;
@@ -219,23 +202,24 @@ pub unsafe extern "C" fn kc_persistence_gc(
             }?;
         }
         Ok(())
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, sweep) }
 }
 
-/// Fills `*out` with this object's counters (see `kc_persistence_stats`).
+/// Fills `*out`, whose `struct_size` the caller set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_stats(
     persistence: *const kc_persistence,
     out: *mut kc_persistence_statistics,
 ) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        let disk = unsafe { persistence_ref(persistence) }?;
-        non_null(out, "out")?;
+    let write = |disk: &Persistence| {
         let stats = kc_persistence_statistics::from(disk.stats());
-        // SAFETY: non-NULL; its size is the caller's promise.
+        // SAFETY: NULL (refused) or writable for its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_persistence_statistics", OUT_MIN_SIZE) }
-    })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { with_persistence(persistence, write) }
 }
 
 /// Zeroes this object's event counters (`kc_persistence_statistics`); `entries`, `bytes`,
@@ -243,9 +227,6 @@ pub unsafe extern "C" fn kc_persistence_stats(
 /// adds to (`kcache stats`), are not touched: `kcache zero-stats` zeroes them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persistence) -> kc_status {
-    guard(|| {
-        // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-        unsafe { persistence_ref(persistence) }?.reset_stats();
-        Ok(())
-    })
+    // SAFETY: pointer validity is the caller's contract, NULLs are checked.
+    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::reset_stats))
 }

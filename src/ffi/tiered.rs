@@ -18,9 +18,8 @@ use crate::BuildError;
 use crate::disk::DiskBytes;
 use crate::tiered::Tiers;
 
-/// Turns a serialized payload back into a live value. Same contract as `kc_build_fn` (store
-/// the value and its weight, return 0; non-zero: the entry is removed and the value built),
-/// except for `KC_LOAD_TRANSIENT`.
+/// Turns a serialized payload back into a live value. As `kc_build_fn`, but non-zero removes
+/// the entry and builds the value (except `KC_LOAD_TRANSIENT`).
 pub type kc_load_fn = Option<
     unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -38,10 +37,8 @@ pub type kc_load_fn = Option<
 pub const KC_LOAD_TRANSIENT: c_int = 1_000_000;
 
 /// Serializes a live value for the disk, in two calls like `vkGetPipelineCacheData`: with
-/// `buf` NULL store the size in `*len`; then with a buffer of `*len` bytes fill it and store
-/// the bytes written in `*len`. Return 0 on success; non-zero skips the write-back, and so
-/// does a size past the disk's entry size limit (less the header and tag), refused before the
-/// buffer is allocated.
+/// `buf` NULL store the size in `*len`; then fill a buffer of `*len` bytes and store the bytes
+/// written in `*len`. Return 0 on success; non-zero (or a size too large) skips the write-back.
 pub type kc_serialize_fn = Option<
     unsafe extern "C" fn(
         ctx: *mut c_void,
@@ -113,18 +110,12 @@ unsafe fn serialize_value(
 
 /// Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
 /// for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`
-/// and writes `callbacks->serialize`'s bytes back to disk. `persistence` is as for a cache (see
-/// `kc_persistence`: NULL the process's default, `kc_persistence_none()` memory only). The disk
-/// read runs inside the memory tier's single flight: concurrent callers of one key read or build
-/// once. A disk miss waits for another process building the same `l2_key` in the same directory (up
-/// to the disk's lock timeout) and loads what it wrote; if that build fails, this one builds too. A
-/// disk entry that `load` refuses is removed (and counted in `load_failures`). `serialize` runs on
-/// the calling thread before the lookup returns; the write itself happens on the disk's background
-/// writer (see `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
-/// `kc_cache_find_or_build`. The entry written says it holds a value of backend `custom`
-/// (`kc_tiered_find_or_build_described` says more). `cache` live; `persistence` NULL,
-/// `kc_persistence_none()` or live; keys readable for their lengths; `callbacks` readable for its
-/// `struct_size`; `out_lease` writable; callbacks callable with `callbacks->ctx`.
+/// and writes `callbacks->serialize`'s bytes back (backend `custom`) through `persistence` (see
+/// `kc_persistence`). Concurrent callers of one key read or build once, and a disk miss first waits
+/// for another process building the same `l2_key`. An entry `load` refuses is removed.
+/// `serialize` runs before the lookup returns; the write happens in the background (see
+/// `kc_persistence_flush`), and a failed one is counted, not returned. Statuses as for
+/// `kc_cache_find_or_build`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_tiered_find_or_build(
     cache: *mut kc_cache,
@@ -154,7 +145,6 @@ pub unsafe extern "C" fn kc_tiered_find_or_build(
 
 /// `kc_tiered_find_or_build`, writing back an entry that says what it holds (`descriptor`,
 /// as `kc_persistence_put_described` takes it; NULL: backend `custom`).
-/// As `kc_tiered_find_or_build`; `descriptor` as for `kc_persistence_put_described`.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kc_tiered_find_or_build_described(

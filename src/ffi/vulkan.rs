@@ -89,8 +89,7 @@ pub struct kc_vulkan_cache_statistics {
     pub pipelines_destroyed: u64,
     /// Pipeline layouts created (one per device and layout description).
     pub layouts_created: u64,
-    /// Pipeline-cache blobs read from disk (or the remote tier behind it), validated and handed
-    /// to the driver.
+    /// Pipeline-cache blobs read from disk (or the remote tier), validated and given to the driver.
     pub cache_data_loaded: u64,
     /// Device registrations that found no pipeline-cache data on disk.
     pub cache_data_missing: u64,
@@ -98,8 +97,7 @@ pub struct kc_vulkan_cache_statistics {
     pub cache_data_rejected: u64,
     /// Pipeline-cache blobs written to disk.
     pub cache_data_written: u64,
-    /// Blobs another process (or node, through the remote tier) stored meanwhile, merged in
-    /// before a write.
+    /// Blobs another process (or node) stored meanwhile, merged in before a write.
     pub cache_data_merged: u64,
     /// Disk reads or writes that failed (a failed write is also returned by the flushing call).
     pub disk_errors: u64,
@@ -123,13 +121,8 @@ pub extern "C" fn kc_vulkan_options_default() -> kc_vulkan_options {
 }
 
 /// Creates a Vulkan pipeline cache. Without a Vulkan loader, or with a `get_instance_proc_addr`
-/// that does not resolve `vkCreateInstance` (queried with a NULL instance, as every loader answers
-/// it): `KC_ERR_UNAVAILABLE`. `persistence` is the persistent tiers the cache keeps each device's
-/// pipeline-cache data in, see `kc_persistence` (NULL: the process's default;
-/// `kc_persistence_none()`: memory only); the cache holds its own reference. `opts` must point to a
-/// `kc_vulkan_options` whose `get_instance_proc_addr` is NULL or behaves as `vkGetInstanceProcAddr`
-/// for as long as the cache and its leases live; `persistence` NULL, `kc_persistence_none()` or
-/// live.
+/// that does not resolve `vkCreateInstance` for a NULL instance: `KC_ERR_UNAVAILABLE`. The cache
+/// keeps pipeline-cache data in `persistence` (see `kc_persistence`) and holds its own reference.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_new(
     opts: *const kc_vulkan_options,
@@ -173,10 +166,8 @@ pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
 
 /// Registers the caller's device with the cache: kcache reads its properties, creates its
 /// `VkPipelineCache` (seeded from disk data whose header names this device), and records pipelines
-/// under it. The caller keeps owning all three handles. `cache` must be live; the handles must be
-/// live and related (the physical device from the instance, the device from the physical device),
-/// created through the cache's loader, and outlive the registration and every lease of the device's
-/// pipelines;
+/// under it. The caller keeps owning the three related handles, made through the cache's loader:
+/// they must outlive the registration and every lease of the device's pipelines.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_register_device(
     cache: *mut kc_vulkan_cache,
@@ -212,9 +203,7 @@ pub(super) fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H,
 /// lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
 /// hold: release them before destroying the device. `device` is freed whatever the status
 /// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-/// `cache` must be the live cache the device was registered with (or, once that cache is
-/// freed, anything: the handle is then just freed); `device` must be NULL or a handle not yet
-/// unregistered; `out_still_leased` must be NULL or writable.
+/// Once the cache is freed, `cache` may be anything: the handle is then just freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
     cache: *mut kc_vulkan_cache,
@@ -254,7 +243,6 @@ pub unsafe extern "C" fn kc_vulkan_cache_clear(cache: *mut kc_vulkan_cache) -> k
 /// merges the remote's data too and writes the result there in the background (freeing the
 /// cache waits for it). `*out_written` (if not NULL) says whether it wrote to disk. Without a
 /// disk tier it writes nothing and succeeds.
-/// `cache` and `device` must be live and belong together; `out_written` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_flush(
     cache: *mut kc_vulkan_cache,
@@ -275,8 +263,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_flush(
 /// The compute pipeline for `spec` on `device`: from memory, else created (concurrent callers of
 /// one description share one `vkCreateComputePipelines`). The pipeline belongs to the cache: do not
 /// destroy it; release the lease. A driver failure is `KC_ERR_BUILD_FAILED` with the `VkResult` in
-/// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`. `cache`,
-/// `device` and `spec` must be live, the device registered with this cache.
+/// `kc_last_build_error()`; a device already unregistered is `KC_ERR_DEVICE_DESTROYED`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
     cache: *mut kc_vulkan_cache,
@@ -334,9 +321,8 @@ pub unsafe extern "C" fn kc_vulkan_lease_shader_module(lease: *const kc_vulkan_l
     unsafe { read_lease(lease, 0, |e| e.value().shader_module().as_raw()) }
 }
 
-/// Releases a lease; the last release of an evicted pipeline destroys it. `lease` must be NULL or a
-/// lease not yet released; it must not be used afterwards, and the pipeline must no longer be
-/// executing if this may be its last release.
+/// Releases a lease; the last release of an evicted pipeline destroys it, which must then no
+/// longer be executing.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_lease_release(lease: *mut kc_vulkan_lease) {
     // SAFETY: the caller hands back a lease it owns, or NULL.

@@ -77,12 +77,6 @@ impl Drop for CallerDevice {
 /// The instance must outlive the device: destroy it in `destroy`, or after it has run. NULL
 /// `destroy` is `KC_ERR_INVALID_ARGUMENT`. On failure the device stays the caller's and `destroy`
 /// is not called.
-///
-/// # Safety
-/// `cache` must be live; the handles must be live and related (the physical device from the
-/// instance, the device from the physical device) and created through the cache's loader, and
-/// stay so until `destroy` is called; `destroy` must be callable from any thread with
-/// `user_data`; `out_device` must be writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_register_owned_device(
     cache: *mut kc_vulkan_cache,

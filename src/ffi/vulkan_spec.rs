@@ -85,10 +85,8 @@ pub struct kc_vulkan_pipeline_desc {
     pub entry_point: *const c_char,
     pub constants: *const kc_vulkan_spec_constant,
     pub constant_count: usize,
-    /// Bindings of all sets; the layout has `max(set) + 1` sets (empty ones included). No
-    /// bindings and no push-constant range: the layout is derived from what the entry point
-    /// uses (one binding per resource, with the descriptor type it implies, and a push-constant
-    /// range over the bytes it reads).
+    /// Bindings of all sets; the layout has `max(set) + 1` sets. No bindings and no push-constant
+    /// range: the layout is derived from what the entry point uses.
     pub bindings: *const kc_vulkan_binding,
     pub binding_count: usize,
     /// The compute push-constant range; `push_constant_size` 0 means none.
@@ -97,15 +95,11 @@ pub struct kc_vulkan_pipeline_desc {
     /// Since ABI 2.3. Specialization constants in `VkSpecializationInfo` form, in addition to
     /// `constants` (an id given in both is `KC_ERR_INVALID_ARGUMENT`); NULL: none.
     pub specialization: *const kc_vulkan_specialization_info,
-    /// Since ABI 2.3. `VkPipelineCreateFlags` of the pipeline, part of its key: among
-    /// `DISABLE_OPTIMIZATION`, `ALLOW_DERIVATIVES`, `DISPATCH_BASE`, `CAPTURE_STATISTICS_KHR`,
-    /// `CAPTURE_INTERNAL_REPRESENTATIONS_KHR`, `FAIL_ON_PIPELINE_COMPILE_REQUIRED` and
-    /// `EARLY_RETURN_ON_FAILURE`; any other bit is `KC_ERR_INVALID_ARGUMENT`.
+    /// Since ABI 2.3. `VkPipelineCreateFlags`, part of the key; the bits allowed are listed in
+    /// `docs/vulkan.md`, any other is `KC_ERR_INVALID_ARGUMENT`.
     pub flags: u32,
-    /// Since ABI 2.3. The subgroup size the compute stage requires
-    /// (`VkPipelineShaderStageRequiredSubgroupSizeCreateInfo`), part of the key; 0: none. A
-    /// power of two the device supports for compute, with `subgroupSizeControl` enabled on the
-    /// device; a size the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
+    /// Since ABI 2.3. The subgroup size the compute stage requires, part of the key; 0: none. One
+    /// the device cannot require is `KC_ERR_INVALID_ARGUMENT` at lookup.
     pub required_subgroup_size: u32,
 }
 
@@ -205,15 +199,10 @@ unsafe fn specialization_of(
     SpecConstant::from_map_entries(&entries, data)
 }
 
-/// Validates a pipeline description (SPIR-V magic, whole words, instruction bounds, a GLCompute
-/// entry point of that name, unique specialization ids, map entries inside their data, a
-/// compute-usable layout that covers every descriptor binding the entry point uses, with a
-/// compatible descriptor type and enough descriptors, and every push-constant byte it reads, or a
-/// layout derived from the shader when none is given; allowed flags; a power-of-two subgroup size)
-/// and digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason,
-/// and never reaches the driver. Everything is copied: the description's memory may be reused
-/// afterwards. `desc` must point to a `kc_vulkan_pipeline_desc` whose pointers are valid for the
-/// counts and sizes it gives;
+/// Validates a pipeline description (the SPIR-V, its GLCompute entry point, the constants, a layout
+/// that covers what the entry point uses, the flags and subgroup size; `docs/vulkan.md`) and
+/// digests it. A malformed or inconsistent one is `KC_ERR_INVALID_ARGUMENT` with the reason, and
+/// never reaches the driver. Everything is copied: the description's memory may be reused.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_spec_new(
     desc: *const kc_vulkan_pipeline_desc,

@@ -24,85 +24,61 @@ macro_rules! unpoisoned {
     };
 }
 
+/// The facade over the implementation `$root` (`std` or `shuttle`): its atomics and threads, its
+/// mutex and condition variable, and the reader-writer lock `$rwlock` (whose guards the caller
+/// imports), the locks taking the guard even when poisoned.
+macro_rules! facade {
+    ($root:ident, $($rwlock:ident)::+) => {
+        pub use $root::sync::MutexGuard;
+        pub use $root::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
+        pub use $root::thread::ThreadId;
+
+        pub fn current_thread() -> ThreadId {
+            $root::thread::current().id()
+        }
+
+        unpoisoned!(
+            #[derive(Default)]
+            Mutex($root::sync::Mutex) { lock -> MutexGuard }
+        );
+        unpoisoned!(
+            #[derive(Default)]
+            RwLock($($rwlock)::+) { read -> RwLockReadGuard, write -> RwLockWriteGuard }
+        );
+
+        #[derive(Default)]
+        pub struct Condvar($root::sync::Condvar);
+
+        impl Condvar {
+            pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+                self.0
+                    .wait(guard)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            }
+            pub fn notify_all(&self) {
+                self.0.notify_all();
+            }
+        }
+    };
+}
+
+// The standard library's mutex waits on its own memory: parking_lot's waits in a table the whole
+// process shares, which a fork can leave locked in the child. The shard lock is a sharded one: a
+// plain reader-writer lock makes every reader write its one lock word, and on a shared hot set
+// that cache line then travels between cores on every hit; a sharded lock gives each thread a
+// word of its own, at the price of a slower write lock (misses and evictions only).
 #[cfg(not(feature = "shuttle"))]
 mod imp {
     pub use crossbeam_utils::sync::{
         ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
     };
-    pub use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
-    pub use std::sync::{MutexGuard, PoisonError};
-    pub use std::thread::ThreadId;
-
-    pub fn current_thread() -> ThreadId {
-        std::thread::current().id()
-    }
-
-    unpoisoned!(
-        /// The standard library's mutex, which waits on its own memory: parking_lot's waits in
-        /// a table the whole process shares, which a fork can leave locked in the child.
-        #[derive(Default)]
-        Mutex(std::sync::Mutex) { lock -> MutexGuard }
-    );
-
-    unpoisoned!(
-        /// The shard lock. A plain reader-writer lock makes every reader write its one lock
-        /// word, and on a shared hot set that cache line then travels between cores on every
-        /// hit; a sharded lock gives each thread a word of its own, at the price of a slower
-        /// write lock (misses and evictions only).
-        RwLock(crossbeam_utils::sync::ShardedLock) {
-            read -> RwLockReadGuard,
-            write -> RwLockWriteGuard
-        }
-    );
-
-    #[derive(Default)]
-    pub struct Condvar(std::sync::Condvar);
-
-    impl Condvar {
-        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
-        }
-        pub fn notify_all(&self) {
-            self.0.notify_all();
-        }
-    }
+    facade!(std, crossbeam_utils::sync::ShardedLock);
 }
 
 #[cfg(feature = "shuttle")]
 mod imp {
-    pub use shuttle::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
-    pub use shuttle::sync::{MutexGuard, RwLockReadGuard, RwLockWriteGuard};
-    pub use shuttle::thread::ThreadId;
-    use std::sync::PoisonError;
-
-    pub fn current_thread() -> ThreadId {
-        shuttle::thread::current().id()
-    }
-
-    unpoisoned!(
-        #[derive(Default)]
-        Mutex(shuttle::sync::Mutex) { lock -> MutexGuard }
-    );
-
-    unpoisoned!(
-        #[derive(Default)]
-        RwLock(shuttle::sync::RwLock) {
-            read -> RwLockReadGuard,
-            write -> RwLockWriteGuard
-        }
-    );
-
-    #[derive(Default)]
-    pub struct Condvar(shuttle::sync::Condvar);
-
-    impl Condvar {
-        pub fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(guard).unwrap_or_else(PoisonError::into_inner)
-        }
-        pub fn notify_all(&self) {
-            self.0.notify_all();
-        }
-    }
+    pub use shuttle::sync::{RwLockReadGuard, RwLockWriteGuard};
+    facade!(shuttle, shuttle::sync::RwLock);
 }
 
 pub(crate) use imp::*;

@@ -219,31 +219,29 @@ fn write_tiers(out: &mut Exposition, totals: &Totals) {
     )
     .sample("kcache_memory_weight", &[], m.weight);
     let evictions = "kcache_evictions_total";
-    out.family(
+    let family = out.family(
         evictions,
         Kind::Counter,
         "Entries removed other than by clear: by a cap, for a destroyed device, by remove, \
          or refused by the runtime.",
-    )
-    .series(
-        evictions,
-        &[("tier", "memory")],
-        "reason",
-        [
-            ("capacity", m.capacity_evictions),
-            ("device", m.device_evictions),
-        ],
-    )
-    .series(
-        evictions,
-        &[("tier", "disk")],
-        "reason",
-        [
-            ("capacity", d.evictions),
-            ("removed", d.removes),
-            ("unloadable", d.load_failures),
-        ],
     );
+    let memory = [
+        ("capacity", m.capacity_evictions),
+        ("device", m.device_evictions),
+    ];
+    let disk = [
+        ("capacity", d.evictions),
+        ("removed", d.removes),
+        ("unloadable", d.load_failures),
+    ];
+    for (tier, reasons) in [("memory", &memory[..]), ("disk", &disk[..])] {
+        family.series(
+            evictions,
+            &[("tier", tier)],
+            "reason",
+            reasons.iter().copied(),
+        );
+    }
     let [waits, timeouts, takeovers] =
         lock_counters(d.lock_waits, d.lock_timeouts, d.lock_takeovers);
     let counters: [(&str, &str, u64); 7] = [

@@ -10,6 +10,9 @@ use crate::log::{self, Warning};
 /// tier's `Option<Arc<Remote>>` is always `None`.
 pub(crate) struct Remote(Infallible);
 
+/// What a caller's check makes of an entry's bytes: the value, or why it refused them.
+type Verified<T> = Result<T, String>;
+
 /// A lease held on the remote tier; none can be held.
 pub(crate) struct LeaseGuard(Infallible);
 
@@ -61,11 +64,7 @@ impl Remote {
         match self.0 {}
     }
 
-    pub(crate) fn fetch<T>(
-        &self,
-        _name: &str,
-        _verify: impl FnOnce(Vec<u8>) -> Result<T, String>,
-    ) -> Option<T> {
+    pub(crate) fn fetch<T>(&self, _: &str, _: impl FnOnce(Vec<u8>) -> Verified<T>) -> Option<T> {
         match self.0 {}
     }
 
@@ -77,11 +76,7 @@ impl Remote {
         match self.0 {}
     }
 
-    pub(crate) fn flight<T>(
-        &self,
-        _name: &str,
-        _verify: impl Fn(Vec<u8>) -> Result<T, String>,
-    ) -> Flight<T> {
+    pub(crate) fn flight<T>(&self, _: &str, _: impl Fn(Vec<u8>) -> Verified<T>) -> Flight<T> {
         match self.0 {}
     }
 }
