@@ -110,20 +110,31 @@ fn nvrtc_cache(fake: &FakeDriver, nvrtc: &FakeNvrtc) -> CudaCache {
     .unwrap()
 }
 
+/// Builds SAXPY from CUDA source on a context of `device`, with the stand-in NVRTC set up by
+/// `configure`, and checks the kernel is there.
+fn saxpy_from_source(
+    device: i32,
+    configure: impl FnOnce(&FakeNvrtc),
+) -> (FakeDriver, FakeNvrtc, CUcontext, CudaCache) {
+    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    configure(&nvrtc);
+    let context = fake.create_context(device);
+    let cache = nvrtc_cache(&fake, &nvrtc);
+    let lease = cache
+        .find_or_build_source(ctx(context), SAXPY_CUDA, &[], &[])
+        .unwrap();
+    assert!(!lease.function("saxpy").unwrap().is_null());
+    drop(lease);
+    (fake, nvrtc, context, cache)
+}
+
 /// PTX from an NVRTC newer than the driver names a PTX ISA the driver's JIT does not know
 /// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). For a device NVRTC knows, kcache has NVRTC make the
 /// cubin itself (`-arch=sm_XY`, `nvrtcGetCUBIN`): no driver JIT, so CUDA 13's NVRTC works on a
 /// 12.4 driver. JIT options need the driver's JIT, and fail with the code the driver would give.
 #[test]
 fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
-    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    nvrtc.set_version(13, 0);
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &nvrtc);
-    let lease = cache
-        .find_or_build_source(ctx(c0), SAXPY_CUDA, &[], &[])
-        .unwrap();
-    assert!(!lease.function("saxpy").unwrap().is_null());
+    let (fake, nvrtc, c0, cache) = saxpy_from_source(0, |nvrtc| nvrtc.set_version(13, 0));
     assert_eq!(nvrtc.last_arch(), "sm_80");
     assert_eq!((fake.counter("link_create"), cache.stats().links), (0, 0));
 
@@ -140,14 +151,7 @@ fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
 /// device's, and the driver JIT-compiles it for the device.
 #[test]
 fn a_device_beyond_nvrtc_gets_ptx_for_the_highest_architecture_nvrtc_knows() {
-    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    nvrtc.set_max_arch(86);
-    let c1 = fake.create_context(1);
-    let cache = nvrtc_cache(&fake, &nvrtc);
-    let lease = cache
-        .find_or_build_source(ctx(c1), SAXPY_CUDA, &[], &[])
-        .unwrap();
-    assert!(!lease.function("saxpy").unwrap().is_null());
+    let (_fake, nvrtc, _c1, cache) = saxpy_from_source(1, |nvrtc| nvrtc.set_max_arch(86));
     assert_eq!(nvrtc.last_arch(), "compute_86");
     assert_eq!(cache.stats().links, 1);
     assert_eq!(cache.nvrtc().unwrap().supported_archs().last(), Some(&86));
