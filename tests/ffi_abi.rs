@@ -12,6 +12,7 @@ use kcache::ffi::{
 };
 use kcache_testkit::build_fn;
 use kcache_testkit::ffi::CCache;
+use kcache_testkit::ffi::last_error;
 
 build_fn!(
     /// Clears the cache it is building for (`ctx`), then builds a dummy value.
@@ -120,13 +121,6 @@ fn every_int_has_a_status_name() {
     for code in [-1, 15, 255, c_int::MIN, c_int::MAX] {
         assert_eq!(name(code), "KC_UNKNOWN_STATUS");
     }
-}
-
-fn last_error() -> String {
-    // SAFETY: kc_last_error_message returns a C string valid until the next call here.
-    unsafe { CStr::from_ptr(kcache::ffi::kc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 #[test]

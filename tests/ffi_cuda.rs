@@ -5,22 +5,16 @@
 //! (`libcuda.so.1`); the cache is pointed at it through `kc_cuda_options.driver_library`.
 //! The remote tier test starts a `redis-server` of its own on loopback.
 
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CString, c_void};
 use std::ptr;
 
 use kcache::ffi::cuda::*;
 use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
-use kcache::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
+use kcache::ffi::{kc_last_build_error, kc_status};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
-
-fn last_error() -> String {
-    // SAFETY: never NULL, valid until the next kcache call on this thread.
-    unsafe { CStr::from_ptr(kc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use kcache_testkit::ffi::last_error;
 
 /// A cache and the persistent tiers it was given (`kc_persistence_none()` for none).
 struct Cache(*mut kc_cuda_cache, *mut kc_persistence);
@@ -38,14 +32,7 @@ impl Drop for Cache {
 
 impl Cache {
     fn tiers_stats(&self) -> kc_persistence_statistics {
-        let mut out = kc_persistence_statistics {
-            struct_size: size_of::<kc_persistence_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live object and a writable struct of its size.
-        let status = unsafe { kc_persistence_stats(self.1, &mut out) };
-        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
-        out
+        kcache_testkit::c_stats!(kc_persistence_stats, self.1, kc_persistence_statistics)
     }
 }
 
@@ -85,16 +72,7 @@ fn new_cache_with(
 }
 
 fn stats(cache: &Cache) -> kc_cuda_cache_statistics {
-    let mut out = kc_cuda_cache_statistics {
-        struct_size: size_of::<kc_cuda_cache_statistics>(),
-        ..kc_cuda_cache_statistics::default()
-    };
-    // SAFETY: live cache, writable struct.
-    assert_eq!(
-        unsafe { kc_cuda_cache_stats(cache.0, &mut out) },
-        kc_status::KC_OK
-    );
-    out
+    kcache_testkit::c_stats!(kc_cuda_cache_stats, cache.0, kc_cuda_cache_statistics)
 }
 
 #[test]

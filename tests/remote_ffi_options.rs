@@ -15,25 +15,19 @@ use std::ptr;
 
 use ash::vk::Handle;
 use kcache::backend::vulkan::DeviceOwner;
+use kcache::ffi::kc_status;
 use kcache::ffi::opencl::*;
 use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
 use kcache::ffi::vulkan::*;
 use kcache::ffi::vulkan_spec::*;
-use kcache::ffi::{kc_last_error_message, kc_status};
+use kcache_testkit::ffi::last_error;
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::vulkan::TestGpu;
 
 const KEY: [u8; 32] = [3; 32];
 const SOURCE: &CStr = c"__kernel void inc(__global int *x) { x[get_global_id(0)] += 1; }\n";
-
-fn last_error() -> String {
-    // SAFETY: never NULL, valid until the next kcache call on this thread.
-    unsafe { CStr::from_ptr(kc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
 
 fn c_path(path: &Path) -> CString {
     CString::new(path.to_str().unwrap()).unwrap()
@@ -61,16 +55,7 @@ impl Persistence {
     }
 
     fn stats(&self) -> kc_persistence_statistics {
-        let mut out = kc_persistence_statistics {
-            struct_size: size_of::<kc_persistence_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live object and a writable struct of its size.
-        assert_eq!(
-            unsafe { kc_persistence_stats(self.0, &mut out) },
-            kc_status::KC_OK
-        );
-        out
+        kcache_testkit::c_stats!(kc_persistence_stats, self.0, kc_persistence_statistics)
     }
 }
 
@@ -135,16 +120,7 @@ impl Cache {
             kc_opencl_lease_release(lease);
             assert_eq!(kc_opencl_cache_flush(self.0), kc_status::KC_OK);
         }
-        let mut out = kc_opencl_cache_statistics {
-            struct_size: size_of::<kc_opencl_cache_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live cache and a writable struct of its size.
-        assert_eq!(
-            unsafe { kc_opencl_cache_stats(self.0, &mut out) },
-            kc_status::KC_OK
-        );
-        out
+        kcache_testkit::c_stats!(kc_opencl_cache_stats, self.0, kc_opencl_cache_statistics)
     }
 }
 
@@ -261,16 +237,11 @@ impl VulkanNode {
     }
 
     fn stats(&self) -> kc_vulkan_cache_statistics {
-        let mut out = kc_vulkan_cache_statistics {
-            struct_size: size_of::<kc_vulkan_cache_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live cache and a writable struct of its size.
-        assert_eq!(
-            unsafe { kc_vulkan_cache_stats(self.cache, &mut out) },
-            kc_status::KC_OK
-        );
-        out
+        kcache_testkit::c_stats!(
+            kc_vulkan_cache_stats,
+            self.cache,
+            kc_vulkan_cache_statistics
+        )
     }
 }
 

@@ -32,6 +32,11 @@ const ITEMS: usize = 64;
 
 const SOURCE: &str = "__kernel void twice_plus(__global float *y) {\n  uint i = get_global_id(0);\n  y[i] = 2.0f * y[i] + (float)(i ^ 5u);\n}\n";
 
+/// The counters of a node that compiled the program and wrote it to the remote tier.
+const COMPILED_AND_SHARED: &str = "remote=on builds=1 loads=0 hits=0 rejects=0 puts=1 correct=1";
+/// The counters of a node that loaded the binary from the remote tier, compiling nothing.
+const LOADED_FROM_REMOTE: &str = "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1";
+
 /// Runs inside a child process only; a no-op in the normal test run.
 #[test]
 fn remote_worker() {
@@ -181,18 +186,12 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
     assert!(server.keys().is_empty(), "{:?}", server.keys());
 
     let first = setup.run(&server, "first", &[]);
-    assert_eq!(
-        first,
-        "remote=on builds=1 loads=0 hits=0 rejects=0 puts=1 correct=1"
-    );
+    assert_eq!(first, COMPILED_AND_SHARED);
     let keys = server.keys();
     assert_eq!(keys.len(), 1);
 
     let second = setup.run(&server, "second", &[]);
-    assert_eq!(
-        second,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(second, LOADED_FROM_REMOTE);
 
     let mut entry = server.get(&keys[0]);
     let middle = entry.len() / 2;
@@ -209,10 +208,7 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
     // A duration that is not a number is warned about and replaced by its default: the remote
     // tier stays on and serves the entry the third process wrote.
     let bad = setup.run(&server, "bad", &[("KCACHE_REMOTE_TIMEOUT_MS", "soon")]);
-    assert_eq!(
-        bad,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(bad, LOADED_FROM_REMOTE);
 }
 
 #[test]
@@ -262,15 +258,9 @@ fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
     let server = RedisServer::start();
     let setup = Setup::new();
     let alone = setup.run(&server, "alone", &[]);
-    assert_eq!(
-        alone,
-        "remote=on builds=1 loads=0 hits=0 rejects=0 puts=1 correct=1"
-    );
+    assert_eq!(alone, COMPILED_AND_SHARED);
     let other = setup.run(&server, "other", &[]);
-    assert_eq!(
-        other,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(other, LOADED_FROM_REMOTE);
 }
 
 /// PoCL's binaries are held back until a process or a node wants them, or the cache is
@@ -299,10 +289,7 @@ fn a_waiting_node_gets_the_entry_before_the_holders_flush() {
         );
     }
     let other = setup.run(&server, "other", &[]);
-    assert_eq!(
-        other,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(other, LOADED_FROM_REMOTE);
     std::fs::write(&hold, b"").unwrap();
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();

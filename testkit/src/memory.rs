@@ -10,5 +10,9 @@ pub fn touch<V: Send + Sync + 'static>(
     value: V,
     weight: u64,
 ) {
-    drop(cache.find_or_build(key, None, || Ok((value, weight))).unwrap());
+    drop(
+        cache
+            .find_or_build(key, None, || Ok((value, weight)))
+            .unwrap(),
+    );
 }
