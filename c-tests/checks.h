@@ -32,6 +32,16 @@ static inline int *check_failures(void) {
   return &failures;
 }
 
+/* In main: returns 2 after printing the usage line `usage` unless the program got `count`
+ * arguments. */
+#define REQUIRE_ARGS(argc, count, usage)           \
+  do {                                             \
+    if ((argc) != (count) + 1) {                   \
+      fprintf(stderr, "usage: %s\n", usage);       \
+      return 2;                                    \
+    }                                              \
+  } while (0)
+
 /* The exit status of a program that uses EXPECT: 0 after printing "NAME: ok" when every
  * expectation held, else 1 after printing how many did not. */
 static inline int check_finish(const char *name) {

@@ -110,6 +110,14 @@ fn nvrtc_cache(fake: &FakeDriver, nvrtc: &FakeNvrtc) -> CudaCache {
     .unwrap()
 }
 
+/// The stand-in driver, a context on device 0 and a cache with the stand-in NVRTC.
+fn on_device_0() -> (FakeDriver, CUcontext, CudaCache) {
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    (fake, c0, cache)
+}
+
 /// Builds SAXPY from CUDA source on a context of `device`, with the stand-in NVRTC set up by
 /// `configure`, and checks the kernel is there.
 fn saxpy_from_source(
@@ -162,9 +170,7 @@ fn a_device_beyond_nvrtc_gets_ptx_for_the_highest_architecture_nvrtc_knows() {
 /// cannot be combined with `CU_JIT_TARGET`. (The stand-in refuses both too, as a build error.)
 #[test]
 fn jit_options_the_link_cannot_take_are_invalid_arguments() {
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (fake, c0, cache) = on_device_0();
     for options in [
         vec![JitOption::FallbackStrategy(1)],
         vec![JitOption::ThreadsPerBlock(128), JitOption::Target(80)],
@@ -205,9 +211,7 @@ fn log_messages() -> (MutexGuard<'static, ()>, Arc<Mutex<Vec<String>>>) {
 #[test]
 fn log_verbose_reaches_kcaches_log() {
     let (_turn, messages) = log_messages();
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (_fake, c0, cache) = on_device_0();
     cache
         .find_or_build_ptx(
             ctx(c0),
@@ -267,9 +271,7 @@ fn the_disk_key_holds_the_driver_build() {
 fn ptx_above_the_link_target_is_refused() {
     const CUDA_ERROR_INVALID_PTX: i32 = 218;
     assert!(SAXPY_PTX.contains("\n.target sm_75\n"));
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (_fake, c0, cache) = on_device_0();
     match cache.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[JitOption::Target(70)]) {
         Err(Error::Build(e)) => {
             assert_eq!(e.code, CUDA_ERROR_INVALID_PTX, "{e}");
@@ -385,9 +387,7 @@ fn jit_target_values_are_cujit_targets() {
 /// `cuLinkCreate` only: every option kcache accepts links.
 #[test]
 fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (fake, c0, cache) = on_device_0();
     let mut with_nul = SAXPY_PTX.as_bytes().to_vec();
     with_nul.push(0);
     let options = [
@@ -415,9 +415,7 @@ fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
 #[test]
 fn option_values_written_back_by_one_link_do_not_reach_the_next() {
     let (_turn, messages) = log_messages();
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (_fake, c0, cache) = on_device_0();
     let long_name = SAXPY_PTX.replace("saxpy", "saxpy_with_a_much_longer_kernel_name");
     for ptx in [SAXPY_PTX, &long_name] {
         cache

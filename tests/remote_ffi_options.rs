@@ -29,6 +29,17 @@ use kcache_testkit::vulkan::TestGpu;
 const KEY: [u8; 32] = [3; 32];
 const SOURCE: &CStr = c"__kernel void inc(__global int *x) { x[get_global_id(0)] += 1; }\n";
 
+/// The server's keys, checked to be one: an entry under `prefix`.
+fn the_one_entry(server: &RedisServer, prefix: &str) -> Vec<String> {
+    let keys = server.keys();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(
+        keys[0].starts_with(prefix) && keys[0].ends_with(".kce"),
+        "{keys:?}"
+    );
+    keys
+}
+
 fn c_path(path: &Path) -> CString {
     CString::new(path.to_str().unwrap()).unwrap()
 }
@@ -141,12 +152,7 @@ fn opencl_caches_share_programs_through_their_c_options_alone() {
     let p = a_tiers.stats();
     assert!(p.remote);
     assert_eq!((p.remote_puts, p.remote_leases, p.remote_errors), (1, 1, 0));
-    let keys = server.keys();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(
-        keys[0].starts_with("ffi:") && keys[0].ends_with(".kce"),
-        "{keys:?}"
-    );
+    let keys = the_one_entry(&server, "ffi:");
 
     let b_tiers = Persistence::open(b_dir.path(), &url, prefix);
     let b = Cache::new(&b_tiers).lookup(&context);
@@ -286,12 +292,7 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
     // Nothing in the store at registration, nor when the write-back read it to merge.
     assert_eq!((p.remote_misses, p.remote_hits, p.remote_errors), (2, 0, 0));
     drop(a);
-    let keys = server.keys();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(
-        keys[0].starts_with("vk:") && keys[0].ends_with(".kce"),
-        "{keys:?}"
-    );
+    let keys = the_one_entry(&server, "vk:");
 
     let b = VulkanNode::new(b_dir.path(), &url, prefix);
     let s = b.stats();

@@ -161,10 +161,7 @@ static int test_unavailable(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: opencl_test CACHE_DIR | unavailable\n");
-        return 2;
-    }
+    REQUIRE_ARGS(argc, 1, "opencl_test CACHE_DIR | unavailable");
     if (strcmp(argv[1], "unavailable") == 0) return test_unavailable();
 
     cl_device_id device;

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 mod common;
 
 use common::{json, run};
-use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
+use kcache::backend::opencl::DeviceIdentity;
 use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::Key;
 use kcache_testkit::opencl::Context;
@@ -189,16 +189,8 @@ fn an_opencl_program_shows_in_ls_and_verifies() {
     let source = "// kcache command\n__kernel void twice(__global float *y) {\n\
                   size_t i = get_global_id(0);\n y[i] = 2.0f * y[i];\n}\n";
     let disk = Arc::new(open(dir.path()));
-    let options = OpenClOptions {
-        persistence: Some(Arc::clone(&disk)),
-        ..OpenClOptions::default()
-    };
-    let cache = OpenClCache::new(options).unwrap();
-    let lease = cache.find_or_build(context.context(), context.device(), &[source], "");
-    drop(lease.unwrap());
-    // The binary is written in the background: wait for it.
-    cache.flush();
-    let key = program_disk_key(context.device(), &[source], "").unwrap();
+    // The binary is written in the background: the cache is flushed to wait for it.
+    let key = context.store_program(Arc::clone(&disk), source);
     let size = fs::metadata(disk.entry_path(&key)).unwrap().len();
 
     let ls = json(dir.path(), &["ls", "--json"]);
@@ -513,18 +505,7 @@ fn metrics_and_its_textfile_give_the_directory_figures() {
     let source = "// kcache metrics\n__kernel void halve(__global float *y) {\n\
                   size_t i = get_global_id(0);\n y[i] = 0.5f * y[i];\n}\n";
     let disk = Arc::new(open(dir.path()));
-    let options = OpenClOptions {
-        persistence: Some(Arc::clone(&disk)),
-        ..OpenClOptions::default()
-    };
-    let cache = OpenClCache::new(options).unwrap();
-    drop(
-        cache
-            .find_or_build(context.context(), context.device(), &[source], "")
-            .unwrap(),
-    );
-    cache.flush();
-    let program = program_disk_key(context.device(), &[source], "").unwrap();
+    let program = context.store_program(Arc::clone(&disk), source);
     let program_size = fs::metadata(disk.entry_path(&program)).unwrap().len();
     disk.put(&key(1), &[1; 100], Duration::ZERO).unwrap();
     open_keyed(dir.path(), 9)
