@@ -113,7 +113,7 @@ fn cold_path_links_and_loads_once_then_hits() {
 
 #[test]
 fn the_stored_cubin_says_which_kernels_and_device_it_is_for() {
-    let (fake, dir, c0) = saxpy_on_disk();
+    let (_fake, dir, _c0) = saxpy_on_disk();
     let disk = disk(&dir);
     let entries = disk.entries().unwrap();
     assert_eq!(entries.len(), 1);
