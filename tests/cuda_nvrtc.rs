@@ -132,7 +132,7 @@ fn a_warm_start_skips_nvrtc_and_the_link_and_the_nvrtc_version_is_in_the_key() {
 
 #[test]
 fn a_compile_error_is_a_build_error_with_the_log() {
-    let (driver, nvrtc, c0, cache) = memory_only();
+    let (driver, _nvrtc, c0, cache) = memory_only();
     match cache.find_or_build_source(ctx(c0), "#error no\n", &[], &[]) {
         Err(Error::Build(e)) => {
             assert_eq!(e.code, 6, "NVRTC_ERROR_COMPILATION");
@@ -207,7 +207,7 @@ fn an_empty_nvrtc_cubin_is_a_build_error_not_a_load() {
 /// own and links the PTX for `compute_80` instead of loading a cubin for the device.
 #[test]
 fn an_architecture_given_as_two_strings_is_the_callers() {
-    let (driver, nvrtc, c0, cache) = memory_only();
+    let (_driver, nvrtc, c0, cache) = memory_only();
     let lease = cache
         .find_or_build_source(ctx(c0), SOURCE, &["--gpu-architecture", "compute_80"], &[])
         .unwrap();
