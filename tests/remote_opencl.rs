@@ -117,6 +117,11 @@ struct Setup {
 }
 
 impl Setup {
+    /// A Redis server and a fresh setup beside it.
+    fn with_server() -> (RedisServer, Setup) {
+        (RedisServer::start(), Setup::new())
+    }
+
     fn new() -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let key_file = tmp.path().join("operator.key");
@@ -175,8 +180,7 @@ fn pocl_cache(dir: &Path) -> PathBuf {
 
 #[test]
 fn processes_share_programs_through_redis_and_refuse_changed_ones() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
 
     let reader = setup.run(&server, "reader", &[("KCACHE_REMOTE_READ_ONLY", "1")]);
     assert_eq!(
@@ -213,8 +217,7 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
 
 #[test]
 fn four_processes_cold_starting_one_program_compile_it_once() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
     let go = setup.tmp.path().join("go");
     let go_env = go.to_str().unwrap();
     let workers: Vec<_> = (0..4)
@@ -255,8 +258,7 @@ fn four_processes_cold_starting_one_program_compile_it_once() {
 /// from where the next node loads it without compiling.
 #[test]
 fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
     let alone = setup.run(&server, "alone", &[]);
     assert_eq!(alone, COMPILED_AND_SHARED);
     let other = setup.run(&server, "other", &[]);
@@ -269,8 +271,7 @@ fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
 /// compiling.
 #[test]
 fn a_waiting_node_gets_the_entry_before_the_holders_flush() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
     let hold = setup.tmp.path().join("hold");
     let mut holder = KillOnDrop(
         setup
