@@ -21,7 +21,7 @@ use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
 use kcache::ffi::vulkan::*;
 use kcache::ffi::vulkan_spec::*;
-use kcache_testkit::ffi::last_error;
+use kcache_testkit::ffi::{last_error, pipeline_desc};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::vulkan::TestGpu;
@@ -210,21 +210,7 @@ impl VulkanNode {
     fn build_and_flush(&self) -> bool {
         let code = vulkan_common::spirv();
         // No bindings and no push-constant range: the layout is derived from the shader.
-        let desc = kc_vulkan_pipeline_desc {
-            struct_size: size_of::<kc_vulkan_pipeline_desc>(),
-            code: code.as_ptr(),
-            code_size: size_of_val(code),
-            entry_point: ptr::null(),
-            constants: ptr::null(),
-            constant_count: 0,
-            bindings: ptr::null(),
-            binding_count: 0,
-            push_constant_offset: 0,
-            push_constant_size: 0,
-            specialization: ptr::null(),
-            flags: 0,
-            required_subgroup_size: 0,
-        };
+        let desc = pipeline_desc(code, &[], &[]);
         let (mut spec, mut lease, mut written) = (ptr::null_mut(), ptr::null_mut(), false);
         // SAFETY: a description whose code is valid for its size; live cache and device; the
         // lease and the description released once.

@@ -4,6 +4,9 @@
 use std::ffi::CStr;
 use std::ptr;
 
+use kcache::ffi::vulkan_spec::{
+    kc_vulkan_binding, kc_vulkan_pipeline_desc, kc_vulkan_spec_constant,
+};
 use kcache::ffi::{
     KC_NO_DEVICE, RawValue, kc_cache, kc_cache_find_or_build, kc_cache_free, kc_cache_new,
     kc_cache_options_default, kc_last_error_message, kc_lease_release, kc_lease_value, kc_status,
@@ -15,6 +18,30 @@ pub fn last_error() -> String {
     unsafe { CStr::from_ptr(kc_last_error_message()) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// A pipeline description of the SPIR-V `code` with `constants` and `bindings`, the rest zero
+/// (the default entry point, no push constants, no flags): what a C caller fills in.
+pub fn pipeline_desc(
+    code: &[u32],
+    constants: &[kc_vulkan_spec_constant],
+    bindings: &[kc_vulkan_binding],
+) -> kc_vulkan_pipeline_desc {
+    kc_vulkan_pipeline_desc {
+        struct_size: size_of::<kc_vulkan_pipeline_desc>(),
+        code: code.as_ptr(),
+        code_size: size_of_val(code),
+        entry_point: ptr::null(),
+        constants: constants.as_ptr(),
+        constant_count: constants.len(),
+        bindings: bindings.as_ptr(),
+        binding_count: bindings.len(),
+        push_constant_offset: 0,
+        push_constant_size: 0,
+        specialization: ptr::null(),
+        flags: 0,
+        required_subgroup_size: 0,
+    }
 }
 
 /// Reads the C statistics struct `$ty` of the live object `$object` through `$read` as a C
