@@ -196,17 +196,9 @@ fn warm_dirs() -> Dirs {
 /// Builds the program through a cache on `disk`, and flushes its binary to the disk (and to
 /// the remote tier behind it, if any).
 fn warm(disk: Persistence) {
-    let context = Context::first_device().unwrap();
-    let cache = OpenClCache::new(OpenClOptions {
-        persistence: Some(Arc::new(disk)),
-        ..OpenClOptions::default()
-    })
-    .unwrap();
-    drop(
-        cache
-            .find_or_build(context.context(), context.device(), &[SOURCE], "")
-            .unwrap(),
-    );
+    Context::first_device()
+        .unwrap()
+        .store_program(Arc::new(disk), SOURCE);
 }
 
 fn lookups(c: &mut Criterion) {

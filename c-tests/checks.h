@@ -32,6 +32,26 @@ static inline int *check_failures(void) {
   return &failures;
 }
 
+/* In main: returns 2 after printing the usage line `usage` unless the program got `count`
+ * arguments. */
+#define REQUIRE_ARGS(argc, count, usage)           \
+  do {                                             \
+    if ((argc) != (count) + 1) {                   \
+      fprintf(stderr, "usage: %s\n", usage);       \
+      return 2;                                    \
+    }                                              \
+  } while (0)
+
+/* The persistent tiers in `dir`, the other options left at their defaults; exits with status 1
+ * when they cannot be opened. */
+static inline kc_persistence *persistence_in(const char *dir) {
+  kc_persistence_options opts = kc_persistence_options_default();
+  kc_persistence *tiers = NULL;
+  opts.dir = dir;
+  REQUIRE(kc_persistence_open(&opts, &tiers) == KC_OK);
+  return tiers;
+}
+
 /* The exit status of a program that uses EXPECT: 0 after printing "NAME: ok" when every
  * expectation held, else 1 after printing how many did not. */
 static inline int check_finish(const char *name) {

@@ -55,6 +55,15 @@ fn built_on_disk(fake: &FakeDriver, dir: &TempDir, context: CUcontext) -> CudaCa
     cold
 }
 
+/// A directory that holds the SAXPY cubin of device 0, written by a cache since dropped.
+fn saxpy_on_disk() -> (FakeDriver, TempDir, CUcontext) {
+    let fake = FakeDriver::new();
+    let dir = tempfile::tempdir().unwrap();
+    let c0 = fake.create_context(0);
+    drop(built_on_disk(&fake, &dir, c0));
+    (fake, dir, c0)
+}
+
 const OTHER_PTX: &str = ".version 7.0\n.target sm_52\n.address_size 64\n\
     .visible .entry other() { ret; }\n";
 
@@ -104,10 +113,7 @@ fn cold_path_links_and_loads_once_then_hits() {
 
 #[test]
 fn the_stored_cubin_says_which_kernels_and_device_it_is_for() {
-    let fake = FakeDriver::new();
-    let dir = tempfile::tempdir().unwrap();
-    let c0 = fake.create_context(0);
-    drop(built_on_disk(&fake, &dir, c0));
+    let (_fake, dir, _c0) = saxpy_on_disk();
     let disk = disk(&dir);
     let entries = disk.entries().unwrap();
     assert_eq!(entries.len(), 1);
@@ -120,10 +126,7 @@ fn the_stored_cubin_says_which_kernels_and_device_it_is_for() {
 
 #[test]
 fn warm_cache_in_the_same_process_loads_the_cubin_without_linking() {
-    let fake = FakeDriver::new();
-    let dir = tempfile::tempdir().unwrap();
-    let c0 = fake.create_context(0);
-    drop(built_on_disk(&fake, &dir, c0));
+    let (fake, dir, c0) = saxpy_on_disk();
     assert_eq!(
         fake.counter("module_unload"),
         1,

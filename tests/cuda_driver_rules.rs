@@ -110,20 +110,39 @@ fn nvrtc_cache(fake: &FakeDriver, nvrtc: &FakeNvrtc) -> CudaCache {
     .unwrap()
 }
 
+/// The stand-in driver, a context on device 0 and a cache with the stand-in NVRTC.
+fn on_device_0() -> (FakeDriver, CUcontext, CudaCache) {
+    let fake = FakeDriver::new();
+    let c0 = fake.create_context(0);
+    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    (fake, c0, cache)
+}
+
+/// Builds SAXPY from CUDA source on a context of `device`, with the stand-in NVRTC set up by
+/// `configure`, and checks the kernel is there.
+fn saxpy_from_source(
+    device: i32,
+    configure: impl FnOnce(&FakeNvrtc),
+) -> (FakeDriver, FakeNvrtc, CUcontext, CudaCache) {
+    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    configure(&nvrtc);
+    let context = fake.create_context(device);
+    let cache = nvrtc_cache(&fake, &nvrtc);
+    let lease = cache
+        .find_or_build_source(ctx(context), SAXPY_CUDA, &[], &[])
+        .unwrap();
+    assert!(!lease.function("saxpy").unwrap().is_null());
+    drop(lease);
+    (fake, nvrtc, context, cache)
+}
+
 /// PTX from an NVRTC newer than the driver names a PTX ISA the driver's JIT does not know
 /// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`). For a device NVRTC knows, kcache has NVRTC make the
 /// cubin itself (`-arch=sm_XY`, `nvrtcGetCUBIN`): no driver JIT, so CUDA 13's NVRTC works on a
 /// 12.4 driver. JIT options need the driver's JIT, and fail with the code the driver would give.
 #[test]
 fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
-    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    nvrtc.set_version(13, 0);
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &nvrtc);
-    let lease = cache
-        .find_or_build_source(ctx(c0), SAXPY_CUDA, &[], &[])
-        .unwrap();
-    assert!(!lease.function("saxpy").unwrap().is_null());
+    let (fake, nvrtc, c0, cache) = saxpy_from_source(0, |nvrtc| nvrtc.set_version(13, 0));
     assert_eq!(nvrtc.last_arch(), "sm_80");
     assert_eq!((fake.counter("link_create"), cache.stats().links), (0, 0));
 
@@ -140,14 +159,7 @@ fn an_nvrtc_newer_than_the_driver_compiles_straight_to_a_cubin() {
 /// device's, and the driver JIT-compiles it for the device.
 #[test]
 fn a_device_beyond_nvrtc_gets_ptx_for_the_highest_architecture_nvrtc_knows() {
-    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    nvrtc.set_max_arch(86);
-    let c1 = fake.create_context(1);
-    let cache = nvrtc_cache(&fake, &nvrtc);
-    let lease = cache
-        .find_or_build_source(ctx(c1), SAXPY_CUDA, &[], &[])
-        .unwrap();
-    assert!(!lease.function("saxpy").unwrap().is_null());
+    let (_fake, nvrtc, _c1, cache) = saxpy_from_source(1, |nvrtc| nvrtc.set_max_arch(86));
     assert_eq!(nvrtc.last_arch(), "compute_86");
     assert_eq!(cache.stats().links, 1);
     assert_eq!(cache.nvrtc().unwrap().supported_archs().last(), Some(&86));
@@ -158,9 +170,7 @@ fn a_device_beyond_nvrtc_gets_ptx_for_the_highest_architecture_nvrtc_knows() {
 /// cannot be combined with `CU_JIT_TARGET`. (The stand-in refuses both too, as a build error.)
 #[test]
 fn jit_options_the_link_cannot_take_are_invalid_arguments() {
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (fake, c0, cache) = on_device_0();
     for options in [
         vec![JitOption::FallbackStrategy(1)],
         vec![JitOption::ThreadsPerBlock(128), JitOption::Target(80)],
@@ -201,9 +211,7 @@ fn log_messages() -> (MutexGuard<'static, ()>, Arc<Mutex<Vec<String>>>) {
 #[test]
 fn log_verbose_reaches_kcaches_log() {
     let (_turn, messages) = log_messages();
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (_fake, c0, cache) = on_device_0();
     cache
         .find_or_build_ptx(
             ctx(c0),
@@ -263,9 +271,7 @@ fn the_disk_key_holds_the_driver_build() {
 fn ptx_above_the_link_target_is_refused() {
     const CUDA_ERROR_INVALID_PTX: i32 = 218;
     assert!(SAXPY_PTX.contains("\n.target sm_75\n"));
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (_fake, c0, cache) = on_device_0();
     match cache.find_or_build_ptx(ctx(c0), SAXPY_PTX.as_bytes(), &[JitOption::Target(70)]) {
         Err(Error::Build(e)) => {
             assert_eq!(e.code, CUDA_ERROR_INVALID_PTX, "{e}");
@@ -381,9 +387,7 @@ fn jit_target_values_are_cujit_targets() {
 /// `cuLinkCreate` only: every option kcache accepts links.
 #[test]
 fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (fake, c0, cache) = on_device_0();
     let mut with_nul = SAXPY_PTX.as_bytes().to_vec();
     with_nul.push(0);
     let options = [
@@ -411,9 +415,7 @@ fn ptx_reaches_the_linker_nul_terminated_with_the_options_on_the_link() {
 #[test]
 fn option_values_written_back_by_one_link_do_not_reach_the_next() {
     let (_turn, messages) = log_messages();
-    let fake = FakeDriver::new();
-    let c0 = fake.create_context(0);
-    let cache = nvrtc_cache(&fake, &FakeNvrtc::new());
+    let (_fake, c0, cache) = on_device_0();
     let long_name = SAXPY_PTX.replace("saxpy", "saxpy_with_a_much_longer_kernel_name");
     for ptx in [SAXPY_PTX, &long_name] {
         cache

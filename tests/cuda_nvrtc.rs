@@ -35,6 +35,14 @@ fn cache(driver: &FakeDriver, nvrtc: Arc<Nvrtc>, disk: Option<&Path>) -> CudaCac
     .unwrap()
 }
 
+/// The stand-in driver and NVRTC, a context on device 0 and a cache without a disk tier.
+fn memory_only() -> (FakeDriver, FakeNvrtc, CUcontext, CudaCache) {
+    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let c0 = driver.create_context(0);
+    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    (driver, nvrtc, c0, cache)
+}
+
 #[test]
 fn cuda_source_is_compiled_for_the_device_once_then_cached() {
     let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
@@ -124,9 +132,7 @@ fn a_warm_start_skips_nvrtc_and_the_link_and_the_nvrtc_version_is_in_the_key() {
 
 #[test]
 fn a_compile_error_is_a_build_error_with_the_log() {
-    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    let c0 = driver.create_context(0);
-    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let (driver, _nvrtc, c0, cache) = memory_only();
     match cache.find_or_build_source(ctx(c0), "#error no\n", &[], &[]) {
         Err(Error::Build(e)) => {
             assert_eq!(e.code, 6, "NVRTC_ERROR_COMPILATION");
@@ -159,9 +165,7 @@ fn no_nvrtc_is_unavailable() {
 /// dropped while still keying the module. The combination is refused before any compile.
 #[test]
 fn jit_options_with_a_real_architecture_are_refused() {
-    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    let c0 = driver.create_context(0);
-    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let (driver, nvrtc, c0, cache) = memory_only();
     let jit = [JitOption::MaxRegisters(32)];
     for options in [&["-arch=sm_80"][..], &["--gpu-architecture", "sm_80"][..]] {
         match cache.find_or_build_source(ctx(c0), SOURCE, options, &jit) {
@@ -185,9 +189,7 @@ fn jit_options_with_a_real_architecture_are_refused() {
 /// the empty buffer's dangling pointer: the lookup fails as a build error.
 #[test]
 fn an_empty_nvrtc_cubin_is_a_build_error_not_a_load() {
-    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    let c0 = driver.create_context(0);
-    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let (driver, nvrtc, c0, cache) = memory_only();
     match cache.find_or_build_source(ctx(c0), SOURCE, &["-arch=sm_80", "-dlto"], &[]) {
         Err(Error::Build(e)) => assert!(e.message.contains("no cubin"), "{e}"),
         other => panic!("expected a build error, got {other:?}"),
@@ -205,9 +207,7 @@ fn an_empty_nvrtc_cubin_is_a_build_error_not_a_load() {
 /// own and links the PTX for `compute_80` instead of loading a cubin for the device.
 #[test]
 fn an_architecture_given_as_two_strings_is_the_callers() {
-    let (driver, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    let c0 = driver.create_context(0);
-    let cache = cache(&driver, nvrtc.nvrtc(), None);
+    let (_driver, nvrtc, c0, cache) = memory_only();
     let lease = cache
         .find_or_build_source(ctx(c0), SOURCE, &["--gpu-architecture", "compute_80"], &[])
         .unwrap();

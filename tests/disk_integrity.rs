@@ -1,7 +1,7 @@
 //! Reads of the disk tier refuse anything that is not exactly what was written for the
 //! requested key: every refusal is a miss, counted, and removes the file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kcache::Error;
@@ -30,6 +30,15 @@ fn open_temp(operator: Option<&[u8]>) -> (tempfile::TempDir, Persistence) {
     let tmp = tempfile::tempdir().unwrap();
     let disk = open(tmp.path(), operator);
     (tmp, disk)
+}
+
+/// A disk tier in a temporary directory, and a file `outside` it holding `keep`: what links
+/// planted in the tier point at, and what must stay as it is.
+fn open_beside_a_file() -> (tempfile::TempDir, Persistence, PathBuf) {
+    let (tmp, disk) = open_temp(None);
+    let outside = tmp.path().join("outside");
+    std::fs::write(&outside, b"keep").unwrap();
+    (tmp, disk, outside)
 }
 
 const OPERATOR: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -370,9 +379,7 @@ fn plant_deep(path: &Path, depth: usize) {
 
 #[test]
 fn a_directory_tree_at_an_entry_name_never_breaks_its_key() {
-    let (tmp, disk) = open_temp(None);
-    let outside = tmp.path().join("outside");
-    std::fs::write(&outside, b"keep").unwrap();
+    let (_tmp, disk, outside) = open_beside_a_file();
 
     // A read removes the whole tree, never following the link in it.
     let k = key("tree, read");
@@ -408,9 +415,7 @@ fn a_directory_tree_at_an_entry_name_never_breaks_its_key() {
 
 #[test]
 fn gc_removes_trees_at_entry_and_lock_names() {
-    let (tmp, disk) = open_temp(None);
-    let outside = tmp.path().join("outside");
-    std::fs::write(&outside, b"keep").unwrap();
+    let (_tmp, disk, outside) = open_beside_a_file();
     let k = key("entry tree");
     let entry = disk.entry_path(&k);
     plant_tree(&entry, &outside);
@@ -434,9 +439,7 @@ fn gc_removes_trees_at_entry_and_lock_names() {
 
 #[test]
 fn a_foreign_object_at_a_counter_file_is_replaced_and_zeroing_goes_through_every_file() {
-    let (tmp, disk) = open_temp(None);
-    let outside = tmp.path().join("outside");
-    std::fs::write(&outside, b"keep").unwrap();
+    let (_tmp, disk, outside) = open_beside_a_file();
     let dir = disk.path().to_path_buf();
     // This process's own counter file, and three others: a tree, a link, a tree too deep.
     let own = format!(".stats-{:x}", std::process::id() % kcache::disk::SHARDS);

@@ -12,6 +12,7 @@ use kcache::ffi::{
 };
 use kcache_testkit::build_fn;
 use kcache_testkit::ffi::CCache;
+use kcache_testkit::ffi::{last_error, pipeline_desc};
 
 build_fn!(
     /// Clears the cache it is building for (`ctx`), then builds a dummy value.
@@ -122,13 +123,6 @@ fn every_int_has_a_status_name() {
     }
 }
 
-fn last_error() -> String {
-    // SAFETY: kc_last_error_message returns a C string valid until the next call here.
-    unsafe { CStr::from_ptr(kcache::ffi::kc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
-
 #[test]
 fn a_struct_size_larger_than_any_struct_is_refused_unread() {
     // `SIZE_MAX` made a slice of that length (undefined behaviour, an abort in a debug build);
@@ -157,21 +151,7 @@ fn a_pipeline_description_s_sizes_are_checked_before_use() {
     let code = [0x0723_0203u32];
     let value = 7u32;
     let describe = |constants: &[kc_vulkan_spec_constant], bindings: &[kc_vulkan_binding]| {
-        kc_vulkan_pipeline_desc {
-            struct_size: size_of::<kc_vulkan_pipeline_desc>(),
-            code: code.as_ptr(),
-            code_size: 4,
-            entry_point: ptr::null(),
-            constants: constants.as_ptr(),
-            constant_count: constants.len(),
-            bindings: bindings.as_ptr(),
-            binding_count: bindings.len(),
-            push_constant_offset: 0,
-            push_constant_size: 0,
-            specialization: ptr::null(),
-            flags: 0,
-            required_subgroup_size: 0,
-        }
+        pipeline_desc(&code, constants, bindings)
     };
     let spec_new = |desc: &kc_vulkan_pipeline_desc| {
         let mut spec = ptr::null_mut();

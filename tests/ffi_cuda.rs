@@ -11,16 +11,10 @@ use std::ptr;
 use kcache::ffi::cuda::*;
 use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
-use kcache::ffi::{kc_last_build_error, kc_last_error_message, kc_status};
+use kcache::ffi::{kc_last_build_error, kc_status};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
-
-fn last_error() -> String {
-    // SAFETY: never NULL, valid until the next kcache call on this thread.
-    unsafe { CStr::from_ptr(kc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
-}
+use kcache_testkit::ffi::last_error;
 
 /// A cache and the persistent tiers it was given (`kc_persistence_none()` for none).
 struct Cache(*mut kc_cuda_cache, *mut kc_persistence);
@@ -37,15 +31,34 @@ impl Drop for Cache {
 }
 
 impl Cache {
-    fn tiers_stats(&self) -> kc_persistence_statistics {
-        let mut out = kc_persistence_statistics {
-            struct_size: size_of::<kc_persistence_statistics>(),
-            ..Default::default()
+    /// `kc_cuda_cache_find_or_build_ptx` on a live context, asserted to succeed: the lease.
+    fn ptx_lease(
+        &self,
+        context: *mut c_void,
+        ptx: &CStr,
+        ptx_len: usize,
+        jit: &[kc_cuda_jit_option],
+    ) -> *mut kc_cuda_lease {
+        let mut lease = ptr::null_mut();
+        // SAFETY: a live cache and context, NUL-terminated PTX of at least `ptx_len` bytes,
+        // `jit.len()` options and a writable out-pointer.
+        let status = unsafe {
+            kc_cuda_cache_find_or_build_ptx(
+                self.0,
+                context,
+                ptx.as_ptr(),
+                ptx_len,
+                jit.as_ptr(),
+                jit.len(),
+                &mut lease,
+            )
         };
-        // SAFETY: a live object and a writable struct of its size.
-        let status = unsafe { kc_persistence_stats(self.1, &mut out) };
         assert_eq!(status, kc_status::KC_OK, "{}", last_error());
-        out
+        lease
+    }
+
+    fn tiers_stats(&self) -> kc_persistence_statistics {
+        kcache_testkit::c_stats!(kc_persistence_stats, self.1, kc_persistence_statistics)
     }
 }
 
@@ -85,16 +98,7 @@ fn new_cache_with(
 }
 
 fn stats(cache: &Cache) -> kc_cuda_cache_statistics {
-    let mut out = kc_cuda_cache_statistics {
-        struct_size: size_of::<kc_cuda_cache_statistics>(),
-        ..kc_cuda_cache_statistics::default()
-    };
-    // SAFETY: live cache, writable struct.
-    assert_eq!(
-        unsafe { kc_cuda_cache_stats(cache.0, &mut out) },
-        kc_status::KC_OK
-    );
-    out
+    kcache_testkit::c_stats!(kc_cuda_cache_stats, cache.0, kc_cuda_cache_statistics)
 }
 
 #[test]
@@ -108,12 +112,8 @@ fn module_function_evict_release_through_the_c_api() {
         option: 0, // CU_JIT_MAX_REGISTERS
         value: 40,
     }];
-    let mut lease = ptr::null_mut();
-    // SAFETY: live cache and context, NUL-terminated PTX (length 0), one option.
-    let status = unsafe {
-        kc_cuda_cache_find_or_build_ptx(cache.0, ctx, ptx.as_ptr(), 0, jit.as_ptr(), 1, &mut lease)
-    };
-    assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+    // NUL-terminated PTX (length 0), one option.
+    let lease = cache.ptx_lease(ctx, &ptx, 0, &jit);
     assert_eq!(fake.counter("last_max_registers"), 40);
 
     // SAFETY: a live lease for every call below until it is released.
@@ -134,20 +134,7 @@ fn module_function_evict_release_through_the_c_api() {
     }
 
     // The same PTX given with its length is the same module.
-    let mut again = ptr::null_mut();
-    // SAFETY: as above, explicit length.
-    let status = unsafe {
-        kc_cuda_cache_find_or_build_ptx(
-            cache.0,
-            ctx,
-            ptx.as_ptr(),
-            SAXPY_PTX.len(),
-            jit.as_ptr(),
-            1,
-            &mut again,
-        )
-    };
-    assert_eq!(status, kc_status::KC_OK);
+    let again = cache.ptx_lease(ctx, &ptx, SAXPY_PTX.len(), &jit);
     // SAFETY: live leases.
     unsafe { assert_eq!(kc_cuda_lease_module(again), kc_cuda_lease_module(lease)) };
     // SAFETY: released once.
@@ -195,20 +182,7 @@ fn the_remote_tier_from_the_cuda_options() {
     let ptx = CString::new(SAXPY_PTX).unwrap();
     let ctx = fake.create_context(0);
     let lookup = |cache: &Cache| {
-        let mut lease = ptr::null_mut();
-        // SAFETY: live cache and context, NUL-terminated PTX, no options.
-        let status = unsafe {
-            kc_cuda_cache_find_or_build_ptx(
-                cache.0,
-                ctx,
-                ptx.as_ptr(),
-                0,
-                ptr::null(),
-                0,
-                &mut lease,
-            )
-        };
-        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        let lease = cache.ptx_lease(ctx, &ptx, 0, &[]);
         // SAFETY: released once; the cache is live.
         unsafe {
             kc_cuda_lease_release(lease);

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kcache::DestroyError;
 use kcache::memory::{Eviction, MAX_ENTRY_WEIGHT, MemoryCache, Options};
+use kcache_testkit::memory::touch;
 
 /// memory_ops: a capacity sweep that evicts several values whose destroys fail must pass every
 /// failure to `on_destroy_error` (README, "Destroy errors"), not only the first one. Found as
@@ -25,16 +26,8 @@ fn capacity_eviction_reports_every_destroy_failure() {
         },
         |value| Err(DestroyError::new(7, format!("value {value}"))),
     );
-    drop(
-        cache
-            .find_or_build(b"a".as_slice(), None, || Ok((1, 3)))
-            .unwrap(),
-    );
-    drop(
-        cache
-            .find_or_build(b"b".as_slice(), None, || Ok((2, 3)))
-            .unwrap(),
-    );
+    touch(&cache, b"a", 1, 3);
+    touch(&cache, b"b", 2, 3);
     // Heavier than the whole cap: admitted alone, so both others are evicted and destroyed.
     let heavy = cache
         .find_or_build(b"c".as_slice(), None, || Ok((3, 100)))
@@ -72,11 +65,7 @@ fn huge_weights_neither_overflow_nor_disable_the_cap() {
     assert_eq!(cache.stats().weight, MAX_ENTRY_WEIGHT);
     drop(huge);
     // The next install finds the total over the cap and evicts the heavy entry.
-    drop(
-        cache
-            .find_or_build(b"small".as_slice(), None, || Ok((2, 5)))
-            .unwrap(),
-    );
+    touch(&cache, b"small", 2, 5);
     let stats = cache.stats();
     assert_eq!((stats.weight, stats.capacity_evictions), (5, 1));
     assert_eq!(cache.len(), 1);

@@ -12,6 +12,7 @@ use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::memory::{MemoryCache, Options};
 use kcache::metrics;
 use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
+use kcache_testkit::memory::touch;
 use kcache_testkit::opencl::Context;
 use kcache_testkit::prometheus::{self, Parsed};
 
@@ -26,6 +27,16 @@ fn lookups(p: &Parsed, tier: &str, result: &str) -> f64 {
     p.value(&format!(
         "kcache_lookups_total{{result=\"{result}\",tier=\"{tier}\"}}"
     ))
+}
+
+/// The lookups of both tiers: memory hits and misses, disk hits and misses.
+fn tier_lookups(p: &Parsed) -> [f64; 4] {
+    [
+        lookups(p, "memory", "hit"),
+        lookups(p, "memory", "miss"),
+        lookups(p, "disk", "hit"),
+        lookups(p, "disk", "miss"),
+    ]
 }
 
 fn of_backend(p: &Parsed, name: &str, backend: &str) -> f64 {
@@ -81,11 +92,8 @@ fn every_counter_equals_what_the_lookups_did() {
     cold.flush();
     let p = scrape();
     assert_eq!(of_backend(&p, "kcache_caches", "opencl"), 1.0);
-    assert_eq!(lookups(&p, "memory", "hit"), 2.0);
-    assert_eq!(lookups(&p, "memory", "miss"), 1.0);
+    assert_eq!(tier_lookups(&p), [2.0, 1.0, 0.0, 1.0]);
     assert_eq!(lookups(&p, "memory", "wait"), 0.0);
-    assert_eq!(lookups(&p, "disk", "miss"), 1.0);
-    assert_eq!(lookups(&p, "disk", "hit"), 0.0);
     assert_eq!(builds(&p, "opencl", "ok"), 1.0);
     assert_eq!(builds(&p, "opencl", "failed"), 0.0);
     assert_eq!(
@@ -116,19 +124,12 @@ fn every_counter_equals_what_the_lookups_did() {
     // A memory cache of the Rust API, one build and one hit.
     let plain: MemoryCache<Vec<u8>, u32> = MemoryCache::new(Options::default(), |_| Ok(()));
     for _ in 0..2 {
-        drop(
-            plain
-                .find_or_build(b"k".as_slice(), None, || Ok((7, 1)))
-                .unwrap(),
-        );
+        touch(&plain, b"k", 7, 1);
     }
     let p = scrape();
     assert_eq!(of_backend(&p, "kcache_caches", "opencl"), 2.0);
     assert_eq!(of_backend(&p, "kcache_caches", "rust"), 1.0);
-    assert_eq!(lookups(&p, "memory", "hit"), 3.0);
-    assert_eq!(lookups(&p, "memory", "miss"), 3.0);
-    assert_eq!(lookups(&p, "disk", "hit"), 1.0);
-    assert_eq!(lookups(&p, "disk", "miss"), 1.0);
+    assert_eq!(tier_lookups(&p), [3.0, 3.0, 1.0, 1.0]);
     assert_eq!(builds(&p, "opencl", "ok"), 1.0, "a load is not a build");
     assert_eq!(builds(&p, "rust", "ok"), 1.0);
     assert_eq!(
@@ -145,10 +146,7 @@ fn every_counter_equals_what_the_lookups_did() {
     let p = scrape();
     assert_eq!(of_backend(&p, "kcache_caches", "opencl"), 1.0);
     assert_eq!(of_backend(&p, "kcache_caches", "rust"), 0.0);
-    assert_eq!(lookups(&p, "memory", "hit"), 0.0);
-    assert_eq!(lookups(&p, "memory", "miss"), 1.0);
-    assert_eq!(lookups(&p, "disk", "hit"), 1.0);
-    assert_eq!(lookups(&p, "disk", "miss"), 0.0);
+    assert_eq!(tier_lookups(&p), [0.0, 1.0, 1.0, 0.0]);
     assert_eq!(builds(&p, "opencl", "ok"), 0.0);
     assert_eq!(p.value("kcache_disk_tiers{}"), 1.0);
     drop((warm, warm_disk));

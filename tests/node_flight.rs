@@ -381,6 +381,18 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
     (tmp, dir, go)
 }
 
+/// Six workers of `backend` on `variant` with the default settings, started at one moment on a
+/// fresh cache directory: the directory (and what holds it) and their reports.
+fn six_together(backend: &str, variant: &str) -> (tempfile::TempDir, PathBuf, Vec<Report>) {
+    let (tmp, dir, go) = setup();
+    let reports = Spawner {
+        go: Some(&go),
+        ..Spawner::new(backend, &dir, variant)
+    }
+    .at_once(6);
+    (tmp, dir, reports)
+}
+
 fn names_in(dir: &Path) -> Vec<String> {
     match std::fs::read_dir(dir) {
         Ok(entries) => entries
@@ -696,12 +708,7 @@ fn a_hung_leader_costs_the_lock_timeout_then_each_builds() {
 /// own build error (the documented behaviour: an error is not cached across processes).
 #[test]
 fn a_failing_build_sends_every_process_to_its_own_error() {
-    let (_tmp, dir, go) = setup();
-    let reports = Spawner {
-        go: Some(&go),
-        ..Spawner::new("opencl", &dir, "broken")
-    }
-    .at_once(6);
+    let (_tmp, dir, reports) = six_together("opencl", "broken");
     assert!(reports.iter().all(|r| r["error"] == "build"), "{reports:?}");
     assert_sums(&reports, &[("attempts", 6), ("builds", 0)]);
     // A leader whose build failed is not a dead one: nobody takes over from it.
@@ -740,12 +747,7 @@ fn untrusted_or_disabled_directories_get_no_lock_file() {
 /// link once, the other five load the cubin.
 #[test]
 fn six_cuda_processes_at_once_link_once() {
-    let (_tmp, dir, go) = setup();
-    let reports = Spawner {
-        go: Some(&go),
-        ..Spawner::new("cuda", &dir, "ok")
-    }
-    .at_once(6);
+    let (_tmp, dir, reports) = six_together("cuda", "ok");
     assert!(all_correct(&reports), "{reports:?}");
     assert_sums(&reports, &[("builds", 1), ("loads", 5)]);
     assert_eq!(lock_files(&dir), Vec::<String>::new());

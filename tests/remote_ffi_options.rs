@@ -15,12 +15,13 @@ use std::ptr;
 
 use ash::vk::Handle;
 use kcache::backend::vulkan::DeviceOwner;
+use kcache::ffi::kc_status;
 use kcache::ffi::opencl::*;
 use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
 use kcache::ffi::vulkan::*;
 use kcache::ffi::vulkan_spec::*;
-use kcache::ffi::{kc_last_error_message, kc_status};
+use kcache_testkit::ffi::{last_error, pipeline_desc};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::vulkan::TestGpu;
@@ -28,11 +29,15 @@ use kcache_testkit::vulkan::TestGpu;
 const KEY: [u8; 32] = [3; 32];
 const SOURCE: &CStr = c"__kernel void inc(__global int *x) { x[get_global_id(0)] += 1; }\n";
 
-fn last_error() -> String {
-    // SAFETY: never NULL, valid until the next kcache call on this thread.
-    unsafe { CStr::from_ptr(kc_last_error_message()) }
-        .to_string_lossy()
-        .into_owned()
+/// The server's keys, checked to be one: an entry under `prefix`.
+fn the_one_entry(server: &RedisServer, prefix: &str) -> Vec<String> {
+    let keys = server.keys();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(
+        keys[0].starts_with(prefix) && keys[0].ends_with(".kce"),
+        "{keys:?}"
+    );
+    keys
 }
 
 fn c_path(path: &Path) -> CString {
@@ -61,16 +66,7 @@ impl Persistence {
     }
 
     fn stats(&self) -> kc_persistence_statistics {
-        let mut out = kc_persistence_statistics {
-            struct_size: size_of::<kc_persistence_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live object and a writable struct of its size.
-        assert_eq!(
-            unsafe { kc_persistence_stats(self.0, &mut out) },
-            kc_status::KC_OK
-        );
-        out
+        kcache_testkit::c_stats!(kc_persistence_stats, self.0, kc_persistence_statistics)
     }
 }
 
@@ -135,16 +131,7 @@ impl Cache {
             kc_opencl_lease_release(lease);
             assert_eq!(kc_opencl_cache_flush(self.0), kc_status::KC_OK);
         }
-        let mut out = kc_opencl_cache_statistics {
-            struct_size: size_of::<kc_opencl_cache_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live cache and a writable struct of its size.
-        assert_eq!(
-            unsafe { kc_opencl_cache_stats(self.0, &mut out) },
-            kc_status::KC_OK
-        );
-        out
+        kcache_testkit::c_stats!(kc_opencl_cache_stats, self.0, kc_opencl_cache_statistics)
     }
 }
 
@@ -165,12 +152,7 @@ fn opencl_caches_share_programs_through_their_c_options_alone() {
     let p = a_tiers.stats();
     assert!(p.remote);
     assert_eq!((p.remote_puts, p.remote_leases, p.remote_errors), (1, 1, 0));
-    let keys = server.keys();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(
-        keys[0].starts_with("ffi:") && keys[0].ends_with(".kce"),
-        "{keys:?}"
-    );
+    let keys = the_one_entry(&server, "ffi:");
 
     let b_tiers = Persistence::open(b_dir.path(), &url, prefix);
     let b = Cache::new(&b_tiers).lookup(&context);
@@ -228,21 +210,7 @@ impl VulkanNode {
     fn build_and_flush(&self) -> bool {
         let code = vulkan_common::spirv();
         // No bindings and no push-constant range: the layout is derived from the shader.
-        let desc = kc_vulkan_pipeline_desc {
-            struct_size: size_of::<kc_vulkan_pipeline_desc>(),
-            code: code.as_ptr(),
-            code_size: size_of_val(code),
-            entry_point: ptr::null(),
-            constants: ptr::null(),
-            constant_count: 0,
-            bindings: ptr::null(),
-            binding_count: 0,
-            push_constant_offset: 0,
-            push_constant_size: 0,
-            specialization: ptr::null(),
-            flags: 0,
-            required_subgroup_size: 0,
-        };
+        let desc = pipeline_desc(code, &[], &[]);
         let (mut spec, mut lease, mut written) = (ptr::null_mut(), ptr::null_mut(), false);
         // SAFETY: a description whose code is valid for its size; live cache and device; the
         // lease and the description released once.
@@ -261,16 +229,11 @@ impl VulkanNode {
     }
 
     fn stats(&self) -> kc_vulkan_cache_statistics {
-        let mut out = kc_vulkan_cache_statistics {
-            struct_size: size_of::<kc_vulkan_cache_statistics>(),
-            ..Default::default()
-        };
-        // SAFETY: a live cache and a writable struct of its size.
-        assert_eq!(
-            unsafe { kc_vulkan_cache_stats(self.cache, &mut out) },
-            kc_status::KC_OK
-        );
-        out
+        kcache_testkit::c_stats!(
+            kc_vulkan_cache_stats,
+            self.cache,
+            kc_vulkan_cache_statistics
+        )
     }
 }
 
@@ -315,12 +278,7 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
     // Nothing in the store at registration, nor when the write-back read it to merge.
     assert_eq!((p.remote_misses, p.remote_hits, p.remote_errors), (2, 0, 0));
     drop(a);
-    let keys = server.keys();
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(
-        keys[0].starts_with("vk:") && keys[0].ends_with(".kce"),
-        "{keys:?}"
-    );
+    let keys = the_one_entry(&server, "vk:");
 
     let b = VulkanNode::new(b_dir.path(), &url, prefix);
     let s = b.stats();

@@ -32,6 +32,11 @@ const ITEMS: usize = 64;
 
 const SOURCE: &str = "__kernel void twice_plus(__global float *y) {\n  uint i = get_global_id(0);\n  y[i] = 2.0f * y[i] + (float)(i ^ 5u);\n}\n";
 
+/// The counters of a node that compiled the program and wrote it to the remote tier.
+const COMPILED_AND_SHARED: &str = "remote=on builds=1 loads=0 hits=0 rejects=0 puts=1 correct=1";
+/// The counters of a node that loaded the binary from the remote tier, compiling nothing.
+const LOADED_FROM_REMOTE: &str = "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1";
+
 /// Runs inside a child process only; a no-op in the normal test run.
 #[test]
 fn remote_worker() {
@@ -112,6 +117,11 @@ struct Setup {
 }
 
 impl Setup {
+    /// A Redis server and a fresh setup beside it.
+    fn with_server() -> (RedisServer, Setup) {
+        (RedisServer::start(), Setup::new())
+    }
+
     fn new() -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let key_file = tmp.path().join("operator.key");
@@ -170,8 +180,7 @@ fn pocl_cache(dir: &Path) -> PathBuf {
 
 #[test]
 fn processes_share_programs_through_redis_and_refuse_changed_ones() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
 
     let reader = setup.run(&server, "reader", &[("KCACHE_REMOTE_READ_ONLY", "1")]);
     assert_eq!(
@@ -181,18 +190,12 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
     assert!(server.keys().is_empty(), "{:?}", server.keys());
 
     let first = setup.run(&server, "first", &[]);
-    assert_eq!(
-        first,
-        "remote=on builds=1 loads=0 hits=0 rejects=0 puts=1 correct=1"
-    );
+    assert_eq!(first, COMPILED_AND_SHARED);
     let keys = server.keys();
     assert_eq!(keys.len(), 1);
 
     let second = setup.run(&server, "second", &[]);
-    assert_eq!(
-        second,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(second, LOADED_FROM_REMOTE);
 
     let mut entry = server.get(&keys[0]);
     let middle = entry.len() / 2;
@@ -209,16 +212,12 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
     // A duration that is not a number is warned about and replaced by its default: the remote
     // tier stays on and serves the entry the third process wrote.
     let bad = setup.run(&server, "bad", &[("KCACHE_REMOTE_TIMEOUT_MS", "soon")]);
-    assert_eq!(
-        bad,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(bad, LOADED_FROM_REMOTE);
 }
 
 #[test]
 fn four_processes_cold_starting_one_program_compile_it_once() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
     let go = setup.tmp.path().join("go");
     let go_env = go.to_str().unwrap();
     let workers: Vec<_> = (0..4)
@@ -259,18 +258,11 @@ fn four_processes_cold_starting_one_program_compile_it_once() {
 /// from where the next node loads it without compiling.
 #[test]
 fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
     let alone = setup.run(&server, "alone", &[]);
-    assert_eq!(
-        alone,
-        "remote=on builds=1 loads=0 hits=0 rejects=0 puts=1 correct=1"
-    );
+    assert_eq!(alone, COMPILED_AND_SHARED);
     let other = setup.run(&server, "other", &[]);
-    assert_eq!(
-        other,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(other, LOADED_FROM_REMOTE);
 }
 
 /// PoCL's binaries are held back until a process or a node wants them, or the cache is
@@ -279,8 +271,7 @@ fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
 /// compiling.
 #[test]
 fn a_waiting_node_gets_the_entry_before_the_holders_flush() {
-    let server = RedisServer::start();
-    let setup = Setup::new();
+    let (server, setup) = Setup::with_server();
     let hold = setup.tmp.path().join("hold");
     let mut holder = KillOnDrop(
         setup
@@ -299,10 +290,7 @@ fn a_waiting_node_gets_the_entry_before_the_holders_flush() {
         );
     }
     let other = setup.run(&server, "other", &[]);
-    assert_eq!(
-        other,
-        "remote=on builds=0 loads=1 hits=1 rejects=0 puts=0 correct=1"
-    );
+    assert_eq!(other, LOADED_FROM_REMOTE);
     std::fs::write(&hold, b"").unwrap();
     let mut rest = String::new();
     out.read_to_string(&mut rest).unwrap();

@@ -41,31 +41,33 @@ fn redirecting(kind: &'static str, to: String) -> FakeRedis {
     FakeRedis::start(move |_| Reply::Bytes(format!("-{kind} 1 {to}\r\n").into_bytes()))
 }
 
-#[test]
-fn moved_is_followed_and_remembered_for_the_slot() {
+/// One lookup and its write-back through a seed that redirects every command to a plain node
+/// with `kind`: both count as usual (a miss, a put, no error). Returns the commands the seed
+/// and the plain node received.
+fn redirected_round(kind: &'static str) -> (Vec<String>, Vec<String>) {
     let target = FakeRedis::start(|args| Reply::Bytes(plain_answer(args)));
-    let seed = redirecting("MOVED", target.address());
+    let seed = redirecting(kind, target.address());
     let (_dir, cache) = node(&seed);
     lookup(&cache, "k", &AtomicUsize::new(0)).unwrap();
     cache.flush();
-    // The read went to the seed, was moved; the write of the same key went straight there.
-    assert_eq!(seed.commands(), ["GETRANGE"]);
-    assert_eq!(target.commands(), ["GETRANGE", "SET"]);
     let s = stats(&cache);
     assert_eq!((s.misses, s.puts, s.errors), (1, 1, 0), "{s:?}");
+    (seed.commands(), target.commands())
+}
+
+#[test]
+fn moved_is_followed_and_remembered_for_the_slot() {
+    let (seed, target) = redirected_round("MOVED");
+    // The read went to the seed, was moved; the write of the same key went straight there.
+    assert_eq!(seed, ["GETRANGE"]);
+    assert_eq!(target, ["GETRANGE", "SET"]);
 }
 
 #[test]
 fn ask_is_followed_once_after_asking() {
-    let target = FakeRedis::start(|args| Reply::Bytes(plain_answer(args)));
-    let seed = redirecting("ASK", target.address());
-    let (_dir, cache) = node(&seed);
-    lookup(&cache, "k", &AtomicUsize::new(0)).unwrap();
-    cache.flush();
-    assert_eq!(seed.commands(), ["GETRANGE", "SET"]);
-    assert_eq!(target.commands(), ["ASKING", "GETRANGE", "ASKING", "SET"]);
-    let s = stats(&cache);
-    assert_eq!((s.misses, s.puts, s.errors), (1, 1, 0), "{s:?}");
+    let (seed, target) = redirected_round("ASK");
+    assert_eq!(seed, ["GETRANGE", "SET"]);
+    assert_eq!(target, ["ASKING", "GETRANGE", "ASKING", "SET"]);
 }
 
 #[test]

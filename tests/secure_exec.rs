@@ -341,19 +341,27 @@ fn service_files() -> ServiceFiles {
     }
 }
 
+/// [`dropped_child`] on the service's cache directory with `KCACHE_REQUIRE_KEY=1`, and
+/// `key_file` as `KCACHE_KEY_FILE` where given.
+fn key_required_child(
+    how: Drop,
+    files: &ServiceFiles,
+    expect: &str,
+    key_file: Option<&Path>,
+) -> Option<String> {
+    let mut envs = vec![
+        ("KCACHE_DIR", files.cache.as_path()),
+        ("KCACHE_REQUIRE_KEY", Path::new("1")),
+    ];
+    envs.extend(key_file.map(|key| ("KCACHE_KEY_FILE", key)));
+    dropped_child(how, expect, &envs)
+}
+
 #[test]
 fn a_process_that_drops_privileges_uses_its_key_file_and_log() {
     let files = service_files();
     for how in [Drop::Setuid, Drop::Undumpable] {
-        let Some(out) = dropped_child(
-            how,
-            "keyed",
-            &[
-                ("KCACHE_DIR", &files.cache),
-                ("KCACHE_KEY_FILE", &files.key),
-                ("KCACHE_REQUIRE_KEY", Path::new("1")),
-            ],
-        ) else {
+        let Some(out) = key_required_child(how, &files, "keyed", Some(&files.key)) else {
             return;
         };
         assert!(
@@ -368,14 +376,7 @@ fn a_process_that_drops_privileges_never_goes_silently_unkeyed() {
     let files = service_files();
     for how in [Drop::Setuid, Drop::Undumpable] {
         // The key is required and none is configured: the tier refuses, and says so.
-        let Some(out) = dropped_child(
-            how,
-            "key is required",
-            &[
-                ("KCACHE_DIR", &files.cache),
-                ("KCACHE_REQUIRE_KEY", Path::new("1")),
-            ],
-        ) else {
+        let Some(out) = key_required_child(how, &files, "key is required", None) else {
             return;
         };
         assert!(out.contains("REFUSED=true"), "{out}");

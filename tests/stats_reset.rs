@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kcache::disk::Persistence;
 use kcache::memory::{MemoryCache, Options};
+use kcache_testkit::memory::touch;
 use kcache_testkit::strings::{disk, find_or_build, l2_key, serialize, tiered};
 
 fn memory() -> MemoryCache<Vec<u8>, u32> {
@@ -25,11 +26,7 @@ fn memory_reset_zeroes_events_of_every_thread_and_keeps_gauges() {
     std::thread::scope(|s| {
         for _ in 0..3 {
             s.spawn(|| {
-                drop(
-                    cache
-                        .find_or_build(b"k".as_slice(), None, || Ok((2, 1)))
-                        .unwrap(),
-                )
+                touch(&cache, b"k", 2, 1);
             });
         }
     });
@@ -43,16 +40,8 @@ fn memory_reset_zeroes_events_of_every_thread_and_keeps_gauges() {
     assert_eq!(after.hit_rate(), None);
     assert_eq!((after.entries, after.weight, after.leases), (1, 10, 1));
 
-    drop(
-        cache
-            .find_or_build(b"k".as_slice(), None, || Ok((3, 1)))
-            .unwrap(),
-    );
-    drop(
-        cache
-            .find_or_build(b"j".as_slice(), None, || Ok((4, 1)))
-            .unwrap(),
-    );
+    touch(&cache, b"k", 3, 1);
+    touch(&cache, b"j", 4, 1);
     let later = cache.stats();
     assert_eq!((later.hits, later.misses, later.builds), (1, 1, 1));
     assert_eq!(later.hit_rate(), Some(0.5));

@@ -103,10 +103,7 @@ int main(int argc, char **argv) {
         EXPECT(strstr(kc_last_error_message(), "no CUDA driver") != NULL);
         return check_finish("cuda_test unavailable");
     }
-    if (argc != 3) {
-        fprintf(stderr, "usage: cuda_test FAKE_DRIVER_PATH DISK_DIR | cuda_test unavailable\n");
-        return 2;
-    }
+    REQUIRE_ARGS(argc, 2, "cuda_test FAKE_DRIVER_PATH DISK_DIR | cuda_test unavailable");
     const char *driver = argv[1], *disk_dir = argv[2];
     void *ctx = NULL, *popped = NULL;
     EXPECT(setenv("KCACHE_CUDA_LIBRARY", driver, 1) == 0);

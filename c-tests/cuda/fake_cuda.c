@@ -224,6 +224,15 @@ static CUresult unusable_ctx(const struct fake_ctx *c) {
         (handle)->magic = (stamp);                                                                 \
     } while (0)
 
+/* Marks `handle` dead, the first step of destroying it; returns CUDA_ERROR_INVALID_HANDLE from
+ * the caller unless it is a live handle stamped with `stamp`. */
+#define KILL_HANDLE(handle, stamp)                                                                 \
+    do {                                                                                           \
+        if (!(handle) || (handle)->magic != (stamp))                                               \
+            return CUDA_ERROR_INVALID_HANDLE;                                                      \
+        (handle)->magic = DEAD_MAGIC;                                                              \
+    } while (0)
+
 /* ---- initialisation and devices ---------------------------------------------------------- */
 
 /* The checks of a call about `device` that writes through an out-parameter, in the driver's
@@ -685,9 +694,7 @@ EXPORT CUresult cuLinkComplete(struct fake_link *l, void **cubin, size_t *size) 
 
 EXPORT CUresult cuLinkDestroy(struct fake_link *l) {
     REQUIRE_INIT();
-    if (!l || l->magic != LNK_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    l->magic = DEAD_MAGIC;
+    KILL_HANDLE(l, LNK_MAGIC);
     free(l->cubin);
     l->cubin = NULL;
     bump(C_LINK_DESTROY);
@@ -970,9 +977,7 @@ EXPORT CUresult cuEventElapsedTime(float *ms, struct fake_event *start, struct f
 
 EXPORT CUresult cuEventDestroy_v2(struct fake_event *e) {
     REQUIRE_INIT();
-    if (!e || e->magic != EVT_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    e->magic = DEAD_MAGIC;
+    KILL_HANDLE(e, EVT_MAGIC);
     free(e);
     return CUDA_SUCCESS;
 }

@@ -101,10 +101,7 @@ static int tiered_lookup(kc_persistence *tiers, const char *value) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: shared_persistence FAKE_DRIVER_PATH CACHE_DIR\n");
-        return 2;
-    }
+    REQUIRE_ARGS(argc, 2, "shared_persistence FAKE_DRIVER_PATH CACHE_DIR");
     kc_persistence_options popts = kc_persistence_options_default();
     kc_persistence *tiers = NULL;
     popts.dir = argv[2];

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../checks.h"
 #include "setup.h"
 
 #define KERNELS 3
@@ -56,10 +57,7 @@ static int run_all(kc_opencl_cache *cache, cl_context context, cl_command_queue 
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: exit_without_free return|exit|check CACHE_DIR\n");
-        return 2;
-    }
+    REQUIRE_ARGS(argc, 2, "exit_without_free return|exit|check CACHE_DIR");
     const char *mode = argv[1];
     opencl_setup cl;
     if (opencl_setup_open(&cl, argv[2])) return 1;

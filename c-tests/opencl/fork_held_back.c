@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../checks.h"
 #include "setup.h"
 
 #define WATCHDOG_S 60
@@ -49,10 +50,7 @@ static int wait_child(pid_t pid) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: fork_held_back CACHE_DIR\n");
-    return 2;
-  }
+  REQUIRE_ARGS(argc, 1, "fork_held_back CACHE_DIR");
   const char *dir = argv[1];
   opencl_setup cl;
   if (opencl_setup_open(&cl, dir)) return 1;

@@ -161,10 +161,7 @@ static int test_unavailable(void) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: opencl_test CACHE_DIR | unavailable\n");
-        return 2;
-    }
+    REQUIRE_ARGS(argc, 1, "opencl_test CACHE_DIR | unavailable");
     if (strcmp(argv[1], "unavailable") == 0) return test_unavailable();
 
     cl_device_id device;
@@ -174,10 +171,7 @@ int main(int argc, char **argv) {
     EXPECT(kc_opencl_available() == KC_OK);
 
     kc_opencl_options opts = kc_opencl_options_default();
-    kc_persistence_options tiers_opts = kc_persistence_options_default();
-    kc_persistence *tiers = NULL;
-    tiers_opts.dir = argv[1];
-    REQUIRE(kc_persistence_open(&tiers_opts, &tiers) == KC_OK);
+    kc_persistence *tiers = persistence_in(argv[1]);
     kc_opencl_cache *cache = NULL;
     EXPECT(kc_opencl_cache_new(NULL, tiers, &cache) == KC_ERR_INVALID_ARGUMENT);
     EXPECT(kc_opencl_cache_new(&opts, tiers, &cache) == KC_OK);

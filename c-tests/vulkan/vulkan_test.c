@@ -174,10 +174,7 @@ int main(int argc, char **argv) {
     gpu_create(&g);
 
     kc_vulkan_options opts = kc_vulkan_options_default();
-    kc_persistence_options tiers_opts = kc_persistence_options_default();
-    kc_persistence *tiers = NULL;
-    tiers_opts.dir = argv[1];
-    REQUIRE(kc_persistence_open(&tiers_opts, &tiers) == KC_OK);
+    kc_persistence *tiers = persistence_in(argv[1]);
     kc_vulkan_cache *cache = NULL;
     EXPECT(kc_vulkan_cache_new(NULL, tiers, &cache) == KC_ERR_INVALID_ARGUMENT);
     kc_vulkan_options short_opts = opts;

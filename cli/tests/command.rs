@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 mod common;
 
 use common::{json, run};
-use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
+use kcache::backend::opencl::DeviceIdentity;
 use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
 use kcache::key::Key;
 use kcache_testkit::opencl::Context;
@@ -50,6 +50,18 @@ fn key(n: u8) -> Key {
 
 fn open(dir: &Path) -> Persistence {
     Persistence::open(PersistenceConfig::in_dir(dir)).unwrap()
+}
+
+/// A fresh directory holding the program of `source`, built on the first OpenCL device: the
+/// directory, the context, the disk tier on it, the program's key and the size of its entry.
+fn stored(source: &str) -> (tempfile::TempDir, Context, Arc<Persistence>, Key, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let context = Context::first_device().unwrap();
+    let disk = Arc::new(open(dir.path()));
+    // The binary is written in the background: the cache is flushed to wait for it.
+    let key = context.store_program(Arc::clone(&disk), source);
+    let size = fs::metadata(disk.entry_path(&key)).unwrap().len();
+    (dir, context, disk, key, size)
 }
 
 /// A new directory holding entries for keys 1 to `count`, each with `len` bytes of its number.
@@ -184,22 +196,9 @@ fn looking_at_a_directory_over_its_cap_evicts_nothing() {
 
 #[test]
 fn an_opencl_program_shows_in_ls_and_verifies() {
-    let dir = tempfile::tempdir().unwrap();
-    let context = Context::first_device().unwrap();
     let source = "// kcache command\n__kernel void twice(__global float *y) {\n\
                   size_t i = get_global_id(0);\n y[i] = 2.0f * y[i];\n}\n";
-    let disk = Arc::new(open(dir.path()));
-    let options = OpenClOptions {
-        persistence: Some(Arc::clone(&disk)),
-        ..OpenClOptions::default()
-    };
-    let cache = OpenClCache::new(options).unwrap();
-    let lease = cache.find_or_build(context.context(), context.device(), &[source], "");
-    drop(lease.unwrap());
-    // The binary is written in the background: wait for it.
-    cache.flush();
-    let key = program_disk_key(context.device(), &[source], "").unwrap();
-    let size = fs::metadata(disk.entry_path(&key)).unwrap().len();
+    let (dir, context, _disk, key, size) = stored(source);
 
     let ls = json(dir.path(), &["ls", "--json"]);
     let rows = ls["entries"].as_array().unwrap();
@@ -508,24 +507,9 @@ fn a_reader_that_went_away_ends_the_command_quietly() {
 
 #[test]
 fn metrics_and_its_textfile_give_the_directory_figures() {
-    let dir = tempfile::tempdir().unwrap();
-    let context = Context::first_device().unwrap();
     let source = "// kcache metrics\n__kernel void halve(__global float *y) {\n\
                   size_t i = get_global_id(0);\n y[i] = 0.5f * y[i];\n}\n";
-    let disk = Arc::new(open(dir.path()));
-    let options = OpenClOptions {
-        persistence: Some(Arc::clone(&disk)),
-        ..OpenClOptions::default()
-    };
-    let cache = OpenClCache::new(options).unwrap();
-    drop(
-        cache
-            .find_or_build(context.context(), context.device(), &[source], "")
-            .unwrap(),
-    );
-    cache.flush();
-    let program = program_disk_key(context.device(), &[source], "").unwrap();
-    let program_size = fs::metadata(disk.entry_path(&program)).unwrap().len();
+    let (dir, _context, disk, _program, program_size) = stored(source);
     disk.put(&key(1), &[1; 100], Duration::ZERO).unwrap();
     open_keyed(dir.path(), 9)
         .put(&key(2), &[2; 10], Duration::ZERO)

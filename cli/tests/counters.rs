@@ -9,10 +9,9 @@ use std::path::Path;
 
 mod common;
 
-use common::{json, run};
+use common::{counter, json, run};
 use kcache_testkit::strings::{disk, find_or_build, l2_key, serialize, tiered};
 use kcache_testkit::{rerun_test, run_together};
-use serde_json::Value;
 
 /// The worker's cache directory; unset in the normal test run.
 const WORKER_DIR: &str = "KCACHE_COUNTERS_DIR";
@@ -51,12 +50,6 @@ fn counters_worker() {
     let own = format!("worker {id}");
     assert_eq!(lookup(&own), format!("built {own}"));
     // Dropping the cache and its disk tier writes this process's counters.
-}
-
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name}"))
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, program_disk_key};
+use kcache::backend::opencl::DeviceIdentity;
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION_1, Header};
 use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
 use kcache::key::{KEY_SCHEMA_VERSION, Key};
@@ -80,20 +80,7 @@ fn entries_are_listed_counted_and_evicted_by_what_they_hold() {
     let device_name = DeviceIdentity::query(context.device()).unwrap().device_name;
     let source = "// descriptors\n__kernel void first(__global int *x) { x[0] = 1; }\n\
                   __kernel void second(__global int *x) { x[0] = 2; }\n";
-    {
-        let opencl = OpenClCache::new(OpenClOptions {
-            persistence: Some(Arc::clone(&disk)),
-            ..OpenClOptions::default()
-        })
-        .unwrap();
-        drop(
-            opencl
-                .find_or_build(context.context(), context.device(), &[source], "")
-                .unwrap(),
-        );
-        opencl.flush();
-    }
-    let opencl_key = program_disk_key(context.device(), &[source], "").unwrap();
+    let opencl_key = context.store_program(Arc::clone(&disk), source);
 
     // Through the Rust tiered API, as a backend kcache does not know: two devices.
     let strings = tiered(Some(Arc::clone(&disk)));

@@ -11,13 +11,12 @@ use std::sync::atomic::AtomicUsize;
 
 mod common;
 
-use common::{json, run};
+use common::{counter, json, run};
 use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{l2_key, lookup, tiered};
 use kcache_testkit::{rerun_test, run_together};
-use serde_json::Value;
 
 /// The worker's cache directory; unset in the normal test run.
 const WORKER_DIR: &str = "KCACHE_REMOTE_COUNTERS_DIR";
@@ -72,12 +71,6 @@ fn remote_worker() {
     assert_eq!(builds.into_inner(), 1);
     // Dropping the cache and its disk tier writes the entry to the store, then this
     // process's counters.
-}
-
-fn counter(stats: &Value, name: &str) -> u64 {
-    stats["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name}"))
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 pub mod cuda;
 pub mod ffi;
+pub mod memory;
 pub mod opencl;
 pub mod opencl_layer;
 pub mod prometheus;

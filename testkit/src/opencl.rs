@@ -9,13 +9,15 @@
 use std::ffi::{CString, OsString, c_char, c_void};
 use std::path::Path;
 use std::ptr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use kcache::backend::library::{self, RuntimeLibrary};
 use kcache::backend::opencl::{
     ContextRef, Device, OpenClCache, OpenClOptions, Program, cl_context, cl_device_id, cl_int,
-    cl_program, status_name,
+    cl_program, program_disk_key, status_name,
 };
+use kcache::disk::Persistence;
+use kcache::key::Key;
 use kcache::{Error, Result};
 
 type cl_uint = u32;
@@ -241,6 +243,23 @@ impl Context {
 
     pub fn device(&self) -> Device {
         self.device
+    }
+
+    /// Builds `source` (no options) on this device through an OpenCL cache on `persistence`
+    /// and flushes the cache, so that the binary is stored: the program's key there.
+    pub fn store_program(&self, persistence: Arc<Persistence>, source: &str) -> Key {
+        let cache = OpenClCache::new(OpenClOptions {
+            persistence: Some(persistence),
+            ..OpenClOptions::default()
+        })
+        .unwrap();
+        drop(
+            cache
+                .find_or_build(self.context(), self.device(), &[source], "")
+                .unwrap(),
+        );
+        cache.flush();
+        program_disk_key(self.device(), &[source], "").unwrap()
     }
 
     /// `clCreateProgramWithSource` + `clBuildProgram` of `sources` with `options`, without

@@ -191,18 +191,14 @@ value ml_kc_cache_evict_device(value vcache, value vdevice) {
   CAMLparam2(vcache, vdevice);
   struct ml_cache *mc = ml_cache_of(vcache);
   int64_t device = Long_val(vdevice);
-  kc_status status;
-  ML_UNLOCKED_CALL(mc->calls, status, kc_cache_evict_device(mc->cache, device));
-  ml_check(status);
+  ML_UNLOCKED_CHECKED(mc->calls, kc_cache_evict_device(mc->cache, device));
   CAMLreturn(Val_unit);
 }
 
 value ml_kc_cache_clear(value vcache) {
   CAMLparam1(vcache);
   struct ml_cache *mc = ml_cache_of(vcache);
-  kc_status status;
-  ML_UNLOCKED_CALL(mc->calls, status, kc_cache_clear(mc->cache));
-  ml_check(status);
+  ML_UNLOCKED_CHECKED(mc->calls, kc_cache_clear(mc->cache));
   CAMLreturn(Val_unit);
 }
 

@@ -129,9 +129,7 @@ value ml_kc_persistence_remove(value vdisk, value vkey) {
 value ml_kc_persistence_flush(value vdisk) {
   CAMLparam1(vdisk);
   struct ml_disk *md = ml_disk_of(vdisk);
-  kc_status status;
-  ML_UNLOCKED_CALL(md->calls, status, kc_persistence_flush(md->disk));
-  ml_check(status);
+  ML_UNLOCKED_CHECKED(md->calls, kc_persistence_flush(md->disk));
   CAMLreturn(Val_unit);
 }
 

@@ -67,6 +67,15 @@ struct ml_cache {
     (calls)--;                                \
   } while (0)
 
+/* ML_UNLOCKED_CALL of a call whose failure raises (through ml_check) and whose success
+ * returns nothing. */
+#define ML_UNLOCKED_CHECKED(calls, call)      \
+  do {                                        \
+    kc_status status_;                        \
+    ML_UNLOCKED_CALL(calls, status_, call);   \
+    ml_check(status_);                        \
+  } while (0)
+
 /* The value registered under `name` by the OCaml side; raises Failure if there is none. */
 const value *ml_named(const char *name);
 

@@ -26,3 +26,11 @@ pub fn json(dir: &Path, args: &[&str]) -> Value {
     assert_eq!(value["schema"], 1);
     value
 }
+
+/// The directory counter `name` of the JSON of `stats --json`.
+#[allow(dead_code)] // Only the counter tests read counters.
+pub fn counter(stats: &Value, name: &str) -> u64 {
+    stats["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name}"))
+}
