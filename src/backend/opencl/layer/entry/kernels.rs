@@ -1,0 +1,127 @@
+//! The kernel entry points: kernels of a served program are made from the served build and
+//! linked back to the application's program, so that `CL_KERNEL_PROGRAM` names its handle and
+//! a kernel keeps that handle alive as a driver's kernel would.
+
+use std::ffi::{c_char, c_void};
+use std::ptr;
+
+use super::{CL_KERNEL_PROGRAM, CL_KERNEL_REFERENCE_COUNT, cl_kernel, layer};
+use crate::backend::opencl::sys::*;
+
+pub(super) unsafe extern "C" fn create_kernel(
+    program: cl_program,
+    name: *const c_char,
+    errcode_ret: *mut cl_int,
+) -> cl_kernel {
+    let layer = layer();
+    let target = layer.built_or(program);
+    // SAFETY: the application's call, on the program that answers it.
+    let kernel = unsafe { (layer.next.create_kernel)(target, name, errcode_ret) };
+    if !kernel.is_null() {
+        layer.link(program, target != program, &[kernel]);
+    }
+    kernel
+}
+
+pub(super) unsafe extern "C" fn create_kernels_in_program(
+    program: cl_program,
+    num_kernels: cl_uint,
+    kernels: *mut cl_kernel,
+    num_kernels_ret: *mut cl_uint,
+) -> cl_int {
+    let layer = layer();
+    let target = layer.built_or(program);
+    let mut made: cl_uint = 0;
+    // SAFETY: the application's call, on the program that answers it.
+    let code = unsafe { (layer.next.create_kernels)(target, num_kernels, kernels, &mut made) };
+    if !num_kernels_ret.is_null() {
+        // SAFETY: the application's output, which it passed.
+        unsafe { *num_kernels_ret = made };
+    }
+    if code == CL_SUCCESS && !kernels.is_null() {
+        // SAFETY: the driver wrote `made` kernels into the application's array.
+        let made = unsafe { std::slice::from_raw_parts(kernels, made as usize) };
+        layer.link(program, target != program, made);
+    }
+    code
+}
+
+pub(super) unsafe extern "C" fn clone_kernel(
+    source: cl_kernel,
+    errcode_ret: *mut cl_int,
+) -> cl_kernel {
+    let layer = layer();
+    // SAFETY: the application's call, passed on.
+    let kernel = unsafe { (layer.next.clone_kernel)(source, errcode_ret) };
+    if !kernel.is_null() {
+        match layer.tracked.program_of(source as usize) {
+            Some(program) => layer.link(program as cl_program, true, &[kernel]),
+            None => layer.link(ptr::null_mut(), false, &[kernel]),
+        }
+    }
+    kernel
+}
+
+pub(super) unsafe extern "C" fn release_kernel(kernel: cl_kernel) -> cl_int {
+    let layer = layer();
+    let Some(program) = layer.tracked.program_of(kernel as usize) else {
+        // SAFETY: the application's call, passed on.
+        return unsafe { (layer.next.release_kernel)(kernel) };
+    };
+    let mut count: cl_uint = 0;
+    // SAFETY: one cl_uint answer, its size passed; the kernel is the caller's.
+    let code = unsafe {
+        (layer.next.kernel_info)(
+            kernel,
+            CL_KERNEL_REFERENCE_COUNT,
+            size_of::<cl_uint>(),
+            (&raw mut count).cast(),
+            ptr::null_mut(),
+        )
+    };
+    let last = code == CL_SUCCESS && count == 1;
+    if last {
+        // Before the release: the driver may hand the handle out again right after it.
+        layer.tracked.unlink_kernel(kernel as usize);
+    }
+    // SAFETY: the application's call, passed on.
+    let released = unsafe { (layer.next.release_kernel)(kernel) };
+    if last {
+        layer.release_program(program as cl_program);
+    }
+    released
+}
+
+pub(super) unsafe extern "C" fn get_kernel_info(
+    kernel: cl_kernel,
+    param: cl_uint,
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
+    let layer = layer();
+    let program = match param {
+        CL_KERNEL_PROGRAM => layer.tracked.program_of(kernel as usize),
+        _ => None,
+    };
+    let Some(program) = program else {
+        // SAFETY: the application's call, passed on.
+        return unsafe { (layer.next.kernel_info)(kernel, param, size, value, size_ret) };
+    };
+    if !value.is_null() && size < size_of::<cl_program>() {
+        return CL_INVALID_VALUE;
+    }
+    // SAFETY: the application's outputs, as the specification has them: `value` (if not null)
+    // holds `size` bytes, checked above to fit a handle.
+    unsafe {
+        if !value.is_null() {
+            value
+                .cast::<cl_program>()
+                .write_unaligned(program as cl_program);
+        }
+        if !size_ret.is_null() {
+            *size_ret = size_of::<cl_program>();
+        }
+    }
+    CL_SUCCESS
+}
