@@ -32,7 +32,8 @@ HERE = Path(__file__).resolve().parent
 # Where an sdist keeps the crate; a checkout has it two levels up.
 SDIST_CRATE = "rust"
 # What cargo needs to build the library and the command: the workspace's manifests and
-# sources (the test kit is a workspace member, and the root manifest names its benchmarks),
+# sources (the test kit and the OpenCL layer are workspace members, and the root manifest
+# names its benchmarks),
 # the README the crate documentation includes, and the licences.
 CRATE_FILES = [
     "Cargo.toml",
@@ -49,6 +50,9 @@ CRATE_FILES = [
     "testkit/Cargo.toml",
     "testkit/build.rs",
     "testkit/src",
+    "layers/opencl/Cargo.toml",
+    "layers/opencl/build.rs",
+    "layers/opencl/src",
 ]
 # The libraries a manylinux wheel may need from the system (PEP 600: glibc and its parts, and
 # libgcc_s, which every Linux with a C compiler has).
