@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 SDIST_CRATE = "rust"
 # What cargo needs to build the library and the command: the workspace's manifests and
 # sources (the test kit and the OpenCL layer are workspace members, and the root manifest
-# names its benchmarks),
+# names its benchmarks and the tests that need a cargo feature),
 # the README the crate documentation includes, and the licences.
 CRATE_FILES = [
     "Cargo.toml",
@@ -45,6 +45,7 @@ CRATE_FILES = [
     "LICENSE-APACHE",
     "src",
     "benches",
+    "tests",
     "cli/Cargo.toml",
     "cli/src",
     "testkit/Cargo.toml",
