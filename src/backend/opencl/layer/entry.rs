@@ -274,21 +274,14 @@ impl Layer {
     }
 
     fn release_program(&self, program: cl_program) -> cl_int {
-        if self.tracked.is_tracked(program as usize) {
-            let mut count: cl_uint = 0;
-            // SAFETY: one cl_uint answer, its size passed; the program is the caller's.
-            let code = unsafe {
-                (self.api.clGetProgramInfo)(
-                    program,
-                    CL_PROGRAM_REFERENCE_COUNT,
-                    size_of::<cl_uint>(),
-                    (&raw mut count).cast(),
-                    ptr::null_mut(),
-                )
-            };
-            if code == CL_SUCCESS && count == 1 {
-                self.forget(program);
-            }
+        if self.tracked.is_tracked(program as usize)
+            && last_reference(
+                self.api.clGetProgramInfo,
+                program,
+                CL_PROGRAM_REFERENCE_COUNT,
+            )
+        {
+            self.forget(program);
         }
         // SAFETY: the caller's release, passed on.
         unsafe { (self.api.clReleaseProgram)(program) }
@@ -509,6 +502,27 @@ unsafe extern "C" fn build_program(
         unsafe { notify(program, user_data) };
     }
     CL_SUCCESS
+}
+
+/// Whether the caller's release of `handle` is its last: its reference count, read with the
+/// driver's `info` query for `param`, is 1. False when the driver cannot say.
+fn last_reference(
+    info: unsafe extern "C" fn(*mut c_void, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
+    handle: *mut c_void,
+    param: cl_uint,
+) -> bool {
+    let mut count: cl_uint = 0;
+    // SAFETY: one cl_uint answer, its size passed; the handle is the caller's, still held.
+    let code = unsafe {
+        info(
+            handle,
+            param,
+            size_of::<cl_uint>(),
+            (&raw mut count).cast(),
+            ptr::null_mut(),
+        )
+    };
+    code == CL_SUCCESS && count == 1
 }
 
 unsafe extern "C" fn release_program(program: cl_program) -> cl_int {

@@ -5,7 +5,7 @@
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
-use super::{CL_KERNEL_PROGRAM, CL_KERNEL_REFERENCE_COUNT, cl_kernel, layer};
+use super::{CL_KERNEL_PROGRAM, CL_KERNEL_REFERENCE_COUNT, cl_kernel, last_reference, layer};
 use crate::backend::opencl::sys::*;
 
 pub(super) unsafe extern "C" fn create_kernel(
@@ -68,18 +68,7 @@ pub(super) unsafe extern "C" fn release_kernel(kernel: cl_kernel) -> cl_int {
         // SAFETY: the application's call, passed on.
         return unsafe { (layer.next.release_kernel)(kernel) };
     };
-    let mut count: cl_uint = 0;
-    // SAFETY: one cl_uint answer, its size passed; the kernel is the caller's.
-    let code = unsafe {
-        (layer.next.kernel_info)(
-            kernel,
-            CL_KERNEL_REFERENCE_COUNT,
-            size_of::<cl_uint>(),
-            (&raw mut count).cast(),
-            ptr::null_mut(),
-        )
-    };
-    let last = code == CL_SUCCESS && count == 1;
+    let last = last_reference(layer.next.kernel_info, kernel, CL_KERNEL_REFERENCE_COUNT);
     if last {
         // Before the release: the driver may hand the handle out again right after it.
         layer.tracked.unlink_kernel(kernel as usize);
