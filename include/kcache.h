@@ -177,8 +177,9 @@ typedef struct kc_persistence kc_persistence;
 // `kc_vulkan_cache_free`.
 typedef struct kc_vulkan_cache kc_vulkan_cache;
 
-// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` until
-// `kc_vulkan_cache_unregister_device`.
+// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` (or
+// `kc_vulkan_cache_register_owned_device`) until `kc_vulkan_cache_unregister_device`; the
+// handle itself lives until the cache is freed.
 typedef struct kc_vulkan_device kc_vulkan_device;
 
 // A lease on a cached pipeline: the pipeline, its shader module and its layouts stay valid
@@ -1199,9 +1200,10 @@ enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
 // Frees the cache. Every device still registered has its pipeline-cache data written back (when
 // pipelines were created since the last write) and its `VkPipelineCache` destroyed, so free the
 // cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
-// their last release. No other call on `cache` may run during or after this one;
-// `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
-// afterwards, which then just frees them.
+// their last release. No other call on `cache` may run during or after this one. The handles
+// of devices unregistered before are freed with the cache; those of devices still registered
+// may only be passed to `kc_vulkan_cache_unregister_device` afterwards, which then just frees
+// them.
 void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 
 // Registers the caller's device with the cache: kcache reads its properties, creates its
@@ -1217,9 +1219,12 @@ enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
 // Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
 // destroys its `VkPipelineCache`, and evicts its pipelines (destroyed now, or at their last
 // lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
-// hold: release them before destroying the device. `device` is freed whatever the status
-// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-// Once the cache is freed, `cache` may be anything: the handle is then just freed.
+// hold: release them before destroying the device. The teardown happens whatever the status (a
+// failed write-back is reported). NULL `device` is a no-op.
+//
+// The handle stays allocated until the cache is freed: a later call with it (a lookup, a
+// flush, unregistering it again) is `KC_ERR_DEVICE_DESTROYED`. Once the cache is freed, `cache` may be anything: a
+// handle still registered then is just freed.
 enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
                                                  struct kc_vulkan_device *device,
                                                  uint64_t *out_still_leased);
@@ -1278,9 +1283,9 @@ enum kc_status kc_vulkan_cache_reset_stats(struct kc_vulkan_cache *cache);
 enum kc_status kc_vulkan_available(void);
 
 // As `kc_vulkan_cache_register_device`, but kcache takes the device: it calls
-// `destroy(device, user_data)` once the device is unregistered (`kc_vulkan_cache_unregister_device`,
-// which frees `*out_device`) and the last lease of its pipelines is released, after destroying
-// every object it made of it. The program must not destroy the device itself; it may unregister
+// `destroy(device, user_data)` once the device is unregistered
+// (`kc_vulkan_cache_unregister_device`) and the last lease of its pipelines is released, after
+// destroying every object it made of it. The program must not destroy the device itself; it may unregister
 // it, free the cache and release leases in any order. `destroy` runs on the thread of the call
 // that lets go of the device last (an unregistration, a lease release, `kc_vulkan_cache_free`).
 // The instance must outlive the device: destroy it in `destroy`, or after it has run. NULL

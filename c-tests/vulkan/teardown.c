@@ -4,7 +4,8 @@
  * destroys itself, those orders make kcache call into a dead device (vkGetPipelineCacheData or
  * vkDestroyPipeline) and crash; handed over, the device is destroyed once, by its callback,
  * after every object kcache made of it. A registration that fails leaves the device the
- * caller's. The Khronos validation layer runs throughout: any error or warning it reports (a
+ * caller's. A handle outlives its registration until the cache is freed: a call that passes it
+ * after the unregistration is KC_ERR_DEVICE_DESTROYED. The Khronos validation layer runs throughout: any error or warning it reports (a
  * device destroyed with live pipelines, say) fails the test.
  * Usage: vulkan_teardown SHADER.spv */
 #include <vulkan/vulkan.h>
@@ -54,6 +55,12 @@ int main(int argc, char **argv) {
     EXPECT(kc_vulkan_cache_unregister_device(cache, dev, &still_leased) == KC_OK);
     EXPECT(still_leased == 1);
     EXPECT(destroyed == 0);
+    /* The handle outlives its registration: a call that still passes it is refused. */
+    kc_vulkan_lease *again = NULL;
+    EXPECT(kc_vulkan_cache_find_or_build(cache, dev, spec, &again) == KC_ERR_DEVICE_DESTROYED);
+    EXPECT(again == NULL);
+    EXPECT(kc_vulkan_cache_flush(cache, dev, NULL) == KC_ERR_DEVICE_DESTROYED);
+    EXPECT(kc_vulkan_cache_unregister_device(cache, dev, NULL) == KC_ERR_DEVICE_DESTROYED);
     EXPECT(check_output(&g, lease, 3, 5));
     kc_vulkan_lease_release(lease);
     EXPECT(destroyed == 1);
@@ -81,9 +88,35 @@ int main(int argc, char **argv) {
     EXPECT(kc_vulkan_cache_unregister_device(cache, dev, &still_leased) == KC_OK);
     EXPECT(still_leased == 0);
     EXPECT(destroyed == 3);
+    /* The device is gone: kcache refuses the handle rather than calling into it. */
+    EXPECT(kc_vulkan_cache_find_or_build(cache, dev, spec, &lease) == KC_ERR_DEVICE_DESTROYED);
     kc_vulkan_spec_free(spec);
     kc_vulkan_cache_free(cache);
     gpu_destroy_instance(&g);
+
+    /* A device the program keeps and destroys after unregistering it: calls with the handle
+     * are refused until the cache is freed, which frees the handle. */
+    gpu_create(&g);
+    kc_vulkan_options plain = kc_vulkan_options_default();
+    REQUIRE(kc_vulkan_cache_new(&plain, kc_persistence_none(), &cache) == KC_OK);
+    REQUIRE(kc_vulkan_cache_register_device(cache, g.instance, g.physical, g.device, &dev) ==
+            KC_OK);
+    static const uint32_t twice = 2;
+    kc_vulkan_pipeline_desc desc = describe(code, size, &twice);
+    REQUIRE(kc_vulkan_spec_new(&desc, &spec) == KC_OK);
+    REQUIRE(kc_vulkan_cache_find_or_build(cache, dev, spec, &lease) == KC_OK);
+    EXPECT(check_output(&g, lease, 2, 1));
+    kc_vulkan_lease_release(lease);
+    EXPECT(kc_vulkan_cache_unregister_device(cache, dev, &still_leased) == KC_OK);
+    EXPECT(still_leased == 0);
+    gpu_destroy(&g);
+    lease = NULL;
+    EXPECT(kc_vulkan_cache_find_or_build(cache, dev, spec, &lease) == KC_ERR_DEVICE_DESTROYED);
+    EXPECT(lease == NULL);
+    EXPECT(kc_vulkan_cache_unregister_device(cache, dev, NULL) == KC_ERR_DEVICE_DESTROYED);
+    kc_vulkan_spec_free(spec);
+    kc_vulkan_cache_free(cache);
+    EXPECT(destroyed == 3);
 
     /* Refused registrations leave the device the caller's: no callback. */
     gpu_create(&g);

@@ -8,6 +8,7 @@
 
 use std::ffi::{c_char, c_void};
 use std::mem::size_of;
+use std::ptr::NonNull;
 
 use ash::vk::{self, Handle};
 
@@ -21,22 +22,18 @@ use super::backend_common::{
 use super::cache::kc_cache_stats;
 use super::persistence::kc_persistence;
 use super::status::{guard, guard_value, kc_status, non_null};
+use super::vulkan_device::UnregisteredDevices;
+pub use super::vulkan_device::kc_vulkan_device;
 use super::vulkan_spec::kc_vulkan_spec;
-use crate::backend::vulkan::{
-    Pipeline, Vulkan, VulkanCache, VulkanDevice, VulkanOptions, VulkanStats,
-};
+use crate::backend::vulkan::{Pipeline, Vulkan, VulkanCache, VulkanOptions, VulkanStats};
 use crate::error::Error;
 
 /// A cache of compute pipelines. Create with `kc_vulkan_cache_new`, free with
 /// `kc_vulkan_cache_free`.
 pub struct kc_vulkan_cache {
     inner: VulkanCache,
-}
-
-/// A `VkDevice` registered with a cache, from `kc_vulkan_cache_register_device` until
-/// `kc_vulkan_cache_unregister_device`.
-pub struct kc_vulkan_device {
-    pub(super) inner: VulkanDevice,
+    /// Handles of the devices unregistered while the cache lives, freed with it.
+    unregistered: UnregisteredDevices,
 }
 
 /// A lease on a cached pipeline: the pipeline, its shader module and its layouts stay valid
@@ -146,7 +143,10 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
             persistence: disk,
             vulkan,
         })?;
-        Ok(kc_vulkan_cache { inner })
+        Ok(kc_vulkan_cache {
+            inner,
+            unregistered: UnregisteredDevices::default(),
+        })
     };
     // SAFETY: forwarded from the caller's contract.
     unsafe { new_cache(opts, persistence, out_cache, make) }
@@ -155,9 +155,10 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
 /// Frees the cache. Every device still registered has its pipeline-cache data written back (when
 /// pipelines were created since the last write) and its `VkPipelineCache` destroyed, so free the
 /// cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
-/// their last release. No other call on `cache` may run during or after this one;
-/// `kc_vulkan_device` handles of it may only be passed to `kc_vulkan_cache_unregister_device`
-/// afterwards, which then just frees them.
+/// their last release. No other call on `cache` may run during or after this one. The handles
+/// of devices unregistered before are freed with the cache; those of devices still registered
+/// may only be passed to `kc_vulkan_cache_unregister_device` afterwards, which then just frees
+/// them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`, or NULL.
@@ -184,7 +185,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_register_device(
         // SAFETY: the handles' validity is the caller's contract, forwarded.
         let registered = unsafe { cache.register_device(instance, physical_device, device) }?;
         // SAFETY: `out_device` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_device, kc_vulkan_device { inner: registered }) };
+        unsafe { write_boxed(out_device, kc_vulkan_device::new(registered)) };
         Ok(())
     };
     // SAFETY: forwarded from the caller's contract.
@@ -201,9 +202,12 @@ pub(super) fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H,
 /// Device teardown, before `vkDestroyDevice`: writes the device's pipeline-cache data back,
 /// destroys its `VkPipelineCache`, and evicts its pipelines (destroyed now, or at their last
 /// lease release). `*out_still_leased` (if not NULL) receives how many pipelines leases still
-/// hold: release them before destroying the device. `device` is freed whatever the status
-/// (a failed write-back is reported, the teardown still happens). NULL `device` is a no-op.
-/// Once the cache is freed, `cache` may be anything: the handle is then just freed.
+/// hold: release them before destroying the device. The teardown happens whatever the status (a
+/// failed write-back is reported). NULL `device` is a no-op.
+///
+/// The handle stays allocated until the cache is freed: a later call with it (a lookup, a
+/// flush, unregistering it again) is `KC_ERR_DEVICE_DESTROYED`. Once the cache is freed, `cache` may be anything: a
+/// handle still registered then is just freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
     cache: *mut kc_vulkan_cache,
@@ -211,17 +215,21 @@ pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(
     out_still_leased: *mut u64,
 ) -> kc_status {
     guard(|| {
-        if device.is_null() {
+        let Some(device) = NonNull::new(device) else {
             return Ok(());
-        }
-        // SAFETY: the caller hands over the handle it got from `kc_vulkan_cache_register_device`.
-        let device = unsafe { Box::from_raw(device) }.inner;
-        if device.is_retired() {
+        };
+        // SAFETY: a handle from `kc_vulkan_cache_register_device`, which no other call uses
+        // during this one (the contract); its cache is checked before it is touched.
+        if unsafe { device.as_ref() }.outlived_its_cache() {
+            // SAFETY: as above; the cache that would have freed it is gone.
+            unsafe { free_boxed(device.as_ptr()) };
             return Ok(());
         }
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
-        let cache = &unsafe { live(cache, "cache") }?.inner;
-        let still_leased = cache.unregister_device(&device)?;
+        let cache = unsafe { live(cache, "cache") }?;
+        // SAFETY: as above; from now on the cache frees the handle.
+        let registered = unsafe { cache.unregistered.retire(device) }?;
+        let still_leased = cache.inner.unregister_device(&registered)?;
         // SAFETY: NULL or writable by contract.
         unsafe { write_optional(out_still_leased, still_leased) };
         Ok(())
@@ -252,8 +260,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_flush(
     guard(|| {
         // SAFETY: NULL or live objects by contract; only shared access is needed.
         let (cache, device) = unsafe { (live(cache, "cache")?, live(device, "device")?) };
-        let (cache, device) = (&cache.inner, &device.inner);
-        let written = cache.flush(device)?;
+        let written = cache.inner.flush(device.registered()?)?;
         // SAFETY: NULL or writable by contract.
         unsafe { write_optional(out_written, written) };
         Ok(())
@@ -281,7 +288,9 @@ pub unsafe extern "C" fn kc_vulkan_cache_find_or_build(
             )
         };
         non_null(out_lease, "out_lease")?;
-        let lease = cache.inner.find_or_build(&device.inner, &spec.inner)?;
+        let lease = cache
+            .inner
+            .find_or_build(device.registered()?, &spec.inner)?;
         // SAFETY: `out_lease` is non-NULL and writable by contract.
         unsafe { out_lease.write(lease_into_raw(lease)) };
         Ok(())
