@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 mod kernels;
 
+use super::answer_info;
 use super::dispatch::{entry, slot};
 use super::tracked::Tracked;
 use crate::backend::opencl::runtime::ContextRef;
