@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::ptr;
 use std::sync::Arc;
 
-use super::status::{byte_slice, guard_value, non_null, null_argument};
+use super::status::{byte_slice, guard, guard_value, kc_status, non_null, null_argument};
 use crate::disk::OperatorKey;
 use crate::disk::config::{MAX_OPERATOR_KEY_LEN, MIN_OPERATOR_KEY_LEN};
 use crate::memory::{Entry, Lease};
@@ -339,6 +339,31 @@ pub unsafe trait GrownInput: Copy {
 pub unsafe fn read_input<T: GrownInput>(p: *const T, name: &str) -> Result<T> {
     // SAFETY: the caller's contract for `p`, and `T`'s as a `GrownInput` for its fields.
     unsafe { read_grown(p, name, T::C_NAME, T::MIN_SIZE, T::DEFAULT, T::BOOLS) }
+}
+
+/// The body of a `kc_*_new` made from one input struct: checks `input` (`name` in messages)
+/// and `out` (`out_name`), reads `input` at the caller's size, and hands the caller the box of
+/// what `make` makes of it.
+///
+/// # Safety
+/// `input` must be NULL or point to `input->struct_size` readable bytes; `out` NULL or
+/// writable.
+pub unsafe fn new_from_input<T: GrownInput, O>(
+    input: *const T,
+    name: &str,
+    out: *mut *mut O,
+    out_name: &str,
+    make: impl FnOnce(T) -> Result<O>,
+) -> kc_status {
+    guard(|| {
+        non_null(input, name)?;
+        non_null(out, out_name)?;
+        // SAFETY: `input` is non-NULL; its size is the caller's promise.
+        let value = make(unsafe { read_input(input, name) }?)?;
+        // SAFETY: `out` is non-NULL and writable by contract.
+        unsafe { write_boxed(out, value) };
+        Ok(())
+    })
 }
 
 /// Writes `value` (a `repr(C)` struct whose first field is its size) into the caller's struct

@@ -10,8 +10,8 @@ use std::ptr;
 use std::sync::Arc;
 
 use super::args::{
-    GrownInput, Handle, c_statistics, free_handle, handle_ref, lease_into_raw, new_handle,
-    read_input, write_sized,
+    GrownInput, Handle, c_statistics, free_handle, handle_ref, lease_into_raw, new_from_input,
+    write_sized,
 };
 use super::lease::kc_lease;
 use super::status::{byte_slice, fail, guard, guard_value, kc_status, non_null};
@@ -225,11 +225,7 @@ pub unsafe extern "C" fn kc_cache_new(
     opts: *const kc_cache_options,
     out_cache: *mut *mut kc_cache,
 ) -> kc_status {
-    guard(|| {
-        non_null(opts, "opts")?;
-        non_null(out_cache, "out_cache")?;
-        // SAFETY: `opts` is non-NULL; its size is the caller's promise.
-        let opts = unsafe { read_input(opts, "opts") }?;
+    let make = |opts: kc_cache_options| {
         let destroy = opts.destroy;
         let destroy_ctx = Context(opts.destroy_ctx);
         let on_destroy_error = opts.on_destroy_error.map(|hook| {
@@ -249,25 +245,30 @@ pub unsafe extern "C" fn kc_cache_new(
             on_destroy_error,
             ..Options::default()
         };
-        let inner = RawCache::for_backend(Backend::C, options, move |value: RawValue| {
-            let ctx = destroy_ctx;
-            let Some(destroy) = destroy else {
-                return Ok(());
-            };
-            // SAFETY: the caller promised a callable destroy and a context valid from any
-            // thread until the last value is destroyed.
-            match unsafe { destroy(ctx.0, value.0) } {
-                0 => Ok(()),
-                code => Err(DestroyError::new(
-                    code,
-                    format!("the destroy callback returned {code}"),
-                )),
-            }
-        });
-        // SAFETY: `out_cache` is non-NULL and writable by contract.
-        unsafe { new_handle(out_cache, inner) };
-        Ok(())
-    })
+        Ok(RawCache::for_backend(
+            Backend::C,
+            options,
+            move |value: RawValue| {
+                let ctx = destroy_ctx;
+                let Some(destroy) = destroy else {
+                    return Ok(());
+                };
+                // SAFETY: the caller promised a callable destroy and a context valid from any
+                // thread until the last value is destroyed.
+                match unsafe { destroy(ctx.0, value.0) } {
+                    0 => Ok(()),
+                    code => Err(DestroyError::new(
+                        code,
+                        format!("the destroy callback returned {code}"),
+                    )),
+                }
+            },
+        ))
+    };
+    // A handle pointer is the boxed value, as `new_handle` makes it.
+    let out_cache = out_cache.cast::<*mut RawCache>();
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { new_from_input(opts, "opts", out_cache, "out_cache", make) }
 }
 
 /// Frees a cache: destroys every value no lease holds now; leased values are destroyed when their

@@ -11,8 +11,8 @@ use std::ptr;
 
 use ash::vk;
 
-use super::args::{GrownInput, c_str, elements, free_boxed, read_input, write_boxed};
-use super::status::{byte_slice, guard, guard_value, kc_status, non_null};
+use super::args::{GrownInput, c_str, elements, free_boxed, new_from_input};
+use super::status::{byte_slice, guard_value, kc_status};
 use crate::backend::vulkan::{
     DescriptorBinding, LayoutDesc, PipelineDesc, PipelineSpec, PushConstantRange, SpecConstant,
     words_from_bytes,
@@ -208,11 +208,7 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
     desc: *const kc_vulkan_pipeline_desc,
     out_spec: *mut *mut kc_vulkan_spec,
 ) -> kc_status {
-    guard(|| {
-        non_null(desc, "desc")?;
-        non_null(out_spec, "out_spec")?;
-        // SAFETY: `desc` points to a struct starting with its size by contract.
-        let desc = unsafe { read_input(desc, "desc") }?;
+    let make = |desc: kc_vulkan_pipeline_desc| {
         // SAFETY: `code_size` readable bytes at `code` by contract.
         let bytes = unsafe { byte_slice(desc.code.cast(), desc.code_size, "code") }?;
         let words = words_from_bytes(bytes)?;
@@ -253,10 +249,10 @@ pub unsafe extern "C" fn kc_vulkan_spec_new(
                 .then_some(desc.required_subgroup_size),
             ..PipelineDesc::new(&words, entry)
         })?;
-        // SAFETY: `out_spec` is non-NULL and writable by contract.
-        unsafe { write_boxed(out_spec, kc_vulkan_spec { inner: spec }) };
-        Ok(())
-    })
+        Ok(kc_vulkan_spec { inner: spec })
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { new_from_input(desc, "desc", out_spec, "out_spec", make) }
 }
 
 /// Frees a description.

@@ -113,6 +113,26 @@ pub struct Api {
     pub(super) _library: Option<RuntimeLibrary>,
 }
 
+/// `Api { field: $entry!(field), … }` over every entry point, with no library: the one list of
+/// the table's fields, for each way of finding them ([`Api::load`], and the next dispatch table
+/// of the OpenCL layer, whose slots are named as the fields).
+macro_rules! api_table {
+    ($entry:ident) => {
+        $crate::backend::opencl::sys::api_table!($entry:
+            clGetPlatformIDs clGetPlatformInfo clGetDeviceIDs clGetDeviceInfo clGetContextInfo
+            clCreateProgramWithSource clCreateProgramWithBinary clBuildProgram clGetProgramInfo
+            clGetProgramBuildInfo clRetainProgram clReleaseProgram
+        )
+    };
+    ($entry:ident: $($field:ident)*) => {
+        $crate::backend::opencl::sys::Api {
+            $($field: $entry!($field),)*
+            _library: None,
+        }
+    };
+}
+pub(super) use api_table;
+
 /// The process-wide table: loaded on first use, or installed first by the OpenCL layer.
 static API: OnceLock<std::result::Result<Api, Error>> = OnceLock::new();
 
@@ -128,21 +148,9 @@ impl Api {
                 unsafe { library.symbol(stringify!($name)) }?
             };
         }
-        Ok(Api {
-            clGetPlatformIDs: resolve!(clGetPlatformIDs),
-            clGetPlatformInfo: resolve!(clGetPlatformInfo),
-            clGetDeviceIDs: resolve!(clGetDeviceIDs),
-            clGetDeviceInfo: resolve!(clGetDeviceInfo),
-            clGetContextInfo: resolve!(clGetContextInfo),
-            clCreateProgramWithSource: resolve!(clCreateProgramWithSource),
-            clCreateProgramWithBinary: resolve!(clCreateProgramWithBinary),
-            clBuildProgram: resolve!(clBuildProgram),
-            clGetProgramInfo: resolve!(clGetProgramInfo),
-            clGetProgramBuildInfo: resolve!(clGetProgramBuildInfo),
-            clRetainProgram: resolve!(clRetainProgram),
-            clReleaseProgram: resolve!(clReleaseProgram),
-            _library: Some(library),
-        })
+        let mut api = api_table!(resolve);
+        api._library = Some(library);
+        Ok(api)
     }
 
     /// The process-wide table, loaded on first use from `KCACHE_OPENCL_LIBRARY` or

@@ -5,36 +5,38 @@
 
 use std::ffi::c_void;
 
-use crate::backend::opencl::sys::Api;
+use crate::backend::opencl::sys::{Api, api_table};
 
-/// Slots of the entry points the layer calls or replaces (their index in the header's struct).
+/// Slots of the entry points the layer calls or replaces: their index in the header's struct,
+/// under the name of its field.
+#[allow(non_upper_case_globals)]
 pub(super) mod slot {
-    pub const GET_PLATFORM_IDS: usize = 0;
-    pub const GET_PLATFORM_INFO: usize = 1;
-    pub const GET_DEVICE_IDS: usize = 2;
-    pub const GET_DEVICE_INFO: usize = 3;
-    pub const GET_CONTEXT_INFO: usize = 8;
-    pub const CREATE_PROGRAM_WITH_SOURCE: usize = 26;
-    pub const CREATE_PROGRAM_WITH_BINARY: usize = 27;
-    pub const RETAIN_PROGRAM: usize = 28;
-    pub const RELEASE_PROGRAM: usize = 29;
-    pub const BUILD_PROGRAM: usize = 30;
-    pub const GET_PROGRAM_INFO: usize = 32;
-    pub const GET_PROGRAM_BUILD_INFO: usize = 33;
-    pub const CREATE_KERNEL: usize = 34;
-    pub const CREATE_KERNELS_IN_PROGRAM: usize = 35;
-    pub const RELEASE_KERNEL: usize = 37;
-    pub const GET_KERNEL_INFO: usize = 39;
-    pub const CREATE_PROGRAM_WITH_BUILT_IN_KERNELS: usize = 97;
-    pub const COMPILE_PROGRAM: usize = 98;
-    pub const LINK_PROGRAM: usize = 99;
-    pub const CLONE_KERNEL: usize = 137;
+    pub const clGetPlatformIDs: usize = 0;
+    pub const clGetPlatformInfo: usize = 1;
+    pub const clGetDeviceIDs: usize = 2;
+    pub const clGetDeviceInfo: usize = 3;
+    pub const clGetContextInfo: usize = 8;
+    pub const clCreateProgramWithSource: usize = 26;
+    pub const clCreateProgramWithBinary: usize = 27;
+    pub const clRetainProgram: usize = 28;
+    pub const clReleaseProgram: usize = 29;
+    pub const clBuildProgram: usize = 30;
+    pub const clGetProgramInfo: usize = 32;
+    pub const clGetProgramBuildInfo: usize = 33;
+    pub const clCreateKernel: usize = 34;
+    pub const clCreateKernelsInProgram: usize = 35;
+    pub const clReleaseKernel: usize = 37;
+    pub const clGetKernelInfo: usize = 39;
+    pub const clCreateProgramWithBuiltInKernels: usize = 97;
+    pub const clCompileProgram: usize = 98;
+    pub const clLinkProgram: usize = 99;
+    pub const clCloneKernel: usize = 137;
     /// OpenCL 2.1: the last slot the layer needs.
-    pub const CREATE_PROGRAM_WITH_IL: usize = 138;
+    pub const clCreateProgramWithIL: usize = 138;
 }
 
 /// The fewest slots a loader's table must have for the layer to serve builds.
-pub(super) const NEEDED: usize = slot::CREATE_PROGRAM_WITH_IL + 1;
+pub(super) const NEEDED: usize = slot::clCreateProgramWithIL + 1;
 
 /// Copies the entry point in `slot` as the function type `F`; `None` when the slot is empty.
 ///
@@ -52,25 +54,11 @@ pub(super) unsafe fn entry<F: Copy>(table: &[*const c_void], slot: usize) -> Opt
 /// the layer. `None` when a slot kcache calls is empty.
 pub(super) fn next_api(table: &[*const c_void]) -> Option<Api> {
     macro_rules! next {
-        ($slot:ident) => {
+        ($name:ident) => {
             // SAFETY: the slot is the header's for the field of the same name, whose type is
             // that entry point's prototype.
-            unsafe { entry(table, slot::$slot) }?
+            unsafe { entry(table, slot::$name) }?
         };
     }
-    Some(Api {
-        clGetPlatformIDs: next!(GET_PLATFORM_IDS),
-        clGetPlatformInfo: next!(GET_PLATFORM_INFO),
-        clGetDeviceIDs: next!(GET_DEVICE_IDS),
-        clGetDeviceInfo: next!(GET_DEVICE_INFO),
-        clGetContextInfo: next!(GET_CONTEXT_INFO),
-        clCreateProgramWithSource: next!(CREATE_PROGRAM_WITH_SOURCE),
-        clCreateProgramWithBinary: next!(CREATE_PROGRAM_WITH_BINARY),
-        clBuildProgram: next!(BUILD_PROGRAM),
-        clGetProgramInfo: next!(GET_PROGRAM_INFO),
-        clGetProgramBuildInfo: next!(GET_PROGRAM_BUILD_INFO),
-        clRetainProgram: next!(RETAIN_PROGRAM),
-        clReleaseProgram: next!(RELEASE_PROGRAM),
-        _library: None,
-    })
+    Some(api_table!(next))
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 mod kernels;
 
+use super::answer_info;
 use super::dispatch::{entry, slot};
 use super::tracked::Tracked;
 use crate::backend::opencl::runtime::ContextRef;
@@ -114,15 +115,15 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
         };
     }
     let next = Next {
-        create_kernel: next!(CREATE_KERNEL),
-        create_kernels: next!(CREATE_KERNELS_IN_PROGRAM),
-        release_kernel: next!(RELEASE_KERNEL),
-        kernel_info: next!(GET_KERNEL_INFO),
-        clone_kernel: next!(CLONE_KERNEL),
-        compile_program: next!(COMPILE_PROGRAM),
-        link_program: next!(LINK_PROGRAM),
-        with_built_ins: next!(CREATE_PROGRAM_WITH_BUILT_IN_KERNELS),
-        with_il: next!(CREATE_PROGRAM_WITH_IL),
+        create_kernel: next!(clCreateKernel),
+        create_kernels: next!(clCreateKernelsInProgram),
+        release_kernel: next!(clReleaseKernel),
+        kernel_info: next!(clGetKernelInfo),
+        clone_kernel: next!(clCloneKernel),
+        compile_program: next!(clCompileProgram),
+        link_program: next!(clLinkProgram),
+        with_built_ins: next!(clCreateProgramWithBuiltInKernels),
+        with_il: next!(clCreateProgramWithIL),
     };
     let Some(api) = super::dispatch::next_api(table) else {
         return false;
@@ -144,42 +145,42 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
     }
     let ours: [(usize, *const c_void); 14] = [
         (
-            slot::CREATE_PROGRAM_WITH_SOURCE,
+            slot::clCreateProgramWithSource,
             create_program_with_source as *const c_void,
         ),
         (
-            slot::CREATE_PROGRAM_WITH_BINARY,
+            slot::clCreateProgramWithBinary,
             create_program_with_binary as *const c_void,
         ),
         (
-            slot::CREATE_PROGRAM_WITH_BUILT_IN_KERNELS,
+            slot::clCreateProgramWithBuiltInKernels,
             create_program_with_built_ins as *const c_void,
         ),
         (
-            slot::CREATE_PROGRAM_WITH_IL,
+            slot::clCreateProgramWithIL,
             create_program_with_il as *const c_void,
         ),
-        (slot::LINK_PROGRAM, link_program as *const c_void),
-        (slot::COMPILE_PROGRAM, compile_program as *const c_void),
-        (slot::BUILD_PROGRAM, build_program as *const c_void),
-        (slot::RELEASE_PROGRAM, release_program as *const c_void),
-        (slot::GET_PROGRAM_INFO, get_program_info as *const c_void),
+        (slot::clLinkProgram, link_program as *const c_void),
+        (slot::clCompileProgram, compile_program as *const c_void),
+        (slot::clBuildProgram, build_program as *const c_void),
+        (slot::clReleaseProgram, release_program as *const c_void),
+        (slot::clGetProgramInfo, get_program_info as *const c_void),
         (
-            slot::GET_PROGRAM_BUILD_INFO,
+            slot::clGetProgramBuildInfo,
             get_program_build_info as *const c_void,
         ),
-        (slot::CREATE_KERNEL, create_kernel as *const c_void),
+        (slot::clCreateKernel, create_kernel as *const c_void),
         (
-            slot::CREATE_KERNELS_IN_PROGRAM,
+            slot::clCreateKernelsInProgram,
             create_kernels_in_program as *const c_void,
         ),
-        (slot::RELEASE_KERNEL, release_kernel as *const c_void),
-        (slot::GET_KERNEL_INFO, get_kernel_info as *const c_void),
+        (slot::clReleaseKernel, release_kernel as *const c_void),
+        (slot::clGetKernelInfo, get_kernel_info as *const c_void),
     ];
     for (slot, entry) in ours {
         table[slot] = entry;
     }
-    table[slot::CLONE_KERNEL] = clone_kernel as *const c_void;
+    table[slot::clCloneKernel] = clone_kernel as *const c_void;
     true
 }
 

@@ -38,6 +38,23 @@ pub unsafe fn layer_info(
         CL_LAYER_NAME => LAYER_NAME,
         _ => return CL_INVALID_VALUE,
     };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { answer_info(answer, size, value, size_ret) }
+}
+
+/// Answers an info query (`clGet*Info`) with `answer`: copied into `value` when not null (and
+/// `CL_INVALID_VALUE` when its `size` bytes cannot hold it), its length into `size_ret` when
+/// not null.
+///
+/// # Safety
+/// As the specification has it: `value` is null or holds `size` writable bytes, and
+/// `size_ret` is null or writable.
+unsafe fn answer_info(
+    answer: &[u8],
+    size: usize,
+    value: *mut c_void,
+    size_ret: *mut usize,
+) -> cl_int {
     if !value.is_null() && size < answer.len() {
         return CL_INVALID_VALUE;
     }

@@ -5,20 +5,48 @@
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
-use super::{CL_KERNEL_PROGRAM, CL_KERNEL_REFERENCE_COUNT, cl_kernel, last_reference, layer};
+use super::{
+    CL_KERNEL_PROGRAM, CL_KERNEL_REFERENCE_COUNT, Layer, answer_info, cl_kernel, last_reference,
+    layer,
+};
 use crate::backend::opencl::sys::*;
+
+/// The program kernels are made from: the served build of the application's `program` when
+/// there is one, which the kernels made are then linked back to, else `program` itself.
+struct Origin {
+    layer: &'static Layer,
+    program: cl_program,
+    target: cl_program,
+}
+
+impl Origin {
+    fn of(program: cl_program) -> Self {
+        let layer = layer();
+        Origin {
+            layer,
+            program,
+            target: layer.built_or(program),
+        }
+    }
+
+    /// Links `kernels`, made from the target, to the application's program (when the target
+    /// is its served build).
+    fn link(&self, kernels: &[cl_kernel]) {
+        let served = self.target != self.program;
+        self.layer.link(self.program, served, kernels);
+    }
+}
 
 pub(super) unsafe extern "C" fn create_kernel(
     program: cl_program,
     name: *const c_char,
     errcode_ret: *mut cl_int,
 ) -> cl_kernel {
-    let layer = layer();
-    let target = layer.built_or(program);
+    let origin = Origin::of(program);
     // SAFETY: the application's call, on the program that answers it.
-    let kernel = unsafe { (layer.next.create_kernel)(target, name, errcode_ret) };
+    let kernel = unsafe { (origin.layer.next.create_kernel)(origin.target, name, errcode_ret) };
     if !kernel.is_null() {
-        layer.link(program, target != program, &[kernel]);
+        origin.link(&[kernel]);
     }
     kernel
 }
@@ -29,19 +57,19 @@ pub(super) unsafe extern "C" fn create_kernels_in_program(
     kernels: *mut cl_kernel,
     num_kernels_ret: *mut cl_uint,
 ) -> cl_int {
-    let layer = layer();
-    let target = layer.built_or(program);
+    let origin = Origin::of(program);
     let mut made: cl_uint = 0;
     // SAFETY: the application's call, on the program that answers it.
-    let code = unsafe { (layer.next.create_kernels)(target, num_kernels, kernels, &mut made) };
+    let code = unsafe {
+        (origin.layer.next.create_kernels)(origin.target, num_kernels, kernels, &mut made)
+    };
     if !num_kernels_ret.is_null() {
         // SAFETY: the application's output, which it passed.
         unsafe { *num_kernels_ret = made };
     }
     if code == CL_SUCCESS && !kernels.is_null() {
         // SAFETY: the driver wrote `made` kernels into the application's array.
-        let made = unsafe { std::slice::from_raw_parts(kernels, made as usize) };
-        layer.link(program, target != program, made);
+        origin.link(unsafe { std::slice::from_raw_parts(kernels, made as usize) });
     }
     code
 }
@@ -89,28 +117,15 @@ pub(super) unsafe extern "C" fn get_kernel_info(
     size_ret: *mut usize,
 ) -> cl_int {
     let layer = layer();
-    let program = match param {
+    let linked = match param {
         CL_KERNEL_PROGRAM => layer.tracked.program_of(kernel as usize),
         _ => None,
     };
-    let Some(program) = program else {
+    match linked {
+        // The application's program, not the served build the kernel was made from.
+        // SAFETY: the application's outputs, as the specification has them.
+        Some(program) => unsafe { answer_info(&program.to_ne_bytes(), size, value, size_ret) },
         // SAFETY: the application's call, passed on.
-        return unsafe { (layer.next.kernel_info)(kernel, param, size, value, size_ret) };
-    };
-    if !value.is_null() && size < size_of::<cl_program>() {
-        return CL_INVALID_VALUE;
+        None => unsafe { (layer.next.kernel_info)(kernel, param, size, value, size_ret) },
     }
-    // SAFETY: the application's outputs, as the specification has them: `value` (if not null)
-    // holds `size` bytes, checked above to fit a handle.
-    unsafe {
-        if !value.is_null() {
-            value
-                .cast::<cl_program>()
-                .write_unaligned(program as cl_program);
-        }
-        if !size_ret.is_null() {
-            *size_ret = size_of::<cl_program>();
-        }
-    }
-    CL_SUCCESS
 }
