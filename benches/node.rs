@@ -506,6 +506,9 @@ struct Step {
     exit: Duration,
 }
 
+/// A column of a table of steps: its header, and the time of a step it shows.
+type Column = (&'static str, fn(&Step) -> Duration);
+
 /// The median of each column on its own.
 fn median(mut steps: Vec<Step>) -> Step {
     let middle = steps.len() / 2;
@@ -556,14 +559,14 @@ fn single_processes(kernel: Kernel, runs: usize) {
         widths: &[38, 10, 10, 10, 10, 15, 14, 15],
         names: true,
     };
-    // Each column: its header, and the time of a step it shows (the ratios: plain's over it).
-    let columns: [(&str, fn(&Step) -> Duration); 4] = [
+    let columns: [Column; 4] = [
         ("lookup", |s| s.lookup),
         ("launch", |s| s.launch),
         ("total", |s| s.total),
         ("flush", |s| s.flush),
     ];
-    let ratios: [(&str, fn(&Step) -> Duration); 3] = [
+    // The same, as plain's time over the process's.
+    let ratios: [Column; 3] = [
         ("plain÷ (lookup)", |s| s.lookup),
         ("plain÷ (total)", |s| s.total),
         ("plain÷ (+flush)", |s| s.exit),
