@@ -5,6 +5,7 @@
 
 type t
 
+(* [with_options], the options of [create] and [with_disk], and the counters, [stats]. *)
 include module type of Disk_types
 
 val create : (unit -> t) with_options

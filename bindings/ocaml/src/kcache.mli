@@ -17,6 +17,7 @@ module Disk = Disk
 type 'a t
 (** A cache of values of type ['a], keyed by strings (compared by content). *)
 
+(* [with_options], the options of [create] and [with_cache], and the counters, [stats]. *)
 include module type of Cache_types
 
 val create : ('a, unit -> 'a t) with_options
