@@ -111,11 +111,7 @@ fn ratio() {
 
 /// `KCACHE_BENCH_PEER=rust|c KCACHE_BENCH_OPS=<n>`: only `n` hits one way in, for an
 /// instruction counter (`scripts/hit-cost`).
-fn one_way(name: &str) {
-    let ops = std::env::var("KCACHE_BENCH_OPS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(OPS);
+fn one_way(name: &str, ops: usize) {
     let keys = keys();
     let caches = Caches::new(&keys);
     let took = match name {
@@ -134,13 +130,5 @@ fn one_way(name: &str) {
 }
 
 fn main() {
-    if let Ok(name) = std::env::var("KCACHE_BENCH_PEER") {
-        return one_way(&name);
-    }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
-    if std::env::args().any(|a| a == "--bench") {
-        ratio();
-    }
+    kcache_testkit::bench::main_with_peers(OPS, one_way, benches, ratio);
 }

@@ -112,10 +112,5 @@ fn ratios() {
 }
 
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
-    if std::env::args().any(|a| a == "--bench") {
-        ratios();
-    }
+    kcache_testkit::bench::main(benches, ratios);
 }

@@ -400,11 +400,7 @@ fn policies() {
 /// (`kcache`, `quick_cache`, `moka`, `mutex`, or `loop` for the loop and key walk alone), for
 /// an instruction counter: two runs with different `n` give the cost of one hit as the
 /// difference over the difference in `n` (see docs/benchmarks.md).
-fn one_peer(name: &str) {
-    let ops = std::env::var("KCACHE_BENCH_OPS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(OPS_PER_THREAD);
+fn one_peer(name: &str, ops: usize) {
     let keys = Arc::new(keys());
     let peers = peers(&keys);
     let peer: Arc<dyn Peer> = match name {
@@ -443,14 +439,8 @@ impl Peer for Walk {
 }
 
 fn main() {
-    if let Ok(name) = std::env::var("KCACHE_BENCH_PEER") {
-        return one_peer(&name);
-    }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
-    if std::env::args().any(|a| a == "--bench") {
+    kcache_testkit::bench::main_with_peers(OPS_PER_THREAD, one_peer, benches, || {
         ratios();
         policies();
-    }
+    });
 }

@@ -406,14 +406,51 @@ fn fleet(mode: Mode, processes: usize, runs: usize) -> Fleet {
     }
 }
 
+/// A table printed row by row, its header first: each cell padded to its column's `widths`,
+/// right-aligned but for a first column of row names (`names`), left-aligned.
+struct Table {
+    widths: &'static [usize],
+    names: bool,
+}
+
+impl Table {
+    fn row<T: std::fmt::Display>(&self, cells: impl IntoIterator<Item = T>) {
+        let mut line = String::new();
+        for (i, (cell, &width)) in cells.into_iter().zip(self.widths).enumerate() {
+            if i > 0 {
+                line.push(' ');
+            }
+            line += &if i == 0 && self.names {
+                format!("{cell:<width$}")
+            } else {
+                format!("{cell:>width$}")
+            };
+        }
+        println!("{line}");
+    }
+}
+
+/// A time as the tables show it.
+fn time(d: Duration) -> String {
+    format!("{d:.2?}")
+}
+
+/// A ratio as the tables show it.
+fn times(ratio: f64) -> String {
+    format!("{ratio:.2}x")
+}
+
 fn fleets(sizes: &[usize], runs: usize) {
     println!(
         "\nfleet: N processes start {} and {} at once (median of {runs} runs)",
         Kernel::Saxpy.name(),
         Kernel::Matmul.name()
     );
-    println!(
-        "{:>3} {:>11} {:>11} {:>13} {:>13} {:>13} {:>17} {:>13} {:>15} {:>16} {:>10}",
+    let table = Table {
+        widths: &[3, 11, 11, 13, 13, 13, 17, 13, 15, 16, 10],
+        names: false,
+    };
+    table.row([
         "N",
         "plain wall",
         "kcache wall",
@@ -424,30 +461,32 @@ fn fleets(sizes: &[usize], runs: usize) {
         "kcache/alone",
         "plain compiles",
         "kcache compiles",
-        "lock waits"
-    );
+        "lock waits",
+    ]);
     let mut alone = None;
     for &n in sizes {
         let plain = fleet(Mode::Plain, n, runs);
         let kcache = fleet(Mode::Kcache, n, runs);
         let alone = *alone.get_or_insert(kcache.wall);
-        println!(
-            "{n:>3} {:>11} {:>11} {:>13} {:>13} {:>12.2}x {:>17} {:>12.2}x {:>15} {:>16} {:>10}",
-            format!("{:.2?}", plain.wall),
-            format!("{:.2?}", kcache.wall),
-            format!("{:.2?}", plain.launch),
-            format!("{:.2?}", kcache.launch),
-            plain.wall.as_secs_f64() / kcache.wall.as_secs_f64(),
-            format!(
-                "{:.2?} ({:.2}x)",
-                kcache.wall_flushed,
-                plain.wall.as_secs_f64() / kcache.wall_flushed.as_secs_f64()
-            ),
-            kcache.wall.as_secs_f64() / alone.as_secs_f64(),
-            plain.compiles,
-            kcache.compiles,
-            kcache.lock_waits,
+        let over = |a: Duration, b: Duration| times(a.as_secs_f64() / b.as_secs_f64());
+        let flushed = format!(
+            "{} ({})",
+            time(kcache.wall_flushed),
+            over(plain.wall, kcache.wall_flushed)
         );
+        table.row([
+            n.to_string(),
+            time(plain.wall),
+            time(kcache.wall),
+            time(plain.launch),
+            time(kcache.launch),
+            over(plain.wall, kcache.wall),
+            flushed,
+            over(kcache.wall, alone),
+            plain.compiles.to_string(),
+            kcache.compiles.to_string(),
+            kcache.lock_waits.to_string(),
+        ]);
     }
     println!("(compiles: clBuildProgram from source in the lookups, all processes together;");
     println!(" launch: the median process's first launches of both kernels;");
@@ -466,6 +505,9 @@ struct Step {
     /// `total` and `flush`.
     exit: Duration,
 }
+
+/// A column of a table of steps: its header, and the time of a step it shows.
+type Column = (&'static str, fn(&Step) -> Duration);
 
 /// The median of each column on its own.
 fn median(mut steps: Vec<Step>) -> Step {
@@ -513,33 +555,34 @@ fn single_processes(kernel: Kernel, runs: usize) {
         "\n{}: one process, lookup + first launch (median of {runs})",
         kernel.name()
     );
-    println!(
-        "{:<38} {:>10} {:>10} {:>10} {:>10} {:>15} {:>14} {:>15}",
-        "process",
-        "lookup",
-        "launch",
-        "total",
-        "flush",
-        "plain÷ (lookup)",
-        "plain÷ (total)",
-        "plain÷ (+flush)"
-    );
+    let table = Table {
+        widths: &[38, 10, 10, 10, 10, 15, 14, 15],
+        names: true,
+    };
+    let columns: [Column; 4] = [
+        ("lookup", |s| s.lookup),
+        ("launch", |s| s.launch),
+        ("total", |s| s.total),
+        ("flush", |s| s.flush),
+    ];
+    // The same, as plain's time over the process's.
+    let ratios: [Column; 3] = [
+        ("plain÷ (lookup)", |s| s.lookup),
+        ("plain÷ (total)", |s| s.total),
+        ("plain÷ (+flush)", |s| s.exit),
+    ];
+    let headers = columns.iter().chain(&ratios).map(|(header, _)| *header);
+    table.row(std::iter::once("process").chain(headers));
     for (name, step) in [
         ("plain build, no cache", plain),
         ("kcache, empty cache directory (cold)", median(cold)),
         ("kcache, warm cache directory", median(warm)),
     ] {
-        let vs = |of: fn(&Step) -> Duration| of(&plain).as_secs_f64() / of(&step).as_secs_f64();
-        println!(
-            "{name:<38} {:>10} {:>10} {:>10} {:>10} {:>14.2}x {:>13.2}x {:>14.2}x",
-            format!("{:.2?}", step.lookup),
-            format!("{:.2?}", step.launch),
-            format!("{:.2?}", step.total),
-            format!("{:.2?}", step.flush),
-            vs(|s| s.lookup),
-            vs(|s| s.total),
-            vs(|s| s.exit),
-        );
+        let shown = columns.iter().map(|(_, of)| time(of(&step)));
+        let vs = ratios
+            .iter()
+            .map(|(_, of)| times(of(&plain).as_secs_f64() / of(&step).as_secs_f64()));
+        table.row(std::iter::once(name.to_owned()).chain(shown).chain(vs));
     }
 }
 

@@ -304,10 +304,5 @@ fn main() {
         child(mode, iters, Path::new(&dir), &remote);
         return;
     }
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    // `cargo test --all-targets` runs this binary without `--bench`: a smoke run only.
-    if std::env::args().any(|a| a == "--bench") {
-        ratios();
-    }
+    kcache_testkit::bench::main(benches, ratios);
 }

@@ -105,9 +105,5 @@ fn ratio_table() {
 criterion_group!(benches, pipelines);
 
 fn main() {
-    benches();
-    Criterion::default().configure_from_args().final_summary();
-    if std::env::args().any(|a| a == "--bench") {
-        ratio_table();
-    }
+    kcache_testkit::bench::main(benches, ratio_table);
 }

@@ -7,7 +7,7 @@
 //! holder that builds for several liveness windows keeps its waiter. Every assertion is on
 //! counts; times are only watchdogs.
 //!
-//! Each process is this test binary run again with [`ROLE_ENV`] set (see [`lock_worker`]).
+//! Each process is this test binary run again with a [`Job`] (see [`lock_worker`]).
 
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
@@ -17,24 +17,26 @@ use std::time::{Duration, Instant};
 
 use kcache::BuildError;
 use kcache::disk::{Durability, Persistence, PersistenceConfig};
-use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{Cache, find_or_build, serialize, tiered};
-use kcache_testkit::workers::{Worker, flock_takers, sleeps};
+use kcache_testkit::workers::{Worker, flock_takers, sleeps, worker_command, worker_job};
 use rustix::process::{Pid, Signal};
+use serde::{Deserialize, Serialize};
 
-/// `holder`, `fork-holder`, `raw-fork-holder` or `waiter`, in a worker process.
-const ROLE_ENV: &str = "KCACHE_LOCK_ROLE";
-/// The cache directory.
-const DIR_ENV: &str = "KCACHE_LOCK_DIR";
-/// How many entries (`k0`, `k1`, ...) the worker looks up.
-const KEYS_ENV: &str = "KCACHE_LOCK_KEYS";
-/// A holder's builds wait for this file to exist (or this many milliseconds, when it is a
-/// number) before they return.
-const RELEASE_ENV: &str = "KCACHE_LOCK_RELEASE";
-/// The worker's lock timeout, in seconds.
-const TIMEOUT_ENV: &str = "KCACHE_LOCK_TIMEOUT";
-/// The worker's liveness window, in seconds (read by the disk tier itself).
-const LIVENESS_ENV: &str = "KCACHE_LOCK_LIVENESS";
+/// What a worker does.
+#[derive(Serialize, Deserialize)]
+struct Job {
+    /// `holder`, `fork-holder`, `raw-fork-holder`, `waiter` or `nested-waiter`.
+    role: String,
+    /// The cache directory.
+    dir: PathBuf,
+    /// The entries (`k0`, `k1`, ...) the worker looks up.
+    keys: Range<usize>,
+    /// A holder's builds wait for this file to exist (or this many milliseconds, when it is a
+    /// number) before they return.
+    release: String,
+    /// The worker's lock timeout, in seconds.
+    timeout: String,
+}
 
 /// How long any worker may run before the test fails rather than hangs.
 const WATCHDOG: Duration = Duration::from_secs(60);
@@ -42,24 +44,20 @@ const WATCHDOG: Duration = Duration::from_secs(60);
 /// Runs inside a worker process only; a no-op in the normal test run.
 #[test]
 fn lock_worker() {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
+    let Some(job) = worker_job::<Job>() else {
         return;
     };
-    let var = |name| std::env::var(name).unwrap();
-    let dir = PathBuf::from(var(DIR_ENV));
     // From the environment for the liveness window (KCACHE_LOCK_LIVENESS), the rest explicit.
     let config = PersistenceConfig {
-        dir: Some(dir),
-        lock_timeout: Some(Duration::from_secs_f64(var(TIMEOUT_ENV).parse().unwrap())),
+        dir: Some(job.dir.clone()),
+        lock_timeout: Some(Duration::from_secs_f64(job.timeout.parse().unwrap())),
         durability: Durability::Relaxed,
         ..PersistenceConfig::from_env()
     };
     let disk = Arc::new(Persistence::open(config).unwrap());
     let cache = tiered(Some(Arc::clone(&disk)));
-    let keys = var(KEYS_ENV);
-    let (first, end) = keys.split_once("..").unwrap();
-    let keys: Range<usize> = first.parse().unwrap()..end.parse().unwrap();
-    match role.as_str() {
+    let keys = job.keys;
+    match job.role.as_str() {
         "nested-waiter" => {
             println!("ready");
             let started = Instant::now();
@@ -91,16 +89,15 @@ fn lock_worker() {
             report(&cache, &disk, elapsed);
         }
         holder => {
-            let release = var(RELEASE_ENV);
             std::thread::scope(|s| {
                 for i in keys.clone() {
-                    let (cache, release) = (&cache, &release);
+                    let (cache, dir, release) = (&cache, &job.dir, &job.release);
                     s.spawn(move || {
                         let key = format!("k{i}");
                         let build = || {
                             println!("holding {key}");
                             match holder {
-                                "fork-holder" => fork_child_that_drops_the_lock()?,
+                                "fork-holder" => fork_child_that_drops_the_lock(dir)?,
                                 "raw-fork-holder" => raw_fork_child_that_sleeps(),
                                 _ => {}
                             }
@@ -159,8 +156,8 @@ std::thread_local! {
 /// has open, opens 16 files (one of them likely gets the number of a descriptor closed at the
 /// fork), then fails its copy of the build, so that the lookup it inherited abandons and drops
 /// its copy of the parent's lock; [`ChildCheck::report_and_exit`] goes on from there.
-fn fork_child_that_drops_the_lock() -> Result<(), BuildError> {
-    let lock = lock_files(&std::env::var(DIR_ENV).unwrap())
+fn fork_child_that_drops_the_lock(dir: &Path) -> Result<(), BuildError> {
+    let lock = lock_files(dir.to_str().unwrap())
         .pop()
         .expect("the lock file");
     let ino = std::fs::metadata(&lock).unwrap().ino();
@@ -279,18 +276,21 @@ fn spawn(
     timeout: &str,
     liveness: &str,
 ) -> Worker {
-    let mut cmd = rerun_test("lock_worker");
+    let job = Job {
+        role: role.into(),
+        dir: dir.into(),
+        keys,
+        release: release.into(),
+        timeout: timeout.into(),
+    };
+    let mut cmd = worker_command("lock_worker", &job);
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("KCACHE_") {
             cmd.env_remove(name);
         }
     }
-    cmd.env(ROLE_ENV, role)
-        .env(DIR_ENV, dir)
-        .env(KEYS_ENV, format!("{}..{}", keys.start, keys.end))
-        .env(RELEASE_ENV, release)
-        .env(TIMEOUT_ENV, timeout)
-        .env(LIVENESS_ENV, liveness);
+    // The liveness window, in seconds: the disk tier reads it from the environment.
+    cmd.env("KCACHE_LOCK_LIVENESS", liveness);
     Worker::spawn(cmd, dir.parent().unwrap())
 }
 

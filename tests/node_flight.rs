@@ -6,7 +6,7 @@
 //! every waiter to build (and fail) itself; an untrusted or disabled directory gets no lock
 //! file. Every assertion is on counts and sizes, not times.
 //!
-//! Each process is this test binary run again with [`WORKER_ENV`] set (see [`node_worker`]): it
+//! Each process is this test binary run again with a [`Job`] (see [`node_worker`]): it
 //! opens the cache, does one lookup, runs the kernel, checks its output and prints one line of
 //! counters. OpenCL runs on the machine's driver (PoCL); CUDA runs on the test kit's stand-in
 //! driver, because no CUDA driver runs here.
@@ -23,23 +23,9 @@ use kcache::backend::opencl::{OpenClCache, OpenClOptions, Program};
 use kcache::disk::{DiskStats, Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{FakeDriver, PrimaryContext, Saxpy};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel_in_groups};
-use kcache_testkit::rerun_test;
-use kcache_testkit::workers::{Worker, flock_takers, sleeps};
+use kcache_testkit::workers::{Worker, flock_takers, sleeps, worker_command, worker_job};
 use rustix::process::{Pid, Signal};
-
-/// Set to the backend (`opencl` or `cuda`) in a worker process.
-const WORKER_ENV: &str = "KCACHE_NODE_WORKER";
-/// The worker's cache directory.
-const DIR_ENV: &str = "KCACHE_NODE_DIR";
-/// `ok`, `heavy` (slow to compile) or `broken` (a syntax error).
-const VARIANT_ENV: &str = "KCACHE_NODE_VARIANT";
-/// The lock timeout in seconds, or `env` to open the cache with `PersistenceConfig::from_env`.
-const TIMEOUT_ENV: &str = "KCACHE_NODE_TIMEOUT";
-/// A file to wait for before the lookup, so that several workers look up at the same moment.
-const GO_ENV: &str = "KCACHE_NODE_GO";
-/// A file to wait for after the launch and before the flush (OpenCL), so that the test can
-/// look at what a process that keeps its cache has written.
-const HOLD_ENV: &str = "KCACHE_NODE_HOLD";
+use serde::{Deserialize, Serialize};
 
 /// Work items of the OpenCL kernel, and the factor it scales by.
 const ITEMS: usize = 64;
@@ -83,12 +69,11 @@ fn expected(i: u32, rounds: u32, y: f32) -> f32 {
 /// Runs inside a worker process only; a no-op in the normal test run.
 #[test]
 fn node_worker() {
-    let Ok(backend) = std::env::var(WORKER_ENV) else {
+    let Some(job) = worker_job::<Job>() else {
         return;
     };
-    let var = |name| std::env::var(name).unwrap();
-    let dir = PathBuf::from(var(DIR_ENV));
-    let config = match var(TIMEOUT_ENV).as_str() {
+    let dir = job.dir;
+    let config = match job.timeout.as_str() {
         "env" => PersistenceConfig::from_env(),
         seconds => {
             let timeout = Duration::from_secs_f64(seconds.parse().unwrap());
@@ -107,11 +92,10 @@ fn node_worker() {
         Err(Error::Untrusted(_)) => (None, "untrusted"),
         Err(e) => panic!("opening the cache: {e}"),
     };
-    let go = std::env::var_os(GO_ENV).map(PathBuf::from);
-    let hold = std::env::var_os(HOLD_ENV).map(PathBuf::from);
-    let line = match backend.as_str() {
-        "opencl" => opencl_lookup(disk, &var(VARIANT_ENV), go.as_deref(), hold.as_deref()),
-        "cuda" => cuda_lookup(disk, go.as_deref()),
+    let (go, hold) = (job.go.as_deref(), job.hold.as_deref());
+    let line = match job.backend.as_str() {
+        "opencl" => opencl_lookup(disk, &job.variant, go, hold),
+        "cuda" => cuda_lookup(disk, go),
         other => panic!("unknown backend {other}"),
     };
     println!("{line} disk={disk_state}");
@@ -242,27 +226,38 @@ fn cuda_lookup(disk: Option<Arc<Persistence>>, go: Option<&Path>) -> String {
 /// What a worker printed: counter name → value.
 type Report = HashMap<String, String>;
 
-/// A worker process, started with its stdout piped (stderr goes to a file beside the cache).
-/// How to start workers.
-struct Spawner<'a> {
-    backend: &'a str,
-    dir: &'a Path,
-    variant: &'a str,
-    timeout: &'a str,
-    go: Option<&'a Path>,
-    hold: Option<&'a Path>,
+/// What a worker does, and how to start workers that do it.
+#[derive(Serialize, Deserialize)]
+struct Job<'a> {
+    /// `opencl` or `cuda`.
+    backend: String,
+    /// The cache directory.
+    dir: PathBuf,
+    /// `ok`, `heavy` (slow to compile) or `broken` (a syntax error).
+    variant: String,
+    /// The lock timeout in seconds, or `env` to open the cache with
+    /// `PersistenceConfig::from_env`.
+    timeout: String,
+    /// A file to wait for before the lookup, so that several workers look up at the same
+    /// moment.
+    go: Option<PathBuf>,
+    /// A file to wait for after the launch and before the flush (OpenCL), so that the test
+    /// can look at what a process that keeps its cache has written.
+    hold: Option<PathBuf>,
+    /// More of the worker's environment.
+    #[serde(skip)]
     env: &'a [(&'a str, &'a OsStr)],
 }
 
-impl<'a> Spawner<'a> {
+impl<'a> Job<'a> {
     /// Workers with a lock timeout of a minute, no go file and nothing more in their
     /// environment.
-    fn new(backend: &'a str, dir: &'a Path, variant: &'a str) -> Self {
-        Spawner {
-            backend,
-            dir,
-            variant,
-            timeout: "60",
+    fn new(backend: &str, dir: &Path, variant: &str) -> Self {
+        Job {
+            backend: backend.into(),
+            dir: dir.into(),
+            variant: variant.into(),
+            timeout: "60".into(),
             go: None,
             hold: None,
             env: &[],
@@ -272,7 +267,7 @@ impl<'a> Spawner<'a> {
     fn spawn(&self) -> Worker {
         // Test names are module paths without the crate's name: at the top of an integration
         // test, just the function's name.
-        let mut cmd = rerun_test("node_worker");
+        let mut cmd = worker_command("node_worker", self);
         for name in [
             "KCACHE_DIR",
             "KCACHE_DISABLE",
@@ -283,22 +278,12 @@ impl<'a> Spawner<'a> {
         ] {
             cmd.env_remove(name);
         }
-        cmd.env(WORKER_ENV, self.backend)
-            .env(DIR_ENV, self.dir)
-            .env(VARIANT_ENV, self.variant)
-            .env(TIMEOUT_ENV, self.timeout);
         let logs = self.dir.parent().unwrap();
         // As users run: PoCL's own settings, one home shared by every worker of a test (PoCL
         // keeps its directories under `$XDG_CACHE_HOME/pocl`), no private PoCL directory.
         cmd.env_remove("POCL_CACHE_DIR")
             .env_remove("POCL_KERNEL_CACHE")
             .env("XDG_CACHE_HOME", logs.join("home-cache"));
-        if let Some(go) = self.go {
-            cmd.env(GO_ENV, go);
-        }
-        if let Some(hold) = self.hold {
-            cmd.env(HOLD_ENV, hold);
-        }
         for (name, value) in self.env {
             cmd.env(name, value);
         }
@@ -317,7 +302,7 @@ impl<'a> Spawner<'a> {
     /// The reports of `n` workers that were all set up before the go file was created.
     fn at_once(&self, n: usize) -> Vec<Report> {
         let workers = self.spawn_ready(n);
-        std::fs::write(self.go.expect("a go file"), b"").unwrap();
+        std::fs::write(self.go.as_ref().expect("a go file"), b"").unwrap();
         finish_all(workers)
     }
 }
@@ -385,9 +370,9 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// fresh cache directory: the directory (and what holds it) and their reports.
 fn six_together(backend: &str, variant: &str) -> (tempfile::TempDir, PathBuf, Vec<Report>) {
     let (tmp, dir, go) = setup();
-    let reports = Spawner {
-        go: Some(&go),
-        ..Spawner::new(backend, &dir, variant)
+    let reports = Job {
+        go: Some(go),
+        ..Job::new(backend, &dir, variant)
     }
     .at_once(6);
     (tmp, dir, reports)
@@ -445,7 +430,7 @@ fn has_open(pid: Pid, path: &Path) -> bool {
 fn stopped_leader() -> (tempfile::TempDir, PathBuf, Worker, PathBuf) {
     for _ in 0..5 {
         let (tmp, dir, _) = setup();
-        let mut leader = Spawner::new("opencl", &dir, "heavy").spawn();
+        let mut leader = Job::new("opencl", &dir, "heavy").spawn();
         leader.wait_ready();
         let caught = loop {
             if leader.child.try_wait().unwrap().is_some() {
@@ -489,10 +474,10 @@ fn six_processes_at_once_compile_once_with_pocls_cache_off() {
 /// compile.
 fn six_at_once(env: &[(&str, &OsStr)]) {
     let (_tmp, dir, go) = setup();
-    let reports = Spawner {
-        go: Some(&go),
+    let reports = Job {
+        go: Some(go),
         env,
-        ..Spawner::new("opencl", &dir, "ok")
+        ..Job::new("opencl", &dir, "ok")
     }
     .at_once(6);
     assert!(all_correct(&reports), "{reports:?}");
@@ -605,10 +590,10 @@ fn a_program_loaded_from_a_binary_packs_without_its_launches_code() {
 fn served_then_flushed(env: &[(&str, &OsStr)]) -> (u64, u64) {
     let (tmp, dir, _go) = setup();
     let hold = tmp.path().join("hold");
-    let mut leader = Spawner {
-        hold: Some(&hold),
+    let mut leader = Job {
+        hold: Some(hold.clone()),
         env,
-        ..Spawner::new("opencl", &dir, "ok")
+        ..Job::new("opencl", &dir, "ok")
     }
     .spawn();
     leader.wait_for("launched");
@@ -617,7 +602,7 @@ fn served_then_flushed(env: &[(&str, &OsStr)]) -> (u64, u64) {
     let lock = dir.join(lock_files(&dir).pop().expect("the leader's lock file"));
     assert!(holds_flock(leader.pid(), &lock));
 
-    let follower = Spawner::new("opencl", &dir, "ok").spawn().finish();
+    let follower = Job::new("opencl", &dir, "ok").spawn().finish();
     assert!(all_correct(std::slice::from_ref(&follower)), "{follower:?}");
     assert_sums(
         std::slice::from_ref(&follower),
@@ -652,7 +637,7 @@ fn served_then_flushed(env: &[(&str, &OsStr)]) -> (u64, u64) {
 #[test]
 fn a_killed_leader_is_taken_over_by_one_waiter() {
     let (_tmp, dir, leader, lock) = stopped_leader();
-    let followers = Spawner::new("opencl", &dir, "heavy").spawn_ready(5);
+    let followers = Job::new("opencl", &dir, "heavy").spawn_ready(5);
     // A follower is waiting once it has the lock file open and sleeps between two attempts at
     // the lock: killing the leader any earlier could let it lock at the first attempt, as if
     // it had never waited.
@@ -690,10 +675,10 @@ fn a_killed_leader_is_taken_over_by_one_waiter() {
 fn a_hung_leader_costs_the_lock_timeout_then_each_builds() {
     let (tmp, dir, leader, _lock) = stopped_leader();
     let go = tmp.path().join("go");
-    let reports = Spawner {
-        timeout: "0.05",
-        go: Some(&go),
-        ..Spawner::new("opencl", &dir, "heavy")
+    let reports = Job {
+        timeout: "0.05".into(),
+        go: Some(go),
+        ..Job::new("opencl", &dir, "heavy")
     }
     .at_once(5);
     leader.kill();
@@ -729,10 +714,10 @@ fn untrusted_or_disabled_directories_get_no_lock_file() {
         if disabled {
             env.push(("KCACHE_DISABLE", OsStr::new("1")));
         }
-        let report = Spawner {
-            timeout: "env",
+        let report = Job {
+            timeout: "env".into(),
             env: &env,
-            ..Spawner::new("opencl", &dir, "ok")
+            ..Job::new("opencl", &dir, "ok")
         }
         .spawn()
         .finish();

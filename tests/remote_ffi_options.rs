@@ -21,6 +21,7 @@ use kcache::ffi::persistence::*;
 use kcache::ffi::persistence_stats::*;
 use kcache::ffi::vulkan::*;
 use kcache::ffi::vulkan_spec::*;
+use kcache_testkit::cache_data;
 use kcache_testkit::ffi::{last_error, pipeline_desc};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
@@ -281,13 +282,8 @@ fn vulkan_caches_share_pipeline_cache_data_through_their_c_options_alone() {
     let keys = the_one_entry(&server, "vk:");
 
     let b = VulkanNode::new(b_dir.path(), &url, prefix);
-    let s = b.stats();
     assert_eq!(
-        (
-            s.cache_data_missing,
-            s.cache_data_loaded,
-            s.cache_data_rejected
-        ),
+        cache_data!(b.stats()),
         (1, 1, 0),
         "missing on disk, seeded from the remote"
     );

@@ -20,7 +20,7 @@ use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::vulkan::TestGpu;
-use kcache_testkit::{rerun_test, successful_stdout, write_key_file};
+use kcache_testkit::{cache_data, rerun_test, successful_stdout, write_key_file};
 use tempfile::TempDir;
 use vulkan_common::{dispatch, expected, spec, vulkan};
 
@@ -126,13 +126,8 @@ fn a_node_with_an_empty_disk_is_seeded_from_the_remote_and_keeps_a_disk_copy() {
     let blob = first.disk_blob().unwrap();
 
     let second = Node::new(&server, false);
-    let s = second.cache.stats();
     assert_eq!(
-        (
-            s.cache_data_missing,
-            s.cache_data_loaded,
-            s.cache_data_rejected
-        ),
+        cache_data!(second.cache.stats()),
         (1, 1, 0),
         "missing on disk, loaded from the remote"
     );

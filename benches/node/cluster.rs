@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kcache_testkit::redis::RedisServer;
 
-use super::{Kernel, Mode, WORKER_NODE, together, worker_command};
+use super::{Kernel, Mode, Table, WORKER_NODE, together, worker_command};
 
 /// What one run of `nodes` nodes did.
 struct Run {
@@ -82,10 +82,19 @@ pub fn cold_starts(runs: usize) {
         Kernel::Saxpy.name(),
         Kernel::Matmul.name()
     );
-    println!(
-        "{:>5} {:>7} {:>9} {:>22} {:>22} {:>11} {:>11}",
-        "nodes", "remote", "compiles", "first launches", "+ flush", "remote hits", "lease waits"
-    );
+    let table = Table {
+        widths: &[5, 7, 9, 22, 22, 11, 11],
+        names: false,
+    };
+    table.row([
+        "nodes",
+        "remote",
+        "compiles",
+        "first launches",
+        "+ flush",
+        "remote hits",
+        "lease waits",
+    ]);
     // `KCACHE_BENCH_CLUSTER_NODES=1` measures the lone node alone.
     let sizes = std::env::var("KCACHE_BENCH_CLUSTER_NODES").unwrap_or_else(|_| "4,1".into());
     for nodes in sizes.split(',').map(|n| n.trim().parse::<usize>().unwrap()) {
@@ -102,14 +111,15 @@ pub fn cold_starts(runs: usize) {
         }
         for (remote, results) in [("no", &without), ("yes", &with)] {
             let column = |of: fn(&Run) -> u128| counts(spread(results.iter().map(of).collect()));
-            println!(
-                "{nodes:>5} {remote:>7} {:>9} {:>22} {:>22} {:>11} {:>11}",
+            table.row([
+                nodes.to_string(),
+                remote.to_owned(),
                 column(|r| r.compiles),
                 seconds(spread(results.iter().map(|r| r.wall).collect())),
                 seconds(spread(results.iter().map(|r| r.wall_flushed).collect())),
                 column(|r| r.remote_hits),
                 column(|r| r.lease_waits),
-            );
+            ]);
         }
         let ratio = |of: fn(&Run) -> Duration| {
             let pairs = without.iter().zip(&with);

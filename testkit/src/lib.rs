@@ -2,6 +2,7 @@
 //! driver and NVRTC, and what tests, examples and benchmarks need to run a cached kernel or
 //! drive the C ABI as C does. Not published; a dev-dependency of `kcache`.
 
+pub mod bench;
 pub mod cuda;
 pub mod ffi;
 pub mod memory;

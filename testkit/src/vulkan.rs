@@ -9,6 +9,21 @@ use ash::vk;
 use kcache::backend::vulkan::{DeviceOwner, Pipeline, PipelineSpec, create_uncached};
 use kcache::{Error, Result};
 
+/// A Vulkan cache's pipeline-cache data counters, `(missing, loaded, rejected)`, from its
+/// statistics in Rust (`VulkanStats`) or in C (`kc_vulkan_cache_statistics`), which name them
+/// alike: what a registration found on disk.
+#[macro_export]
+macro_rules! cache_data {
+    ($stats:expr) => {{
+        let s = &$stats;
+        (
+            s.cache_data_missing,
+            s.cache_data_loaded,
+            s.cache_data_rejected,
+        )
+    }};
+}
+
 fn vk_err(what: &str) -> impl Fn(vk::Result) -> Error + '_ {
     move |r| Error::Backend(format!("{what}: {r}"))
 }

@@ -1,6 +1,7 @@
 //! Worker processes for tests of what several processes sharing a directory do: the test
-//! executable run again as one worker test ([`crate::rerun_test`]), its standard output read
-//! line by line as it goes, its standard error kept in a file, and what `/proc` says about it.
+//! executable run again as one worker test ([`crate::rerun_test`]) given its job as one value,
+//! its standard output read line by line as it goes, its standard error kept in a file, and
+//! what `/proc` says about it.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -8,6 +9,28 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::rerun_test;
+
+/// The variable that carries a worker's job, as JSON.
+const JOB_ENV: &str = "KCACHE_TEST_WORKER_JOB";
+
+/// The test `test` of this executable run again as a worker, given `job` ([`worker_job`] reads
+/// it back there): one value rather than a variable for each setting.
+pub fn worker_command(test: &str, job: &impl Serialize) -> Command {
+    let mut command = rerun_test(test);
+    command.env(JOB_ENV, serde_json::to_string(job).unwrap());
+    command
+}
+
+/// The job this process was given as a worker ([`worker_command`]); `None` in the normal test
+/// run.
+pub fn worker_job<T: DeserializeOwned>() -> Option<T> {
+    let json = std::env::var(JOB_ENV).ok()?;
+    Some(serde_json::from_str(&json).unwrap())
+}
 
 /// A running worker. Dropping it kills and reaps it, so that a test that fails leaves no worker
 /// behind, stopped or waiting.

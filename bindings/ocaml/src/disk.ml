@@ -13,26 +13,7 @@ type options = {
   lock_timeout_ms : int;
 }
 
-type stats = {
-  hits : int;
-  misses : int;
-  puts : int;
-  bytes_read : int;
-  bytes_written : int;
-  integrity_rejects : int;
-  io_errors : int;
-  evictions : int;
-  removes : int;
-  load_failures : int;
-  entries : int;
-  bytes : int;
-  lock_waits : int;
-  lock_timeouts : int;
-  lock_takeovers : int;
-  pending_writes : int;
-  failed_writes : int;
-  scan_complete : bool;
-}
+include Disk_types
 
 external disk_new : options -> t = "ml_kc_persistence_open"
 external free : t -> unit = "ml_kc_persistence_free"

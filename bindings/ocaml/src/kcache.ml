@@ -2,42 +2,7 @@
    rules; this file keeps the exception rule: a build's exception is caught here, stored, and
    raised again in the builder and in every caller that waited for that build. *)
 
-module Status = struct
-  (* In the order of kc_status from KC_ERR_INVALID_ARGUMENT: the stubs pass the index. *)
-  type t =
-    | Invalid_argument
-    | Build_failed
-    | Device_destroyed
-    | Cache_cleared
-    | Destroy_failed
-    | Reentrant
-    | Not_found
-    | Panic
-    | Unavailable
-    | Io
-    | Integrity
-    | Untrusted
-    | Backend
-    | Buffer_too_small
-    | Unknown
-
-  let to_string = function
-    | Invalid_argument -> "KC_ERR_INVALID_ARGUMENT"
-    | Build_failed -> "KC_ERR_BUILD_FAILED"
-    | Device_destroyed -> "KC_ERR_DEVICE_DESTROYED"
-    | Cache_cleared -> "KC_ERR_CACHE_CLEARED"
-    | Destroy_failed -> "KC_ERR_DESTROY_FAILED"
-    | Reentrant -> "KC_ERR_REENTRANT"
-    | Not_found -> "KC_ERR_NOT_FOUND"
-    | Panic -> "KC_ERR_PANIC"
-    | Unavailable -> "KC_ERR_UNAVAILABLE"
-    | Io -> "KC_ERR_IO"
-    | Integrity -> "KC_ERR_INTEGRITY"
-    | Untrusted -> "KC_ERR_UNTRUSTED"
-    | Backend -> "KC_ERR_BACKEND"
-    | Buffer_too_small -> "KC_ERR_BUFFER_TOO_SMALL"
-    | Unknown -> "KC_UNKNOWN_STATUS"
-end
+module Status = Status
 
 exception Error of Status.t * string
 
@@ -77,22 +42,7 @@ type 'a state = {
 
 type 'a t = { raw : raw_cache; state : 'a state }
 
-type stats = {
-  hits : int;
-  misses : int;
-  builds : int;
-  build_failures : int;
-  waits : int;
-  discarded : int;
-  capacity_evictions : int;
-  device_evictions : int;
-  clears : int;
-  destroys : int;
-  destroy_errors : int;
-  entries : int;
-  weight : int;
-  leases : int;
-}
+include Cache_types
 
 external cache_new : int -> int -> bool -> 'a state -> raw_cache = "ml_kc_cache_new"
 external cache_free : raw_cache -> unit = "ml_kc_cache_free"

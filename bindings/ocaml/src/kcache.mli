@@ -5,29 +5,7 @@
     Every call that can wait or run a callback releases the OCaml runtime lock, so other
     threads (systhreads) run meanwhile; builds and destroys take it back. *)
 
-module Status : sig
-  (** kcache's failure codes ([kc_status] without [KC_OK]); [Unknown] for a code this
-      binding does not know. *)
-  type t =
-    | Invalid_argument
-    | Build_failed
-    | Device_destroyed
-    | Cache_cleared
-    | Destroy_failed
-    | Reentrant
-    | Not_found
-    | Panic
-    | Unavailable
-    | Io
-    | Integrity
-    | Untrusted
-    | Backend
-    | Buffer_too_small
-    | Unknown
-
-  val to_string : t -> string
-  (** The C name, e.g. ["KC_ERR_DEVICE_DESTROYED"]. *)
-end
+module Status = Status
 
 exception Error of Status.t * string
 (** A failed call: the status and kcache's detail ([kc_last_error_message]). A build that
@@ -39,37 +17,20 @@ module Disk = Disk
 type 'a t
 (** A cache of values of type ['a], keyed by strings (compared by content). *)
 
-val create :
-  ?max_entries:int ->
-  ?max_weight:int ->
-  ?invalidated_by_clear:bool ->
-  ?weight:('a -> int) ->
-  ?destroy:('a -> unit) ->
-  unit ->
-  'a t
-(** A cache. [max_entries] and [max_weight] bound it (0, the default: unbounded); [weight]
-    gives each built value's weight (default 0); [destroy] runs exactly once per built value,
-    when it has left the cache and no lease holds it (an exception from it is counted in
-    [destroy_errors] and reported as [Error (Destroy_failed, _)] by the call that ran it, when
-    that call reports anything). With [invalidated_by_clear], a build in flight across a
-    [clear] fails with [Error (Cache_cleared, _)].
+(* [with_options], the options of [create] and [with_cache], and the counters, [stats]. *)
+include module type of Cache_types
 
-    Free the cache with {!free} (or use {!with_cache}): the GC does not, because freeing runs
-    [destroy] callbacks, which a finalizer cannot. [destroy] must not call into this cache. *)
+val create : ('a, unit -> 'a t) with_options
+(** A cache with the options of {!with_options}. Free it with {!free} (or use {!with_cache}):
+    the GC does not, because freeing runs [destroy] callbacks, which a finalizer cannot.
+    [destroy] must not call into this cache. *)
 
 val free : 'a t -> unit
 (** Frees the cache: destroys every value no lease holds now, the others when their lease
     ends. Later calls on the cache raise [Invalid_argument]; a second [free] does nothing.
     Raises [Invalid_argument] while another thread is inside a call on the cache. *)
 
-val with_cache :
-  ?max_entries:int ->
-  ?max_weight:int ->
-  ?invalidated_by_clear:bool ->
-  ?weight:('a -> int) ->
-  ?destroy:('a -> unit) ->
-  ('a t -> 'b) ->
-  'b
+val with_cache : ('a, ('a t -> 'b) -> 'b) with_options
 (** [with_cache f] creates a cache, runs [f] on it and frees it, however [f] returns. *)
 
 val with_lease : 'a t -> ?device:int -> string -> build:(string -> 'a) -> ('a -> 'b) -> 'b
@@ -122,24 +83,6 @@ val clear : 'a t -> unit
 
 val length : 'a t -> int
 (** The number of entries now. *)
-
-type stats = {
-  hits : int;  (** lookups answered from a ready entry *)
-  misses : int;  (** lookups that found neither a ready entry nor a build to wait for *)
-  builds : int;  (** builds that produced a value *)
-  build_failures : int;  (** builds that raised *)
-  waits : int;  (** lookups that waited for another thread's build *)
-  discarded : int;  (** values built but destroyed instead of installed *)
-  capacity_evictions : int;
-  device_evictions : int;
-  clears : int;
-  destroys : int;  (** values released *)
-  destroy_errors : int;  (** destroys that raised *)
-  entries : int;  (** entries now *)
-  weight : int;  (** their total weight now *)
-  leases : int;  (** leases held now *)
-}
-(** The counters of [kc_cache_statistics]. *)
 
 val stats : 'a t -> stats
 val reset_stats : 'a t -> unit
