@@ -215,19 +215,7 @@ fn current(inner: &Inner) -> DirectoryCounters {
         lock_timeouts: get(&c.lock_timeouts),
         lock_takeovers: get(&c.lock_takeovers),
         failed_writes: get(&c.failed_writes),
-        remote_hits: r.hits,
-        remote_misses: r.misses,
-        remote_rejects: r.rejects,
-        remote_errors: r.errors,
-        remote_timeouts: r.timeouts,
-        remote_skipped: r.skipped,
-        remote_breaker_trips: r.breaker_trips,
-        remote_leases: r.leases,
-        remote_lease_waits: r.lease_waits,
-        remote_lease_timeouts: r.lease_timeouts,
-        remote_puts: r.puts,
-        remote_bytes_read: r.bytes_read,
-        remote_bytes_written: r.bytes_written,
+        ..crate::remote::flattened!(DirectoryCounters, r)
     }
 }
 
