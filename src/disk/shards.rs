@@ -540,6 +540,34 @@ mod tests {
     }
 
     #[test]
+    fn the_remote_tiers_counters_land_in_their_own_fields() {
+        let remote = crate::remote::RemoteStats {
+            hits: 1,
+            misses: 2,
+            rejects: 3,
+            errors: 4,
+            timeouts: 5,
+            skipped: 6,
+            breaker_trips: 7,
+            leases: 8,
+            lease_waits: 9,
+            lease_timeouts: 10,
+            puts: 11,
+            bytes_read: 12,
+            bytes_written: 13,
+            breaker_open: true,
+        };
+        let named = crate::remote::flattened!(DirectoryCounters, remote).named();
+        let (flat, rest): (Vec<_>, Vec<_>) = named
+            .iter()
+            .partition(|(name, _)| name.starts_with("remote_"));
+        // In the remote tier's order, each from its own counter; nothing else touched.
+        let values: Vec<u64> = flat.iter().map(|&(_, v)| v).collect();
+        assert_eq!(values, (1..=13).collect::<Vec<u64>>());
+        assert!(rest.iter().all(|&(_, v)| v == 0), "{rest:?}");
+    }
+
+    #[test]
     fn later_counters_are_kept() {
         let record = CounterRecord {
             zeroed_ns: 0,

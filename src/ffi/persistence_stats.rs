@@ -205,3 +205,35 @@ pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persist
     // SAFETY: pointer validity is the caller's contract, NULLs are checked.
     guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::reset_stats))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::RemoteStats;
+
+    #[test]
+    fn disk_and_remote_counters_land_in_their_own_fields() {
+        let remote = RemoteStats {
+            hits: 7,
+            bytes_written: 9,
+            breaker_open: true,
+            ..RemoteStats::default()
+        };
+        let c = kc_persistence_statistics::from(DiskStats {
+            hits: 3,
+            failed_writes: 4,
+            scan_complete: true,
+            remote: Some(remote),
+            ..DiskStats::default()
+        });
+        assert_eq!(c.struct_size, size_of::<kc_persistence_statistics>());
+        assert_eq!((c.hits, c.failed_writes, c.scan_complete), (3, 4, true));
+        assert_eq!(
+            (c.remote, c.remote_hits, c.remote_bytes_written),
+            (true, 7, 9)
+        );
+        assert!(c.remote_breaker_open);
+        let alone = kc_persistence_statistics::from(DiskStats::default());
+        assert_eq!((alone.remote, alone.remote_hits), (false, 0));
+    }
+}
