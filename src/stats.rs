@@ -1,5 +1,6 @@
-//! What every cache's statistics share: the hit rate, and a reset that zeroes event counters
-//! without touching the counters themselves.
+//! What every cache's statistics share: their declaration ([`statistics!`]: one list of fields
+//! per type), the hit rate, and a reset that zeroes event counters without touching the
+//! counters themselves.
 //!
 //! A reset records a baseline (the counters' values at the reset) that each later snapshot
 //! subtracts. The counters keep counting: an increment made while a reset runs lands either
@@ -147,6 +148,7 @@ macro_rules! statistics {
         );
     };
 
+    // The entry: the struct, then its live counters when they are declared.
     (
         $(#[$meta:meta])*
         pub struct $name:ident { $($fields:tt)* }
