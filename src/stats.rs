@@ -1,4 +1,4 @@
-//! What every cache's statistics share: their declaration ([`statistics!`]: one list of fields
+//! What every cache's statistics share: their declaration (`statistics!`: one list of fields
 //! per type), the hit rate, and a reset that zeroes event counters without touching the
 //! counters themselves.
 //!
