@@ -1,5 +1,6 @@
-//! What every cache's statistics share: the hit rate, and a reset that zeroes event counters
-//! without touching the counters themselves.
+//! What every cache's statistics share: their declaration (`statistics!`: one list of fields
+//! per type), the hit rate, and a reset that zeroes event counters without touching the
+//! counters themselves.
 //!
 //! A reset records a baseline (the counters' values at the reset) that each later snapshot
 //! subtracts. The counters keep counting: an increment made while a reset runs lands either
@@ -42,22 +43,122 @@ pub(crate) trait Events: Clone + Default {
     fn since(&self, baseline: &Self) -> Self;
 }
 
-/// `Events` for a statistics struct: the listed event counters are subtracted (saturating:
-/// a counter never goes below its baseline, but a snapshot's fields are read one by one), the
-/// listed nested statistics are taken `since` their own baseline, every other field is kept.
-macro_rules! events {
-    ($ty:ty { $($field:ident),* $(,)? } $(nested { $($nested:ident),+ $(,)? })?) => {
-        impl $crate::stats::Events for $ty {
+/// The live counters behind a statistics type: the `live` struct of [`statistics!`].
+pub(crate) trait Live {
+    type Snapshot;
+
+    /// The counters as counted, in a snapshot whose other fields are their defaults.
+    fn snapshot(&self) -> Self::Snapshot;
+
+    /// Zeroes every counter (see [`zero`]): the reset of a cache that keeps no baseline.
+    fn zero(&self);
+}
+
+/// Adds `by` to a live counter.
+pub(crate) fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Declares a statistics type from one list of its fields, in their order, each with its docs
+/// and its kind:
+/// - `counted`: an event count (`u64`) that the `live` struct below holds;
+/// - `event`: an event count (`u64`) made from other counts or read elsewhere;
+/// - `gauge`: kept by a reset: a value now (`u64` unless a type is given), or statistics that
+///   reset on their own;
+/// - `nested`: another statistics type, taken since its own baseline.
+///
+/// It declares the public struct (every field `pub`) and its [`Events`]: the events are
+/// subtracted (saturating: a counter never goes below its baseline, but a snapshot's fields
+/// are read one by one), nested statistics are taken `since` their own baseline, the gauges
+/// are kept. After the struct, `live struct Counters;` declares the `Default` struct of live
+/// counters, one `AtomicU64` per `counted` field (then the extra counters listed in braces
+/// after its name, which the snapshot does not show), with [`Live`].
+macro_rules! statistics {
+    (@type) => { u64 };
+    (@type $ty:ty) => { $ty };
+
+    (@since counted $now:ident $baseline:ident $field:ident) => {
+        $now.$field = $now.$field.saturating_sub($baseline.$field)
+    };
+    (@since event $now:ident $baseline:ident $field:ident) => {
+        $now.$field = $now.$field.saturating_sub($baseline.$field)
+    };
+    (@since gauge $now:ident $baseline:ident $field:ident) => {};
+    (@since nested $now:ident $baseline:ident $field:ident) => {
+        $now.$field = $crate::stats::Events::since(&$now.$field, &$baseline.$field)
+    };
+
+    // The `counted` fields, gathered into `[...]`, then the live struct.
+    (@live $head:tt [$($counted:ident)*]
+        $(#[$doc:meta])* counted $field:ident $(: $ty:ty)?, $($rest:tt)*) => {
+        $crate::stats::statistics!(@live $head [$($counted)* $field] $($rest)*);
+    };
+    (@live $head:tt [$($counted:ident)*]
+        $(#[$doc:meta])* $kind:ident $field:ident $(: $ty:ty)?, $($rest:tt)*) => {
+        $crate::stats::statistics!(@live $head [$($counted)*] $($rest)*);
+    };
+    (@live [$name:ident $(#[$meta:meta])* $vis:vis $live:ident
+            $({ $($(#[$extra_doc:meta])* $extra:ident,)+ })?]
+        [$($counted:ident)*]) => {
+        $(#[$meta])*
+        #[derive(Default)]
+        $vis struct $live {
+            $($vis $counted: ::std::sync::atomic::AtomicU64,)*
+            $($($(#[$extra_doc])* $vis $extra: ::std::sync::atomic::AtomicU64,)+)?
+        }
+
+        impl $crate::stats::Live for $live {
+            type Snapshot = $name;
+
+            fn snapshot(&self) -> $name {
+                $name {
+                    $($counted: self.$counted.load(::std::sync::atomic::Ordering::Relaxed),)*
+                    ..::std::default::Default::default()
+                }
+            }
+
+            fn zero(&self) {
+                $crate::stats::zero(&[$(&self.$counted,)* $($(&self.$extra,)+)?]);
+            }
+        }
+    };
+
+    (@struct [$(#[$meta:meta])* $name:ident]
+        $($(#[$doc:meta])* $kind:ident $field:ident $(: $ty:ty)?,)+) => {
+        $(#[$meta])*
+        pub struct $name {
+            $($(#[$doc])* pub $field: $crate::stats::statistics!(@type $($ty)?),)+
+        }
+
+        impl $crate::stats::Events for $name {
             fn since(&self, baseline: &Self) -> Self {
                 let mut now = self.clone();
-                $(now.$field = now.$field.saturating_sub(baseline.$field);)*
-                $($(now.$nested = $crate::stats::Events::since(&now.$nested, &baseline.$nested);)+)?
+                $($crate::stats::statistics!(@since $kind now baseline $field);)+
                 now
             }
         }
     };
+
+    (@live_of $name:ident [] $($fields:tt)*) => {};
+    (@live_of $name:ident
+        [$(#[$meta:meta])* live $vis:vis struct $live:ident $({ $($extras:tt)+ })? $(;)?]
+        $($fields:tt)*) => {
+        $crate::stats::statistics!(
+            @live [$name $(#[$meta])* $vis $live $({ $($extras)+ })?] [] $($fields)*
+        );
+    };
+
+    // The entry: the struct, then its live counters when they are declared.
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident { $($fields:tt)* }
+        $($live:tt)*
+    ) => {
+        $crate::stats::statistics!(@struct [$(#[$meta])* $name] $($fields)*);
+        $crate::stats::statistics!(@live_of $name [$($live)*] $($fields)*);
+    };
 }
-pub(crate) use events;
+pub(crate) use statistics;
 
 /// The values of a cache's counters at its last reset (all zero before any).
 #[derive(Default)]
@@ -79,12 +180,27 @@ impl<S: Events> Baseline<S> {
 mod tests {
     use super::*;
 
-    #[derive(Clone, Default, Debug, PartialEq)]
-    struct Counts {
-        hits: u64,
-        entries: u64,
+    statistics! {
+        #[derive(Clone, Default, Debug, PartialEq)]
+        pub struct Counts {
+            counted hits,
+            event misses,
+            gauge entries,
+            gauge open: bool,
+        }
+        live struct CountsLive {
+            /// Counted, but not shown.
+            builds,
+        }
     }
-    events!(Counts { hits });
+
+    statistics! {
+        #[derive(Clone, Default, Debug, PartialEq)]
+        pub struct Outer {
+            counted lookups,
+            nested inner: Counts,
+        }
+    }
 
     #[test]
     fn rate() {
@@ -99,20 +215,69 @@ mod tests {
         let base = Baseline::default();
         let raw = Counts {
             hits: 10,
+            misses: 5,
             entries: 4,
+            open: true,
         };
         assert_eq!(base.apply(&raw), raw);
         base.reset(raw);
         let later = Counts {
             hits: 13,
+            misses: 6,
             entries: 2,
+            open: false,
         };
         assert_eq!(
             base.apply(&later),
             Counts {
                 hits: 3,
-                entries: 2
+                misses: 1,
+                entries: 2,
+                open: false,
             }
         );
+    }
+
+    #[test]
+    fn nested_statistics_are_taken_since_their_own_baseline() {
+        let counts = |hits, entries| Counts {
+            hits,
+            entries,
+            ..Counts::default()
+        };
+        let base = Outer {
+            lookups: 4,
+            inner: counts(3, 9),
+        };
+        let now = Outer {
+            lookups: 10,
+            inner: counts(5, 7),
+        };
+        assert_eq!(
+            now.since(&base),
+            Outer {
+                lookups: 6,
+                inner: counts(2, 7),
+            }
+        );
+    }
+
+    #[test]
+    fn live_counters_read_into_a_snapshot_and_zero() {
+        let live = CountsLive::default();
+        bump(&live.hits, 3);
+        bump(&live.builds, 2);
+        // Only `counted` fields are read; the rest keep their defaults.
+        assert_eq!(
+            live.snapshot(),
+            Counts {
+                hits: 3,
+                ..Counts::default()
+            }
+        );
+        assert_eq!(live.builds.load(Ordering::Relaxed), 2);
+        live.zero();
+        assert_eq!(live.snapshot(), Counts::default());
+        assert_eq!(live.builds.load(Ordering::Relaxed), 0);
     }
 }

@@ -33,7 +33,7 @@ use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
 use crate::remote::{Flight, LeaseGuard};
-use crate::stats::Baseline;
+use crate::stats::{Baseline, Live};
 
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {
@@ -47,58 +47,37 @@ pub struct TieredCache<K, V> {
     reported: Reporter,
 }
 
-/// What the tiers did, as [`TieredStats`] reports it.
-#[derive(Default)]
-pub(crate) struct Counters {
-    disk_hits: AtomicU64,
-    remote_hits: AtomicU64,
-    disk_absent: AtomicU64,
-    disk_errors: AtomicU64,
-    load_failures: AtomicU64,
-    builds: AtomicU64,
-    write_backs: AtomicU64,
-    write_back_failures: AtomicU64,
+crate::stats::statistics! {
+    /// What the tiers did for the lookups that missed L1 (L1 hits are in the memory stats).
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct TieredStats {
+        /// Values loaded from the disk tier instead of built.
+        counted disk_hits,
+        /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
+        event disk_misses,
+        /// Of those, values loaded from the remote tier instead of built (its own counters are
+        /// [`Persistence::remote_stats`]).
+        counted remote_hits,
+        /// Of those, the ones where the disk tier had no entry for the key, or only a corrupt one
+        /// (which it removed).
+        counted disk_absent,
+        /// Disk reads that failed, L2 keys that could not be made, and refused entries that could
+        /// not be removed; each lookup went on without the disk. Failed writes are
+        /// `write_back_failures`.
+        counted disk_errors,
+        /// Disk entries that `load` refused; each was removed and the value built instead.
+        counted load_failures,
+        /// Calls to `build`.
+        counted builds,
+        /// Built values written to the disk tier (counted when the background write has
+        /// finished: [`TieredCache::flush`] waits for that).
+        counted write_backs,
+        /// Built values that could not be serialized or written (the lookup still succeeds).
+        counted write_back_failures,
+    }
+    /// What the tiers did, as [`TieredStats`] reports it.
+    live pub(crate) struct Counters;
 }
-
-/// What the tiers did for the lookups that missed L1 (L1 hits are in the memory stats).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TieredStats {
-    /// Values loaded from the disk tier instead of built.
-    pub disk_hits: u64,
-    /// L1 misses the disk tier could not answer (absent, rejected, unreadable, or no disk).
-    pub disk_misses: u64,
-    /// Of those, values loaded from the remote tier instead of built (its own counters are
-    /// [`Persistence::remote_stats`]).
-    pub remote_hits: u64,
-    /// Of those, the ones where the disk tier had no entry for the key, or only a corrupt one
-    /// (which it removed).
-    pub disk_absent: u64,
-    /// Disk reads that failed, L2 keys that could not be made, and refused entries that could
-    /// not be removed; each lookup went on without the disk. Failed writes are
-    /// `write_back_failures`.
-    pub disk_errors: u64,
-    /// Disk entries that `load` refused; each was removed and the value built instead.
-    pub load_failures: u64,
-    /// Calls to `build`.
-    pub builds: u64,
-    /// Built values written to the disk tier (counted when the background write has
-    /// finished: [`TieredCache::flush`] waits for that).
-    pub write_backs: u64,
-    /// Built values that could not be serialized or written (the lookup still succeeds).
-    pub write_back_failures: u64,
-}
-
-crate::stats::events!(TieredStats {
-    disk_hits,
-    disk_misses,
-    remote_hits,
-    disk_absent,
-    disk_errors,
-    load_failures,
-    builds,
-    write_backs,
-    write_back_failures,
-});
 
 impl TieredStats {
     /// `disk_hits / (disk_hits + disk_misses)`: the share of memory misses the disk tier
@@ -172,19 +151,11 @@ where
     }
 
     fn raw_stats(&self) -> TieredStats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counted = self.counters.snapshot();
         TieredStats {
-            disk_hits: get(&c.disk_hits),
             // Every L1 miss the disk does not answer is loaded from the remote or built.
-            disk_misses: get(&c.builds) + get(&c.remote_hits),
-            remote_hits: get(&c.remote_hits),
-            disk_absent: get(&c.disk_absent),
-            disk_errors: get(&c.disk_errors),
-            load_failures: get(&c.load_failures),
-            builds: get(&c.builds),
-            write_backs: get(&c.write_backs),
-            write_back_failures: get(&c.write_back_failures),
+            disk_misses: counted.builds + counted.remote_hits,
+            ..counted
         }
     }
 

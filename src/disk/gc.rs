@@ -21,25 +21,27 @@ use crate::error::{Error, Result};
 /// longer than any write takes, so `gc` never pulls a file from under a live writer.
 pub const DEFAULT_TEMP_MAX_AGE: Duration = Duration::from_secs(15 * 60);
 
-/// What one `gc` run removed, by reason, and how many entries it kept.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GcReport {
-    pub temp_files: u64,
-    pub stale_schema: u64,
-    pub stale_fingerprint: u64,
-    pub corrupt: u64,
-    pub kept: u64,
-    pub bytes_freed: u64,
-    /// Lock files nobody held (left by processes that died building), and anything but a
-    /// regular file at a lock file's name (a directory with everything in it); held ones are
-    /// kept.
-    pub lock_files: u64,
-    /// Entries of format 1: reads accept them, but they carry no descriptor, so `gc` removes
-    /// them and the next build writes them again with one.
-    pub old_format: u64,
-    /// Files and directories that should have gone but could not be removed (a directory
-    /// tree too deep, a permission error, …): left in place.
-    pub undeletable: u64,
+crate::stats::statistics! {
+    /// What one `gc` run removed, by reason, and how many entries it kept.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct GcReport {
+        event temp_files,
+        event stale_schema,
+        event stale_fingerprint,
+        event corrupt,
+        event kept,
+        event bytes_freed,
+        /// Lock files nobody held (left by processes that died building), and anything but a
+        /// regular file at a lock file's name (a directory with everything in it); held ones are
+        /// kept.
+        event lock_files,
+        /// Entries of format 1: reads accept them, but they carry no descriptor, so `gc` removes
+        /// them and the next build writes them again with one.
+        event old_format,
+        /// Files and directories that should have gone but could not be removed (a directory
+        /// tree too deep, a permission error, …): left in place.
+        event undeletable,
+    }
 }
 
 enum Verdict {

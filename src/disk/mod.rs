@@ -47,7 +47,6 @@ mod writer;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub(crate) use budget::one_lookup;
@@ -76,7 +75,7 @@ use crate::key::{Key, hex, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
 use crate::remote::{Remote, RemoteStats};
-use crate::stats::Baseline;
+use crate::stats::{Baseline, Live, bump};
 use format::{TAG_LEN, Tagger};
 
 /// The persistent tiers, open: the disk tier and, when configured (`remote` in its
@@ -118,98 +117,64 @@ struct Inner {
     remote: Option<Arc<Remote>>,
 }
 
-#[derive(Default)]
-struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    puts: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
-    integrity_rejects: AtomicU64,
-    io_errors: AtomicU64,
-    evictions: AtomicU64,
-    removes: AtomicU64,
-    load_failures: AtomicU64,
-    lock_waits: AtomicU64,
-    lock_timeouts: AtomicU64,
-    lock_takeovers: AtomicU64,
-    failed_writes: AtomicU64,
-    // Received from the caches in front of the tier, for the directory's counters only.
-    memory_hits: AtomicU64,
-    memory_misses: AtomicU64,
-    builds: AtomicU64,
+crate::stats::statistics! {
+    /// Counters since this `Persistence` was opened or its statistics last reset (per process),
+    /// plus what its index knows of the directory. `pending_writes`, `entries`, `bytes` and
+    /// `scan_complete` are gauges, never reset. The directory's counters, all processes
+    /// together, are [`Persistence::directory_stats`].
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct DiskStats {
+        counted hits,
+        /// Every `get` that returned no entry: absent, rejected or failed.
+        counted misses,
+        counted puts,
+        counted bytes_read,
+        counted bytes_written,
+        /// Entries refused by a read (bad tag, wrong key, truncated, too large, symlink,
+        /// directory, …) and removed, and directories a write found at its entry's name and
+        /// moved aside (then removed).
+        counted integrity_rejects,
+        counted io_errors,
+        /// Entries removed by the size cap.
+        counted evictions,
+        /// Entries removed by `remove`.
+        counted removes,
+        /// Entries that verified but that the backend could not load (a driver update changed
+        /// what it accepts, …), removed by `discard_unloadable`.
+        counted load_failures,
+        /// Misses that waited for another process building the same entry (its lock), then
+        /// read what it published or, when it failed or died, built.
+        counted lock_waits,
+        /// Waits that reached the lock timeout; each of those misses built without waiting more.
+        counted lock_timeouts,
+        /// Misses that took the build over from a process that died building (its lock released
+        /// without an entry) or stopped (its heartbeat stood still for the liveness window): they
+        /// built.
+        counted lock_takeovers,
+        /// Background writes queued, held back or running now.
+        gauge pending_writes,
+        /// Background writes that failed: the value could not be serialized or written (the
+        /// caller had its value already; the next process builds it again).
+        counted failed_writes,
+        /// Entry files and their bytes, as far as the index knows: complete once
+        /// `scan_complete`, and then exact while no call is in flight and no other process
+        /// changes the directory.
+        gauge entries,
+        gauge bytes,
+        /// Whether the scan of the directory that `open` starts has finished
+        /// ([`Persistence::wait_scan`] waits for it).
+        gauge scan_complete: bool,
+        /// The remote tier's counters ([`Persistence::remote_stats`]); `None` without one.
+        gauge remote: Option<RemoteStats>,
+    }
+    /// What the tier counts, as it happens.
+    live struct Counters {
+        // Received from the caches in front of the tier, for the directory's counters only.
+        memory_hits,
+        memory_misses,
+        builds,
+    }
 }
-
-fn bump(counter: &AtomicU64, by: u64) {
-    counter.fetch_add(by, Ordering::Relaxed);
-}
-
-/// Counters since this `Persistence` was opened or its statistics last reset (per process),
-/// plus what its index knows of the directory. `pending_writes`, `entries`, `bytes` and
-/// `scan_complete` are gauges, never reset. The directory's counters, all processes
-/// together, are [`Persistence::directory_stats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DiskStats {
-    pub hits: u64,
-    /// Every `get` that returned no entry: absent, rejected or failed.
-    pub misses: u64,
-    pub puts: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    /// Entries refused by a read (bad tag, wrong key, truncated, too large, symlink,
-    /// directory, …) and removed, and directories a write found at its entry's name and
-    /// moved aside (then removed).
-    pub integrity_rejects: u64,
-    pub io_errors: u64,
-    /// Entries removed by the size cap.
-    pub evictions: u64,
-    /// Entries removed by `remove`.
-    pub removes: u64,
-    /// Entries that verified but that the backend could not load (a driver update changed
-    /// what it accepts, …), removed by `discard_unloadable`.
-    pub load_failures: u64,
-    /// Misses that waited for another process building the same entry (its lock), then
-    /// read what it published or, when it failed or died, built.
-    pub lock_waits: u64,
-    /// Waits that reached the lock timeout; each of those misses built without waiting more.
-    pub lock_timeouts: u64,
-    /// Misses that took the build over from a process that died building (its lock released
-    /// without an entry) or stopped (its heartbeat stood still for the liveness window): they
-    /// built.
-    pub lock_takeovers: u64,
-    /// Background writes queued, held back or running now.
-    pub pending_writes: u64,
-    /// Background writes that failed: the value could not be serialized or written (the
-    /// caller had its value already; the next process builds it again).
-    pub failed_writes: u64,
-    /// Entry files and their bytes, as far as the index knows: complete once
-    /// `scan_complete`, and then exact while no call is in flight and no other process
-    /// changes the directory.
-    pub entries: u64,
-    pub bytes: u64,
-    /// Whether the scan of the directory that `open` starts has finished
-    /// ([`Persistence::wait_scan`] waits for it).
-    pub scan_complete: bool,
-    /// The remote tier's counters ([`Persistence::remote_stats`]); `None` without one.
-    pub remote: Option<RemoteStats>,
-}
-
-crate::stats::events!(DiskStats {
-    hits,
-    misses,
-    puts,
-    bytes_read,
-    bytes_written,
-    integrity_rejects,
-    io_errors,
-    evictions,
-    removes,
-    load_failures,
-    lock_waits,
-    lock_timeouts,
-    lock_takeovers,
-    failed_writes,
-});
 
 impl DiskStats {
     /// `hits / (hits + misses)`; `None` before the first read.
@@ -424,30 +389,15 @@ const ENTRY_NAME_LEN: usize = 16 + 1 + 64 + ENTRY_SUFFIX.len();
 
 impl Inner {
     fn stats(&self) -> DiskStats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let (usage, scan_complete) = self.index.known_usage();
         DiskStats {
-            hits: get(&c.hits),
-            misses: get(&c.misses),
-            puts: get(&c.puts),
-            bytes_read: get(&c.bytes_read),
-            bytes_written: get(&c.bytes_written),
-            integrity_rejects: get(&c.integrity_rejects),
-            io_errors: get(&c.io_errors),
-            evictions: get(&c.evictions),
-            removes: get(&c.removes),
-            load_failures: get(&c.load_failures),
-            lock_waits: get(&c.lock_waits),
-            lock_timeouts: get(&c.lock_timeouts),
-            lock_takeovers: get(&c.lock_takeovers),
             pending_writes: self.writer.pending(),
-            failed_writes: get(&c.failed_writes),
             entries: usage.entries,
             bytes: usage.bytes,
             scan_complete,
             // Reset with this tier's counters, by its own baseline.
             remote: self.remote.as_ref().map(|r| r.stats()),
+            ..self.counters.snapshot()
         }
     }
 

@@ -215,19 +215,7 @@ fn current(inner: &Inner) -> DirectoryCounters {
         lock_timeouts: get(&c.lock_timeouts),
         lock_takeovers: get(&c.lock_takeovers),
         failed_writes: get(&c.failed_writes),
-        remote_hits: r.hits,
-        remote_misses: r.misses,
-        remote_rejects: r.rejects,
-        remote_errors: r.errors,
-        remote_timeouts: r.timeouts,
-        remote_skipped: r.skipped,
-        remote_breaker_trips: r.breaker_trips,
-        remote_leases: r.leases,
-        remote_lease_waits: r.lease_waits,
-        remote_lease_timeouts: r.lease_timeouts,
-        remote_puts: r.puts,
-        remote_bytes_read: r.bytes_read,
-        remote_bytes_written: r.bytes_written,
+        ..crate::remote::flattened!(DirectoryCounters, r)
     }
 }
 
@@ -549,6 +537,34 @@ mod tests {
         let c = CounterRecord::decode(&full.encode()).unwrap().counters();
         assert_eq!(c.remote_hits, first as u64 + 1);
         assert_eq!(c.remote_bytes_written, DirectoryCounters::LEN as u64);
+    }
+
+    #[test]
+    fn the_remote_tiers_counters_land_in_their_own_fields() {
+        let remote = crate::remote::RemoteStats {
+            hits: 1,
+            misses: 2,
+            rejects: 3,
+            errors: 4,
+            timeouts: 5,
+            skipped: 6,
+            breaker_trips: 7,
+            leases: 8,
+            lease_waits: 9,
+            lease_timeouts: 10,
+            puts: 11,
+            bytes_read: 12,
+            bytes_written: 13,
+            breaker_open: true,
+        };
+        let named = crate::remote::flattened!(DirectoryCounters, remote).named();
+        let (flat, rest): (Vec<_>, Vec<_>) = named
+            .iter()
+            .partition(|(name, _)| name.starts_with("remote_"));
+        // In the remote tier's order, each from its own counter; nothing else touched.
+        let values: Vec<u64> = flat.iter().map(|&(_, v)| v).collect();
+        assert_eq!(values, (1..=13).collect::<Vec<u64>>());
+        assert!(rest.iter().all(|&(_, v)| v == 0), "{rest:?}");
     }
 
     #[test]

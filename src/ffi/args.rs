@@ -198,16 +198,19 @@ pub unsafe fn release_lease<H: LeaseHandle>(lease: *mut H) {
 // [`write_sized`] writes outputs.
 
 /// `From<$rust>` for the C statistics struct `$c` that mirrors it: `struct_size` set to the
-/// whole struct, each listed counter copied, and each nested tier's statistics (`into`)
-/// converted to their own C struct.
+/// whole struct, each listed counter copied, each nested tier's statistics (`into`) converted
+/// to their own C struct, and the fields left (`..`) taken from what a function makes of the
+/// Rust statistics.
 macro_rules! c_statistics {
-    ($rust:ty => $c:ident { $($field:ident),+ $(,)? } $(into { $($nested:ident),+ })?) => {
+    ($rust:ty => $c:ident { $($field:ident),+ $(,)? } $(into { $($nested:ident),+ })?
+        $(.. $rest:path)?) => {
         impl From<$rust> for $c {
             fn from(s: $rust) -> Self {
                 $c {
                     struct_size: std::mem::size_of::<$c>(),
                     $($field: s.$field,)+
                     $($($nested: s.$nested.into(),)+)?
+                    $(..$rest(&s))?
                 }
             }
         }

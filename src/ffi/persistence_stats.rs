@@ -94,47 +94,22 @@ pub struct kc_persistence_statistics {
     pub remote_bytes_written: u64,
 }
 
-impl From<DiskStats> for kc_persistence_statistics {
-    fn from(s: DiskStats) -> Self {
-        let r = s.remote.unwrap_or_default();
-        kc_persistence_statistics {
-            struct_size: size_of::<kc_persistence_statistics>(),
-            hits: s.hits,
-            misses: s.misses,
-            puts: s.puts,
-            bytes_read: s.bytes_read,
-            bytes_written: s.bytes_written,
-            integrity_rejects: s.integrity_rejects,
-            io_errors: s.io_errors,
-            evictions: s.evictions,
-            removes: s.removes,
-            load_failures: s.load_failures,
-            entries: s.entries,
-            bytes: s.bytes,
-            scan_complete: s.scan_complete,
-            lock_waits: s.lock_waits,
-            lock_timeouts: s.lock_timeouts,
-            lock_takeovers: s.lock_takeovers,
-            pending_writes: s.pending_writes,
-            failed_writes: s.failed_writes,
-            remote: s.remote.is_some(),
-            remote_hits: r.hits,
-            remote_misses: r.misses,
-            remote_rejects: r.rejects,
-            remote_errors: r.errors,
-            remote_timeouts: r.timeouts,
-            remote_skipped: r.skipped,
-            remote_breaker_trips: r.breaker_trips,
-            remote_breaker_open: r.breaker_open,
-            remote_leases: r.leases,
-            remote_lease_waits: r.lease_waits,
-            remote_lease_timeouts: r.lease_timeouts,
-            remote_puts: r.puts,
-            remote_bytes_read: r.bytes_read,
-            remote_bytes_written: r.bytes_written,
-        }
+/// The remote tier's fields of `kc_persistence_statistics` (zero without one); the others
+/// default.
+fn remote_fields(s: &DiskStats) -> kc_persistence_statistics {
+    let r = s.remote.unwrap_or_default();
+    kc_persistence_statistics {
+        remote: s.remote.is_some(),
+        remote_breaker_open: r.breaker_open,
+        ..crate::remote::flattened!(kc_persistence_statistics, r)
     }
 }
+
+c_statistics!(DiskStats => kc_persistence_statistics {
+    hits, misses, puts, bytes_read, bytes_written, integrity_rejects, io_errors, evictions,
+    removes, load_failures, entries, bytes, scan_complete, lock_waits, lock_timeouts,
+    lock_takeovers, pending_writes, failed_writes,
+} ..remote_fields);
 
 /// What one `kc_persistence_gc` removed, by reason.
 #[repr(C)]
@@ -229,4 +204,36 @@ pub unsafe extern "C" fn kc_persistence_stats(
 pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persistence) -> kc_status {
     // SAFETY: pointer validity is the caller's contract, NULLs are checked.
     guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::reset_stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::RemoteStats;
+
+    #[test]
+    fn disk_and_remote_counters_land_in_their_own_fields() {
+        let remote = RemoteStats {
+            hits: 7,
+            bytes_written: 9,
+            breaker_open: true,
+            ..RemoteStats::default()
+        };
+        let c = kc_persistence_statistics::from(DiskStats {
+            hits: 3,
+            failed_writes: 4,
+            scan_complete: true,
+            remote: Some(remote),
+            ..DiskStats::default()
+        });
+        assert_eq!(c.struct_size, size_of::<kc_persistence_statistics>());
+        assert_eq!((c.hits, c.failed_writes, c.scan_complete), (3, 4, true));
+        assert_eq!(
+            (c.remote, c.remote_hits, c.remote_bytes_written),
+            (true, 7, 9)
+        );
+        assert!(c.remote_breaker_open);
+        let alone = kc_persistence_statistics::from(DiskStats::default());
+        assert_eq!((alone.remote, alone.remote_hits), (false, 0));
+    }
 }

@@ -59,7 +59,6 @@ use hashbrown::HashTable;
 pub use entry::{Entry, Lease};
 pub(crate) use metrics::Made;
 pub use stats::Stats;
-pub(crate) use stats::counters;
 
 use flight::Flight;
 use metrics::MemorySource;

@@ -1,7 +1,6 @@
 //! The CUDA module cache: the caller's context, PTX and JIT options in, a loaded `CUmodule`
 //! out, through a lease on the memory tier, with the linked cubins on disk.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::driver::{CUcontext, CUdevice, Driver};
@@ -10,11 +9,12 @@ use super::module::Context;
 // Also where the test helpers find it.
 pub(super) use super::module::ModuleLease;
 use super::nvrtc::Nvrtc;
-use super::runtime::{Counters, Cuda, Input, Source, picked_arch};
+use super::runtime::{Cuda, Input, Source, picked_arch};
 use crate::backend::handle_cache::{HandleCache, common_calls};
 use crate::disk::{DiskStats, Persistence};
 use crate::error::{Error, Result};
 use crate::memory;
+use crate::stats::Live;
 
 /// Where a cache gets its driver and its disk tier.
 #[derive(Default)]
@@ -30,30 +30,34 @@ pub struct CudaOptions {
     pub nvrtc: Option<Arc<Nvrtc>>,
 }
 
-/// Counters of a [`CudaCache`]: the memory tier's plus where each module came from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CudaStats {
-    pub memory: memory::Stats,
-    /// PTX linked into a cubin (`cuLinkCreate` … `cuLinkComplete`).
-    pub links: u64,
-    /// Links that failed (bad PTX, bad options); the caller got [`Error::Build`].
-    pub link_failures: u64,
-    /// Modules loaded from a stored cubin (the disk tier's or the remote tier's) without any
-    /// PTX JIT.
-    pub cubin_loads: u64,
-    /// Disk cubins the driver refused; each was removed and the PTX linked again.
-    pub cubins_rejected: u64,
-    pub disk_hits: u64,
-    pub disk_misses: u64,
-    /// Disk reads or writes that failed; the lookup went on without the disk.
-    pub disk_errors: u64,
-    /// CUDA C++ sources compiled to PTX by NVRTC.
-    pub nvrtc_compiles: u64,
-    /// NVRTC compiles that failed; the caller got [`Error::Build`].
-    pub nvrtc_failures: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
-    /// all zero without a disk tier. A disk tier shared with other caches counts for all.
-    pub disk: DiskStats,
+crate::stats::statistics! {
+    /// Counters of a [`CudaCache`]: the memory tier's plus where each module came from.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct CudaStats {
+        nested memory: memory::Stats,
+        /// PTX linked into a cubin (`cuLinkCreate` … `cuLinkComplete`).
+        counted links,
+        /// Links that failed (bad PTX, bad options); the caller got [`Error::Build`].
+        counted link_failures,
+        /// Modules loaded from a stored cubin (the disk tier's or the remote tier's) without any
+        /// PTX JIT.
+        event cubin_loads,
+        /// Disk cubins the driver refused; each was removed and the PTX linked again.
+        event cubins_rejected,
+        event disk_hits,
+        event disk_misses,
+        /// Disk reads or writes that failed; the lookup went on without the disk.
+        event disk_errors,
+        /// CUDA C++ sources compiled to PTX by NVRTC.
+        counted nvrtc_compiles,
+        /// NVRTC compiles that failed; the caller got [`Error::Build`].
+        counted nvrtc_failures,
+        /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
+        /// all zero without a disk tier. A disk tier shared with other caches counts for all.
+        nested disk: DiskStats,
+    }
+    /// The driver calls the cache counts, zeroed by [`CudaCache::reset_stats`].
+    live pub(super) struct Counters;
 }
 
 impl CudaStats {
@@ -227,31 +231,20 @@ impl CudaCache {
     /// caches is reset for them too); gauges (entries, leases, pending writes) stay.
     pub fn reset_stats(&self) {
         self.cache.reset_stats();
-        let c = &self.cache.runtime().counters;
-        crate::stats::zero(&[
-            &c.links,
-            &c.link_failures,
-            &c.nvrtc_compiles,
-            &c.nvrtc_failures,
-        ]);
+        self.cache.runtime().counters.zero();
     }
 
     pub fn stats(&self) -> CudaStats {
-        let c = &self.cache.runtime().counters;
-        let get = |v: &AtomicU64| v.load(Ordering::Relaxed);
         let tiers = self.cache.stats();
         CudaStats {
             memory: tiers.memory,
-            links: get(&c.links),
-            link_failures: get(&c.link_failures),
             cubin_loads: tiers.loads,
             cubins_rejected: tiers.rejected,
             disk_hits: tiers.disk_hits,
             disk_misses: tiers.disk_misses,
             disk_errors: tiers.disk_errors,
-            nvrtc_compiles: get(&c.nvrtc_compiles),
-            nvrtc_failures: get(&c.nvrtc_failures),
             disk: tiers.disk,
+            ..self.cache.runtime().counters.snapshot()
         }
     }
 }

@@ -6,6 +6,7 @@ use std::ffi::c_uint;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::cache::Counters;
 use super::driver::{CUcontext, CUdevice, CUmodule, CUresult, Driver};
 use super::jit::JitOption;
 use super::module::{Context, Module};
@@ -14,7 +15,7 @@ use crate::backend::handle_cache::{Compiled, Registered, Runtime};
 use crate::disk::Descriptor;
 use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
-use crate::memory::{Built, counters};
+use crate::memory::Built;
 use crate::metrics::Backend;
 
 /// What a module is built from.
@@ -43,10 +44,6 @@ pub(crate) struct ContextInfo {
     pub(super) device: CUdevice,
     device_name: String,
     capability: (i32, i32),
-}
-
-counters! {
-    pub(super) struct Counters { links, link_failures, nvrtc_compiles, nvrtc_failures }
 }
 
 /// The driver calls of the cache: a context's device, PTX (or NVRTC) and link, cubin load.

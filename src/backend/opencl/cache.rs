@@ -19,25 +19,27 @@ use crate::metrics::Backend;
 /// on it is held, even across eviction.
 pub type ProgramLease = Lease<Vec<u8>, Program>;
 
-/// Counters of an [`OpenClCache`]: the memory tier's plus where each built program came from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct OpenClStats {
-    pub memory: memory::Stats,
-    /// Programs compiled from source (`clBuildProgram` on a source program), those built on
-    /// PoCL for another process's entry (a sibling, see `docs/opencl.md`) included.
-    pub source_builds: u64,
-    /// Programs loaded from a stored binary, the disk tier's or the remote tier's
-    /// (`clCreateProgramWithBinary` + `clBuildProgram`).
-    pub binary_loads: u64,
-    /// Disk binaries the driver refused; each was removed and the source built instead.
-    pub binaries_rejected: u64,
-    pub disk_hits: u64,
-    pub disk_misses: u64,
-    /// Disk reads or writes that failed; the lookup went on without the disk.
-    pub disk_errors: u64,
-    /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
-    /// all zero without a disk tier. A disk tier shared with other caches counts for all.
-    pub disk: DiskStats,
+crate::stats::statistics! {
+    /// Counters of an [`OpenClCache`]: the memory tier's plus where each built program came from.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct OpenClStats {
+        nested memory: memory::Stats,
+        /// Programs compiled from source (`clBuildProgram` on a source program), those built on
+        /// PoCL for another process's entry (a sibling, see `docs/opencl.md`) included.
+        event source_builds,
+        /// Programs loaded from a stored binary, the disk tier's or the remote tier's
+        /// (`clCreateProgramWithBinary` + `clBuildProgram`).
+        event binary_loads,
+        /// Disk binaries the driver refused; each was removed and the source built instead.
+        event binaries_rejected,
+        event disk_hits,
+        event disk_misses,
+        /// Disk reads or writes that failed; the lookup went on without the disk.
+        event disk_errors,
+        /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
+        /// all zero without a disk tier. A disk tier shared with other caches counts for all.
+        nested disk: DiskStats,
+    }
 }
 
 impl OpenClStats {

@@ -19,6 +19,7 @@ use crate::disk::{Persistence, Reported, Reporter};
 use crate::key::Key;
 use crate::memory::{Lease, Options};
 use crate::metrics::Backend;
+use crate::stats::Live;
 use crate::{BuildError, Error, Result};
 
 /// A lease on a cached pipeline; the pipeline lives at least as long as the lease.
@@ -326,15 +327,18 @@ impl VulkanCache {
     /// shared with other caches is reset for them too); gauges stay.
     pub fn reset_stats(&self) {
         self.cache.memory().reset_stats();
-        self.counters().reset();
+        self.counters().zero();
         if let Some(disk) = &self.disk {
             disk.reset_stats();
         }
     }
 
     pub fn stats(&self) -> VulkanStats {
-        let disk = self.disk.as_ref().map(|d| d.stats()).unwrap_or_default();
-        self.counters().stats(self.cache.memory().stats(), disk)
+        VulkanStats {
+            memory: self.cache.memory().stats(),
+            disk: self.disk.as_ref().map(|d| d.stats()).unwrap_or_default(),
+            ..self.counters().snapshot()
+        }
     }
 }
 

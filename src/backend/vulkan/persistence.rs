@@ -98,7 +98,7 @@ pub(super) fn create_pipeline_cache(
         remote: None,
     };
     if blob.is_none() && disk.is_some() {
-        bump(&counters.data_missing);
+        bump(&counters.cache_data_missing);
     }
     let mut seed = blob.and_then(|data| checked(counters, data, identity));
     if seed.is_none() {
@@ -115,7 +115,7 @@ pub(super) fn create_pipeline_cache(
     match unsafe { fns.create_pipeline_cache(&info, None) } {
         Ok(cache) => {
             if !initial.is_empty() {
-                bump(&counters.data_loaded);
+                bump(&counters.cache_data_loaded);
             }
             Ok(Created {
                 cache,
@@ -125,7 +125,7 @@ pub(super) fn create_pipeline_cache(
         }
         Err(_) if !initial.is_empty() => {
             // The driver refused data whose header matched: a miss like any other.
-            bump(&counters.data_rejected);
+            bump(&counters.cache_data_rejected);
             let empty = vk::PipelineCacheCreateInfo::default();
             // SAFETY: as above, with no initial data.
             let cache = unsafe { fns.create_pipeline_cache(&empty, None) }
@@ -145,7 +145,7 @@ fn checked(counters: &Counters, data: Vec<u8>, identity: &CacheIdentity) -> Opti
     if header::check(&data, identity).is_ok() {
         Some(data)
     } else {
-        bump(&counters.data_rejected);
+        bump(&counters.cache_data_rejected);
         None
     }
 }
@@ -222,7 +222,7 @@ fn write_data(
                 bump(&counters.disk_errors);
             })?;
         stored.disk = written;
-        bump(&counters.data_written);
+        bump(&counters.cache_data_written);
     }
     if shares && written != stored.remote {
         // Off the caller's path, as every remote write; the size limit is the remote's.
@@ -255,7 +255,7 @@ fn merge_new(
         // If merging added nothing of ours, the stored blob already says it all.
         *seen = found;
     } else {
-        bump(&counters.data_rejected);
+        bump(&counters.cache_data_rejected);
     }
     Ok(())
 }
@@ -264,7 +264,7 @@ fn merge(counters: &Counters, d: &ash::Device, into: vk::PipelineCache, data: &[
     let info = vk::PipelineCacheCreateInfo::default().initial_data(data);
     // SAFETY: live device; `data`'s header names this device (checked by the caller).
     let Ok(theirs) = (unsafe { d.create_pipeline_cache(&info, None) }) else {
-        bump(&counters.data_rejected);
+        bump(&counters.cache_data_rejected);
         return Ok(());
     };
     // SAFETY: both caches belong to the live device; `theirs` is used by nobody else.
@@ -272,6 +272,6 @@ fn merge(counters: &Counters, d: &ash::Device, into: vk::PipelineCache, data: &[
     // SAFETY: `theirs` was created above and is no longer needed.
     unsafe { d.destroy_pipeline_cache(theirs, None) };
     merged.map_err(|r| backend_error("vkMergePipelineCaches", r))?;
-    bump(&counters.data_merged);
+    bump(&counters.cache_data_merged);
     Ok(())
 }

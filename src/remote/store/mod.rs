@@ -14,37 +14,15 @@ mod resolve;
 /// cbindgen:ignore
 pub mod resp;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use breaker::{Breaker, Change};
 pub use lease::LEASE_TTL;
 pub(crate) use lease::LeaseGuard;
 
-use super::{RemoteConfig, RemoteStats};
+use super::{Counters, RemoteConfig, RemoteStats};
 use crate::log::{self, Warning};
-use crate::stats::Baseline;
-
-#[derive(Default)]
-struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
-    rejects: AtomicU64,
-    errors: AtomicU64,
-    timeouts: AtomicU64,
-    skipped: AtomicU64,
-    breaker_trips: AtomicU64,
-    leases: AtomicU64,
-    lease_waits: AtomicU64,
-    lease_timeouts: AtomicU64,
-    puts: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
-}
-
-fn bump(counter: &AtomicU64, by: u64) {
-    counter.fetch_add(by, Ordering::Relaxed);
-}
+use crate::stats::{Baseline, Live, bump};
 
 /// An open remote tier (connections are made on first use, so opening never waits).
 pub(crate) struct Remote {
@@ -96,23 +74,9 @@ impl Remote {
 
     /// The counters since the remote was opened, whatever `reset_stats` did.
     pub(crate) fn raw_stats(&self) -> RemoteStats {
-        let c = &self.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RemoteStats {
-            hits: get(&c.hits),
-            misses: get(&c.misses),
-            rejects: get(&c.rejects),
-            errors: get(&c.errors),
-            timeouts: get(&c.timeouts),
-            skipped: get(&c.skipped),
-            breaker_trips: get(&c.breaker_trips),
-            leases: get(&c.leases),
-            lease_waits: get(&c.lease_waits),
-            lease_timeouts: get(&c.lease_timeouts),
-            puts: get(&c.puts),
-            bytes_read: get(&c.bytes_read),
-            bytes_written: get(&c.bytes_written),
             breaker_open: self.breaker.is_open(),
+            ..self.counters.snapshot()
         }
     }
 
