@@ -112,5 +112,14 @@ fn ratios() {
 }
 
 fn main() {
+    // `KCACHE_BENCH_OPS=<n>`: only `n` memory hits, for an instruction counter
+    // (`scripts/hit-compare`).
+    if let Ok(ops) = std::env::var("KCACHE_BENCH_OPS") {
+        let s = setup();
+        (0..ops.parse::<u32>().unwrap()).for_each(|_| {
+            black_box(kcache_hit(&s));
+        });
+        return;
+    }
     kcache_testkit::bench::main(benches, ratios);
 }

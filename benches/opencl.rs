@@ -304,5 +304,12 @@ fn main() {
         child(mode, iters, Path::new(&dir), &remote);
         return;
     }
+    // `KCACHE_BENCH_OPS=<n>`: only `n` memory hits, for an instruction counter
+    // (`scripts/hit-compare`).
+    if let Ok(ops) = std::env::var("KCACHE_BENCH_OPS") {
+        let warm = MemoryHit::new();
+        (0..ops.parse::<u32>().unwrap()).for_each(|_| warm.hit());
+        return;
+    }
     kcache_testkit::bench::main(benches, ratios);
 }

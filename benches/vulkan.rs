@@ -105,5 +105,13 @@ fn ratio_table() {
 criterion_group!(benches, pipelines);
 
 fn main() {
+    // `KCACHE_BENCH_OPS=<n>`: only `n` memory hits, for an instruction counter
+    // (`scripts/hit-compare`).
+    if let Ok(ops) = std::env::var("KCACHE_BENCH_OPS") {
+        let s = setup();
+        (0..ops.parse::<u32>().unwrap()).for_each(|_| hit(&s));
+        s.cache.unregister_device(&s.device).unwrap();
+        return;
+    }
     kcache_testkit::bench::main(benches, ratio_table);
 }
