@@ -157,7 +157,10 @@ impl<R: Runtime> HandleCache<R> {
     }
 
     /// The value for `input` on `handle`, registering `handle` on first sight: from memory,
-    /// else from disk, else built; concurrent misses on one value share one build.
+    /// else from disk, else built; concurrent misses on one value share one build. Inline, as
+    /// the memory tier's hit path is: in another codegen unit than its caller, a hit paid for a
+    /// call and a copy of `input`.
+    #[inline]
     pub fn find_or_build(&self, handle: R::Handle, input: R::Input<'_>) -> Result<ValueLease<R>> {
         let mut key = KEY_BUFFER.take();
         // A hit touches neither the registration's reference count nor any other shared word.
