@@ -211,11 +211,11 @@ fn six_processes_starting_at_once_compile_once() {
         assert_eq!(output.stdout, plain.stdout);
     }
     let counters = setup.counters();
-    // One compile, and on PoCL one more when a process waited for it: the sibling build
-    // whose binary the waiting processes are given (docs/node.md).
-    assert_eq!(
-        counters.builds,
-        1 + u64::from(counters.lock_waits > 0),
+    // One compile. On PoCL a process that waits for it may cost one more, the sibling build
+    // whose binary the waiting processes are given (docs/node.md); none when the first process
+    // reached its flush before it saw the wait, and wrote its own program's binary then.
+    assert!(
+        counters.builds == 1 || (counters.lock_waits > 0 && counters.builds == 2),
         "one compile for six processes: {counters:?}"
     );
     assert_eq!(counters.disk_hits, 5, "the others read it: {counters:?}");
