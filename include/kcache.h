@@ -1222,8 +1222,9 @@ enum kc_status kc_vulkan_cache_register_device(struct kc_vulkan_cache *cache,
 // hold: release them before destroying the device. The teardown happens whatever the status (a
 // failed write-back is reported). NULL `device` is a no-op.
 //
-// The handle stays allocated until the cache is freed: a later call with it (a lookup, a
-// flush, unregistering it again) is `KC_ERR_DEVICE_DESTROYED`. Once the cache is freed, `cache` may be anything: a
+// No other call may pass `device` while this one runs. The handle stays allocated until the
+// cache is freed: a later call with it (a lookup, a flush, unregistering it again) is
+// `KC_ERR_DEVICE_DESTROYED`. Once the cache is freed, `cache` may be anything: a
 // handle still registered then is just freed.
 enum kc_status kc_vulkan_cache_unregister_device(struct kc_vulkan_cache *cache,
                                                  struct kc_vulkan_device *device,

@@ -22,7 +22,6 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::disk::{
@@ -33,7 +32,7 @@ use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
 use crate::remote::{Flight, LeaseGuard};
-use crate::stats::{Baseline, Live};
+use crate::stats::{Baseline, Live, bump};
 
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {
@@ -85,10 +84,6 @@ impl TieredStats {
     pub fn hit_rate(&self) -> Option<f64> {
         crate::stats::hit_rate(self.disk_hits, self.disk_misses)
     }
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 impl<K, V> TieredCache<K, V>
@@ -303,7 +298,7 @@ where
                 }
                 _ => (None, None),
             };
-            bump(&self.counters.builds);
+            bump(&self.counters.builds, 1);
             if let Some(disk) = self.disk {
                 // For the directory's counters: a miss, so no hit pays for it.
                 disk.record(Reported {
@@ -350,11 +345,12 @@ where
                         // The entry is in the remote now (or will not be): other nodes
                         // waiting for it read it (or build).
                         drop(remote_lease);
-                        bump(if written {
+                        let counter = if written {
                             &counters.write_backs
                         } else {
                             &counters.write_back_failures
-                        })
+                        };
+                        bump(counter, 1);
                     });
                 }
                 Err(e) => {
@@ -365,7 +361,7 @@ where
                             e.message
                         )
                     });
-                    bump(&self.counters.write_back_failures);
+                    bump(&self.counters.write_back_failures, 1);
                     if let Some(lock) = lock {
                         lock.abandon();
                     }
@@ -381,7 +377,7 @@ where
         l2_key()
             .inspect_err(|e| {
                 log::debug(|| format!("disk skipped: the disk key cannot be made: {e}"));
-                bump(&self.counters.disk_errors);
+                bump(&self.counters.disk_errors, 1);
             })
             .ok()
     }
@@ -431,11 +427,11 @@ where
             Ok(Some(entry)) => entry,
             // A corrupt entry was removed by the disk tier: as good as absent.
             Ok(None) | Err(Error::Integrity(_)) => {
-                bump(&self.counters.disk_absent);
+                bump(&self.counters.disk_absent, 1);
                 return None;
             }
             Err(_) => {
-                bump(&self.counters.disk_errors);
+                bump(&self.counters.disk_errors, 1);
                 return None;
             }
         };
@@ -456,10 +452,11 @@ where
         let load = load.take()?;
         match load(payload) {
             Ok(value) => {
-                bump(match stored {
+                let counter = match stored {
                     Stored::Disk => &self.counters.disk_hits,
                     Stored::Remote => &self.counters.remote_hits,
-                });
+                };
+                bump(counter, 1);
                 Some(Ok(value))
             }
             Err(e) if e.transient => Some(Err(e)),
@@ -478,10 +475,10 @@ where
                         }
                     )
                 });
-                bump(&self.counters.load_failures);
+                bump(&self.counters.load_failures, 1);
                 // A rebuild overwrites the entry anyway; this only counts as a disk error.
                 if stored == Stored::Disk && disk.discard_unloadable(l2_key).is_err() {
-                    bump(&self.counters.disk_errors);
+                    bump(&self.counters.disk_errors, 1);
                 }
                 None
             }

@@ -205,8 +205,9 @@ pub(super) fn dispatchable<H: Handle>(raw: *mut c_void, name: &str) -> Result<H,
 /// hold: release them before destroying the device. The teardown happens whatever the status (a
 /// failed write-back is reported). NULL `device` is a no-op.
 ///
-/// The handle stays allocated until the cache is freed: a later call with it (a lookup, a
-/// flush, unregistering it again) is `KC_ERR_DEVICE_DESTROYED`. Once the cache is freed, `cache` may be anything: a
+/// No other call may pass `device` while this one runs. The handle stays allocated until the
+/// cache is freed: a later call with it (a lookup, a flush, unregistering it again) is
+/// `KC_ERR_DEVICE_DESTROYED`. Once the cache is freed, `cache` may be anything: a
 /// handle still registered then is just freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_unregister_device(

@@ -4,7 +4,6 @@
 use std::borrow::Cow;
 use std::ffi::c_uint;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::cache::Counters;
 use super::driver::{CUcontext, CUdevice, CUmodule, CUresult, Driver};
@@ -17,6 +16,7 @@ use crate::error::{BuildError, Error, Result};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::Built;
 use crate::metrics::Backend;
+use crate::stats::bump;
 
 /// What a module is built from.
 #[derive(Clone, Copy)]
@@ -191,12 +191,12 @@ impl Cuda {
                 options,
                 nvrtc,
             } => {
-                bump(&self.counters.nvrtc_compiles);
+                bump(&self.counters.nvrtc_compiles, 1);
                 let jit = !input.options.is_empty();
                 let driver = self.driver.version();
                 let compiled = compile_cuda(nvrtc, driver, registered.info(), source, options, jit)
                     .inspect_err(|_| {
-                        bump(&self.counters.nvrtc_failures);
+                        bump(&self.counters.nvrtc_failures, 1);
                     })?;
                 if compiled.is_cubin {
                     // NVRTC's own cubin: no driver JIT, so no PTX version for it to refuse.
@@ -209,7 +209,7 @@ impl Cuda {
                 Cow::Owned(compiled.image)
             }
         };
-        bump(&self.counters.links);
+        bump(&self.counters.links, 1);
         let raw_options: Vec<(c_uint, usize)> = input
             .options
             .iter()
@@ -222,7 +222,7 @@ impl Cuda {
             .driver
             .link_ptx(&ptx, &raw_options)
             .map_err(|(code, log)| {
-                bump(&self.counters.link_failures);
+                bump(&self.counters.link_failures, 1);
                 BuildError::new(code, log)
             })?;
         let raw = self
@@ -248,10 +248,6 @@ impl Cuda {
 /// `CUDA_ERROR_INVALID_PTX` (218) and `CUDA_ERROR_UNSUPPORTED_PTX_VERSION` (222).
 fn refuses_image(code: CUresult) -> bool {
     matches!(code, 200 | 209 | 218 | 222)
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Runs NVRTC for the context's device unless the options pick an architecture (a real one,

@@ -16,9 +16,10 @@ use ash::vk;
 
 use super::device::DeviceState;
 use super::header::{self, CacheIdentity};
-use super::stats::{Counters, bump};
+use super::stats::Counters;
 use crate::disk::{Descriptor, Persistence};
 use crate::key::{Key, KeyBuilder};
+use crate::stats::bump;
 use crate::{Error, Result};
 
 fn backend_error(what: &str, r: vk::Result) -> Error {
@@ -85,7 +86,7 @@ pub(super) fn create_pipeline_cache(
         Some(disk) => match disk.get(key) {
             Ok(entry) => entry.map(crate::disk::Entry::into_payload),
             Err(_) => {
-                bump(&counters.disk_errors);
+                bump(&counters.disk_errors, 1);
                 None
             }
         },
@@ -98,7 +99,7 @@ pub(super) fn create_pipeline_cache(
         remote: None,
     };
     if blob.is_none() && disk.is_some() {
-        bump(&counters.cache_data_missing);
+        bump(&counters.cache_data_missing, 1);
     }
     let mut seed = blob.and_then(|data| checked(counters, data, identity));
     if seed.is_none() {
@@ -115,7 +116,7 @@ pub(super) fn create_pipeline_cache(
     match unsafe { fns.create_pipeline_cache(&info, None) } {
         Ok(cache) => {
             if !initial.is_empty() {
-                bump(&counters.cache_data_loaded);
+                bump(&counters.cache_data_loaded, 1);
             }
             Ok(Created {
                 cache,
@@ -125,7 +126,7 @@ pub(super) fn create_pipeline_cache(
         }
         Err(_) if !initial.is_empty() => {
             // The driver refused data whose header matched: a miss like any other.
-            bump(&counters.cache_data_rejected);
+            bump(&counters.cache_data_rejected, 1);
             let empty = vk::PipelineCacheCreateInfo::default();
             // SAFETY: as above, with no initial data.
             let cache = unsafe { fns.create_pipeline_cache(&empty, None) }
@@ -145,7 +146,7 @@ fn checked(counters: &Counters, data: Vec<u8>, identity: &CacheIdentity) -> Opti
     if header::check(&data, identity).is_ok() {
         Some(data)
     } else {
-        bump(&counters.cache_data_rejected);
+        bump(&counters.cache_data_rejected, 1);
         None
     }
 }
@@ -191,7 +192,7 @@ fn write_data(
     // at once do not each drop the other's pipelines.
     let _merging = disk.lock(&state.disk_key);
     let theirs = disk.get(&state.disk_key).inspect_err(|_| {
-        bump(&counters.disk_errors);
+        bump(&counters.disk_errors, 1);
     })?;
     if let Some(theirs) = theirs {
         let (seen, known) = (&mut stored.disk, stored.remote);
@@ -219,10 +220,10 @@ fn write_data(
     if to_disk {
         disk.put_described(&state.disk_key, &data, build_time, &state.descriptor)
             .inspect_err(|_| {
-                bump(&counters.disk_errors);
+                bump(&counters.disk_errors, 1);
             })?;
         stored.disk = written;
-        bump(&counters.cache_data_written);
+        bump(&counters.cache_data_written, 1);
     }
     if shares && written != stored.remote {
         // Off the caller's path, as every remote write; the size limit is the remote's.
@@ -255,7 +256,7 @@ fn merge_new(
         // If merging added nothing of ours, the stored blob already says it all.
         *seen = found;
     } else {
-        bump(&counters.cache_data_rejected);
+        bump(&counters.cache_data_rejected, 1);
     }
     Ok(())
 }
@@ -264,7 +265,7 @@ fn merge(counters: &Counters, d: &ash::Device, into: vk::PipelineCache, data: &[
     let info = vk::PipelineCacheCreateInfo::default().initial_data(data);
     // SAFETY: live device; `data`'s header names this device (checked by the caller).
     let Ok(theirs) = (unsafe { d.create_pipeline_cache(&info, None) }) else {
-        bump(&counters.cache_data_rejected);
+        bump(&counters.cache_data_rejected, 1);
         return Ok(());
     };
     // SAFETY: both caches belong to the live device; `theirs` is used by nobody else.
@@ -272,6 +273,6 @@ fn merge(counters: &Counters, d: &ash::Device, into: vk::PipelineCache, data: &[
     // SAFETY: `theirs` was created above and is no longer needed.
     unsafe { d.destroy_pipeline_cache(theirs, None) };
     merged.map_err(|r| backend_error("vkMergePipelineCaches", r))?;
-    bump(&counters.cache_data_merged);
+    bump(&counters.cache_data_merged, 1);
     Ok(())
 }

@@ -10,10 +10,11 @@ use ash::vk;
 use super::device::{DeviceFns, DeviceState};
 use super::layout::LayoutDesc;
 use super::spec::PipelineSpec;
-use super::stats::{Counters, bump};
+use super::stats::Counters;
 use crate::BuildError;
 use crate::backend::handle_cache::{Compiled, Destroy};
 use crate::error::DestroyError;
+use crate::stats::bump;
 
 /// Descriptor-set layouts and pipeline layout made from one [`LayoutDesc`] on one device.
 pub(super) struct Layout {
@@ -83,7 +84,7 @@ impl Drop for Pipeline {
             d.destroy_shader_module(self.module, None);
         }
         self.device.live_pipelines.fetch_sub(1, Ordering::Relaxed);
-        bump(&self.counters.pipelines_destroyed);
+        bump(&self.counters.pipelines_destroyed, 1);
     }
 }
 
@@ -296,7 +297,7 @@ fn layout_for(
     // `layout`'s drop destroys the set layouts created so far.
     layout.pipeline_layout =
         unsafe { create_layouts(d, desc, &mut layout.set_layouts, build_error) }?;
-    bump(&counters.layouts_created);
+    bump(&counters.layouts_created, 1);
     let layout = Arc::new(layout);
     layouts.insert(spec.layout_digest, layout.clone());
     Ok(layout)
@@ -333,7 +334,7 @@ pub(super) fn build(
     state.build_nanos.fetch_add(nanos, Ordering::Relaxed);
     state.fns.live_pipelines.fetch_add(1, Ordering::Relaxed);
     state.unsaved.fetch_add(1, Ordering::Relaxed);
-    bump(&counters.pipelines_created);
+    bump(&counters.pipelines_created, 1);
     Ok(Compiled {
         value: Pipeline {
             pipeline,

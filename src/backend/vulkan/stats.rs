@@ -1,8 +1,6 @@
 //! What the Vulkan cache counts: Vulkan objects made and destroyed and pipeline-cache data
 //! moved to and from disk, next to the memory and disk tiers' own counters.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use crate::disk::DiskStats;
 
 crate::stats::statistics! {
@@ -48,8 +46,4 @@ impl VulkanStats {
     pub fn hit_rate(&self) -> Option<f64> {
         self.memory.hit_rate()
     }
-}
-
-pub(super) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
 }
