@@ -334,6 +334,10 @@ typedef struct kc_cuda_cache_statistics {
   uint64_t nvrtc_compiles;
   // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
   uint64_t nvrtc_failures;
+  // CUDA C++ builds kcache could not key (a header it cannot find, a computed `#include`,
+  // an option that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles`
+  // too.
+  uint64_t passed_through;
 } kc_cuda_cache_statistics;
 
 // Receives one message: `level` is one of `KC_LOG_ERROR` … `KC_LOG_DEBUG`, `message` a
@@ -370,6 +374,9 @@ typedef struct kc_opencl_cache_statistics {
   uint64_t disk_misses;
   // Disk reads or writes that failed (the lookup went on without the disk).
   uint64_t disk_errors;
+  // Builds kcache could not key (a header it cannot find, a computed `#include`, an option
+  // that reads a file), compiled and cached nowhere; counted in `source_builds` too.
+  uint64_t passed_through;
 } kc_opencl_cache_statistics;
 
 // How to open the persistent tiers. Start from `kc_persistence_options_default()`. Unset

@@ -17,6 +17,7 @@ pub mod env;
 /// cbindgen:ignore
 pub mod error;
 pub mod ffi;
+mod headers;
 /// cbindgen:ignore
 pub mod key;
 /// cbindgen:ignore

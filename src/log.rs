@@ -221,6 +221,8 @@ pub(crate) enum Warning {
     LockLiveness,
     /// The cache directory's filesystem cannot lock: processes may build the same kernel.
     NoLocks,
+    /// A build from source reads what kcache cannot key: compiled and not cached.
+    PassedThrough,
     /// A remote tier setting cannot be used: the remote tier is off.
     RemoteConfig,
     /// A remote tier duration is not a number: its default is used.

@@ -217,6 +217,7 @@ impl<K, V> TieredCache<K, V> {
                 memory_hits: memory.hits,
                 memory_misses: memory.misses,
                 builds: 0,
+                ..Reported::default()
             },
         );
     }

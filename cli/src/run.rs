@@ -119,10 +119,11 @@ fn print_saved(dir: &Path, before: DirectoryCounters, after: DirectoryCounters) 
     let remote = delta(|c| c.remote_hits);
     let builds = delta(|c| c.builds);
     let waits = delta(|c| c.lock_waits);
+    let passed = delta(|c| c.passed_through);
     eprintln!(
         "kcache run: {} program builds served from the cache ({disk} from disk, {remote} from \
          the remote tier), {builds} compiled, {waits} waited for another process building the \
-         same program; cache {}",
+         same program, {passed} passed through (inputs kcache cannot key); cache {}",
         disk + remote,
         dir.display()
     );

@@ -8,9 +8,12 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::backend::registry::{Registration, Registry};
+use crate::disk::Reported;
 use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
 use crate::error::{BuildError, DestroyError, Error, Result};
+use crate::headers::Unknowable;
 use crate::key::Key;
+use crate::log::{self, Warning};
 use crate::memory::{self, Built, Lease, MemoryCache};
 use crate::metrics::Backend;
 use crate::tiered::TieredCache;
@@ -233,6 +236,39 @@ impl<R: Runtime> HandleCache<R> {
         );
         KEY_BUFFER.set(key);
         found
+    }
+
+    /// Says that a build is passed through because of `why`: once per process in the log, each
+    /// time in the directory's counters.
+    pub fn passed_through(&self, why: &Unknowable) {
+        log::warn_once(Warning::PassedThrough, || {
+            format!(
+                "{}: a build is compiled and not cached, since kcache cannot know all it reads: \
+                 {why}; later ones are counted as passed through, not logged",
+                R::BACKEND.name()
+            )
+        });
+        if let Some(disk) = self.disk() {
+            disk.record(Reported {
+                passed_through: 1,
+                ..Reported::default()
+            });
+        }
+    }
+
+    /// Builds `input` on `handle` and caches it nowhere: for a lookup whose inputs the backend
+    /// cannot key, which no later lookup may be served. The lease is the value's one holder.
+    pub fn build_unlisted(&self, handle: R::Handle, input: R::Input<'_>) -> Result<ValueLease<R>> {
+        let registered = self
+            .registry
+            .get_or_register(handle, || self.runtime.describe(input))?;
+        let compiled = self
+            .runtime
+            .build(&registered, input)
+            .map_err(Error::Build)?;
+        Ok(self
+            .memory()
+            .unlisted(Vec::new(), compiled.value, compiled.weight))
     }
 
     /// Registers a handle whose description the caller made; `Err(info)` when it is

@@ -173,6 +173,7 @@ crate::stats::statistics! {
         memory_hits,
         memory_misses,
         builds,
+        passed_through,
     }
 }
 

@@ -11,6 +11,7 @@ pub(crate) struct Reported {
     pub memory_hits: u64,
     pub memory_misses: u64,
     pub builds: u64,
+    pub passed_through: u64,
 }
 
 /// What a cache in front of a disk tier has reported to it so far, so that it reports only
@@ -34,6 +35,7 @@ impl Reporter {
             memory_hits: new(&self.memory_hits, total.memory_hits),
             memory_misses: new(&self.memory_misses, total.memory_misses),
             builds: new(&self.builds, total.builds),
+            passed_through: 0,
         });
     }
 }
@@ -46,5 +48,6 @@ impl Persistence {
         super::bump(&c.memory_hits, figures.memory_hits);
         super::bump(&c.memory_misses, figures.memory_misses);
         super::bump(&c.builds, figures.builds);
+        super::bump(&c.passed_through, figures.passed_through);
     }
 }

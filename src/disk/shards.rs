@@ -136,6 +136,10 @@ directory_counters! {
     remote_bytes_read,
     /// Bytes written to the remote.
     remote_bytes_written,
+    // Appended to the second layout, as the remote tier's were to the first.
+    /// Builds a backend could not key (a header it cannot find, a computed `#include`, an
+    /// option that reads a file): compiled and cached nowhere.
+    passed_through,
 }
 
 impl DirectoryCounters {
@@ -215,6 +219,7 @@ fn current(inner: &Inner) -> DirectoryCounters {
         lock_timeouts: get(&c.lock_timeouts),
         lock_takeovers: get(&c.lock_takeovers),
         failed_writes: get(&c.failed_writes),
+        passed_through: get(&c.passed_through),
         ..crate::remote::flattened!(DirectoryCounters, r)
     }
 }

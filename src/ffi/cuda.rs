@@ -123,11 +123,15 @@ pub struct kc_cuda_cache_statistics {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
     pub nvrtc_failures: u64,
+    /// CUDA C++ builds kcache could not key (a header it cannot find, a computed `#include`,
+    /// an option that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles`
+    /// too.
+    pub passed_through: u64,
 }
 
 c_statistics!(CudaStats => kc_cuda_cache_statistics {
     links, link_failures, cubin_loads, cubins_rejected, disk_hits, disk_misses,
-    disk_errors, nvrtc_compiles, nvrtc_failures,
+    disk_errors, nvrtc_compiles, nvrtc_failures, passed_through,
 } into { memory });
 
 /// Unbounded memory caps, the default driver and NVRTC.

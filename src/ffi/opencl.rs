@@ -107,10 +107,14 @@ pub struct kc_opencl_cache_statistics {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
+    /// Builds kcache could not key (a header it cannot find, a computed `#include`, an option
+    /// that reads a file), compiled and cached nowhere; counted in `source_builds` too.
+    pub passed_through: u64,
 }
 
 c_statistics!(OpenClStats => kc_opencl_cache_statistics {
     source_builds, binary_loads, binaries_rejected, disk_hits, disk_misses, disk_errors,
+    passed_through,
 } into { memory });
 
 /// Unbounded memory caps.

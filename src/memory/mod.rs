@@ -497,6 +497,24 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
 }
 
 impl<K, V> MemoryCache<K, V> {
+    /// A lease on `value` that no lookup finds: for a value a backend built without caching it
+    /// (a build whose inputs it cannot key), destroyed as every value is, when its last lease
+    /// goes. Counted in no statistics but the leases outstanding.
+    pub(crate) fn unlisted(&self, key: K, value: V, weight: u64) -> Lease<K, V> {
+        let entry = Arc::new(Entry::new(
+            key,
+            value,
+            weight,
+            None,
+            Duration::ZERO,
+            0,
+            Arc::clone(&self.shared),
+        ));
+        entry.linked.store(false, Ordering::Release);
+        self.shared.detach(&entry);
+        Lease::new(entry)
+    }
+
     /// The counters since the cache was created, whatever the resets: what the directory's
     /// persisted counters add up.
     pub(crate) fn raw_stats(&self) -> Stats {

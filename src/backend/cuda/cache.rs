@@ -13,8 +13,9 @@ use super::runtime::{Cuda, Input, Source, picked_arch};
 use crate::backend::handle_cache::{HandleCache, common_calls};
 use crate::disk::{DiskStats, Persistence};
 use crate::error::{Error, Result};
+use crate::headers::{Headers, nvrtc_dirs};
 use crate::memory;
-use crate::stats::Live;
+use crate::stats::{Live, bump};
 
 /// Where a cache gets its driver and its disk tier.
 #[derive(Default)]
@@ -52,6 +53,10 @@ crate::stats::statistics! {
         counted nvrtc_compiles,
         /// NVRTC compiles that failed; the caller got [`Error::Build`].
         counted nvrtc_failures,
+        /// CUDA C++ builds kcache could not key (a header it cannot find, a computed
+        /// `#include`, an option that reads a file, see `docs/cuda.md`), compiled and cached
+        /// nowhere. Counted in `nvrtc_compiles` too.
+        counted passed_through,
         /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
         /// all zero without a disk tier. A disk tier shared with other caches counts for all.
         nested disk: DiskStats,
@@ -139,7 +144,7 @@ impl CudaCache {
         if ptx.is_empty() {
             return Err(Error::InvalidArgument("the PTX is empty".into()));
         }
-        self.lookup(context, Source::Ptx(ptx), options)
+        self.lookup(context, Source::Ptx(ptx), options, true)
     }
 
     /// The module for CUDA C++ `source`, compiled by NVRTC with `nvrtc_options`; otherwise as
@@ -173,19 +178,32 @@ impl CudaCache {
             )));
         }
         let nvrtc = self.nvrtc()?;
+        let (headers, keyed) =
+            match nvrtc_dirs(nvrtc_options).and_then(|dirs| Headers::read(&[source], &dirs, &[])) {
+                Ok(headers) => (headers, true),
+                Err(why) => {
+                    bump(&self.cache.runtime().counters.passed_through, 1);
+                    self.cache.passed_through(&why);
+                    (Headers::default(), false)
+                }
+            };
         let source = Source::Cuda {
             source,
             options: nvrtc_options,
             nvrtc,
+            headers: &headers,
         };
-        self.lookup(context, source, jit_options)
+        self.lookup(context, source, jit_options, keyed)
     }
 
+    /// `keyed` false: the source reads what kcache cannot key, so the module is built and
+    /// cached nowhere.
     fn lookup(
         &self,
         context: Option<Context>,
         source: Source<'_>,
         options: &[JitOption],
+        keyed: bool,
     ) -> Result<ModuleLease> {
         let context = match context {
             Some(context) => context,
@@ -201,7 +219,11 @@ impl CudaCache {
             source,
             options,
         };
-        self.cache.find_or_build(context.raw() as usize, input)
+        if keyed {
+            self.cache.find_or_build(context.raw() as usize, input)
+        } else {
+            self.cache.build_unlisted(context.raw() as usize, input)
+        }
     }
 
     /// Unlinks every module loaded in `context`; each is unloaded (with `context` current) now,

@@ -13,6 +13,7 @@ use super::nvrtc::{Compiled as NvrtcOutput, Nvrtc};
 use crate::backend::handle_cache::{Compiled, Registered, Runtime};
 use crate::disk::Descriptor;
 use crate::error::{BuildError, Error, Result};
+use crate::headers::Headers;
 use crate::key::{Key, KeyBuilder};
 use crate::memory::Built;
 use crate::metrics::Backend;
@@ -26,6 +27,8 @@ pub(super) enum Source<'a> {
         source: &'a str,
         options: &'a [&'a str],
         nvrtc: &'a Nvrtc,
+        /// The headers the source reads, found through the options' `-I` directories.
+        headers: &'a Headers,
     },
 }
 
@@ -96,8 +99,14 @@ impl Runtime for Cuda {
         match input.source {
             Source::Ptx(ptx) => key.extend_from_slice(ptx),
             Source::Cuda {
-                source, options, ..
+                source,
+                options,
+                headers,
+                ..
             } => {
+                if !headers.is_empty() {
+                    key.extend_from_slice(&headers.digest());
+                }
                 append_strings(key, options);
                 key.extend_from_slice(source.as_bytes());
             }
@@ -190,6 +199,7 @@ impl Cuda {
                 source,
                 options,
                 nvrtc,
+                ..
             } => {
                 bump(&self.counters.nvrtc_compiles, 1);
                 let jit = !input.options.is_empty();
@@ -386,7 +396,9 @@ fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<
             source,
             options,
             nvrtc,
+            headers,
         } => {
+            headers.add_to(&mut builder);
             let (major, minor) = nvrtc.version();
             let mut encoded = Vec::new();
             append_strings(&mut encoded, options);

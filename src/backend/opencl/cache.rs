@@ -11,6 +11,7 @@ use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
 use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
 use crate::error::{BuildError, Error, Result};
+use crate::headers::{Headers, Unknowable, opencl_dirs};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
 use crate::metrics::Backend;
@@ -36,6 +37,10 @@ crate::stats::statistics! {
         event disk_misses,
         /// Disk reads or writes that failed; the lookup went on without the disk.
         event disk_errors,
+        /// Builds kcache could not key, compiled from source and cached nowhere: a header it
+        /// cannot find, a computed `#include`, an option that reads a file (see
+        /// `docs/opencl.md`). Counted in `source_builds` too.
+        event passed_through,
         /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
         /// all zero without a disk tier. A disk tier shared with other caches counts for all.
         nested disk: DiskStats,
@@ -69,6 +74,8 @@ pub(crate) struct Input<'a> {
     device: Device,
     sources: &'a [&'a str],
     options: &'a str,
+    /// The headers the sources read, found through the options' `-I` directories.
+    headers: &'a Headers,
 }
 
 /// The OpenCL calls of the cache: identity of a device, build from source, load a binary.
@@ -80,6 +87,7 @@ pub(crate) struct OpenCl {
     stores: bool,
     /// Where the sibling builds are counted besides `source_builds`.
     siblings: Arc<SiblingBuilds>,
+    passed_through: AtomicU64,
 }
 
 impl Runtime for OpenCl {
@@ -94,9 +102,13 @@ impl Runtime for OpenCl {
         DeviceIdentity::query_with(self.api, input.device)
     }
 
-    /// The length-prefixed options, then the program text. The driver concatenates the source
-    /// strings, so the split between them does not matter.
+    /// The headers' digest (when the sources read any), the length-prefixed options, then the
+    /// program text. The driver concatenates the source strings, so the split between them
+    /// does not matter.
     fn memory_key(key: &mut Vec<u8>, input: Input<'_>) {
+        if !input.headers.is_empty() {
+            key.extend_from_slice(&input.headers.digest());
+        }
         key.extend_from_slice(&(input.options.len() as u64).to_le_bytes());
         key.extend_from_slice(input.options.as_bytes());
         for source in input.sources {
@@ -105,7 +117,7 @@ impl Runtime for OpenCl {
     }
 
     fn disk_key(&self, identity: &DeviceIdentity, input: Input<'_>) -> Result<Key> {
-        disk_key(identity, input.sources, input.options)
+        disk_key(identity, input.sources, input.options, input.headers)
     }
 
     fn load(
@@ -207,6 +219,7 @@ impl OpenClCache {
             source_builds: Arc::default(),
             stores: options.persistence.is_some(),
             siblings: SiblingBuilds::new(options.persistence.as_ref()),
+            passed_through: AtomicU64::new(0),
         };
         Ok(OpenClCache {
             cache: HandleCache::new(runtime, options.memory, options.persistence),
@@ -216,6 +229,13 @@ impl OpenClCache {
     /// The built program for `sources` (concatenated in order, as `clCreateProgramWithSource`
     /// does) and `options` on `device` in `context`: from memory, else from a disk binary, else
     /// compiled; concurrent callers of one missing program share one build.
+    ///
+    /// The headers the sources `#include` are inputs too: found as the compiler finds them
+    /// (beside the file that includes them, in the options' `-I` directories, in the working
+    /// directory) and read on every lookup, so that a changed header is a miss. A build whose
+    /// inputs kcache cannot know (a header it cannot find, a computed `#include`, an option
+    /// such as `-include` that reads a file) is compiled and cached nowhere: its lease is the
+    /// only reference, and `passed_through` counts it.
     ///
     /// A build failure is [`Error::Build`] whose message holds the compiler log. Programs built
     /// for a (context, device) pair that is being evicted concurrently come back as
@@ -227,19 +247,54 @@ impl OpenClCache {
         sources: &[&str],
         options: &str,
     ) -> Result<ProgramLease> {
-        if context.raw().is_null() || device.raw().is_null() {
-            return Err(Error::InvalidArgument(
-                "the context and the device must not be null".into(),
-            ));
+        match self.lookup(context, device, sources, options) {
+            Ok(found) => found,
+            Err(unknowable) => {
+                self.passed_through(&unknowable);
+                let input = Input {
+                    context,
+                    device,
+                    sources,
+                    options,
+                    headers: &Headers::default(),
+                };
+                let pair = (context.raw() as usize, device.raw() as usize);
+                self.cache.build_unlisted(pair, input)
+            }
         }
+    }
+
+    /// The tiered lookup of a build whose inputs kcache knows; `Err(why)` when it cannot know
+    /// them, for the caller to pass the build through.
+    pub(crate) fn lookup(
+        &self,
+        context: ContextRef<'_>,
+        device: Device,
+        sources: &[&str],
+        options: &str,
+    ) -> std::result::Result<Result<ProgramLease>, Unknowable> {
+        if context.raw().is_null() || device.raw().is_null() {
+            return Ok(Err(Error::InvalidArgument(
+                "the context and the device must not be null".into(),
+            )));
+        }
+        let headers = Headers::read(sources, &opencl_dirs(options)?, &[])?;
         let pair = (context.raw() as usize, device.raw() as usize);
         let input = Input {
             context,
             device,
             sources,
             options,
+            headers: &headers,
         };
-        self.cache.find_or_build(pair, input)
+        Ok(self.cache.find_or_build(pair, input))
+    }
+
+    /// Counts a build passed through; the first one of the process says why.
+    pub(crate) fn passed_through(&self, why: &Unknowable) {
+        let runtime = self.cache.runtime();
+        runtime.passed_through.fetch_add(1, Ordering::Relaxed);
+        self.cache.passed_through(why);
     }
 
     /// Unlinks every program built for `device`, in any context. Each is released when its last
@@ -270,7 +325,8 @@ impl OpenClCache {
     /// caches is reset for them too); gauges (entries, leases, pending writes) stay.
     pub fn reset_stats(&self) {
         self.cache.reset_stats();
-        crate::stats::zero(&[&self.cache.runtime().source_builds]);
+        let runtime = self.cache.runtime();
+        crate::stats::zero(&[&runtime.source_builds, &runtime.passed_through]);
     }
 
     pub fn stats(&self) -> OpenClStats {
@@ -283,6 +339,7 @@ impl OpenClCache {
             disk_hits: tiers.disk_hits,
             disk_misses: tiers.disk_misses,
             disk_errors: tiers.disk_errors,
+            passed_through: self.cache.runtime().passed_through.load(Ordering::Relaxed),
             disk: tiers.disk,
         }
     }
@@ -294,16 +351,28 @@ fn options_cstring(options: &str) -> std::result::Result<CString, BuildError> {
 }
 
 /// The key under which the disk tier keeps the binary of `sources` built with `options` for
-/// `device`. Lookups compute it themselves; this is for tools that inspect or remove entries.
+/// `device`, with the headers they read now (from the working directory). Lookups compute it
+/// themselves; this is for tools that inspect or remove entries. A build kcache cannot key is
+/// [`Error::InvalidArgument`].
 pub fn program_disk_key(device: Device, sources: &[&str], options: &str) -> Result<Key> {
     let identity = DeviceIdentity::query(device)?;
-    disk_key(&identity, sources, options)
+    let headers = opencl_dirs(options)
+        .and_then(|dirs| Headers::read(sources, &dirs, &[]))
+        .map_err(|why| Error::InvalidArgument(format!("a build kcache cannot key: {why}")))?;
+    disk_key(&identity, sources, options, &headers)
 }
 
 /// The disk key: what makes a binary valid (platform, device, driver and compiler versions)
-/// and what it was built from, but no handle, so it holds across processes and contexts.
-fn disk_key(identity: &DeviceIdentity, sources: &[&str], options: &str) -> Result<Key> {
+/// and what it was built from (the headers it reads included), but no handle, so it holds
+/// across processes and contexts.
+fn disk_key(
+    identity: &DeviceIdentity,
+    sources: &[&str],
+    options: &str,
+    headers: &Headers,
+) -> Result<Key> {
     let mut builder = KeyBuilder::new();
+    headers.add_to(&mut builder);
     builder
         .backend("opencl")
         .device_name(&identity.device_name)

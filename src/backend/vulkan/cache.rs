@@ -367,6 +367,7 @@ impl Drop for VulkanCache {
                     memory_hits: memory.hits,
                     memory_misses: memory.misses,
                     builds: memory.builds,
+                    ..Reported::default()
                 },
             );
         }

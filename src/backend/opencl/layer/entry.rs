@@ -239,7 +239,14 @@ impl Layer {
             return None;
         }
         let cache = self.cache()?;
-        let built = cache.find_or_build_program(context, device, &[&source], options);
+        // A build kcache cannot key goes to the driver, which reads what it reads.
+        let built = match cache.lookup(context, device, &[&source], options) {
+            Ok(found) => found.and_then(|lease| lease.value().retain()),
+            Err(why) => {
+                cache.passed_through(&why);
+                return None;
+            }
+        };
         // The program is the application's from here; the memory tier would keep its context
         // alive after the application released it.
         let _ = cache.evict_context(context.raw());
