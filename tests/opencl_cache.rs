@@ -2,14 +2,13 @@
 //! handed out is run and its output checked.
 
 use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::Path;
-use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use kcache::Error;
 use kcache::backend::opencl::{
-    CL_BUILD_PROGRAM_FAILURE, OpenClCache, OpenClStats, Program, ProgramLease, program_disk_key,
+    CL_BUILD_PROGRAM_FAILURE, OpenClCache, OpenClOptions, OpenClStats, Program, ProgramLease,
+    program_disk_key,
 };
 use kcache::disk::{DiskStats, Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, reference_count, run_kernel};
@@ -270,33 +269,54 @@ fn eight_threads_on_one_cold_key_run_one_build() {
 }
 
 #[test]
-fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
+fn a_lookup_in_flight_when_its_context_is_evicted_builds_nothing_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let header = dir.path().join("value.h");
-    // The kernel includes a named pipe: the compiler blocks reading it until the test writes,
-    // which holds the build in flight for exactly as long as the test needs.
-    assert!(
-        Command::new("mkfifo")
-            .arg(&header)
-            .status()
-            .unwrap()
-            .success()
-    );
-    let options = format!("-I {}", dir.path().display());
     let source = format!(
-        "#include \"value.h\"\n// {:?}\n__kernel void fill(__global float *y) {{\n\
-         y[get_global_id(0)] = VALUE;\n}}\n",
+        "// {:?}\n__kernel void fill(__global float *y) {{ y[get_global_id(0)] = 1.5f; }}\n",
         dir.path()
     );
-    let cache = memory_only_cache();
     let context = Context::first_device().unwrap();
+    // The entry's name, from a first cache that stores it; then the entry goes, so that the
+    // next lookup misses the disk too.
+    let first = cache_with_disk(dir.path());
+    drop(find(&first, &context, &[&source], "").unwrap());
+    drop(first);
+    let entry = entry_files(dir.path())
+        .pop()
+        .expect("the program was stored");
+    std::fs::remove_file(dir.path().join(&entry)).unwrap();
+    // The test holds the entry's lock, as another process building it would: the lookup's
+    // flight waits in it for exactly as long as the test needs. No heartbeat is written, so
+    // the liveness window is long enough for the test to finish first.
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.path().join(format!(".{entry}.lock")))
+        .unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let disk = Persistence::open(PersistenceConfig {
+        lock_liveness: Some(std::time::Duration::from_secs(600)),
+        ..PersistenceConfig::in_dir(dir.path())
+    })
+    .unwrap();
+    let cache = OpenClCache::new(OpenClOptions {
+        persistence: Some(Arc::new(disk)),
+        ..OpenClOptions::default()
+    })
+    .unwrap();
     std::thread::scope(|s| {
-        let building = s.spawn(|| find(&cache, &context, &[&source], &options).map(drop));
-        // Opening the pipe for writing returns once the compiler has opened it for reading.
-        let mut pipe = OpenOptions::new().write(true).open(&header).unwrap();
+        let building = s.spawn(|| find(&cache, &context, &[&source], "").map(drop));
+        // A waiter marks the lock file as wanted (its second byte) once it waits.
+        let mut marks = [0u8; 2];
+        while !(rustix::io::pread(&lock, &mut marks, 0).is_ok_and(|n| n == 2) && marks[1] == b'W') {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert_eq!(cache.evict_context(context.context().raw()).unwrap(), 0);
-        pipe.write_all(b"#define VALUE 1.5f\n").unwrap();
-        drop(pipe);
+        // Let go without an entry: the waiter would take the build over, but its context is
+        // gone, so it builds nothing.
+        drop(lock);
         let outcome = building.join().unwrap();
         assert!(
             matches!(outcome, Err(Error::DeviceDestroyed(_))),
@@ -305,21 +325,24 @@ fn a_build_in_flight_when_its_context_is_evicted_is_released_and_reported() {
     });
     let s = stats(&cache);
     assert_eq!(
-        (s.memory.builds, s.memory.discarded, s.memory.destroys),
-        (1, 1, 1),
-        "built once, then released instead of installed"
+        (
+            s.memory.builds,
+            s.memory.discarded,
+            s.memory.destroys,
+            s.source_builds
+        ),
+        (0, 0, 0, 0),
+        "nothing built for the evicted context"
     );
     assert_eq!(cache.len(), 0);
 
     // The context is still usable: the next lookup builds again and the program works.
-    std::fs::remove_file(&header).unwrap();
-    std::fs::write(&header, "#define VALUE 1.5f\n").unwrap();
-    let lease = find(&cache, &context, &[&source], &options).unwrap();
+    let lease = find(&cache, &context, &[&source], "").unwrap();
     let mut y = vec![0.0f32; 16];
     let mut args = [KernelArg::Floats(&mut y)];
     run_kernel(&context, lease.value(), "fill", &mut args, 16).unwrap();
     assert!(y.iter().all(|v| *v == 1.5));
-    assert_eq!(stats(&cache).source_builds, 2);
+    assert_eq!(stats(&cache).source_builds, 1);
 }
 
 #[test]
@@ -381,4 +404,15 @@ fn reset_stats_zeroes_counters_keeps_gauges_and_hit_rate_follows() {
     assert_eq!((s.memory.hits, s.memory.misses), (1, 0));
     assert_eq!(s.hit_rate(), Some(1.0));
     drop(cold);
+}
+
+/// The names of the entry files in the cache directory `dir` (its own files start with a dot).
+fn entry_files(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with('.'))
+        .collect()
 }

@@ -193,6 +193,13 @@ impl Reader<'_, '_> {
                     Unknowable::new(format!("the header {place} cannot be read: {e}"))
                 })?
             }
+            // A named pipe or a device gives the compiler what kcache cannot read without
+            // taking it away.
+            Ok(meta) if !meta.is_dir() => {
+                return Err(Unknowable::new(format!(
+                    "the header {place} is not a regular file"
+                )));
+            }
             _ => {
                 self.seen.insert(place.clone(), false);
                 self.headers.places.push((place, State::Absent));

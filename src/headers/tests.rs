@@ -140,3 +140,19 @@ fn the_key_changes_with_a_header() {
     tree.write("inc/h.h", "#define VAL 2\n");
     assert_ne!(key(&read("#include <h.h>\n", &dirs)), before);
 }
+
+#[test]
+fn a_header_that_is_a_named_pipe_is_unknowable() {
+    let tree = Tree::new(&[]);
+    let pipe = tree.path("pipe.h");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&pipe)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let source = format!("#include \"{pipe}\"\n");
+    let error = Headers::read(&[&source], &[], &[]).unwrap_err();
+    assert!(error.to_string().contains("not a regular file"), "{error}");
+}

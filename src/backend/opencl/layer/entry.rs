@@ -31,6 +31,7 @@ const CL_PROGRAM_SCOPE_GLOBAL_CTORS_PRESENT: cl_uint = 0x116A;
 const CL_PROGRAM_SCOPE_GLOBAL_DTORS_PRESENT: cl_uint = 0x116B;
 const CL_KERNEL_REFERENCE_COUNT: cl_uint = 0x1192;
 const CL_KERNEL_PROGRAM: cl_uint = 0x1194;
+const CL_INVALID_OPERATION: cl_int = -59;
 
 type CreateKernel = unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel;
 type CreateKernels =
@@ -485,12 +486,16 @@ unsafe extern "C" fn build_program(
     user_data: *mut c_void,
 ) -> cl_int {
     let layer = layer();
-    let Some(served) = layer.serve(program, num_devices, device_list, options) else {
-        // Built by the driver: the layer forgets the program now. Kernels of a driver's build
-        // keep their program alive without the layer seeing their releases, so the
-        // application's last release of the program may happen behind its back; what the
-        // layer kept of it (its source) would then stay until the handle came back.
-        layer.forget(program);
+    // As the driver: a program whose kernels are alive cannot be built again.
+    if layer.tracked.has_kernels(program as usize) {
+        return CL_INVALID_OPERATION;
+    }
+    // The build holds a reference of its own, so that a release on another thread cannot free
+    // the program, and the driver hand its handle to a new program, before the served build
+    // is attached to it.
+    // SAFETY: the application passes a program it holds.
+    if unsafe { (layer.api.clRetainProgram)(program) } != CL_SUCCESS {
+        // Not a program: the driver's call says so.
         // SAFETY: the application's call, passed on.
         return unsafe {
             (layer.api.clBuildProgram)(
@@ -502,14 +507,56 @@ unsafe extern "C" fn build_program(
                 user_data,
             )
         };
-    };
-    layer.tracked.set_built(program as usize, served);
-    if let Some(notify) = pfn_notify {
-        // SAFETY: the application's callback, called once the build is complete, as the
-        // driver would.
-        unsafe { notify(program, user_data) };
     }
-    CL_SUCCESS
+    let code = layer.build(
+        program,
+        num_devices,
+        device_list,
+        options,
+        pfn_notify,
+        user_data,
+    );
+    layer.release_program(program);
+    code
+}
+
+impl Layer {
+    /// `clBuildProgram` on a program the caller holds a reference to.
+    fn build(
+        &self,
+        program: cl_program,
+        num_devices: cl_uint,
+        device_list: *const cl_device_id,
+        options: *const c_char,
+        pfn_notify: Notify,
+        user_data: *mut c_void,
+    ) -> cl_int {
+        let Some(served) = self.serve(program, num_devices, device_list, options) else {
+            // Built by the driver: the layer forgets the program now. Kernels of a driver's build
+            // keep their program alive without the layer seeing their releases, so the
+            // application's last release of the program may happen behind its back; what the
+            // layer kept of it (its source) would then stay until the handle came back.
+            self.forget(program);
+            // SAFETY: the application's call, passed on.
+            return unsafe {
+                (self.api.clBuildProgram)(
+                    program,
+                    num_devices,
+                    device_list,
+                    options,
+                    pfn_notify,
+                    user_data,
+                )
+            };
+        };
+        self.tracked.set_built(program as usize, served);
+        if let Some(notify) = pfn_notify {
+            // SAFETY: the application's callback, called once the build is complete, as the
+            // driver would.
+            unsafe { notify(program, user_data) };
+        }
+        CL_SUCCESS
+    }
 }
 
 /// Whether the caller's release of `handle` is its last: its reference count, read with the

@@ -108,6 +108,12 @@ impl Tracked {
         program
     }
 
+    /// Whether a kernel made from the served build of `program` is still alive.
+    pub fn has_kernels(&self, program: usize) -> bool {
+        self.linked.load(Ordering::Relaxed) != 0
+            && self.kernels.read().values().any(|&p| p == program)
+    }
+
     /// The application's program of a linked kernel.
     pub fn program_of(&self, kernel: usize) -> Option<usize> {
         if self.linked.load(Ordering::Relaxed) == 0 {

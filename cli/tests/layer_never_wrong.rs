@@ -1,7 +1,9 @@
-//! Never a stale kernel under the OpenCL layer: a program whose source `#include`s a header is
-//! built again when the header changes, for every way a source can include a file, and one
-//! that reads what kcache cannot key goes to the driver. Real processes on PoCL, each run in a
-//! working directory of the test's, where relative names are found.
+//! Never a wrong kernel, never a lost driver error under the OpenCL layer: a program whose
+//! source `#include`s a header is built again when the header changes, for every way a source
+//! can include a file, and one that reads what kcache cannot key goes to the driver; a build
+//! the driver refuses is refused; a release racing a build leaves the build with its program.
+//! Real processes on PoCL, each run in a working directory of the test's, where relative names
+//! are found.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,7 +69,13 @@ impl Work {
     /// Runs the probe on `kernel.cl` with `options`, under the layer or not; its value, and
     /// what `kcache run --stats` said.
     fn run(&self, layer: bool, options: &str) -> (i64, String) {
-        let probe = [python(), "probe.py", "kernel.cl", options];
+        let (stdout, stderr) = self.output(layer, &[python(), "probe.py", "kernel.cl", options]);
+        (stdout.trim().parse().unwrap(), stderr)
+    }
+
+    /// Runs `program` in the working directory, under the layer or not: its standard output
+    /// and error.
+    fn output(&self, layer: bool, probe: &[&str]) -> (String, String) {
         let mut command = if layer {
             let mut command = Command::new(env!("CARGO_BIN_EXE_kcache"));
             command.args(["run", "--stats", "--"]).args(probe);
@@ -90,12 +98,8 @@ impl Work {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        assert!(output.status.success(), "the probe failed: {stderr}");
-        let value = String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .unwrap();
-        (value, stderr)
+        assert!(output.status.success(), "{probe:?} failed: {stderr}");
+        (String::from_utf8_lossy(&output.stdout).into_owned(), stderr)
     }
 
     /// Under the layer, checked against the driver's own value.
@@ -259,4 +263,129 @@ fn a_computed_include_goes_to_the_driver_every_time() {
     assert_eq!(second, 16);
     assert_eq!(stat(&stats, "passed through"), 1, "{stats}");
     assert_eq!(work.entries(), 0, "a build kcache cannot key was stored");
+}
+
+/// Builds a program, builds it again, makes a kernel of it and builds it once more, printing
+/// what each build returned.
+const REBUILD: &str = r#"
+import pyopencl as cl
+ctx = cl.create_some_context(interactive=False)
+program = cl._cl._Program(ctx, "__kernel void k(__global int *o) { o[0] = 1; }")
+def build(what):
+    try:
+        program.build("", None)
+        print(what, 0)
+    except cl.Error as e:
+        print(what, e.code)
+build("first build:")
+build("again, no kernel alive:")
+kernel = cl.Kernel(program, "k")
+build("again, a kernel alive:")
+"#;
+
+#[test]
+fn a_build_of_a_program_whose_kernel_is_alive_is_refused_as_the_driver_refuses_it() {
+    let work = Work::new(&[("rebuild.py", REBUILD)]);
+    let program = [python(), "rebuild.py"];
+    let (plain, _) = work.output(false, &program);
+    assert!(plain.contains("a kernel alive: -59"), "{plain}");
+    for run in ["cold", "warm"] {
+        let (served, stats) = work.output(true, &program);
+        assert_eq!(served, plain, "{run}: {stats}");
+    }
+    assert_eq!(work.entries(), 1);
+}
+
+/// Releases a program's last reference on one thread while another builds it, then creates a
+/// program, which the driver may give the freed handle: the new one must not have a build.
+const RELEASE_RACE: &str = r#"
+#define CL_TARGET_OPENCL_VERSION 300
+#include <CL/cl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static cl_program program;
+static cl_device_id device;
+
+static void *build(void *unused) {
+  (void)unused;
+  printf("build: %d\n", clBuildProgram(program, 1, &device, "", NULL, NULL));
+  return NULL;
+}
+
+int main(void) {
+  cl_platform_id platform;
+  cl_int code;
+  if (clGetPlatformIDs(1, &platform, NULL) != CL_SUCCESS ||
+      clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 1, &device, NULL) != CL_SUCCESS)
+    return 2;
+  cl_context context = clCreateContext(NULL, 1, &device, NULL, NULL, &code);
+  /* Enough functions that the build takes far longer than the wait below. */
+  size_t size = 4000 * 96 + 128, used = 0;
+  char *source = malloc(size);
+  if (source == NULL) return 2;
+  for (int i = 0; i < 4000; i++)
+    used += (size_t)snprintf(source + used, size - used,
+                             "float f%d(float x) { return x * %d.0f + sin(x); }\n", i, i);
+  snprintf(source + used, size - used, "__kernel void k(__global float *y) { y[0] = f1(y[0]); }\n");
+  const char *text = source;
+  program = clCreateProgramWithSource(context, 1, &text, NULL, &code);
+  pthread_t builder;
+  pthread_create(&builder, NULL, build, NULL);
+  usleep(300000);
+  clReleaseProgram(program);
+  const char *other = "__kernel void other(__global int *o) { o[0] = 2; }";
+  cl_program next = clCreateProgramWithSource(context, 1, &other, NULL, &code);
+  pthread_join(builder, NULL);
+  cl_build_status status = CL_BUILD_SUCCESS;
+  clGetProgramBuildInfo(next, device, CL_PROGRAM_BUILD_STATUS, sizeof status, &status, NULL);
+  printf("new program's build status: %d\n", status);
+  size_t kernels = 0;
+  printf("new program's kernel count query: %d\n",
+         clGetProgramInfo(next, CL_PROGRAM_NUM_KERNELS, sizeof kernels, &kernels, NULL));
+  clReleaseProgram(next);
+  clReleaseContext(context);
+  free(source);
+  return 0;
+}
+"#;
+
+/// Releasing a program while it builds is the application's race, not a driver's call to make
+/// safe, so only the layer's side is checked: the build keeps its program, whose freed handle
+/// the next program cannot then inherit with the build attached.
+#[test]
+fn a_release_racing_a_build_never_gives_the_build_to_another_program() {
+    let work = Work::new(&[("race.c", RELEASE_RACE)]);
+    let cc = Command::new("cc")
+        .current_dir(work.cwd())
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Wpedantic",
+            "-Werror",
+            "-D_DEFAULT_SOURCE",
+        ])
+        .args(["race.c", "-o", "race", "-lOpenCL", "-lpthread"])
+        .output()
+        .unwrap();
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let race = work.cwd().join("race");
+    let (out, stats) = work.output(true, &[race.to_str().unwrap()]);
+    assert!(out.contains("build: 0\n"), "{out}{stats}");
+    assert!(
+        out.contains("new program's build status: -1\n"),
+        "the new program got the build: {out:?} {stats}"
+    );
+    assert!(
+        out.contains("new program's kernel count query: -45\n"),
+        "the new program got the build: {out:?} {stats}"
+    );
 }
