@@ -508,8 +508,9 @@ mod tests {
         assert_eq!(back.zeroed_ns, 7);
         assert_eq!(back.counters().memory_hits, 1);
         assert_eq!(back.counters().failed_writes, 12);
+        assert_eq!(back.counters().remote_bytes_written, 25);
         assert_eq!(
-            back.counters().remote_bytes_written,
+            back.counters().passed_through,
             DirectoryCounters::LEN as u64
         );
         for i in [0, 9, 20, bytes.len() - 1] {
@@ -541,7 +542,8 @@ mod tests {
         };
         let c = CounterRecord::decode(&full.encode()).unwrap().counters();
         assert_eq!(c.remote_hits, first as u64 + 1);
-        assert_eq!(c.remote_bytes_written, DirectoryCounters::LEN as u64);
+        assert_eq!(c.remote_bytes_written, 25);
+        assert_eq!(c.passed_through, DirectoryCounters::LEN as u64);
     }
 
     #[test]

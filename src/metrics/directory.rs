@@ -40,7 +40,13 @@ pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
     write_remote_counters(out, &remote_stats(c));
     let [waits, timeouts, takeovers] =
         lock_counters(c.lock_waits, c.lock_timeouts, c.lock_takeovers);
-    let counters: [(&str, &str, u64); 4] = [
+    let counters: [(&str, &str, u64); 5] = [
+        (
+            "kcache_passed_through_total",
+            "Builds compiled and cached nowhere because an input of theirs could not be keyed \
+             (a computed #include, an option naming a file, ...).",
+            c.passed_through,
+        ),
         (
             "kcache_integrity_rejects_total",
             "Entries of the directory refused by a read (bad tag, another key, truncated, ...) \
@@ -111,6 +117,7 @@ mod tests {
                 "remote_puts" => &mut c.remote_puts,
                 "remote_bytes_read" => &mut c.remote_bytes_read,
                 "remote_bytes_written" => &mut c.remote_bytes_written,
+                "passed_through" => &mut c.passed_through,
                 other => panic!("a counter this test does not know: {other}"),
             };
             *field = value;
@@ -149,6 +156,7 @@ mod tests {
             "kcache_remote_writes_total 23",
             "kcache_remote_read_bytes_total 24",
             "kcache_remote_written_bytes_total 25",
+            "kcache_passed_through_total 26",
         ];
         let mut sorted_samples = samples.clone();
         sorted_samples.sort_unstable();

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::pocl::{self, Sibling, SiblingBuilds};
-use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
+use super::runtime::{self, ContextRef, Device, DeviceIdentity, Make, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
 use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
 use crate::error::{BuildError, Error, Result};
-use crate::headers::{Headers, Unknowable, opencl_dirs};
+use crate::headers::{Embedded, Headers, Unknowable, opencl_dirs};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
 use crate::metrics::Backend;
@@ -76,6 +76,8 @@ pub(crate) struct Input<'a> {
     options: &'a str,
     /// The headers the sources read, found through the options' `-I` directories.
     headers: &'a Headers,
+    /// An executable, or a compiled object (`clCompileProgram`) with its embedded headers.
+    make: Make<'a>,
 }
 
 /// The OpenCL calls of the cache: identity of a device, build from source, load a binary.
@@ -102,10 +104,16 @@ impl Runtime for OpenCl {
         DeviceIdentity::query_with(self.api, input.device)
     }
 
-    /// The headers' digest (when the sources read any), the length-prefixed options, then the
-    /// program text. The driver concatenates the source strings, so the split between them
+    /// What the program is made into, the headers' digest (when the sources read any), the
+    /// length-prefixed options, then the program text. The driver concatenates the source strings, so the split between them
     /// does not matter.
     fn memory_key(key: &mut Vec<u8>, input: Input<'_>) {
+        // What the program is made into, and whether a headers' digest follows.
+        match (input.make, input.headers.is_empty()) {
+            (Make::Executable, true) => key.push(0),
+            (Make::Executable, false) => key.push(1),
+            (Make::Object(_), _) => key.push(2),
+        }
         if !input.headers.is_empty() {
             key.extend_from_slice(&input.headers.digest());
         }
@@ -117,7 +125,14 @@ impl Runtime for OpenCl {
     }
 
     fn disk_key(&self, identity: &DeviceIdentity, input: Input<'_>) -> Result<Key> {
-        disk_key(identity, input.sources, input.options, input.headers)
+        let object = matches!(input.make, Make::Object(_));
+        disk_key(
+            identity,
+            input.sources,
+            input.options,
+            input.headers,
+            object,
+        )
     }
 
     fn load(
@@ -137,6 +152,7 @@ impl Runtime for OpenCl {
             input.device,
             &binary,
             &options_cstring(input.options)?,
+            input.make,
         )?;
         Ok((program, stored.len() as u64))
     }
@@ -147,12 +163,13 @@ impl Runtime for OpenCl {
         input: Input<'_>,
     ) -> std::result::Result<Compiled<Program>, BuildError> {
         let options = options_cstring(input.options)?;
-        let program = runtime::build_from_source(
+        let program = runtime::make_from_source(
             self.api,
             input.context,
             input.device,
             input.sources,
             &options,
+            input.make,
         )?;
         self.source_builds.fetch_add(1, Ordering::Relaxed);
         // A driver without the query (OpenCL 1.1) leaves the entry unnamed.
@@ -178,7 +195,9 @@ impl Runtime for OpenCl {
                         .map_err(|e| BuildError::new(0, e.to_string()))
                 }
             });
-        let bytes = if pocl::applies_to(registered.info()) {
+        // A compiled object has no launches whose code PoCL would add to its binary.
+        let executable = matches!(input.make, Make::Executable);
+        let bytes = if executable && pocl::applies_to(registered.info()) {
             // Held back until another process wants it (a sibling's binary) or the cache is
             // flushed (the program's own); see `pocl`.
             let sibling = Sibling::new(
@@ -247,7 +266,7 @@ impl OpenClCache {
         sources: &[&str],
         options: &str,
     ) -> Result<ProgramLease> {
-        match self.lookup(context, device, sources, options) {
+        match self.lookup(context, device, sources, options, Make::Executable, &[]) {
             Ok(found) => found,
             Err(unknowable) => {
                 self.passed_through(&unknowable);
@@ -257,6 +276,7 @@ impl OpenClCache {
                     sources,
                     options,
                     headers: &Headers::default(),
+                    make: Make::Executable,
                 };
                 let pair = (context.raw() as usize, device.raw() as usize);
                 self.cache.build_unlisted(pair, input)
@@ -264,21 +284,24 @@ impl OpenClCache {
         }
     }
 
-    /// The tiered lookup of a build whose inputs kcache knows; `Err(why)` when it cannot know
-    /// them, for the caller to pass the build through.
+    /// The tiered lookup of a program made into `make` (an executable, or a compiled object
+    /// with the `embedded` headers, whose texts are keyed) whose inputs kcache knows;
+    /// `Err(why)` when it cannot know them, for the caller to pass the build through.
     pub(crate) fn lookup(
         &self,
         context: ContextRef<'_>,
         device: Device,
         sources: &[&str],
         options: &str,
+        make: Make<'_>,
+        embedded: &[Embedded<'_>],
     ) -> std::result::Result<Result<ProgramLease>, Unknowable> {
         if context.raw().is_null() || device.raw().is_null() {
             return Ok(Err(Error::InvalidArgument(
                 "the context and the device must not be null".into(),
             )));
         }
-        let headers = Headers::read(sources, &opencl_dirs(options)?, &[])?;
+        let headers = Headers::read(sources, &opencl_dirs(options)?, embedded)?;
         let pair = (context.raw() as usize, device.raw() as usize);
         let input = Input {
             context,
@@ -286,6 +309,7 @@ impl OpenClCache {
             sources,
             options,
             headers: &headers,
+            make,
         };
         Ok(self.cache.find_or_build(pair, input))
     }
@@ -359,20 +383,24 @@ pub fn program_disk_key(device: Device, sources: &[&str], options: &str) -> Resu
     let headers = opencl_dirs(options)
         .and_then(|dirs| Headers::read(sources, &dirs, &[]))
         .map_err(|why| Error::InvalidArgument(format!("a build kcache cannot key: {why}")))?;
-    disk_key(&identity, sources, options, &headers)
+    disk_key(&identity, sources, options, &headers, false)
 }
 
 /// The disk key: what makes a binary valid (platform, device, driver and compiler versions)
-/// and what it was built from (the headers it reads included), but no handle, so it holds
-/// across processes and contexts.
+/// and what it was built from (the headers it reads included), whether it is a compiled
+/// object, but no handle, so it holds across processes and contexts.
 fn disk_key(
     identity: &DeviceIdentity,
     sources: &[&str],
     options: &str,
     headers: &Headers,
+    object: bool,
 ) -> Result<Key> {
     let mut builder = KeyBuilder::new();
     headers.add_to(&mut builder);
+    if object {
+        builder.extra("program-kind", "compiled-object");
+    }
     builder
         .backend("opencl")
         .device_name(&identity.device_name)

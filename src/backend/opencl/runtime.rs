@@ -351,24 +351,45 @@ impl Program {
         .unwrap_or_else(|e| format!("(no build log: {e})"))
     }
 
-    /// Builds the program for `device`. On failure the program is released (dropped) and the
-    /// error carries the OpenCL status and the compiler's log.
-    fn build(
+    /// Makes the program for `device` into `what`. On failure the program is released
+    /// (dropped) and the error carries the OpenCL status and the compiler's log.
+    fn make(
         self,
         device: cl_device_id,
         options: &CString,
+        what: Make<'_>,
     ) -> std::result::Result<Program, BuildError> {
         // SAFETY: the program is live and belongs to a context containing `device`; `options`
-        // is a C string that outlives the call; without a callback the build is synchronous.
-        let code = unsafe {
-            (self.api.clBuildProgram)(
-                self.raw,
-                1,
-                &device,
-                options.as_ptr(),
-                None,
-                ptr::null_mut(),
-            )
+        // is a C string that outlives the call; the headers are live programs, one name each;
+        // without a callback the call is synchronous.
+        let (code, call) = unsafe {
+            match what {
+                Make::Executable => (
+                    (self.api.clBuildProgram)(
+                        self.raw,
+                        1,
+                        &device,
+                        options.as_ptr(),
+                        None,
+                        ptr::null_mut(),
+                    ),
+                    "clBuildProgram",
+                ),
+                Make::Object(headers) => (
+                    (self.api.clCompileProgram)(
+                        self.raw,
+                        1,
+                        &device,
+                        options.as_ptr(),
+                        headers.programs.len() as cl_uint,
+                        headers.programs.as_ptr(),
+                        headers.names.as_ptr(),
+                        None,
+                        ptr::null_mut(),
+                    ),
+                    "clCompileProgram",
+                ),
+            }
         };
         if code == CL_SUCCESS {
             return Ok(self);
@@ -376,7 +397,7 @@ impl Program {
         Err(BuildError::new(
             code,
             format!(
-                "clBuildProgram: {} ({code})\n{}",
+                "{call}: {} ({code})\n{}",
                 status_name(code),
                 self.build_log(device)
             ),
@@ -409,6 +430,22 @@ impl Drop for Program {
     }
 }
 
+/// The headers a compile embeds (`clCompileProgram`'s input headers): programs created from
+/// their source, each under the name a source includes it by.
+#[derive(Clone, Copy)]
+pub(crate) struct EmbeddedHeaders<'a> {
+    pub programs: &'a [cl_program],
+    pub names: &'a [*const c_char],
+}
+
+/// What a program from source is made into: an executable (`clBuildProgram`), or a compiled
+/// object for `clLinkProgram` (`clCompileProgram`).
+#[derive(Clone, Copy)]
+pub(crate) enum Make<'a> {
+    Executable,
+    Object(EmbeddedHeaders<'a>),
+}
+
 /// `clCreateProgramWithSource` + `clBuildProgram`.
 pub(crate) fn build_from_source(
     api: &'static Api,
@@ -416,6 +453,18 @@ pub(crate) fn build_from_source(
     device: Device,
     sources: &[&str],
     options: &CString,
+) -> std::result::Result<Program, BuildError> {
+    make_from_source(api, context, device, sources, options, Make::Executable)
+}
+
+/// `clCreateProgramWithSource`, then `clBuildProgram` or `clCompileProgram`.
+pub(crate) fn make_from_source(
+    api: &'static Api,
+    context: ContextRef<'_>,
+    device: Device,
+    sources: &[&str],
+    options: &CString,
+    what: Make<'_>,
 ) -> std::result::Result<Program, BuildError> {
     let strings: Vec<*const c_char> = sources.iter().map(|s| s.as_ptr().cast()).collect();
     let lengths: Vec<usize> = sources.iter().map(|s| s.len()).collect();
@@ -439,17 +488,19 @@ pub(crate) fn build_from_source(
             format!("clCreateProgramWithSource: {} ({code})", status_name(code)),
         ));
     }
-    Program { api, raw }.build(device.0, options)
+    Program { api, raw }.make(device.0, options, what)
 }
 
-/// `clCreateProgramWithBinary` + `clBuildProgram`. The error is what the driver said about
-/// the binary; the caller decides whether to fall back to the source.
+/// `clCreateProgramWithBinary` + `clBuildProgram`, or for a compiled object the program
+/// alone: it is linked as it is. The error is what the driver said about the binary; the
+/// caller decides whether to fall back to the source.
 pub(crate) fn build_from_binary(
     api: &'static Api,
     context: ContextRef<'_>,
     device: Device,
     binary: &[u8],
     options: &CString,
+    what: Make<'_>,
 ) -> std::result::Result<Program, BuildError> {
     let length = binary.len();
     let data = binary.as_ptr();
@@ -480,7 +531,9 @@ pub(crate) fn build_from_binary(
             format!("clCreateProgramWithBinary: {} ({code})", status_name(code)),
         ));
     }
-    program
-        .expect("checked non-null above")
-        .build(device.0, options)
+    let program = program.expect("checked non-null above");
+    match what {
+        Make::Executable => program.make(device.0, options, what),
+        Make::Object(_) => Ok(program),
+    }
 }

@@ -96,6 +96,17 @@ pub struct Api {
         BuildNotify,
         *mut c_void,
     ) -> cl_int,
+    pub clCompileProgram: unsafe extern "C" fn(
+        cl_program,
+        cl_uint,
+        *const cl_device_id,
+        *const c_char,
+        cl_uint,
+        *const cl_program,
+        *const *const c_char,
+        BuildNotify,
+        *mut c_void,
+    ) -> cl_int,
     pub clGetProgramInfo:
         unsafe extern "C" fn(cl_program, cl_uint, usize, *mut c_void, *mut usize) -> cl_int,
     pub clGetProgramBuildInfo: unsafe extern "C" fn(
@@ -120,8 +131,8 @@ macro_rules! api_table {
     ($entry:ident) => {
         $crate::backend::opencl::sys::api_table!($entry:
             clGetPlatformIDs clGetPlatformInfo clGetDeviceIDs clGetDeviceInfo clGetContextInfo
-            clCreateProgramWithSource clCreateProgramWithBinary clBuildProgram clGetProgramInfo
-            clGetProgramBuildInfo clRetainProgram clReleaseProgram
+            clCreateProgramWithSource clCreateProgramWithBinary clBuildProgram clCompileProgram
+            clGetProgramInfo clGetProgramBuildInfo clRetainProgram clReleaseProgram
         )
     };
     ($entry:ident: $($field:ident)*) => {

@@ -11,11 +11,12 @@ mod kernels;
 use super::answer_info;
 use super::dispatch::{entry, slot};
 use super::tracked::Tracked;
-use crate::backend::opencl::runtime::ContextRef;
+use crate::backend::opencl::runtime::{ContextRef, EmbeddedHeaders, Make};
 use crate::backend::opencl::sys::*;
 use crate::backend::opencl::{OpenClCache, OpenClOptions, Program};
 use crate::disk::{Persistence, PersistenceConfig};
 use crate::error::Error;
+use crate::headers::Embedded;
 use crate::log;
 use kernels::{
     clone_kernel, create_kernel, create_kernels_in_program, get_kernel_info, release_kernel,
@@ -32,6 +33,10 @@ const CL_PROGRAM_SCOPE_GLOBAL_DTORS_PRESENT: cl_uint = 0x116B;
 const CL_KERNEL_REFERENCE_COUNT: cl_uint = 0x1192;
 const CL_KERNEL_PROGRAM: cl_uint = 0x1194;
 const CL_INVALID_OPERATION: cl_int = -59;
+const CL_INVALID_PROGRAM: cl_int = -44;
+const CL_PROGRAM_BUILD_STATUS: cl_uint = 0x1181;
+const CL_PROGRAM_BUILD_OPTIONS: cl_uint = 0x1182;
+const CL_BUILD_SUCCESS: cl_int = 0;
 
 type CreateKernel = unsafe extern "C" fn(cl_program, *const c_char, *mut cl_int) -> cl_kernel;
 type CreateKernels =
@@ -40,17 +45,6 @@ type ReleaseKernel = unsafe extern "C" fn(cl_kernel) -> cl_int;
 type KernelInfo =
     unsafe extern "C" fn(cl_kernel, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
 type CloneKernel = unsafe extern "C" fn(cl_kernel, *mut cl_int) -> cl_kernel;
-type CompileProgram = unsafe extern "C" fn(
-    cl_program,
-    cl_uint,
-    *const cl_device_id,
-    *const c_char,
-    cl_uint,
-    *const cl_program,
-    *const *const c_char,
-    Notify,
-    *mut c_void,
-) -> cl_int;
 type LinkProgram = unsafe extern "C" fn(
     cl_context,
     cl_uint,
@@ -78,7 +72,6 @@ struct Next {
     release_kernel: ReleaseKernel,
     kernel_info: KernelInfo,
     clone_kernel: CloneKernel,
-    compile_program: CompileProgram,
     link_program: LinkProgram,
     with_built_ins: WithBuiltIns,
     with_il: WithIl,
@@ -121,7 +114,6 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
         release_kernel: next!(clReleaseKernel),
         kernel_info: next!(clGetKernelInfo),
         clone_kernel: next!(clCloneKernel),
-        compile_program: next!(clCompileProgram),
         link_program: next!(clLinkProgram),
         with_built_ins: next!(clCreateProgramWithBuiltInKernels),
         with_il: next!(clCreateProgramWithIL),
@@ -206,16 +198,19 @@ impl Layer {
             .as_ref()
     }
 
-    /// The served build of `clBuildProgram(program, devices, options)`, or `None` to leave the
-    /// build to the driver: a program not from source, a context of several devices, options
-    /// or source that are not text, any error (a failing build included: the driver's own
-    /// build then gives the application its error and log).
+    /// The served build of `clBuildProgram(program, devices, options)` (or of
+    /// `clCompileProgram`, `make` saying which, with its `embedded` headers), or `None` to leave
+    /// the build to the driver: a program not from source, a context of several devices,
+    /// options or source that are not text, inputs kcache cannot key, any error (a failing
+    /// build included: the driver's own build then gives the application its error and log).
     fn serve(
         &self,
         program: cl_program,
         num_devices: cl_uint,
         device_list: *const cl_device_id,
         options: *const c_char,
+        make: Make<'_>,
+        embedded: &[Embedded<'_>],
     ) -> Option<Program> {
         let (context, source) = self.tracked.source(program as usize)?;
         let options = if options.is_null() {
@@ -241,7 +236,7 @@ impl Layer {
         }
         let cache = self.cache()?;
         // A build kcache cannot key goes to the driver, which reads what it reads.
-        let built = match cache.lookup(context, device, &[&source], options) {
+        let built = match cache.lookup(context, device, &[&source], options, make, embedded) {
             Ok(found) => found.and_then(|lease| lease.value().retain()),
             Err(why) => {
                 cache.passed_through(&why);
@@ -429,9 +424,25 @@ unsafe extern "C" fn link_program(
     user_data: *mut c_void,
     errcode_ret: *mut cl_int,
 ) -> cl_program {
-    // SAFETY: the application's call, passed on.
+    let layer = layer();
+    // Compiled objects kcache served are linked in place of the application's programs.
+    let served: Vec<cl_program> = if inputs.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: `num_inputs` programs, as the application says.
+        unsafe { std::slice::from_raw_parts(inputs, num_inputs as usize) }
+            .iter()
+            .map(|&input| layer.built_or(input))
+            .collect()
+    };
+    let inputs = if inputs.is_null() {
+        inputs
+    } else {
+        served.as_ptr()
+    };
+    // SAFETY: the application's call, passed on, each input or the object served for it.
     not_from_source(unsafe {
-        (layer().next.link_program)(
+        (layer.next.link_program)(
             context,
             num_devices,
             device_list,
@@ -458,22 +469,137 @@ unsafe extern "C" fn compile_program(
     user_data: *mut c_void,
 ) -> cl_int {
     let layer = layer();
-    // Compiled by the driver: a served build no longer answers for it, and the layer has no
-    // more use for its source (see `build_program`).
-    layer.forget(program);
-    // SAFETY: the application's call, passed on.
-    unsafe {
-        (layer.next.compile_program)(
+    let call = Compile {
+        num_devices,
+        device_list,
+        options,
+        num_headers,
+        headers,
+        header_names,
+        pfn_notify,
+        user_data,
+    };
+    // SAFETY: the application's call.
+    unsafe { layer.held(program, |layer| layer.compile(program, &call)) }
+}
+
+/// The arguments of a `clCompileProgram` but its program.
+struct Compile {
+    num_devices: cl_uint,
+    device_list: *const cl_device_id,
+    options: *const c_char,
+    num_headers: cl_uint,
+    headers: *const cl_program,
+    header_names: *const *const c_char,
+    pfn_notify: Notify,
+    user_data: *mut c_void,
+}
+
+impl Layer {
+    /// `clCompileProgram` on a program the caller holds a reference to: served as a compiled
+    /// object from kcache's tiers, keyed by its source, options and headers (embedded and
+    /// read from files), or the driver's call.
+    fn compile(&self, program: cl_program, call: &Compile) -> cl_int {
+        match self.serve_compile(program, call) {
+            Some((served, options)) => {
+                self.tracked
+                    .set_built(program as usize, served, Some(options));
+                if let Some(notify) = call.pfn_notify {
+                    // SAFETY: the application's callback, called once the compile is
+                    // complete, as the driver would.
+                    unsafe { notify(program, call.user_data) };
+                }
+                CL_SUCCESS
+            }
+            None => {
+                // Compiled by the driver: a served build no longer answers for it, and the
+                // layer has no more use for its source (see `build`).
+                self.forget(program);
+                // SAFETY: the application's call, passed on.
+                unsafe {
+                    (self.api.clCompileProgram)(
+                        program,
+                        call.num_devices,
+                        call.device_list,
+                        call.options,
+                        call.num_headers,
+                        call.headers,
+                        call.header_names,
+                        call.pfn_notify,
+                        call.user_data,
+                    )
+                }
+            }
+        }
+    }
+
+    /// The served compiled object and its options, if the compile can be served: every
+    /// embedded header a source program the layer knows, under a name that is text.
+    fn serve_compile(&self, program: cl_program, call: &Compile) -> Option<(Program, String)> {
+        let count = call.num_headers as usize;
+        let (programs, names): (&[cl_program], &[*const c_char]) = match count {
+            0 => (&[], &[]),
+            _ if call.headers.is_null() || call.header_names.is_null() => return None,
+            // SAFETY: `count` headers and as many names, as the application says.
+            _ => unsafe {
+                (
+                    std::slice::from_raw_parts(call.headers, count),
+                    std::slice::from_raw_parts(call.header_names, count),
+                )
+            },
+        };
+        let mut texts = Vec::with_capacity(count);
+        for (&header, &name) in programs.iter().zip(names) {
+            let (_, text) = self.tracked.source(header as usize)?;
+            if name.is_null() {
+                return None;
+            }
+            // SAFETY: the application passes each name as a C string.
+            let name = unsafe { CStr::from_ptr(name) }.to_str().ok()?;
+            texts.push((name, text));
+        }
+        let embedded: Vec<Embedded<'_>> = texts
+            .iter()
+            .map(|(name, text)| Embedded { name, text })
+            .collect();
+        let make = Make::Object(EmbeddedHeaders { programs, names });
+        let served = self.serve(
             program,
-            num_devices,
-            device_list,
-            options,
-            num_headers,
-            headers,
-            header_names,
-            pfn_notify,
-            user_data,
-        )
+            call.num_devices,
+            call.device_list,
+            call.options,
+            make,
+            &embedded,
+        )?;
+        let options = if call.options.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a C string, which `serve` read as text already.
+            unsafe { CStr::from_ptr(call.options) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        Some((served, options))
+    }
+
+    /// Runs `call` with a reference of its own on `program`, so that a release on another
+    /// thread cannot free the program, and the driver hand its handle to a new program,
+    /// before a served build is attached to it. Not a program: the driver's error.
+    ///
+    /// # Safety
+    /// `program` is what the application passed to the call.
+    unsafe fn held(&self, program: cl_program, call: impl FnOnce(&Layer) -> cl_int) -> cl_int {
+        // As the driver: a program whose kernels are alive cannot be built again.
+        if self.tracked.has_kernels(program as usize) {
+            return CL_INVALID_OPERATION;
+        }
+        // SAFETY: the application passes a program it holds.
+        if unsafe { (self.api.clRetainProgram)(program) } != CL_SUCCESS {
+            return CL_INVALID_PROGRAM;
+        }
+        let code = call(self);
+        self.release_program(program);
+        code
     }
 }
 
@@ -486,19 +612,10 @@ unsafe extern "C" fn build_program(
     user_data: *mut c_void,
 ) -> cl_int {
     let layer = layer();
-    // As the driver: a program whose kernels are alive cannot be built again.
-    if layer.tracked.has_kernels(program as usize) {
-        return CL_INVALID_OPERATION;
-    }
-    // The build holds a reference of its own, so that a release on another thread cannot free
-    // the program, and the driver hand its handle to a new program, before the served build
-    // is attached to it.
-    // SAFETY: the application passes a program it holds.
-    if unsafe { (layer.api.clRetainProgram)(program) } != CL_SUCCESS {
-        // Not a program: the driver's call says so.
-        // SAFETY: the application's call, passed on.
-        return unsafe {
-            (layer.api.clBuildProgram)(
+    // SAFETY: the application's call.
+    unsafe {
+        layer.held(program, |layer| {
+            layer.build(
                 program,
                 num_devices,
                 device_list,
@@ -506,18 +623,8 @@ unsafe extern "C" fn build_program(
                 pfn_notify,
                 user_data,
             )
-        };
+        })
     }
-    let code = layer.build(
-        program,
-        num_devices,
-        device_list,
-        options,
-        pfn_notify,
-        user_data,
-    );
-    layer.release_program(program);
-    code
 }
 
 impl Layer {
@@ -531,7 +638,15 @@ impl Layer {
         pfn_notify: Notify,
         user_data: *mut c_void,
     ) -> cl_int {
-        let Some(served) = self.serve(program, num_devices, device_list, options) else {
+        let served = self.serve(
+            program,
+            num_devices,
+            device_list,
+            options,
+            Make::Executable,
+            &[],
+        );
+        let Some(served) = served else {
             // Built by the driver: the layer forgets the program now. Kernels of a driver's build
             // keep their program alive without the layer seeing their releases, so the
             // application's last release of the program may happen behind its back; what the
@@ -549,7 +664,7 @@ impl Layer {
                 )
             };
         };
-        self.tracked.set_built(program as usize, served);
+        self.tracked.set_built(program as usize, served, None);
         if let Some(notify) = pfn_notify {
             // SAFETY: the application's callback, called once the build is complete, as the
             // driver would.
@@ -614,6 +729,18 @@ unsafe extern "C" fn get_program_build_info(
     size_ret: *mut usize,
 ) -> cl_int {
     let layer = layer();
+    // A compiled object served from a binary was never compiled by the driver: its status
+    // and options are the compile's, as the driver's own compile would report them.
+    if matches!(param, CL_PROGRAM_BUILD_STATUS | CL_PROGRAM_BUILD_OPTIONS)
+        && let Some(options) = layer.tracked.object_options(program as usize)
+    {
+        let answer = match param {
+            CL_PROGRAM_BUILD_STATUS => CL_BUILD_SUCCESS.to_ne_bytes().to_vec(),
+            _ => [options.as_bytes(), b"\0"].concat(),
+        };
+        // SAFETY: the application's buffers, as the specification has them.
+        return unsafe { answer_info(&answer, size, value, size_ret) };
+    }
     // SAFETY: the application's call, on the program that answers it.
     unsafe {
         (layer.api.clGetProgramBuildInfo)(

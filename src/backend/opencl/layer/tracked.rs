@@ -23,6 +23,8 @@ pub(super) struct Source {
     /// The program kcache served its last build from; `None` until then. A program whose
     /// build goes to the driver is forgotten.
     pub built: Option<Program>,
+    /// The options of a served compile: `built` is a compiled object (`clCompileProgram`).
+    pub object_options: Option<String>,
 }
 
 #[derive(Default)]
@@ -44,6 +46,7 @@ impl Tracked {
                 context,
                 text,
                 built: None,
+                object_options: None,
             },
         );
         drop(stale);
@@ -71,11 +74,15 @@ impl Tracked {
             .map(|source| (source.context, source.text.clone()))
     }
 
-    /// Sets the served build of a tracked program.
-    pub fn set_built(&self, program: usize, built: Program) {
+    /// Sets the served build of a tracked program: an executable, or a compiled object with
+    /// the options of its compile.
+    pub fn set_built(&self, program: usize, built: Program, object_options: Option<String>) {
         let mut programs = self.programs.write();
         let old = match programs.get_mut(&program) {
-            Some(source) => source.built.replace(built),
+            Some(source) => {
+                source.object_options = object_options;
+                source.built.replace(built)
+            }
             None => Some(built),
         };
         drop(programs);
@@ -88,6 +95,13 @@ impl Tracked {
         let programs = self.programs.read();
         let source = programs.get(&program)?;
         source.built.as_ref().map(|built| built.raw() as usize)
+    }
+
+    /// The options of the served compile of `program`, if its served build is a compiled
+    /// object.
+    pub fn object_options(&self, program: usize) -> Option<String> {
+        let programs = self.programs.read();
+        programs.get(&program)?.object_options.clone()
     }
 
     pub fn link_kernel(&self, kernel: usize, program: usize) {
