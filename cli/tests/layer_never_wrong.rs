@@ -1,6 +1,7 @@
 //! Never a wrong kernel, never a lost driver error under the OpenCL layer: a program whose
 //! source `#include`s a header is built again when the header changes, for every way a source
-//! can include a file, and one that reads what kcache cannot key goes to the driver; a build
+//! can include a file, and a compiled object (`clCompileProgram`, embedded headers included)
+//! when its headers change, and a build for a context of several devices; one that reads what kcache cannot key goes to the driver; a build
 //! the driver refuses is refused; a release racing a build leaves the build with its program.
 //! Real processes on PoCL, each run in a working directory of the test's, where relative names
 //! are found.
@@ -76,6 +77,11 @@ impl Work {
     /// Runs `program` in the working directory, under the layer or not: its standard output
     /// and error.
     fn output(&self, layer: bool, probe: &[&str]) -> (String, String) {
+        self.output_with(layer, probe, &[])
+    }
+
+    /// [`Work::output`] with the variables `env` set.
+    fn output_with(&self, layer: bool, probe: &[&str], env: &[(&str, &str)]) -> (String, String) {
         let mut command = if layer {
             let mut command = Command::new(env!("CARGO_BIN_EXE_kcache"));
             command.args(["run", "--stats", "--"]).args(probe);
@@ -95,6 +101,7 @@ impl Work {
             .env_remove("OPENCL_LAYERS")
             .env_remove("KCACHE_DISABLE")
             .env_remove("KCACHE_LOG")
+            .envs(env.iter().copied())
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
@@ -388,4 +395,138 @@ fn a_release_racing_a_build_never_gives_the_build_to_another_program() {
         out.contains("new program's kernel count query: -45\n"),
         "the new program got the build: {out:?} {stats}"
     );
+}
+
+/// Compiles `helper.cl` (which includes the embedded header `emb.h`, made of the text
+/// `argv[1]`, and the file `inc/fs.h` through `-I inc`) and `main.cl`, links the first into a
+/// library and the library with the second into an executable, runs its kernel `k` and prints
+/// what it wrote, then what the compile of the helper reports of itself.
+const COMPILE_LINK: &str = r#"
+import sys, numpy, pyopencl as cl
+ctx = cl.create_some_context(interactive=False)
+dev = ctx.devices[0]
+embedded = cl._cl._Program(ctx, sys.argv[1])
+helper = cl._cl._Program(ctx, open("helper.cl").read())
+helper.compile("-I inc", None, [("emb.h", embedded)])
+main = cl._cl._Program(ctx, open("main.cl").read())
+main.compile("", None, [])
+library = cl._cl._Program.link(ctx, [helper], "-create-library", None)
+program = cl._cl._Program.link(ctx, [main, library], "", None)
+queue = cl.CommandQueue(ctx)
+out = numpy.zeros(1, numpy.int32)
+buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, out.nbytes)
+kernel = cl.Kernel(program, "k")
+kernel.set_args(buf)
+cl.enqueue_nd_range_kernel(queue, kernel, (1,), None)
+cl.enqueue_copy(queue, out, buf)
+print(int(out[0]))
+info = cl.program_build_info
+print(helper.get_build_info(dev, info.STATUS), repr(helper.get_build_info(dev, info.OPTIONS)),
+      helper.get_build_info(dev, info.BINARY_TYPE), library.get_build_info(dev, info.BINARY_TYPE))
+"#;
+
+impl Work {
+    /// The compile + link probe with the embedded header `embedded`, under the layer or not:
+    /// the kernel's value, what the compile reported of itself, and the layer's statistics.
+    fn compile_link(&self, layer: bool, embedded: &str) -> (i64, String, String) {
+        let (out, stats) = self.output(layer, &[python(), "compile_link.py", embedded]);
+        let (value, info) = out.split_once('\n').unwrap();
+        (value.parse().unwrap(), info.to_owned(), stats)
+    }
+}
+
+#[test]
+fn compile_and_link_are_served_and_compiled_again_when_a_header_changes() {
+    let work = Work::new(&[
+        ("compile_link.py", COMPILE_LINK),
+        (
+            "helper.cl",
+            "#include \"emb.h\"\n#include <fs.h>\nint helper(int x) { return x + EMB + FS; }\n",
+        ),
+        (
+            "main.cl",
+            "int helper(int x);\n__kernel void k(__global int *o) { o[0] = helper(1); }\n",
+        ),
+        ("inc/fs.h", "#define FS 20\n"),
+    ]);
+    let emb = |value: u32| format!("#define EMB {value}\n");
+    // Each run: the driver's value and report, then the layer's, and how many of the two
+    // compiles the layer served.
+    let check = |embedded: &str, value: i64, compiled: u64| {
+        let (driver, driver_info, _) = work.compile_link(false, embedded);
+        assert_eq!(driver, value);
+        let (served, info, stats) = work.compile_link(true, embedded);
+        assert_eq!(served, driver, "a stale kernel: {stats}");
+        assert_eq!(info, driver_info, "{stats}");
+        assert_eq!(stat(&stats, "compiled"), compiled, "{stats}");
+        assert_eq!(
+            stat(&stats, "program builds served"),
+            2 - compiled,
+            "{stats}"
+        );
+    };
+    check(&emb(100), 121, 2);
+    check(&emb(100), 121, 0);
+    // The embedded header's text, then the file's, changed: the helper compiled again.
+    check(&emb(200), 221, 1);
+    work.write("inc/fs.h", "#define FS 30\n");
+    check(&emb(200), 231, 1);
+    // Back to the first: its entry is still right.
+    work.write("inc/fs.h", "#define FS 20\n");
+    check(&emb(100), 121, 0);
+    assert_eq!(work.entries(), 4, "two helpers of three headers, one main");
+}
+
+/// Builds `kernel.cl` with `-I .` for every device of a context of all the platform's devices,
+/// runs its kernel on each, and prints the program's binary sizes as the driver reports them
+/// (zero or not) and each device's value.
+const DEVICES: &str = r#"
+import numpy, pyopencl as cl
+devices = cl.get_platforms()[0].get_devices()
+ctx = cl.Context(devices)
+program = cl.Program(ctx, open("kernel.cl").read()).build(options=["-I", "."])
+print("binaries:", [size > 0 for size in program.binary_sizes])
+for i, device in enumerate(devices):
+    queue = cl.CommandQueue(ctx, device)
+    out = numpy.zeros(1, numpy.int32)
+    buf = cl.Buffer(ctx, cl.mem_flags.WRITE_ONLY, out.nbytes)
+    program.k(queue, (1,), None, buf, numpy.int32(i))
+    cl.enqueue_copy(queue, out, buf)
+    print("device", i, int(out[0]))
+"#;
+
+#[test]
+fn a_context_of_two_devices_is_served_one_entry_per_kind_of_device() {
+    let work = Work::new(&[
+        ("devices.py", DEVICES),
+        (
+            "kernel.cl",
+            "#include \"h.h\"\n__kernel void k(__global int *o, int d) { o[0] = VAL * 10 + d; }\n",
+        ),
+        ("h.h", "#define VAL 4\n"),
+    ]);
+    // PoCL's CPU driver, twice: two devices of one identity.
+    let two = [("POCL_DEVICES", "pthread pthread")];
+    let run = |layer| work.output_with(layer, &[python(), "devices.py"], &two);
+    let (plain, _) = run(false);
+    assert_eq!(
+        plain, "binaries: [True, True]\ndevice 0 40\ndevice 1 41\n",
+        "not a context of two devices"
+    );
+    let (cold, stats) = run(true);
+    assert_eq!(cold, plain, "{stats}");
+    assert_eq!(stat(&stats, "compiled"), 1, "one kind of device: {stats}");
+    let (warm, stats) = run(true);
+    assert_eq!(warm, plain, "{stats}");
+    assert_eq!(stat(&stats, "compiled"), 0, "{stats}");
+    assert_eq!(stat(&stats, "program builds served"), 1, "{stats}");
+    work.write("h.h", "#define VAL 5\n");
+    let (changed, stats) = run(true);
+    assert_eq!(
+        changed,
+        plain.replace(" 4", " 5"),
+        "a stale kernel: {stats}"
+    );
+    assert_eq!(stat(&stats, "compiled"), 1, "{stats}");
+    assert_eq!(work.entries(), 2);
 }

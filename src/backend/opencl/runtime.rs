@@ -351,24 +351,26 @@ impl Program {
         .unwrap_or_else(|e| format!("(no build log: {e})"))
     }
 
-    /// Makes the program for `device` into `what`. On failure the program is released
-    /// (dropped) and the error carries the OpenCL status and the compiler's log.
+    /// Makes the program for `devices` (one or more) into `what`. On failure the program is
+    /// released (dropped) and the error carries the OpenCL status and the compiler's log (of
+    /// the first device).
     fn make(
         self,
-        device: cl_device_id,
+        devices: &[cl_device_id],
         options: &CString,
         what: Make<'_>,
     ) -> std::result::Result<Program, BuildError> {
-        // SAFETY: the program is live and belongs to a context containing `device`; `options`
-        // is a C string that outlives the call; the headers are live programs, one name each;
-        // without a callback the call is synchronous.
+        let count = devices.len() as cl_uint;
+        // SAFETY: the program is live and belongs to a context containing `devices`, `count`
+        // of them; `options` is a C string that outlives the call; the headers are live
+        // programs, one name each; without a callback the call is synchronous.
         let (code, call) = unsafe {
             match what {
                 Make::Executable => (
                     (self.api.clBuildProgram)(
                         self.raw,
-                        1,
-                        &device,
+                        count,
+                        devices.as_ptr(),
                         options.as_ptr(),
                         None,
                         ptr::null_mut(),
@@ -378,8 +380,8 @@ impl Program {
                 Make::Object(headers) => (
                     (self.api.clCompileProgram)(
                         self.raw,
-                        1,
-                        &device,
+                        count,
+                        devices.as_ptr(),
                         options.as_ptr(),
                         headers.programs.len() as cl_uint,
                         headers.programs.as_ptr(),
@@ -399,7 +401,7 @@ impl Program {
             format!(
                 "{call}: {} ({code})\n{}",
                 status_name(code),
-                self.build_log(device)
+                self.build_log(devices[0])
             ),
         ))
     }
@@ -488,7 +490,7 @@ pub(crate) fn make_from_source(
             format!("clCreateProgramWithSource: {} ({code})", status_name(code)),
         ));
     }
-    Program { api, raw }.make(device.0, options, what)
+    Program { api, raw }.make(&[device.0], options, what)
 }
 
 /// `clCreateProgramWithBinary` + `clBuildProgram`, or for a compiled object the program
@@ -502,29 +504,43 @@ pub(crate) fn build_from_binary(
     options: &CString,
     what: Make<'_>,
 ) -> std::result::Result<Program, BuildError> {
-    let length = binary.len();
-    let data = binary.as_ptr();
-    let mut binary_status = CL_SUCCESS;
+    build_from_binaries(api, context, &[(device, binary)], options, what)
+}
+
+/// [`build_from_binary`] of one program for several devices of `context`, a binary each.
+pub(crate) fn build_from_binaries(
+    api: &'static Api,
+    context: ContextRef<'_>,
+    binaries: &[(Device, &[u8])],
+    options: &CString,
+    what: Make<'_>,
+) -> std::result::Result<Program, BuildError> {
+    let devices: Vec<cl_device_id> = binaries.iter().map(|(device, _)| device.0).collect();
+    let lengths: Vec<usize> = binaries.iter().map(|(_, binary)| binary.len()).collect();
+    let data: Vec<*const u8> = binaries.iter().map(|(_, binary)| binary.as_ptr()).collect();
+    let mut binary_status = vec![CL_SUCCESS; binaries.len()];
     let mut code = CL_SUCCESS;
-    // SAFETY: a live context and device; one binary of `length` readable bytes; both status
-    // outputs are valid for one write.
+    // SAFETY: a live context and devices of it; as many binaries, each of its length in
+    // readable bytes, and status outputs, one per device.
     let raw = unsafe {
         (api.clCreateProgramWithBinary)(
             context.raw,
-            1,
-            &device.0,
-            &length,
-            &data,
-            &mut binary_status,
+            devices.len() as cl_uint,
+            devices.as_ptr(),
+            lengths.as_ptr(),
+            data.as_ptr(),
+            binary_status.as_mut_ptr(),
             &mut code,
         )
     };
     let program = (!raw.is_null()).then_some(Program { api, raw });
     if program.is_none() || code != CL_SUCCESS {
-        let code = if code == CL_SUCCESS {
-            binary_status
-        } else {
-            code
+        let code = match code {
+            CL_SUCCESS => binary_status
+                .into_iter()
+                .find(|&status| status != CL_SUCCESS)
+                .unwrap_or(CL_INVALID_BINARY),
+            code => code,
         };
         return Err(BuildError::new(
             code,
@@ -533,7 +549,7 @@ pub(crate) fn build_from_binary(
     }
     let program = program.expect("checked non-null above");
     match what {
-        Make::Executable => program.make(device.0, options, what),
+        Make::Executable => program.make(&devices, options, what),
         Make::Object(_) => Ok(program),
     }
 }

@@ -11,7 +11,9 @@ mod kernels;
 use super::answer_info;
 use super::dispatch::{entry, slot};
 use super::tracked::Tracked;
-use crate::backend::opencl::runtime::{ContextRef, EmbeddedHeaders, Make};
+use crate::backend::opencl::runtime::{
+    self, ContextRef, Device, DeviceIdentity, EmbeddedHeaders, Make, options_cstring,
+};
 use crate::backend::opencl::sys::*;
 use crate::backend::opencl::{OpenClCache, OpenClOptions, Program};
 use crate::disk::{Persistence, PersistenceConfig};
@@ -200,9 +202,13 @@ impl Layer {
 
     /// The served build of `clBuildProgram(program, devices, options)` (or of
     /// `clCompileProgram`, `make` saying which, with its `embedded` headers), or `None` to leave
-    /// the build to the driver: a program not from source, a context of several devices,
-    /// options or source that are not text, inputs kcache cannot key, any error (a failing
-    /// build included: the driver's own build then gives the application its error and log).
+    /// the build to the driver: a program not from source, options or source that are not
+    /// text, a device list that is not of the program's context, inputs kcache cannot key, any
+    /// error (a failing build included: the driver's own build then gives the application its
+    /// error and log).
+    ///
+    /// A build for several devices is one entry per device (per kind of device: devices of one
+    /// identity share a binary, as on disk), whose binaries make the program served.
     fn serve(
         &self,
         program: cl_program,
@@ -221,28 +227,10 @@ impl Layer {
         };
         // SAFETY: the program holds a reference to its context, so the context is live.
         let context = unsafe { ContextRef::from_raw(context as cl_context) };
-        let devices = context.devices(self.api).ok()?;
-        let [device] = devices[..] else {
-            return None;
-        };
-        let listed = match (num_devices, device_list.is_null()) {
-            (0, true) => true,
-            // SAFETY: a list of one device, as the application said.
-            (1, false) => (unsafe { *device_list }) == device.raw(),
-            _ => false,
-        };
-        if !listed {
-            return None;
-        }
+        // SAFETY: the application's list of `num_devices` devices.
+        let devices = unsafe { self.build_devices(context, num_devices, device_list) }?;
         let cache = self.cache()?;
-        // A build kcache cannot key goes to the driver, which reads what it reads.
-        let built = match cache.lookup(context, device, &[&source], options, make, embedded) {
-            Ok(found) => found.and_then(|lease| lease.value().retain()),
-            Err(why) => {
-                cache.passed_through(&why);
-                return None;
-            }
-        };
+        let built = self.served_for(cache, context, &devices, &source, options, make, embedded);
         // The program is the application's from here; the memory tier would keep its context
         // alive after the application released it.
         let _ = cache.evict_context(context.raw());
@@ -254,6 +242,85 @@ impl Layer {
                 None
             }
         }
+    }
+
+    /// The devices of `context`, in its order, when the build is for all of them: no list, or
+    /// a list of each once. `None` for a build for some of them, which the driver builds: a
+    /// program's binaries and build answers are per device of its context, and one served for
+    /// fewer devices would answer for fewer.
+    ///
+    /// # Safety
+    /// `device_list`, when not null, holds `num_devices` devices.
+    unsafe fn build_devices(
+        &self,
+        context: ContextRef<'_>,
+        num_devices: cl_uint,
+        device_list: *const cl_device_id,
+    ) -> Option<Vec<Device>> {
+        let devices = context.devices(self.api).ok()?;
+        let all = match (num_devices as usize, device_list.is_null()) {
+            (0, true) => true,
+            (count, false) if count == devices.len() => {
+                // SAFETY: `num_devices` devices, as the caller promises.
+                let listed = unsafe { std::slice::from_raw_parts(device_list, count) };
+                devices.iter().all(|device| listed.contains(&device.raw()))
+            }
+            _ => false,
+        };
+        (all && !devices.is_empty()).then_some(devices)
+    }
+
+    /// The program built for `devices` from kcache's tiers. `Error::Unavailable` for inputs
+    /// kcache cannot key (counted as passed through).
+    #[allow(clippy::too_many_arguments)]
+    fn served_for(
+        &self,
+        cache: &OpenClCache,
+        context: ContextRef<'_>,
+        devices: &[Device],
+        source: &str,
+        options: &str,
+        make: Make<'_>,
+        embedded: &[Embedded<'_>],
+    ) -> Result<Program, Error> {
+        let lookup = |device: Device| match cache.lookup(
+            context,
+            device,
+            &[source],
+            options,
+            make,
+            embedded,
+        ) {
+            Ok(found) => found,
+            Err(why) => {
+                cache.passed_through(&why);
+                Err(Error::Unavailable(why.to_string()))
+            }
+        };
+        if let [device] = devices[..] {
+            return lookup(device)?.value().retain();
+        }
+        let mut binaries: Vec<(DeviceIdentity, Vec<u8>)> = Vec::new();
+        let mut each = Vec::with_capacity(devices.len());
+        for &device in devices {
+            let identity = DeviceIdentity::query_with(self.api, device)?;
+            let index = match binaries.iter().position(|(seen, _)| *seen == identity) {
+                Some(index) => index,
+                None => {
+                    let binary = lookup(device)?.value().binary()?;
+                    binaries.push((identity, binary));
+                    binaries.len() - 1
+                }
+            };
+            each.push(index);
+        }
+        let each: Vec<(Device, &[u8])> = devices
+            .iter()
+            .zip(each)
+            .map(|(&device, index)| (device, &binaries[index].1[..]))
+            .collect();
+        let options = options_cstring(options)?;
+        runtime::build_from_binaries(self.api, context, &each, &options, make).map_err(Error::Build)
     }
 
     /// The handle the answer about `program`'s build comes from.
