@@ -264,3 +264,35 @@ fn ptx_from_an_nvrtc_newer_than_the_driver_is_refused_before_compiling() {
     assert_eq!(nvrtc.compiles(), 0, "nothing compiled");
     assert_eq!(driver.counter("link_create"), 0);
 }
+
+/// The fake NVRTC reads no header; kcache does, and keys them (`docs/cuda.md`).
+#[test]
+fn a_changed_header_is_compiled_again_and_a_computed_include_is_cached_nowhere() {
+    let (_driver, nvrtc, c0, cache) = memory_only();
+    let headers = tempfile::tempdir().unwrap();
+    let header = headers.path().join("scale.cuh");
+    std::fs::write(&header, "#define SCALE 2.0f\n").unwrap();
+    let include = format!("--include-path={}", headers.path().display());
+    let options = [include.as_str()];
+    let keyed = format!("#include \"scale.cuh\"\n{SOURCE}");
+    let build = |source: &str| {
+        cache
+            .find_or_build_source(ctx(c0), source, &options, &[])
+            .unwrap()
+    };
+    drop(build(&keyed));
+    drop(build(&keyed));
+    assert_eq!(nvrtc.compiles(), 1);
+    std::fs::write(&header, "#define SCALE 3.0f\n").unwrap();
+    drop(build(&keyed));
+    assert_eq!(
+        nvrtc.compiles(),
+        2,
+        "a changed header served its old module"
+    );
+    let computed = format!("#define HEADER \"scale.cuh\"\n#include HEADER\n{SOURCE}");
+    drop(build(&computed));
+    drop(build(&computed));
+    assert_eq!(nvrtc.compiles(), 4);
+    assert_eq!(cache.stats().passed_through, 2);
+}

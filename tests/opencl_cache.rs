@@ -416,3 +416,58 @@ fn entry_files(dir: &Path) -> Vec<String> {
         .filter(|name| !name.starts_with('.'))
         .collect()
 }
+
+/// `y = SCALE * x + y`, `SCALE` from the header `scale.h` included by `include`.
+fn scaled(include: &str) -> String {
+    format!(
+        "{include}\n__kernel void saxpy(__global float *y, __global const float *x) {{\n\
+         size_t i = get_global_id(0);\n y[i] = SCALE * x[i] + y[i];\n}}\n"
+    )
+}
+
+/// Runs the scaled saxpy of `lease` on `x = 2i`, `y = i`: each `y[i]` over `i` is
+/// `1 + 2 * SCALE`.
+fn scale_of(context: &Context, lease: &ProgramLease) -> f32 {
+    let n = 8;
+    let mut y: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let x: Vec<f32> = (0..n).map(|i| (2 * i) as f32).collect();
+    let mut args = [KernelArg::Floats(&mut y), KernelArg::Input(&x)];
+    run_kernel(context, lease.value(), "saxpy", &mut args, n).unwrap();
+    (y[1] - 1.0) / 2.0
+}
+
+#[test]
+fn a_changed_header_is_built_again_and_an_include_kcache_cannot_key_is_cached_nowhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let headers = tempfile::tempdir().unwrap();
+    let header = headers.path().join("scale.h");
+    std::fs::write(&header, "#define SCALE 0.5f\n").unwrap();
+    let options = format!("-I {}", headers.path().display());
+    let context = Context::first_device().unwrap();
+    let cache = cache_with_disk(dir.path());
+    let source = scaled("#include \"scale.h\"");
+    let lookup = |source: &str| find(&cache, &context, &[source], &options).unwrap();
+    assert_eq!(scale_of(&context, &lookup(&source)), 0.5);
+    assert_eq!(scale_of(&context, &lookup(&source)), 0.5);
+    assert_eq!(stats(&cache).source_builds, 1);
+    std::fs::write(&header, "#define SCALE 1.5f\n").unwrap();
+    assert_eq!(scale_of(&context, &lookup(&source)), 1.5, "a stale program");
+    assert_eq!(stats(&cache).source_builds, 2);
+    // A computed include: compiled on every lookup, the header's value each time, kept nowhere.
+    let computed = scaled("#define HEADER \"scale.h\"\n#include HEADER");
+    assert_eq!(scale_of(&context, &lookup(&computed)), 1.5);
+    std::fs::write(&header, "#define SCALE 2.5f\n").unwrap();
+    assert_eq!(scale_of(&context, &lookup(&computed)), 2.5);
+    let counts = stats(&cache);
+    assert_eq!((counts.source_builds, counts.passed_through), (4, 2));
+    cache.flush();
+    let entries = Persistence::open(PersistenceConfig::in_dir(dir.path()))
+        .unwrap()
+        .entries()
+        .unwrap();
+    assert_eq!(
+        entries.len(),
+        2,
+        "one entry per header text, none passed through"
+    );
+}

@@ -9,13 +9,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../checks.h"
 
 static const char *SOURCE =
     "__kernel void add_one(__global float *x) { x[get_global_id(0)] += 1.0f; }\n";
 
-static int run_add_one(cl_context context, cl_command_queue queue, void *program) {
+/* Runs the kernel add_one of `program` on 0..63: whether each element grew by `amount`. */
+static int run_add(cl_context context, cl_command_queue queue, void *program, float amount) {
     float data[64];
     cl_int err;
     for (int i = 0; i < 64; i++) data[i] = (float)i;
@@ -30,8 +32,12 @@ static int run_add_one(cl_context context, cl_command_queue queue, void *program
     clReleaseKernel(kernel);
     clReleaseMemObject(buffer);
     for (int i = 0; i < 64; i++)
-        if (data[i] != (float)i + 1.0f) return 0;
+        if (data[i] != (float)i + amount) return 0;
     return 1;
+}
+
+static int run_add_one(cl_context context, cl_command_queue queue, void *program) {
+    return run_add(context, queue, program, 1.0f);
 }
 
 static cl_uint reference_count(void *program) {
@@ -160,6 +166,55 @@ static int test_unavailable(void) {
     return check_finish("opencl_test unavailable");
 }
 
+static void write_file(const char *path, const char *text) {
+    FILE *file = fopen(path, "w");
+    REQUIRE(file != NULL);
+    REQUIRE(fputs(text, file) >= 0 && fclose(file) == 0);
+}
+
+/* A header the source includes is an input of the build: changed, the program is built again;
+ * included through a computed name, kcache cannot key it, and the build is cached nowhere. */
+static void test_headers(const char *dir, cl_context context, cl_device_id device,
+                         cl_command_queue queue) {
+    char headers[4096], header[4200], options[4200];
+    snprintf(headers, sizeof headers, "%s-headers", dir);
+    REQUIRE(mkdir(headers, 0700) == 0);
+    snprintf(header, sizeof header, "%s/amount.h", headers);
+    snprintf(options, sizeof options, "-I %s", headers);
+    write_file(header, "#define AMOUNT 2.0f\n");
+    const char *sources[] = {
+        "#include \"amount.h\"\n"
+        "__kernel void add_one(__global float *x) { x[get_global_id(0)] += AMOUNT; }\n",
+        "#define HEADER \"amount.h\"\n#include HEADER\n"
+        "__kernel void add_one(__global float *x) { x[get_global_id(0)] += AMOUNT; }\n",
+    };
+    kc_opencl_options opts = kc_opencl_options_default();
+    kc_persistence *tiers = persistence_in(dir);
+    kc_opencl_cache *cache = NULL;
+    EXPECT(kc_opencl_cache_new(&opts, tiers, &cache) == KC_OK);
+    kc_opencl_lease *lease = NULL;
+    float amounts[] = {2.0f, 2.0f, 3.0f};
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) write_file(header, "#define AMOUNT 3.0f\n");
+        EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &sources[0], NULL, 1,
+                                             options, &lease) == KC_OK);
+        EXPECT(run_add(context, queue, kc_opencl_lease_program(lease), amounts[i]));
+        kc_opencl_lease_release(lease);
+    }
+    kc_opencl_cache_statistics s = stats_of(cache);
+    EXPECT(s.source_builds == 2 && s.memory.hits == 1 && s.passed_through == 0);
+    for (int i = 0; i < 2; i++) {
+        EXPECT(kc_opencl_cache_find_or_build(cache, context, device, &sources[1], NULL, 1,
+                                             options, &lease) == KC_OK);
+        EXPECT(run_add(context, queue, kc_opencl_lease_program(lease), 3.0f));
+        kc_opencl_lease_release(lease);
+    }
+    s = stats_of(cache);
+    EXPECT(s.source_builds == 4 && s.memory.hits == 1 && s.passed_through == 2);
+    kc_opencl_cache_free(cache);
+    kc_persistence_free(tiers);
+}
+
 int main(int argc, char **argv) {
     REQUIRE_ARGS(argc, 1, "opencl_test CACHE_DIR | unavailable");
     if (strcmp(argv[1], "unavailable") == 0) return test_unavailable();
@@ -274,6 +329,9 @@ int main(int argc, char **argv) {
     kc_persistence_free(tiers);
 
     test_own_reference(context, device, queue);
+    char headers_dir[4096];
+    snprintf(headers_dir, sizeof headers_dir, "%s-headers-cache", argv[1]);
+    test_headers(headers_dir, context, device, queue);
 
     clReleaseCommandQueue(queue);
     clReleaseContext(context);

@@ -31,14 +31,18 @@ def context() -> object:
     return cl.Context(devices=[platforms[0].get_devices()[0]])
 
 
-def run_twice(context: object, program: object) -> list[float]:
+def run_kernel(context: object, program: object, kernel: str, data: object) -> list[float]:
+    """Runs `kernel` of `program` over `data` (float32, read and written), and reads it back."""
     queue = cl.CommandQueue(context)
-    data = np.arange(4, dtype=np.float32)
     buf = cl.Buffer(context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
-    program.twice(queue, data.shape, None, buf)  # type: ignore[attr-defined]
+    getattr(program, kernel)(queue, data.shape, None, buf)  # type: ignore[attr-defined]
     cl.enqueue_copy(queue, data, buf)
     queue.finish()
-    return [float(x) for x in data]
+    return [float(x) for x in data]  # type: ignore[attr-defined]
+
+
+def run_twice(context: object, program: object) -> list[float]:
+    return run_kernel(context, program, "twice", np.arange(4, dtype=np.float32))
 
 
 def test_a_program_is_compiled_once_and_runs(context: object, tmp_path: Path) -> None:
@@ -53,6 +57,30 @@ def test_a_program_is_compiled_once_and_runs(context: object, tmp_path: Path) ->
         # Evicting gives up the cache's reference only: the caller's program still works.
         assert cache.evict_context(context) == 1
         assert run_twice(context, program) == [0.0, 2.0, 4.0, 6.0]
+
+
+def run_scaled(context: object, program: object) -> float:
+    """What the kernel ``scale`` multiplied 1.0 by."""
+    return run_kernel(context, program, "scale", np.ones(1, dtype=np.float32))[0]
+
+
+def test_a_changed_header_is_built_again(context: object, tmp_path: Path) -> None:
+    headers = tmp_path / "include"
+    headers.mkdir()
+    (headers / "factor.h").write_text("#define FACTOR 3.0f\n")
+    kernel = "__kernel void scale(__global float *x) { x[get_global_id(0)] *= FACTOR; }\n"
+    keyed = '#include "factor.h"\n' + kernel
+    computed = '#define HEADER "factor.h"\n#include HEADER\n' + kernel
+    options = ["-I", str(headers)]
+    with kcache.opencl.ProgramCache(disk_dir=tmp_path / "kc") as cache:
+        assert run_scaled(context, cache.get_program(context, None, keyed, options)) == 3.0
+        assert run_scaled(context, cache.get_program(context, None, keyed, options)) == 3.0
+        (headers / "factor.h").write_text("#define FACTOR 5.0f\n")
+        assert run_scaled(context, cache.get_program(context, None, keyed, options)) == 5.0
+        # kcache cannot key a computed include: compiled, cached nowhere, counted.
+        assert run_scaled(context, cache.get_program(context, None, computed, options)) == 5.0
+        stats = cache.stats()
+        assert (stats.source_builds, stats.memory.hits, stats.passed_through) == (3, 1, 1)
 
 
 def test_threads_share_one_compile(context: object, tmp_path: Path) -> None:

@@ -211,6 +211,7 @@ class OpenclCacheStatistics(Structure):
         ("disk_hits", c_uint64),
         ("disk_misses", c_uint64),
         ("disk_errors", c_uint64),
+        ("passed_through", c_uint64),
     ]
 
 
