@@ -210,6 +210,16 @@ fn a_header_included_by_a_header_beside_it() {
 }
 
 #[test]
+fn an_include_next_of_the_header_further_on_the_search_path() {
+    let work = Work::new(&[
+        ("kernel.cl", &kernel("#include <v.h>")),
+        ("a/v.h", "#include_next <v.h>\n#define VAL (BASE + 1)\n"),
+        ("b/v.h", "#define BASE 40\n"),
+    ]);
+    rebuilt_when_changed(&work, "-I a -I b", "b/v.h", "#define BASE 50\n", [41, 51]);
+}
+
+#[test]
 fn an_include_of_an_absolute_path() {
     let work = Work::new(&[("abs/h.h", "#define VAL 9\n")]);
     let path = work.cwd().join("abs/h.h");
