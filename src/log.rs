@@ -239,6 +239,8 @@ pub(crate) enum Warning {
     RemoteUnkeyed,
     /// `KCACHE_EXIT_TIMEOUT` is not a number of seconds: the default is used.
     ExitTimeout,
+    /// The cache directory cannot be written (full, read-only, ...): nothing is cached in it.
+    CannotWrite,
     /// `KCACHE_LOG` names no level: `warn` is used.
     LogLevel,
 }

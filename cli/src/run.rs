@@ -89,6 +89,12 @@ pub fn run(target: &Target, stats: bool, command: &[OsString]) -> Result<u8, Fai
     let before = counters(&cache);
     let status = child.status().map_err(|e| cannot_run(program, e))?;
     match (&cache, before, counters(&cache)) {
+        // Its processes could neither cache nor count anything there.
+        (Ok(cache), _, _) if let Some(why) = cache.cannot_write() => eprintln!(
+            "kcache run: nothing was cached, and builds were not counted: {} cannot be written \
+             ({why})",
+            cache.path().display()
+        ),
         (Ok(cache), Some(before), Some(after)) => print_saved(cache.path(), before, after),
         (Err(e), _, _) => eprintln!("kcache run: no disk tier, nothing was cached: {e}"),
         _ => eprintln!("kcache run: the directory's counters cannot be read"),

@@ -6,6 +6,9 @@
 //! Real processes on PoCL, each run in a working directory of the test's, where relative names
 //! are found.
 
+mod common;
+use common::python;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -24,14 +27,6 @@ program.k(queue, (1,), None, buf)
 cl.enqueue_copy(queue, out, buf)
 print(int(out[0]))
 "#;
-
-fn python() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
 
 fn layer_is_built() {
     let layer = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
@@ -91,16 +86,11 @@ impl Work {
             command.args(&probe[1..]);
             command
         };
-        let output = command
+        let output = common::pocl_clean(&mut command)
             .current_dir(self.cwd())
             .env("KCACHE_DIR", self.temp.path().join("kcache"))
             .env("POCL_CACHE_DIR", self.temp.path().join("pocl"))
             .env("POCL_KERNEL_CACHE", "0")
-            .env("PYOPENCL_NO_CACHE", "1")
-            .env("PYOPENCL_CTX", "0")
-            .env_remove("OPENCL_LAYERS")
-            .env_remove("KCACHE_DISABLE")
-            .env_remove("KCACHE_LOG")
             .envs(env.iter().copied())
             .output()
             .unwrap();

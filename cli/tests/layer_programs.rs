@@ -5,6 +5,9 @@
 //! The layer library must be built next to the command (`cargo build --workspace`, which the
 //! test command's `cargo test --workspace` does).
 
+mod common;
+use common::python;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -12,15 +15,6 @@ use kcache::disk::{DirectoryCounters, Persistence, PersistenceConfig};
 
 /// pyopencl's examples as Debian installs them (python-pyopencl-doc).
 const EXAMPLES: &str = "/usr/share/doc/python-pyopencl-doc/examples";
-
-/// The Python with numpy and pyopencl: the system's.
-fn python() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
 
 fn layer() -> PathBuf {
     let layer = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
@@ -64,13 +58,9 @@ impl Setup {
             command.args(&program[1..]);
             command
         };
-        command
+        common::pocl_clean(&mut command)
             .env("KCACHE_DIR", &self.dir)
             .env("POCL_CACHE_DIR", &self.pocl)
-            .env("PYOPENCL_NO_CACHE", "1")
-            .env("PYOPENCL_CTX", "0")
-            .env_remove("OPENCL_LAYERS")
-            .env_remove("KCACHE_DISABLE")
             .envs(extra.iter().copied());
         command
     }

@@ -28,7 +28,7 @@ pub(super) const BEAT: Duration = Duration::from_millis(200);
 pub(super) const OFFSET: u64 = 2;
 
 /// The bytes of a beat: the holder's token, then its count, little-endian.
-const LEN: usize = 16;
+pub(super) const LEN: usize = 16;
 
 /// What a lock file says of its holder's life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

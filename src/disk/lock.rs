@@ -35,9 +35,10 @@
 //! once, it does not wait for again ([`liveness`]): a stuck leader costs a process one wait,
 //! however many of its entries the process needs.
 
+use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
@@ -45,7 +46,7 @@ use rustix::io::Errno;
 
 use super::evict::lstat_at;
 use super::liveness::{self, Verdict, Watch};
-use super::{Inner, budget, bump, heartbeat};
+use super::{Inner, budget, bump, heartbeat, unwritable};
 use crate::ffi::lock_fds::TrackedFd;
 use crate::key::Key;
 use crate::log;
@@ -73,6 +74,38 @@ const ABANDONED: u8 = b'F';
 const WANTED: u8 = b'W';
 
 const LOCK_SUFFIX: &str = ".lock";
+
+/// The bytes of a lock file: the two marks, then its holder's beat.
+const RECORD_LEN: u64 = heartbeat::OFFSET + heartbeat::LEN as u64;
+
+/// The lock files this process holds, by name, with the process that took each (a forked
+/// child inherits the table, not the locks). A lookup that finds its entry's lock held by its
+/// own process waits for it as for another's (the holder publishes what it held back once it
+/// sees the wait), but that is no wait for another process, and is not counted as one.
+#[derive(Default)]
+pub(super) struct OwnLocks(Mutex<HashMap<String, u32>>);
+
+impl OwnLocks {
+    fn set(&self, name: &str, held: bool) {
+        let mut names = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if held {
+            names.insert(name.to_owned(), std::process::id());
+        } else {
+            names.remove(name);
+        }
+    }
+
+    /// The table, held across a fork (the disk tier's `ForkLocked`), which would otherwise
+    /// leave a child a lock held by a thread it does not have.
+    pub(super) fn lock_for_fork(&self) -> MutexGuard<'_, HashMap<String, u32>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ours(&self, name: &str) -> bool {
+        let names = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        names.get(name) == Some(&std::process::id())
+    }
+}
 
 /// The lock file of the entry `entry_name`.
 pub(super) fn lock_name(entry_name: &str) -> String {
@@ -111,6 +144,27 @@ pub(crate) struct KeyLock {
 }
 
 impl KeyLock {
+    /// This lock, which this process has just taken, once its file's record bytes are
+    /// allocated: marking and beating it then need no space, so a full filesystem cannot
+    /// leave a waiter waiting the lock timeout for a mark that could not be written. `None`
+    /// (the file unlinked and let go) when they cannot be: the directory takes no writes, so no
+    /// entry would come of the lock anyway.
+    fn reserved(self) -> Option<KeyLock> {
+        let fd = self.file.get()?;
+        if let Err(e) = reserve(fd) {
+            unwritable::note(&self.inner, &e.into());
+            log::debug(|| {
+                format!(
+                    "disk lock: {}: cannot be written ({e}): building without it",
+                    self.name
+                )
+            });
+            return None;
+        }
+        self.inner.held.set(&self.name, true);
+        Some(self)
+    }
+
     /// Whether a process has waited for this lock since it was taken (or, after a takeover,
     /// since the flight began).
     pub(crate) fn wanted(&self) -> bool {
@@ -138,6 +192,7 @@ impl Drop for KeyLock {
         let Some(fd) = self.file.get() else {
             return;
         };
+        self.inner.held.set(&self.name, false);
         if is_linked(&self.inner, fd, &self.name) {
             let _ = rustix::fs::unlinkat(&self.inner.dir, self.name.as_str(), AtFlags::empty());
         }
@@ -154,6 +209,20 @@ fn is_linked(inner: &Inner, fd: BorrowedFd<'_>, name: &str) -> bool {
 
 fn entry_exists(inner: &Inner, entry_name: &str) -> bool {
     lstat_at(&inner.dir, entry_name).is_ok_and(|m| m.is_file())
+}
+
+/// Extends the lock file `fd` to [`RECORD_LEN`] bytes with zeros, keeping what it holds.
+fn reserve(fd: BorrowedFd<'_>) -> rustix::io::Result<()> {
+    let len = rustix::fs::fstat(fd)?.st_size as u64;
+    if len >= RECORD_LEN {
+        return Ok(());
+    }
+    let zeros = [0u8; RECORD_LEN as usize];
+    let missing = &zeros[..(RECORD_LEN - len) as usize];
+    match rustix::io::pwrite(fd, missing, len)? {
+        n if n == missing.len() => Ok(()),
+        _ => Err(Errno::NOSPC),
+    }
 }
 
 /// Whether the lock file `fd` carries the leader's mark that no entry will come.
@@ -287,7 +356,8 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     let left = budget::left(inner.lock_timeout);
     let deadline = started.checked_add(left);
     let c = &inner.counters;
-    let mut counted_wait = false;
+    // A wait for this process's own flight is no wait for another process.
+    let mut counted_wait = inner.held.ours(&name);
     let mut count_wait = || {
         if !std::mem::replace(&mut counted_wait, true) {
             bump(&c.lock_waits, 1);
@@ -387,6 +457,9 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
         if waited || took_over {
             bump(&c.lock_takeovers, 1);
         }
+        let Some(held) = held.reserved() else {
+            return Claim::Alone;
+        };
         heartbeat::start(&held.file);
         return Claim::Leader(held);
     }
@@ -440,12 +513,14 @@ pub(super) fn exclusive(inner: &Arc<Inner>, key: &Key) -> Option<KeyLock> {
                     bump(&inner.counters.lock_waits, 1);
                 }
                 if file.get().is_some_and(|fd| is_linked(inner, fd, &name)) {
-                    heartbeat::start(&file);
-                    return Some(KeyLock {
+                    let held = KeyLock {
                         inner: Arc::clone(inner),
                         file,
                         name,
-                    });
+                    }
+                    .reserved()?;
+                    heartbeat::start(&held.file);
+                    return Some(held);
                 }
             }
             Acquired::Again { .. } => {}

@@ -16,6 +16,8 @@
 //! - `listing`: entries one at a time, for operators' tools: list, check, remove.
 //! - `shards`: counters every process using the directory adds to, for operators' tools;
 //!   `reported`: the figures the caches in front of the tier hand it for them.
+//! - `unwritable`: a directory that takes no writes (full, read-only): said once, and on
+//!   request.
 //! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
 //!   as here.
 //!
@@ -41,6 +43,7 @@ mod shards;
 mod shared;
 mod store;
 mod units;
+mod unwritable;
 mod write_back;
 mod writer;
 
@@ -113,6 +116,8 @@ struct Inner {
     persisted: shards::Persisted,
     index: evict::Index,
     writer: writer::Writer,
+    /// The entry locks this process holds.
+    held: lock::OwnLocks,
     /// The remote tier behind this one, if configured.
     remote: Option<Arc<Remote>>,
 }
@@ -258,6 +263,7 @@ impl Persistence {
             persisted: shards::Persisted::default(),
             index: evict::Index::default(),
             writer: writer::Writer::default(),
+            held: lock::OwnLocks::default(),
             remote,
         });
         evict::start_scan(&inner);
@@ -360,6 +366,13 @@ impl Persistence {
     pub fn flush(&self) {
         self.inner.writer.flush();
         shards::persist(&self.inner);
+    }
+
+    /// Why the directory cannot take writes now (a read-only or full filesystem, no write
+    /// permission), as far as its filesystem tells; `None` when it can. Where it cannot,
+    /// nothing is cached in it, and processes say so once each (a warning).
+    pub fn cannot_write(&self) -> Option<String> {
+        unwritable::reason(&self.inner)
     }
 
     /// What a lookup that missed `key` does: build as the leader, read what another process

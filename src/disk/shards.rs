@@ -26,7 +26,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
@@ -184,15 +184,17 @@ pub struct DirectoryStats {
 pub(super) struct Persisted(Mutex<DirectoryCounters>);
 
 /// A fork waits for a persist in progress and takes its lock: a child that inherited it held
-/// by a thread it does not have would wait forever at its first flush.
+/// by a thread it does not have would wait forever at its first flush. The same for the table
+/// of the entry locks this process holds, which every lookup that waits for a lock reads.
 impl ForkLocked for Inner {
     fn lock_for_fork(&self) -> Box<dyn Held + '_> {
-        Box::new(
+        Box::new((
             self.persisted
                 .0
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
-        )
+            self.held.lock_for_fork(),
+        ))
     }
 }
 
@@ -440,7 +442,14 @@ fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
     for (value, d) in record.values.iter_mut().zip(delta.to_array()) {
         *value = value.saturating_add(d);
     }
-    write(&file, &record)
+    write(&file, &record).inspect_err(|e| {
+        super::unwritable::note(inner, e);
+        // A file this write created and could not fill (a full filesystem) is no shard:
+        // removed, under its lock, rather than left empty for every tool to skip.
+        if file.metadata().is_ok_and(|meta| meta.len() == 0) {
+            let _ = rustix::fs::unlinkat(&inner.dir, shard_name(index).as_str(), AtFlags::empty());
+        }
+    })
 }
 
 impl Persistence {

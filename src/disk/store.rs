@@ -172,6 +172,7 @@ pub(super) fn put(
         }
         Err(e) => {
             bump(&inner.counters.io_errors, 1);
+            super::unwritable::note(inner, &e);
             Err(Error::Io(format!(
                 "cannot write {} in {}: {e}",
                 name,

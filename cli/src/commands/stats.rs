@@ -32,6 +32,9 @@ pub struct StatsJson {
     counters_zeroed_unix_ns: Option<u64>,
     counter_shards: u32,
     counter_shards_ignored: u32,
+    /// Why the directory cannot be written now (full, read-only, no permission); `null` when
+    /// it can.
+    cannot_write: Option<String>,
 }
 
 /// The counters in `--json`: an object of every counter under its field's name.
@@ -116,6 +119,7 @@ pub fn directory_stats(
         counters_zeroed_unix_ns: persisted.last_zeroed.map(report::unix_nanos),
         counter_shards: persisted.shards,
         counter_shards_ignored: persisted.shards_ignored,
+        cannot_write: cache.cannot_write(),
     };
     Ok((out, oldest, newest))
 }
@@ -128,6 +132,9 @@ pub fn stats(target: &Target, json: bool) -> Result<u8, Failure> {
     }
     let now = SystemTime::now();
     out!("directory:  {}", out.dir);
+    if let Some(why) = &out.cannot_write {
+        out!("writable:   no, {why}: processes cache nothing here, and count nothing");
+    }
     out!(
         "entries:    {} ({}), cap {} ({:.1} % used)",
         out.entries,

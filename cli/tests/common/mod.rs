@@ -1,5 +1,7 @@
 //! What every test of the command needs: running the built `kcache` on a directory, with an
 //! empty environment so that no `KCACHE_*` variable of the caller leaks in.
+// Each test binary uses some of these helpers, none uses all.
+#![allow(dead_code)]
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -28,9 +30,29 @@ pub fn json(dir: &Path, args: &[&str]) -> Value {
 }
 
 /// The directory counter `name` of the JSON of `stats --json`.
-#[allow(dead_code)] // Only the counter tests read counters.
 pub fn counter(stats: &Value, name: &str) -> u64 {
     stats["counters"][name]
         .as_u64()
         .unwrap_or_else(|| panic!("no counter {name}"))
+}
+
+/// The Python with numpy and pyopencl that the layer's tests run: the system's.
+pub fn python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+/// `command` with no setting of the caller's that would change what the OpenCL layer or the
+/// driver does: no layer of the caller's, no kcache switch or log level, PyOpenCL's own cache off
+/// and its first platform chosen without asking.
+pub fn pocl_clean(command: &mut Command) -> &mut Command {
+    command
+        .env("PYOPENCL_NO_CACHE", "1")
+        .env("PYOPENCL_CTX", "0")
+        .env_remove("OPENCL_LAYERS")
+        .env_remove("KCACHE_DISABLE")
+        .env_remove("KCACHE_LOG")
 }
