@@ -111,9 +111,16 @@ let run_destroy st v =
   | None -> 0
   | Some destroy -> ( match destroy v with () -> 0 | exception _ -> 1)
 
+external init : unit -> unit = "ml_kc_init"
+
+(* The stubs look the two up once, here, before any domain can make a cache. *)
 let () =
   Callback.register "kcache.run_build" run_build;
-  Callback.register "kcache.run_destroy" run_destroy
+  Callback.register "kcache.run_destroy" run_destroy;
+  init ()
+
+(* The stubs' code for a callback refused on a thread OCaml does not run (ML_FOREIGN_THREAD). *)
+let foreign_thread = -2
 
 let raise_failure st code =
   let found =
@@ -126,6 +133,11 @@ let raise_failure st code =
   in
   match found with
   | Some f -> Printexc.raise_with_backtrace f.exn f.backtrace
+  | None when code = foreign_thread ->
+      raise
+        (Error
+           ( Status.Build_failed,
+             "the build was called on a thread OCaml does not run: refused, not run" ))
   | None ->
       raise (Error (Status.Build_failed, Printf.sprintf "the build failed (code %d)" code))
 

@@ -28,7 +28,8 @@ val create : ('a, unit -> 'a t) with_options
 val free : 'a t -> unit
 (** Frees the cache: destroys every value no lease holds now, the others when their lease
     ends. Later calls on the cache raise [Invalid_argument]; a second [free] does nothing.
-    Raises [Invalid_argument] while another thread is inside a call on the cache. *)
+    [free] never waits and never fails: while other threads or domains are inside a call on
+    the cache, it takes effect when the last of those calls returns. *)
 
 val with_cache : ('a, ('a t -> 'b) -> 'b) with_options
 (** [with_cache f] creates a cache, runs [f] on it and frees it, however [f] returns. *)

@@ -19,13 +19,6 @@
 #define ML_KCACHE_H
 
 #define CAML_NAME_SPACE
-#include <caml/version.h>
-/* OCaml 5 runs domains in parallel, each with a runtime lock of its own: the counters of
- * struct ml_cache and the "no call in progress" check of a free would race across domains.
- * Refused at build time rather than left unsafe (docs/bindings-ocaml.md, "OCaml 5"). */
-#if OCAML_VERSION_MAJOR >= 5
-#error "kcache's OCaml binding needs OCaml 4.13 to 4.14: on OCaml 5 its stubs are not safe across domains"
-#endif
 #include <caml/alloc.h>
 #include <caml/callback.h>
 #include <caml/custom.h>
@@ -34,46 +27,106 @@
 #include <caml/mlvalues.h>
 #include <caml/threads.h>
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kcache.h"
 
-/* One OCaml cache. `refs` counts the cache itself and every value not yet destroyed, since
- * destroys may run after kc_cache_free returns (for values still leased); `calls` counts
- * calls running with the runtime lock released, so that a free during one is refused rather
- * than racing it. Both change only with the runtime lock held, which OCaml 4 has one of for
- * the whole process. */
+/* OCaml 4 has one runtime lock for the process; OCaml 5 one per domain, and domains run at
+ * once. So nothing the stubs share between calls relies on the runtime lock: a handle's use
+ * word and reference counts are atomics, a lease is taken out of its block by one exchange,
+ * and the OCaml callbacks are looked up once, when the module is initialised (ml_kc_init). */
+
+/* A handle's use word: ML_FREED once `free` was called, ML_DONE once the free was carried
+ * out, and above them the count of calls running on it. A call enters (counted) unless the
+ * handle is freed; a free marks it, and whoever sees no call left afterwards carries the free
+ * out, once (the free itself, or the last call to leave). So a free never races a call on
+ * another domain, and never waits for one: it takes effect when they return. */
+#define ML_FREED ((intptr_t)1)
+#define ML_DONE ((intptr_t)2)
+#define ML_CALL ((intptr_t)4)
+
+/* 1 when the caller is the one to carry out the free of a handle marked freed: no call left
+ * (a refused call's passing count is none: it re-checks as it goes), and ML_DONE not taken. */
+static inline int ml_claim(atomic_intptr_t *use) {
+  intptr_t u = atomic_load(use);
+  if ((u & ML_DONE) || u >= ML_CALL) return 0;
+  return !(atomic_fetch_or(use, ML_DONE) & ML_DONE);
+}
+
+/* Leaves a call: 1 when the handle was freed meanwhile and the caller must carry it out. */
+static inline int ml_leave(atomic_intptr_t *use) {
+  return (atomic_fetch_sub(use, ML_CALL) & ML_FREED) && ml_claim(use);
+}
+
+/* Enters a call: 1 when counted; 0 when the handle was freed (nothing counted); -1 the same,
+ * and the caller must carry the free out. */
+static inline int ml_enter(atomic_intptr_t *use) {
+  if (!(atomic_fetch_add(use, ML_CALL) & ML_FREED)) return 1;
+  return ml_leave(use) ? -1 : 0;
+}
+
+/* Marks the handle freed: 1 when the caller carries the free out now (no call running), 0
+ * when the last running call will, or when it was freed already. */
+static inline int ml_retire(atomic_intptr_t *use) {
+  return !(atomic_fetch_or(use, ML_FREED) & ML_FREED) && ml_claim(use);
+}
+
+/* One OCaml cache, shared by every domain that has its Kcache.t.
+ * - `live` counts the kc_cache and every value not yet destroyed (destroys may run after
+ *   kc_cache_free returns, for values still leased): the state is rooted while it is > 0.
+ * - `refs` counts the custom block that points here, and `live` while it is > 0: the struct
+ *   is freed when both are gone, so a domain holding the block never reads freed memory,
+ *   even racing a free. */
 struct ml_cache {
   kc_cache *cache;
-  value state; /* the OCaml state record, a generational global root */
-  intnat refs;
-  intnat calls;
+  value state; /* the OCaml state record, a generational global root while live > 0 */
+  atomic_intptr_t use;
+  atomic_intptr_t live;
+  atomic_intptr_t refs;
 };
+
+/* Where this thread is with respect to the runtime lock, for the callbacks kcache runs on it.
+ * A thread OCaml did not start (or one outside every stub) is ML_OUTSIDE: a callback arriving
+ * there is refused rather than run, since it could not take a runtime lock it has no right to
+ * (docs/bindings-ocaml.md, "Domains"). */
+enum ml_mode { ML_OUTSIDE = 0, ML_RELEASED, ML_HELD };
+extern _Thread_local enum ml_mode ml_mode;
+
+/* The code a callback returns when it is refused for arriving on a thread OCaml does not run;
+ * Kcache turns a build's into an error saying so. */
+#define ML_FOREIGN_THREAD (-2)
 
 /* Keys up to this length are copied onto the stack: a hit allocates nothing outside the
  * OCaml heap. */
 #define ML_SMALL_KEY 256
 
-/* Runs `call`, which may wait or run callbacks, with the runtime lock released, counted in
- * `*calls` meanwhile. */
-#define ML_UNLOCKED_CALL(calls, status, call) \
-  do {                                        \
-    (calls)++;                                \
-    caml_release_runtime_system();            \
-    (status) = (call);                        \
-    caml_acquire_runtime_system();            \
-    (calls)--;                                \
+/* Runs `stmt`, which may wait or run callbacks, with the runtime lock released. The caller
+ * has entered the handle (ml_enter), so a free is carried out after it leaves, or carries
+ * the free out. */
+#define ML_UNLOCKED(stmt)                   \
+  do {                                      \
+    enum ml_mode saved_ = ml_mode;          \
+    ml_mode = ML_RELEASED;                  \
+    caml_release_runtime_system();          \
+    stmt;                                   \
+    caml_acquire_runtime_system();          \
+    ml_mode = saved_;                       \
   } while (0)
 
-/* ML_UNLOCKED_CALL of a call whose failure raises (through ml_check) and whose success
- * returns nothing. */
-#define ML_UNLOCKED_CHECKED(calls, call)      \
-  do {                                        \
-    kc_status status_;                        \
-    ML_UNLOCKED_CALL(calls, status_, call);   \
-    ml_check(status_);                        \
+/* ML_UNLOCKED of a call whose status goes to `status`. */
+#define ML_UNLOCKED_CALL(status, call) ML_UNLOCKED((status) = (call))
+
+/* ML_UNLOCKED_CALL of a call on an entered handle: `leave` (the handle's leave), then a
+ * failure raises (ml_check); success returns nothing. */
+#define ML_UNLOCKED_CHECKED(leave, call)    \
+  do {                                      \
+    kc_status status_;                      \
+    ML_UNLOCKED_CALL(status_, call);        \
+    leave;                                  \
+    ml_check(status_);                      \
   } while (0)
 
 /* The value registered under `name` by the OCaml side; raises Failure if there is none. */
@@ -94,8 +147,16 @@ value ml_counters(const uint64_t *fields, size_t n, size_t size);
  * else into malloc'd memory the caller frees when the result is not `small`. */
 uint8_t *ml_key_copy(value vkey, uint8_t *small, size_t *len);
 
-/* The cache of a Kcache.t's raw block; raises Invalid_argument once it was freed. */
-struct ml_cache *ml_cache_of(value vcache);
+/* The cache of a Kcache.t's raw block, entered (the caller leaves it with ml_cache_leave);
+ * raises Invalid_argument once it was freed. */
+struct ml_cache *ml_cache_enter(value vcache);
+
+/* Leaves a call on the cache, carrying its free out if it was freed meanwhile and this was
+ * the last call. Runtime lock held. */
+void ml_cache_leave(struct ml_cache *mc);
+
+/* ml_cache_enter, or NULL (nothing entered) once the cache was freed. */
+struct ml_cache *ml_cache_try_enter(value vcache);
 
 /* Runs the OCaml function at `*fn` on `bytes` through run_build, with the runtime lock taken
  * back for the time of the call, and boxes and roots the value it returns. Returns the status
