@@ -1,5 +1,5 @@
-(* The types of Kcache's interface, without an interface of their own: kcache.ml includes
-   them and kcache.mli includes their signature, so that neither repeats them. *)
+(* The types of Kcache's interface, without an interface of their own: cache.ml includes
+   them and cache.mli includes their signature, so that neither repeats them. *)
 
 (** A function that takes a cache's options, then ['r]: {!Kcache.create} and
     {!Kcache.with_cache}. [max_entries] and [max_weight] bound the cache (0, the default:

@@ -1,4 +1,4 @@
-(* The checks both test programs use: each failure is printed and counted, and [finish] exits
+(* What the test programs share: each failure is printed and counted, and [finish] exits
    non-zero if any failed. *)
 
 let failures = ref 0
@@ -21,3 +21,12 @@ let finish what =
     exit 1
   end;
   Printf.printf "%s: all checks passed\n" what
+
+(* A fresh directory of the test's own, mode 0700. *)
+let private_dir () =
+  let dir =
+    Filename.concat (Filename.get_temp_dir_name ())
+      (Printf.sprintf "kcache-ocaml-%d-%d" (Unix.getpid ()) (Random.bits ()))
+  in
+  Unix.mkdir dir 0o700;
+  dir

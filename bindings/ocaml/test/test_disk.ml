@@ -3,14 +3,6 @@
 
 open Check
 
-let private_dir () =
-  let dir =
-    Filename.concat (Filename.get_temp_dir_name ())
-      (Printf.sprintf "kcache-ocaml-%d-%d" (Unix.getpid ()) (Random.bits ()))
-  in
-  Unix.mkdir dir 0o700;
-  dir
-
 let rec remove_tree path =
   if Sys.is_directory path then begin
     Array.iter (fun f -> remove_tree (Filename.concat path f)) (Sys.readdir path);
