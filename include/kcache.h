@@ -334,7 +334,7 @@ typedef struct kc_cuda_cache_statistics {
   uint64_t nvrtc_compiles;
   // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
   uint64_t nvrtc_failures;
-  // CUDA C++ builds kcache could not key (a header it cannot find, a computed `#include`,
+  // CUDA C++ builds kcache could not key (a computed `#include` it cannot expand,
   // an option that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles`
   // too.
   uint64_t passed_through;
@@ -374,7 +374,7 @@ typedef struct kc_opencl_cache_statistics {
   uint64_t disk_misses;
   // Disk reads or writes that failed (the lookup went on without the disk).
   uint64_t disk_errors;
-  // Builds kcache could not key (a header it cannot find, a computed `#include`, an option
+  // Builds kcache could not key (a computed `#include` it cannot expand, an option
   // that reads a file), compiled and cached nowhere; counted in `source_builds` too.
   uint64_t passed_through;
 } kc_opencl_cache_statistics;

@@ -1,8 +1,10 @@
 //! Never a wrong kernel, never a lost driver error under the OpenCL layer: a program whose
 //! source `#include`s a header is built again when the header changes, for every way a source
 //! can include a file, and a compiled object (`clCompileProgram`, embedded headers included)
-//! when its headers change, and a build for a context of several devices; one that reads what kcache cannot key goes to the driver; a build
-//! the driver refuses is refused; a release racing a build leaves the build with its program.
+//! when its headers change, and a build for a context of several devices; a computed `#include`
+//! of the options' macros and a header found nowhere are keyed; one that reads what kcache
+//! cannot key goes to the driver; a build the driver refuses is refused; a release racing a
+//! build leaves the build with its program.
 //! Real processes on PoCL, each run in a working directory of the test's, where relative names
 //! are found.
 
@@ -218,6 +220,47 @@ fn an_include_of_an_absolute_path() {
         &kernel(&format!("#include \"{}\"", path.display())),
     );
     rebuilt_when_changed(&work, "", "abs/h.h", "#define VAL 10\n", [9, 10]);
+}
+
+#[test]
+fn a_computed_include_of_the_options_macros() {
+    // hashcat's way: the directory and a two-level stringizing macro come from -D options.
+    let work = Work::new(&[
+        ("kernel.cl", &kernel("#include M2S(INCLUDE_PATH/inc.h)")),
+        ("OpenCL/inc.h", "#define VAL 17\n"),
+    ]);
+    let options = format!(
+        "-D INCLUDE_PATH={} -D XM2S(x)=#x -D M2S(x)=XM2S(x)",
+        work.cwd().join("OpenCL").display()
+    );
+    rebuilt_when_changed(
+        &work,
+        &options,
+        "OpenCL/inc.h",
+        "#define VAL 18\n",
+        [17, 18],
+    );
+}
+
+#[test]
+fn a_header_found_nowhere_in_a_branch_not_compiled() {
+    // hashcat's inc_vendor.h includes <metal_stdlib> for Metal only; PoCL has no such header.
+    let work = Work::new(&[(
+        "kernel.cl",
+        &kernel("#if defined IS_METAL\n#include <metal_stdlib>\n#else\n#define VAL 19\n#endif"),
+    )]);
+    let (first, stats) = work.served("");
+    assert_eq!((first, stat(&stats, "compiled")), (19, 1), "{stats}");
+    assert_eq!(stat(&stats, "passed through"), 0, "{stats}");
+    let (again, stats) = work.served("");
+    assert_eq!((again, stat(&stats, "compiled")), (19, 0), "{stats}");
+    // Its absence is keyed: the header appearing where the compiler would find it is a new
+    // key, compiled again, though this build does not read it.
+    work.write("metal_stdlib", "#define VAL 20\n");
+    let (appeared, stats) = work.served("");
+    assert_eq!((appeared, stat(&stats, "compiled")), (19, 1), "{stats}");
+    let (metal, stats) = work.served("-DIS_METAL");
+    assert_eq!((metal, stat(&stats, "compiled")), (20, 1), "{stats}");
 }
 
 #[test]

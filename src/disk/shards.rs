@@ -137,7 +137,7 @@ directory_counters! {
     /// Bytes written to the remote.
     remote_bytes_written,
     // Appended to the second layout, as the remote tier's were to the first.
-    /// Builds a backend could not key (a header it cannot find, a computed `#include`, an
+    /// Builds a backend could not key (a computed `#include` it cannot expand, an
     /// option that reads a file): compiled and cached nowhere.
     passed_through,
 }

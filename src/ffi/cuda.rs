@@ -123,7 +123,7 @@ pub struct kc_cuda_cache_statistics {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
     pub nvrtc_failures: u64,
-    /// CUDA C++ builds kcache could not key (a header it cannot find, a computed `#include`,
+    /// CUDA C++ builds kcache could not key (a computed `#include` it cannot expand,
     /// an option that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles`
     /// too.
     pub passed_through: u64,

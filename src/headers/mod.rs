@@ -8,20 +8,23 @@
 //! candidate's state, a file's contents or its absence, is an input, so a header that appears
 //! earlier on the search path changes the key as surely as one that changes; the files found
 //! are scanned in turn. Keying every candidate rather than the first one found makes the key
-//! hold whatever order a driver searches in. Where kcache cannot know what a build reads (a
-//! computed `#include`, an option that reads a file, a named file found nowhere, which the
-//! driver then takes from a place of its own), the build is not served: [`Unknowable`] says
-//! why, and the backend passes it to the driver.
+//! hold whatever order a driver searches in. A computed `#include` is expanded with the
+//! macros of the build's `-D` options ([`macros`]). A name found in none of these places nor in
+//! the system's include directories is the compiler's own header, or in a branch not compiled:
+//! keyed by every place's absence. Where kcache cannot know what a build reads (a computed
+//! `#include` whose macros a file the build reads defines too, an option that reads a file),
+//! the build is not served: [`Unknowable`] says why, and the backend passes it to the driver.
 
+mod macros;
 mod scan;
 mod search;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::Path;
 
 use crate::key::KeyBuilder;
-pub(crate) use search::{nvrtc_dirs, opencl_dirs};
+pub(crate) use search::{Search, nvrtc_search, opencl_search};
 
 /// Why kcache cannot know every input of a build.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +45,9 @@ impl fmt::Display for Unknowable {
 /// The most bytes of headers one build is keyed by: past it the build is not served, rather
 /// than read without bound on every lookup.
 const MAX_BYTES: u64 = 256 << 20;
+/// The directories compilers search last for `<…>` (and for `"…"` found nowhere else).
+const SYSTEM_DIRS: [&str; 2] = ["/usr/local/include", "/usr/include"];
+
 /// The most files one build may name, all candidates counted.
 const MAX_FILES: usize = 16_384;
 
@@ -69,32 +75,39 @@ pub struct Headers {
 }
 
 impl Headers {
-    /// The headers `sources` (one text, as the driver concatenates them) read with `dirs`
-    /// (the `-I` directories, in order) and `embedded` headers, from the working directory.
+    /// The headers `sources` (one text, as the driver concatenates them) read with what the
+    /// build's options say (`search`: the `-I` directories and `-D` macros) and `embedded`
+    /// headers, from the working directory.
     pub fn read(
         sources: &[&str],
-        dirs: &[String],
+        search: &Search,
         embedded: &[Embedded<'_>],
     ) -> Result<Headers, Unknowable> {
-        let mut named = Vec::new();
-        for source in sources {
-            named.extend(scan::named(source)?);
-        }
-        for header in embedded {
-            named.extend(scan::named(header.text)?);
-        }
         let mut headers = Headers::default();
-        if named.is_empty() {
+        let texts = || {
+            sources
+                .iter()
+                .copied()
+                .chain(embedded.iter().map(|h| h.text))
+        };
+        if !texts().any(scan::may_name_files) {
             return Ok(headers);
         }
         let mut reader = Reader {
-            dirs,
+            search,
             embedded,
             seen: HashMap::new(),
             bytes: 0,
+            expander: None,
+            defined: HashSet::new(),
             headers: &mut headers,
         };
+        let mut named = Vec::new();
+        for text in texts() {
+            named.extend(reader.scan(text)?);
+        }
         reader.follow("", named)?;
+        reader.check_expansions()?;
         Ok(headers)
     }
 
@@ -131,20 +144,55 @@ fn state_bytes(state: &State) -> Vec<u8> {
 }
 
 struct Reader<'r, 'a> {
-    dirs: &'r [String],
+    search: &'r Search,
     embedded: &'r [Embedded<'a>],
     /// Places already looked in, and whether each held a file: each is keyed once, and a
     /// header included twice (or including itself) is read once.
     seen: HashMap<String, bool>,
     bytes: u64,
+    /// The options' macros, made at the first computed include.
+    expander: Option<macros::Expander>,
+    /// Every name a file read defines or undefines.
+    defined: HashSet<String>,
     headers: &'r mut Headers,
 }
 
 impl Reader<'_, '_> {
+    /// The files `text` names; the macros it defines are noted.
+    fn scan(&mut self, text: &str) -> Result<Vec<scan::Named>, Unknowable> {
+        let found = scan::named(text)?;
+        self.defined.extend(found.defined);
+        Ok(found.named)
+    }
+
+    /// Refuses the build where a file it reads defines a name a computed include's expansion
+    /// used: whether that definition came first is not known without running the preprocessor.
+    fn check_expansions(&self) -> Result<(), Unknowable> {
+        let Some(expander) = &self.expander else {
+            return Ok(());
+        };
+        let mut clash: Vec<&String> = expander.consulted().intersection(&self.defined).collect();
+        clash.sort();
+        match clash.first() {
+            None => Ok(()),
+            Some(name) => Err(Unknowable::new(format!(
+                "a computed #include expands {name}, which a file of the build defines or \
+                 undefines"
+            ))),
+        }
+    }
+
     /// Looks for each of `named`, named by a file in directory `from`, and follows what it
     /// finds.
     fn follow(&mut self, from: &str, named: Vec<scan::Named>) -> Result<(), Unknowable> {
-        for file in named {
+        for mut file in named {
+            if file.computed {
+                let defines = &self.search.defines;
+                let expander = self
+                    .expander
+                    .get_or_insert_with(|| macros::Expander::new(defines));
+                file.name = expander.include_name(&file.name)?;
+            }
             let mut found = false;
             if let Some(header) = self.embedded.iter().find(|h| h.name == file.name) {
                 found = true;
@@ -154,16 +202,26 @@ impl Reader<'_, '_> {
                     self.headers.places.push((place, State::Embedded(hash)));
                 }
             }
-            for place in candidates(from, self.dirs, &file.name) {
+            for place in candidates(from, &self.search.dirs, &file.name) {
                 found |= self.look(place)?;
             }
-            if !found && !file.probe {
-                return Err(Unknowable::new(format!(
-                    "the header {:?} is not in the directory of the file that includes it, \
-                     a -I directory or the working directory",
-                    file.name
-                )));
+            if !found && !Path::new(&file.name).is_absolute() {
+                // Compilers search the system's directories after every other place, and take
+                // the first file found there.
+                for dir in SYSTEM_DIRS {
+                    let place = Path::new(dir)
+                        .join(&file.name)
+                        .to_string_lossy()
+                        .into_owned();
+                    if self.look(place)? {
+                        break;
+                    }
+                }
             }
+            // Found nowhere, a name is the compiler's own header (`stddef.h`, `opencl-c.h`:
+            // part of the compiler, whose version is in the key) or in a branch that is not
+            // compiled, since a build that includes a missing file fails and is not cached.
+            // Each place looked in is keyed absent, so the file appearing there is a new key.
         }
         Ok(())
     }
@@ -208,7 +266,7 @@ impl Reader<'_, '_> {
         };
         self.seen.insert(place.clone(), true);
         let text = String::from_utf8_lossy(&contents);
-        let named = scan::named(&text)?;
+        let named = self.scan(&text)?;
         let dir = path
             .parent()
             .map(|dir| dir.to_string_lossy().into_owned())

@@ -2,6 +2,10 @@
 //! `#include_next`, `#import`) and its `__has_include` probes, read the way the preprocessor
 //! reads them (lines spliced at a backslash-newline, comments gone, strings kept whole).
 //!
+//! A computed include (`#include MACRO(...)`) is returned as written, for [`super::macros`] to
+//! expand; the names every `#define` and `#undef` defines are returned too, since such a file
+//! changes what an expansion with the options' macros alone would give.
+//!
 //! The scan does not evaluate conditionals: a directive inside `#if 0` counts too, so the
 //! files it finds are a superset of those a build reads, which keys a binary by a header it did
 //! not read (a needless miss) but never leaves out one it did (a stale kernel).
@@ -16,31 +20,44 @@ pub(super) struct Named {
     /// A `__has_include` probe: a build reads nothing when the file is absent, so an absent
     /// file is an input (its absence) rather than an unknown.
     pub probe: bool,
+    /// `name` is a computed operand, macros to expand, not a name.
+    pub computed: bool,
 }
 
-/// The files `text` names. Fails where the name is not written out: a computed include
-/// (`#include MACRO`), a probe of a macro, `#embed`.
-pub(super) fn named(text: &str) -> Result<Vec<Named>, Unknowable> {
-    // The common case costs one substring search: a source that never writes `include`
-    // (nor splits a line, which could split the word) names no file.
-    if !text.contains("include") && !text.contains("embed") && !text.contains('\\') {
-        return Ok(Vec::new());
+/// What a scan of one text found.
+#[derive(Debug, Default)]
+pub(super) struct Scan {
+    pub named: Vec<Named>,
+    /// The names of its `#define` and `#undef` directives.
+    pub defined: Vec<String>,
+}
+
+/// Whether `text` may name a file: the common case costs a few substring searches, as a
+/// source that never writes `include` or `embed` (nor splits a line, which could split the
+/// word) names none.
+pub(super) fn may_name_files(text: &str) -> bool {
+    text.contains("include") || text.contains("embed") || text.contains('\\')
+}
+
+/// The files `text` names and the macros it defines. Fails on `#embed`, and on an operand that
+/// cannot be a name (an unterminated quote).
+pub(super) fn named(text: &str) -> Result<Scan, Unknowable> {
+    let mut found = Scan::default();
+    if !may_name_files(text) && !text.contains("define") && !text.contains("undef") {
+        return Ok(found);
     }
     let clean = without_comments(&spliced(text));
-    let mut found = Vec::new();
     for line in clean.lines() {
         if let Some(rest) = directive(line) {
             let (word, rest) = identifier(rest);
             match word {
                 "include" | "include_next" | "import" => {
-                    let (name, _) = quoted_name(rest).ok_or_else(|| {
-                        Unknowable::new(format!(
-                            "#{word} of a name that is not written out ({})",
-                            rest.trim()
-                        ))
-                    })?;
-                    found.push(Named { name, probe: false });
+                    found.named.push(operand(word, rest)?);
                     continue;
+                }
+                "define" | "undef" => {
+                    let (name, _) = identifier(rest.trim_start());
+                    found.defined.push(name.to_string());
                 }
                 "embed" => {
                     return Err(Unknowable::new(format!("#embed {}", rest.trim())));
@@ -48,9 +65,31 @@ pub(super) fn named(text: &str) -> Result<Vec<Named>, Unknowable> {
                 _ => {}
             }
         }
-        probes(line, &mut found)?;
+        probes(line, &mut found.named)?;
     }
     Ok(found)
+}
+
+/// What `#WORD REST` names: a written-out name, or the operand to expand.
+fn operand(word: &str, rest: &str) -> Result<Named, Unknowable> {
+    if let Some((name, _)) = quoted_name(rest) {
+        return Ok(Named {
+            name,
+            probe: false,
+            computed: false,
+        });
+    }
+    let rest = rest.trim();
+    if rest.is_empty() || rest.starts_with(['"', '<']) {
+        return Err(Unknowable::new(format!(
+            "#{word} of a name that is not written out ({rest})"
+        )));
+    }
+    Ok(Named {
+        name: rest.to_string(),
+        probe: false,
+        computed: true,
+    })
 }
 
 /// The text of `line` after its `#` (or the digraph `%:`), if it is a directive.
@@ -88,15 +127,53 @@ fn probes(line: &str, found: &mut Vec<Named>) -> Result<(), Unknowable> {
     while let Some(at) = rest.find(PROBE) {
         let after = &rest[at + PROBE.len()..];
         let after = after.strip_prefix("_next").unwrap_or(after);
-        let argument = after.trim_start().strip_prefix('(');
-        let Some((name, tail)) = argument.and_then(quoted_name) else {
-            return Err(Unknowable::new(format!(
+        let unknowable = || {
+            Unknowable::new(format!(
                 "__has_include of a name that is not written out ({})",
                 line.trim()
-            )));
+            ))
         };
-        found.push(Named { name, probe: true });
-        rest = tail;
+        let argument = after
+            .trim_start()
+            .strip_prefix('(')
+            .ok_or_else(unknowable)?;
+        if let Some((name, tail)) = quoted_name(argument) {
+            found.push(Named {
+                name,
+                probe: true,
+                computed: false,
+            });
+            rest = tail;
+            continue;
+        }
+        // A computed probe: its operand runs to the parenthesis that closes the call.
+        let mut depth = 0usize;
+        let close = argument
+            .char_indices()
+            .find(|&(_, c)| match c {
+                '(' => {
+                    depth += 1;
+                    false
+                }
+                ')' if depth == 0 => true,
+                ')' => {
+                    depth -= 1;
+                    false
+                }
+                _ => false,
+            })
+            .map(|(at, _)| at)
+            .ok_or_else(unknowable)?;
+        let operand = argument[..close].trim();
+        if operand.is_empty() || operand.starts_with(['"', '<']) {
+            return Err(unknowable());
+        }
+        found.push(Named {
+            name: operand.to_string(),
+            probe: true,
+            computed: true,
+        });
+        rest = &argument[close + 1..];
     }
     Ok(())
 }
@@ -178,6 +255,7 @@ mod tests {
     fn names(text: &str) -> Vec<(String, bool)> {
         named(text)
             .unwrap()
+            .named
             .into_iter()
             .map(|n| (n.name, n.probe))
             .collect()
@@ -247,13 +325,38 @@ mod tests {
     }
 
     #[test]
-    fn names_that_are_not_written_out_are_unknowable() {
+    fn computed_operands_and_defined_names_are_returned() {
+        let scan = named(
+            "#define H \"a.h\"\n#include H\n# include FILE(x) // why\n\
+             #if __has_include(M(a, (b)))\n#endif\n#undef H\n",
+        )
+        .unwrap();
+        let computed: Vec<_> = scan
+            .named
+            .iter()
+            .map(|n| (n.name.as_str(), n.probe, n.computed))
+            .collect();
+        assert_eq!(
+            computed,
+            [
+                ("H", false, true),
+                ("FILE(x)", false, true),
+                ("M(a, (b))", true, true)
+            ]
+        );
+        assert_eq!(scan.defined, ["H", "H"]);
+        // A file that names none still says what it defines.
+        assert_eq!(named("#define ONLY 1\n").unwrap().defined, ["ONLY"]);
+    }
+
+    #[test]
+    fn operands_that_cannot_be_names_are_unknowable() {
         for text in [
-            "#define H \"a.h\"\n#include H\n",
-            "#include FILE(x)\n",
-            "#if __has_include(H)\n#endif\n",
             "#embed \"data.bin\"\n",
             "#include \"unterminated\n",
+            "#include <unterminated\n",
+            "#include\n",
+            "#if __has_include(M(x)\n#endif\n",
         ] {
             assert!(named(text).is_err(), "{text:?} was keyed");
         }

@@ -26,8 +26,15 @@ impl Tree {
     }
 }
 
+fn in_dirs(dirs: &[String]) -> Search {
+    Search {
+        dirs: dirs.to_vec(),
+        defines: Vec::new(),
+    }
+}
+
 fn read(source: &str, dirs: &[String]) -> Headers {
-    Headers::read(&[source], dirs, &[]).unwrap()
+    Headers::read(&[source], &in_dirs(dirs), &[]).unwrap()
 }
 
 #[test]
@@ -80,9 +87,6 @@ fn an_absolute_include_is_read() {
 fn a_probe_of_an_absent_file_is_keyed_by_its_absence() {
     let tree = Tree::new(&[]);
     let dirs = [tree.path("inc")];
-    let source = "#if __has_include(<opt.h>)\n#include <opt.h>\n#endif\n";
-    // The include is found nowhere: its directive may be live, so the build is unknowable.
-    assert!(Headers::read(&[source], &dirs, &[]).is_err());
     let probe_only = "#if __has_include(<opt.h>)\n#define HAVE 1\n#endif\n";
     let absent = read(probe_only, &dirs).digest();
     tree.write("inc/opt.h", "\n");
@@ -90,12 +94,30 @@ fn a_probe_of_an_absent_file_is_keyed_by_its_absence() {
 }
 
 #[test]
-fn a_header_found_nowhere_is_unknowable() {
-    let error = Headers::read(&["#include <nowhere-kcache-test.h>\n"], &[], &[]).unwrap_err();
+fn a_header_found_nowhere_is_keyed_by_every_absence() {
+    // The compiler's own header, or a directive in a branch not compiled (hashcat's
+    // `#include <metal_stdlib>` under `#if defined IS_METAL`).
+    let tree = Tree::new(&[]);
+    let dirs = [tree.path("inc")];
+    let source = "#if defined IS_METAL\n#include <nowhere-kcache-test.h>\n#endif\n";
+    let nowhere = read(source, &dirs);
+    let places: Vec<&str> = nowhere.places.iter().map(|(p, _)| p.as_str()).collect();
+    for place in [
+        tree.path("inc/nowhere-kcache-test.h").as_str(),
+        "nowhere-kcache-test.h",
+        "/usr/local/include/nowhere-kcache-test.h",
+        "/usr/include/nowhere-kcache-test.h",
+    ] {
+        assert!(places.contains(&place), "{place} in {places:?}");
+    }
     assert!(
-        error.to_string().contains("nowhere-kcache-test.h"),
-        "{error}"
+        nowhere
+            .places
+            .iter()
+            .all(|(_, state)| *state == State::Absent)
     );
+    tree.write("inc/nowhere-kcache-test.h", "#define IS 1\n");
+    assert_ne!(read(source, &dirs).digest(), nowhere.digest());
 }
 
 #[test]
@@ -121,9 +143,15 @@ fn embedded_headers_are_found_by_name_and_keyed_by_text() {
         text: "#define E 2\n",
     }];
     let source = ["#include \"e.h\"\n"];
-    let first = Headers::read(&source, &[], &one).unwrap();
-    assert_ne!(Headers::read(&source, &[], &two).unwrap(), first);
-    assert_eq!(Headers::read(&source, &[], &one).unwrap(), first);
+    let first = Headers::read(&source, &Search::default(), &one).unwrap();
+    assert_ne!(
+        Headers::read(&source, &Search::default(), &two).unwrap(),
+        first
+    );
+    assert_eq!(
+        Headers::read(&source, &Search::default(), &one).unwrap(),
+        first
+    );
 }
 
 #[test]
@@ -153,6 +181,62 @@ fn a_header_that_is_a_named_pipe_is_unknowable() {
             .success()
     );
     let source = format!("#include \"{pipe}\"\n");
-    let error = Headers::read(&[&source], &[], &[]).unwrap_err();
+    let error = Headers::read(&[&source], &Search::default(), &[]).unwrap_err();
     assert!(error.to_string().contains("not a regular file"), "{error}");
+}
+
+/// hashcat's way: `#include M2S(INCLUDE_PATH/name)` with the macros from `-D` options.
+fn hashcat_style(tree: &Tree, extra: &str) -> Result<Headers, Unknowable> {
+    let options = format!(
+        "-D INCLUDE_PATH={} -D XM2S(x)=#x -D M2S(x)=XM2S(x) {extra}",
+        tree.path("OpenCL")
+    );
+    let source = "#ifdef KERNEL_STATIC\n#include M2S(INCLUDE_PATH/inc_vendor.h)\n#endif\n";
+    Headers::read(&[source], &opencl_search(&options)?, &[])
+}
+
+#[test]
+fn a_computed_include_is_expanded_with_the_options_macros_and_keyed() {
+    let tree = Tree::new(&[
+        (
+            "OpenCL/inc_vendor.h",
+            "#include M2S(INCLUDE_PATH/inc_types.h)\n",
+        ),
+        ("OpenCL/inc_types.h", "typedef int u32x;\n"),
+    ]);
+    let before = hashcat_style(&tree, "").unwrap();
+    let files = |headers: &Headers| -> Vec<String> {
+        headers
+            .places
+            .iter()
+            .filter(|(_, state)| matches!(state, State::File(_)))
+            .map(|(place, _)| place.clone())
+            .collect()
+    };
+    assert_eq!(
+        files(&before),
+        [
+            tree.path("OpenCL/inc_vendor.h"),
+            tree.path("OpenCL/inc_types.h")
+        ]
+    );
+    tree.write("OpenCL/inc_types.h", "typedef uint u32x;\n");
+    assert_ne!(hashcat_style(&tree, "").unwrap().digest(), before.digest());
+}
+
+#[test]
+fn a_computed_include_whose_macros_a_file_defines_is_unknowable() {
+    let tree = Tree::new(&[(
+        "OpenCL/inc_vendor.h",
+        "#undef INCLUDE_PATH\n#define INCLUDE_PATH /elsewhere\n",
+    )]);
+    let error = hashcat_style(&tree, "").unwrap_err();
+    assert!(error.to_string().contains("INCLUDE_PATH"), "{error}");
+    // Without the options' macros the operand names no file.
+    let source = "#include M2S(INCLUDE_PATH/inc_vendor.h)\n";
+    assert!(Headers::read(&[source], &Search::default(), &[]).is_err());
+    // -U takes a macro away again.
+    let tree = Tree::new(&[("OpenCL/inc_vendor.h", "\n")]);
+    assert!(hashcat_style(&tree, "").is_ok());
+    assert!(hashcat_style(&tree, "-U M2S").is_err());
 }

@@ -13,7 +13,7 @@ use super::runtime::{Cuda, Input, Source, picked_arch};
 use crate::backend::handle_cache::{HandleCache, common_calls};
 use crate::disk::{DiskStats, Persistence};
 use crate::error::{Error, Result};
-use crate::headers::{Headers, nvrtc_dirs};
+use crate::headers::{Headers, nvrtc_search};
 use crate::memory;
 use crate::stats::{Live, bump};
 
@@ -178,15 +178,16 @@ impl CudaCache {
             )));
         }
         let nvrtc = self.nvrtc()?;
-        let (headers, keyed) =
-            match nvrtc_dirs(nvrtc_options).and_then(|dirs| Headers::read(&[source], &dirs, &[])) {
-                Ok(headers) => (headers, true),
-                Err(why) => {
-                    bump(&self.cache.runtime().counters.passed_through, 1);
-                    self.cache.passed_through(&why);
-                    (Headers::default(), false)
-                }
-            };
+        let (headers, keyed) = match nvrtc_search(nvrtc_options)
+            .and_then(|search| Headers::read(&[source], &search, &[]))
+        {
+            Ok(headers) => (headers, true),
+            Err(why) => {
+                bump(&self.cache.runtime().counters.passed_through, 1);
+                self.cache.passed_through(&why);
+                (Headers::default(), false)
+            }
+        };
         let source = Source::Cuda {
             source,
             options: nvrtc_options,

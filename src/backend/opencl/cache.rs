@@ -11,7 +11,7 @@ use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
 use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
 use crate::error::{BuildError, Error, Result};
-use crate::headers::{Embedded, Headers, Unknowable, opencl_dirs};
+use crate::headers::{Embedded, Headers, Unknowable, opencl_search};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::{self, Built, Lease};
 use crate::metrics::Backend;
@@ -37,8 +37,8 @@ crate::stats::statistics! {
         event disk_misses,
         /// Disk reads or writes that failed; the lookup went on without the disk.
         event disk_errors,
-        /// Builds kcache could not key, compiled from source and cached nowhere: a header it
-        /// cannot find, a computed `#include`, an option that reads a file (see
+        /// Builds kcache could not key, compiled from source and cached nowhere: a computed
+        /// `#include` it cannot expand, an option that reads a file (see
         /// `docs/opencl.md`). Counted in `source_builds` too.
         event passed_through,
         /// The disk tier's own counters (integrity rejects, puts, evictions, I/O errors, …),
@@ -252,7 +252,7 @@ impl OpenClCache {
     /// The headers the sources `#include` are inputs too: found as the compiler finds them
     /// (beside the file that includes them, in the options' `-I` directories, in the working
     /// directory) and read on every lookup, so that a changed header is a miss. A build whose
-    /// inputs kcache cannot know (a header it cannot find, a computed `#include`, an option
+    /// inputs kcache cannot know (a computed `#include` it cannot expand, an option
     /// such as `-include` that reads a file) is compiled and cached nowhere: its lease is the
     /// only reference, and `passed_through` counts it.
     ///
@@ -301,7 +301,7 @@ impl OpenClCache {
                 "the context and the device must not be null".into(),
             )));
         }
-        let headers = Headers::read(sources, &opencl_dirs(options)?, embedded)?;
+        let headers = Headers::read(sources, &opencl_search(options)?, embedded)?;
         let pair = (context.raw() as usize, device.raw() as usize);
         let input = Input {
             context,
@@ -380,8 +380,8 @@ fn options_cstring(options: &str) -> std::result::Result<CString, BuildError> {
 /// [`Error::InvalidArgument`].
 pub fn program_disk_key(device: Device, sources: &[&str], options: &str) -> Result<Key> {
     let identity = DeviceIdentity::query(device)?;
-    let headers = opencl_dirs(options)
-        .and_then(|dirs| Headers::read(sources, &dirs, &[]))
+    let headers = opencl_search(options)
+        .and_then(|search| Headers::read(sources, &search, &[]))
         .map_err(|why| Error::InvalidArgument(format!("a build kcache cannot key: {why}")))?;
     disk_key(&identity, sources, options, &headers, false)
 }

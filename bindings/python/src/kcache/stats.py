@@ -109,7 +109,7 @@ class OpenCLStats:
     disk_hits: int
     disk_misses: int
     disk_errors: int
-    #: Builds kcache could not key (a computed ``#include``, an option that reads a file, a
-    #: header found nowhere): compiled and cached nowhere; counted in ``source_builds`` too.
+    #: Builds kcache could not key (a computed ``#include`` it cannot expand, an option that
+    #: reads a file): compiled and cached nowhere; counted in ``source_builds`` too.
     passed_through: int
     disk: DiskStats
