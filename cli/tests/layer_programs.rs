@@ -117,22 +117,60 @@ fn args(program: &[String]) -> Vec<&str> {
 /// warm one compiles nothing and reads every program from disk.
 fn same_output_cold_and_warm(program: &[&str], programs: u64) {
     let setup = Setup::new();
-    let plain = setup.run(false, program, &[]);
-    assert_eq!(setup.entries(), 0, "nothing is cached without the layer");
-    let cold = setup.run(true, program, &[]);
-    assert_eq!(cold.stdout, plain.stdout, "cold output of {program:?}");
-    let after_cold = setup.counters();
-    assert_eq!(after_cold.builds, programs, "compiles of the cold run");
+    let compiled = same_summary_cold_and_warm(&setup, program, &[], |out| out.stdout.clone());
+    assert_eq!(compiled, programs, "compiles of the cold run");
     assert_eq!(setup.entries() as u64, programs);
-    let warm = setup.run(true, program, &[]);
-    assert_eq!(warm.stdout, plain.stdout, "warm output of {program:?}");
-    let after_warm = setup.counters();
-    assert_eq!(after_warm.builds, programs, "the warm run compiled nothing");
-    assert_eq!(
-        after_warm.disk_hits - after_cold.disk_hits,
-        programs,
-        "the warm run read every program from disk"
+}
+
+/// Runs `program` without the layer, then cold and warm with it, each run with the variables
+/// `fresh` set to an empty directory of its own: the same `summary` of the three outputs; the
+/// warm run compiles nothing, passes nothing through, and every build it asks for comes from
+/// the disk, each entry once at least. The cold run's compiles, at least one.
+fn same_summary_cold_and_warm<T: PartialEq + std::fmt::Debug>(
+    setup: &Setup,
+    program: &[&str],
+    fresh: &[&str],
+    summary: impl Fn(&Output) -> T,
+) -> u64 {
+    let runs = tempfile::tempdir().unwrap();
+    let run = |layer: bool, n: usize| {
+        let dirs: Vec<(String, String)> = fresh
+            .iter()
+            .map(|name| {
+                let dir = runs.path().join(format!("{n}-{name}"));
+                std::fs::create_dir(&dir).unwrap();
+                (name.to_string(), dir.to_string_lossy().into_owned())
+            })
+            .collect();
+        let extra: Vec<(&str, &str)> = dirs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        setup.run(layer, program, &extra)
+    };
+    let plain = summary(&run(false, 0));
+    assert_eq!(setup.entries(), 0, "nothing is cached without the layer");
+    let cold = run(true, 1);
+    assert_eq!(summary(&cold), plain, "cold output of {program:?}");
+    let after_cold = setup.counters();
+    assert!(
+        after_cold.builds > 0,
+        "the cold run compiled: {after_cold:?}"
     );
+    let warm = run(true, 2);
+    assert_eq!(summary(&warm), plain, "warm output of {program:?}");
+    let after_warm = setup.counters();
+    assert_eq!(
+        after_warm.builds, after_cold.builds,
+        "the warm run compiled nothing: {after_warm:?}"
+    );
+    // Every build the cold run asked for is read from disk now. The cold run's compiles may
+    // include siblings (PoCL: a second context of the process asking for an entry still held
+    // back has one built, docs/opencl.md), which are compiles but not builds asked for.
+    let asked = after_warm.disk_hits - after_cold.disk_hits;
+    assert!(
+        asked >= setup.entries() as u64 && asked <= after_cold.builds + after_cold.disk_hits,
+        "the warm run read from disk every build it asked for: {after_cold:?} {after_warm:?}"
+    );
+    assert_eq!(after_warm.passed_through, 0, "{after_warm:?}");
+    after_cold.builds
 }
 
 #[test]
@@ -512,4 +550,144 @@ fn the_source_of_a_program_built_by_the_driver_goes_with_its_last_release() {
     let served = setup.run(true, &program, &[malloc]);
     assert_eq!(String::from_utf8_lossy(&served.stdout), text, "served");
     assert_eq!(setup.counters().builds, 1, "served, once compiled");
+}
+
+/// CLBlast's own test of its AXPY routines (Debian's clblast-tests, all precisions, results
+/// checked against a reference BLAS): every line of its report the same without the layer,
+/// cold and warm.
+#[test]
+fn clblast_xaxpy_test_passes_the_same_and_warm_compiles_nothing() {
+    let setup = Setup::new();
+    let program = "/usr/bin/clblast_test_xaxpy";
+    assert!(
+        Path::new(program).is_file(),
+        "{program} is missing: install clblast-tests"
+    );
+    let report = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
+    same_summary_cold_and_warm(&setup, &[program], &[], |out| {
+        let text = report(out);
+        assert!(text.contains("test(s) passed"), "{text}");
+        assert!(!text.contains(" 0 test(s) passed"), "{text}");
+        text
+    });
+}
+
+/// hashcat 6.2.6 (Debian's), a three-letter mask attack on an MD5: it builds its kernels with
+/// `clCompileProgram` and `clLinkProgram`, with computed `#include`s of its headers. Its own
+/// kernel cache and session files go to a new directory each run, so that each run builds.
+#[test]
+fn hashcat_cracks_the_same_and_warm_compiles_nothing() {
+    let setup = Setup::new();
+    assert!(
+        Path::new("/usr/bin/hashcat").is_file(),
+        "hashcat is missing: install hashcat"
+    );
+    let attack = [
+        "hashcat",
+        "-m",
+        "0",
+        "-a",
+        "3",
+        "900150983cd24fb0d6963f7d28e17f72",
+        "?l?l?l",
+        "--potfile-disable",
+        "--force",
+        "-D",
+        "1",
+        "--quiet",
+    ];
+    let fresh = ["XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME"];
+    same_summary_cold_and_warm(&setup, &attack, &fresh, |out| {
+        let cracked = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(cracked, "900150983cd24fb0d6963f7d28e17f72:abc");
+        cracked
+    });
+}
+
+/// The test files of the installed PyOpenCL's release, fetched by
+/// `scripts/fetch-pyopencl-tests` (which the test command runs) into the target directory.
+/// None where PyPI could not be reached then: the reason is printed and the test skipped.
+fn pyopencl_tests() -> Option<PathBuf> {
+    let target = Path::new(env!("CARGO_BIN_EXE_kcache"))
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("pyopencl-tests");
+    let version = Command::new(python())
+        .args(["-c", "import pyopencl; print(pyopencl.VERSION_TEXT)"])
+        .output()
+        .unwrap();
+    let version = String::from_utf8(version.stdout).unwrap();
+    let dir = target.join(version.trim()).join("test");
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    if let Ok(why) = std::fs::read_to_string(target.join("UNREACHABLE")) {
+        eprintln!("skipped: PyOpenCL's test files could not be fetched: {why}");
+        return None;
+    }
+    panic!(
+        "{} is missing: run scripts/fetch-pyopencl-tests {}",
+        dir.display(),
+        target.parent().unwrap().display()
+    );
+}
+
+/// Runs PyOpenCL's test file `file` (tests chosen by `select`, pytest's `-k`) unchanged: the
+/// same counts of passed, skipped and failed tests without the layer, cold and warm.
+fn pyopencl_suite(file: &str, select: &str) {
+    let Some(dir) = pyopencl_tests() else {
+        return;
+    };
+    let setup = Setup::new();
+    let path = dir.join(file);
+    let path = path.to_str().unwrap();
+    let mut program = vec![
+        python(),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        path,
+    ];
+    if !select.is_empty() {
+        program.extend(["-k", select]);
+    }
+    same_summary_cold_and_warm(&setup, &program, &[], |out| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        // The summary line: "41 passed, 1 skipped, 2 xfailed, 9 warnings in 7.52s".
+        let line = text
+            .lines()
+            .rev()
+            .find(|line| line.contains(" passed"))
+            .unwrap_or_else(|| panic!("no summary: {text}"));
+        let line = line.trim_matches(|c| c == '=' || c == ' ');
+        let counts = line.split(" in ").next().unwrap_or_default().to_string();
+        assert!(
+            !counts.split(", ").any(|count| count.ends_with(" failed")),
+            "{text}"
+        );
+        counts
+    });
+}
+
+#[test]
+fn pyopencl_test_wrapper_passes_the_same_and_warm_compiles_nothing() {
+    pyopencl_suite("test_wrapper.py", "");
+}
+
+#[test]
+fn pyopencl_test_algorithm_passes_the_same_and_warm_compiles_nothing() {
+    pyopencl_suite("test_algorithm.py", "elwise or reduction or copy_if");
+}
+
+#[test]
+fn pyopencl_test_array_passes_the_same_and_warm_compiles_nothing() {
+    // The random number generators' kernels include Random123's headers, which include
+    // <stddef.h>: the compiler's own header.
+    pyopencl_suite(
+        "test_array.py",
+        "random_float_in_range and (Philox or Threefry)",
+    );
 }

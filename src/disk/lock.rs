@@ -357,7 +357,8 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     let deadline = started.checked_add(left);
     let c = &inner.counters;
     // A wait for this process's own flight is no wait for another process.
-    let mut counted_wait = inner.held.ours(&name);
+    let ours = inner.held.ours(&name);
+    let mut counted_wait = ours;
     let mut count_wait = || {
         if !std::mem::replace(&mut counted_wait, true) {
             bump(&c.lock_waits, 1);
@@ -369,7 +370,7 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
             Acquired::Held(file, waited) => (file, waited),
             Acquired::Published => {
                 count_wait();
-                wrote_it(&entry, started);
+                wrote_it(&entry, started, ours);
                 return Claim::Published;
             }
             Acquired::Abandoned => {
@@ -423,7 +424,7 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
         // Published just before this process locked, or while it waited.
         if entry_exists(inner, &entry) {
             if waited {
-                wrote_it(&entry, started);
+                wrote_it(&entry, started, ours);
             }
             return Claim::Published;
         }
@@ -467,11 +468,17 @@ pub(super) fn claim(inner: &Arc<Inner>, key: &Key) -> Claim {
     Claim::Alone
 }
 
-/// Says that the entry a wait was for has been written by the process it waited for.
-fn wrote_it(entry: &str, started: Instant) {
+/// Says that the entry a wait was for has been written by the process it waited for (`ours`:
+/// this one, building it for another of its caches or contexts).
+fn wrote_it(entry: &str, started: Instant, ours: bool) {
+    let whom = if ours {
+        "this process's own build of it"
+    } else {
+        "another process"
+    };
     log::debug(|| {
         format!(
-            "disk lock: {entry}: waited {:?} for another process, which wrote it",
+            "disk lock: {entry}: waited {:?} for {whom}, which wrote it",
             started.elapsed()
         )
     });
