@@ -210,6 +210,15 @@ static void test_fork_while_the_writer_is_busy(void) {
 
 /* The fork comes while the opening scan of a large directory runs. */
 static void test_fork_during_the_opening_scan(void) {
+#ifdef __SANITIZE_ADDRESS__
+  /* GCC 12's ASan runtime has no fork handler for its allocator (LLVM's takes its locks at fork
+   * from LLVM 18): a fork while the scan thread is inside malloc leaves the allocator's lock held
+   * in the child, whose own scan thread then waits on it forever (a backtrace of the hung child
+   * shows its scan in SizeClassAllocator64::GetFromAllocator). glibc's malloc is fork-safe, so
+   * the plain build runs this scenario. */
+  printf("   skipped under this compiler's ASan (its allocator is not fork-safe)\n");
+  return;
+#endif
   char dir[4096], path[4096];
   path_in(dir, sizeof dir, "scan");
   CHECK(mkdir(dir, 0700) == 0);
