@@ -2,7 +2,7 @@
  * inherited, and exits, and the parent goes on. Each scenario first writes once (so the parent's
  * background writer runs), then forks while
  *   - writer:  the writer is in a remote write to a stopped redis-server (real, on 127.0.0.1);
- *   - scan:    the opening scan of a 20,000-entry directory runs;
+ *   - scan:    the opening scan of a 20,000-entry directory runs (the plain build only: see the scenario);
  *   - locks:   another thread builds, holding its entry's lock;
  *   - flight:  another thread builds a memory-tier key, which the child then looks up (the
  *              builder is not in the child: the child builds the key itself).
