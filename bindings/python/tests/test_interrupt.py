@@ -19,6 +19,10 @@ INTERRUPTED = textwrap.dedent(
     import json, os, signal, threading, time
     import kcache
 
+    # Python installs no KeyboardInterrupt handler when it starts with SIGINT ignored, as a
+    # test run started in the background of a script (`scripts/test &`) or under nohup does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     cache = kcache.Cache()
     started, release = threading.Event(), threading.Event()
 
