@@ -161,13 +161,13 @@ fn remove(
 /// retained ones), and a file that changed since it was listed is left to the next run.
 fn classify(cache: &Persistence, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
     let inner = &cache.inner;
-    if entry.fingerprint != inner.tagger.fingerprint() && !retain.contains(&entry.fingerprint) {
+    if entry.fingerprint != inner.sealer.tagger().fingerprint() && !retain.contains(&entry.fingerprint) {
         return Verdict::StaleFingerprint;
     }
     match cache.check(entry) {
         Check::Gone => Verdict::Keep,
         Check::StaleSchema(_) => Verdict::StaleSchema,
-        Check::OtherKey(header) if header.schema != inner.schema => Verdict::StaleSchema,
+        Check::OtherKey(header) if header.schema != inner.sealer.schema() => Verdict::StaleSchema,
         Check::Verified(header) | Check::OtherKey(header) if header.descriptor.is_none() => {
             Verdict::OldFormat
         }

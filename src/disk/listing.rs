@@ -156,7 +156,7 @@ impl Persistence {
         if header.payload_len.checked_add(header.overhead()) != Some(entry.size) {
             return Check::Corrupt("payload length does not match the file size");
         }
-        if entry.fingerprint != inner.tagger.fingerprint() {
+        if entry.fingerprint != inner.sealer.tagger().fingerprint() {
             return Check::OtherKey(header);
         }
         if entry.size > inner.max_entry_size() {
@@ -169,14 +169,14 @@ impl Persistence {
             return Check::Corrupt("cannot be read whole");
         };
         let expect = |schema| Expect {
-            tagger: &inner.tagger,
+            tagger: inner.sealer.tagger(),
             schema,
             key: &entry.key,
         };
-        match format::verify(&bytes, &expect(inner.schema)) {
+        match format::verify(&bytes, &expect(inner.sealer.schema())) {
             Ok(header) => Check::Verified(header),
             // Genuine (the tag checks out under its own schema), only unreachable.
-            Err(_) if header.schema != inner.schema => {
+            Err(_) if header.schema != inner.sealer.schema() => {
                 match format::verify(&bytes, &expect(header.schema)) {
                     Ok(header) => Check::StaleSchema(header),
                     Err(reason) => Check::Corrupt(reason),

@@ -38,6 +38,7 @@ mod liveness;
 mod lock;
 mod operator_key;
 mod reported;
+mod seal;
 pub mod settings;
 mod shards;
 mod shared;
@@ -74,12 +75,13 @@ pub use writer::{POLL, QUEUE_BOUND, max_polled};
 
 use crate::error::Result;
 use crate::ffi::process;
-use crate::key::{Key, hex, parse_hex};
+use crate::key::{Key, parse_hex};
 use crate::log;
 use crate::metrics::{self, Source, Totals};
 use crate::remote::{Remote, RemoteStats};
 use crate::stats::{Baseline, Live, bump};
-use format::{TAG_LEN, Tagger};
+use format::TAG_LEN;
+pub(crate) use seal::Sealer;
 
 /// The persistent tiers, open: the disk tier and, when configured (`remote` in its
 /// [`PersistenceConfig`], or `KCACHE_REMOTE_URL`), the remote tier behind it. One serves every
@@ -99,9 +101,8 @@ struct Listed(Arc<Inner>);
 struct Inner {
     dir: OwnedFd,
     path: PathBuf,
-    tagger: Tagger,
-    fingerprint_hex: String,
-    schema: u32,
+    /// Seals what is written and verifies what is read, here and in the stores behind.
+    sealer: Arc<Sealer>,
     durability: Durability,
     max_size: u64,
     /// `u64::MAX`: no limit.
@@ -242,7 +243,7 @@ impl Persistence {
         let resolved = config.resolve()?;
         let dir = dir::open_trusted(&resolved.dir)?;
         let applied = resolved.with_settings(&settings::applied(&dir, &resolved.dir))?;
-        let tagger = Tagger::new(resolved.key.as_ref());
+        let sealer = Arc::new(Sealer::new(resolved.key.as_ref(), resolved.key_schema));
         let remote = resolved
             .remote
             .and_then(|config| Remote::open(config, resolved.key.is_some()))
@@ -250,9 +251,7 @@ impl Persistence {
         let inner = Arc::new(Inner {
             dir,
             path: resolved.dir,
-            fingerprint_hex: hex(&tagger.fingerprint()),
-            tagger,
-            schema: resolved.key_schema,
+            sealer,
             durability: resolved.durability,
             max_size: applied.max_size,
             max_files: applied.max_files,
@@ -326,7 +325,7 @@ impl Persistence {
 
     /// Fingerprint of the operator key entries are written under (zero without a key).
     pub fn fingerprint(&self) -> Fingerprint {
-        self.inner.tagger.fingerprint()
+        self.inner.sealer.tagger().fingerprint()
     }
 
     /// This process's counters since `open` or the last [`Persistence::reset_stats`].
@@ -416,7 +415,7 @@ impl Inner {
     }
 
     fn entry_name(&self, key: &Key) -> String {
-        format!("{}-{}{ENTRY_SUFFIX}", self.fingerprint_hex, key.to_hex())
+        self.sealer.entry_name(key)
     }
 
     fn max_entry_size(&self) -> u64 {
@@ -464,6 +463,7 @@ fn is_temp_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::hex;
 
     #[test]
     fn names() {

@@ -21,7 +21,7 @@ impl Persistence {
         let inner = &self.inner;
         let remote = inner.remote.as_ref()?;
         remote.fetch(&inner.entry_name(key), |bytes| {
-            store::verified(inner, key, bytes).map_err(str::to_owned)
+            inner.sealer.verify(key, bytes).map_err(str::to_owned)
         })
     }
 
@@ -56,7 +56,7 @@ impl Persistence {
             return Flight::Build;
         };
         remote.flight(&inner.entry_name(key), |bytes| {
-            store::verified(inner, key, bytes).map_err(str::to_owned)
+            inner.sealer.verify(key, bytes).map_err(str::to_owned)
         })
     }
 
@@ -97,9 +97,8 @@ pub(super) fn share(
     let Some(remote) = &inner.remote else {
         return;
     };
-    let (header, tag) = store::seal(inner, key, payload, build_time, descriptor);
     remote.store(
         &inner.entry_name(key),
-        &[&header[..], payload, &tag].concat(),
+        &inner.sealer.sealed(key, payload, build_time, descriptor),
     );
 }

@@ -21,9 +21,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epoch};
-use super::format::{
-    self, DESCRIPTOR_LEN_FIELD, Expect, FORMAT_VERSION, HEADER_LEN, Header, OVERHEAD, TAG_LEN,
-};
+use super::format::{DESCRIPTOR_LEN_FIELD, HEADER_LEN, OVERHEAD, TAG_LEN};
 use super::{Descriptor, Durability, Entry, Inner, Persistence, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
@@ -161,7 +159,7 @@ pub(super) fn put(
 ) -> Result<()> {
     // Before a byte of the payload is hashed: an oversized one is refused at once.
     check_payload_len(inner, payload.len(), descriptor)?;
-    let (header, tag) = seal(inner, key, payload, build_time, descriptor);
+    let (header, tag) = inner.sealer.seal(key, payload, build_time, descriptor);
     let size = (payload.len() + header.len() + tag.len()) as u64;
     let name = inner.entry_name(key);
     match write_entry(inner, &name, &[&header, payload, &tag]) {
@@ -201,47 +199,6 @@ pub(super) fn check_payload_len(inner: &Inner, len: usize, descriptor: &Descript
     Ok(())
 }
 
-/// The header and tag that make `payload` the entry for `key`, as written to disk and to the
-/// remote tier.
-pub(super) fn seal(
-    inner: &Inner,
-    key: &Key,
-    payload: &[u8],
-    build_time: Duration,
-    descriptor: &Descriptor,
-) -> (Vec<u8>, [u8; format::TAG_LEN]) {
-    let header = Header {
-        version: FORMAT_VERSION,
-        algorithm: inner.tagger.algorithm(),
-        schema: inner.schema,
-        fingerprint: inner.tagger.fingerprint(),
-        key: *key,
-        payload_len: payload.len() as u64,
-        build_nanos: u64::try_from(build_time.as_nanos()).unwrap_or(u64::MAX),
-        descriptor: Some(descriptor.clone()),
-    }
-    .encode();
-    let tag = inner.tagger.tag(&[&header, payload]);
-    (header, tag)
-}
-
-/// `bytes` as the verified entry for `key`, or why they are refused: the check of every read,
-/// from disk or from the remote tier.
-pub(super) fn verified(inner: &Inner, key: &Key, bytes: Vec<u8>) -> Result<Entry, &'static str> {
-    let expect = Expect {
-        tagger: &inner.tagger,
-        schema: inner.schema,
-        key,
-    };
-    let header = format::verify(&bytes, &expect)?;
-    Ok(Entry {
-        payload_start: header.encoded_len(),
-        build_time: Duration::from_nanos(header.build_nanos),
-        descriptor: header.descriptor,
-        bytes,
-    })
-}
-
 fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     // NONBLOCK: a FIFO planted under an entry name must not hang the reader.
     let fd = match rustix::fs::openat(
@@ -277,7 +234,7 @@ fn read_entry(inner: &Inner, name: &str, key: &Key) -> Result<Option<Entry>> {
     if bytes.len() as u64 != size {
         return Err(reject(inner, name, Some(meta.ino()), "changed while read"));
     }
-    let entry = match verified(inner, key, bytes) {
+    let entry = match inner.sealer.verify(key, bytes) {
         Ok(entry) => entry,
         Err(reason) => return Err(reject(inner, name, Some(meta.ino()), reason)),
     };

@@ -1,4 +1,4 @@
-//! The circuit breaker: after `threshold` consecutive failed operations the remote is skipped
+//! The circuit breaker: after `threshold` consecutive failed operations a store is skipped
 //! for `cooldown`, then one operation probes it; a success closes the breaker, a failure opens
 //! it for another cooldown. A store that is down then costs the lookups one timeout per
 //! cooldown instead of one per lookup.
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-pub(super) struct Breaker {
+pub(crate) struct Breaker {
     threshold: u32,
     cooldown: Duration,
     state: Mutex<State>,
@@ -24,7 +24,7 @@ struct State {
 
 /// What [`Breaker::record`] changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Change {
+pub(crate) enum Change {
     None,
     /// Closed → open.
     Tripped,
@@ -33,7 +33,7 @@ pub(super) enum Change {
 }
 
 impl Breaker {
-    pub(super) fn new(threshold: u32, cooldown: Duration) -> Self {
+    pub(crate) fn new(threshold: u32, cooldown: Duration) -> Self {
         Breaker {
             threshold: threshold.max(1),
             cooldown,
@@ -42,7 +42,7 @@ impl Breaker {
     }
 
     /// Whether an operation may go to the remote now (a probe, when the cooldown is over).
-    pub(super) fn allow(&self) -> bool {
+    pub(crate) fn allow(&self) -> bool {
         let mut s = self.state.lock();
         match s.open_until {
             None => true,
@@ -55,7 +55,7 @@ impl Breaker {
     }
 
     /// Records an allowed operation's outcome.
-    pub(super) fn record(&self, ok: bool) -> Change {
+    pub(crate) fn record(&self, ok: bool) -> Change {
         let mut s = self.state.lock();
         let was_open = s.open_until.is_some();
         if ok {
@@ -77,7 +77,7 @@ impl Breaker {
         Change::None
     }
 
-    pub(super) fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.state.lock().open_until.is_some()
     }
 }

@@ -1,0 +1,83 @@
+//! The one interface of the shared stores behind the disk tier (Redis, an object store):
+//! bounded reads handed to the caller's check, writes, a lease for one build across nodes
+//! where the store has one, and counters. The chain (`chain`) asks them in order.
+//!
+//! A store never fails a lookup: an operation that fails or runs past its deadline is a miss
+//! (or a skipped write), counted, and its breaker skips the store for a while after a few.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use crate::disk::Entry;
+use crate::remote::RemoteStats;
+
+/// What a store hands a read's bytes to: the entry they are, verified, or why they are
+/// refused (a reject, logged with the reason).
+pub(crate) type Verify<'a> = &'a dyn Fn(Vec<u8>) -> Result<Entry, String>;
+
+/// Which kind of store, as statistics, metrics and messages name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StoreKind {
+    /// Redis or Valkey (`crate::remote`).
+    Redis,
+    /// An object store speaking the S3 API (`crate::object_store`).
+    ObjectStore,
+}
+
+impl StoreKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StoreKind::Redis => "redis",
+            StoreKind::ObjectStore => "s3",
+        }
+    }
+}
+
+/// A shared store of entries, named by their entry names (`disk::Sealer::entry_name`).
+pub(crate) trait Store: Send + Sync {
+    fn kind(&self) -> StoreKind;
+
+    /// The entry `name`, read within the store's entry size limit (one byte over it tells a
+    /// larger object apart, which is refused unread past that) and accepted by `verify`: a
+    /// hit; anything else is a miss, counted.
+    fn get(&self, name: &str, verify: Verify<'_>) -> Option<Entry>;
+
+    /// Whether [`Store::put`] writes (the store is not read-only).
+    fn writes(&self) -> bool;
+
+    /// Writes the sealed entry `name`, unless read-only or larger than the limit. Failures
+    /// are counted and logged, never returned: the caller has its value already.
+    fn put(&self, name: &str, entry: &[u8]);
+
+    /// After a miss everywhere: lead the build of `name` for every node sharing the store, or
+    /// get the entry another node built meanwhile, or build without a lease. A store without
+    /// leases answers [`Flight::Build`] at once.
+    fn flight(&self, name: &str, verify: Verify<'_>) -> Flight;
+
+    /// The counters since the store was opened or [`Store::reset_stats`] last ran.
+    fn stats(&self) -> RemoteStats;
+
+    /// The counters since the store was opened, whatever `reset_stats` did (for the
+    /// directory's counters, which add deltas).
+    fn raw_stats(&self) -> RemoteStats;
+
+    fn reset_stats(&self);
+}
+
+/// What a node that missed an entry everywhere does.
+pub(crate) enum Flight {
+    /// Build it: this node holds the store's lease until the guard is dropped (once the
+    /// entry is in the store, or the build failed).
+    Lead(Box<dyn Lease>),
+    /// Another node built it meanwhile: here it is, verified.
+    Found(Entry),
+    /// Build it without a lease (no lease to be had, the leader failed, or the wait ran out).
+    Build,
+}
+
+/// A lease held on a store, renewed until dropped, then released.
+pub(crate) trait Lease: Send {
+    /// Set once another node waits for the entry: a write held back is then wanted (see
+    /// `disk::write_back`).
+    fn wanted(&self) -> Arc<AtomicBool>;
+}
