@@ -27,6 +27,7 @@ pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
 mod operator_file;
+pub mod persistence;
 pub mod remote;
 pub mod stats;
 /// cbindgen:ignore

@@ -3,10 +3,8 @@
 //! - `resolve`: the settings resolved into a server to reach.
 //! - `client`: connections (standalone or Redis Cluster) and per-operation budgets.
 //! - [`resp`]: replies, read within the entry size limit.
-//! - `breaker`: the circuit breaker.
 //! - `lease`: compile once across nodes, a per-entry lease in the store.
 
-mod breaker;
 mod client;
 mod lease;
 mod resolve;
@@ -16,7 +14,7 @@ pub mod resp;
 
 use std::time::Duration;
 
-use breaker::{Breaker, Change};
+use crate::persistence::breaker::{Breaker, Change};
 pub use lease::LEASE_TTL;
 pub(crate) use lease::LeaseGuard;
 
