@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use hmac::{Hmac, Mac};
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::key::{Key, KeyBuilder};
+use kcache::{Persistence, PersistenceConfig};
 use sha2::Sha256;
 
 const SIZE: usize = 64 * 1024;

@@ -34,8 +34,9 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::OperatorKey;
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{BuiltProgram, Context, KernelArg, Matmul, run_kernel_in_groups};
 
 const SAXPY: &str = r#"

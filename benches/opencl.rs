@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, criterion_group};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions, OpenClStats};
-use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::OperatorKey;
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::successful_stdout;

@@ -30,7 +30,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions, cl_program};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{BuiltProgram, Context, KernelArg, Matmul, run_kernel_in_groups};
 use kcache_testkit::successful_stdout;
 

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
 use kcache_testkit::strings::{lookup, tiered};
 

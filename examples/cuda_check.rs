@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use kcache::Error;
 use kcache::backend::cuda::{Context, CudaCache, CudaOptions, Driver, ModuleLease};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{PrimaryContext, SAXPY_CUDA, SAXPY_PTX, Saxpy};
 
 const L1_ROUNDS: u32 = 10_000;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::backend::opencl::{DeviceIdentity, OpenClCache, OpenClOptions, OpenClStats};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{BuiltProgram, Context, Matmul, run_kernel};
 
 const SOURCE: &str = r#"

@@ -3,6 +3,8 @@
 //! - [`memory`]: the L1 tier, live values behind leases, single-flight builds, per-device
 //!   eviction and clear generations.
 //! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
+//! - [`persistence`]: the persistent tiers as one chain, the disk tier first, then the shared
+//!   stores behind it ([`remote`]: Redis).
 //! - [`stats`]: the hit rate and the reset every cache's statistics share.
 //! - [`log`]: configuration problems and, at `debug`, why each miss missed (`KCACHE_LOG`).
 //! - [`metrics`]: every live cache's counters in the Prometheus text format.
@@ -10,6 +12,8 @@
 
 /// cbindgen:ignore
 pub mod backend;
+/// cbindgen:ignore
+mod directory_counters;
 /// cbindgen:ignore
 pub mod disk;
 /// cbindgen:ignore
@@ -27,14 +31,15 @@ pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
 mod operator_file;
+/// cbindgen:ignore
 pub mod persistence;
 pub mod remote;
 pub mod stats;
 /// cbindgen:ignore
 pub mod tiered;
 
-pub use disk::{Persistence, PersistenceConfig};
 pub use error::{BuildError, DestroyError, DeviceId, Error, Result};
+pub use persistence::{Persistence, PersistenceConfig};
 
 // The README's Rust examples run as doctests (`cargo test --doc`).
 #[cfg(doctest)]

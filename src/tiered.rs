@@ -24,14 +24,13 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::disk::{
-    Claim, Descriptor, DiskBytes, Entry, KeyLock, Persistence, Reported, Reporter, one_lookup,
-};
+use crate::Persistence;
+use crate::disk::{Claim, Descriptor, DiskBytes, Entry, KeyLock, Reported, Reporter, one_lookup};
 use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
-use crate::remote::{Flight, LeaseGuard};
+use crate::persistence::{Flight, StoreLease};
 use crate::stats::{Baseline, Live, bump};
 
 /// A memory tier with an optional disk tier behind it.
@@ -261,7 +260,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut built: Option<(Duration, Key, Option<KeyLock>, Option<LeaseGuard>)> = None;
+        let mut built: Option<BuiltHere> = None;
         let mut load = load;
         let lease = self.memory.find_or_make(l1_key, device, || {
             // The lock waits of this miss and of the lookups its build makes share one
@@ -286,7 +285,7 @@ where
                         }
                         Claim::Alone => None,
                     };
-                    match disk.remote_flight(key) {
+                    match disk.flight(key) {
                         Flight::Found(entry) => {
                             match self.load_remote_entry(disk, key, entry, lock, &mut load) {
                                 Ok(loaded) => return (loaded, Made::Loaded),
@@ -340,7 +339,7 @@ where
                     let counters = Arc::clone(self.counters);
                     // Other nodes waiting on the lease mark it: a write held back is then
                     // wanted, as when a process of this node waits.
-                    let wanted = remote_lease.as_ref().map(LeaseGuard::wanted);
+                    let wanted = remote_lease.as_ref().map(|lease| lease.wanted());
                     let entry = (key, build_time, descriptor);
                     disk.write_back(entry, lock, bytes, wanted, move |written| {
                         // The entry is in the remote now (or will not be): other nodes
@@ -392,7 +391,7 @@ where
         l2_key: &Key,
         load: &mut Option<impl FnOnce(&[u8]) -> Built<V>>,
     ) -> Option<Built<V>> {
-        let entry = disk.fetch_remote(l2_key)?;
+        let entry = disk.fetch_shared(l2_key)?;
         self.load_remote_entry(disk, l2_key, entry, None, load).ok()
     }
 
@@ -486,6 +485,10 @@ where
         }
     }
 }
+
+/// What a build in this lookup leaves for its write-back: how long it took, its L2 key, the
+/// entry's lock and a store's lease, each held until the entry is written.
+type BuiltHere = (Duration, Key, Option<KeyLock>, Option<Box<dyn StoreLease>>);
 
 /// Where a payload handed to `load` came from.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -7,9 +7,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::log::{self, Level};
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::redis::free_port;
 use kcache_testkit::strings::{Cache, find_or_build, l2_key, lookup, serialize, tiered};
 

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use kcache::disk::Durability;
 use kcache::disk::config::LONGEST_WAIT;
-use kcache::disk::{Durability, Persistence, PersistenceConfig};
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{disk_with_lock_timeout, disk_with_remote, lookup, tiered};
 use kcache_testkit::{rerun_test, successful_stdout};

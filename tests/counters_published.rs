@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{disk, lookup, tiered};
 use kcache_testkit::workers::Worker;

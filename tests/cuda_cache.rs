@@ -11,7 +11,8 @@ use tempfile::TempDir;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use kcache::disk::{Descriptor, DiskStats, Persistence, PersistenceConfig};
+use kcache::disk::{Descriptor, DiskStats};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::SAXPY_PTX;
 use kcache_testkit::cuda::{FakeDriver, Handle};
 use kcache_testkit::{assert_err, rerun_test, successful_stdout};

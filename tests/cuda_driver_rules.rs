@@ -11,7 +11,7 @@ use tempfile::TempDir;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc, PrimaryContext, SAXPY_CUDA, SAXPY_PTX};
 
 const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;

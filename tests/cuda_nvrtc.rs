@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use kcache::Error;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption, Nvrtc};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::assert_err;
 use kcache_testkit::cuda::{FakeDriver, FakeNvrtc};
 

@@ -3,8 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
+use kcache::{Persistence, PersistenceConfig};
 
 fn key(name: &str) -> Key {
     KeyBuilder::new()

@@ -7,8 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use kcache::Error;
-use kcache::disk::{Durability, Persistence, PersistenceConfig};
+use kcache::disk::Durability;
 use kcache::key::{Key, KeyBuilder};
+use kcache::{Persistence, PersistenceConfig};
 
 const KEYS: u64 = 8;
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use kcache::Error;
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION, Header};
-use kcache::disk::{Descriptor, Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Descriptor, Durability, OperatorKey};
 use kcache::key::{KEY_SCHEMA_VERSION, Key, KeyBuilder};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::assert_err;
 
 fn key(name: &str) -> Key {

@@ -110,8 +110,8 @@ fn the_key_is_wiped_on_drop() {
 mod tls {
     use std::time::Duration;
 
-    use kcache::disk::{Persistence, PersistenceConfig};
     use kcache::remote::RemoteConfig;
+    use kcache::{Persistence, PersistenceConfig};
 
     use super::*;
 

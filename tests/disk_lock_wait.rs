@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kcache::BuildError;
-use kcache::disk::{Durability, Persistence, PersistenceConfig};
+use kcache::disk::Durability;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::strings::{Cache, find_or_build, serialize, tiered};
 use kcache_testkit::workers::{Worker, flock_takers, sleeps, worker_command, worker_job};
 use rustix::process::{Pid, Signal};

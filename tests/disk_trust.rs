@@ -8,8 +8,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use kcache::Error;
-use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::OperatorKey;
 use kcache::key::KeyBuilder;
+use kcache::{Persistence, PersistenceConfig};
 
 fn open(dir: &Path) -> kcache::Result<Persistence> {
     Persistence::open(PersistenceConfig::in_dir(dir))

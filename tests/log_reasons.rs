@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::log::{self, Level};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{
     self, Cache, disk, disk_with_lock_timeout, find_or_build, l2_key, load, serialize,

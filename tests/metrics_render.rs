@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use kcache::backend::cuda::{CudaCache, CudaOptions};
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::memory::{MemoryCache, Options};
 use kcache::metrics;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
 use kcache_testkit::memory::touch;
 use kcache_testkit::opencl::Context;

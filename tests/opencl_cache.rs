@@ -10,7 +10,8 @@ use kcache::backend::opencl::{
     CL_BUILD_PROGRAM_FAILURE, OpenClCache, OpenClOptions, OpenClStats, Program, ProgramLease,
     program_disk_key,
 };
-use kcache::disk::{DiskStats, Persistence, PersistenceConfig};
+use kcache::disk::DiskStats;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, reference_count, run_kernel};
 use tempfile::TempDir;
 

@@ -6,7 +6,7 @@ use kcache::Error;
 use kcache::backend::opencl::{
     CL_BUILD_PROGRAM_FAILURE, OpenClCache, Program, context_devices, program_disk_key,
 };
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, reference_count, release_program, run_kernel};
 
 mod opencl_common;

@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use kcache::disk::{Durability, Persistence, PersistenceConfig};
+use kcache::disk::Durability;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::rerun_test;
 use kcache_testkit::strings::{l2_key, lookup, tiered};
 

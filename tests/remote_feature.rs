@@ -5,9 +5,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::OperatorKey;
 use kcache::log::{self, Level};
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 
 #[test]
 fn a_configured_remote_is_opened_or_warned_about() {

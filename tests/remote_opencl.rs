@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
 use kcache_testkit::prometheus;
 use kcache_testkit::redis::RedisServer;

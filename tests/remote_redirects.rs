@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::remote::{RemoteConfig, RemoteStats};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::redis::{FakeRedis, Reply, plain_answer};
 use kcache_testkit::strings::{Cache, lookup, tiered};
 use tempfile::TempDir;

@@ -16,8 +16,9 @@ use std::time::Duration;
 use kcache::backend::vulkan::{
     HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
 };
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::remote::{RemoteConfig, RemoteStats};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::vulkan::TestGpu;
 use kcache_testkit::{cache_data, rerun_test, successful_stdout, write_key_file};

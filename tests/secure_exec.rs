@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kcache::Error;
-use kcache::disk::{DEFAULT_MAX_SIZE, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{DEFAULT_MAX_SIZE, OperatorKey};
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 
 const NOBODY: &str = "65534";
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kcache::disk::Persistence;
+use kcache::Persistence;
 use kcache::memory::{MemoryCache, Options};
 use kcache_testkit::memory::touch;
 use kcache_testkit::strings::{disk, find_or_build, l2_key, serialize, tiered};

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use kcache::disk::Persistence;
+use kcache::Persistence;
 use kcache::{BuildError, Error};
 use kcache_testkit::strings::{
     Cache, disk, find_or_build, l2_key, load, lookup, serialize, tiered,

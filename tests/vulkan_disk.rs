@@ -14,7 +14,8 @@ use std::time::Duration;
 use kcache::backend::vulkan::{
     CacheIdentity, HEADER_LEN, VulkanCache, VulkanDevice, VulkanOptions, check_cache_header,
 };
-use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
+use kcache::disk::Descriptor;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::vulkan::TestGpu;
 use kcache_testkit::{cache_data, rerun_test, successful_stdout};
 use vulkan_common::{dispatch, expected, spec, vulkan};

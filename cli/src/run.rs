@@ -6,7 +6,8 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kcache::disk::{DirectoryCounters, Persistence, PersistenceConfig};
+use kcache::disk::DirectoryCounters;
+use kcache::{Persistence, PersistenceConfig};
 
 use crate::Failure;
 use crate::commands::Target;

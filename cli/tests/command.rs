@@ -12,8 +12,9 @@ mod common;
 
 use common::{json, run};
 use kcache::backend::opencl::DeviceIdentity;
-use kcache::disk::{OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::OperatorKey;
 use kcache::key::Key;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::prometheus;
 use serde_json::Value;

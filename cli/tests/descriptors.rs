@@ -13,9 +13,10 @@ mod common;
 
 use common::{json, run};
 use kcache::backend::opencl::DeviceIdentity;
+use kcache::disk::Descriptor;
 use kcache::disk::format::{ALG_BLAKE3, FORMAT_VERSION_1, Header};
-use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
 use kcache::key::{KEY_SCHEMA_VERSION, Key};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::Context;
 use kcache_testkit::strings::{l2_key, load, serialize, tiered};
 use serde_json::Value;

@@ -14,7 +14,7 @@ use common::python;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 
 /// Builds the source in the file `argv[1]` with the options `argv[2]`, runs its kernel `k`
 /// (one work-item writing one int) and prints what it wrote.

@@ -11,7 +11,8 @@ use common::python;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kcache::disk::{DirectoryCounters, Persistence, PersistenceConfig};
+use kcache::disk::DirectoryCounters;
+use kcache::{Persistence, PersistenceConfig};
 
 /// pyopencl's examples as Debian installs them (python-pyopencl-doc).
 const EXAMPLES: &str = "/usr/share/doc/python-pyopencl-doc/examples";

@@ -8,8 +8,9 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{Persistence, PersistenceConfig, SHARDS};
+use kcache::disk::SHARDS;
 use kcache::key::Key;
+use kcache::{Persistence, PersistenceConfig};
 use serde_json::Value;
 
 fn key(n: u8) -> Key {

@@ -8,8 +8,9 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{Descriptor, Persistence, PersistenceConfig};
+use kcache::disk::Descriptor;
 use kcache::key::Key;
+use kcache::{Persistence, PersistenceConfig};
 use serde_json::Value;
 
 /// Sequences a descriptor may carry to a terminal: set the window title, clear the screen,

@@ -12,8 +12,9 @@ use std::sync::atomic::AtomicUsize;
 mod common;
 
 use common::{counter, json, run};
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::remote::RemoteConfig;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::strings::{l2_key, lookup, tiered};
 use kcache_testkit::{rerun_test, run_together};

@@ -11,8 +11,8 @@ use std::time::Duration;
 mod common;
 
 use common::{json, run};
-use kcache::disk::{Persistence, PersistenceConfig};
 use kcache::key::Key;
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::prometheus;
 use kcache_testkit::strings::{disk, find_or_build, serialize, tiered};
 

@@ -15,7 +15,8 @@
 use std::sync::OnceLock;
 
 use arbitrary::{Arbitrary, Unstructured};
-use kcache::disk::{CounterRecord, DirectoryCounters, Persistence, PersistenceConfig, MAX_COUNTERS};
+use kcache::disk::{CounterRecord, DirectoryCounters, MAX_COUNTERS};
+use kcache::{Persistence, PersistenceConfig};
 use libfuzzer_sys::fuzz_target;
 
 const MAGIC: &[u8; 8] = b"KCSTATS\n";

@@ -7,9 +7,10 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
+use crate::Persistence;
 use crate::backend::registry::{Registration, Registry};
 use crate::disk::Reported;
-use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
+use crate::disk::{Descriptor, DiskBytes, DiskStats};
 use crate::error::{BuildError, DestroyError, Error, Result};
 use crate::headers::Unknowable;
 use crate::key::Key;

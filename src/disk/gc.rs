@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use super::evict::{Index, Unlinked, lstat_at};
 use super::listing::{Check, EntryInfo};
-use super::{Fingerprint, Inner, Persistence, is_temp_name, lock, parse_entry_name};
+use super::{Disk, Fingerprint, Inner, is_temp_name, lock, parse_entry_name};
 use crate::error::{Error, Result};
 
 /// Default age after which a temporary file is taken for a crashed writer's leftover. Far
@@ -52,12 +52,12 @@ enum Verdict {
     Corrupt,
 }
 
-impl Persistence {
+impl Disk {
     /// Sweeps the directory. Entries whose key fingerprint is neither this cache's nor in
     /// `retain` are removed (after a key rotation, pass the fingerprints still in use by
     /// other processes, or nothing). Entries of this cache's key are fully verified; entries
     /// of retained foreign keys can only be checked for structure; no file is read past
-    /// [`Persistence::max_entry_size`]. Anything at an entry name but a regular file is corrupt
+    /// [`Disk::max_entry_size`]. Anything at an entry name but a regular file is corrupt
     /// (removed, a directory with everything in it; what cannot be is counted in
     /// `undeletable`). Temporary files older than `temp_older_than` are removed, and lock
     /// files nobody holds, and anything but a regular file at a lock file's name.
@@ -157,11 +157,13 @@ fn remove(
 }
 
 /// Judges a listed entry: another key generation not retained is stale unread; the rest is
-/// checked as [`Persistence::check`] does (fully for this cache's key, structure only for
+/// checked as [`Disk::check`] does (fully for this cache's key, structure only for
 /// retained ones), and a file that changed since it was listed is left to the next run.
-fn classify(cache: &Persistence, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
+fn classify(cache: &Disk, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
     let inner = &cache.inner;
-    if entry.fingerprint != inner.sealer.tagger().fingerprint() && !retain.contains(&entry.fingerprint) {
+    if entry.fingerprint != inner.sealer.tagger().fingerprint()
+        && !retain.contains(&entry.fingerprint)
+    {
         return Verdict::StaleFingerprint;
     }
     match cache.check(entry) {

@@ -13,7 +13,7 @@ use rustix::fs::{Mode, OFlags};
 use super::evict::{Index, Unlinked, lstat_at};
 use super::format::{self, Expect, Header, MAX_HEADER_LEN, OVERHEAD};
 use super::store::read_bounded;
-use super::{Fingerprint, Inner, Persistence, parse_entry_name};
+use super::{Disk, Fingerprint, Inner, parse_entry_name};
 use crate::error::{Error, Result};
 use crate::key::Key;
 
@@ -36,7 +36,7 @@ pub struct EntryInfo {
     ino: u64,
 }
 
-/// What [`Persistence::check`] found at an entry's name. A header of format 1 has no
+/// What [`Disk::check`] found at an entry's name. A header of format 1 has no
 /// descriptor (`Header::descriptor` is `None`): such entries are read, and `gc` removes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Check {
@@ -90,7 +90,7 @@ fn open_unchanged(inner: &Inner, name: &str, ino: u64) -> Option<File> {
         .then_some(file)
 }
 
-impl Persistence {
+impl Disk {
     /// Every name of the entry pattern in the directory, of every key generation, in no
     /// particular order (temporaries, lock files and foreign files are not listed).
     pub fn entries(&self) -> Result<Vec<EntryInfo>> {
@@ -126,7 +126,7 @@ impl Persistence {
     }
 
     /// Checks the listed `entry` as a read would (entries of this cache's key: the whole
-    /// file, tag included, no larger than [`Persistence::max_entry_size`]) or as `gc` does
+    /// file, tag included, no larger than [`Disk::max_entry_size`]) or as `gc` does
     /// (other key generations: structure only). Reads, and nothing else: no counter, no mtime
     /// refresh, no removal.
     pub fn check(&self, entry: &EntryInfo) -> Check {

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use super::heartbeat::{BEAT, Beat};
 use crate::log::{self, Level};
 
-/// Default of [`PersistenceConfig::lock_liveness`](super::PersistenceConfig::lock_liveness): many beats,
+/// Default of [`PersistenceConfig::lock_liveness`](crate::PersistenceConfig::lock_liveness): many beats,
 /// so that a holder descheduled for a while on a loaded machine is not taken for stopped
 /// (which would cost a build more, nothing worse), and short beside the lock timeout.
 pub const DEFAULT_LOCK_LIVENESS: Duration = Duration::from_secs(5);

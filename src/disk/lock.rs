@@ -52,7 +52,7 @@ use crate::key::Key;
 use crate::log;
 use crate::log::Warning;
 
-/// Default of [`PersistenceConfig::lock_timeout`](super::PersistenceConfig::lock_timeout): longer than
+/// Default of [`PersistenceConfig::lock_timeout`](crate::PersistenceConfig::lock_timeout): longer than
 /// nearly every kernel build (milliseconds to tens of seconds), so that followers wait for a
 /// slow leader rather than compiling beside it, and short enough that a leader stuck in a
 /// driver costs its followers two minutes, not their run.
@@ -118,7 +118,7 @@ pub(super) fn entry_of_lock(name: &str) -> Option<&str> {
     super::parse_entry_name(entry).map(|_| entry)
 }
 
-/// What a miss should do, as [`super::Persistence::claim`] decides.
+/// What a miss should do, as [`super::Disk::claim`] decides.
 pub(crate) enum Claim {
     /// Build and publish; other processes wait on the lock until it is dropped (after the
     /// write) or [`KeyLock::abandon`]ed.

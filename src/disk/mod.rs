@@ -1,7 +1,7 @@
 //! L2: the disk tier. Serialized binaries in a per-user directory, authenticated, written
 //! atomically, size-capped with least-recently-used eviction.
 //!
-//! - [`config`]: where the directory is and what key authenticates entries;
+//! - [`config`]: the values a tier is opened with;
 //!   [`settings`]: what an operator keeps in the directory for every process (`kcache.conf`).
 //! - `dir`: trust checks on the directory.
 //! - [`format`]: the entry encoding (see `docs/disk-format.md`); `descriptor`: what an entry
@@ -18,12 +18,13 @@
 //!   `reported`: the figures the caches in front of the tier hand it for them.
 //! - `unwritable`: a directory that takes no writes (full, read-only): said once, and on
 //!   request.
-//! - `shared`: entries to and from the remote tier ([`crate::remote`]), sealed and verified
-//!   as here.
+//! - `seal`: what makes a payload an entry, and the check of every read, here and in the
+//!   stores behind the tier; `behind`: what the tier tells those stores (`crate::persistence`).
 //!
 //! Every read and write goes through the directory descriptor opened (and checked) once at
-//! [`Persistence::open`], with `O_NOFOLLOW` on the entry name.
+//! [`crate::Persistence::open`], with `O_NOFOLLOW` on the entry name.
 
+mod behind;
 mod budget;
 pub mod config;
 mod descriptor;
@@ -41,7 +42,6 @@ mod reported;
 mod seal;
 pub mod settings;
 mod shards;
-mod shared;
 mod store;
 mod units;
 mod unwritable;
@@ -50,13 +50,12 @@ mod writer;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+pub(crate) use behind::Behind;
 pub(crate) use budget::one_lookup;
-pub use config::{
-    DEFAULT_MAX_SIZE, DirSource, Durability, OperatorKey, PersistenceConfig, parse_size,
-};
+pub use config::{DEFAULT_MAX_SIZE, Durability, OperatorKey, parse_size};
 pub use descriptor::{
     CUSTOM_BACKEND, Descriptor, MAX_BACKEND_LEN, MAX_DEVICE_LEN, MAX_ENCODED_LEN, MAX_NAME_LEN,
 };
@@ -76,19 +75,15 @@ pub use writer::{POLL, QUEUE_BOUND, max_polled};
 use crate::error::Result;
 use crate::ffi::process;
 use crate::key::{Key, parse_hex};
-use crate::log;
 use crate::metrics::{self, Source, Totals};
-use crate::remote::{Remote, RemoteStats};
 use crate::stats::{Baseline, Live, bump};
 use format::TAG_LEN;
 pub(crate) use seal::Sealer;
 
-/// The persistent tiers, open: the disk tier and, when configured (`remote` in its
-/// [`PersistenceConfig`], or `KCACHE_REMOTE_URL`), the remote tier behind it. One serves every
-/// cache of a process that is handed it (OpenCL, CUDA, Vulkan, tiered lookups): one writer
-/// thread, one set of locks, one remote connection, one set of counters. Share it through an
-/// `Arc`; any number of processes may use the same directory at once.
-pub struct Persistence {
+/// The disk tier, open: the first tier of every [`crate::Persistence`], which holds it and
+/// the stores behind it. One writer thread, one set of locks, one set of counters for every
+/// cache of the process; any number of processes may use the same directory at once.
+pub struct Disk {
     inner: Arc<Inner>,
     /// Keeps this tier in the process's metrics exactly as long as the handle lives (the
     /// background writer and scan also hold `inner`, for a while after it is dropped).
@@ -119,15 +114,15 @@ struct Inner {
     writer: writer::Writer,
     /// The entry locks this process holds.
     held: lock::OwnLocks,
-    /// The remote tier behind this one, if configured.
-    remote: Option<Arc<Remote>>,
+    /// What sits behind this tier, told of each entry published here (set once, at open).
+    behind: OnceLock<Arc<dyn Behind>>,
 }
 
 crate::stats::statistics! {
-    /// Counters since this `Persistence` was opened or its statistics last reset (per process),
+    /// Counters since this `Disk` was opened or its statistics last reset (per process),
     /// plus what its index knows of the directory. `pending_writes`, `entries`, `bytes` and
     /// `scan_complete` are gauges, never reset. The directory's counters, all processes
-    /// together, are [`Persistence::directory_stats`].
+    /// together, are [`Disk::directory_stats`].
     #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
     pub struct DiskStats {
         counted hits,
@@ -168,10 +163,8 @@ crate::stats::statistics! {
         gauge entries,
         gauge bytes,
         /// Whether the scan of the directory that `open` starts has finished
-        /// ([`Persistence::wait_scan`] waits for it).
+        /// ([`Disk::wait_scan`] waits for it).
         gauge scan_complete: bool,
-        /// The remote tier's counters ([`Persistence::remote_stats`]); `None` without one.
-        gauge remote: Option<RemoteStats>,
     }
     /// What the tier counts, as it happens.
     live struct Counters {
@@ -211,6 +204,11 @@ impl Entry {
         self.bytes
     }
 
+    /// The whole entry as sealed: header, payload, tag (what a store behind the disk holds).
+    pub(crate) fn sealed(&self) -> &[u8] {
+        &self.bytes
+    }
+
     /// How long the value took to build, as recorded by the writer.
     pub fn build_time(&self) -> Duration {
         self.build_time
@@ -230,24 +228,13 @@ pub struct Usage {
     pub bytes: u64,
 }
 
-impl Persistence {
-    /// Opens (creating if needed, mode 0700) and checks the directory. Refusals:
-    /// `Unavailable` (disabled, no directory configured), `Untrusted` (with one warning per
-    /// process, see [`crate::log`]), `InvalidArgument` (bad size or key), `Io`. Every refusal
-    /// is logged at `debug` (`disk tier off: …`).
-    pub fn open(config: PersistenceConfig) -> Result<Persistence> {
-        Self::open_resolved(config).inspect_err(|e| log::debug(|| format!("disk tier off: {e}")))
-    }
-
-    fn open_resolved(config: PersistenceConfig) -> Result<Persistence> {
-        let resolved = config.resolve()?;
+impl Disk {
+    /// Opens (creating if needed, mode 0700) and checks the directory `resolved` names.
+    /// Refusals: `Untrusted` (with one warning per process, see [`crate::log`]), `Io`.
+    pub(crate) fn open(resolved: config::Resolved) -> Result<Disk> {
         let dir = dir::open_trusted(&resolved.dir)?;
         let applied = resolved.with_settings(&settings::applied(&dir, &resolved.dir))?;
         let sealer = Arc::new(Sealer::new(resolved.key.as_ref(), resolved.key_schema));
-        let remote = resolved
-            .remote
-            .and_then(|config| Remote::open(config, resolved.key.is_some()))
-            .map(Arc::new);
         let inner = Arc::new(Inner {
             dir,
             path: resolved.dir,
@@ -263,7 +250,7 @@ impl Persistence {
             index: evict::Index::default(),
             writer: writer::Writer::default(),
             held: lock::OwnLocks::default(),
-            remote,
+            behind: OnceLock::new(),
         });
         evict::start_scan(&inner);
         exit::register(&inner);
@@ -276,10 +263,20 @@ impl Persistence {
         }));
         let listed = Arc::new(Listed(Arc::clone(&inner)));
         metrics::register(Arc::downgrade(&listed) as _);
-        Ok(Persistence {
+        Ok(Disk {
             inner,
             _listed: listed,
         })
+    }
+
+    /// Hands the tier what sits behind it, before any entry is written.
+    pub(crate) fn set_behind(&self, behind: Arc<dyn Behind>) {
+        let _ = self.inner.behind.set(behind);
+    }
+
+    /// The sealer of this tier's entries, which the stores behind it share.
+    pub(crate) fn sealer(&self) -> &Arc<Sealer> {
+        &self.inner.sealer
     }
 
     pub fn path(&self) -> &Path {
@@ -312,7 +309,7 @@ impl Persistence {
     }
 
     /// How long a miss waits for another process building the same entry once that process
-    /// shows no sign of life (see [`PersistenceConfig::lock_liveness`]).
+    /// shows no sign of life (see [`crate::PersistenceConfig::lock_liveness`]).
     pub fn lock_liveness(&self) -> Duration {
         self.inner.lock_liveness
     }
@@ -328,18 +325,15 @@ impl Persistence {
         self.inner.sealer.tagger().fingerprint()
     }
 
-    /// This process's counters since `open` or the last [`Persistence::reset_stats`].
+    /// This process's counters since `open` or the last [`Disk::reset_stats`].
     pub fn stats(&self) -> DiskStats {
         self.inner.baseline.apply(&self.inner.stats())
     }
 
-    /// Zeroes this handle's event counters, the remote tier's included (not the gauges, nor the directory's counters:
-    /// see [`Persistence::zero_directory_stats`]).
+    /// Zeroes this handle's event counters (not the gauges, nor the directory's counters:
+    /// see [`Disk::zero_directory_stats`]).
     pub fn reset_stats(&self) {
         self.inner.baseline.reset(self.inner.stats());
-        if let Some(remote) = &self.inner.remote {
-            remote.reset_stats();
-        }
     }
 
     /// Waits for the scan of the directory that `open` starts (milliseconds even for a full
@@ -359,7 +353,7 @@ impl Persistence {
 
     /// Waits until every background write submitted so far has finished (written or
     /// failed), then adds what this process did since its last flush to the directory's
-    /// counters ([`Persistence::directory_stats`]). Dropping the disk tier flushes too. Called
+    /// counters ([`Disk::directory_stats`]). Dropping the disk tier flushes too. Called
     /// on the background writer's own thread (from a log hook), it cannot wait for that
     /// thread: the writes held back are queued and run once the hook returns.
     pub fn flush(&self) {
@@ -387,7 +381,7 @@ impl Persistence {
     }
 }
 
-impl Drop for Persistence {
+impl Drop for Disk {
     /// Pending writes are finished first: a value built in this process is not lost because
     /// the cache was dropped right after; then the directory's counters are brought up to date.
     fn drop(&mut self) {
@@ -408,8 +402,6 @@ impl Inner {
             entries: usage.entries,
             bytes: usage.bytes,
             scan_complete,
-            // Reset with this tier's counters, by its own baseline.
-            remote: self.remote.as_ref().map(|r| r.stats()),
             ..self.counters.snapshot()
         }
     }
@@ -426,13 +418,7 @@ impl Inner {
 impl Source for Listed {
     fn add_to(&self, totals: &mut Totals) {
         totals.disk_tiers += 1;
-        let stats = self.0.stats();
-        if let Some(remote) = stats.remote {
-            totals.remote_tiers += 1;
-            totals.remote_breakers_open += u64::from(remote.breaker_open);
-            totals.remote += remote;
-        }
-        totals.disk += stats;
+        totals.disk += self.0.stats();
     }
 }
 

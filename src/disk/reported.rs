@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::Persistence;
+use super::Disk;
 
 /// Figures the disk tier cannot see itself, handed to it by the caches in front of it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -27,7 +27,7 @@ pub(crate) struct Reporter {
 impl Reporter {
     /// Hands `disk` what `total` (the cache's figures since it was created) adds to the last
     /// report.
-    pub(crate) fn report(&self, disk: &Persistence, total: Reported) {
+    pub(crate) fn report(&self, disk: &Disk, total: Reported) {
         let new = |mark: &AtomicU64, total: u64| {
             total.saturating_sub(mark.fetch_max(total, Ordering::Relaxed))
         };
@@ -40,7 +40,7 @@ impl Reporter {
     }
 }
 
-impl Persistence {
+impl Disk {
     /// Adds figures of the caches in front of this disk tier (the memory tier's lookups,
     /// builds) to what the next flush persists.
     pub(crate) fn record(&self, figures: Reported) {

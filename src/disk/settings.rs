@@ -44,8 +44,8 @@ pub const MAX_SETTINGS_LEN: u64 = 64 << 10;
 /// caps, how long processes sharing it wait for one another's builds, and whether its entries
 /// must be keyed. The directory itself (`KCACHE_DIR`) cannot be, the operator key
 /// (`KCACHE_KEY_FILE`) is a per-process secret that is rotated process by process, the
-/// libraries' paths would make a file in the directory choose code to load, and the remote
-/// tier's URL may hold a password.
+/// libraries' paths would make a file in the directory choose code to load, and a shared
+/// store's URL may hold a password.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Setting {
     /// The size cap, a size ([`super::parse_size`]); `KCACHE_MAX_SIZE`.

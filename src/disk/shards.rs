@@ -2,7 +2,7 @@
 //!
 //! A process adds what it did since its last write to one of [`SHARDS`] small files in the
 //! directory, `.stats-0` … `.stats-f`, the one its process id picks, at
-//! [`Persistence::flush`] and when the disk tier is dropped; never on a lookup. Readers (`kcache
+//! [`Disk::flush`] and when the disk tier is dropped; never on a lookup. Readers (`kcache
 //! stats`) add the shards up; `kcache zero-stats` rewrites each with zeros. Several files
 //! rather than one, as ccache does, so that processes ending at once rarely wait for the same
 //! lock.
@@ -30,7 +30,8 @@ use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
 use rustix::io::Errno;
 
 use super::evict::nanos_since_epoch;
-use super::{Inner, Persistence};
+use super::{Disk, Inner};
+pub use crate::directory_counters::DirectoryCounters;
 use crate::error::Result;
 use crate::ffi::process::{ForkLocked, Held};
 use crate::log;
@@ -53,118 +54,7 @@ fn shard_name(index: u32) -> String {
     format!(".stats-{index:x}")
 }
 
-macro_rules! directory_counters {
-    ($($(#[$doc:meta])* $field:ident,)+) => {
-        /// What the processes using a directory did with it, added up over every process since
-        /// the counters were last zeroed. Each process counts what its own caches did; the
-        /// memory-tier figures come from the caches that use this disk tier.
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-        pub struct DirectoryCounters {
-            $($(#[$doc])* pub $field: u64,)+
-        }
-
-        impl DirectoryCounters {
-            const LEN: usize = [$(stringify!($field)),+].len();
-
-            fn to_array(self) -> [u64; Self::LEN] {
-                [$(self.$field),+]
-            }
-
-            fn from_array(values: [u64; Self::LEN]) -> Self {
-                let [$($field),+] = values;
-                DirectoryCounters { $($field),+ }
-            }
-
-            /// Every counter with its field's name, in the fields' order.
-            pub fn named(self) -> [(&'static str, u64); Self::LEN] {
-                [$((stringify!($field), self.$field)),+]
-            }
-        }
-    };
-}
-
-directory_counters! {
-    /// Lookups a memory tier answered (from caches that report to this disk tier).
-    memory_hits,
-    /// Lookups a memory tier did not answer.
-    memory_misses,
-    /// Reads of this directory that returned a verified entry.
-    disk_hits,
-    /// Reads that returned none: absent, rejected or failed.
-    disk_misses,
-    /// Values built because neither tier had them.
-    builds,
-    /// Entries written.
-    disk_writes,
-    /// Entries refused by a read (and removed).
-    integrity_rejects,
-    /// Entries removed by the size cap.
-    evictions,
-    /// Misses that waited for another process building the same entry.
-    lock_waits,
-    /// Waits that reached the lock timeout.
-    lock_timeouts,
-    /// Builds taken over from a process that died building.
-    lock_takeovers,
-    /// Background writes that failed.
-    failed_writes,
-    // The remote tier's counters (`RemoteStats`, its breaker's state apart), appended to the
-    // first layout: a shorter record's missing counters are zero.
-    /// Remote entries read and verified.
-    remote_hits,
-    /// Remote reads that returned no usable entry.
-    remote_misses,
-    /// Remote entries refused by verification.
-    remote_rejects,
-    /// Remote operations that failed, timeouts apart.
-    remote_errors,
-    /// Remote operations that ran past their budget.
-    remote_timeouts,
-    /// Remote operations skipped while the breaker was open.
-    remote_skipped,
-    /// Times the breaker opened.
-    remote_breaker_trips,
-    /// Leases taken: builds led for every node.
-    remote_leases,
-    /// Misses that waited for another node holding the lease.
-    remote_lease_waits,
-    /// Of those, waits that reached the deadline.
-    remote_lease_timeouts,
-    /// Entries written to the remote.
-    remote_puts,
-    /// Bytes read from the remote.
-    remote_bytes_read,
-    /// Bytes written to the remote.
-    remote_bytes_written,
-    // Appended to the second layout, as the remote tier's were to the first.
-    /// Builds a backend could not key (a computed `#include` it cannot expand, an
-    /// option that reads a file): compiled and cached nowhere.
-    passed_through,
-}
-
-impl DirectoryCounters {
-    fn zip(self, other: Self, f: impl Fn(u64, u64) -> u64) -> Self {
-        let (a, b) = (self.to_array(), other.to_array());
-        DirectoryCounters::from_array(std::array::from_fn(|i| f(a[i], b[i])))
-    }
-
-    /// `memory_hits / (memory_hits + memory_misses)`; `None` without lookups.
-    pub fn memory_hit_rate(&self) -> Option<f64> {
-        crate::stats::hit_rate(self.memory_hits, self.memory_misses)
-    }
-
-    /// `disk_hits / (disk_hits + disk_misses)`; `None` without reads.
-    pub fn disk_hit_rate(&self) -> Option<f64> {
-        crate::stats::hit_rate(self.disk_hits, self.disk_misses)
-    }
-
-    /// `remote_hits / (remote_hits + remote_misses)`; `None` without remote reads.
-    pub fn remote_hit_rate(&self) -> Option<f64> {
-        crate::stats::hit_rate(self.remote_hits, self.remote_misses)
-    }
-}
-
-/// The directory's counters as [`Persistence::directory_stats`] read them.
+/// The directory's counters as [`Disk::directory_stats`] read them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DirectoryStats {
     pub counters: DirectoryCounters,
@@ -203,10 +93,10 @@ fn current(inner: &Inner) -> DirectoryCounters {
     let c = &inner.counters;
     let get = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     // Raw counts, not the handle's reset view: a reset must not make the deltas negative.
-    let r = inner
-        .remote
-        .as_ref()
-        .map(|r| r.raw_stats())
+    let behind = inner
+        .behind
+        .get()
+        .map(|behind| behind.counters())
         .unwrap_or_default();
     DirectoryCounters {
         memory_hits: get(&c.memory_hits),
@@ -222,7 +112,7 @@ fn current(inner: &Inner) -> DirectoryCounters {
         lock_takeovers: get(&c.lock_takeovers),
         failed_writes: get(&c.failed_writes),
         passed_through: get(&c.passed_through),
-        ..crate::remote::flattened!(DirectoryCounters, r)
+        ..behind
     }
 }
 
@@ -452,10 +342,10 @@ fn add(inner: &Inner, index: u32, delta: DirectoryCounters) -> io::Result<()> {
     })
 }
 
-impl Persistence {
+impl Disk {
     /// The directory's counters: every process's figures since the last
-    /// [`Persistence::zero_directory_stats`], added up from the shard files. This process's
-    /// figures are included up to its last [`Persistence::flush`], or to the background
+    /// [`Disk::zero_directory_stats`], added up from the shard files. This process's
+    /// figures are included up to its last [`Disk::flush`], or to the background
     /// writer's last periodic publication ([`super::writer::PUBLISH`]).
     pub fn directory_stats(&self) -> Result<DirectoryStats> {
         let inner = &self.inner;
@@ -505,83 +395,6 @@ impl Persistence {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn records_round_trip_and_refuse_damage() {
-        let record = CounterRecord {
-            zeroed_ns: 7,
-            values: (1..=DirectoryCounters::LEN as u64).collect(),
-        };
-        let bytes = record.encode();
-        let back = CounterRecord::decode(&bytes).unwrap();
-        assert_eq!(back.zeroed_ns, 7);
-        assert_eq!(back.counters().memory_hits, 1);
-        assert_eq!(back.counters().failed_writes, 12);
-        assert_eq!(back.counters().remote_bytes_written, 25);
-        assert_eq!(
-            back.counters().passed_through,
-            DirectoryCounters::LEN as u64
-        );
-        for i in [0, 9, 20, bytes.len() - 1] {
-            let mut bad = bytes.clone();
-            bad[i] ^= 1;
-            assert!(CounterRecord::decode(&bad).is_none(), "byte {i}");
-        }
-        assert!(CounterRecord::decode(&bytes[..bytes.len() - 1]).is_none());
-        assert!(CounterRecord::decode(b"").is_none());
-        assert!(CounterRecord::decode(b"hello, world").is_none());
-    }
-
-    #[test]
-    fn an_older_shorter_record_reads_its_missing_counters_as_zero() {
-        // The first layout: twelve counters, before the remote tier's were appended.
-        let first = 12;
-        let record = CounterRecord {
-            zeroed_ns: 3,
-            values: (1..=first as u64).collect(),
-        };
-        let back = CounterRecord::decode(&record.encode()).unwrap();
-        let c = back.counters();
-        assert_eq!((c.memory_hits, c.failed_writes), (1, 12));
-        assert_eq!((c.remote_hits, c.remote_bytes_written), (0, 0));
-        // A longer record of the current layout counts the remote tier.
-        let full = CounterRecord {
-            zeroed_ns: 0,
-            values: (1..=DirectoryCounters::LEN as u64).collect(),
-        };
-        let c = CounterRecord::decode(&full.encode()).unwrap().counters();
-        assert_eq!(c.remote_hits, first as u64 + 1);
-        assert_eq!(c.remote_bytes_written, 25);
-        assert_eq!(c.passed_through, DirectoryCounters::LEN as u64);
-    }
-
-    #[test]
-    fn the_remote_tiers_counters_land_in_their_own_fields() {
-        let remote = crate::remote::RemoteStats {
-            hits: 1,
-            misses: 2,
-            rejects: 3,
-            errors: 4,
-            timeouts: 5,
-            skipped: 6,
-            breaker_trips: 7,
-            leases: 8,
-            lease_waits: 9,
-            lease_timeouts: 10,
-            puts: 11,
-            bytes_read: 12,
-            bytes_written: 13,
-            breaker_open: true,
-        };
-        let named = crate::remote::flattened!(DirectoryCounters, remote).named();
-        let (flat, rest): (Vec<_>, Vec<_>) = named
-            .iter()
-            .partition(|(name, _)| name.starts_with("remote_"));
-        // In the remote tier's order, each from its own counter; nothing else touched.
-        let values: Vec<u64> = flat.iter().map(|&(_, v)| v).collect();
-        assert_eq!(values, (1..=13).collect::<Vec<u64>>());
-        assert!(rest.iter().all(|&(_, v)| v == 0), "{rest:?}");
-    }
 
     #[test]
     fn later_counters_are_kept() {

@@ -22,7 +22,7 @@ use rustix::io::Errno;
 
 use super::evict::{Index, TOUCH_GRANULARITY, Unlinked, lstat_at, nanos_since_epoch};
 use super::format::{DESCRIPTOR_LEN_FIELD, HEADER_LEN, OVERHEAD, TAG_LEN};
-use super::{Descriptor, Durability, Entry, Inner, Persistence, bump};
+use super::{Descriptor, Disk, Durability, Entry, Inner, bump};
 use crate::error::{Error, Result};
 use crate::key::{Key, hex};
 use crate::log;
@@ -31,10 +31,10 @@ use crate::log;
 /// holds a whole entry in memory, so this bounds what one read can allocate.
 pub const MAX_ENTRY_SIZE: u64 = 1 << 30;
 
-impl Persistence {
+impl Disk {
     /// Reads and verifies the entry for `key`. `Ok(None)`: no entry. `Err(Integrity)`: an
     /// entry was there but failed verification (bad content, larger than
-    /// [`Persistence::max_entry_size`], not a regular file) and has been removed (a directory
+    /// [`Disk::max_entry_size`], not a regular file) and has been removed (a directory
     /// with everything in it, never following a link). `Err(Io)`: it could not be read (or
     /// its size could not be allocated). All three count as misses.
     pub fn get(&self, key: &Key) -> Result<Option<Entry>> {
@@ -70,16 +70,16 @@ impl Persistence {
     /// Room is made (least recently used entries evicted) before the entry appears, so this
     /// process's writes never take the directory over the cap; a write made right after
     /// `open` waits for the opening scan to know what is there. An entry larger than
-    /// [`Persistence::max_entry_size`] is refused with `InvalidArgument`, from its length, before
+    /// [`Disk::max_entry_size`] is refused with `InvalidArgument`, from its length, before
     /// a byte of it is read. A directory at the entry's name is moved aside and removed with
     /// everything in it (counted in `integrity_rejects`): the write takes its place. The
     /// entry's descriptor is the default one (backend `custom`, no device, no name);
-    /// [`Persistence::put_described`] gives one.
+    /// [`Disk::put_described`] gives one.
     pub fn put(&self, key: &Key, payload: &[u8], build_time: Duration) -> Result<()> {
         self.put_described(key, payload, build_time, &Descriptor::default())
     }
 
-    /// [`Persistence::put`], with what the entry holds (`kcache ls` shows it, `kcache evict`
+    /// [`Disk::put`], with what the entry holds (`kcache ls` shows it, `kcache evict`
     /// selects by it).
     pub fn put_described(
         &self,
@@ -91,7 +91,7 @@ impl Persistence {
         put(&self.inner, key, payload, build_time, descriptor)
     }
 
-    /// Refuses (`InvalidArgument`, as [`Persistence::put_described`] would) a payload of `len`
+    /// Refuses (`InvalidArgument`, as [`Disk::put_described`] would) a payload of `len`
     /// bytes too large for an entry with `descriptor`, from its length alone: for a caller
     /// that has only a length yet (a C buffer, a serializer's announced size).
     pub fn check_payload_len(&self, len: usize, descriptor: &Descriptor) -> Result<()> {
@@ -149,7 +149,7 @@ pub(super) fn stored_len(inner: &Inner, key: &Key) -> Option<u64> {
     Some(u64::from_le_bytes(head[56..64].try_into().ok()?))
 }
 
-/// [`Persistence::put`], for the background writer too.
+/// [`Disk::put`], for the background writer too.
 pub(super) fn put(
     inner: &Arc<Inner>,
     key: &Key,

@@ -4,16 +4,17 @@
 //! Most values' bytes are made and written as soon as the background writer gets to them. A
 //! backend whose bytes are costly to make, and better for waiting, holds them back
 //! ([`DiskBytes::held`]): the entry is written when another process waits for it (the lock's
-//! wanted mark, or another node's mark on the remote tier's lease), else at the next flush, which is when the process frees its cache or exits
-//! at the latest (see `exit`). A lone process then pays for its bytes once, at flush, instead of beside the
-//! caller's next work; a process that waits gets them within the writer's poll interval.
+//! wanted mark, or another node's mark on a shared store's lease), else at the next flush,
+//! which is when the process frees its cache or exits at the latest (see `exit`). A lone
+//! process then pays for its bytes once, at flush, instead of beside the caller's next work; a
+//! process that waits gets them within the writer's poll interval.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use super::writer::Cause;
-use super::{Descriptor, Inner, KeyLock, Persistence, bump, shared, store};
+use super::{Descriptor, Disk, Entry, Inner, KeyLock, bump, store};
 use crate::error::BuildError;
 use crate::key::Key;
 use crate::log;
@@ -61,11 +62,11 @@ impl From<Vec<u8>> for DiskBytes {
     }
 }
 
-impl Persistence {
+impl Disk {
     /// Writes the entry for `key`, described by `descriptor`, from `bytes` on the background
     /// writer, then releases `lock`; `done` learns whether it was written. Bytes held back
     /// ([`DiskBytes::held`]) are made as wanted when a process waits on `lock`, or when
-    /// `wanted_elsewhere` is set (another node waits on the remote tier's lease). A failure is counted in
+    /// `wanted_elsewhere` is set (another node waits on a shared store's lease). A failure is counted in
     /// `failed_writes` and marked on the lock, so that waiting processes build rather than
     /// wait for an entry that will not come.
     pub(crate) fn write_back(
@@ -130,6 +131,38 @@ impl Persistence {
     }
 }
 
+impl Disk {
+    /// Writes `entry`, verified from a store behind this tier, on the background writer, so
+    /// that the next process of this node reads it here, then releases `lock` (the processes
+    /// of this node waiting for it then read the entry).
+    pub(crate) fn copy_in(&self, key: &Key, entry: Entry, lock: Option<KeyLock>) {
+        let inner = Arc::clone(&self.inner);
+        let key = *key;
+        self.inner.writer.submit(move || {
+            let descriptor = entry.descriptor().cloned().unwrap_or_default();
+            let written = store::put(
+                &inner,
+                &key,
+                entry.payload(),
+                entry.build_time(),
+                &descriptor,
+            );
+            if let Err(e) = written {
+                log::info(|| format!("disk copy of a stored entry failed: {e}"));
+                if let Some(lock) = &lock {
+                    lock.abandon();
+                }
+            }
+            drop(lock);
+        });
+    }
+
+    /// Runs `job` on the background writer, after the writes submitted before it.
+    pub(crate) fn later(&self, job: impl FnOnce() + Send + 'static) {
+        self.inner.writer.submit(job);
+    }
+}
+
 /// The lock a parked write shares with its poll; no code panics while holding it.
 fn locked(lock: &Mutex<Option<KeyLock>>) -> MutexGuard<'_, Option<KeyLock>> {
     lock.lock().unwrap_or_else(PoisonError::into_inner)
@@ -153,9 +186,10 @@ fn publish(
         });
     match written {
         Ok(bytes) => {
-            // Published: processes of this node waiting for it need not wait for the remote.
+            // Published: processes of this node waiting for it need not wait for the stores
+            // behind.
             drop(lock);
-            shared::share(inner, key, &bytes, build_time, descriptor);
+            tell_behind(inner, key, &bytes, build_time, descriptor);
             true
         }
         Err(why) => {
@@ -178,6 +212,13 @@ fn grow(inner: &Arc<Inner>, key: &Key, descriptor: &Descriptor, make: Maker, bui
     if bytes.len() as u64 > store::stored_len(inner, key).unwrap_or(0)
         && store::put(inner, key, &bytes, build_time, descriptor).is_ok()
     {
-        shared::share(inner, key, &bytes, build_time, descriptor);
+        tell_behind(inner, key, &bytes, build_time, descriptor);
+    }
+}
+
+/// Tells what sits behind the tier of an entry published for a value built here.
+fn tell_behind(inner: &Inner, key: &Key, payload: &[u8], build_time: Duration, d: &Descriptor) {
+    if let Some(behind) = inner.behind.get() {
+        behind.published(key, payload, build_time, d);
     }
 }

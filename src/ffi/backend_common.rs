@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::args::{live, read_grown, write_boxed, write_optional, write_sized};
 use super::persistence::{kc_persistence, persistence_arg};
 use super::status::{guard, kc_status, non_null};
-use crate::disk::Persistence;
+use crate::Persistence;
 use crate::error::Result;
 use crate::memory;
 

@@ -19,9 +19,10 @@ use super::args::{
     operator_key_arg, optional_path, read_input,
 };
 use super::status::{guard, guard_value, kc_status, non_null};
-use crate::disk::{Durability, Persistence, PersistenceConfig};
+use crate::disk::Durability;
 use crate::remote::RemoteConfig;
 use crate::{Error, Result};
+use crate::{Persistence, PersistenceConfig};
 
 /// Length of an operator key fingerprint in bytes.
 pub const KC_FINGERPRINT_LEN: usize = 8;
@@ -420,7 +421,7 @@ pub unsafe extern "C" fn kc_persistence_fingerprints(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence) -> kc_status {
     // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::flush))
+    guard(|| unsafe { persistence_ref(persistence) }.map(|p| p.flush()))
 }
 
 /// Waits for the scan of the directory that `kc_persistence_open` starts in the background
@@ -429,7 +430,7 @@ pub unsafe extern "C" fn kc_persistence_flush(persistence: *const kc_persistence
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_wait_scan(persistence: *const kc_persistence) -> kc_status {
     // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::wait_scan))
+    guard(|| unsafe { persistence_ref(persistence) }.map(|p| p.wait_scan()))
 }
 
 // ---------------------------------------------------------------------------------------

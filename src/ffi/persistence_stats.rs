@@ -4,12 +4,15 @@
 #![allow(non_camel_case_types)]
 
 use std::mem::size_of;
+use std::ops::Deref;
 use std::time::Duration;
 
 use super::args::{c_statistics, invalid, write_sized};
 use super::persistence::{KC_FINGERPRINT_LEN, kc_persistence, persistence_ref, with_persistence};
 use super::status::{byte_slice, guard, kc_status};
-use crate::disk::{DiskStats, GcReport, Persistence};
+use crate::Persistence;
+use crate::disk::{DiskStats, GcReport};
+use crate::remote::RemoteStats;
 
 /// `gc` age after which a temporary file is a crashed writer's leftover: 15 minutes.
 pub const KC_PERSISTENCE_DEFAULT_TEMP_MAX_AGE_S: u64 = 900;
@@ -94,9 +97,24 @@ pub struct kc_persistence_statistics {
     pub remote_bytes_written: u64,
 }
 
+/// What `kc_persistence_stats` reports: the disk tier's counters (its fields, through
+/// `Deref`) and the Redis tier's.
+struct Counted {
+    disk: DiskStats,
+    remote: Option<RemoteStats>,
+}
+
+impl Deref for Counted {
+    type Target = DiskStats;
+
+    fn deref(&self) -> &DiskStats {
+        &self.disk
+    }
+}
+
 /// The remote tier's fields of `kc_persistence_statistics` (zero without one); the others
 /// default.
-fn remote_fields(s: &DiskStats) -> kc_persistence_statistics {
+fn remote_fields(s: &Counted) -> kc_persistence_statistics {
     let r = s.remote.unwrap_or_default();
     kc_persistence_statistics {
         remote: s.remote.is_some(),
@@ -105,7 +123,7 @@ fn remote_fields(s: &DiskStats) -> kc_persistence_statistics {
     }
 }
 
-c_statistics!(DiskStats => kc_persistence_statistics {
+c_statistics!(Counted => kc_persistence_statistics {
     hits, misses, puts, bytes_read, bytes_written, integrity_rejects, io_errors, evictions,
     removes, load_failures, entries, bytes, scan_complete, lock_waits, lock_timeouts,
     lock_takeovers, pending_writes, failed_writes,
@@ -189,7 +207,10 @@ pub unsafe extern "C" fn kc_persistence_stats(
     out: *mut kc_persistence_statistics,
 ) -> kc_status {
     let write = |disk: &Persistence| {
-        let stats = kc_persistence_statistics::from(disk.stats());
+        let stats = kc_persistence_statistics::from(Counted {
+            disk: disk.stats(),
+            remote: disk.remote_stats(),
+        });
         // SAFETY: NULL (refused) or writable for its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_persistence_statistics", OUT_MIN_SIZE) }
     };
@@ -203,13 +224,12 @@ pub unsafe extern "C" fn kc_persistence_stats(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_reset_stats(persistence: *mut kc_persistence) -> kc_status {
     // SAFETY: pointer validity is the caller's contract, NULLs are checked.
-    guard(|| unsafe { persistence_ref(persistence) }.map(Persistence::reset_stats))
+    guard(|| unsafe { persistence_ref(persistence) }.map(|p| p.reset_stats()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::remote::RemoteStats;
 
     #[test]
     fn disk_and_remote_counters_land_in_their_own_fields() {
@@ -219,12 +239,15 @@ mod tests {
             breaker_open: true,
             ..RemoteStats::default()
         };
-        let c = kc_persistence_statistics::from(DiskStats {
+        let disk = DiskStats {
             hits: 3,
             failed_writes: 4,
             scan_complete: true,
-            remote: Some(remote),
             ..DiskStats::default()
+        };
+        let c = kc_persistence_statistics::from(Counted {
+            disk,
+            remote: Some(remote),
         });
         assert_eq!(c.struct_size, size_of::<kc_persistence_statistics>());
         assert_eq!((c.hits, c.failed_writes, c.scan_complete), (3, 4, true));
@@ -233,7 +256,7 @@ mod tests {
             (true, 7, 9)
         );
         assert!(c.remote_breaker_open);
-        let alone = kc_persistence_statistics::from(DiskStats::default());
+        let alone = kc_persistence_statistics::from(Counted { disk, remote: None });
         assert_eq!((alone.remote, alone.remote_hits), (false, 0));
     }
 }

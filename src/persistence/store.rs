@@ -13,7 +13,15 @@ use crate::remote::RemoteStats;
 
 /// What a store hands a read's bytes to: the entry they are, verified, or why they are
 /// refused (a reject, logged with the reason).
-pub(crate) type Verify<'a> = &'a dyn Fn(Vec<u8>) -> Result<Entry, String>;
+pub(crate) trait Verify {
+    fn check(&self, bytes: Vec<u8>) -> Result<Entry, String>;
+}
+
+impl<F: Fn(Vec<u8>) -> Result<Entry, String>> Verify for F {
+    fn check(&self, bytes: Vec<u8>) -> Result<Entry, String> {
+        self(bytes)
+    }
+}
 
 /// Which kind of store, as statistics, metrics and messages name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,7 +48,7 @@ pub(crate) trait Store: Send + Sync {
     /// The entry `name`, read within the store's entry size limit (one byte over it tells a
     /// larger object apart, which is refused unread past that) and accepted by `verify`: a
     /// hit; anything else is a miss, counted.
-    fn get(&self, name: &str, verify: Verify<'_>) -> Option<Entry>;
+    fn get(&self, name: &str, verify: &dyn Verify) -> Option<Entry>;
 
     /// Whether [`Store::put`] writes (the store is not read-only).
     fn writes(&self) -> bool;
@@ -52,7 +60,7 @@ pub(crate) trait Store: Send + Sync {
     /// After a miss everywhere: lead the build of `name` for every node sharing the store, or
     /// get the entry another node built meanwhile, or build without a lease. A store without
     /// leases answers [`Flight::Build`] at once.
-    fn flight(&self, name: &str, verify: Verify<'_>) -> Flight;
+    fn flight(self: Arc<Self>, name: &str, verify: &dyn Verify) -> Flight;
 
     /// The counters since the store was opened or [`Store::reset_stats`] last ran.
     fn stats(&self) -> RemoteStats;
@@ -65,10 +73,17 @@ pub(crate) trait Store: Send + Sync {
 }
 
 /// What a node that missed an entry everywhere does.
+#[cfg_attr(
+    not(feature = "remote"),
+    allow(
+        dead_code,
+        reason = "only a store leads or finds, and this build has none"
+    )
+)]
 pub(crate) enum Flight {
     /// Build it: this node holds the store's lease until the guard is dropped (once the
     /// entry is in the store, or the build failed).
-    Lead(Box<dyn Lease>),
+    Lead(Box<dyn StoreLease>),
     /// Another node built it meanwhile: here it is, verified.
     Found(Entry),
     /// Build it without a lease (no lease to be had, the leader failed, or the wait ran out).
@@ -76,7 +91,7 @@ pub(crate) enum Flight {
 }
 
 /// A lease held on a store, renewed until dropped, then released.
-pub(crate) trait Lease: Send {
+pub(crate) trait StoreLease: Send {
     /// Set once another node waits for the entry: a write held back is then wanted (see
     /// `disk::write_back`).
     fn wanted(&self) -> Arc<AtomicBool>;

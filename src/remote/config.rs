@@ -204,9 +204,9 @@ mod tests {
             !debug.contains("hunter2") && debug.contains("***:***@host"),
             "{debug}"
         );
-        let disk = crate::disk::PersistenceConfig {
+        let disk = crate::PersistenceConfig {
             remote: Some(config),
-            ..crate::disk::PersistenceConfig::in_dir("/x")
+            ..crate::PersistenceConfig::in_dir("/x")
         };
         assert!(!format!("{disk:?}").contains("hunter2"));
     }

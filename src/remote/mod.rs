@@ -1,6 +1,7 @@
-//! L3: a shared tier on Redis (or Valkey), behind the disk tier. A lookup the disk cannot
-//! answer asks the remote before building; a remote hit is written to the disk; a built value
-//! is written to the disk and then, on the disk tier's background writer, to the remote.
+//! A shared store on Redis (or Valkey), behind the disk tier in the chain of stores
+//! (`crate::persistence`). A lookup the disk cannot answer asks the remote before building; a
+//! remote hit is written to the disk; a built value is written to the disk and then, on the
+//! disk tier's background writer, to the remote.
 //!
 //! The remote stores entries in the disk tier's authenticated format under
 //! `<prefix><entry name>`, and every read is verified exactly as a disk read is: the store is
@@ -24,12 +25,12 @@ mod absent;
 mod store;
 
 #[cfg(not(feature = "remote"))]
-pub(crate) use absent::{LeaseGuard, Remote};
+pub(crate) use absent::open;
 pub use config::{RemoteConfig, masked_url};
 #[cfg(feature = "remote")]
-pub use store::{LEASE_TTL, resp};
+pub(crate) use store::open;
 #[cfg(feature = "remote")]
-pub(crate) use store::{LeaseGuard, Remote};
+pub use store::{LEASE_TTL, resp};
 
 crate::stats::statistics! {
     /// What the remote tier did, since it was opened or its statistics last reset.
@@ -103,17 +104,3 @@ macro_rules! flattened {
     }};
 }
 pub(crate) use flattened;
-
-/// What a node that missed an entry everywhere does.
-#[cfg_attr(
-    not(feature = "remote"),
-    allow(dead_code, reason = "only the remote tier uses it")
-)]
-pub(crate) enum Flight<T> {
-    /// Build it: this node holds the lease until the guard is dropped.
-    Lead(LeaseGuard),
-    /// Another node built it meanwhile: here it is, verified.
-    Found(T),
-    /// Build it without a lease (no lease to be had, the leader failed, or the wait ran out).
-    Build,
-}

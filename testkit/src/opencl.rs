@@ -11,12 +11,12 @@ use std::path::Path;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
+use kcache::Persistence;
 use kcache::backend::library::{self, RuntimeLibrary};
 use kcache::backend::opencl::{
     ContextRef, Device, OpenClCache, OpenClOptions, Program, cl_context, cl_device_id, cl_int,
     cl_program, program_disk_key, status_name,
 };
-use kcache::disk::Persistence;
 use kcache::key::Key;
 use kcache::{Error, Result};
 

@@ -7,11 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kcache::BuildError;
-use kcache::disk::{Durability, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{Durability, OperatorKey};
 use kcache::key::{Key, KeyBuilder};
 use kcache::memory::{Lease, MemoryCache, Options};
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache::tiered::TieredCache;
+use kcache::{Persistence, PersistenceConfig};
 use tempfile::TempDir;
 
 pub type Cache = TieredCache<Vec<u8>, String>;

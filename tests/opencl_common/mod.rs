@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions, program_disk_key};
-use kcache::disk::{Persistence, PersistenceConfig};
+use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::Context;
 
 pub fn memory_only_cache() -> OpenClCache {

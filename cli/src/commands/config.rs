@@ -6,7 +6,7 @@ use std::fmt::Display;
 use std::path::Path;
 
 use kcache::Error;
-use kcache::disk::Persistence;
+use kcache::Persistence;
 use kcache::disk::settings::{SETTINGS_FILE, Setting};
 use serde::Serialize;
 

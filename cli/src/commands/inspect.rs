@@ -2,8 +2,9 @@
 
 use std::time::{Duration, SystemTime};
 
+use kcache::Persistence;
 use kcache::disk::format::ALG_BLAKE3;
-use kcache::disk::{Check, EntryInfo, Persistence};
+use kcache::disk::{Check, EntryInfo};
 use serde::Serialize;
 
 use super::ls::{EntryJson, entry_json};

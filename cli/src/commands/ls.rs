@@ -3,8 +3,9 @@
 use std::cmp::Reverse;
 use std::time::{Duration, SystemTime};
 
+use kcache::Persistence;
 use kcache::disk::format::Header;
-use kcache::disk::{Check, EntryInfo, Persistence};
+use kcache::disk::{Check, EntryInfo};
 use serde::Serialize;
 
 use super::{SCHEMA, Target, backend_of, descriptor_of, hex};

@@ -4,7 +4,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use kcache::Error;
-use kcache::disk::{DEFAULT_MAX_SIZE, DirSource, OperatorKey, Persistence, PersistenceConfig};
+use kcache::disk::{DEFAULT_MAX_SIZE, OperatorKey};
+use kcache::{Persistence, PersistenceConfig, persistence::DirSource};
 
 use super::{error_message, with_context};
 use crate::Failure;

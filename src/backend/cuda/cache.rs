@@ -10,8 +10,9 @@ use super::module::Context;
 pub(super) use super::module::ModuleLease;
 use super::nvrtc::Nvrtc;
 use super::runtime::{Cuda, Input, Source, picked_arch};
+use crate::Persistence;
 use crate::backend::handle_cache::{HandleCache, common_calls};
-use crate::disk::{DiskStats, Persistence};
+use crate::disk::DiskStats;
 use crate::error::{Error, Result};
 use crate::headers::{Headers, nvrtc_search};
 use crate::memory;
@@ -22,7 +23,7 @@ use crate::stats::{Live, bump};
 pub struct CudaOptions {
     pub memory: memory::Options,
     /// `None`: memory only. Its operator key and key requirement are those of the
-    /// [`PersistenceConfig`](crate::disk::PersistenceConfig) it was opened with.
+    /// [`PersistenceConfig`](crate::PersistenceConfig) it was opened with.
     pub persistence: Option<Arc<Persistence>>,
     /// A driver already loaded; `None` loads one with [`Driver::load`].
     pub driver: Option<Arc<Driver>>,

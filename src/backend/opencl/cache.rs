@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::pocl::{self, Sibling, SiblingBuilds};
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Make, Program};
 use super::sys::{Api, CL_INVALID_BUILD_OPTIONS, cl_context};
+use crate::Persistence;
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{Descriptor, DiskBytes, DiskStats, Persistence};
+use crate::disk::{Descriptor, DiskBytes, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::headers::{Embedded, Headers, Unknowable, opencl_search};
 use crate::key::{Key, KeyBuilder};
@@ -62,7 +63,7 @@ pub struct OpenClOptions {
     /// in `max_weight`; one built from source its source's length.
     pub memory: memory::Options,
     /// Where program binaries persist; `None` keeps everything in memory. Its operator key and
-    /// key requirement are those of the [`PersistenceConfig`](crate::disk::PersistenceConfig) it was opened
+    /// key requirement are those of the [`PersistenceConfig`](crate::PersistenceConfig) it was opened
     /// with.
     pub persistence: Option<Arc<Persistence>>,
 }

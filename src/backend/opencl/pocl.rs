@@ -55,7 +55,8 @@ use std::sync::{Arc, Weak};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
-use crate::disk::{Persistence, Reported};
+use crate::Persistence;
+use crate::disk::Reported;
 use crate::error::BuildError;
 use crate::metrics::{self, Backend, Totals};
 

@@ -14,8 +14,9 @@ use super::persistence;
 use super::pipeline::{self, Pipeline};
 use super::spec::PipelineSpec;
 use super::stats::{Counters, VulkanStats};
+use crate::Persistence;
 use crate::backend::handle_cache::{Compiled, HandleCache, Registered, Runtime, common_calls};
-use crate::disk::{Persistence, Reported, Reporter};
+use crate::disk::{Reported, Reporter};
 use crate::key::Key;
 use crate::memory::{Lease, Options};
 use crate::metrics::Backend;
@@ -31,7 +32,7 @@ pub struct VulkanOptions {
     /// Caps and hooks of the memory tier.
     pub memory: Options,
     /// Where pipeline-cache data persists; `None` keeps everything in memory. Its operator
-    /// key and key requirement are those of the [`PersistenceConfig`](crate::disk::PersistenceConfig) it
+    /// key and key requirement are those of the [`PersistenceConfig`](crate::PersistenceConfig) it
     /// was opened with.
     pub persistence: Option<Arc<Persistence>>,
     /// A loader already opened; `None` opens the system's with [`Vulkan::load`].

@@ -17,7 +17,8 @@ use ash::vk;
 use super::device::DeviceState;
 use super::header::{self, CacheIdentity};
 use super::stats::Counters;
-use crate::disk::{Descriptor, Persistence};
+use crate::Persistence;
+use crate::disk::Descriptor;
 use crate::key::{Key, KeyBuilder};
 use crate::stats::bump;
 use crate::{Error, Result};
@@ -105,7 +106,7 @@ pub(super) fn create_pipeline_cache(
     if seed.is_none() {
         // Verified as a disk entry is, and counted in the remote tier's statistics.
         seed = disk
-            .and_then(|disk| disk.fetch_remote(key))
+            .and_then(|disk| disk.fetch_shared(key))
             .and_then(|entry| checked(counters, entry.into_payload(), identity));
         stored.remote = seed.as_deref().map(digest);
     }
@@ -202,7 +203,7 @@ fn write_data(
     // within the remote's budget; nothing while its breaker is open). Two nodes writing at
     // once are not serialized: the last write wins until the other's next write-back.
     let shares = disk.shares();
-    if let Some(theirs) = shares.then(|| disk.fetch_remote(&state.disk_key)).flatten() {
+    if let Some(theirs) = shares.then(|| disk.fetch_shared(&state.disk_key)).flatten() {
         let (seen, known) = (&mut stored.remote, stored.disk);
         merge_new(counters, state, cache, theirs.payload(), seen, known)?;
     }

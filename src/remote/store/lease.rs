@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Remote, bump};
 use crate::key::hex;
 use crate::log;
-use crate::remote::Flight;
+use crate::persistence::{Flight, StoreLease, Verify};
 
 /// How long a lease lasts unless renewed: how long followers wait for a leader that died.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -40,7 +40,7 @@ const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
 
 /// A held lease, renewed until dropped, then released (by the dropping thread, so that the
 /// lease is gone once the write that drops it has finished).
-pub(crate) struct LeaseGuard {
+pub(super) struct LeaseGuard {
     remote: Arc<Remote>,
     lease: String,
     token: String,
@@ -51,9 +51,9 @@ pub(crate) struct LeaseGuard {
     _renewing: mpsc::Sender<()>,
 }
 
-impl LeaseGuard {
+impl StoreLease for LeaseGuard {
     /// Whether another node waits for the entry, as the leader's thread last looked.
-    pub(crate) fn wanted(&self) -> Arc<AtomicBool> {
+    fn wanted(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.wanted)
     }
 }
@@ -78,11 +78,7 @@ impl Drop for LeaseGuard {
 impl Remote {
     /// Takes the lease on `name` or waits for the node holding it, as [`Flight`] says; `verify`
     /// checks what the store hands back, as for [`Remote::fetch`].
-    pub(crate) fn flight<T>(
-        self: &Arc<Self>,
-        name: &str,
-        verify: impl Fn(Vec<u8>) -> Result<T, String>,
-    ) -> Flight<T> {
+    pub(super) fn lead_or_follow(self: &Arc<Self>, name: &str, verify: &dyn Verify) -> Flight {
         if self.lease_wait.is_zero() {
             return Flight::Build;
         }
@@ -106,13 +102,16 @@ impl Remote {
                 // After a wait, the leader may have written the entry just before it released
                 // the lease. (Before any wait, the caller has just looked: a node that wrote
                 // and released in between costs one build more, never a wrong value.)
-                if let Some(found) = waited.then(|| self.peek(name, &verify)).flatten() {
+                if let Some(found) = waited
+                    .then(|| self.peek(name, |bytes| verify.check(bytes)))
+                    .flatten()
+                {
                     bump(&self.counters.hits, 1);
                     self.release(&lease, &token);
                     return Flight::Found(found);
                 }
                 return match self.renew_while_held(name, lease, token) {
-                    Some(guard) => Flight::Lead(guard),
+                    Some(guard) => Flight::Lead(Box::new(guard)),
                     None => Flight::Build,
                 };
             }
@@ -123,7 +122,7 @@ impl Remote {
                 log::debug(|| format!("remote lease: {name}: another node builds it: waiting"));
             }
             std::thread::sleep(POLL);
-            if let Some(found) = self.peek(name, &verify) {
+            if let Some(found) = self.peek(name, |bytes| verify.check(bytes)) {
                 bump(&self.counters.hits, 1);
                 return Flight::Found(found);
             }

@@ -12,15 +12,23 @@ mod resolve;
 /// cbindgen:ignore
 pub mod resp;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::persistence::breaker::{Breaker, Change};
 pub use lease::LEASE_TTL;
-pub(crate) use lease::LeaseGuard;
 
 use super::{Counters, RemoteConfig, RemoteStats};
+use crate::disk::Entry;
 use crate::log::{self, Warning};
+use crate::persistence::{Flight, Store, StoreKind, Verify};
 use crate::stats::{Baseline, Live, bump};
+
+/// The Redis store `config` describes, for entries tagged with an operator key when `keyed`;
+/// `None` when there is none or it cannot be used (warned about once).
+pub(crate) fn open(config: RemoteConfig, keyed: bool) -> Option<Arc<dyn Store>> {
+    Remote::open(config, keyed).map(|remote| Arc::new(remote) as _)
+}
 
 /// An open remote tier (connections are made on first use, so opening never waits).
 pub(crate) struct Remote {
@@ -39,7 +47,7 @@ pub(crate) struct Remote {
 impl Remote {
     /// The remote `config` describes, for entries tagged with an operator key when `keyed`;
     /// `None` when there is none or it cannot be used (warned about once).
-    pub(crate) fn open(config: RemoteConfig, keyed: bool) -> Option<Remote> {
+    fn open(config: RemoteConfig, keyed: bool) -> Option<Remote> {
         let r = config.resolve()?;
         if !keyed && !r.allow_unkeyed {
             log::warn_once(Warning::RemoteUnkeyed, || {
@@ -62,29 +70,9 @@ impl Remote {
         })
     }
 
-    pub(crate) fn stats(&self) -> RemoteStats {
-        self.baseline.apply(&self.raw_stats())
-    }
-
-    pub(crate) fn reset_stats(&self) {
-        self.baseline.reset(self.raw_stats());
-    }
-
-    /// The counters since the remote was opened, whatever `reset_stats` did.
-    pub(crate) fn raw_stats(&self) -> RemoteStats {
-        RemoteStats {
-            breaker_open: self.breaker.is_open(),
-            ..self.counters.snapshot()
-        }
-    }
-
     /// Reads the entry `name` and hands its bytes to `verify`; what it accepts is a hit,
     /// what it refuses a reject (logged with its reason). Anything else is a miss.
-    pub(crate) fn fetch<T>(
-        &self,
-        name: &str,
-        verify: impl FnOnce(Vec<u8>) -> Result<T, String>,
-    ) -> Option<T> {
+    fn fetch<T>(&self, name: &str, verify: impl FnOnce(Vec<u8>) -> Result<T, String>) -> Option<T> {
         let found = self.peek(name, verify);
         bump(
             if found.is_some() {
@@ -129,13 +117,8 @@ impl Remote {
             .ok()
     }
 
-    /// Whether [`Remote::store`] writes (the remote is not read-only).
-    pub(crate) fn writes(&self) -> bool {
-        !self.read_only
-    }
-
     /// Writes the entry `name` (unless read-only, or larger than the limit).
-    pub(crate) fn store(&self, name: &str, entry: &[u8]) {
+    fn store(&self, name: &str, entry: &[u8]) {
         if self.read_only {
             return;
         }
@@ -202,5 +185,42 @@ impl Remote {
                 None
             }
         }
+    }
+}
+
+impl Store for Remote {
+    fn kind(&self) -> StoreKind {
+        StoreKind::Redis
+    }
+
+    fn get(&self, name: &str, verify: &dyn Verify) -> Option<Entry> {
+        self.fetch(name, |bytes| verify.check(bytes))
+    }
+
+    fn writes(&self) -> bool {
+        !self.read_only
+    }
+
+    fn put(&self, name: &str, entry: &[u8]) {
+        self.store(name, entry);
+    }
+
+    fn flight(self: Arc<Self>, name: &str, verify: &dyn Verify) -> Flight {
+        self.lead_or_follow(name, verify)
+    }
+
+    fn stats(&self) -> RemoteStats {
+        self.baseline.apply(&self.raw_stats())
+    }
+
+    fn raw_stats(&self) -> RemoteStats {
+        RemoteStats {
+            breaker_open: self.breaker.is_open(),
+            ..self.counters.snapshot()
+        }
+    }
+
+    fn reset_stats(&self) {
+        self.baseline.reset(self.raw_stats());
     }
 }

@@ -16,10 +16,10 @@ use crate::backend::opencl::runtime::{
 };
 use crate::backend::opencl::sys::*;
 use crate::backend::opencl::{OpenClCache, OpenClOptions, Program};
-use crate::disk::{Persistence, PersistenceConfig};
 use crate::error::Error;
 use crate::headers::Embedded;
 use crate::log;
+use crate::{Persistence, PersistenceConfig};
 use kernels::{
     clone_kernel, create_kernel, create_kernels_in_program, get_kernel_info, release_kernel,
 };

@@ -1,0 +1,130 @@
+//! The shared stores behind the disk tier, in order. A read asks each in turn and stops at
+//! the first verified entry, which the stores before it get a copy of (a faster store then
+//! answers the next node); a write goes to every store that takes writes; a flight takes the
+//! lease of the first store that has one. Entries are sealed once, by the disk tier's sealer,
+//! and verified by it on every read: no store is trusted more than the directory.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::config::Stores;
+use super::{Flight, Store, StoreKind};
+use crate::directory_counters::DirectoryCounters;
+use crate::disk::{Behind, Descriptor, Entry, Sealer};
+use crate::key::Key;
+use crate::metrics::{self, Source, Totals};
+use crate::remote::{RemoteStats, flattened};
+
+pub(super) struct Chain {
+    sealer: Arc<Sealer>,
+    stores: Vec<Arc<dyn Store>>,
+}
+
+impl Chain {
+    /// The stores `config` names, for entries tagged with an operator key when `keyed`; a
+    /// store that cannot be used is left out (its module warns once). Listed in the process's
+    /// metrics while it lives.
+    pub(super) fn open(config: Stores, keyed: bool, sealer: Arc<Sealer>) -> Arc<Chain> {
+        let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+        if let Some(redis) = config.remote.and_then(|c| crate::remote::open(c, keyed)) {
+            stores.push(redis);
+        }
+        let chain = Arc::new(Chain { sealer, stores });
+        metrics::register(Arc::downgrade(&chain) as _);
+        chain
+    }
+
+    /// The counters of the stores of `kind`, added up (a breaker open in any is open);
+    /// `None` without one.
+    pub(super) fn stats_of(&self, kind: StoreKind) -> Option<RemoteStats> {
+        let mut of_kind = self.stores.iter().filter(|s| s.kind() == kind).peekable();
+        of_kind.peek()?;
+        Some(of_kind.fold(RemoteStats::default(), |mut sum, s| {
+            let stats = s.stats();
+            sum.breaker_open |= stats.breaker_open;
+            sum += stats;
+            sum
+        }))
+    }
+
+    pub(super) fn stats(&self) -> Vec<(StoreKind, RemoteStats)> {
+        self.stores.iter().map(|s| (s.kind(), s.stats())).collect()
+    }
+
+    pub(super) fn reset_stats(&self) {
+        for store in &self.stores {
+            store.reset_stats();
+        }
+    }
+
+    pub(super) fn writes(&self) -> bool {
+        self.stores.iter().any(|s| s.writes())
+    }
+
+    pub(super) fn get(&self, key: &Key) -> Option<Entry> {
+        let name = self.sealer.entry_name(key);
+        let verify = |bytes| self.sealer.verify(key, bytes).map_err(str::to_owned);
+        for (i, store) in self.stores.iter().enumerate() {
+            if let Some(entry) = store.get(&name, &verify) {
+                for faster in self.stores[..i].iter().filter(|s| s.writes()) {
+                    faster.put(&name, entry.sealed());
+                }
+                return Some(entry);
+            }
+        }
+        None
+    }
+
+    pub(super) fn put(&self, key: &Key, payload: &[u8], build_time: Duration, d: &Descriptor) {
+        let mut writers = self.stores.iter().filter(|s| s.writes()).peekable();
+        if writers.peek().is_none() {
+            return;
+        }
+        let name = self.sealer.entry_name(key);
+        let sealed = self.sealer.sealed(key, payload, build_time, d);
+        for store in writers {
+            store.put(&name, &sealed);
+        }
+    }
+
+    pub(super) fn flight(&self, key: &Key) -> Flight {
+        let name = self.sealer.entry_name(key);
+        let verify = |bytes| self.sealer.verify(key, bytes).map_err(str::to_owned);
+        for store in &self.stores {
+            match Arc::clone(store).flight(&name, &verify) {
+                Flight::Build => continue,
+                decided => return decided,
+            }
+        }
+        Flight::Build
+    }
+}
+
+impl Behind for Chain {
+    fn published(&self, key: &Key, payload: &[u8], build_time: Duration, d: &Descriptor) {
+        self.put(key, payload, build_time, d);
+    }
+
+    fn counters(&self) -> DirectoryCounters {
+        let redis = self
+            .stores
+            .iter()
+            .filter(|s| s.kind() == StoreKind::Redis)
+            .fold(RemoteStats::default(), |mut sum, s| {
+                sum += s.raw_stats();
+                sum
+            });
+        flattened!(DirectoryCounters, redis)
+    }
+}
+
+impl Source for Chain {
+    fn add_to(&self, totals: &mut Totals) {
+        for store in &self.stores {
+            let stats = store.stats();
+            totals.remote_tiers += 1;
+            totals.remote_breakers_open += u64::from(stats.breaker_open);
+            totals.remote += stats;
+        }
+    }
+}
