@@ -1,0 +1,516 @@
+"""Triton's compiled kernels in kcache's tiers: each kernel compiled once per node, and once per
+cluster with the Redis tier.
+
+Switched on with one variable::
+
+    TRITON_CACHE_MANAGER=kcache.triton:CacheManager
+
+Triton then asks this module for every kernel it compiles (``triton.compile``, ``@triton.jit``
+launches, each autotuning config). A kernel is the group of files of one compile (the IRs, the
+cubin and the metadata JSON); the group is one kcache entry, written once the compile is over
+and read whole, so a reader never sees a cubin without its metadata nor files of two compiles.
+Entries are checked (authenticated with ``KCACHE_KEY_FILE``) and configured by the same
+``KCACHE_*`` variables as every kcache cache (``KCACHE_DIR``, ``KCACHE_REMOTE_URL``, the caps,
+``KCACHE_DISABLE``). See ``docs/triton.md``.
+
+How one compile per node comes about: Triton asks for the group (``get_group``) before it
+compiles, and stores the files (``put``, ``put_group``) after. A miss makes a kcache tiered
+lookup on a thread of its own whose build waits for ``put_group``: while Triton compiles, that
+lookup holds the entry's lock (and the cluster's lease), so every other process asking for the
+kernel waits for the entry instead of compiling, with kcache's lock timeout, heartbeat and
+takeover rules. A compile that fails (or never stores its group) gives the claim up.
+
+Files Triton opens by path are written from the verified entry into a private directory of
+this process (``mkdtemp``, removed at exit), never read from a path the store names.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import uuid
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._errors import KcacheError, UnavailableError, UntrustedError
+from .cache import Cache
+from .disk import Disk
+from .tiered import TieredCache
+
+#: The backend named in the entries' descriptors (``kcache ls``) and in their disk keys.
+BACKEND = "triton"
+
+_log = logging.getLogger("kcache.triton")
+
+# The payload of an entry: this line, the header's length (4 bytes, big-endian), the header
+# (JSON: the Triton key, the group's file name and each file's name and size), the files.
+_MAGIC = b"kcache-triton 1\n"
+_MAX_HEADER = 1 << 20
+_MAX_NAME = 255
+# What the memory tier keeps of the groups this process saw, in bytes.
+_MEMORY_WEIGHT = 256 << 20
+# How long a compile may take before its claim is given up, without KCACHE_LOCK_TIMEOUT.
+_DEFAULT_CLAIM_S = 120.0
+
+if TYPE_CHECKING:
+
+    class _Base:
+        def __init__(self, key: str, override: bool = False, dump: bool = False) -> None: ...
+
+else:
+    try:
+        from triton.runtime.cache import CacheManager as _Base
+    except ImportError:  # Triton checks the name of a class in the manager's bases only
+
+        class CacheManager:
+            def __init__(self, key, override=False, dump=False):
+                pass
+
+        _Base = CacheManager
+
+
+class _Abandoned(Exception):
+    """A compile that claimed an entry stored no group (it failed, or took too long)."""
+
+
+@dataclass(frozen=True)
+class TritonStats:
+    """What this process's cache manager did since it started.
+
+    - ``compiles``: kernels Triton compiled here after a miss (this process held the claim,
+      or compiled without one because the claim could not be had);
+    - ``loads``: kernels handed to Triton from kcache (memory, disk, or the remote tier);
+    - ``unclaimed``: of ``compiles``, those compiled without the entry's claim (its leader in
+      this process gave it up, or kcache's lookup failed);
+    - ``abandoned``: claims given up without a group (a compile that raised, or ran past the
+      lock timeout);
+    - ``files_put``, ``files_loaded``: single files (not groups) stored and found: Triton's
+      launcher modules and autotuning results.
+    """
+
+    compiles: int = 0
+    loads: int = 0
+    unclaimed: int = 0
+    abandoned: int = 0
+    files_put: int = 0
+    files_loaded: int = 0
+
+
+def _safe_name(name: object) -> str:
+    """A file name from an entry, or ValueError: one path component, nothing hidden in it."""
+    if not isinstance(name, str) or not name or len(name) > _MAX_NAME:
+        raise ValueError("bad file name in entry")
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"bad file name in entry: {name!r}")
+    return name
+
+
+def pack(key: str, group: str, files: Mapping[str, bytes]) -> bytes:
+    """The payload of the entry holding ``files`` for Triton key ``key`` under ``group``."""
+    names = [_safe_name(n) for n in sorted(files)]
+    header = json.dumps(
+        {"key": key, "group": group, "files": [[n, len(files[n])] for n in names]},
+        separators=(",", ":"),
+    ).encode()
+    parts = [_MAGIC, struct.pack(">I", len(header)), header]
+    parts.extend(bytes(files[n]) for n in names)
+    return b"".join(parts)
+
+
+def unpack(payload: bytes, key: str, group: str) -> dict[str, bytes]:
+    """The files of ``payload``, which must be the entry of ``key`` and ``group``; ValueError
+    for anything else (a foreign, truncated or malformed entry)."""
+    if not payload.startswith(_MAGIC):
+        raise ValueError("not a Triton entry")
+    at = len(_MAGIC)
+    if len(payload) < at + 4:
+        raise ValueError("truncated entry")
+    (size,) = struct.unpack_from(">I", payload, at)
+    at += 4
+    if size > _MAX_HEADER or len(payload) < at + size:
+        raise ValueError("truncated entry")
+    header: Any = json.loads(payload[at : at + size])
+    at += size
+    if not isinstance(header, dict) or header.get("key") != key or header.get("group") != group:
+        raise ValueError("the entry of another kernel")
+    listed = header.get("files")
+    if not isinstance(listed, list):
+        raise ValueError("malformed entry")
+    files: dict[str, bytes] = {}
+    for item in listed:
+        if not isinstance(item, list) or len(item) != 2 or not isinstance(item[1], int):
+            raise ValueError("malformed entry")
+        name, length = _safe_name(item[0]), item[1]
+        if length < 0 or name in files or len(payload) < at + length:
+            raise ValueError("malformed entry")
+        files[name] = payload[at : at + length]
+        at += length
+    if at != len(payload):
+        raise ValueError("trailing bytes in entry")
+    if group not in files:
+        raise ValueError("the entry lacks its group's file")
+    return files
+
+
+def _claim_seconds() -> float:
+    """How long a compile may hold its claim: ``KCACHE_LOCK_TIMEOUT``, as long as followers
+    wait for it."""
+    raw = os.environ.get("KCACHE_LOCK_TIMEOUT")
+    if raw:
+        try:
+            value = float(raw)
+            if value >= 0:
+                return min(value, 100 * 365 * 86400.0)
+        except ValueError:
+            pass
+    return _DEFAULT_CLAIM_S
+
+
+class _Claim:
+    """A miss this process compiles: the lookup thread's build waits for its group."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.building = False
+        self.payload: bytes | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.woken = threading.Event()  # the build began, or the lookup ended
+        self.closed = threading.Event()  # a group came, or the claim was given up
+        self.thread_done = threading.Event()
+
+    def finish(self, payload: bytes) -> bool:
+        """Hands the group to the build; False when the claim was given up before."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+            self.payload = payload
+        self.closed.set()
+        return True
+
+    def abandon(self) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._closed = True
+        self.closed.set()
+        return True
+
+
+class _State:
+    """The process's tiers, private directory and counters (made on first use)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.pending: dict[str, _Claim] = {}
+        self.counts: dict[str, int] = {f: 0 for f in TritonStats.__dataclass_fields__}
+        self.disk: Disk | None = None
+        self.tiered: TieredCache[bytes] | None = None
+        try:
+            self.disk = Disk()
+        except (UnavailableError, UntrustedError) as exc:
+            # Turned off (KCACHE_DISABLE) or refused (warned by kcache): Triton's own cache.
+            _log.info("kcache.triton: kcache's disk tier is off (%s): Triton's own cache is used", exc)
+        if self.disk is not None:
+            memory: Cache[bytes] = Cache(max_weight=_MEMORY_WEIGHT, weigher=len)
+            self.tiered = TieredCache(
+                memory, self.disk, load=_checked, serialize=bytes, backend=BACKEND
+            )
+        self.dir = tempfile.mkdtemp(prefix="kcache-triton-")
+        atexit.register(self.close)
+
+    def count(self, field: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[field] += n
+
+    def close(self) -> None:
+        for claim in list(self.pending.values()):
+            claim.abandon()
+        if self.disk is not None:
+            try:
+                self.disk.flush()
+            except KcacheError:
+                pass
+        if os.getpid() == self.pid:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def materialize(self, key: str, files: Mapping[str, bytes]) -> dict[str, str]:
+        """Writes ``files`` into a directory of their own under the private directory (named
+        by their contents, so one kernel's files never mix with another compile's) and
+        returns each one's path. The directory is made whole under a temporary name, then
+        renamed into place."""
+        digest = hashlib.sha256()
+        for name in sorted(files):
+            digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+        base = os.path.join(self.dir, _safe_name(key))
+        final = os.path.join(base, digest.hexdigest()[:32])
+        if not os.path.isdir(final):
+            os.makedirs(base, mode=0o700, exist_ok=True)
+            temp = tempfile.mkdtemp(prefix=".tmp-", dir=base)
+            for name, data in files.items():
+                with open(os.path.join(temp, _safe_name(name)), "wb") as f:
+                    f.write(data)
+            try:
+                os.rename(temp, final)
+            except OSError:  # another thread made the same directory first
+                shutil.rmtree(temp, ignore_errors=True)
+        return {name: os.path.join(final, name) for name in files}
+
+    def scratch(self, key: str) -> str:
+        """A directory for the files of one compile in progress."""
+        path = os.path.join(self.dir, _safe_name(key), f"build-{uuid.uuid4().hex}")
+        os.makedirs(path, mode=0o700)
+        return path
+
+
+def _checked(payload: bytes) -> bytes:
+    """The load step of a tiered lookup: an entry that is no Triton entry is refused (kcache
+    removes it and the kernel is compiled)."""
+    if not payload.startswith(_MAGIC):
+        raise ValueError("not a Triton entry")
+    return payload
+
+
+_state_lock = threading.Lock()
+_the_state: _State | None = None
+
+
+def _state() -> _State:
+    global _the_state
+    with _state_lock:
+        if _the_state is None or _the_state.pid != os.getpid():
+            # A forked child: claims are the parent's, and so is its directory.
+            _the_state = _State()
+        return _the_state
+
+
+def stats() -> TritonStats:
+    """This process's counters (``TritonStats``)."""
+    state = _state()
+    with state.lock:
+        return TritonStats(**state.counts)
+
+
+def disk() -> Disk | None:
+    """The disk tier Triton's kernels go to (its ``stats()``), or None when kcache is off."""
+    return _state().disk
+
+
+def _write(path: str, data: bytes) -> None:
+    temp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with open(temp, "wb") as f:
+        f.write(data)
+    os.replace(temp, path)
+
+
+class CacheManager(_Base):
+    """Triton's ``CacheManager`` on kcache: ``TRITON_CACHE_MANAGER=kcache.triton:CacheManager``.
+
+    Triton makes one per kernel key. Dumping and overriding (``TRITON_KERNEL_DUMP``,
+    ``TRITON_KERNEL_OVERRIDE``), and every call while kcache's disk tier is off, go to Triton's
+    own ``FileCacheManager``.
+    """
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        super().__init__(key, override, dump)
+        self.key = _safe_name(key)
+        self._state = _state()
+        self._delegate: Any = None
+        if override or dump or self._state.tiered is None:
+            from triton.runtime.cache import FileCacheManager
+
+            self._delegate = FileCacheManager(key, override=override, dump=dump)
+        # Files put since get_group: they are the group, stored by put_group.
+        self._group: str | None = None
+        self._files: dict[str, bytes] = {}
+        self._paths: dict[str, str] = {}
+        self._scratch: str | None = None
+        self._claim: _Claim | None = None
+
+    def _entry(self, filename: str) -> bytes:
+        return f"{self.key}/{filename}".encode()
+
+    def _descriptor_name(self, filename: str) -> str:
+        return filename[: -len(".json")] if filename.endswith(".json") else filename
+
+    # The group: one entry holding every file of one compile.
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._delegate is not None:
+            return self._delegate.get_group(filename)  # type: ignore[no-any-return]
+        state = self._state
+        tiered = state.tiered
+        assert tiered is not None
+        self._group = _safe_name(filename)
+        entry = self._entry(filename)
+        ident = entry.decode()
+        with state.lock:
+            old = state.pending.get(ident)
+        if old is not None and old.thread == threading.get_ident():
+            # This thread compiles the kernel again: its earlier compile of it is over.
+            if old.abandon():
+                state.count("abandoned")
+        claim = _Claim()
+        outcome: list[object] = []
+        limit = _claim_seconds()
+
+        def build(_key: object) -> bytes:
+            claim.building = True
+            claim.woken.set()
+            claim.closed.wait(limit)
+            if claim.payload is None:
+                if claim.abandon():
+                    state.count("abandoned")
+                raise _Abandoned(f"the compile of {filename} stored no group")
+            return claim.payload
+
+        def lookup() -> None:
+            try:
+                lease = tiered.find_or_build(
+                    entry, build, name=self._descriptor_name(filename)
+                )
+                with lease as value:
+                    outcome.append(value)
+            except BaseException as exc:  # noqa: BLE001 - the caller compiles instead
+                outcome.append(exc)
+            finally:
+                claim.thread_done.set()
+                claim.woken.set()
+                with state.lock:
+                    if state.pending.get(ident) is claim:
+                        del state.pending[ident]
+
+        with state.lock:
+            state.pending[ident] = claim
+        threading.Thread(target=lookup, name="kcache-triton", daemon=True).start()
+        claim.woken.wait()
+        if claim.building:
+            # This process compiles; put_group hands the group to the build. A compile that
+            # raises drops this manager, which gives the claim up.
+            self._claim = claim
+            weakref.finalize(self, _give_up, claim, state)
+            state.count("compiles")
+            return None
+        value = outcome[0] if outcome else None
+        if isinstance(value, bytes):
+            try:
+                files = unpack(value, self.key, self._group)
+            except ValueError as exc:
+                _log.warning("kcache.triton: %s: %s; compiling", filename, exc)
+                tiered.cache.remove(entry)
+                if tiered.disk is not None:
+                    tiered.disk.remove(tiered.disk_key(entry))
+            else:
+                state.count("loads")
+                return state.materialize(self.key, files)
+        elif isinstance(value, BaseException) and not isinstance(value, _Abandoned):
+            _log.warning("kcache.triton: the lookup of %s failed (%r); compiling", filename, value)
+        state.count("compiles")
+        state.count("unclaimed")
+        return None
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        if self._delegate is not None:
+            return self._delegate.put_group(filename, group)  # type: ignore[no-any-return]
+        state = self._state
+        files: dict[str, bytes] = {}
+        for name, path in group.items():
+            if name in self._files:
+                files[name] = self._files[name]
+            else:  # a path Triton made itself (not a store's): read it
+                with open(path, "rb") as f:
+                    files[name] = f.read()
+        payload = pack(self.key, filename, files)
+        claim = self._claim
+        self._claim = None
+        if claim is not None and claim.finish(payload):
+            claim.thread_done.wait()
+        else:
+            # No claim, or given up: written without the lock, for the next process.
+            assert state.tiered is not None and state.disk is not None
+            entry = self._entry(filename)
+            try:
+                state.disk.put(
+                    state.tiered.disk_key(entry), payload, backend=BACKEND,
+                    name=self._descriptor_name(filename),
+                )
+            except KcacheError as exc:
+                _log.warning("kcache.triton: %s was not stored: %s", filename, exc)
+        grp = json.dumps({"child_paths": {n: p for n, p in group.items()}})
+        return self._put_scratch(f"__grp__{filename}", grp.encode())
+
+    # Single files: Triton's launcher modules, autotuning results, and the files of a group
+    # while its compile runs.
+
+    def put(self, data: bytes | str, filename: str, binary: bool = True) -> str:
+        if self._delegate is not None:
+            return self._delegate.put(data, filename, binary=binary)  # type: ignore[no-any-return]
+        blob = data if isinstance(data, bytes) else str(data).encode()
+        name = _safe_name(filename)
+        path = self._put_scratch(name, blob)
+        if self._group is not None:
+            self._files[name] = blob
+            return path
+        state = self._state
+        assert state.tiered is not None and state.disk is not None
+        try:
+            state.disk.put(
+                state.tiered.disk_key(self._entry(name)), pack(self.key, name, {name: blob}),
+                backend=BACKEND, name=name,
+            )
+            state.count("files_put")
+        except KcacheError as exc:
+            _log.warning("kcache.triton: %s was not stored: %s", filename, exc)
+        return path
+
+    def get_file(self, filename: str) -> str | None:
+        if self._delegate is not None:
+            return self._delegate.get_file(filename)  # type: ignore[no-any-return]
+        name = _safe_name(filename)
+        if name in self._paths:
+            return self._paths[name]
+        state = self._state
+        assert state.tiered is not None and state.disk is not None
+        disk_key = state.tiered.disk_key(self._entry(name))
+        try:
+            payload = state.disk.get(disk_key)
+        except KcacheError:
+            return None  # refused and removed by kcache
+        if payload is None:
+            return None
+        try:
+            files = unpack(payload, self.key, name)
+        except ValueError as exc:
+            _log.warning("kcache.triton: %s: %s; ignored", filename, exc)
+            state.disk.remove(disk_key)
+            return None
+        state.count("files_loaded")
+        return state.materialize(self.key, {name: files[name]})[name]
+
+    def _put_scratch(self, name: str, blob: bytes) -> str:
+        if self._scratch is None:
+            self._scratch = self._state.scratch(self.key)
+        path = os.path.join(self._scratch, name)
+        _write(path, blob)
+        self._paths[name] = path
+        return path
+
+
+def _give_up(claim: _Claim, state: _State) -> None:
+    # A manager dropped before its group was stored: its compile failed.
+    if claim.abandon():
+        state.count("abandoned")
+
+
+__all__ = ["BACKEND", "CacheManager", "TritonStats", "disk", "pack", "stats", "unpack"]
