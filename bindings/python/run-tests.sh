@@ -29,6 +29,33 @@ rm -rf "$VENV"
 "$VENV/bin/pip" install --quiet --no-index --no-build-isolation ./bindings/python
 "$VENV/bin/python" -c 'import kcache; print("kcache", kcache.library_version(), "from", kcache.__file__)'
 
+# Triton, for tests/test_triton.py: the current release and the one before, from PyPI, each in
+# a virtual environment of its own kept between runs (upgraded in place). The tests run those
+# interpreters with this package on PYTHONPATH; where pip cannot reach PyPI they are skipped,
+# and say so.
+triton_pythons=()
+triton_venv() {  # NAME REQUIREMENT
+  local venv="$TARGET/$1"
+  if { [ -x "$venv/bin/python" ] || "$PYTHON" -m venv "$venv"; } &&
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --upgrade "$2"; then
+    triton_pythons+=("$venv/bin/python")
+    echo "Triton $("$venv/bin/python" -c 'import triton; print(triton.__version__)') in $venv"
+  else
+    echo "Triton ($2) could not be installed: its tests will be skipped" >&2
+  fi
+}
+# The newest version and the newest of the minor release before it, as PyPI lists them.
+versions="$("$PYTHON" -m pip index versions triton 2>/dev/null | sed -n 's/^Available versions: //p' || true)"
+current="$(printf '%s\n' "$versions" | tr -d ' ' | tr ',' '\n' | head -n 1)"
+previous="$(printf '%s\n' "$versions" | tr -d ' ' | tr ',' '\n' |
+  awk -F. -v cur="$current" 'BEGIN { split(cur, c, ".") } $1"."$2 != c[1]"."c[2] { print; exit }')"
+triton_venv triton-venv "triton${current:+==$current}"
+if [ -n "$previous" ]; then
+  triton_venv triton-venv-prev "triton==$previous"
+fi
+KCACHE_TEST_TRITON_PYTHONS="$(IFS=:; echo "${triton_pythons[*]}")"
+export KCACHE_TEST_TRITON_PYTHONS
+
 # PoCL's own kernel cache would hide whether a program came from kcache's disk tier.
 export POCL_KERNEL_CACHE=0
 # Run from the tests' directory so that the installed package, not the sources, is imported.

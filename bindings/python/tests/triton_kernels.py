@@ -155,6 +155,10 @@ def main() -> None:
         import kcache.triton
 
         report["stats"] = dataclasses.asdict(kcache.triton.stats())
+        disk = kcache.triton.disk()
+        if disk is not None:
+            disk.flush()
+            report["disk"] = dataclasses.asdict(disk.stats())
     print(json.dumps(report), flush=True)
 
 

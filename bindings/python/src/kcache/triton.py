@@ -350,8 +350,8 @@ class CacheManager(_Base):
         if self._delegate is not None:
             return self._delegate.get_group(filename)  # type: ignore[no-any-return]
         state = self._state
-        tiered = state.tiered
-        assert tiered is not None
+        assert state.tiered is not None
+        tiered: TieredCache[bytes] = state.tiered
         self._group = _safe_name(filename)
         entry = self._entry(filename)
         ident = entry.decode()
