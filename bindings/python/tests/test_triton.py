@@ -105,9 +105,9 @@ def report(out: str) -> dict[str, Any]:
     return json.loads(lines[-1])  # type: ignore[no-any-return]
 
 
-def run(python: str, env: dict[str, str], kernels: str = "all") -> dict[str, Any]:
+def run(python: str, env: dict[str, str], kernels: str = "all", *args: str) -> dict[str, Any]:
     done = subprocess.run(
-        [python, str(WORKER), "--set", kernels], env=env, capture_output=True, text=True,
+        [python, str(WORKER), "--set", kernels, *args], env=env, capture_output=True, text=True,
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
@@ -247,6 +247,28 @@ def test_eight_processes_at_once_compile_each_kernel_once(
     assert sum(r["disk"]["lock_waits"] for r in reports) > 0
 
 
+def test_threads_of_one_process_compile_each_kernel_once(
+    python: str, tmp_path: Path, key_file: Path
+) -> None:
+    out = run(python, node_env(tmp_path / "node", key_file), "all", "--threads", "4")
+    assert Counter(out["compiled"]) == Counter(ALL)
+    assert Counter(out["found"]) == Counter({name: 3 for name in ALL})
+
+
+def test_a_compile_that_fails_gives_its_claim_up(
+    python: str, tmp_path: Path, key_file: Path
+) -> None:
+    # A lock timeout no test would sit out: a claim left held would hang the second compile
+    # and the next process.
+    env = node_env(tmp_path / "node", key_file, KCACHE_LOCK_TIMEOUT="3600")
+    first = run(python, env, "bad", "--tries", "2")
+    assert first["failed"] == ["bad", "bad"] and first["compiled"] == ["add128"]
+    assert first["stats"]["abandoned"] >= 1
+    second = run(python, env, "bad")
+    assert second["failed"] == ["bad"] and second["found"] == ["add128"]
+    assert len(entry_files(tmp_path / "node")) == 1
+
+
 def test_a_second_node_compiles_nothing_through_redis(
     python: str, tmp_path: Path, key_file: Path, redis: Redis
 ) -> None:
@@ -308,10 +330,12 @@ def test_with_redis_down_triton_still_compiles_and_caches_on_disk(
     assert warm["compiled"] == []
 
 
-def test_a_leader_killed_mid_compile_leaves_no_one_waiting(
-    python: str, tmp_path: Path, key_file: Path
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_leader_killed_or_stopped_mid_compile_leaves_no_one_waiting(
+    python: str, tmp_path: Path, key_file: Path, how: str
 ) -> None:
-    env = node_env(tmp_path / "node", key_file)
+    # A stopped leader is taken over once its heartbeat has stood still for the liveness window.
+    env = node_env(tmp_path / "node", key_file, KCACHE_LOCK_LIVENESS="1")
     leader = subprocess.Popen(
         [python, str(WORKER), "--set", "small"], env={**env, "KCACHE_TEST_HOLD": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -325,11 +349,12 @@ def test_a_leader_killed_mid_compile_leaves_no_one_waiting(
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         time.sleep(1.0)  # not a timing assertion: the follower is likelier to be waiting
-        leader.send_signal(signal.SIGKILL)
+        leader.send_signal(signal.SIGKILL if how == "killed" else signal.SIGSTOP)
         out, err = follower.communicate(timeout=300)
         assert follower.returncode == 0, err
         assert report(out)["compiled"] == ["add128"]
     finally:
+        leader.send_signal(signal.SIGCONT)
         leader.kill()
         leader.wait()
     assert run(python, env, "small")["compiled"] == []

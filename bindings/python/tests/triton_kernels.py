@@ -68,6 +68,12 @@ def matmul_kernel(  # type: ignore[no-untyped-def]
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.float16))
 
 
+@triton.jit
+def bad_kernel(x_ptr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    # Fails to compile: tl.arange needs a power-of-two range.
+    tl.store(x_ptr + tl.arange(0, BLOCK), 1.0)
+
+
 # An autotuned kernel: with no GPU the autotuner cannot time its configs, so each config is
 # compiled as the autotuner would compile it.
 matmul = triton.autotune(
@@ -89,12 +95,16 @@ _MATMUL = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N"
 
 def kernels(which: str = "all") -> list[tuple[str, ASTSource, dict[str, Any]]]:
     """(label, source, options) of each kernel of set ``which``: ``all`` (6 kernels),
-    ``small`` (the add kernel alone) or ``add`` (two add kernels)."""
+    ``small`` (the add kernel alone), ``add`` (two add kernels) or ``bad`` (a kernel that
+    fails to compile, then the add kernel)."""
     out: list[tuple[str, ASTSource, dict[str, Any]]] = []
+    if which == "bad":
+        out.append(("bad", ASTSource(bad_kernel, {"x_ptr": "*fp32", "BLOCK": "constexpr"},
+                                     {"BLOCK": 100}), {}))
     for block in (128, 1024):
         out.append((f"add{block}", ASTSource(add_kernel, _ADD, {"BLOCK": block}), {"num_warps": 4}))
-    if which == "small":
-        return out[:1]
+    if which in ("small", "bad"):
+        return out[: len(out) - 1]
     if which == "add":
         return out
     out.append(("softmax", ASTSource(softmax_kernel, _SOFTMAX, {"BLOCK": 1024}), {"num_warps": 8}))
@@ -109,14 +119,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--set", default="all")
     parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tries", type=int, default=1, help="compile each kernel so often")
     args = parser.parse_args()
+
+    import threading
 
     compiled: list[str] = []
     found: list[str] = []
-    label = [""]
+    failed: list[str] = []
+    local = threading.local()
 
     def listener(**kw: Any) -> None:
-        (found if kw["cache_hit"] else compiled).append(label[0])
+        (found if kw["cache_hit"] else compiled).append(local.label)
 
     from triton import knobs
 
@@ -138,15 +153,31 @@ def main() -> None:
         time.sleep(0.001)
     start = time.monotonic()
     cubins = {}
-    for name, src, options in todo:
-        label[0] = name
-        kernel = triton.compile(src, target=TARGET, options=options)
-        cubin = kernel.asm["cubin"]
-        if not cubin.startswith(b"\x7fELF") or kernel.metadata.name != src.fn.__name__:
-            sys.exit(f"{name}: not a cubin of {src.fn.__name__}")
-        cubins[name] = hashlib.sha256(cubin).hexdigest()
+    wrong: list[str] = []
+
+    def compile_all() -> None:
+        for name, src, options in todo:
+            for _ in range(args.tries):
+                local.label = name
+                try:
+                    kernel = triton.compile(src, target=TARGET, options=options)
+                except Exception:  # noqa: BLE001 - the bad kernel
+                    failed.append(name)
+                    continue
+                cubin = kernel.asm["cubin"]
+                if not cubin.startswith(b"\x7fELF") or kernel.metadata.name != src.fn.__name__:
+                    wrong.append(name)
+                cubins[name] = hashlib.sha256(cubin).hexdigest()
+
+    threads = [threading.Thread(target=compile_all) for _ in range(args.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if wrong:
+        sys.exit(f"not the cubins of their kernels: {wrong}")
     report: dict[str, Any] = {
-        "compiled": compiled, "found": found, "cubins": cubins,
+        "compiled": compiled, "found": found, "failed": failed, "cubins": cubins,
         "seconds": time.monotonic() - start, "triton": triton.__version__,
     }
     if os.environ.get("TRITON_CACHE_MANAGER", "").startswith("kcache."):
