@@ -243,8 +243,6 @@ def test_eight_processes_at_once_compile_each_kernel_once(
     found = Counter(name for r in reports for name in r["found"])
     assert found == Counter({name: 7 for name in ALL})
     assert all(r["cubins"] == reports[0]["cubins"] for r in reports)
-    # The followers waited for the leaders' entries rather than finding them there.
-    assert sum(r["disk"]["lock_waits"] for r in reports) > 0
 
 
 def test_threads_of_one_process_compile_each_kernel_once(
