@@ -190,7 +190,7 @@ mod tests {
             bytes_written: 13,
             breaker_open: true,
         };
-        let named = crate::remote::flattened!(DirectoryCounters, remote).named();
+        let named = crate::store::flattened!(DirectoryCounters, remote).named();
         let (flat, rest): (Vec<_>, Vec<_>) = named
             .iter()
             .partition(|(name, _)| name.starts_with("remote_"));

@@ -119,7 +119,7 @@ fn remote_fields(s: &Counted) -> kc_persistence_statistics {
     kc_persistence_statistics {
         remote: s.remote.is_some(),
         remote_breaker_open: r.breaker_open,
-        ..crate::remote::flattened!(kc_persistence_statistics, r)
+        ..crate::store::flattened!(kc_persistence_statistics, r)
     }
 }
 

@@ -6,7 +6,7 @@
 use super::text::{Exposition, Kind};
 use super::{lock_counters, unlabelled, write_disk_writes, write_lookups, write_remote_counters};
 use crate::disk::DirectoryCounters;
-use crate::remote::RemoteStats;
+use crate::store::RemoteStats;
 
 /// Writes the families of the directory's counters `c`.
 pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {

@@ -20,8 +20,8 @@ mod registry;
 pub mod text;
 
 use crate::disk::DiskStats;
-use crate::memory;
-use crate::remote::RemoteStats;
+use crate::memory::stats as memory;
+use crate::store::RemoteStats;
 
 pub use directory::write_directory_counters;
 pub use histogram::BUILD_BUCKETS;

@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::Stores;
-use super::{Flight, Store, StoreKind};
 use crate::directory_counters::DirectoryCounters;
 use crate::disk::{Behind, Descriptor, Entry, Sealer};
 use crate::key::Key;
-use crate::metrics::{self, Source, Totals};
-use crate::remote::{RemoteStats, flattened};
+use crate::metrics::Totals;
+use crate::store::{Flight, RemoteStats, Store, StoreKind, flattened};
 
 pub(super) struct Chain {
     sealer: Arc<Sealer>,
@@ -22,16 +21,13 @@ pub(super) struct Chain {
 
 impl Chain {
     /// The stores `config` names, for entries tagged with an operator key when `keyed`; a
-    /// store that cannot be used is left out (its module warns once). Listed in the process's
-    /// metrics while it lives.
+    /// store that cannot be used is left out (its module warns once).
     pub(super) fn open(config: Stores, keyed: bool, sealer: Arc<Sealer>) -> Arc<Chain> {
         let mut stores: Vec<Arc<dyn Store>> = Vec::new();
         if let Some(redis) = config.remote.and_then(|c| crate::remote::open(c, keyed)) {
             stores.push(redis);
         }
-        let chain = Arc::new(Chain { sealer, stores });
-        metrics::register(Arc::downgrade(&chain) as _);
-        chain
+        Arc::new(Chain { sealer, stores })
     }
 
     /// The counters of the stores of `kind`, added up (a breaker open in any is open);
@@ -118,8 +114,9 @@ impl Behind for Chain {
     }
 }
 
-impl Source for Chain {
-    fn add_to(&self, totals: &mut Totals) {
+impl Chain {
+    /// Adds every store's counters to the process's metrics.
+    pub(super) fn add_to(&self, totals: &mut Totals) {
         for store in &self.stores {
             let stats = store.stats();
             totals.remote_tiers += 1;

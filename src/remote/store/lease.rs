@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Remote, bump};
 use crate::key::hex;
 use crate::log;
-use crate::persistence::{Flight, StoreLease, Verify};
+use crate::store::{Flight, StoreLease, Verify};
 
 /// How long a lease lasts unless renewed: how long followers wait for a leader that died.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);

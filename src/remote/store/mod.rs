@@ -15,14 +15,15 @@ pub mod resp;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::persistence::breaker::{Breaker, Change};
+use crate::store::breaker::{Breaker, Change};
 pub use lease::LEASE_TTL;
 
-use super::{Counters, RemoteConfig, RemoteStats};
+use super::RemoteConfig;
 use crate::disk::Entry;
 use crate::log::{self, Warning};
-use crate::persistence::{Flight, Store, StoreKind, Verify};
 use crate::stats::{Baseline, Live, bump};
+use crate::store::{Counters, RemoteStats};
+use crate::store::{Flight, Store, StoreKind, Verify};
 
 /// The Redis store `config` describes, for entries tagged with an operator key when `keyed`;
 /// `None` when there is none or it cannot be used (warned about once).

@@ -1,6 +1,9 @@
 //! The one interface of the shared stores behind the disk tier (Redis, an object store):
 //! bounded reads handed to the caller's check, writes, a lease for one build across nodes
-//! where the store has one, and counters. The chain (`chain`) asks them in order.
+//! where the store has one, and counters. The chain (`crate::persistence`) asks them in
+//! order; each store's module (`crate::remote`) implements it.
+//!
+//! - `stats`: the counters every store keeps; `breaker`: the circuit breaker they share.
 //!
 //! A store never fails a lookup: an operation that fails or runs past its deadline is a miss
 //! (or a skipped write), counted, and its breaker skips the store for a while after a few.
@@ -8,14 +11,25 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+#[cfg(feature = "remote")]
+pub(crate) mod breaker;
+mod stats;
+
+pub use stats::RemoteStats;
+#[cfg(feature = "remote")]
+pub(crate) use stats::Counters;
+pub(crate) use stats::flattened;
+
 use crate::disk::Entry;
-use crate::remote::RemoteStats;
 
 /// What a store hands a read's bytes to: the entry they are, verified, or why they are
 /// refused (a reject, logged with the reason).
 #[cfg_attr(
     not(feature = "remote"),
-    allow(dead_code, reason = "only a store checks what it read, and this build has none")
+    allow(
+        dead_code,
+        reason = "only a store checks what it read, and this build has none"
+    )
 )]
 pub(crate) trait Verify {
     fn check(&self, bytes: Vec<u8>) -> Result<Entry, String>;
