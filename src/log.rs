@@ -241,6 +241,8 @@ pub(crate) enum Warning {
     ExitTimeout,
     /// The cache directory cannot be written (full, read-only, ...): nothing is cached in it.
     CannotWrite,
+    /// `KCACHE_STORE_ORDER` or `KCACHE_STORE_BACKFILL` cannot be used: the default is.
+    StoreChain,
     /// `KCACHE_LOG` names no level: `warn` is used.
     LogLevel,
 }

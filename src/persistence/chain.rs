@@ -17,6 +17,8 @@ use crate::store::{Flight, RemoteStats, Store, StoreKind, flattened};
 pub(super) struct Chain {
     sealer: Arc<Sealer>,
     stores: Vec<Arc<dyn Store>>,
+    /// Whether a hit is copied to the stores before the one that had it.
+    backfill: bool,
 }
 
 impl Chain {
@@ -27,7 +29,13 @@ impl Chain {
         if let Some(redis) = config.remote.and_then(|c| crate::remote::open(c, keyed)) {
             stores.push(redis);
         }
-        Arc::new(Chain { sealer, stores })
+        let rank = |s: &Arc<dyn Store>| config.order.iter().position(|&k| k == s.kind());
+        stores.sort_by_key(rank);
+        Arc::new(Chain {
+            sealer,
+            stores,
+            backfill: config.backfill,
+        })
     }
 
     /// The counters of the stores of `kind`, added up (a breaker open in any is open);
@@ -62,7 +70,12 @@ impl Chain {
         let verify = |bytes| self.sealer.verify(key, bytes).map_err(str::to_owned);
         for (i, store) in self.stores.iter().enumerate() {
             if let Some(entry) = store.get(&name, &verify) {
-                for faster in self.stores[..i].iter().filter(|s| s.writes()) {
+                let before = if self.backfill {
+                    &self.stores[..i]
+                } else {
+                    &[]
+                };
+                for faster in before.iter().filter(|s| s.writes()) {
                     faster.put(&name, entry.sealed());
                 }
                 return Some(entry);

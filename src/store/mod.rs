@@ -15,9 +15,9 @@ use std::sync::atomic::AtomicBool;
 pub(crate) mod breaker;
 mod stats;
 
-pub use stats::RemoteStats;
 #[cfg(feature = "remote")]
 pub(crate) use stats::Counters;
+pub use stats::RemoteStats;
 pub(crate) use stats::flattened;
 
 use crate::disk::Entry;
@@ -51,11 +51,39 @@ pub enum StoreKind {
 }
 
 impl StoreKind {
+    /// Every kind, in the chain's default order: the faster store first.
+    pub const ALL: [StoreKind; 2] = [StoreKind::Redis, StoreKind::ObjectStore];
+
     pub fn name(self) -> &'static str {
         match self {
             StoreKind::Redis => "redis",
             StoreKind::ObjectStore => "s3",
         }
+    }
+
+    /// The kind `name` names (`redis`, `s3`), as `KCACHE_STORE_ORDER` lists them.
+    pub fn from_name(name: &str) -> Option<StoreKind> {
+        StoreKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// The chain's order from a list such as `s3,redis`: the kinds named, in that order, then
+    /// the others in the default order; why not, for a name that is no kind or is repeated.
+    pub fn parse_order(text: &str) -> Result<Vec<StoreKind>, String> {
+        let mut order = Vec::new();
+        for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let kind = StoreKind::from_name(name)
+                .ok_or_else(|| format!("{name:?} is no store (redis, s3)"))?;
+            if order.contains(&kind) {
+                return Err(format!("{name:?} is named twice"));
+            }
+            order.push(kind);
+        }
+        let rest: Vec<StoreKind> = StoreKind::ALL
+            .into_iter()
+            .filter(|k| !order.contains(k))
+            .collect();
+        order.extend(rest);
+        Ok(order)
     }
 }
 
@@ -113,4 +141,27 @@ pub(crate) trait StoreLease: Send {
     /// Set once another node waits for the entry: a write held back is then wanted (see
     /// `disk::write_back`).
     fn wanted(&self) -> Arc<AtomicBool>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreKind::{self, ObjectStore, Redis};
+
+    #[test]
+    fn orders_name_kinds_first_then_the_rest_in_the_default_order() {
+        assert_eq!(
+            StoreKind::parse_order("s3,redis"),
+            Ok(vec![ObjectStore, Redis])
+        );
+        assert_eq!(StoreKind::parse_order(" s3 "), Ok(vec![ObjectStore, Redis]));
+        assert_eq!(
+            StoreKind::parse_order("redis"),
+            Ok(vec![Redis, ObjectStore])
+        );
+        assert_eq!(StoreKind::parse_order(""), Ok(StoreKind::ALL.to_vec()));
+        let twice = StoreKind::parse_order("s3,s3").unwrap_err();
+        assert!(twice.contains("named twice"), "{twice}");
+        let unknown = StoreKind::parse_order("redis,gcs").unwrap_err();
+        assert!(unknown.contains("\"gcs\" is no store"), "{unknown}");
+    }
 }
