@@ -115,15 +115,16 @@ impl Behind for Chain {
     }
 
     fn counters(&self) -> DirectoryCounters {
-        let redis = self
-            .stores
-            .iter()
-            .filter(|s| s.kind() == StoreKind::Redis)
-            .fold(RemoteStats::default(), |mut sum, s| {
+        let raw = |kind| {
+            let of_kind = self.stores.iter().filter(|s| s.kind() == kind);
+            of_kind.fold(RemoteStats::default(), |mut sum, s| {
                 sum += s.raw_stats();
                 sum
-            });
-        flattened!(DirectoryCounters, redis)
+            })
+        };
+        let redis = flattened!(DirectoryCounters, raw(StoreKind::Redis));
+        let s3 = flattened!(s3 DirectoryCounters, raw(StoreKind::ObjectStore));
+        redis.zip(s3, u64::saturating_add)
     }
 }
 
@@ -132,6 +133,9 @@ impl Chain {
     pub(super) fn add_to(&self, totals: &mut Totals) {
         for store in &self.stores {
             let stats = store.stats();
+            if let Some(i) = StoreKind::ALL.iter().position(|&k| k == store.kind()) {
+                totals.stores[i] += stats;
+            }
             totals.remote_tiers += 1;
             totals.remote_breakers_open += u64::from(stats.breaker_open);
             totals.remote += stats;

@@ -49,26 +49,89 @@ impl RemoteStats {
     }
 }
 
-/// A `$ty` with `$remote`'s counters (a [`RemoteStats`]) as its `remote_*` fields and every
-/// other field default: the flat layout of the directory's counters and of the C statistics,
-/// which take the remote tier's counters but its breaker's state.
+/// Every counter (the breaker's state apart), in the order of the fields.
+pub(crate) const COUNTED: usize = 13;
+
+impl RemoteStats {
+    /// The counters, in field order, the breaker's state apart: the layout the directory's
+    /// counters and the C statistics give each store.
+    pub(crate) fn counted(&self) -> [u64; COUNTED] {
+        [
+            self.hits,
+            self.misses,
+            self.rejects,
+            self.errors,
+            self.timeouts,
+            self.skipped,
+            self.breaker_trips,
+            self.leases,
+            self.lease_waits,
+            self.lease_timeouts,
+            self.puts,
+            self.bytes_read,
+            self.bytes_written,
+        ]
+    }
+
+    /// The counters [`RemoteStats::counted`] gave, the breaker closed.
+    pub(crate) fn from_counted(c: [u64; COUNTED]) -> RemoteStats {
+        let [
+            hits,
+            misses,
+            rejects,
+            errors,
+            timeouts,
+            skipped,
+            breaker_trips,
+        ] = [c[0], c[1], c[2], c[3], c[4], c[5], c[6]];
+        let [
+            leases,
+            lease_waits,
+            lease_timeouts,
+            puts,
+            bytes_read,
+            bytes_written,
+        ] = [c[7], c[8], c[9], c[10], c[11], c[12]];
+        RemoteStats {
+            hits,
+            misses,
+            rejects,
+            errors,
+            timeouts,
+            skipped,
+            breaker_trips,
+            leases,
+            lease_waits,
+            lease_timeouts,
+            puts,
+            bytes_read,
+            bytes_written,
+            breaker_open: false,
+        }
+    }
+}
+
+/// A `$ty` with a store's counters (a [`RemoteStats`]) in its fields of one prefix,
+/// `remote_*` (the Redis tier) or `s3_*` (the object store), every other field default: the
+/// flat layout of the directory's counters and of the C statistics, which take a store's
+/// counters but its breaker's state.
 macro_rules! flattened {
-    ($ty:ident, $remote:expr) => {{
-        let r: $crate::store::RemoteStats = $remote;
+    ($ty:ident, $stats:expr) => {
+        $crate::store::flattened!($ty, $stats; remote_hits, remote_misses, remote_rejects,
+            remote_errors, remote_timeouts, remote_skipped, remote_breaker_trips, remote_leases,
+            remote_lease_waits, remote_lease_timeouts, remote_puts, remote_bytes_read,
+            remote_bytes_written)
+    };
+    (s3 $ty:ident, $stats:expr) => {
+        $crate::store::flattened!($ty, $stats; s3_hits, s3_misses, s3_rejects, s3_errors,
+            s3_timeouts, s3_skipped, s3_breaker_trips, s3_leases, s3_lease_waits,
+            s3_lease_timeouts, s3_puts, s3_bytes_read, s3_bytes_written)
+    };
+    ($ty:ident, $stats:expr; $($field:ident),+) => {{
+        let stats: $crate::store::RemoteStats = $stats;
+        let [$($field),+] = stats.counted();
         $ty {
-            remote_hits: r.hits,
-            remote_misses: r.misses,
-            remote_rejects: r.rejects,
-            remote_errors: r.errors,
-            remote_timeouts: r.timeouts,
-            remote_skipped: r.skipped,
-            remote_breaker_trips: r.breaker_trips,
-            remote_leases: r.leases,
-            remote_lease_waits: r.lease_waits,
-            remote_lease_timeouts: r.lease_timeouts,
-            remote_puts: r.puts,
-            remote_bytes_read: r.bytes_read,
-            remote_bytes_written: r.bytes_written,
+            $($field,)+
             ..$ty::default()
         }
     }};
