@@ -26,6 +26,7 @@ pub mod log;
 pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
+pub mod object_store;
 mod operator_file;
 pub mod persistence;
 pub mod remote;

@@ -63,12 +63,12 @@ crate::stats::statistics! {
         /// Whether the breaker is open now (a gauge, never reset).
         gauge breaker_open: bool,
     }
-    /// What the remote tier counts, as it happens.
+    /// What a store counts, as it happens (the Redis tier, the object-store tier).
     #[cfg_attr(
-        not(feature = "remote"),
-        allow(dead_code, reason = "only the remote tier counts")
+        not(any(feature = "remote", feature = "object-store")),
+        allow(dead_code, reason = "only the stores count")
     )]
-    live struct Counters;
+    live pub(crate) struct Counters;
 }
 
 impl RemoteStats {
