@@ -7,6 +7,8 @@
 mod http;
 mod lease;
 mod resolve;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
