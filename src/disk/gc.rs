@@ -161,7 +161,9 @@ fn remove(
 /// retained ones), and a file that changed since it was listed is left to the next run.
 fn classify(cache: &Persistence, entry: &EntryInfo, retain: &[Fingerprint]) -> Verdict {
     let inner = &cache.inner;
-    if entry.fingerprint != inner.sealer.tagger().fingerprint() && !retain.contains(&entry.fingerprint) {
+    if entry.fingerprint != inner.sealer.tagger().fingerprint()
+        && !retain.contains(&entry.fingerprint)
+    {
         return Verdict::StaleFingerprint;
     }
     match cache.check(entry) {
