@@ -540,3 +540,15 @@ fn secrets_are_never_logged() {
     }
     assert_eq!(store.stats().errors, 3);
 }
+
+#[test]
+fn without_an_operator_key_the_tier_is_off_unless_allowed() {
+    let at = || ObjectStoreConfig::at("http://127.0.0.1:1/bucket");
+    assert!(ObjectStore::open(at(), false).is_none());
+    let allowed = ObjectStoreConfig {
+        allow_unkeyed: true,
+        ..at()
+    };
+    assert!(ObjectStore::open(allowed, false).is_some());
+    assert!(ObjectStore::open(at(), true).is_some());
+}
