@@ -30,6 +30,8 @@ pub mod log;
 pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
+/// cbindgen:ignore
+pub mod object_store;
 mod operator_file;
 /// cbindgen:ignore
 pub mod persistence;

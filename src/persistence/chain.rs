@@ -26,9 +26,11 @@ impl Chain {
     /// store that cannot be used is left out (its module warns once).
     pub(super) fn open(config: Stores, keyed: bool, sealer: Arc<Sealer>) -> Arc<Chain> {
         let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-        if let Some(redis) = config.remote.and_then(|c| crate::remote::open(c, keyed)) {
-            stores.push(redis);
-        }
+        let redis = config.remote.and_then(|c| crate::remote::open(c, keyed));
+        let s3 = config
+            .object_store
+            .and_then(|c| crate::object_store::open(c, keyed));
+        stores.extend(redis.into_iter().chain(s3));
         let rank = |s: &Arc<dyn Store>| config.order.iter().position(|&k| k == s.kind());
         stores.sort_by_key(rank);
         Arc::new(Chain {
@@ -100,7 +102,7 @@ impl Chain {
         let name = self.sealer.entry_name(key);
         let verify = |bytes| self.sealer.verify(key, bytes).map_err(str::to_owned);
         for store in &self.stores {
-            match Arc::clone(store).flight(&name, &verify) {
+            match store.flight(&name, &verify) {
                 Flight::Build => continue,
                 decided => return decided,
             }

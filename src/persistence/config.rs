@@ -13,6 +13,7 @@ use crate::disk::{
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
 use crate::log::Warning;
+use crate::object_store::ObjectStoreConfig;
 use crate::remote::RemoteConfig;
 use crate::store::StoreKind;
 
@@ -76,6 +77,9 @@ pub struct PersistenceConfig {
     /// The remote tier behind the disk; `None` takes it from the environment when `read_env`
     /// is set (`KCACHE_REMOTE_URL`, see [`RemoteConfig`]), else none.
     pub remote: Option<RemoteConfig>,
+    /// The object store behind the disk (the S3 API); `None` takes it from the environment
+    /// when `read_env` is set (`KCACHE_S3_URL`, see [`ObjectStoreConfig`]), else none.
+    pub object_store: Option<ObjectStoreConfig>,
     /// The order in which a lookup asks the stores behind the disk (kinds not listed follow
     /// in the default order: Redis, then the object store); `None`: `KCACHE_STORE_ORDER`
     /// (`s3,redis`) when `read_env`, else the default.
@@ -100,6 +104,7 @@ impl Default for PersistenceConfig {
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
             remote: None,
+            object_store: None,
             store_order: None,
             backfill: None,
         }
@@ -241,8 +246,12 @@ impl PersistenceConfig {
             remote: self
                 .remote
                 .or_else(|| read_env.then(RemoteConfig::from_env)),
+            object_store: self
+                .object_store
+                .or_else(|| read_env.then(ObjectStoreConfig::from_env)),
             order: self
                 .store_order
+                .map(StoreKind::completed)
                 .or_else(|| env_store_order(non_empty("KCACHE_STORE_ORDER")?))
                 .unwrap_or_else(|| StoreKind::ALL.to_vec()),
             backfill: self
@@ -257,6 +266,7 @@ impl PersistenceConfig {
 /// The configurations of the stores behind the disk tier, explicit or from the environment.
 pub(crate) struct Stores {
     pub remote: Option<RemoteConfig>,
+    pub object_store: Option<ObjectStoreConfig>,
     /// Every kind, in the order lookups ask them.
     pub order: Vec<StoreKind>,
     pub backfill: bool,

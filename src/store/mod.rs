@@ -11,11 +11,11 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-#[cfg(feature = "remote")]
+#[cfg(any(feature = "remote", feature = "object-store"))]
 pub(crate) mod breaker;
 mod stats;
 
-#[cfg(feature = "remote")]
+#[cfg(any(feature = "remote", feature = "object-store"))]
 pub(crate) use stats::Counters;
 pub use stats::RemoteStats;
 pub(crate) use stats::flattened;
@@ -78,12 +78,19 @@ impl StoreKind {
             }
             order.push(kind);
         }
-        let rest: Vec<StoreKind> = StoreKind::ALL
-            .into_iter()
-            .filter(|k| !order.contains(k))
-            .collect();
-        order.extend(rest);
-        Ok(order)
+        Ok(StoreKind::completed(order))
+    }
+
+    /// `order` (its first mention of each kind), then the kinds it leaves out, in the default
+    /// order.
+    pub fn completed(order: Vec<StoreKind>) -> Vec<StoreKind> {
+        let mut all = Vec::with_capacity(StoreKind::ALL.len());
+        for kind in order.into_iter().chain(StoreKind::ALL) {
+            if !all.contains(&kind) {
+                all.push(kind);
+            }
+        }
+        all
     }
 }
 
@@ -106,7 +113,7 @@ pub(crate) trait Store: Send + Sync {
     /// After a miss everywhere: lead the build of `name` for every node sharing the store, or
     /// get the entry another node built meanwhile, or build without a lease. A store without
     /// leases answers [`Flight::Build`] at once.
-    fn flight(self: Arc<Self>, name: &str, verify: &dyn Verify) -> Flight;
+    fn flight(&self, name: &str, verify: &dyn Verify) -> Flight;
 
     /// The counters since the store was opened or [`Store::reset_stats`] last ran.
     fn stats(&self) -> RemoteStats;

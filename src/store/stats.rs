@@ -36,7 +36,7 @@ crate::stats::statistics! {
     }
     /// What a store counts, as it happens.
     #[cfg_attr(
-        not(feature = "remote"),
+        not(any(feature = "remote", feature = "object-store")),
         allow(dead_code, reason = "only a store counts, and this build has none")
     )]
     live pub(crate) struct Counters;
