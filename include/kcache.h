@@ -89,7 +89,7 @@
 #define KCACHE_VERSION_MAJOR 3
 
 // Minor version of the C ABI this header describes.
-#define KCACHE_VERSION_MINOR 0
+#define KCACHE_VERSION_MINOR 1
 
 // Patch version of the C ABI this header describes.
 #define KCACHE_VERSION_PATCH 0
@@ -439,6 +439,40 @@ typedef struct kc_persistence_options {
   const char *remote_cert_file;
   // The client certificate's private key (PEM, an absolute path).
   const char *remote_key_file;
+  // The object store behind the disk (the S3 API, new in 3.1): `s3://bucket[/prefix]` (with
+  // `s3_endpoint`, or AWS) or `http[s]://host[:port]/bucket[/prefix]`; NULL: `KCACHE_S3_URL`,
+  // else none. Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
+  // `AWS_SESSION_TOKEN` or the shared credentials file, never from these options. It needs
+  // an operator key unless `s3_allow_unkeyed`. An `s3_*` field left NULL or 0 takes
+  // `KCACHE_S3_*`.
+  const char *s3_url;
+  // The server of an `s3://` URL, `http[s]://host[:port]`.
+  const char *s3_endpoint;
+  // The region requests are signed for (default `us-east-1`).
+  const char *s3_region;
+  // The shared credentials file (an absolute path, private to its user; default
+  // `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`).
+  const char *s3_credentials_file;
+  // Its profile (default `AWS_PROFILE`, else `default`).
+  const char *s3_profile;
+  // Read the object store, never write it.
+  bool s3_read_only;
+  // **Unsafe**: use the object store without an operator key, so that anyone who can write
+  // the bucket can run code on this process's GPUs.
+  bool s3_allow_unkeyed;
+  // Budget of one object-store operation in milliseconds, the whole body included (default
+  // 250).
+  uint64_t s3_timeout_ms;
+  // Largest object-store entry read or written, in bytes (default 64 MiB).
+  uint64_t s3_max_entry_size;
+  // How long a miss waits for another node building the same entry, in ms (default 120 s).
+  uint64_t s3_lease_wait_ms;
+  // The order lookups ask the stores in, such as `s3,redis` (kinds left out follow in the
+  // default order, Redis first); NULL: `KCACHE_STORE_ORDER`, else the default.
+  const char *store_order;
+  // Do not copy an entry found in a store to the stores before it (`KCACHE_STORE_BACKFILL=0`
+  // does too); the disk tier always gets its copy.
+  bool no_backfill;
 } kc_persistence_options;
 
 // What an entry holds, for `kc_persistence_put_described` and `kc_tiered_find_or_build_described`:
@@ -546,6 +580,23 @@ typedef struct kc_persistence_statistics {
   uint64_t remote_bytes_read;
   // Bytes written to the remote.
   uint64_t remote_bytes_written;
+  // Whether an object store is behind the disk (new in 3.1); without one the `s3_*`
+  // counters stay zero. They count as the `remote_*` ones do, for the object store.
+  bool s3;
+  bool s3_breaker_open;
+  uint64_t s3_hits;
+  uint64_t s3_misses;
+  uint64_t s3_rejects;
+  uint64_t s3_errors;
+  uint64_t s3_timeouts;
+  uint64_t s3_skipped;
+  uint64_t s3_breaker_trips;
+  uint64_t s3_leases;
+  uint64_t s3_lease_waits;
+  uint64_t s3_lease_timeouts;
+  uint64_t s3_puts;
+  uint64_t s3_bytes_read;
+  uint64_t s3_bytes_written;
 } kc_persistence_statistics;
 
 // Turns a serialized payload back into a live value. As `kc_build_fn`, but non-zero removes

@@ -20,7 +20,9 @@ use super::args::{
 };
 use super::status::{guard, guard_value, kc_status, non_null};
 use crate::disk::Durability;
+use crate::object_store::ObjectStoreConfig;
 use crate::remote::RemoteConfig;
+use crate::store::StoreKind;
 use crate::{Error, Result};
 use crate::{Persistence, PersistenceConfig};
 
@@ -108,18 +110,56 @@ pub struct kc_persistence_options {
     pub remote_cert_file: *const c_char,
     /// The client certificate's private key (PEM, an absolute path).
     pub remote_key_file: *const c_char,
+    /// The object store behind the disk (the S3 API, new in 3.1): `s3://bucket[/prefix]` (with
+    /// `s3_endpoint`, or AWS) or `http[s]://host[:port]/bucket[/prefix]`; NULL: `KCACHE_S3_URL`,
+    /// else none. Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
+    /// `AWS_SESSION_TOKEN` or the shared credentials file, never from these options. It needs
+    /// an operator key unless `s3_allow_unkeyed`. An `s3_*` field left NULL or 0 takes
+    /// `KCACHE_S3_*`.
+    pub s3_url: *const c_char,
+    /// The server of an `s3://` URL, `http[s]://host[:port]`.
+    pub s3_endpoint: *const c_char,
+    /// The region requests are signed for (default `us-east-1`).
+    pub s3_region: *const c_char,
+    /// The shared credentials file (an absolute path, private to its user; default
+    /// `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`).
+    pub s3_credentials_file: *const c_char,
+    /// Its profile (default `AWS_PROFILE`, else `default`).
+    pub s3_profile: *const c_char,
+    /// Read the object store, never write it.
+    pub s3_read_only: bool,
+    /// **Unsafe**: use the object store without an operator key, so that anyone who can write
+    /// the bucket can run code on this process's GPUs.
+    pub s3_allow_unkeyed: bool,
+    /// Budget of one object-store operation in milliseconds, the whole body included (default
+    /// 250).
+    pub s3_timeout_ms: u64,
+    /// Largest object-store entry read or written, in bytes (default 64 MiB).
+    pub s3_max_entry_size: u64,
+    /// How long a miss waits for another node building the same entry, in ms (default 120 s).
+    pub s3_lease_wait_ms: u64,
+    /// The order lookups ask the stores in, such as `s3,redis` (kinds left out follow in the
+    /// default order, Redis first); NULL: `KCACHE_STORE_ORDER`, else the default.
+    pub store_order: *const c_char,
+    /// Do not copy an entry found in a store to the stores before it (`KCACHE_STORE_BACKFILL=0`
+    /// does too); the disk tier always gets its copy.
+    pub no_backfill: bool,
 }
 
 // SAFETY: every field but the bools is an integer or a raw pointer.
 unsafe impl GrownInput for kc_persistence_options {
     const C_NAME: &str = "kc_persistence_options";
-    const MIN_SIZE: usize = size_of::<kc_persistence_options>();
+    // The 3.0 layout ended with `remote_key_file`.
+    const MIN_SIZE: usize = offset_of!(kc_persistence_options, s3_url);
     const BOOLS: &[usize] = &[
         offset_of!(kc_persistence_options, relaxed_durability),
         offset_of!(kc_persistence_options, ignore_env),
         offset_of!(kc_persistence_options, require_key),
         offset_of!(kc_persistence_options, remote_read_only),
         offset_of!(kc_persistence_options, remote_allow_unkeyed),
+        offset_of!(kc_persistence_options, s3_read_only),
+        offset_of!(kc_persistence_options, s3_allow_unkeyed),
+        offset_of!(kc_persistence_options, no_backfill),
     ];
     const DEFAULT: kc_persistence_options = kc_persistence_options {
         struct_size: size_of::<kc_persistence_options>(),
@@ -144,6 +184,18 @@ unsafe impl GrownInput for kc_persistence_options {
         remote_ca_file: ptr::null(),
         remote_cert_file: ptr::null(),
         remote_key_file: ptr::null(),
+        s3_url: ptr::null(),
+        s3_endpoint: ptr::null(),
+        s3_region: ptr::null(),
+        s3_credentials_file: ptr::null(),
+        s3_profile: ptr::null(),
+        s3_read_only: false,
+        s3_allow_unkeyed: false,
+        s3_timeout_ms: 0,
+        s3_max_entry_size: 0,
+        s3_lease_wait_ms: 0,
+        store_order: ptr::null(),
+        no_backfill: false,
     };
 }
 
@@ -189,7 +241,58 @@ unsafe fn read_options(opts: *const kc_persistence_options) -> Result<Persistenc
         lock_liveness: millis(opts.lock_liveness_ms),
         // SAFETY: NULL or C strings by contract.
         remote: Some(unsafe { remote_config(&opts) }?),
+        // SAFETY: NULL or C strings by contract.
+        object_store: Some(unsafe { object_store_config(&opts) }?),
+        // SAFETY: NULL or a C string by contract.
+        store_order: match unsafe { optional_text(opts.store_order, "store_order") }? {
+            Some(text) => Some(
+                StoreKind::parse_order(&text)
+                    .map_err(|why| invalid(format!("opts->store_order {text:?}: {why}")))?,
+            ),
+            None => None,
+        },
+        backfill: opts.no_backfill.then_some(false),
         ..PersistenceConfig::from_env()
+    })
+}
+
+/// The C string `p` (`opts->field` in messages) as an owned string; NULL: `None`.
+///
+/// # Safety
+/// `p` must be NULL or a C string.
+unsafe fn optional_text(p: *const c_char, field: &str) -> Result<Option<String>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, hence a C string by the caller's contract.
+    unsafe { c_str(p, &format!("opts->{field}")) }.map(|s| Some(s.to_owned()))
+}
+
+/// The object store's settings of `opts`: NULL or 0 leaves one to the environment (unless
+/// `ignore_env`), else to the default.
+///
+/// # Safety
+/// The strings of `opts` must be NULL or C strings.
+unsafe fn object_store_config(opts: &kc_persistence_options) -> Result<ObjectStoreConfig> {
+    // SAFETY: NULL or C strings by the caller's contract.
+    let text = |p: *const c_char, field: &str| unsafe { optional_text(p, field) };
+    let nonzero = |n: u64| (n != 0).then_some(n);
+    Ok(ObjectStoreConfig {
+        url: text(opts.s3_url, "s3_url")?,
+        endpoint: text(opts.s3_endpoint, "s3_endpoint")?,
+        region: text(opts.s3_region, "s3_region")?,
+        // SAFETY: NULL or a C string by the caller's contract.
+        credentials_file: unsafe {
+            optional_path(opts.s3_credentials_file, "opts->s3_credentials_file")
+        }?,
+        profile: text(opts.s3_profile, "s3_profile")?,
+        read_only: opts.s3_read_only.then_some(true),
+        timeout: nonzero(opts.s3_timeout_ms).map(Duration::from_millis),
+        max_entry_size: nonzero(opts.s3_max_entry_size),
+        lease_wait: nonzero(opts.s3_lease_wait_ms).map(Duration::from_millis),
+        allow_unkeyed: opts.s3_allow_unkeyed,
+        read_env: !opts.ignore_env,
+        ..ObjectStoreConfig::default()
     })
 }
 
@@ -199,13 +302,8 @@ unsafe fn read_options(opts: *const kc_persistence_options) -> Result<Persistenc
 /// # Safety
 /// The strings of `opts` must be NULL or C strings.
 unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
-    let text = |p: *const c_char, field: &str| -> Result<Option<String>> {
-        if p.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: non-NULL, hence a C string by the caller's contract.
-        unsafe { c_str(p, &format!("opts->{field}")) }.map(|s| Some(s.to_owned()))
-    };
+    // SAFETY: NULL or C strings by the caller's contract.
+    let text = |p: *const c_char, field: &str| unsafe { optional_text(p, field) };
     // SAFETY: NULL or C strings by the caller's contract.
     let path =
         |p: *const c_char, field: &str| unsafe { optional_path(p, &format!("opts->{field}")) };

@@ -125,8 +125,7 @@ impl Behind for Chain {
             })
         };
         let redis = flattened!(DirectoryCounters, raw(StoreKind::Redis));
-        let s3 = flattened!(s3 DirectoryCounters, raw(StoreKind::ObjectStore));
-        redis.zip(s3, u64::saturating_add)
+        flattened!(s3 DirectoryCounters, raw(StoreKind::ObjectStore), redis)
     }
 }
 

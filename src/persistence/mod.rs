@@ -86,6 +86,11 @@ impl Persistence {
         self.chain.stats_of(StoreKind::Redis)
     }
 
+    /// The object store's counters since `open` or the last reset; `None` without one.
+    pub fn object_store_stats(&self) -> Option<RemoteStats> {
+        self.chain.stats_of(StoreKind::ObjectStore)
+    }
+
     /// Every store behind the disk tier, in the chain's order, with its counters since `open`
     /// or the last reset.
     pub fn store_stats(&self) -> Vec<(StoreKind, RemoteStats)> {

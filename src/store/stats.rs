@@ -114,25 +114,31 @@ impl RemoteStats {
 /// A `$ty` with a store's counters (a [`RemoteStats`]) in its fields of one prefix,
 /// `remote_*` (the Redis tier) or `s3_*` (the object store), every other field default: the
 /// flat layout of the directory's counters and of the C statistics, which take a store's
-/// counters but its breaker's state.
+/// counters but its breaker's state. With a third argument, the other fields are its.
 macro_rules! flattened {
     ($ty:ident, $stats:expr) => {
-        $crate::store::flattened!($ty, $stats; remote_hits, remote_misses, remote_rejects,
-            remote_errors, remote_timeouts, remote_skipped, remote_breaker_trips, remote_leases,
-            remote_lease_waits, remote_lease_timeouts, remote_puts, remote_bytes_read,
-            remote_bytes_written)
+        $crate::store::flattened!($ty, $stats, $ty::default())
+    };
+    ($ty:ident, $stats:expr, $base:expr) => {
+        $crate::store::flattened!(@ $ty, $stats, $base; remote_hits, remote_misses,
+            remote_rejects, remote_errors, remote_timeouts, remote_skipped, remote_breaker_trips,
+            remote_leases, remote_lease_waits, remote_lease_timeouts, remote_puts,
+            remote_bytes_read, remote_bytes_written)
     };
     (s3 $ty:ident, $stats:expr) => {
-        $crate::store::flattened!($ty, $stats; s3_hits, s3_misses, s3_rejects, s3_errors,
-            s3_timeouts, s3_skipped, s3_breaker_trips, s3_leases, s3_lease_waits,
+        $crate::store::flattened!(s3 $ty, $stats, $ty::default())
+    };
+    (s3 $ty:ident, $stats:expr, $base:expr) => {
+        $crate::store::flattened!(@ $ty, $stats, $base; s3_hits, s3_misses, s3_rejects,
+            s3_errors, s3_timeouts, s3_skipped, s3_breaker_trips, s3_leases, s3_lease_waits,
             s3_lease_timeouts, s3_puts, s3_bytes_read, s3_bytes_written)
     };
-    ($ty:ident, $stats:expr; $($field:ident),+) => {{
+    (@ $ty:ident, $stats:expr, $base:expr; $($field:ident),+) => {{
         let stats: $crate::store::RemoteStats = $stats;
         let [$($field),+] = stats.counted();
         $ty {
             $($field,)+
-            ..$ty::default()
+            ..$base
         }
     }};
 }
