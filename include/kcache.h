@@ -415,63 +415,35 @@ typedef struct kc_persistence_options {
   // The shared tier behind the disk: `redis://[user:password@]host[:port]`, `rediss://…`,
   // `redis+unix:///path` or Redis Cluster seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`,
   // else none. An unusable URL leaves the remote off (one warning). It needs an operator key
-  // unless `remote_allow_unkeyed`. A `remote_*` field left NULL or 0 takes `KCACHE_REMOTE_*`.
+  // unless `remote_allow_unkeyed` (**unsafe**). A `remote_*` field left NULL or 0 takes
+  // `KCACHE_REMOTE_*`, else its default; paths are absolute (`docs/remote.md`).
   const char *remote_url;
-  // Read the remote, never write it.
   bool remote_read_only;
-  // **Unsafe**: use the remote without an operator key, so that anyone who can write the
-  // store can run code on this process's GPUs.
   bool remote_allow_unkeyed;
-  // Budget of one remote operation in milliseconds (default 250).
   uint64_t remote_timeout_ms;
-  // Lifetime of a remote entry in seconds (default 7 days).
   uint64_t remote_ttl_s;
-  // Namespace of the remote's keys (NUL-terminated; default `kcache:`).
   const char *remote_prefix;
-  // Largest remote entry read or written, in bytes (default 64 MiB).
   uint64_t remote_max_entry_size;
-  // How long a miss waits for another node building the same entry, in ms (default 120 s).
   uint64_t remote_lease_wait_ms;
-  // The CA (PEM, an absolute path) a `rediss://` server's certificate must chain to
-  // (default: the system's roots).
   const char *remote_ca_file;
-  // The client certificate (PEM, an absolute path) for mutual TLS; set with `remote_key_file`.
   const char *remote_cert_file;
-  // The client certificate's private key (PEM, an absolute path).
   const char *remote_key_file;
-  // The object store behind the disk (the S3 API, new in 3.1): `s3://bucket[/prefix]` (with
-  // `s3_endpoint`, or AWS) or `http[s]://host[:port]/bucket[/prefix]`; NULL: `KCACHE_S3_URL`,
-  // else none. Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
-  // `AWS_SESSION_TOKEN` or the shared credentials file, never from these options. It needs
-  // an operator key unless `s3_allow_unkeyed`. An `s3_*` field left NULL or 0 takes
-  // `KCACHE_S3_*`.
+  // New in 3.1, the object store behind the disk (S3 API; `docs/object-store.md`): URL,
+  // server, region, credentials file and profile (the secret never comes from here); NULL or
+  // 0 takes `KCACHE_S3_*`. It needs an operator key unless `s3_allow_unkeyed` (**unsafe**).
   const char *s3_url;
-  // The server of an `s3://` URL, `http[s]://host[:port]`.
   const char *s3_endpoint;
-  // The region requests are signed for (default `us-east-1`).
   const char *s3_region;
-  // The shared credentials file (an absolute path, private to its user; default
-  // `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`).
   const char *s3_credentials_file;
-  // Its profile (default `AWS_PROFILE`, else `default`).
   const char *s3_profile;
-  // Read the object store, never write it.
   bool s3_read_only;
-  // **Unsafe**: use the object store without an operator key, so that anyone who can write
-  // the bucket can run code on this process's GPUs.
   bool s3_allow_unkeyed;
-  // Budget of one object-store operation in milliseconds, the whole body included (default
-  // 250).
   uint64_t s3_timeout_ms;
-  // Largest object-store entry read or written, in bytes (default 64 MiB).
   uint64_t s3_max_entry_size;
-  // How long a miss waits for another node building the same entry, in ms (default 120 s).
   uint64_t s3_lease_wait_ms;
-  // The order lookups ask the stores in, such as `s3,redis` (kinds left out follow in the
-  // default order, Redis first); NULL: `KCACHE_STORE_ORDER`, else the default.
+  // The order stores are asked in (`s3,redis`; NULL: `KCACHE_STORE_ORDER`, else Redis first).
   const char *store_order;
-  // Do not copy an entry found in a store to the stores before it (`KCACHE_STORE_BACKFILL=0`
-  // does too); the disk tier always gets its copy.
+  // Do not copy a store's hit to the stores before it (as `KCACHE_STORE_BACKFILL=0`).
   bool no_backfill;
 } kc_persistence_options;
 
@@ -580,8 +552,7 @@ typedef struct kc_persistence_statistics {
   uint64_t remote_bytes_read;
   // Bytes written to the remote.
   uint64_t remote_bytes_written;
-  // Whether an object store is behind the disk (new in 3.1); without one the `s3_*`
-  // counters stay zero. They count as the `remote_*` ones do, for the object store.
+  // New in 3.1: an object store is behind the disk; its `s3_*` count as `remote_*` do.
   bool s3;
   bool s3_breaker_open;
   uint64_t s3_hits;

@@ -86,63 +86,35 @@ pub struct kc_persistence_options {
     /// The shared tier behind the disk: `redis://[user:password@]host[:port]`, `rediss://…`,
     /// `redis+unix:///path` or Redis Cluster seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`,
     /// else none. An unusable URL leaves the remote off (one warning). It needs an operator key
-    /// unless `remote_allow_unkeyed`. A `remote_*` field left NULL or 0 takes `KCACHE_REMOTE_*`.
+    /// unless `remote_allow_unkeyed` (**unsafe**). A `remote_*` field left NULL or 0 takes
+    /// `KCACHE_REMOTE_*`, else its default; paths are absolute (`docs/remote.md`).
     pub remote_url: *const c_char,
-    /// Read the remote, never write it.
     pub remote_read_only: bool,
-    /// **Unsafe**: use the remote without an operator key, so that anyone who can write the
-    /// store can run code on this process's GPUs.
     pub remote_allow_unkeyed: bool,
-    /// Budget of one remote operation in milliseconds (default 250).
     pub remote_timeout_ms: u64,
-    /// Lifetime of a remote entry in seconds (default 7 days).
     pub remote_ttl_s: u64,
-    /// Namespace of the remote's keys (NUL-terminated; default `kcache:`).
     pub remote_prefix: *const c_char,
-    /// Largest remote entry read or written, in bytes (default 64 MiB).
     pub remote_max_entry_size: u64,
-    /// How long a miss waits for another node building the same entry, in ms (default 120 s).
     pub remote_lease_wait_ms: u64,
-    /// The CA (PEM, an absolute path) a `rediss://` server's certificate must chain to
-    /// (default: the system's roots).
     pub remote_ca_file: *const c_char,
-    /// The client certificate (PEM, an absolute path) for mutual TLS; set with `remote_key_file`.
     pub remote_cert_file: *const c_char,
-    /// The client certificate's private key (PEM, an absolute path).
     pub remote_key_file: *const c_char,
-    /// The object store behind the disk (the S3 API, new in 3.1): `s3://bucket[/prefix]` (with
-    /// `s3_endpoint`, or AWS) or `http[s]://host[:port]/bucket[/prefix]`; NULL: `KCACHE_S3_URL`,
-    /// else none. Credentials come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
-    /// `AWS_SESSION_TOKEN` or the shared credentials file, never from these options. It needs
-    /// an operator key unless `s3_allow_unkeyed`. An `s3_*` field left NULL or 0 takes
-    /// `KCACHE_S3_*`.
+    /// New in 3.1, the object store behind the disk (S3 API; `docs/object-store.md`): URL,
+    /// server, region, credentials file and profile (the secret never comes from here); NULL or
+    /// 0 takes `KCACHE_S3_*`. It needs an operator key unless `s3_allow_unkeyed` (**unsafe**).
     pub s3_url: *const c_char,
-    /// The server of an `s3://` URL, `http[s]://host[:port]`.
     pub s3_endpoint: *const c_char,
-    /// The region requests are signed for (default `us-east-1`).
     pub s3_region: *const c_char,
-    /// The shared credentials file (an absolute path, private to its user; default
-    /// `AWS_SHARED_CREDENTIALS_FILE`, else `~/.aws/credentials`).
     pub s3_credentials_file: *const c_char,
-    /// Its profile (default `AWS_PROFILE`, else `default`).
     pub s3_profile: *const c_char,
-    /// Read the object store, never write it.
     pub s3_read_only: bool,
-    /// **Unsafe**: use the object store without an operator key, so that anyone who can write
-    /// the bucket can run code on this process's GPUs.
     pub s3_allow_unkeyed: bool,
-    /// Budget of one object-store operation in milliseconds, the whole body included (default
-    /// 250).
     pub s3_timeout_ms: u64,
-    /// Largest object-store entry read or written, in bytes (default 64 MiB).
     pub s3_max_entry_size: u64,
-    /// How long a miss waits for another node building the same entry, in ms (default 120 s).
     pub s3_lease_wait_ms: u64,
-    /// The order lookups ask the stores in, such as `s3,redis` (kinds left out follow in the
-    /// default order, Redis first); NULL: `KCACHE_STORE_ORDER`, else the default.
+    /// The order stores are asked in (`s3,redis`; NULL: `KCACHE_STORE_ORDER`, else Redis first).
     pub store_order: *const c_char,
-    /// Do not copy an entry found in a store to the stores before it (`KCACHE_STORE_BACKFILL=0`
-    /// does too); the disk tier always gets its copy.
+    /// Do not copy a store's hit to the stores before it (as `KCACHE_STORE_BACKFILL=0`).
     pub no_backfill: bool,
 }
 

@@ -95,8 +95,7 @@ pub struct kc_persistence_statistics {
     pub remote_bytes_read: u64,
     /// Bytes written to the remote.
     pub remote_bytes_written: u64,
-    /// Whether an object store is behind the disk (new in 3.1); without one the `s3_*`
-    /// counters stay zero. They count as the `remote_*` ones do, for the object store.
+    /// New in 3.1: an object store is behind the disk; its `s3_*` count as `remote_*` do.
     pub s3: bool,
     pub s3_breaker_open: bool,
     pub s3_hits: u64,
