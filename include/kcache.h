@@ -428,23 +428,6 @@ typedef struct kc_persistence_options {
   const char *remote_ca_file;
   const char *remote_cert_file;
   const char *remote_key_file;
-  // New in 3.1, the object store behind the disk (S3 API; `docs/object-store.md`): URL,
-  // server, region, credentials file and profile (the secret never comes from here); NULL or
-  // 0 takes `KCACHE_S3_*`. It needs an operator key unless `s3_allow_unkeyed` (**unsafe**).
-  const char *s3_url;
-  const char *s3_endpoint;
-  const char *s3_region;
-  const char *s3_credentials_file;
-  const char *s3_profile;
-  bool s3_read_only;
-  bool s3_allow_unkeyed;
-  uint64_t s3_timeout_ms;
-  uint64_t s3_max_entry_size;
-  uint64_t s3_lease_wait_ms;
-  // The order stores are asked in (`s3,redis`; NULL: `KCACHE_STORE_ORDER`, else Redis first).
-  const char *store_order;
-  // Do not copy a store's hit to the stores before it (as `KCACHE_STORE_BACKFILL=0`).
-  bool no_backfill;
 } kc_persistence_options;
 
 // What an entry holds, for `kc_persistence_put_described` and `kc_tiered_find_or_build_described`:
@@ -522,37 +505,24 @@ typedef struct kc_persistence_statistics {
   uint64_t pending_writes;
   // Background writes that failed (the value could not be serialized or written).
   uint64_t failed_writes;
-  // Whether a remote tier is behind the disk; without one the `remote_*` counters stay zero.
+  // Whether a remote tier (Redis) is behind the disk; the `remote_*` fields are its counters
+  // (zero without one), as `docs/remote.md` "Statistics" describes them.
   bool remote;
-  // Remote entries read and verified.
   uint64_t remote_hits;
-  // Remote reads that returned no usable entry (absent, rejected, failed, skipped).
   uint64_t remote_misses;
-  // Remote entries refused by verification (changed, another key, too large).
   uint64_t remote_rejects;
-  // Remote operations that failed, timeouts apart.
   uint64_t remote_errors;
-  // Remote operations that ran past `remote_timeout_ms`.
   uint64_t remote_timeouts;
-  // Remote operations skipped because the breaker was open.
   uint64_t remote_skipped;
-  // Times the breaker opened after consecutive failures.
   uint64_t remote_breaker_trips;
-  // Whether the breaker is open now.
   bool remote_breaker_open;
-  // Leases taken: builds led for every node.
   uint64_t remote_leases;
-  // Misses that waited for another node holding the lease.
   uint64_t remote_lease_waits;
-  // Of those, waits that reached the deadline and built.
   uint64_t remote_lease_timeouts;
-  // Entries written to the remote.
   uint64_t remote_puts;
-  // Bytes read from the remote.
   uint64_t remote_bytes_read;
-  // Bytes written to the remote.
   uint64_t remote_bytes_written;
-  // New in 3.1: an object store is behind the disk; its `s3_*` count as `remote_*` do.
+  // New in 3.1: the object store's, as `remote_*` are Redis's.
   bool s3;
   bool s3_breaker_open;
   uint64_t s3_hits;
@@ -569,6 +539,25 @@ typedef struct kc_persistence_statistics {
   uint64_t s3_bytes_read;
   uint64_t s3_bytes_written;
 } kc_persistence_statistics;
+
+// The object store and the chain's order and backfill (`docs/object-store.md`): set
+// `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`, `KCACHE_STORE_*`
+// unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
+typedef struct kc_store_options {
+  size_t struct_size;
+  const char *s3_url;
+  const char *s3_endpoint;
+  const char *s3_region;
+  const char *s3_credentials_file;
+  const char *s3_profile;
+  bool s3_read_only;
+  bool s3_allow_unkeyed;
+  uint64_t s3_timeout_ms;
+  uint64_t s3_max_entry_size;
+  uint64_t s3_lease_wait_ms;
+  const char *store_order;
+  bool no_backfill;
+} kc_store_options;
 
 // Turns a serialized payload back into a live value. As `kc_build_fn`, but non-zero removes
 // the entry and builds the value (except `KC_LOAD_TRANSIENT`).
@@ -1186,6 +1175,14 @@ int kc_last_build_error(void);
 // The library's C ABI version, "MAJOR.MINOR.PATCH", a static string. Compare with the
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
+
+// Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
+enum kc_status kc_store_options_default(struct kc_store_options *out);
+
+// As `kc_persistence_open`, with the stores `stores` describes (NULL: the environment's).
+enum kc_status kc_persistence_open_with_stores(const struct kc_persistence_options *opts,
+                                               const struct kc_store_options *stores,
+                                               struct kc_persistence **out);
 
 // Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
 // for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`

@@ -20,9 +20,7 @@ use super::args::{
 };
 use super::status::{guard, guard_value, kc_status, non_null};
 use crate::disk::Durability;
-use crate::object_store::ObjectStoreConfig;
 use crate::remote::RemoteConfig;
-use crate::store::StoreKind;
 use crate::{Error, Result};
 use crate::{Persistence, PersistenceConfig};
 
@@ -99,39 +97,18 @@ pub struct kc_persistence_options {
     pub remote_ca_file: *const c_char,
     pub remote_cert_file: *const c_char,
     pub remote_key_file: *const c_char,
-    /// New in 3.1, the object store behind the disk (S3 API; `docs/object-store.md`): URL,
-    /// server, region, credentials file and profile (the secret never comes from here); NULL or
-    /// 0 takes `KCACHE_S3_*`. It needs an operator key unless `s3_allow_unkeyed` (**unsafe**).
-    pub s3_url: *const c_char,
-    pub s3_endpoint: *const c_char,
-    pub s3_region: *const c_char,
-    pub s3_credentials_file: *const c_char,
-    pub s3_profile: *const c_char,
-    pub s3_read_only: bool,
-    pub s3_allow_unkeyed: bool,
-    pub s3_timeout_ms: u64,
-    pub s3_max_entry_size: u64,
-    pub s3_lease_wait_ms: u64,
-    /// The order stores are asked in (`s3,redis`; NULL: `KCACHE_STORE_ORDER`, else Redis first).
-    pub store_order: *const c_char,
-    /// Do not copy a store's hit to the stores before it (as `KCACHE_STORE_BACKFILL=0`).
-    pub no_backfill: bool,
 }
 
 // SAFETY: every field but the bools is an integer or a raw pointer.
 unsafe impl GrownInput for kc_persistence_options {
     const C_NAME: &str = "kc_persistence_options";
-    // The 3.0 layout ended with `remote_key_file`.
-    const MIN_SIZE: usize = offset_of!(kc_persistence_options, s3_url);
+    const MIN_SIZE: usize = size_of::<kc_persistence_options>();
     const BOOLS: &[usize] = &[
         offset_of!(kc_persistence_options, relaxed_durability),
         offset_of!(kc_persistence_options, ignore_env),
         offset_of!(kc_persistence_options, require_key),
         offset_of!(kc_persistence_options, remote_read_only),
         offset_of!(kc_persistence_options, remote_allow_unkeyed),
-        offset_of!(kc_persistence_options, s3_read_only),
-        offset_of!(kc_persistence_options, s3_allow_unkeyed),
-        offset_of!(kc_persistence_options, no_backfill),
     ];
     const DEFAULT: kc_persistence_options = kc_persistence_options {
         struct_size: size_of::<kc_persistence_options>(),
@@ -156,18 +133,6 @@ unsafe impl GrownInput for kc_persistence_options {
         remote_ca_file: ptr::null(),
         remote_cert_file: ptr::null(),
         remote_key_file: ptr::null(),
-        s3_url: ptr::null(),
-        s3_endpoint: ptr::null(),
-        s3_region: ptr::null(),
-        s3_credentials_file: ptr::null(),
-        s3_profile: ptr::null(),
-        s3_read_only: false,
-        s3_allow_unkeyed: false,
-        s3_timeout_ms: 0,
-        s3_max_entry_size: 0,
-        s3_lease_wait_ms: 0,
-        store_order: ptr::null(),
-        no_backfill: false,
     };
 }
 
@@ -213,59 +178,20 @@ unsafe fn read_options(opts: *const kc_persistence_options) -> Result<Persistenc
         lock_liveness: millis(opts.lock_liveness_ms),
         // SAFETY: NULL or C strings by contract.
         remote: Some(unsafe { remote_config(&opts) }?),
-        // SAFETY: NULL or C strings by contract.
-        object_store: Some(unsafe { object_store_config(&opts) }?),
-        // SAFETY: NULL or a C string by contract.
-        store_order: match unsafe { optional_text(opts.store_order, "store_order") }? {
-            Some(text) => Some(
-                StoreKind::parse_order(&text)
-                    .map_err(|why| invalid(format!("opts->store_order {text:?}: {why}")))?,
-            ),
-            None => None,
-        },
-        backfill: opts.no_backfill.then_some(false),
         ..PersistenceConfig::from_env()
     })
 }
 
-/// The C string `p` (`opts->field` in messages) as an owned string; NULL: `None`.
+/// The C string `p` (`name` in messages) as an owned string; NULL: `None`.
 ///
 /// # Safety
 /// `p` must be NULL or a C string.
-unsafe fn optional_text(p: *const c_char, field: &str) -> Result<Option<String>> {
+pub(super) unsafe fn optional_text(p: *const c_char, name: &str) -> Result<Option<String>> {
     if p.is_null() {
         return Ok(None);
     }
     // SAFETY: non-NULL, hence a C string by the caller's contract.
-    unsafe { c_str(p, &format!("opts->{field}")) }.map(|s| Some(s.to_owned()))
-}
-
-/// The object store's settings of `opts`: NULL or 0 leaves one to the environment (unless
-/// `ignore_env`), else to the default.
-///
-/// # Safety
-/// The strings of `opts` must be NULL or C strings.
-unsafe fn object_store_config(opts: &kc_persistence_options) -> Result<ObjectStoreConfig> {
-    // SAFETY: NULL or C strings by the caller's contract.
-    let text = |p: *const c_char, field: &str| unsafe { optional_text(p, field) };
-    let nonzero = |n: u64| (n != 0).then_some(n);
-    Ok(ObjectStoreConfig {
-        url: text(opts.s3_url, "s3_url")?,
-        endpoint: text(opts.s3_endpoint, "s3_endpoint")?,
-        region: text(opts.s3_region, "s3_region")?,
-        // SAFETY: NULL or a C string by the caller's contract.
-        credentials_file: unsafe {
-            optional_path(opts.s3_credentials_file, "opts->s3_credentials_file")
-        }?,
-        profile: text(opts.s3_profile, "s3_profile")?,
-        read_only: opts.s3_read_only.then_some(true),
-        timeout: nonzero(opts.s3_timeout_ms).map(Duration::from_millis),
-        max_entry_size: nonzero(opts.s3_max_entry_size),
-        lease_wait: nonzero(opts.s3_lease_wait_ms).map(Duration::from_millis),
-        allow_unkeyed: opts.s3_allow_unkeyed,
-        read_env: !opts.ignore_env,
-        ..ObjectStoreConfig::default()
-    })
+    unsafe { c_str(p, name) }.map(|s| Some(s.to_owned()))
 }
 
 /// The remote tier's settings of `opts`: NULL or 0 leaves one to the environment (unless
@@ -275,7 +201,8 @@ unsafe fn object_store_config(opts: &kc_persistence_options) -> Result<ObjectSto
 /// The strings of `opts` must be NULL or C strings.
 unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
     // SAFETY: NULL or C strings by the caller's contract.
-    let text = |p: *const c_char, field: &str| unsafe { optional_text(p, field) };
+    let text =
+        |p: *const c_char, field: &str| unsafe { optional_text(p, &format!("opts->{field}")) };
     // SAFETY: NULL or C strings by the caller's contract.
     let path =
         |p: *const c_char, field: &str| unsafe { optional_path(p, &format!("opts->{field}")) };
@@ -309,17 +236,37 @@ pub unsafe extern "C" fn kc_persistence_open(
 ) -> kc_status {
     guard(|| {
         non_null(out, "out")?;
-        let config = if opts.is_null() {
-            PersistenceConfig::from_env()
-        } else {
-            // SAFETY: non-NULL; its size is the caller's promise.
-            unsafe { read_options(opts) }?
-        };
-        let inner = Arc::new(Persistence::open(config)?);
+        // SAFETY: forwarded from the caller's contract.
+        let config = unsafe { config_of(opts) }?;
         // SAFETY: non-NULL and writable by contract.
-        unsafe { new_handle(out, inner) };
-        Ok(())
+        unsafe { open_into(config, out) }
     })
+}
+
+/// The configuration `opts` describes; NULL: all from the environment.
+///
+/// # Safety
+/// `opts` must be NULL or as [`kc_persistence_open`] says.
+pub(super) unsafe fn config_of(opts: *const kc_persistence_options) -> Result<PersistenceConfig> {
+    if opts.is_null() {
+        return Ok(PersistenceConfig::from_env());
+    }
+    // SAFETY: non-NULL; its size is the caller's promise.
+    unsafe { read_options(opts) }
+}
+
+/// Opens the tiers `config` describes into `*out`.
+///
+/// # Safety
+/// `out` must be non-NULL and writable.
+pub(super) unsafe fn open_into(
+    config: PersistenceConfig,
+    out: *mut *mut kc_persistence,
+) -> Result<()> {
+    let inner = Arc::new(Persistence::open(config)?);
+    // SAFETY: non-NULL and writable by the caller's contract.
+    unsafe { new_handle(out, inner) };
+    Ok(())
 }
 
 /// The process's default persistent tiers, opened from the environment on first use and

@@ -65,37 +65,24 @@ pub struct kc_persistence_statistics {
     pub pending_writes: u64,
     /// Background writes that failed (the value could not be serialized or written).
     pub failed_writes: u64,
-    /// Whether a remote tier is behind the disk; without one the `remote_*` counters stay zero.
+    /// Whether a remote tier (Redis) is behind the disk; the `remote_*` fields are its counters
+    /// (zero without one), as `docs/remote.md` "Statistics" describes them.
     pub remote: bool,
-    /// Remote entries read and verified.
     pub remote_hits: u64,
-    /// Remote reads that returned no usable entry (absent, rejected, failed, skipped).
     pub remote_misses: u64,
-    /// Remote entries refused by verification (changed, another key, too large).
     pub remote_rejects: u64,
-    /// Remote operations that failed, timeouts apart.
     pub remote_errors: u64,
-    /// Remote operations that ran past `remote_timeout_ms`.
     pub remote_timeouts: u64,
-    /// Remote operations skipped because the breaker was open.
     pub remote_skipped: u64,
-    /// Times the breaker opened after consecutive failures.
     pub remote_breaker_trips: u64,
-    /// Whether the breaker is open now.
     pub remote_breaker_open: bool,
-    /// Leases taken: builds led for every node.
     pub remote_leases: u64,
-    /// Misses that waited for another node holding the lease.
     pub remote_lease_waits: u64,
-    /// Of those, waits that reached the deadline and built.
     pub remote_lease_timeouts: u64,
-    /// Entries written to the remote.
     pub remote_puts: u64,
-    /// Bytes read from the remote.
     pub remote_bytes_read: u64,
-    /// Bytes written to the remote.
     pub remote_bytes_written: u64,
-    /// New in 3.1: an object store is behind the disk; its `s3_*` count as `remote_*` do.
+    /// New in 3.1: the object store's, as `remote_*` are Redis's.
     pub s3: bool,
     pub s3_breaker_open: bool,
     pub s3_hits: u64,

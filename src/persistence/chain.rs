@@ -43,14 +43,19 @@ impl Chain {
     /// The counters of the stores of `kind`, added up (a breaker open in any is open);
     /// `None` without one.
     pub(super) fn stats_of(&self, kind: StoreKind) -> Option<RemoteStats> {
-        let mut of_kind = self.stores.iter().filter(|s| s.kind() == kind).peekable();
-        of_kind.peek()?;
-        Some(of_kind.fold(RemoteStats::default(), |mut sum, s| {
-            let stats = s.stats();
+        let any = self.stores.iter().any(|s| s.kind() == kind);
+        any.then(|| self.sum(kind, |s| s.stats()))
+    }
+
+    /// What `of` counts of the stores of `kind`, added up (a breaker open in any is open).
+    fn sum(&self, kind: StoreKind, of: impl Fn(&dyn Store) -> RemoteStats) -> RemoteStats {
+        let of_kind = self.stores.iter().filter(|s| s.kind() == kind);
+        of_kind.fold(RemoteStats::default(), |mut sum, store| {
+            let stats = of(store.as_ref());
             sum.breaker_open |= stats.breaker_open;
             sum += stats;
             sum
-        }))
+        })
     }
 
     pub(super) fn stats(&self) -> Vec<(StoreKind, RemoteStats)> {
@@ -117,13 +122,7 @@ impl Behind for Chain {
     }
 
     fn counters(&self) -> DirectoryCounters {
-        let raw = |kind| {
-            let of_kind = self.stores.iter().filter(|s| s.kind() == kind);
-            of_kind.fold(RemoteStats::default(), |mut sum, s| {
-                sum += s.raw_stats();
-                sum
-            })
-        };
+        let raw = |kind| self.sum(kind, |s| s.raw_stats());
         let redis = flattened!(DirectoryCounters, raw(StoreKind::Redis));
         flattened!(s3 DirectoryCounters, raw(StoreKind::ObjectStore), redis)
     }

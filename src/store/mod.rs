@@ -13,6 +13,8 @@ use std::sync::atomic::AtomicBool;
 
 #[cfg(any(feature = "remote", feature = "object-store"))]
 pub(crate) mod breaker;
+#[cfg(any(feature = "remote", feature = "object-store"))]
+pub(crate) mod settings;
 mod stats;
 
 #[cfg(any(feature = "remote", feature = "object-store"))]
@@ -24,22 +26,7 @@ use crate::disk::Entry;
 
 /// What a store hands a read's bytes to: the entry they are, verified, or why they are
 /// refused (a reject, logged with the reason).
-#[cfg_attr(
-    not(feature = "remote"),
-    allow(
-        dead_code,
-        reason = "only a store checks what it read, and this build has none"
-    )
-)]
-pub(crate) trait Verify {
-    fn check(&self, bytes: Vec<u8>) -> Result<Entry, String>;
-}
-
-impl<F: Fn(Vec<u8>) -> Result<Entry, String>> Verify for F {
-    fn check(&self, bytes: Vec<u8>) -> Result<Entry, String> {
-        self(bytes)
-    }
-}
+pub(crate) type Verify<'a> = &'a dyn Fn(Vec<u8>) -> Result<Entry, String>;
 
 /// Which kind of store, as statistics, metrics and messages name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,7 +88,7 @@ pub(crate) trait Store: Send + Sync {
     /// The entry `name`, read within the store's entry size limit (one byte over it tells a
     /// larger object apart, which is refused unread past that) and accepted by `verify`: a
     /// hit; anything else is a miss, counted.
-    fn get(&self, name: &str, verify: &dyn Verify) -> Option<Entry>;
+    fn get(&self, name: &str, verify: Verify<'_>) -> Option<Entry>;
 
     /// Whether [`Store::put`] writes (the store is not read-only).
     fn writes(&self) -> bool;
@@ -113,7 +100,7 @@ pub(crate) trait Store: Send + Sync {
     /// After a miss everywhere: lead the build of `name` for every node sharing the store, or
     /// get the entry another node built meanwhile, or build without a lease. A store without
     /// leases answers [`Flight::Build`] at once.
-    fn flight(&self, name: &str, verify: &dyn Verify) -> Flight;
+    fn flight(&self, name: &str, verify: Verify<'_>) -> Flight;
 
     /// The counters since the store was opened or [`Store::reset_stats`] last ran.
     fn stats(&self) -> RemoteStats;

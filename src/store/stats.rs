@@ -74,7 +74,7 @@ impl RemoteStats {
     }
 
     /// The counters [`RemoteStats::counted`] gave, the breaker closed.
-    pub(crate) fn from_counted(c: [u64; COUNTED]) -> RemoteStats {
+    pub(crate) fn from_counted(counted: [u64; COUNTED]) -> RemoteStats {
         let [
             hits,
             misses,
@@ -83,15 +83,13 @@ impl RemoteStats {
             timeouts,
             skipped,
             breaker_trips,
-        ] = [c[0], c[1], c[2], c[3], c[4], c[5], c[6]];
-        let [
             leases,
             lease_waits,
             lease_timeouts,
             puts,
             bytes_read,
             bytes_written,
-        ] = [c[7], c[8], c[9], c[10], c[11], c[12]];
+        ] = counted;
         RemoteStats {
             hits,
             misses,

@@ -51,7 +51,7 @@ enum Look {
 
 impl Inner {
     /// Takes the lease on `name` or waits for the node holding it, as [`Flight`] says.
-    pub(super) fn flight(self: &Arc<Self>, name: &str, verify: &dyn Verify) -> Flight {
+    pub(super) fn flight(self: &Arc<Self>, name: &str, verify: Verify<'_>) -> Flight {
         if self.lease_wait.is_zero() {
             return Flight::Build;
         }

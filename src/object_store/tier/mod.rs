@@ -86,7 +86,7 @@ impl Inner {
 
     /// Reads the entry `name` and hands its bytes to `verify`, without counting a hit or a
     /// miss (a wait looks many times); what it refuses is a reject, logged with its reason.
-    fn peek(&self, name: &str, verify: &dyn Verify) -> Option<Entry> {
+    fn peek(&self, name: &str, verify: Verify<'_>) -> Option<Entry> {
         let limit = self.max_entry_size;
         let object = self.object(name);
         let found = self.guarded("read", name, |c| c.get(&object, limit))??;
@@ -98,7 +98,7 @@ impl Inner {
         let checked = if found.bytes.len() as u64 > limit {
             Err(format!("larger than the entry size limit of {limit} bytes"))
         } else {
-            verify.check(found.bytes)
+            verify(found.bytes)
         };
         checked
             .inspect_err(|why| {
@@ -153,7 +153,7 @@ impl Store for ObjectStore {
         StoreKind::ObjectStore
     }
 
-    fn get(&self, name: &str, verify: &dyn Verify) -> Option<Entry> {
+    fn get(&self, name: &str, verify: Verify<'_>) -> Option<Entry> {
         let found = self.inner.peek(name, verify);
         let c = &self.inner.counters;
         bump(if found.is_some() { &c.hits } else { &c.misses }, 1);
@@ -191,7 +191,7 @@ impl Store for ObjectStore {
         }
     }
 
-    fn flight(&self, name: &str, verify: &dyn Verify) -> Flight {
+    fn flight(&self, name: &str, verify: Verify<'_>) -> Flight {
         self.inner.flight(name, verify)
     }
 

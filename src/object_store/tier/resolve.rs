@@ -9,7 +9,7 @@ use std::time::Duration;
 use rusty_s3::{Bucket, Credentials, UrlStyle};
 use zeroize::Zeroizing;
 
-use crate::disk::config::{parse_wait, saturate};
+use crate::disk::config::saturate;
 use crate::error::Error;
 use crate::log::Warning;
 use crate::object_store::config::{
@@ -17,6 +17,7 @@ use crate::object_store::config::{
     DEFAULT_MAX_ENTRY_SIZE, DEFAULT_PREFIX, DEFAULT_REGION, DEFAULT_TIMEOUT, ObjectStoreConfig,
 };
 use crate::operator_file::{self, Content};
+use crate::store::settings::Settings;
 
 pub(crate) struct Resolved {
     pub bucket: Bucket,
@@ -47,7 +48,7 @@ impl ObjectStoreConfig {
                 None => match env(name).map(OsString::into_string) {
                     None => Some(None),
                     Some(Ok(text)) => Some(Some(text)),
-                    Some(Err(_)) => refuse(&format!("{name} is not valid UTF-8")),
+                    Some(Err(_)) => SETTINGS.refuse(&format!("{name} is not valid UTF-8")),
                 },
             }
         };
@@ -56,10 +57,12 @@ impl ObjectStoreConfig {
         let region = text(self.region, "KCACHE_S3_REGION")?.unwrap_or(DEFAULT_REGION.into());
         let (bucket, prefix) = match locate(&url, endpoint.as_deref(), &region) {
             Ok(located) => located,
-            Err(why) => return refuse(&format!("the object store URL cannot be used: {why}")),
+            Err(why) => {
+                return SETTINGS.refuse(&format!("the object store URL cannot be used: {why}"));
+            }
         };
         let ms = Duration::from_millis(1);
-        let timeout = wait(
+        let timeout = SETTINGS.wait(
             self.timeout,
             env,
             "KCACHE_S3_TIMEOUT_MS",
@@ -67,29 +70,30 @@ impl ObjectStoreConfig {
             DEFAULT_TIMEOUT,
         );
         if timeout.is_zero() {
-            return refuse("the object store timeout must be positive");
+            return SETTINGS.refuse("the object store timeout must be positive");
         }
         let read_only = match self.read_only {
             Some(r) => r,
-            None => flag(env("KCACHE_S3_READ_ONLY"), "KCACHE_S3_READ_ONLY")?,
+            None => SETTINGS.flag(env("KCACHE_S3_READ_ONLY"), "KCACHE_S3_READ_ONLY")?,
         };
-        let allow_unkeyed =
-            self.allow_unkeyed || flag(env("KCACHE_S3_ALLOW_UNKEYED"), "KCACHE_S3_ALLOW_UNKEYED")?;
+        let allow_unkeyed = self.allow_unkeyed
+            || SETTINGS.flag(env("KCACHE_S3_ALLOW_UNKEYED"), "KCACHE_S3_ALLOW_UNKEYED")?;
         let max_entry_size = match (self.max_entry_size, env("KCACHE_S3_MAX_ENTRY_SIZE")) {
             (Some(s), _) => s,
             (None, Some(text)) => match crate::disk::parse_size(&text.to_string_lossy()) {
                 Ok(s) => s,
                 Err(_) => {
-                    return refuse(&format!("KCACHE_S3_MAX_ENTRY_SIZE={text:?} is not a size"));
+                    return SETTINGS
+                        .refuse(&format!("KCACHE_S3_MAX_ENTRY_SIZE={text:?} is not a size"));
                 }
             },
             (None, None) => DEFAULT_MAX_ENTRY_SIZE,
         };
         if max_entry_size == 0 {
-            return refuse("the object store entry size limit must be positive");
+            return SETTINGS.refuse("the object store entry size limit must be positive");
         }
         let s = Duration::from_secs(1);
-        let lease_wait = wait(
+        let lease_wait = SETTINGS.wait(
             self.lease_wait,
             env,
             "KCACHE_S3_LEASE_WAIT",
@@ -105,7 +109,7 @@ impl ObjectStoreConfig {
         };
         let credentials = match credentials(explicit, env) {
             Ok(credentials) => credentials,
-            Err(why) => return refuse(&why),
+            Err(why) => return SETTINGS.refuse(&why),
         };
         Some(Resolved {
             bucket,
@@ -330,45 +334,12 @@ fn profile_of(text: &str, profile: &str) -> Option<Profile> {
     found
 }
 
-fn refuse<T>(why: &str) -> Option<T> {
-    crate::log::warn_once(Warning::ObjectStoreConfig, || {
-        format!("object-store tier off: {why}")
-    });
-    None
-}
-
-/// `0` or `1`; anything else refuses the configuration.
-fn flag(value: Option<OsString>, name: &str) -> Option<bool> {
-    match value {
-        None => Some(false),
-        Some(v) if v == "0" => Some(false),
-        Some(v) if v == "1" => Some(true),
-        Some(v) => refuse(&format!("{name}={v:?} is neither 0 nor 1")),
-    }
-}
-
-/// A duration: the one set in code, else the environment's `name` (a number of `unit`s), else
-/// `default`; one that is not a number is warned about once and the default is used.
-fn wait(
-    set: Option<Duration>,
-    env: impl Fn(&str) -> Option<OsString>,
-    name: &str,
-    unit: Duration,
-    default: Duration,
-) -> Duration {
-    if let Some(set) = set {
-        return saturate(set);
-    }
-    let Some(text) = env(name) else {
-        return default;
-    };
-    parse_wait(&text.to_string_lossy(), unit).unwrap_or_else(|| {
-        crate::log::warn_once(Warning::ObjectStoreWait, || {
-            format!("{name}={text:?} is not a number: the default {default:?} is used")
-        });
-        default
-    })
-}
+/// The object store's settings: its name in messages and its warnings.
+const SETTINGS: Settings = Settings {
+    tier: "object-store tier",
+    off: Warning::ObjectStoreConfig,
+    wait: Warning::ObjectStoreWait,
+};
 
 #[cfg(test)]
 mod tests {
@@ -441,13 +412,6 @@ mod tests {
             ..ObjectStoreConfig::at("http://127.0.0.1:1/bucket")
         };
         assert!(half.resolve().is_none());
-        assert_eq!(flag(Some("yes".into()), "X"), None);
-        let env = |_: &str| Some(OsString::from("soon"));
-        let default = Duration::from_secs(7);
-        assert_eq!(
-            wait(None, env, "X", Duration::from_secs(1), default),
-            default
-        );
     }
 
     const FILE: &str = "\

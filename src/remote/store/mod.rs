@@ -198,8 +198,8 @@ impl Store for Redis {
         StoreKind::Redis
     }
 
-    fn get(&self, name: &str, verify: &dyn Verify) -> Option<Entry> {
-        self.0.fetch(name, |bytes| verify.check(bytes))
+    fn get(&self, name: &str, verify: Verify<'_>) -> Option<Entry> {
+        self.0.fetch(name, verify)
     }
 
     fn writes(&self) -> bool {
@@ -210,7 +210,7 @@ impl Store for Redis {
         self.0.store(name, entry);
     }
 
-    fn flight(&self, name: &str, verify: &dyn Verify) -> Flight {
+    fn flight(&self, name: &str, verify: Verify<'_>) -> Flight {
         self.0.lead_or_follow(name, verify)
     }
 

@@ -115,19 +115,6 @@ class DiskOptions(Structure):
     ("remote_ca_file", c_char_p),
     ("remote_cert_file", c_char_p),
         ("remote_key_file", c_char_p),
-        # New in 3.1: the object store and the chain of stores.
-        ("s3_url", c_char_p),
-        ("s3_endpoint", c_char_p),
-        ("s3_region", c_char_p),
-        ("s3_credentials_file", c_char_p),
-        ("s3_profile", c_char_p),
-        ("s3_read_only", c_bool),
-        ("s3_allow_unkeyed", c_bool),
-        ("s3_timeout_ms", c_uint64),
-        ("s3_max_entry_size", c_uint64),
-        ("s3_lease_wait_ms", c_uint64),
-        ("store_order", c_char_p),
-        ("no_backfill", c_bool),
     ]
 
 
