@@ -11,7 +11,7 @@
 //! cannot link the test kit, which links a second kcache).
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -196,7 +196,14 @@ impl SeaweedServer {
         assert!(status == 200, "CreateBucket {bucket}: HTTP {status}");
         // The first object write waits for a volume: done here, once, outside any test budget.
         let warm = format!("warm-up/{}", std::process::id());
-        assert_eq!(self.put(bucket, &warm, b"x"), 200);
+        let status = self.put(bucket, &warm, b"x");
+        assert!(
+            status == 200,
+            "the first write to {bucket}: HTTP {status} for 20 s (SeaweedFS answers 500 while it \
+             cannot create a volume, as on a nearly full disk: {} MiB free under {})",
+            free_mib(self.dir.path()),
+            self.dir.path().display()
+        );
     }
 
     /// Writes `bytes` as `key` in `bucket` (signed, unconditional): the HTTP status.
@@ -245,6 +252,11 @@ impl SeaweedServer {
 
 /// The status of `request`, retried for a few seconds while it fails or answers 5xx (a server
 /// just started).
+/// The space free to this user on the filesystem of `path`, in MiB (0 when unknown).
+fn free_mib(path: &Path) -> u64 {
+    rustix::fs::statvfs(path).map_or(0, |s| (s.f_bavail * s.f_frsize) >> 20)
+}
+
 fn retry(request: impl Fn() -> Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
