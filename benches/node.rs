@@ -14,8 +14,8 @@
 //!   stores its binaries) against the plain build;
 //! - **cluster** (`cargo bench --bench node -- cluster` runs it alone): four nodes, each a
 //!   process with a keyed cache directory of its own, start the same two kernels at the same
-//!   moment, with the remote tier (one `redis-server` on loopback, empty at each run) and
-//!   without it (each node compiles); and one node alone, with and without. Skipped, with a
+//!   moment, sharing no store, a Redis tier (one `redis-server` on loopback, empty at each run) or
+//!   an object store (one SeaweedFS, an empty bucket); and one node alone. Skipped, with a
 //!   message, when `redis-server` is not installed.
 //!
 //! With kcache a process also flushes before it exits (on PoCL a lone process's binaries are
@@ -35,9 +35,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::disk::OperatorKey;
-use kcache::remote::RemoteConfig;
+use kcache::object_store::ObjectStoreConfig;
+use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{BuiltProgram, Context, KernelArg, Matmul, run_kernel_in_groups};
+use kcache_testkit::seaweed;
+use zeroize::Zeroizing;
 
 const SAXPY: &str = r#"
 __kernel void saxpy(__global float *y, __global const float *x, float a) {
@@ -181,9 +184,16 @@ fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>, node: O
     let context = Context::first_device().unwrap();
     let config = match node {
         None => PersistenceConfig::in_dir(dir),
-        Some(remote) => PersistenceConfig {
+        // The shared store: none, Redis (`redis://…`), or an object store (`http://…`).
+        Some(store) => PersistenceConfig {
             key: Some(OperatorKey::new(OPERATOR_KEY.to_vec()).unwrap()),
-            remote: (!remote.is_empty()).then(|| RemoteConfig::at(remote)),
+            remote: store.starts_with("redis").then(|| RemoteConfig::at(store)),
+            object_store: store.starts_with("http").then(|| ObjectStoreConfig {
+                access_key_id: Some(seaweed::ACCESS_KEY_ID.into()),
+                secret_access_key: Some(Zeroizing::new(seaweed::SECRET_ACCESS_KEY.into())),
+                timeout: Some(Duration::from_secs(5)),
+                ..ObjectStoreConfig::at(store)
+            }),
             ..PersistenceConfig::in_dir(dir)
         },
     };
@@ -233,9 +243,11 @@ fn worker(mode: &str, kernels: &[Kernel], dir: &Path, go: Option<&Path>, node: O
         println!("flush_ns={}", start.elapsed().as_nanos());
         let stats = cache.stats();
         println!("lock_waits={}", stats.disk.lock_waits);
-        if let Some(remote) = disk.as_ref().and_then(|disk| disk.remote_stats()) {
-            println!("remote_hits={}", remote.hits);
-            println!("lease_waits={}", remote.lease_waits);
+        if let Some(disk) = disk.as_ref().filter(|disk| !disk.store_stats().is_empty()) {
+            let stores = disk.store_stats();
+            let sum = |of: fn(&RemoteStats) -> u64| stores.iter().map(|(_, s)| of(s)).sum::<u64>();
+            println!("remote_hits={}", sum(|s| s.hits));
+            println!("lease_waits={}", sum(|s| s.lease_waits));
         }
         (stats.source_builds, stats.binary_loads)
     });

@@ -89,7 +89,7 @@
 #define KCACHE_VERSION_MAJOR 3
 
 // Minor version of the C ABI this header describes.
-#define KCACHE_VERSION_MINOR 0
+#define KCACHE_VERSION_MINOR 1
 
 // Patch version of the C ABI this header describes.
 #define KCACHE_VERSION_PATCH 0
@@ -415,29 +415,18 @@ typedef struct kc_persistence_options {
   // The shared tier behind the disk: `redis://[user:password@]host[:port]`, `rediss://…`,
   // `redis+unix:///path` or Redis Cluster seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`,
   // else none. An unusable URL leaves the remote off (one warning). It needs an operator key
-  // unless `remote_allow_unkeyed`. A `remote_*` field left NULL or 0 takes `KCACHE_REMOTE_*`.
+  // unless `remote_allow_unkeyed` (**unsafe**). A `remote_*` field left NULL or 0 takes
+  // `KCACHE_REMOTE_*`, else its default; paths are absolute (`docs/remote.md`).
   const char *remote_url;
-  // Read the remote, never write it.
   bool remote_read_only;
-  // **Unsafe**: use the remote without an operator key, so that anyone who can write the
-  // store can run code on this process's GPUs.
   bool remote_allow_unkeyed;
-  // Budget of one remote operation in milliseconds (default 250).
   uint64_t remote_timeout_ms;
-  // Lifetime of a remote entry in seconds (default 7 days).
   uint64_t remote_ttl_s;
-  // Namespace of the remote's keys (NUL-terminated; default `kcache:`).
   const char *remote_prefix;
-  // Largest remote entry read or written, in bytes (default 64 MiB).
   uint64_t remote_max_entry_size;
-  // How long a miss waits for another node building the same entry, in ms (default 120 s).
   uint64_t remote_lease_wait_ms;
-  // The CA (PEM, an absolute path) a `rediss://` server's certificate must chain to
-  // (default: the system's roots).
   const char *remote_ca_file;
-  // The client certificate (PEM, an absolute path) for mutual TLS; set with `remote_key_file`.
   const char *remote_cert_file;
-  // The client certificate's private key (PEM, an absolute path).
   const char *remote_key_file;
 } kc_persistence_options;
 
@@ -516,37 +505,59 @@ typedef struct kc_persistence_statistics {
   uint64_t pending_writes;
   // Background writes that failed (the value could not be serialized or written).
   uint64_t failed_writes;
-  // Whether a remote tier is behind the disk; without one the `remote_*` counters stay zero.
+  // Whether a remote tier (Redis) is behind the disk; the `remote_*` fields are its counters
+  // (zero without one), as `docs/remote.md` "Statistics" describes them.
   bool remote;
-  // Remote entries read and verified.
   uint64_t remote_hits;
-  // Remote reads that returned no usable entry (absent, rejected, failed, skipped).
   uint64_t remote_misses;
-  // Remote entries refused by verification (changed, another key, too large).
   uint64_t remote_rejects;
-  // Remote operations that failed, timeouts apart.
   uint64_t remote_errors;
-  // Remote operations that ran past `remote_timeout_ms`.
   uint64_t remote_timeouts;
-  // Remote operations skipped because the breaker was open.
   uint64_t remote_skipped;
-  // Times the breaker opened after consecutive failures.
   uint64_t remote_breaker_trips;
-  // Whether the breaker is open now.
   bool remote_breaker_open;
-  // Leases taken: builds led for every node.
   uint64_t remote_leases;
-  // Misses that waited for another node holding the lease.
   uint64_t remote_lease_waits;
-  // Of those, waits that reached the deadline and built.
   uint64_t remote_lease_timeouts;
-  // Entries written to the remote.
   uint64_t remote_puts;
-  // Bytes read from the remote.
   uint64_t remote_bytes_read;
-  // Bytes written to the remote.
   uint64_t remote_bytes_written;
+  // New in 3.1: the object store's, as `remote_*` are Redis's.
+  bool s3;
+  bool s3_breaker_open;
+  uint64_t s3_hits;
+  uint64_t s3_misses;
+  uint64_t s3_rejects;
+  uint64_t s3_errors;
+  uint64_t s3_timeouts;
+  uint64_t s3_skipped;
+  uint64_t s3_breaker_trips;
+  uint64_t s3_leases;
+  uint64_t s3_lease_waits;
+  uint64_t s3_lease_timeouts;
+  uint64_t s3_puts;
+  uint64_t s3_bytes_read;
+  uint64_t s3_bytes_written;
 } kc_persistence_statistics;
+
+// The object store and the chain's order and backfill (`docs/object-store.md`): set
+// `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`, `KCACHE_STORE_*`
+// unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
+typedef struct kc_store_options {
+  size_t struct_size;
+  const char *s3_url;
+  const char *s3_endpoint;
+  const char *s3_region;
+  const char *s3_credentials_file;
+  const char *s3_profile;
+  bool s3_read_only;
+  bool s3_allow_unkeyed;
+  uint64_t s3_timeout_ms;
+  uint64_t s3_max_entry_size;
+  uint64_t s3_lease_wait_ms;
+  const char *store_order;
+  bool no_backfill;
+} kc_store_options;
 
 // Turns a serialized payload back into a live value. As `kc_build_fn`, but non-zero removes
 // the entry and builds the value (except `KC_LOAD_TRANSIENT`).
@@ -1164,6 +1175,14 @@ int kc_last_build_error(void);
 // The library's C ABI version, "MAJOR.MINOR.PATCH", a static string. Compare with the
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
+
+// Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
+enum kc_status kc_store_options_default(struct kc_store_options *out);
+
+// As `kc_persistence_open`, with the stores `stores` describes (NULL: the environment's).
+enum kc_status kc_persistence_open_with_stores(const struct kc_persistence_options *opts,
+                                               const struct kc_store_options *stores,
+                                               struct kc_persistence **out);
 
 // Returns a lease on the value for `l1_key` from `cache`; on a miss, loads it from the disk entry
 // for `l2_key` (`KC_KEY_LEN` bytes) with `callbacks->load`, else builds it with `callbacks->build`

@@ -3,6 +3,8 @@
 //! and the stores' behind it, which their chain (`crate::persistence`) hands the disk. Fields
 //! are only ever appended: a shorter, older record reads its missing counters as zero.
 
+use crate::store::{RemoteStats, StoreKind};
+
 macro_rules! directory_counters {
     ($($(#[$doc:meta])* $field:ident,)+) => {
         /// What the processes using a directory did with it, added up over every process since
@@ -90,6 +92,55 @@ directory_counters! {
     /// Builds a backend could not key (a computed `#include` it cannot expand, an
     /// option that reads a file): compiled and cached nowhere.
     passed_through,
+    // The object store's counters, appended to the third layout, in the Redis tier's order.
+    /// Object-store entries read and verified.
+    s3_hits,
+    /// Object-store reads that returned no usable entry.
+    s3_misses,
+    /// Object-store entries refused by verification.
+    s3_rejects,
+    /// Object-store operations that failed, timeouts apart.
+    s3_errors,
+    /// Object-store operations that ran past their budget.
+    s3_timeouts,
+    /// Object-store operations skipped while its breaker was open.
+    s3_skipped,
+    /// Times the object store's breaker opened.
+    s3_breaker_trips,
+    /// Object-store leases taken: builds led for every node.
+    s3_leases,
+    /// Misses that waited for another node holding an object-store lease.
+    s3_lease_waits,
+    /// Of those, waits that reached the deadline.
+    s3_lease_timeouts,
+    /// Entries written to the object store.
+    s3_puts,
+    /// Bytes read from the object store.
+    s3_bytes_read,
+    /// Bytes written to the object store.
+    s3_bytes_written,
+}
+
+impl DirectoryCounters {
+    /// The counters of the stores of `kind`, breaker closed (a directory keeps no breaker
+    /// state).
+    pub fn store(&self, kind: StoreKind) -> RemoteStats {
+        let prefix = match kind {
+            StoreKind::Redis => "remote_",
+            StoreKind::ObjectStore => "s3_",
+        };
+        let named = self.named();
+        let start = named
+            .iter()
+            .position(|(name, _)| name.strip_prefix(prefix) == Some("hits"))
+            .expect("every store kind has its fields");
+        RemoteStats::from_counted(std::array::from_fn(|i| named[start + i].1))
+    }
+
+    /// `hits / (hits + misses)` of the stores of `kind`; `None` without reads.
+    pub fn store_hit_rate(&self, kind: StoreKind) -> Option<f64> {
+        self.store(kind).hit_rate()
+    }
 }
 
 impl DirectoryCounters {
@@ -130,8 +181,10 @@ mod tests {
         assert_eq!(back.counters().memory_hits, 1);
         assert_eq!(back.counters().failed_writes, 12);
         assert_eq!(back.counters().remote_bytes_written, 25);
+        assert_eq!(back.counters().passed_through, 26);
+        assert_eq!(back.counters().s3_hits, 27);
         assert_eq!(
-            back.counters().passed_through,
+            back.counters().s3_bytes_written,
             DirectoryCounters::LEN as u64
         );
         for i in [0, 9, 20, bytes.len() - 1] {
@@ -169,7 +222,13 @@ mod tests {
             .counters();
         assert_eq!(c.remote_hits, first as u64 + 1);
         assert_eq!(c.remote_bytes_written, 25);
-        assert_eq!(c.passed_through, DirectoryCounters::LEN as u64);
+        assert_eq!(c.passed_through, 26);
+        // Each store's counters read back from its own fields, in the stores' order.
+        let redis = c.store(StoreKind::Redis);
+        assert_eq!((redis.hits, redis.bytes_written), (13, 25));
+        let s3 = c.store(StoreKind::ObjectStore);
+        assert_eq!((s3.hits, s3.misses, s3.bytes_written), (27, 28, 39));
+        assert!(!s3.breaker_open);
     }
 
     #[test]
@@ -190,7 +249,7 @@ mod tests {
             bytes_written: 13,
             breaker_open: true,
         };
-        let named = crate::remote::flattened!(DirectoryCounters, remote).named();
+        let named = crate::store::flattened!(DirectoryCounters, remote).named();
         let (flat, rest): (Vec<_>, Vec<_>) = named
             .iter()
             .partition(|(name, _)| name.starts_with("remote_"));

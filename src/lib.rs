@@ -4,7 +4,7 @@
 //!   eviction and clear generations.
 //! - [`key`], [`disk`], [`tiered`]: content keys, the L2 disk tier, L1 → L2 → build.
 //! - [`persistence`]: the persistent tiers as one chain, the disk tier first, then the shared
-//!   stores behind it ([`remote`]: Redis).
+//!   stores behind it ([`store`]: their one interface; [`remote`]: Redis).
 //! - [`stats`]: the hit rate and the reset every cache's statistics share.
 //! - [`log`]: configuration problems and, at `debug`, why each miss missed (`KCACHE_LOG`).
 //! - [`metrics`]: every live cache's counters in the Prometheus text format.
@@ -30,11 +30,15 @@ pub mod log;
 pub mod memory;
 /// cbindgen:ignore
 pub mod metrics;
+/// cbindgen:ignore
+pub mod object_store;
 mod operator_file;
 /// cbindgen:ignore
 pub mod persistence;
 pub mod remote;
 pub mod stats;
+/// cbindgen:ignore
+pub mod store;
 /// cbindgen:ignore
 pub mod tiered;
 

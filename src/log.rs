@@ -237,10 +237,26 @@ pub(crate) enum Warning {
         allow(dead_code, reason = "only the remote tier uses it")
     )]
     RemoteUnkeyed,
+    /// An object-store tier setting cannot be used: the object-store tier is off.
+    ObjectStoreConfig,
+    /// An object-store tier duration is not a number: its default is used.
+    #[cfg_attr(
+        not(feature = "object-store"),
+        allow(dead_code, reason = "only the object-store tier uses it")
+    )]
+    ObjectStoreWait,
+    /// An object store is configured without an operator key or the unkeyed opt-in: it is off.
+    #[cfg_attr(
+        not(feature = "object-store"),
+        allow(dead_code, reason = "only the object-store tier uses it")
+    )]
+    ObjectStoreUnkeyed,
     /// `KCACHE_EXIT_TIMEOUT` is not a number of seconds: the default is used.
     ExitTimeout,
     /// The cache directory cannot be written (full, read-only, ...): nothing is cached in it.
     CannotWrite,
+    /// `KCACHE_STORE_ORDER` or `KCACHE_STORE_BACKFILL` cannot be used: the default is.
+    StoreChain,
     /// `KCACHE_LOG` names no level: `warn` is used.
     LogLevel,
 }

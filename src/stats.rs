@@ -19,16 +19,6 @@ pub fn hit_rate(hits: u64, misses: u64) -> Option<f64> {
     (lookups > 0).then(|| hits as f64 / lookups as f64)
 }
 
-/// `hits / (hits + misses)` for a backend: hits are lookups that compiled nothing (memory hits
-/// and values loaded from disk, `loads`), over the memory tier's lookups (`hits + misses`:
-/// every load is a memory miss). `None` before the first lookup.
-pub(crate) fn backend_hit_rate(memory: &crate::memory::Stats, loads: u64) -> Option<f64> {
-    hit_rate(
-        memory.hits.saturating_add(loads),
-        memory.misses.saturating_sub(loads),
-    )
-}
-
 /// Zeroes counters that only atomic adds touch (a backend's own), each with one atomic swap:
 /// an add made meanwhile lands before the swap (and is reset) or after it (and shows).
 pub(crate) fn zero(counters: &[&AtomicU64]) {

@@ -30,8 +30,8 @@ use crate::error::{BuildError, DeviceId, Error, Result};
 use crate::key::Key;
 use crate::log;
 use crate::memory::{Built, Lease, Made, MemoryCache};
-use crate::persistence::{Flight, StoreLease};
 use crate::stats::{Baseline, Live, bump};
+use crate::store::{Flight, StoreLease};
 
 /// A memory tier with an optional disk tier behind it.
 pub struct TieredCache<K, V> {

@@ -188,10 +188,10 @@ fn hammer(dir: &Path) -> i32 {
             let len = (rng.next() % 8192) as usize;
             disk.put(&key(k), &payload(k, id * 10_000 + i, len), Duration::ZERO)
                 .unwrap();
-        } else if let Some(entry) = disk.get(&key(k)).unwrap() {
-            if !check_payload(k, entry.payload()) {
-                return 3;
-            }
+        } else if let Some(entry) = disk.get(&key(k)).unwrap()
+            && !check_payload(k, entry.payload())
+        {
+            return 3;
         }
     }
     let s = disk.stats();

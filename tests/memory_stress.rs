@@ -70,7 +70,7 @@ fn run(options: Options) {
                             cache.evict_device((r >> 8) as i64 % 4).unwrap();
                         }
                         _ => {
-                            let key = if r % 3 == 0 {
+                            let key = if r.is_multiple_of(3) {
                                 format!("private-{id}-{}", (r >> 8) % 16)
                             } else {
                                 format!("shared-{}", (r >> 8) % 32)
@@ -90,7 +90,7 @@ fn run(options: Options) {
                             }
                         }
                     }
-                    if !held.is_empty() && (held.len() > 4 || r % 5 == 0) {
+                    if !held.is_empty() && (held.len() > 4 || r.is_multiple_of(5)) {
                         let lease = held.swap_remove((r as usize >> 24) % held.len());
                         tracker.held[*lease as usize].fetch_sub(1, Ordering::SeqCst);
                         drop(lease);

@@ -116,7 +116,7 @@ impl TierStats {
     /// The share of lookups that compiled nothing: memory hits and disk loads over the memory
     /// tier's lookups; `None` before the first lookup.
     pub fn hit_rate(&self) -> Option<f64> {
-        crate::stats::backend_hit_rate(&self.memory, self.loads)
+        crate::backend::hit_rate(&self.memory, self.loads)
     }
 }
 

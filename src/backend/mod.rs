@@ -20,6 +20,16 @@ macro_rules! debug_fields {
 }
 pub(crate) use debug_fields;
 
+/// `hits / (hits + misses)` for a backend: hits are lookups that compiled nothing (memory hits
+/// and values loaded from disk, `loads`), over the memory tier's lookups (`hits + misses`:
+/// every load is a memory miss). `None` before the first lookup.
+pub(crate) fn hit_rate(memory: &crate::memory::Stats, loads: u64) -> Option<f64> {
+    crate::stats::hit_rate(
+        memory.hits.saturating_add(loads),
+        memory.misses.saturating_sub(loads),
+    )
+}
+
 pub mod cuda;
 pub mod handle_cache;
 pub mod library;

@@ -218,10 +218,10 @@ impl Index {
                     || s.files_written_since_scan > inner.max_files / 4)
         };
         // Outside the lock: a planted tree may be large.
-        if let Some(moved) = aside {
-            if let Err(e) = remove_any(&inner.dir, &moved) {
-                log::debug(|| format!("{name}: cannot remove the directory moved aside: {e}"));
-            }
+        if let Some(moved) = aside
+            && let Err(e) = remove_any(&inner.dir, &moved)
+        {
+            log::debug(|| format!("{name}: cannot remove the directory moved aside: {e}"));
         }
         if rescan {
             start_scan(inner);
@@ -344,11 +344,11 @@ fn scan(inner: &Inner, epoch: u64) {
             if parse_entry_name(name).is_none() {
                 continue;
             }
-            if let Ok(meta) = lstat_at(&inner.dir, name) {
-                if meta.is_file() {
-                    let recency = meta.modified().map_or(0, nanos_since_epoch);
-                    found.push((name.to_owned(), meta.len(), recency));
-                }
+            if let Ok(meta) = lstat_at(&inner.dir, name)
+                && meta.is_file()
+            {
+                let recency = meta.modified().map_or(0, nanos_since_epoch);
+                found.push((name.to_owned(), meta.len(), recency));
             }
         }
     }

@@ -75,7 +75,6 @@ pub use writer::{POLL, QUEUE_BOUND, max_polled};
 use crate::error::Result;
 use crate::ffi::process;
 use crate::key::{Key, parse_hex};
-use crate::metrics::{self, Source, Totals};
 use crate::stats::{Baseline, Live, bump};
 use format::TAG_LEN;
 pub(crate) use seal::Sealer;
@@ -85,13 +84,7 @@ pub(crate) use seal::Sealer;
 /// cache of the process; any number of processes may use the same directory at once.
 pub struct Disk {
     inner: Arc<Inner>,
-    /// Keeps this tier in the process's metrics exactly as long as the handle lives (the
-    /// background writer and scan also hold `inner`, for a while after it is dropped).
-    _listed: Arc<Listed>,
 }
-
-/// A disk tier as the process's metrics see it.
-struct Listed(Arc<Inner>);
 
 struct Inner {
     dir: OwnedFd,
@@ -261,12 +254,14 @@ impl Disk {
                 shards::persist(&inner);
             }
         }));
-        let listed = Arc::new(Listed(Arc::clone(&inner)));
-        metrics::register(Arc::downgrade(&listed) as _);
-        Ok(Disk {
-            inner,
-            _listed: listed,
-        })
+        Ok(Disk { inner })
+    }
+
+    /// This tier's counters since it was opened, whatever `reset_stats` did, for as long as
+    /// the returned function lives (the process's metrics, which count up).
+    pub(crate) fn raw_stats_source(&self) -> impl Fn() -> DiskStats + Send + Sync + 'static {
+        let inner = Arc::clone(&self.inner);
+        move || inner.stats()
     }
 
     /// Hands the tier what sits behind it, before any entry is written.
@@ -412,13 +407,6 @@ impl Inner {
 
     fn max_entry_size(&self) -> u64 {
         self.max_size.min(MAX_ENTRY_SIZE)
-    }
-}
-
-impl Source for Listed {
-    fn add_to(&self, totals: &mut Totals) {
-        totals.disk_tiers += 1;
-        totals.disk += self.0.stats();
     }
 }
 

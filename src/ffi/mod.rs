@@ -50,6 +50,7 @@ pub mod persistence_entries;
 pub mod persistence_stats;
 pub(crate) mod process;
 mod status;
+pub mod store_options;
 pub mod tiered;
 pub mod vulkan;
 pub mod vulkan_device;

@@ -84,29 +84,18 @@ pub struct kc_persistence_options {
     /// The shared tier behind the disk: `redis://[user:password@]host[:port]`, `rediss://…`,
     /// `redis+unix:///path` or Redis Cluster seed URLs, comma-separated; NULL: `KCACHE_REMOTE_URL`,
     /// else none. An unusable URL leaves the remote off (one warning). It needs an operator key
-    /// unless `remote_allow_unkeyed`. A `remote_*` field left NULL or 0 takes `KCACHE_REMOTE_*`.
+    /// unless `remote_allow_unkeyed` (**unsafe**). A `remote_*` field left NULL or 0 takes
+    /// `KCACHE_REMOTE_*`, else its default; paths are absolute (`docs/remote.md`).
     pub remote_url: *const c_char,
-    /// Read the remote, never write it.
     pub remote_read_only: bool,
-    /// **Unsafe**: use the remote without an operator key, so that anyone who can write the
-    /// store can run code on this process's GPUs.
     pub remote_allow_unkeyed: bool,
-    /// Budget of one remote operation in milliseconds (default 250).
     pub remote_timeout_ms: u64,
-    /// Lifetime of a remote entry in seconds (default 7 days).
     pub remote_ttl_s: u64,
-    /// Namespace of the remote's keys (NUL-terminated; default `kcache:`).
     pub remote_prefix: *const c_char,
-    /// Largest remote entry read or written, in bytes (default 64 MiB).
     pub remote_max_entry_size: u64,
-    /// How long a miss waits for another node building the same entry, in ms (default 120 s).
     pub remote_lease_wait_ms: u64,
-    /// The CA (PEM, an absolute path) a `rediss://` server's certificate must chain to
-    /// (default: the system's roots).
     pub remote_ca_file: *const c_char,
-    /// The client certificate (PEM, an absolute path) for mutual TLS; set with `remote_key_file`.
     pub remote_cert_file: *const c_char,
-    /// The client certificate's private key (PEM, an absolute path).
     pub remote_key_file: *const c_char,
 }
 
@@ -193,19 +182,27 @@ unsafe fn read_options(opts: *const kc_persistence_options) -> Result<Persistenc
     })
 }
 
+/// The C string `p` (`name` in messages) as an owned string; NULL: `None`.
+///
+/// # Safety
+/// `p` must be NULL or a C string.
+pub(super) unsafe fn optional_text(p: *const c_char, name: &str) -> Result<Option<String>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, hence a C string by the caller's contract.
+    unsafe { c_str(p, name) }.map(|s| Some(s.to_owned()))
+}
+
 /// The remote tier's settings of `opts`: NULL or 0 leaves one to the environment (unless
 /// `ignore_env`), else to the default.
 ///
 /// # Safety
 /// The strings of `opts` must be NULL or C strings.
 unsafe fn remote_config(opts: &kc_persistence_options) -> Result<RemoteConfig> {
-    let text = |p: *const c_char, field: &str| -> Result<Option<String>> {
-        if p.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: non-NULL, hence a C string by the caller's contract.
-        unsafe { c_str(p, &format!("opts->{field}")) }.map(|s| Some(s.to_owned()))
-    };
+    // SAFETY: NULL or C strings by the caller's contract.
+    let text =
+        |p: *const c_char, field: &str| unsafe { optional_text(p, &format!("opts->{field}")) };
     // SAFETY: NULL or C strings by the caller's contract.
     let path =
         |p: *const c_char, field: &str| unsafe { optional_path(p, &format!("opts->{field}")) };
@@ -239,17 +236,37 @@ pub unsafe extern "C" fn kc_persistence_open(
 ) -> kc_status {
     guard(|| {
         non_null(out, "out")?;
-        let config = if opts.is_null() {
-            PersistenceConfig::from_env()
-        } else {
-            // SAFETY: non-NULL; its size is the caller's promise.
-            unsafe { read_options(opts) }?
-        };
-        let inner = Arc::new(Persistence::open(config)?);
+        // SAFETY: forwarded from the caller's contract.
+        let config = unsafe { config_of(opts) }?;
         // SAFETY: non-NULL and writable by contract.
-        unsafe { new_handle(out, inner) };
-        Ok(())
+        unsafe { open_into(config, out) }
     })
+}
+
+/// The configuration `opts` describes; NULL: all from the environment.
+///
+/// # Safety
+/// `opts` must be NULL or as [`kc_persistence_open`] says.
+pub(super) unsafe fn config_of(opts: *const kc_persistence_options) -> Result<PersistenceConfig> {
+    if opts.is_null() {
+        return Ok(PersistenceConfig::from_env());
+    }
+    // SAFETY: non-NULL; its size is the caller's promise.
+    unsafe { read_options(opts) }
+}
+
+/// Opens the tiers `config` describes into `*out`.
+///
+/// # Safety
+/// `out` must be non-NULL and writable.
+pub(super) unsafe fn open_into(
+    config: PersistenceConfig,
+    out: *mut *mut kc_persistence,
+) -> Result<()> {
+    let inner = Arc::new(Persistence::open(config)?);
+    // SAFETY: non-NULL and writable by the caller's contract.
+    unsafe { new_handle(out, inner) };
+    Ok(())
 }
 
 /// The process's default persistent tiers, opened from the environment on first use and

@@ -65,43 +65,47 @@ pub struct kc_persistence_statistics {
     pub pending_writes: u64,
     /// Background writes that failed (the value could not be serialized or written).
     pub failed_writes: u64,
-    /// Whether a remote tier is behind the disk; without one the `remote_*` counters stay zero.
+    /// Whether a remote tier (Redis) is behind the disk; the `remote_*` fields are its counters
+    /// (zero without one), as `docs/remote.md` "Statistics" describes them.
     pub remote: bool,
-    /// Remote entries read and verified.
     pub remote_hits: u64,
-    /// Remote reads that returned no usable entry (absent, rejected, failed, skipped).
     pub remote_misses: u64,
-    /// Remote entries refused by verification (changed, another key, too large).
     pub remote_rejects: u64,
-    /// Remote operations that failed, timeouts apart.
     pub remote_errors: u64,
-    /// Remote operations that ran past `remote_timeout_ms`.
     pub remote_timeouts: u64,
-    /// Remote operations skipped because the breaker was open.
     pub remote_skipped: u64,
-    /// Times the breaker opened after consecutive failures.
     pub remote_breaker_trips: u64,
-    /// Whether the breaker is open now.
     pub remote_breaker_open: bool,
-    /// Leases taken: builds led for every node.
     pub remote_leases: u64,
-    /// Misses that waited for another node holding the lease.
     pub remote_lease_waits: u64,
-    /// Of those, waits that reached the deadline and built.
     pub remote_lease_timeouts: u64,
-    /// Entries written to the remote.
     pub remote_puts: u64,
-    /// Bytes read from the remote.
     pub remote_bytes_read: u64,
-    /// Bytes written to the remote.
     pub remote_bytes_written: u64,
+    /// New in 3.1: the object store's, as `remote_*` are Redis's.
+    pub s3: bool,
+    pub s3_breaker_open: bool,
+    pub s3_hits: u64,
+    pub s3_misses: u64,
+    pub s3_rejects: u64,
+    pub s3_errors: u64,
+    pub s3_timeouts: u64,
+    pub s3_skipped: u64,
+    pub s3_breaker_trips: u64,
+    pub s3_leases: u64,
+    pub s3_lease_waits: u64,
+    pub s3_lease_timeouts: u64,
+    pub s3_puts: u64,
+    pub s3_bytes_read: u64,
+    pub s3_bytes_written: u64,
 }
 
 /// What `kc_persistence_stats` reports: the disk tier's counters (its fields, through
-/// `Deref`) and the Redis tier's.
+/// `Deref`), the Redis tier's and the object store's.
 struct Counted {
     disk: DiskStats,
     remote: Option<RemoteStats>,
+    s3: Option<RemoteStats>,
 }
 
 impl Deref for Counted {
@@ -115,11 +119,15 @@ impl Deref for Counted {
 /// The remote tier's fields of `kc_persistence_statistics` (zero without one); the others
 /// default.
 fn remote_fields(s: &Counted) -> kc_persistence_statistics {
-    let r = s.remote.unwrap_or_default();
+    let (r, o) = (s.remote.unwrap_or_default(), s.s3.unwrap_or_default());
+    let redis = crate::store::flattened!(kc_persistence_statistics, r);
+    let both = crate::store::flattened!(s3 kc_persistence_statistics, o, redis);
     kc_persistence_statistics {
         remote: s.remote.is_some(),
         remote_breaker_open: r.breaker_open,
-        ..crate::remote::flattened!(kc_persistence_statistics, r)
+        s3: s.s3.is_some(),
+        s3_breaker_open: o.breaker_open,
+        ..both
     }
 }
 
@@ -210,6 +218,7 @@ pub unsafe extern "C" fn kc_persistence_stats(
         let stats = kc_persistence_statistics::from(Counted {
             disk: disk.stats(),
             remote: disk.remote_stats(),
+            s3: disk.object_store_stats(),
         });
         // SAFETY: NULL (refused) or writable for its `struct_size` by contract.
         unsafe { write_sized(out, stats, "out", "kc_persistence_statistics", OUT_MIN_SIZE) }
@@ -248,6 +257,7 @@ mod tests {
         let c = kc_persistence_statistics::from(Counted {
             disk,
             remote: Some(remote),
+            s3: None,
         });
         assert_eq!(c.struct_size, size_of::<kc_persistence_statistics>());
         assert_eq!((c.hits, c.failed_writes, c.scan_complete), (3, 4, true));
@@ -256,7 +266,24 @@ mod tests {
             (true, 7, 9)
         );
         assert!(c.remote_breaker_open);
-        let alone = kc_persistence_statistics::from(Counted { disk, remote: None });
+        assert_eq!((c.s3, c.s3_hits, c.s3_bytes_written), (false, 0, 0));
+        // The object store alone: its fields, none of the Redis tier's.
+        let s3 = RemoteStats {
+            hits: 5,
+            bytes_written: 6,
+            breaker_open: true,
+            ..RemoteStats::default()
+        };
+        let alone = kc_persistence_statistics::from(Counted {
+            disk,
+            remote: None,
+            s3: Some(s3),
+        });
         assert_eq!((alone.remote, alone.remote_hits), (false, 0));
+        assert_eq!(
+            (alone.s3, alone.s3_hits, alone.s3_bytes_written),
+            (true, 5, 6)
+        );
+        assert!(alone.s3_breaker_open && !alone.remote_breaker_open);
     }
 }

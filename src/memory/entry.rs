@@ -108,10 +108,10 @@ impl<K, V> Entry<K, V> {
 impl<K, V> Drop for Entry<K, V> {
     /// The deferred path: the last lease (or a transient holder) of an unlinked entry.
     fn drop(&mut self) {
-        if let Some(value) = self.value.take() {
-            if let Err(e) = self.shared.destroy(value) {
-                self.shared.report_destroy_error(&e);
-            }
+        if let Some(value) = self.value.take()
+            && let Err(e) = self.shared.destroy(value)
+        {
+            self.shared.report_destroy_error(&e);
         }
     }
 }

@@ -44,7 +44,7 @@ mod metrics;
 mod policy;
 mod removal;
 mod shared;
-mod stats;
+pub(crate) mod stats;
 mod sync;
 mod tally;
 mod thread_index;

@@ -4,15 +4,24 @@
 //! Prometheus, the counter reset it is.
 
 use super::text::{Exposition, Kind};
-use super::{lock_counters, unlabelled, write_disk_writes, write_lookups, write_remote_counters};
+use super::{
+    lock_counters, unlabelled, write_disk_writes, write_lookups, write_remote_counters,
+    write_stores,
+};
 use crate::disk::DirectoryCounters;
-use crate::remote::RemoteStats;
+use crate::store::{RemoteStats, StoreKind};
 
 /// Writes the families of the directory's counters `c`.
 pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
     let help = "Lookups by tier and result, of every process that used the directory.";
     let memory = [("hit", c.memory_hits), ("miss", c.memory_misses)];
-    let remote = [c.remote_hits, c.remote_misses];
+    // As a process's: `tier="remote"` and the `kcache_remote_*` families add every store up.
+    let stores = StoreKind::ALL.map(|kind| c.store(kind));
+    let mut all = RemoteStats::default();
+    for s in stores {
+        all += s;
+    }
+    let remote = [all.hits, all.misses];
     write_lookups(out, help, &memory, [c.disk_hits, c.disk_misses], remote);
     out.family(
         "kcache_builds_total",
@@ -37,7 +46,8 @@ pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
         "reason",
         [("capacity", c.evictions)],
     );
-    write_remote_counters(out, &remote_stats(c));
+    write_remote_counters(out, &all);
+    write_stores(out, &stores);
     let [waits, timeouts, takeovers] =
         lock_counters(c.lock_waits, c.lock_timeouts, c.lock_takeovers);
     let counters: [(&str, &str, u64); 5] = [
@@ -58,27 +68,6 @@ pub fn write_directory_counters(out: &mut Exposition, c: &DirectoryCounters) {
         takeovers,
     ];
     unlabelled(out, Kind::Counter, &counters);
-}
-
-/// The remote tier's counters among `c`, under the remote tier's names (its breaker closed: a
-/// directory keeps no breaker state).
-fn remote_stats(c: &DirectoryCounters) -> RemoteStats {
-    RemoteStats {
-        hits: c.remote_hits,
-        misses: c.remote_misses,
-        rejects: c.remote_rejects,
-        errors: c.remote_errors,
-        timeouts: c.remote_timeouts,
-        skipped: c.remote_skipped,
-        breaker_trips: c.remote_breaker_trips,
-        leases: c.remote_leases,
-        lease_waits: c.remote_lease_waits,
-        lease_timeouts: c.remote_lease_timeouts,
-        puts: c.remote_puts,
-        bytes_read: c.remote_bytes_read,
-        bytes_written: c.remote_bytes_written,
-        breaker_open: false,
-    }
 }
 
 #[cfg(test)]
@@ -118,6 +107,19 @@ mod tests {
                 "remote_bytes_read" => &mut c.remote_bytes_read,
                 "remote_bytes_written" => &mut c.remote_bytes_written,
                 "passed_through" => &mut c.passed_through,
+                "s3_hits" => &mut c.s3_hits,
+                "s3_misses" => &mut c.s3_misses,
+                "s3_rejects" => &mut c.s3_rejects,
+                "s3_errors" => &mut c.s3_errors,
+                "s3_timeouts" => &mut c.s3_timeouts,
+                "s3_skipped" => &mut c.s3_skipped,
+                "s3_breaker_trips" => &mut c.s3_breaker_trips,
+                "s3_leases" => &mut c.s3_leases,
+                "s3_lease_waits" => &mut c.s3_lease_waits,
+                "s3_lease_timeouts" => &mut c.s3_lease_timeouts,
+                "s3_puts" => &mut c.s3_puts,
+                "s3_bytes_read" => &mut c.s3_bytes_read,
+                "s3_bytes_written" => &mut c.s3_bytes_written,
                 other => panic!("a counter this test does not know: {other}"),
             };
             *field = value;
@@ -143,20 +145,31 @@ mod tests {
             "kcache_disk_lock_timeouts_total 10",
             "kcache_disk_lock_takeovers_total 11",
             r#"kcache_disk_writes_total{result="failed"} 12"#,
-            r#"kcache_lookups_total{tier="remote",result="hit"} 13"#,
-            r#"kcache_lookups_total{tier="remote",result="miss"} 14"#,
-            "kcache_remote_rejects_total 15",
-            r#"kcache_remote_failures_total{reason="error"} 16"#,
-            r#"kcache_remote_failures_total{reason="timeout"} 17"#,
-            r#"kcache_remote_failures_total{reason="skipped"} 18"#,
-            "kcache_remote_breaker_trips_total 19",
-            r#"kcache_remote_leases_total{result="taken"} 20"#,
-            r#"kcache_remote_leases_total{result="waited"} 21"#,
-            r#"kcache_remote_leases_total{result="timed_out"} 22"#,
-            "kcache_remote_writes_total 23",
-            "kcache_remote_read_bytes_total 24",
-            "kcache_remote_written_bytes_total 25",
+            // The remote families add both stores up: Redis's 13..=25 and the object
+            // store's 27..=39, field by field.
+            r#"kcache_lookups_total{tier="remote",result="hit"} 40"#,
+            r#"kcache_lookups_total{tier="remote",result="miss"} 42"#,
+            "kcache_remote_rejects_total 44",
+            r#"kcache_remote_failures_total{reason="error"} 46"#,
+            r#"kcache_remote_failures_total{reason="timeout"} 48"#,
+            r#"kcache_remote_failures_total{reason="skipped"} 50"#,
+            "kcache_remote_breaker_trips_total 52",
+            r#"kcache_remote_leases_total{result="taken"} 54"#,
+            r#"kcache_remote_leases_total{result="waited"} 56"#,
+            r#"kcache_remote_leases_total{result="timed_out"} 58"#,
+            "kcache_remote_writes_total 60",
+            "kcache_remote_read_bytes_total 62",
+            "kcache_remote_written_bytes_total 64",
             "kcache_passed_through_total 26",
+            // Each store apart.
+            r#"kcache_store_lookups_total{store="redis",result="hit"} 13"#,
+            r#"kcache_store_lookups_total{store="redis",result="miss"} 14"#,
+            r#"kcache_store_lookups_total{store="redis",result="reject"} 15"#,
+            r#"kcache_store_lookups_total{store="s3",result="hit"} 27"#,
+            r#"kcache_store_lookups_total{store="s3",result="miss"} 28"#,
+            r#"kcache_store_lookups_total{store="s3",result="reject"} 29"#,
+            r#"kcache_store_written_bytes_total{store="redis"} 25"#,
+            r#"kcache_store_written_bytes_total{store="s3"} 39"#,
         ];
         let mut sorted_samples = samples.clone();
         sorted_samples.sort_unstable();

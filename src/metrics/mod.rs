@@ -20,8 +20,8 @@ mod registry;
 pub mod text;
 
 use crate::disk::DiskStats;
-use crate::memory;
-use crate::remote::RemoteStats;
+use crate::memory::stats as memory;
+use crate::store::{RemoteStats, StoreKind};
 
 pub use directory::write_directory_counters;
 pub use histogram::BUILD_BUCKETS;
@@ -83,6 +83,8 @@ pub(crate) struct Totals {
     /// Every disk tier's remote tier, added up (`breaker_open` unused: see
     /// `remote_breakers_open`).
     pub remote: RemoteStats,
+    /// Each kind of store's counters apart, indexed as [`StoreKind::ALL`].
+    pub stores: [RemoteStats; StoreKind::ALL.len()],
     pub remote_tiers: u64,
     pub remote_breakers_open: u64,
 }
@@ -374,6 +376,7 @@ fn lock_counters(
 /// The remote tiers' families (zeros without one, so that no series appears out of nowhere).
 fn write_remote(out: &mut Exposition, totals: &Totals) {
     write_remote_counters(out, &totals.remote);
+    write_stores(out, &totals.stores);
     let gauges: [(&str, &str, u64); 2] = [
         (
             "kcache_remote_tiers",
@@ -387,6 +390,30 @@ fn write_remote(out: &mut Exposition, totals: &Totals) {
         ),
     ];
     unlabelled(out, Kind::Gauge, &gauges);
+}
+
+/// Each kind of store's lookups and writes apart (`store` = `redis`, `s3`); the `kcache_remote_*`
+/// families add every store up. `stores` is indexed as [`StoreKind::ALL`].
+fn write_stores(out: &mut Exposition, stores: &[RemoteStats; StoreKind::ALL.len()]) {
+    let lookups = "kcache_store_lookups_total";
+    let family = out.family(
+        lookups,
+        Kind::Counter,
+        "Lookups of each kind of store behind the disk tiers, by result.",
+    );
+    for (kind, s) in StoreKind::ALL.iter().zip(stores) {
+        let results = [("hit", s.hits), ("miss", s.misses), ("reject", s.rejects)];
+        family.series(lookups, &[("store", kind.name())], "result", results);
+    }
+    let writes = "kcache_store_written_bytes_total";
+    let family = out.family(
+        writes,
+        Kind::Counter,
+        "Bytes written to each kind of store behind the disk tiers.",
+    );
+    for (kind, s) in StoreKind::ALL.iter().zip(stores) {
+        family.sample(writes, &[("store", kind.name())], s.bytes_written);
+    }
 }
 
 /// The remote tier's counter families but its lookups: a process's remote tiers, or what a

@@ -8,43 +8,54 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::config::Stores;
-use super::{Flight, Store, StoreKind};
 use crate::directory_counters::DirectoryCounters;
 use crate::disk::{Behind, Descriptor, Entry, Sealer};
 use crate::key::Key;
-use crate::metrics::{self, Source, Totals};
-use crate::remote::{RemoteStats, flattened};
+use crate::metrics::Totals;
+use crate::store::{Flight, RemoteStats, Store, StoreKind, flattened};
 
 pub(super) struct Chain {
     sealer: Arc<Sealer>,
     stores: Vec<Arc<dyn Store>>,
+    /// Whether a hit is copied to the stores before the one that had it.
+    backfill: bool,
 }
 
 impl Chain {
     /// The stores `config` names, for entries tagged with an operator key when `keyed`; a
-    /// store that cannot be used is left out (its module warns once). Listed in the process's
-    /// metrics while it lives.
+    /// store that cannot be used is left out (its module warns once).
     pub(super) fn open(config: Stores, keyed: bool, sealer: Arc<Sealer>) -> Arc<Chain> {
         let mut stores: Vec<Arc<dyn Store>> = Vec::new();
-        if let Some(redis) = config.remote.and_then(|c| crate::remote::open(c, keyed)) {
-            stores.push(redis);
-        }
-        let chain = Arc::new(Chain { sealer, stores });
-        metrics::register(Arc::downgrade(&chain) as _);
-        chain
+        let redis = config.remote.and_then(|c| crate::remote::open(c, keyed));
+        let s3 = config
+            .object_store
+            .and_then(|c| crate::object_store::open(c, keyed));
+        stores.extend(redis.into_iter().chain(s3));
+        let rank = |s: &Arc<dyn Store>| config.order.iter().position(|&k| k == s.kind());
+        stores.sort_by_key(rank);
+        Arc::new(Chain {
+            sealer,
+            stores,
+            backfill: config.backfill,
+        })
     }
 
     /// The counters of the stores of `kind`, added up (a breaker open in any is open);
     /// `None` without one.
     pub(super) fn stats_of(&self, kind: StoreKind) -> Option<RemoteStats> {
-        let mut of_kind = self.stores.iter().filter(|s| s.kind() == kind).peekable();
-        of_kind.peek()?;
-        Some(of_kind.fold(RemoteStats::default(), |mut sum, s| {
-            let stats = s.stats();
+        let any = self.stores.iter().any(|s| s.kind() == kind);
+        any.then(|| self.sum(kind, |s| s.stats()))
+    }
+
+    /// What `of` counts of the stores of `kind`, added up (a breaker open in any is open).
+    fn sum(&self, kind: StoreKind, of: impl Fn(&dyn Store) -> RemoteStats) -> RemoteStats {
+        let of_kind = self.stores.iter().filter(|s| s.kind() == kind);
+        of_kind.fold(RemoteStats::default(), |mut sum, store| {
+            let stats = of(store.as_ref());
             sum.breaker_open |= stats.breaker_open;
             sum += stats;
             sum
-        }))
+        })
     }
 
     pub(super) fn stats(&self) -> Vec<(StoreKind, RemoteStats)> {
@@ -66,7 +77,12 @@ impl Chain {
         let verify = |bytes| self.sealer.verify(key, bytes).map_err(str::to_owned);
         for (i, store) in self.stores.iter().enumerate() {
             if let Some(entry) = store.get(&name, &verify) {
-                for faster in self.stores[..i].iter().filter(|s| s.writes()) {
+                let before = if self.backfill {
+                    &self.stores[..i]
+                } else {
+                    &[]
+                };
+                for faster in before.iter().filter(|s| s.writes()) {
                     faster.put(&name, entry.sealed());
                 }
                 return Some(entry);
@@ -91,7 +107,7 @@ impl Chain {
         let name = self.sealer.entry_name(key);
         let verify = |bytes| self.sealer.verify(key, bytes).map_err(str::to_owned);
         for store in &self.stores {
-            match Arc::clone(store).flight(&name, &verify) {
+            match store.flight(&name, &verify) {
                 Flight::Build => continue,
                 decided => return decided,
             }
@@ -106,22 +122,20 @@ impl Behind for Chain {
     }
 
     fn counters(&self) -> DirectoryCounters {
-        let redis = self
-            .stores
-            .iter()
-            .filter(|s| s.kind() == StoreKind::Redis)
-            .fold(RemoteStats::default(), |mut sum, s| {
-                sum += s.raw_stats();
-                sum
-            });
-        flattened!(DirectoryCounters, redis)
+        let raw = |kind| self.sum(kind, |s| s.raw_stats());
+        let redis = flattened!(DirectoryCounters, raw(StoreKind::Redis));
+        flattened!(s3 DirectoryCounters, raw(StoreKind::ObjectStore), redis)
     }
 }
 
-impl Source for Chain {
-    fn add_to(&self, totals: &mut Totals) {
+impl Chain {
+    /// Adds every store's counters to the process's metrics.
+    pub(super) fn add_to(&self, totals: &mut Totals) {
         for store in &self.stores {
             let stats = store.stats();
+            if let Some(i) = StoreKind::ALL.iter().position(|&k| k == store.kind()) {
+                totals.stores[i] += stats;
+            }
             totals.remote_tiers += 1;
             totals.remote_breakers_open += u64::from(stats.breaker_open);
             totals.remote += stats;

@@ -13,7 +13,9 @@ use crate::disk::{
 use crate::error::{Error, Result};
 use crate::key::KEY_SCHEMA_VERSION;
 use crate::log::Warning;
+use crate::object_store::ObjectStoreConfig;
 use crate::remote::RemoteConfig;
+use crate::store::StoreKind;
 
 /// How to open a disk tier. Fields left `None` are taken from the environment when
 /// `read_env` is set (the default), else from the directory's settings (`kcache.conf`, see
@@ -75,6 +77,17 @@ pub struct PersistenceConfig {
     /// The remote tier behind the disk; `None` takes it from the environment when `read_env`
     /// is set (`KCACHE_REMOTE_URL`, see [`RemoteConfig`]), else none.
     pub remote: Option<RemoteConfig>,
+    /// The object store behind the disk (the S3 API); `None` takes it from the environment
+    /// when `read_env` is set (`KCACHE_S3_URL`, see [`ObjectStoreConfig`]), else none.
+    pub object_store: Option<ObjectStoreConfig>,
+    /// The order in which a lookup asks the stores behind the disk (kinds not listed follow
+    /// in the default order: Redis, then the object store); `None`: `KCACHE_STORE_ORDER`
+    /// (`s3,redis`) when `read_env`, else the default.
+    pub store_order: Option<Vec<StoreKind>>,
+    /// Whether an entry found in a store is copied to the stores before it in the chain that
+    /// take writes (the disk tier always gets its copy); `None`: `KCACHE_STORE_BACKFILL`
+    /// (`0` or `1`) when `read_env`, else yes.
+    pub backfill: Option<bool>,
 }
 
 impl Default for PersistenceConfig {
@@ -91,6 +104,9 @@ impl Default for PersistenceConfig {
             key_schema: KEY_SCHEMA_VERSION,
             read_env: true,
             remote: None,
+            object_store: None,
+            store_order: None,
+            backfill: None,
         }
     }
 }
@@ -230,6 +246,18 @@ impl PersistenceConfig {
             remote: self
                 .remote
                 .or_else(|| read_env.then(RemoteConfig::from_env)),
+            object_store: self
+                .object_store
+                .or_else(|| read_env.then(ObjectStoreConfig::from_env)),
+            order: self
+                .store_order
+                .map(StoreKind::completed)
+                .or_else(|| env_store_order(non_empty("KCACHE_STORE_ORDER")?))
+                .unwrap_or_else(|| StoreKind::ALL.to_vec()),
+            backfill: self
+                .backfill
+                .or_else(|| env_backfill(non_empty("KCACHE_STORE_BACKFILL")?))
+                .unwrap_or(true),
         };
         Ok((disk, stores))
     }
@@ -238,6 +266,37 @@ impl PersistenceConfig {
 /// The configurations of the stores behind the disk tier, explicit or from the environment.
 pub(crate) struct Stores {
     pub remote: Option<RemoteConfig>,
+    pub object_store: Option<ObjectStoreConfig>,
+    /// Every kind, in the order lookups ask them.
+    pub order: Vec<StoreKind>,
+    pub backfill: bool,
+}
+
+/// `KCACHE_STORE_ORDER`: a list it cannot use leaves the default order, with one warning.
+fn env_store_order(text: OsString) -> Option<Vec<StoreKind>> {
+    let text = text.to_string_lossy();
+    StoreKind::parse_order(&text)
+        .inspect_err(|why| {
+            crate::log::warn_once(Warning::StoreChain, || {
+                format!("KCACHE_STORE_ORDER={text:?}: {why}: the default order (redis, s3) is used")
+            })
+        })
+        .ok()
+}
+
+/// `KCACHE_STORE_BACKFILL`: `0` or `1`; anything else leaves the default (on), with one
+/// warning.
+fn env_backfill(text: OsString) -> Option<bool> {
+    match text.to_string_lossy().trim() {
+        "0" => Some(false),
+        "1" => Some(true),
+        other => {
+            crate::log::warn_once(Warning::StoreChain, || {
+                format!("KCACHE_STORE_BACKFILL={other:?} is neither 0 nor 1: backfill stays on")
+            });
+            None
+        }
+    }
 }
 
 /// Where [`PersistenceConfig::locate_dir`] found the directory.

@@ -5,30 +5,24 @@
 //! background writer.
 //!
 //! - [`config`]: how the tiers are configured (explicit values, the environment, defaults).
-//! - `store`: the one interface of a shared store; `breaker`: the circuit breaker they share.
-//! - `chain`: the stores in order, and what the disk tier tells them.
+//! - `chain`: the stores (`crate::store`) in order, and what the disk tier tells them.
 
-#[cfg(feature = "remote")]
-pub(crate) mod breaker;
 mod chain;
 pub mod config;
-mod store;
 
 use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use crate::store::StoreKind;
 pub use config::{DirSource, PersistenceConfig};
-pub use store::StoreKind;
-#[cfg(feature = "remote")]
-pub(crate) use store::Verify;
-pub(crate) use store::{Flight, Store, StoreLease};
 
-use crate::disk::{Descriptor, Disk, Entry, KeyLock};
+use crate::disk::{Descriptor, Disk, DiskStats, Entry, KeyLock};
 use crate::error::Result;
 use crate::key::Key;
 use crate::log;
-use crate::remote::RemoteStats;
+use crate::metrics::{self, Source, Totals};
+use crate::store::{Flight, RemoteStats};
 use chain::Chain;
 
 /// The persistent tiers, open: the disk tier and, when configured (`remote` in its
@@ -41,6 +35,15 @@ use chain::Chain;
 /// listings and the directory's counters are the disk tier's.
 pub struct Persistence {
     disk: Disk,
+    chain: Arc<Chain>,
+    /// Keeps the tiers in the process's metrics exactly as long as the handle lives (the
+    /// disk tier's background writer and scan live on for a while after it is dropped).
+    _listed: Arc<Listed>,
+}
+
+/// The tiers as the process's metrics see them.
+struct Listed {
+    disk: Box<dyn Fn() -> DiskStats + Send + Sync>,
     chain: Arc<Chain>,
 }
 
@@ -61,7 +64,16 @@ impl Persistence {
         let disk = Disk::open(resolved)?;
         let chain = Chain::open(stores, keyed, Arc::clone(disk.sealer()));
         disk.set_behind(Arc::clone(&chain) as _);
-        Ok(Persistence { disk, chain })
+        let listed = Arc::new(Listed {
+            disk: Box::new(disk.raw_stats_source()),
+            chain: Arc::clone(&chain),
+        });
+        metrics::register(Arc::downgrade(&listed) as _);
+        Ok(Persistence {
+            disk,
+            chain,
+            _listed: listed,
+        })
     }
 
     /// The disk tier, the first of the chain.
@@ -72,6 +84,11 @@ impl Persistence {
     /// The Redis tier's counters since `open` or the last reset; `None` without one.
     pub fn remote_stats(&self) -> Option<RemoteStats> {
         self.chain.stats_of(StoreKind::Redis)
+    }
+
+    /// The object store's counters since `open` or the last reset; `None` without one.
+    pub fn object_store_stats(&self) -> Option<RemoteStats> {
+        self.chain.stats_of(StoreKind::ObjectStore)
     }
 
     /// Every store behind the disk tier, in the chain's order, with its counters since `open`
@@ -125,6 +142,14 @@ impl Persistence {
     /// then releases `lock`.
     pub(crate) fn backfill(&self, key: &Key, entry: Entry, lock: Option<KeyLock>) {
         self.disk.copy_in(key, entry, lock);
+    }
+}
+
+impl Source for Listed {
+    fn add_to(&self, totals: &mut Totals) {
+        totals.disk_tiers += 1;
+        totals.disk += (self.disk)();
+        self.chain.add_to(totals);
     }
 }
 

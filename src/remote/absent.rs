@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::RemoteConfig;
 use crate::log::{self, Warning};
-use crate::persistence::Store;
+use crate::store::Store;
 
 /// `None`, with a warning when `config` names a remote (`url`, or `KCACHE_REMOTE_URL` when it
 /// reads the environment).

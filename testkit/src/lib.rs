@@ -4,12 +4,14 @@
 
 pub mod bench;
 pub mod cuda;
+pub mod fake_s3;
 pub mod ffi;
 pub mod memory;
 pub mod opencl;
 pub mod opencl_layer;
 pub mod prometheus;
 pub mod redis;
+pub mod seaweed;
 pub mod strings;
 pub mod vulkan;
 pub mod workers;

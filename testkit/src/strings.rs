@@ -43,10 +43,19 @@ pub fn disk_with_lock_timeout(dir: &Path, lock_timeout: Option<Duration>) -> Arc
 /// As [`disk`], keyed by `key` when given, with `remote` behind it: a node of the remote tier's
 /// tests (a remote tier is shared under an operator key only, unless it allows unkeyed entries).
 pub fn disk_with_remote(dir: &Path, key: Option<&[u8]>, remote: RemoteConfig) -> Arc<Persistence> {
+    disk_with_stores(dir, key, |config| config.remote = Some(remote))
+}
+
+/// As [`disk`], keyed by `key` when given, with the stores `stores` sets behind it.
+pub fn disk_with_stores(
+    dir: &Path,
+    key: Option<&[u8]>,
+    stores: impl FnOnce(&mut PersistenceConfig),
+) -> Arc<Persistence> {
     let mut config = PersistenceConfig::in_dir(dir);
     config.durability = Durability::Relaxed;
     config.key = key.map(|k| OperatorKey::new(k).unwrap());
-    config.remote = Some(remote);
+    stores(&mut config);
     Arc::new(Persistence::open(config).unwrap())
 }
 
@@ -61,8 +70,13 @@ pub struct Node {
 impl Node {
     /// Keyed by `key` when given.
     pub fn new(key: Option<[u8; 32]>, remote: RemoteConfig) -> Node {
+        Node::with_stores(key, |config| config.remote = Some(remote))
+    }
+
+    /// Keyed by `key` when given, with the stores `stores` sets behind its disk.
+    pub fn with_stores(key: Option<[u8; 32]>, stores: impl FnOnce(&mut PersistenceConfig)) -> Node {
         let dir = tempfile::tempdir().unwrap();
-        let disk = disk_with_remote(dir.path(), key.as_ref().map(|k| &k[..]), remote);
+        let disk = disk_with_stores(dir.path(), key.as_ref().map(|k| &k[..]), stores);
         Node {
             _dir: dir,
             cache: tiered(Some(disk)),

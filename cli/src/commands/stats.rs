@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use kcache::disk::{Check, DirectoryCounters, EntryInfo, Fingerprint};
+use kcache::store::StoreKind;
 use serde::{Serialize, Serializer};
 
 use super::{SCHEMA, Target, backend_of, hex};
@@ -29,6 +30,7 @@ pub struct StatsJson {
     memory_hit_rate: Option<f64>,
     disk_hit_rate: Option<f64>,
     remote_hit_rate: Option<f64>,
+    s3_hit_rate: Option<f64>,
     counters_zeroed_unix_ns: Option<u64>,
     counter_shards: u32,
     counter_shards_ignored: u32,
@@ -116,6 +118,7 @@ pub fn directory_stats(
         memory_hit_rate: persisted.counters.memory_hit_rate(),
         disk_hit_rate: persisted.counters.disk_hit_rate(),
         remote_hit_rate: persisted.counters.remote_hit_rate(),
+        s3_hit_rate: persisted.counters.store_hit_rate(StoreKind::ObjectStore),
         counters_zeroed_unix_ns: persisted.last_zeroed.map(report::unix_nanos),
         counter_shards: persisted.shards,
         counter_shards_ignored: persisted.shards_ignored,
@@ -221,29 +224,33 @@ fn print_counters(out: &StatsJson, zeroed: Option<SystemTime>, now: SystemTime) 
         c.lock_timeouts,
         c.lock_takeovers
     );
-    out!(
-        "  remote reads    {} hits, {} misses ({}), {} rejects",
-        c.remote_hits,
-        c.remote_misses,
-        rate(out.remote_hit_rate),
-        c.remote_rejects
-    );
-    out!(
-        "  remote errors {}, timeouts {}, skipped {}, breaker trips {}",
-        c.remote_errors,
-        c.remote_timeouts,
-        c.remote_skipped,
-        c.remote_breaker_trips
-    );
-    out!(
-        "  remote writes {} ({} written, {} read), leases {}, lease waits {}, timed out {}",
-        c.remote_puts,
-        report::size(c.remote_bytes_written),
-        report::size(c.remote_bytes_read),
-        c.remote_leases,
-        c.remote_lease_waits,
-        c.remote_lease_timeouts
-    );
+    // Each store behind the disk, under its own name: the Redis tier as `remote`.
+    for (name, kind) in [("remote", StoreKind::Redis), ("s3", StoreKind::ObjectStore)] {
+        let r = c.store(kind);
+        out!(
+            "  {name:<6} reads    {} hits, {} misses ({}), {} rejects",
+            r.hits,
+            r.misses,
+            rate(r.hit_rate()),
+            r.rejects
+        );
+        out!(
+            "  {name} errors {}, timeouts {}, skipped {}, breaker trips {}",
+            r.errors,
+            r.timeouts,
+            r.skipped,
+            r.breaker_trips
+        );
+        out!(
+            "  {name} writes {} ({} written, {} read), leases {}, lease waits {}, timed out {}",
+            r.puts,
+            report::size(r.bytes_written),
+            report::size(r.bytes_read),
+            r.leases,
+            r.lease_waits,
+            r.lease_timeouts
+        );
+    }
     if out.counter_shards_ignored > 0 {
         out!(
             "  counter files damaged or foreign, counted as zero: {}",

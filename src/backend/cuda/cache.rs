@@ -70,7 +70,7 @@ impl CudaStats {
     /// The share of lookups that compiled nothing: memory hits and cubin loads over the
     /// memory tier's lookups; `None` before the first lookup.
     pub fn hit_rate(&self) -> Option<f64> {
-        crate::stats::backend_hit_rate(&self.memory, self.cubin_loads)
+        crate::backend::hit_rate(&self.memory, self.cubin_loads)
     }
 }
 

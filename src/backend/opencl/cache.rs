@@ -52,7 +52,7 @@ impl OpenClStats {
     /// The share of lookups that compiled nothing: memory hits and binary loads over the
     /// memory tier's lookups; `None` before the first lookup.
     pub fn hit_rate(&self) -> Option<f64> {
-        crate::stats::backend_hit_rate(&self.memory, self.binary_loads)
+        crate::backend::hit_rate(&self.memory, self.binary_loads)
     }
 }
 

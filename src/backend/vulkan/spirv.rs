@@ -98,7 +98,7 @@ fn literal_string_equals(words: &[u32], expected: &str) -> bool {
 
 /// Reinterprets a byte buffer (as read from a `.spv` file) as words, checking the length.
 pub fn words_from_bytes(bytes: &[u8]) -> Result<Vec<u32>> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(invalid(format!(
             "{} bytes is not a multiple of 4",
             bytes.len()

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Remote, bump};
 use crate::key::hex;
 use crate::log;
-use crate::persistence::{Flight, StoreLease, Verify};
+use crate::store::{Flight, StoreLease, Verify};
 
 /// How long a lease lasts unless renewed: how long followers wait for a leader that died.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -78,7 +78,7 @@ impl Drop for LeaseGuard {
 impl Remote {
     /// Takes the lease on `name` or waits for the node holding it, as [`Flight`] says; `verify`
     /// checks what the store hands back, as for [`Remote::fetch`].
-    pub(super) fn lead_or_follow(self: &Arc<Self>, name: &str, verify: &dyn Verify) -> Flight {
+    pub(super) fn lead_or_follow(self: &Arc<Self>, name: &str, verify: Verify<'_>) -> Flight {
         if self.lease_wait.is_zero() {
             return Flight::Build;
         }
@@ -102,10 +102,7 @@ impl Remote {
                 // After a wait, the leader may have written the entry just before it released
                 // the lease. (Before any wait, the caller has just looked: a node that wrote
                 // and released in between costs one build more, never a wrong value.)
-                if let Some(found) = waited
-                    .then(|| self.peek(name, |bytes| verify.check(bytes)))
-                    .flatten()
-                {
+                if let Some(found) = waited.then(|| self.peek(name, verify)).flatten() {
                     bump(&self.counters.hits, 1);
                     self.release(&lease, &token);
                     return Flight::Found(found);
@@ -122,7 +119,7 @@ impl Remote {
                 log::debug(|| format!("remote lease: {name}: another node builds it: waiting"));
             }
             std::thread::sleep(POLL);
-            if let Some(found) = self.peek(name, |bytes| verify.check(bytes)) {
+            if let Some(found) = self.peek(name, verify) {
                 bump(&self.counters.hits, 1);
                 return Flight::Found(found);
             }

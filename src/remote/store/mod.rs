@@ -15,20 +15,25 @@ pub mod resp;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::persistence::breaker::{Breaker, Change};
+use crate::store::breaker::{Breaker, Change};
 pub use lease::LEASE_TTL;
 
-use super::{Counters, RemoteConfig, RemoteStats};
+use super::RemoteConfig;
 use crate::disk::Entry;
 use crate::log::{self, Warning};
-use crate::persistence::{Flight, Store, StoreKind, Verify};
 use crate::stats::{Baseline, Live, bump};
+use crate::store::{Counters, RemoteStats};
+use crate::store::{Flight, Store, StoreKind, Verify};
 
 /// The Redis store `config` describes, for entries tagged with an operator key when `keyed`;
 /// `None` when there is none or it cannot be used (warned about once).
 pub(crate) fn open(config: RemoteConfig, keyed: bool) -> Option<Arc<dyn Store>> {
-    Remote::open(config, keyed).map(|remote| Arc::new(remote) as _)
+    Remote::open(config, keyed).map(|remote| Arc::new(Redis(Arc::new(remote))) as _)
 }
+
+/// The Redis tier as a store of the chain: shared, since a held lease renews it from a thread
+/// of its own.
+struct Redis(Arc<Remote>);
 
 /// An open remote tier (connections are made on first use, so opening never waits).
 pub(crate) struct Remote {
@@ -188,39 +193,39 @@ impl Remote {
     }
 }
 
-impl Store for Remote {
+impl Store for Redis {
     fn kind(&self) -> StoreKind {
         StoreKind::Redis
     }
 
-    fn get(&self, name: &str, verify: &dyn Verify) -> Option<Entry> {
-        self.fetch(name, |bytes| verify.check(bytes))
+    fn get(&self, name: &str, verify: Verify<'_>) -> Option<Entry> {
+        self.0.fetch(name, verify)
     }
 
     fn writes(&self) -> bool {
-        !self.read_only
+        !self.0.read_only
     }
 
     fn put(&self, name: &str, entry: &[u8]) {
-        self.store(name, entry);
+        self.0.store(name, entry);
     }
 
-    fn flight(self: Arc<Self>, name: &str, verify: &dyn Verify) -> Flight {
-        self.lead_or_follow(name, verify)
+    fn flight(&self, name: &str, verify: Verify<'_>) -> Flight {
+        self.0.lead_or_follow(name, verify)
     }
 
     fn stats(&self) -> RemoteStats {
-        self.baseline.apply(&self.raw_stats())
+        self.0.baseline.apply(&self.raw_stats())
     }
 
     fn raw_stats(&self) -> RemoteStats {
         RemoteStats {
-            breaker_open: self.breaker.is_open(),
-            ..self.counters.snapshot()
+            breaker_open: self.0.breaker.is_open(),
+            ..self.0.counters.snapshot()
         }
     }
 
     fn reset_stats(&self) {
-        self.baseline.reset(self.raw_stats());
+        self.0.baseline.reset(self.raw_stats());
     }
 }

@@ -1,14 +1,13 @@
 //! The remote tier's settings resolved: explicit values first, then the environment, then
 //! defaults, into the server to reach (`crate::remote::config` says what may be set).
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::{ClientTlsConfig, TlsCertificates};
 
 use super::client::Target;
-use crate::disk::config::{parse_wait, saturate};
+use crate::disk::config::saturate;
 use crate::error::Error;
 use crate::log::Warning;
 use crate::operator_file::{self, Content};
@@ -16,6 +15,7 @@ use crate::remote::config::{
     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD, DEFAULT_LEASE_WAIT,
     DEFAULT_MAX_ENTRY_SIZE, DEFAULT_PREFIX, DEFAULT_TIMEOUT, DEFAULT_TTL, RemoteConfig,
 };
+use crate::store::settings::Settings;
 
 impl RemoteConfig {
     /// The settings, or `None` (no remote, or a value that cannot be used, warned about).
@@ -31,15 +31,15 @@ impl RemoteConfig {
             Some(url) => url,
             None => match env("KCACHE_REMOTE_URL")?.into_string() {
                 Ok(url) => url,
-                Err(_) => return refuse("KCACHE_REMOTE_URL is not valid UTF-8"),
+                Err(_) => return SETTINGS.refuse("KCACHE_REMOTE_URL is not valid UTF-8"),
             },
         };
         let cluster = match self.cluster {
             Some(c) => c,
-            None => flag(env("KCACHE_REMOTE_CLUSTER"), "KCACHE_REMOTE_CLUSTER")?,
+            None => SETTINGS.flag(env("KCACHE_REMOTE_CLUSTER"), "KCACHE_REMOTE_CLUSTER")?,
         };
         let ms = Duration::from_millis(1);
-        let timeout = wait(
+        let timeout = SETTINGS.wait(
             self.timeout,
             env,
             "KCACHE_REMOTE_TIMEOUT_MS",
@@ -47,7 +47,7 @@ impl RemoteConfig {
             DEFAULT_TIMEOUT,
         );
         if timeout.is_zero() {
-            return refuse("the remote timeout must be positive");
+            return SETTINGS.refuse("the remote timeout must be positive");
         }
         let path = |set: Option<PathBuf>, name: &str| set.or_else(|| env(name).map(PathBuf::from));
         let tls = match tls_files(
@@ -56,28 +56,28 @@ impl RemoteConfig {
             path(self.key_file, "KCACHE_REMOTE_KEY_FILE"),
         ) {
             Ok(tls) => tls,
-            Err(why) => return refuse(&why),
+            Err(why) => return SETTINGS.refuse(&why),
         };
         let target = match target(&url, cluster, tls) {
             Ok(target) => target,
-            Err(e) => return refuse(&format!("the remote URL cannot be used: {e}")),
+            Err(e) => return SETTINGS.refuse(&format!("the remote URL cannot be used: {e}")),
         };
         let read_only = match self.read_only {
             Some(r) => r,
-            None => flag(env("KCACHE_REMOTE_READ_ONLY"), "KCACHE_REMOTE_READ_ONLY")?,
+            None => SETTINGS.flag(env("KCACHE_REMOTE_READ_ONLY"), "KCACHE_REMOTE_READ_ONLY")?,
         };
         let allow_unkeyed = self.allow_unkeyed
-            || flag(
+            || SETTINGS.flag(
                 env("KCACHE_REMOTE_ALLOW_UNKEYED"),
                 "KCACHE_REMOTE_ALLOW_UNKEYED",
             )?;
         let s = Duration::from_secs(1);
-        let ttl = wait(self.ttl, env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL);
+        let ttl = SETTINGS.wait(self.ttl, env, "KCACHE_REMOTE_TTL", s, DEFAULT_TTL);
         let prefix = match (self.prefix, env("KCACHE_REMOTE_PREFIX")) {
             (Some(p), _) => p,
             (None, Some(text)) => match text.into_string() {
                 Ok(p) => p,
-                Err(_) => return refuse("KCACHE_REMOTE_PREFIX is not valid UTF-8"),
+                Err(_) => return SETTINGS.refuse("KCACHE_REMOTE_PREFIX is not valid UTF-8"),
             },
             (None, None) => DEFAULT_PREFIX.to_owned(),
         };
@@ -86,14 +86,14 @@ impl RemoteConfig {
             (None, Some(text)) => match crate::disk::parse_size(&text.to_string_lossy()) {
                 Ok(s) => s,
                 Err(_) => {
-                    return refuse(&format!(
+                    return SETTINGS.refuse(&format!(
                         "KCACHE_REMOTE_MAX_ENTRY_SIZE={text:?} is not a size"
                     ));
                 }
             },
             (None, None) => DEFAULT_MAX_ENTRY_SIZE,
         };
-        let lease_wait = wait(
+        let lease_wait = SETTINGS.wait(
             self.lease_wait,
             env,
             "KCACHE_REMOTE_LEASE_WAIT",
@@ -101,7 +101,7 @@ impl RemoteConfig {
             DEFAULT_LEASE_WAIT,
         );
         if max_entry_size == 0 {
-            return refuse("the remote entry size limit must be positive");
+            return SETTINGS.refuse("the remote entry size limit must be positive");
         }
         Some(Resolved {
             target,
@@ -197,45 +197,12 @@ fn read_pem(path: &Path, what: &str, content: Content) -> Result<Vec<u8>, String
         })
 }
 
-fn refuse<T>(why: &str) -> Option<T> {
-    crate::log::warn_once(Warning::RemoteConfig, || format!("remote tier off: {why}"));
-    None
-}
-
-/// `0` or `1`; anything else refuses the configuration.
-fn flag(value: Option<OsString>, name: &str) -> Option<bool> {
-    match value {
-        None => Some(false),
-        Some(v) if v == "0" => Some(false),
-        Some(v) if v == "1" => Some(true),
-        Some(v) => refuse(&format!("{name}={v:?} is neither 0 nor 1")),
-    }
-}
-
-/// A duration: the one set in code, else the environment's `name` (a number of `unit`s), else
-/// `default`. However large, as long as possible
-/// ([`LONGEST_WAIT`](crate::disk::config::LONGEST_WAIT)); a value that is not a number is
-/// warned about once and the default is used.
-fn wait(
-    set: Option<Duration>,
-    env: impl Fn(&str) -> Option<OsString>,
-    name: &str,
-    unit: Duration,
-    default: Duration,
-) -> Duration {
-    if let Some(set) = set {
-        return saturate(set);
-    }
-    let Some(text) = env(name) else {
-        return default;
-    };
-    parse_wait(&text.to_string_lossy(), unit).unwrap_or_else(|| {
-        crate::log::warn_once(Warning::RemoteWait, || {
-            format!("{name}={text:?} is not a number: the default {default:?} is used")
-        });
-        default
-    })
-}
+/// The remote tier's settings: its name in messages and its warnings.
+const SETTINGS: Settings = Settings {
+    tier: "remote tier",
+    off: Warning::RemoteConfig,
+    wait: Warning::RemoteWait,
+};
 
 #[cfg(test)]
 mod tests {
@@ -281,13 +248,6 @@ mod tests {
         assert!(tls_files(None, None, None).unwrap().is_none());
         let relative = tls_files(Some("ca.pem".into()), None, None).err().unwrap();
         assert!(relative.contains("relative path"), "{relative}");
-    }
-
-    #[test]
-    fn flags_and_numbers() {
-        assert_eq!(flag(None, "X"), Some(false));
-        assert_eq!(flag(Some("1".into()), "X"), Some(true));
-        assert_eq!(flag(Some("yes".into()), "X"), None);
     }
 
     /// Writes `text` at `dir/name` with `mode`.
@@ -350,19 +310,8 @@ mod tests {
     }
 
     #[test]
-    fn durations_saturate_and_nonsense_means_the_default() {
-        let env = |value: &'static str| move |_: &str| Some(OsString::from(value));
-        let (s, default) = (Duration::from_secs(1), Duration::from_secs(7));
-        let w = |value: &'static str| wait(None, env(value), "X", s, default);
-        assert_eq!(w("42"), Duration::from_secs(42));
-        assert_eq!(w("0.5"), Duration::from_millis(500));
-        assert_eq!(w("1e19"), LONGEST_WAIT);
-        assert_eq!(w("100000000000000000000"), LONGEST_WAIT);
-        assert_eq!(w("soon"), default);
-        assert_eq!(w("-1"), default);
-        let set = wait(Some(Duration::MAX), env("1"), "X", s, default);
-        assert_eq!(set, LONGEST_WAIT);
-        assert_eq!(wait(None, |_: &str| None, "X", s, default), default);
+    fn durations_set_in_code_saturate() {
+        // How durations from the environment are read: `store::settings`.
         let resolved = RemoteConfig {
             timeout: Some(Duration::MAX),
             lease_wait: Some(Duration::MAX),

@@ -154,6 +154,22 @@ class DiskStatistics(Structure):
         ("remote_puts", c_uint64),
         ("remote_bytes_read", c_uint64),
         ("remote_bytes_written", c_uint64),
+        # New in 3.1: the object store's counters.
+        ("s3", c_bool),
+        ("s3_breaker_open", c_bool),
+        ("s3_hits", c_uint64),
+        ("s3_misses", c_uint64),
+        ("s3_rejects", c_uint64),
+        ("s3_errors", c_uint64),
+        ("s3_timeouts", c_uint64),
+        ("s3_skipped", c_uint64),
+        ("s3_breaker_trips", c_uint64),
+        ("s3_leases", c_uint64),
+        ("s3_lease_waits", c_uint64),
+        ("s3_lease_timeouts", c_uint64),
+        ("s3_puts", c_uint64),
+        ("s3_bytes_read", c_uint64),
+        ("s3_bytes_written", c_uint64),
     ]
 
 
