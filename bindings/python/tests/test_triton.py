@@ -79,6 +79,13 @@ def key_file(tmp_path: Path) -> Path:
     return path
 
 
+# Triton's own RemoteCacheManager on kcache.triton's RemoteBackend, instead of its CacheManager.
+REMOTE_BACKEND = {
+    "TRITON_CACHE_MANAGER": "triton.runtime.cache:RemoteCacheManager",
+    "TRITON_REMOTE_CACHE_BACKEND": "kcache.triton:RemoteBackend",
+}
+
+
 def node_env(dir: Path, key_file: Path, remote: str | None = None, **extra: str) -> dict[str, str]:
     """The environment of a rank on a node whose cache is ``dir``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE_", "TRITON_"))}
@@ -366,3 +373,68 @@ def test_kcache_disabled_leaves_triton_its_own_cache(
     assert run(python, env, "add")["compiled"] == []
     assert not (tmp_path / "node").exists() or entry_files(tmp_path / "node") == []
     assert any((tmp_path / "node-triton-own").iterdir())
+
+
+# Triton's RemoteCacheManager on kcache.triton's RemoteBackend: the same entries, file by file.
+
+
+def test_the_remote_backend_stores_groups_whole_and_shares_them_with_the_manager(
+    python: str, tmp_path: Path, key_file: Path
+) -> None:
+    node = tmp_path / "node"
+    env = {**node_env(node, key_file), **REMOTE_BACKEND}
+    cold = run(python, env)
+    assert sorted(cold["compiled"]) == sorted(ALL) and cold["stats"]["compiles"] == len(ALL)
+    assert len(entry_files(node)) == len(ALL)
+    # A new process with an empty directory of Triton's own: every kernel from kcache's entries.
+    warm = run(python, {**env, "TRITON_CACHE_DIR": str(tmp_path / "triton-own-2")})
+    assert warm["compiled"] == [] and warm["cubins"] == cold["cubins"]
+    assert warm["stats"]["loads"] == len(ALL)
+    # The same entries as kcache.triton's CacheManager's.
+    manager = run(python, node_env(node, key_file))
+    assert manager["compiled"] == [] and manager["cubins"] == cold["cubins"]
+    assert len(entry_files(node)) == len(ALL)
+
+
+def test_the_remote_backend_compiles_each_kernel_once_on_a_node(
+    python: str, tmp_path: Path, key_file: Path
+) -> None:
+    envs = [
+        {**node_env(tmp_path / "node", key_file), **REMOTE_BACKEND,
+         "TRITON_CACHE_DIR": str(tmp_path / f"triton-own-{i}")}
+        for i in range(4)
+    ]
+    reports = run_at_once(python, envs)
+    compiled = Counter(name for r in reports for name in r["compiled"])
+    assert compiled == Counter(ALL), compiled
+    assert all(r["cubins"] == reports[0]["cubins"] for r in reports)
+
+
+def test_the_remote_backend_recompiles_a_tampered_entry_and_reaches_a_second_node(
+    python: str, tmp_path: Path, key_file: Path, redis: Redis
+) -> None:
+    env = {**node_env(tmp_path / "alone", key_file), **REMOTE_BACKEND}
+    cold = run(python, env, "add")
+    files = entry_files(tmp_path / "alone")
+    data = bytearray(files[0].read_bytes())
+    data[-1] ^= 0x01
+    files[0].write_bytes(bytes(data))
+    again = run(python, {**env, "TRITON_CACHE_DIR": str(tmp_path / "triton-own-2")}, "add")
+    assert len(again["compiled"]) == 1 and again["cubins"] == cold["cubins"]
+    assert again["disk"]["integrity_rejects"] == 1
+    # Two nodes sharing one Redis: the second compiles nothing.
+    first = run(python, {**node_env(tmp_path / "node1", key_file, redis.url), **REMOTE_BACKEND})
+    assert sorted(first["compiled"]) == sorted(ALL)
+    second = run(python, {**node_env(tmp_path / "node2", key_file, redis.url), **REMOTE_BACKEND})
+    assert second["compiled"] == [] and second["cubins"] == first["cubins"]
+
+
+def test_a_compile_that_fails_gives_the_remote_backends_claim_up(
+    python: str, tmp_path: Path, key_file: Path
+) -> None:
+    env = {**node_env(tmp_path / "node", key_file, KCACHE_LOCK_TIMEOUT="3600"), **REMOTE_BACKEND}
+    first = run(python, env, "bad", "--tries", "2")
+    assert first["failed"] == ["bad", "bad"] and first["compiled"] == ["add128"]
+    assert first["stats"]["abandoned"] >= 1
+    second = run(python, env, "bad")
+    assert second["failed"] == ["bad"] and second["found"] == ["add128"]

@@ -180,7 +180,9 @@ def main() -> None:
         "compiled": compiled, "found": found, "failed": failed, "cubins": cubins,
         "seconds": time.monotonic() - start, "triton": triton.__version__,
     }
-    if os.environ.get("TRITON_CACHE_MANAGER", "").startswith("kcache."):
+    if os.environ.get("TRITON_CACHE_MANAGER", "").startswith("kcache.") or os.environ.get(
+        "TRITON_REMOTE_CACHE_BACKEND", ""
+    ).startswith("kcache."):
         import dataclasses
 
         import kcache.triton

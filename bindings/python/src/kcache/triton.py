@@ -22,6 +22,11 @@ takeover rules. A compile that fails (or never stores its group) gives the claim
 
 Files Triton opens by path are written from the verified entry into a private directory of
 this process (``mkdtemp``, removed at exit), never read from a path the store names.
+
+``RemoteBackend`` is the same cache behind Triton's own ``RemoteCacheManager``
+(``TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager``,
+``TRITON_REMOTE_CACHE_BACKEND=kcache.triton:RemoteBackend``): file by file as that interface
+asks, but each group still one entry, shared with ``CacheManager``.
 """
 
 from __future__ import annotations
@@ -66,16 +71,30 @@ if TYPE_CHECKING:
     class _Base:
         def __init__(self, key: str, override: bool = False, dump: bool = False) -> None: ...
 
+    class _RemoteBase:
+        def __init__(self, key: str) -> None: ...
+
 else:
+    # Triton checks the name of a class in the bases only: without Triton, stand-ins of the
+    # same names let the module import.
     try:
         from triton.runtime.cache import CacheManager as _Base
-    except ImportError:  # Triton checks the name of a class in the manager's bases only
+    except ImportError:
 
         class CacheManager:
             def __init__(self, key, override=False, dump=False):
                 pass
 
         _Base = CacheManager
+    try:
+        from triton.runtime.cache import RemoteCacheBackend as _RemoteBase
+    except ImportError:
+
+        class RemoteCacheBackend:
+            def __init__(self, key):
+                pass
+
+        _RemoteBase = RemoteCacheBackend
 
 
 class _Abandoned(Exception):
@@ -314,6 +333,135 @@ def _write(path: str, data: bytes) -> None:
     os.replace(temp, path)
 
 
+def _entry(key: str, filename: str) -> bytes:
+    return f"{key}/{filename}".encode()
+
+
+def _descriptor_name(filename: str) -> str:
+    return filename[: -len(".json")] if filename.endswith(".json") else filename
+
+
+def _find_group(state: _State, key: str, group: str) -> dict[str, bytes] | _Claim | None:
+    """The files of the group ``group`` of Triton key ``key`` from kcache's tiers; or the claim
+    on its entry, when this process is to compile it (handed to ``_store_group`` with the
+    files); or None, when it is to compile it without the claim (its lookup failed, or another
+    thread of this process gave the claim up)."""
+    assert state.tiered is not None
+    tiered: TieredCache[bytes] = state.tiered
+    entry = _entry(key, group)
+    ident = entry.decode()
+    with state.lock:
+        old = state.pending.get(ident)
+    if old is not None and old.thread == threading.get_ident():
+        # This thread compiles the kernel again: its earlier compile of it is over.
+        if old.abandon():
+            state.count("abandoned")
+    claim = _Claim()
+    outcome: list[object] = []
+    limit = _claim_seconds()
+
+    def build(_key: object) -> bytes:
+        claim.building = True
+        claim.woken.set()
+        claim.closed.wait(limit)
+        if claim.payload is None:
+            if claim.abandon():
+                state.count("abandoned")
+            raise _Abandoned(f"the compile of {group} stored no group")
+        return claim.payload
+
+    def lookup() -> None:
+        try:
+            lease = tiered.find_or_build(entry, build, name=_descriptor_name(group))
+            with lease as value:
+                outcome.append(value)
+        except BaseException as exc:  # noqa: BLE001 - the caller compiles instead
+            outcome.append(exc)
+        finally:
+            claim.thread_done.set()
+            claim.woken.set()
+            with state.lock:
+                if state.pending.get(ident) is claim:
+                    del state.pending[ident]
+
+    with state.lock:
+        state.pending[ident] = claim
+    threading.Thread(target=lookup, name="kcache-triton", daemon=True).start()
+    claim.woken.wait()
+    if claim.building:
+        state.count("compiles")
+        return claim
+    value = outcome[0] if outcome else None
+    if isinstance(value, bytes):
+        try:
+            files = unpack(value, key, group)
+        except ValueError as exc:
+            _log.warning("kcache.triton: %s: %s; compiling", group, exc)
+            tiered.cache.remove(entry)
+            if tiered.disk is not None:
+                tiered.disk.remove(tiered.disk_key(entry))
+        else:
+            state.count("loads")
+            return files
+    elif isinstance(value, BaseException) and not isinstance(value, _Abandoned):
+        _log.warning("kcache.triton: the lookup of %s failed (%r); compiling", group, value)
+    state.count("compiles")
+    state.count("unclaimed")
+    return None
+
+
+def _store_group(
+    state: _State, key: str, group: str, files: Mapping[str, bytes], claim: _Claim | None
+) -> None:
+    """Stores a compile's files as the entry of ``group``: through its claim, or, with none
+    (or one given up), written without the lock for the next process."""
+    payload = pack(key, group, files)
+    if claim is not None and claim.finish(payload):
+        claim.thread_done.wait()
+        return
+    assert state.tiered is not None and state.disk is not None
+    try:
+        state.disk.put(
+            state.tiered.disk_key(_entry(key, group)), payload, backend=BACKEND,
+            name=_descriptor_name(group),
+        )
+    except KcacheError as exc:
+        _log.warning("kcache.triton: %s was not stored: %s", group, exc)
+
+
+def _put_file(state: _State, key: str, name: str, blob: bytes) -> None:
+    """Stores one file that belongs to no group, as an entry of its own."""
+    assert state.tiered is not None and state.disk is not None
+    try:
+        state.disk.put(
+            state.tiered.disk_key(_entry(key, name)), pack(key, name, {name: blob}),
+            backend=BACKEND, name=name,
+        )
+        state.count("files_put")
+    except KcacheError as exc:
+        _log.warning("kcache.triton: %s was not stored: %s", name, exc)
+
+
+def _get_file(state: _State, key: str, name: str) -> bytes | None:
+    """One file stored by ``_put_file``, or None."""
+    assert state.tiered is not None and state.disk is not None
+    disk_key = state.tiered.disk_key(_entry(key, name))
+    try:
+        payload = state.disk.get(disk_key)
+    except KcacheError:
+        return None  # refused and removed by kcache
+    if payload is None:
+        return None
+    try:
+        files = unpack(payload, key, name)
+    except ValueError as exc:
+        _log.warning("kcache.triton: %s: %s; ignored", name, exc)
+        state.disk.remove(disk_key)
+        return None
+    state.count("files_loaded")
+    return files[name]
+
+
 class CacheManager(_Base):
     """Triton's ``CacheManager`` on kcache: ``TRITON_CACHE_MANAGER=kcache.triton:CacheManager``.
 
@@ -338,92 +486,26 @@ class CacheManager(_Base):
         self._scratch: str | None = None
         self._claim: _Claim | None = None
 
-    def _entry(self, filename: str) -> bytes:
-        return f"{self.key}/{filename}".encode()
-
-    def _descriptor_name(self, filename: str) -> str:
-        return filename[: -len(".json")] if filename.endswith(".json") else filename
-
     # The group: one entry holding every file of one compile.
 
     def get_group(self, filename: str) -> dict[str, str] | None:
         if self._delegate is not None:
             return self._delegate.get_group(filename)  # type: ignore[no-any-return]
-        state = self._state
-        assert state.tiered is not None
-        tiered: TieredCache[bytes] = state.tiered
         self._group = _safe_name(filename)
-        entry = self._entry(filename)
-        ident = entry.decode()
-        with state.lock:
-            old = state.pending.get(ident)
-        if old is not None and old.thread == threading.get_ident():
-            # This thread compiles the kernel again: its earlier compile of it is over.
-            if old.abandon():
-                state.count("abandoned")
-        claim = _Claim()
-        outcome: list[object] = []
-        limit = _claim_seconds()
-
-        def build(_key: object) -> bytes:
-            claim.building = True
-            claim.woken.set()
-            claim.closed.wait(limit)
-            if claim.payload is None:
-                if claim.abandon():
-                    state.count("abandoned")
-                raise _Abandoned(f"the compile of {filename} stored no group")
-            return claim.payload
-
-        def lookup() -> None:
-            try:
-                lease = tiered.find_or_build(
-                    entry, build, name=self._descriptor_name(filename)
-                )
-                with lease as value:
-                    outcome.append(value)
-            except BaseException as exc:  # noqa: BLE001 - the caller compiles instead
-                outcome.append(exc)
-            finally:
-                claim.thread_done.set()
-                claim.woken.set()
-                with state.lock:
-                    if state.pending.get(ident) is claim:
-                        del state.pending[ident]
-
-        with state.lock:
-            state.pending[ident] = claim
-        threading.Thread(target=lookup, name="kcache-triton", daemon=True).start()
-        claim.woken.wait()
-        if claim.building:
+        found = _find_group(self._state, self.key, self._group)
+        if isinstance(found, _Claim):
             # This process compiles; put_group hands the group to the build. A compile that
             # raises drops this manager, which gives the claim up.
-            self._claim = claim
-            weakref.finalize(self, _give_up, claim, state)
-            state.count("compiles")
+            self._claim = found
+            weakref.finalize(self, _give_up, found, self._state)
             return None
-        value = outcome[0] if outcome else None
-        if isinstance(value, bytes):
-            try:
-                files = unpack(value, self.key, self._group)
-            except ValueError as exc:
-                _log.warning("kcache.triton: %s: %s; compiling", filename, exc)
-                tiered.cache.remove(entry)
-                if tiered.disk is not None:
-                    tiered.disk.remove(tiered.disk_key(entry))
-            else:
-                state.count("loads")
-                return state.materialize(self.key, files)
-        elif isinstance(value, BaseException) and not isinstance(value, _Abandoned):
-            _log.warning("kcache.triton: the lookup of %s failed (%r); compiling", filename, value)
-        state.count("compiles")
-        state.count("unclaimed")
-        return None
+        if found is None:
+            return None
+        return self._state.materialize(self.key, found)
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         if self._delegate is not None:
             return self._delegate.put_group(filename, group)  # type: ignore[no-any-return]
-        state = self._state
         files: dict[str, bytes] = {}
         for name, path in group.items():
             if name in self._files:
@@ -431,22 +513,8 @@ class CacheManager(_Base):
             else:  # a path Triton made itself (not a store's): read it
                 with open(path, "rb") as f:
                     files[name] = f.read()
-        payload = pack(self.key, filename, files)
-        claim = self._claim
-        self._claim = None
-        if claim is not None and claim.finish(payload):
-            claim.thread_done.wait()
-        else:
-            # No claim, or given up: written without the lock, for the next process.
-            assert state.tiered is not None and state.disk is not None
-            entry = self._entry(filename)
-            try:
-                state.disk.put(
-                    state.tiered.disk_key(entry), payload, backend=BACKEND,
-                    name=self._descriptor_name(filename),
-                )
-            except KcacheError as exc:
-                _log.warning("kcache.triton: %s was not stored: %s", filename, exc)
+        claim, self._claim = self._claim, None
+        _store_group(self._state, self.key, _safe_name(filename), files, claim)
         grp = json.dumps({"child_paths": {n: p for n, p in group.items()}})
         return self._put_scratch(f"__grp__{filename}", grp.encode())
 
@@ -461,17 +529,8 @@ class CacheManager(_Base):
         path = self._put_scratch(name, blob)
         if self._group is not None:
             self._files[name] = blob
-            return path
-        state = self._state
-        assert state.tiered is not None and state.disk is not None
-        try:
-            state.disk.put(
-                state.tiered.disk_key(self._entry(name)), pack(self.key, name, {name: blob}),
-                backend=BACKEND, name=name,
-            )
-            state.count("files_put")
-        except KcacheError as exc:
-            _log.warning("kcache.triton: %s was not stored: %s", filename, exc)
+        else:
+            _put_file(self._state, self.key, name, blob)
         return path
 
     def get_file(self, filename: str) -> str | None:
@@ -480,23 +539,10 @@ class CacheManager(_Base):
         name = _safe_name(filename)
         if name in self._paths:
             return self._paths[name]
-        state = self._state
-        assert state.tiered is not None and state.disk is not None
-        disk_key = state.tiered.disk_key(self._entry(name))
-        try:
-            payload = state.disk.get(disk_key)
-        except KcacheError:
-            return None  # refused and removed by kcache
-        if payload is None:
+        data = _get_file(self._state, self.key, name)
+        if data is None:
             return None
-        try:
-            files = unpack(payload, self.key, name)
-        except ValueError as exc:
-            _log.warning("kcache.triton: %s: %s; ignored", filename, exc)
-            state.disk.remove(disk_key)
-            return None
-        state.count("files_loaded")
-        return state.materialize(self.key, {name: files[name]})[name]
+        return self._state.materialize(self.key, {name: data})[name]
 
     def _put_scratch(self, name: str, blob: bytes) -> str:
         if self._scratch is None:
@@ -507,10 +553,102 @@ class CacheManager(_Base):
         return path
 
 
+# Triton's RemoteCacheManager names a group's list of files this way.
+_GROUP_PREFIX = "__grp__"
+
+
+class RemoteBackend(_RemoteBase):
+    """Triton's ``RemoteCacheBackend`` on kcache, for Triton's own ``RemoteCacheManager``::
+
+        TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager
+        TRITON_REMOTE_CACHE_BACKEND=kcache.triton:RemoteBackend
+
+    Triton makes one per kernel key and asks it file by file; this backend makes the group one
+    entry all the same, the entry ``CacheManager`` reads and writes (the two share a cache).
+    Asked for a group's list (``__grp__NAME``), it looks the group up whole: a hit answers the
+    list and then each of its files from that one verified entry; a miss claims the entry, and
+    the files Triton puts after its compile are held until the list comes, then stored as one
+    entry through the claim. Other files are entries of their own. While kcache's disk tier is
+    off it finds and stores nothing: Triton compiles every kernel.
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = _safe_name(key)
+        self._state = _state()
+        # The group asked for here: the files found of it, or those put since its miss.
+        self._group: str | None = None
+        self._found: dict[str, bytes] = {}
+        self._puts: dict[str, bytes] = {}
+        self._claim: _Claim | None = None
+
+    def get(self, filenames: list[str]) -> dict[str, bytes]:
+        if self._state.tiered is None:
+            return {}
+        result: dict[str, bytes] = {}
+        for filename in filenames:
+            name = _safe_name(filename)
+            if name in self._found:
+                result[name] = self._found[name]
+            elif name.startswith(_GROUP_PREFIX):
+                listed = self._find(_safe_name(name[len(_GROUP_PREFIX) :]))
+                if listed is not None:
+                    result[name] = listed
+            else:
+                data = _get_file(self._state, self.key, name)
+                if data is not None:
+                    result[name] = data
+        return result
+
+    def put(self, filename: str, data: bytes) -> None:
+        if self._state.tiered is None:
+            return
+        name = _safe_name(filename)
+        blob = data if isinstance(data, bytes) else str(data).encode()
+        if self._group is None:
+            _put_file(self._state, self.key, name, blob)
+        elif name == _GROUP_PREFIX + self._group:
+            self._store(blob)
+        else:
+            self._puts[name] = blob
+
+    def _find(self, group: str) -> bytes | None:
+        """The list of ``group``'s files, its files kept for the calls that ask for them; None
+        on a miss (claimed when this process is to compile)."""
+        self._group, self._found, self._puts = group, {}, {}
+        found = _find_group(self._state, self.key, group)
+        if isinstance(found, _Claim):
+            self._claim = found
+            weakref.finalize(self, _give_up, found, self._state)
+            return None
+        if found is None:
+            return None
+        self._found = found
+        return json.dumps({"child_paths": sorted(found)}).encode()
+
+    def _store(self, listing: bytes) -> None:
+        """The group's list came: its files, put before it, are stored as one entry."""
+        assert self._group is not None
+        group, self._group = self._group, None
+        claim, self._claim = self._claim, None
+        try:
+            names = json.loads(listing)["child_paths"]
+            files = {_safe_name(n): self._puts[n] for n in names}
+        except (ValueError, KeyError, TypeError) as exc:
+            _log.warning("kcache.triton: %s: a group list without its files (%r)", group, exc)
+            if claim is not None and claim.abandon():
+                self._state.count("abandoned")
+            return
+        _store_group(self._state, self.key, group, files, claim)
+        self._found, self._puts = files, {}
+
+
 def _give_up(claim: _Claim, state: _State) -> None:
     # A manager dropped before its group was stored: its compile failed.
     if claim.abandon():
         state.count("abandoned")
 
 
-__all__ = ["BACKEND", "CacheManager", "TritonStats", "disk", "pack", "stats", "unpack"]
+__all__ = [
+    "BACKEND", "CacheManager", "RemoteBackend", "TritonStats", "disk", "pack", "stats", "unpack",
+]
