@@ -39,6 +39,7 @@ pub mod remote;
 pub mod stats;
 /// cbindgen:ignore
 pub mod store;
+mod thread_index;
 /// cbindgen:ignore
 pub mod tiered;
 

@@ -11,12 +11,11 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, PoisonError};
-
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::error::{DeviceId, Error, Result};
+use crate::ffi::sharded_lock::{ReadGuard, ShardedLock, WriteGuard};
 use crate::memory::{Lease, MemoryCache};
 
 /// One registered handle and what the backend learned about it when it was registered.
@@ -138,13 +137,14 @@ impl<H: Hash + Eq + Copy, T> Registry<H, T> {
         Ok(row)
     }
 
-    fn read(&self) -> ShardedLockReadGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
-        // A panic under the lock leaves the map consistent: every change is one map call.
-        self.rows.read().unwrap_or_else(PoisonError::into_inner)
+    // The lock is never poisoned: a panic under it leaves the map consistent, as every change
+    // is one map call.
+    fn read(&self) -> ReadGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
+        self.rows.read()
     }
 
-    fn write(&self) -> ShardedLockWriteGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
-        self.rows.write().unwrap_or_else(PoisonError::into_inner)
+    fn write(&self) -> WriteGuard<'_, HashMap<H, Arc<Registration<H, T>>>> {
+        self.rows.write()
     }
 
     /// Unregisters every registration `doomed` picks and evicts all their entries from

@@ -25,10 +25,9 @@ use std::fs::Metadata;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
@@ -139,10 +138,15 @@ pub(super) enum Unlinked {
 }
 
 impl Index {
+    /// The index's state. No code panics while holding it.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// What the index knows of the directory, and whether the opening scan has finished.
     pub(super) fn known_usage(&self) -> (Usage, bool) {
         let _unforked = process::unforked();
-        let s = self.state.lock();
+        let s = self.state();
         let usage = Usage {
             entries: s.files.len() as u64,
             bytes: s.total,
@@ -151,20 +155,40 @@ impl Index {
     }
 }
 
+/// How long a wait for the opening scan holds its section at a time: a fork waits this long,
+/// at most, for a waiter.
+const SEEDED_RECHECK: Duration = Duration::from_millis(5);
+
 /// Waits for the scan that seeds the index; starts it in a forked child whose parent was
 /// scanning (the scan's thread stayed in the parent).
+///
+/// The lock and the condition variable are the standard library's, held and waited on only
+/// inside [`process::unforked`] sections, a short wait at a time: a fork then never leaves a
+/// child the lock held, nor a waiter of its parent's on the condition (parking_lot's, whose
+/// waiters sit in a table the whole process shares, would: the child's notification went to a
+/// parent's thread that is not in the child, and the child's writer waited forever; seen: one
+/// run in forty of the fork test).
 pub(super) fn wait_seeded(inner: &Arc<Inner>) {
-    let mut s = inner.index.state.lock();
-    wait_seeded_locked(inner, &mut s);
-}
-
-fn wait_seeded_locked(inner: &Arc<Inner>, s: &mut MutexGuard<'_, State>) {
-    while !s.seeded {
-        if s.scan_running() {
-            inner.index.seeded.wait(s);
-        } else {
-            MutexGuard::unlocked(s, || start_scan(inner));
+    loop {
+        {
+            let _unforked = process::unforked();
+            let s = inner.index.state();
+            if s.seeded {
+                return;
+            }
+            if s.scan_running() {
+                let (s, _) = inner
+                    .index
+                    .seeded
+                    .wait_timeout(s, SEEDED_RECHECK)
+                    .unwrap_or_else(PoisonError::into_inner);
+                if s.seeded {
+                    return;
+                }
+                continue;
+            }
         }
+        start_scan(inner);
     }
 }
 
@@ -190,12 +214,12 @@ impl Index {
     ) -> io::Result<()> {
         let index = &inner.index;
         let mut aside = None;
-        // Waited for outside the section: a fork need not wait for the scan.
+        // Waited for before the section (an index once seeded stays so): a fork need not
+        // wait for the scan.
         wait_seeded(inner);
         let rescan = {
             let _unforked = process::unforked();
-            let mut s = index.state.lock();
-            wait_seeded_locked(inner, &mut s);
+            let mut s = index.state();
             let size = meta.len();
             evict_over_cap(inner, &mut s, Some((name, size)));
             match rustix::fs::renameat(&inner.dir, temp, &inner.dir, name) {
@@ -232,7 +256,7 @@ impl Index {
     /// A read refreshed the mtime of `name`.
     pub(super) fn touch(&self, name: &str, recency: u64) {
         let _unforked = process::unforked();
-        let mut s = self.state.lock();
+        let mut s = self.state();
         if let Some(size) = s.files.get(name).map(|t| t.size) {
             s.insert(name.to_owned(), size, recency);
         }
@@ -243,7 +267,7 @@ impl Index {
     /// that inode, so a file a writer put there since is kept.
     pub(super) fn unlink(inner: &Inner, name: &str, expected: Option<u64>) -> io::Result<Unlinked> {
         let _unforked = process::unforked();
-        let mut s = inner.index.state.lock();
+        let mut s = inner.index.state();
         let outcome = match expected {
             None => remove_name(inner, name),
             Some(ino) => match lstat_at(&inner.dir, name) {
@@ -315,7 +339,7 @@ fn evict_over_cap(inner: &Inner, s: &mut State, incoming: Option<(&str, u64)>) {
 pub(super) fn start_scan(inner: &Arc<Inner>) {
     let epoch = {
         let _unforked = process::unforked();
-        let mut s = inner.index.state.lock();
+        let mut s = inner.index.state();
         if s.scan_running() {
             return;
         }
@@ -353,7 +377,7 @@ fn scan(inner: &Inner, epoch: u64) {
         }
     }
     let _unforked = process::unforked();
-    let mut s = inner.index.state.lock();
+    let mut s = inner.index.state();
     let recent: Vec<(String, u64, u64)> = s
         .files
         .iter()

@@ -18,7 +18,7 @@
 //! counted and logged as not written.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -66,9 +66,9 @@ fn watch_main_thread() {
 /// Has the process flush its open disk tiers at exit: called when a writer thread starts.
 /// The exit handler, registered once, covers an `exit` on another thread than the main one.
 pub(super) fn flush_at_exit() {
-    static REGISTER: Once = Once::new();
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
     watch_main_thread();
-    REGISTER.call_once(|| {
+    process::once_without_waiting(&REGISTERED, || {
         if !process::at_exit(exit_handler) {
             log::log(Level::Warn, || {
                 "no exit handler could be registered: an exit without freeing the caches loses \

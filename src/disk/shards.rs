@@ -75,7 +75,8 @@ pub(super) struct Persisted(Mutex<DirectoryCounters>);
 
 /// A fork waits for a persist in progress and takes its lock: a child that inherited it held
 /// by a thread it does not have would wait forever at its first flush. The same for the table
-/// of the entry locks this process holds, which every lookup that waits for a lock reads.
+/// of the entry locks this process holds, which every lookup that waits for a lock reads, and
+/// for the writer's line, which every write takes.
 impl ForkLocked for Inner {
     fn lock_for_fork(&self) -> Box<dyn Held + '_> {
         Box::new((
@@ -84,6 +85,7 @@ impl ForkLocked for Inner {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner),
             self.held.lock_for_fork(),
+            self.writer.lock_for_fork(),
         ))
     }
 }

@@ -31,11 +31,12 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::ffi::process;
+use crate::ffi::process::{self, Held};
 
 /// Writes waiting at most; the next one runs on its caller.
 pub const QUEUE_BOUND: usize = 64;
@@ -53,12 +54,21 @@ const MIN_POLLED: usize = 32;
 /// limit (`RLIMIT_NOFILE`, the soft one, as it was at the first call), each holding one lock
 /// file open; at least 32.
 pub fn max_polled() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
-        let quarter = limit.map_or(usize::MAX, |l| usize::try_from(l / 4).unwrap_or(usize::MAX));
-        quarter.max(MIN_POLLED)
-    })
+    // Worked out again by a thread that finds it unknown rather than waiting for another (see
+    // `process::once_without_waiting`); threads racing at the first call may read two limits
+    // if one changes the limit meanwhile, and the last to store wins.
+    static MAX: AtomicUsize = AtomicUsize::new(0);
+    match MAX.load(Ordering::Relaxed) {
+        0 => {
+            let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+            let quarter =
+                limit.map_or(usize::MAX, |l| usize::try_from(l / 4).unwrap_or(usize::MAX));
+            let max = quarter.max(MIN_POLLED);
+            MAX.store(max, Ordering::Relaxed);
+            max
+        }
+        known => known,
+    }
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -205,6 +215,14 @@ impl Writer {
         drop(state);
         // Wakes the writer, which now polls (or runs the write moved to the queue).
         queue.work.notify_one();
+    }
+
+    /// The line, held across a fork (the disk tier's `ForkLocked`): every write and flush
+    /// takes it, and a child that inherited it held by a thread it does not have would wait
+    /// forever at its first write (seen: one run in seven of the fork test). Whoever holds it
+    /// waits for none of the tier's other fork-locked locks.
+    pub(super) fn lock_for_fork(&self) -> impl Held + '_ {
+        self.line.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// This process's queue, and whether its thread runs; `start` starts it if not.

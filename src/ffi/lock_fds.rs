@@ -14,8 +14,7 @@
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::Once;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use super::process;
 
@@ -44,8 +43,8 @@ pub(crate) struct TrackedFd {
 
 impl TrackedFd {
     pub(crate) fn new(fd: OwnedFd) -> TrackedFd {
-        static HOOK: Once = Once::new();
-        HOOK.call_once(|| process::on_fork_child(close_inherited));
+        static HOOKED: AtomicBool = AtomicBool::new(false);
+        process::once_without_waiting(&HOOKED, || process::on_fork_child(close_inherited));
         let generation = process::fork_generation();
         let number = i64::from(fd.as_raw_fd());
         let slot = SLOT.iter().position(|slot| {

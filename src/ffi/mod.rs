@@ -49,6 +49,7 @@ pub mod persistence;
 pub mod persistence_entries;
 pub mod persistence_stats;
 pub(crate) mod process;
+pub(crate) mod sharded_lock;
 mod status;
 pub mod store_options;
 pub mod tiered;

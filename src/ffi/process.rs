@@ -3,9 +3,9 @@
 //! crates kcache uses, so their `unsafe` lives here, beside the rest of kcache's foreign calls.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{
-    Arc, Mutex, MutexGuard, Once, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
+    Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak,
 };
 
 /// Whether the kernel started this process in secure-execution mode (setuid, setgid, file
@@ -25,9 +25,21 @@ pub(crate) fn at_secure() -> bool {
 /// parent (a background thread, held locks, queued work) records the generation it was made in
 /// and starts afresh when it differs.
 pub(crate) fn fork_generation() -> u64 {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| on_fork_child(count_fork));
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    once_without_waiting(&REGISTERED, || on_fork_child(count_fork));
     FORKS.load(Ordering::Acquire)
+}
+
+/// Runs `first` on the first call with `flag`, and returns at once from every other call, even
+/// one made while that first call still runs. A `Once` makes the others wait, and a thread of a
+/// forked child that waits for a `Once` its parent's thread was running at the fork waits
+/// forever (seen: a child's first lock file, waiting for the registration of the hook that
+/// closes inherited ones). For process-wide registrations whose absence for a moment is the
+/// state before kcache made them.
+pub(crate) fn once_without_waiting(flag: &AtomicBool, first: impl FnOnce()) {
+    if !flag.load(Ordering::Acquire) && !flag.swap(true, Ordering::AcqRel) {
+        first();
+    }
 }
 
 static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -83,8 +95,8 @@ pub(crate) fn lock_at_forks(locked: Weak<dyn ForkLocked>) {
 /// Registers the prepare, parent and child steps that close the sections and take the
 /// registered locks, once.
 fn watch_forks() {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| {
+    static REGISTERED: AtomicBool = AtomicBool::new(false);
+    once_without_waiting(&REGISTERED, || {
         // SAFETY: the three handlers are 'static functions; they run on the forking thread,
         // and only take or release `SECTIONS` and the registered locks (the prepare step
         // before the fork, where any work is allowed; the others release what it took).
@@ -226,5 +238,30 @@ mod tests {
             "the child is one fork further"
         );
         assert_eq!(fork_generation(), before, "the parent is unchanged");
+    }
+
+    #[test]
+    fn a_call_made_while_the_first_runs_returns_without_running_or_waiting() {
+        static FLAG: AtomicBool = AtomicBool::new(false);
+        let (running, first_runs) = std::sync::mpsc::channel();
+        let (finish, may_finish) = std::sync::mpsc::channel::<()>();
+        let first = std::thread::spawn(move || {
+            let mut ran = false;
+            once_without_waiting(&FLAG, || {
+                ran = true;
+                running.send(()).unwrap();
+                may_finish.recv().unwrap();
+            });
+            ran
+        });
+        first_runs.recv().unwrap();
+        // The first call is still inside: a `Once` would block here (and the test hang).
+        let mut ran_again = false;
+        once_without_waiting(&FLAG, || ran_again = true);
+        assert!(!ran_again);
+        finish.send(()).unwrap();
+        assert!(first.join().unwrap());
+        once_without_waiting(&FLAG, || ran_again = true);
+        assert!(!ran_again);
     }
 }

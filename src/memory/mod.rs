@@ -47,7 +47,6 @@ mod shared;
 pub(crate) mod stats;
 mod sync;
 mod tally;
-mod thread_index;
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
@@ -79,14 +78,21 @@ use crate::{BuildError, DestroyError, DeviceId, Error, Result};
 /// thread, as quick_cache chooses, from 4 to 64.
 #[cfg(not(feature = "shuttle"))]
 fn shard_count() -> usize {
-    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *COUNT.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .saturating_mul(4)
-            .next_power_of_two()
-            .clamp(4, 64)
-    })
+    // Worked out again by a thread that finds it unknown rather than waiting for another (see
+    // `process::once_without_waiting`): every thread finds the same.
+    static COUNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    match COUNT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => {
+            let count = std::thread::available_parallelism()
+                .map_or(1, usize::from)
+                .saturating_mul(4)
+                .next_power_of_two()
+                .clamp(4, 64);
+            COUNT.store(count, std::sync::atomic::Ordering::Relaxed);
+            count
+        }
+        known => known,
+    }
 }
 
 /// Few shards keep the model checker's schedules short enough to explore.

@@ -25,10 +25,10 @@ macro_rules! unpoisoned {
 }
 
 /// The facade over the implementation `$root` (`std` or `shuttle`): its atomics and threads, its
-/// mutex and condition variable, and the reader-writer lock `$rwlock` (whose guards the caller
-/// imports), the locks taking the guard even when poisoned.
+/// mutex and condition variable, the mutex taking the guard even when poisoned. The caller adds
+/// a reader-writer lock.
 macro_rules! facade {
-    ($root:ident, $($rwlock:ident)::+) => {
+    ($root:ident) => {
         pub use $root::sync::MutexGuard;
         pub use $root::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
         pub use $root::thread::ThreadId;
@@ -40,10 +40,6 @@ macro_rules! facade {
         unpoisoned!(
             #[derive(Default)]
             Mutex($root::sync::Mutex) { lock -> MutexGuard }
-        );
-        unpoisoned!(
-            #[derive(Default)]
-            RwLock($($rwlock)::+) { read -> RwLockReadGuard, write -> RwLockWriteGuard }
         );
 
         #[derive(Default)]
@@ -63,22 +59,22 @@ macro_rules! facade {
 }
 
 // The standard library's mutex waits on its own memory: parking_lot's waits in a table the whole
-// process shares, which a fork can leave locked in the child. The shard lock is a sharded one: a
-// plain reader-writer lock makes every reader write its one lock word, and on a shared hot set
-// that cache line then travels between cores on every hit; a sharded lock gives each thread a
-// word of its own, at the price of a slower write lock (misses and evictions only).
+// process shares, which a fork can leave locked in the child. The shard lock is sharded per
+// thread (a hot key's hits write no shared lock word), and fork-safe: see `ffi::sharded_lock`.
 #[cfg(not(feature = "shuttle"))]
 mod imp {
-    pub use crossbeam_utils::sync::{
-        ShardedLockReadGuard as RwLockReadGuard, ShardedLockWriteGuard as RwLockWriteGuard,
-    };
-    facade!(std, crossbeam_utils::sync::ShardedLock);
+    pub(crate) use crate::ffi::sharded_lock::ShardedLock as RwLock;
+    facade!(std);
 }
 
 #[cfg(feature = "shuttle")]
 mod imp {
     pub use shuttle::sync::{RwLockReadGuard, RwLockWriteGuard};
-    facade!(shuttle, shuttle::sync::RwLock);
+    facade!(shuttle);
+    unpoisoned!(
+        #[derive(Default)]
+        RwLock(shuttle::sync::RwLock) { read -> RwLockReadGuard, write -> RwLockWriteGuard }
+    );
 }
 
 pub(crate) use imp::*;

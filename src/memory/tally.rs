@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::thread_index;
+use crate::thread_index;
 
 /// Threads with an index below this count into a slot of their own; the rest share one with
 /// atomic additions. Each slot is two cache lines wide, so a cache spends 8 KiB on them.

@@ -1,33 +1,45 @@
 //! A small number for each live thread, handed to another thread only after its holder has
 //! exited, so that per-thread slots can be a plain array indexed by it: at any moment at most
 //! one live thread holds a given index.
+//!
+//! Taking and returning an index is a compare-and-swap and a store on a table of flags, never a
+//! lock: a thread starts or exits at any moment, and a lock it held when another thread forked
+//! would stay held in the child, where every thread's first index would then wait for it.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// The next index never handed out.
-static NEXT: AtomicUsize = AtomicUsize::new(0);
+/// Indices below this are handed out again once their thread exits; past it, each thread gets
+/// a fresh one (more than this many threads alive at once).
+const REUSED: usize = 256;
 
-/// Indices of exited threads, smallest first, so that the live threads' indices stay small.
-/// The lock also orders an exited thread's last writes to its slots before the next holder's.
-static FREE: Mutex<BinaryHeap<Reverse<usize>>> = Mutex::new(BinaryHeap::new());
+/// Which of the reused indices a live thread holds. A forked child keeps its parent's flags:
+/// the indices of the parent's other threads, which the child does not have, stay taken.
+static TAKEN: [AtomicBool; REUSED] = [const { AtomicBool::new(false) }; REUSED];
+
+/// The next index past [`REUSED`] never handed out.
+static NEXT: AtomicUsize = AtomicUsize::new(REUSED);
 
 struct Registration(usize);
 
 impl Registration {
+    /// The smallest free index, so that the live threads' indices stay small. Taking it
+    /// (acquire) orders its previous holder's last writes to its slots before this thread's.
     fn new() -> Self {
-        let reused = FREE.lock().unwrap_or_else(PoisonError::into_inner).pop();
-        Self(reused.map_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed), |Reverse(i)| i))
+        let free = TAKEN.iter().position(|taken| {
+            !taken.load(Ordering::Relaxed)
+                && taken
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+        });
+        Self(free.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed)))
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        FREE.lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Reverse(self.0));
+        if let Some(taken) = TAKEN.get(self.0) {
+            taken.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -38,7 +50,7 @@ thread_local! {
 /// This thread's index; `None` while its thread-local storage is being torn down (the index
 /// may already belong to another thread).
 #[inline]
-pub(super) fn current() -> Option<usize> {
+pub(crate) fn current() -> Option<usize> {
     INDEX.try_with(|r| r.0).ok()
 }
 
