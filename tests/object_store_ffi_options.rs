@@ -6,7 +6,7 @@
 //! first use, never at open.
 
 use std::ffi::CString;
-use std::mem::{offset_of, size_of};
+use std::mem::size_of;
 use std::ptr;
 
 use kcache::ffi::kc_status;
@@ -91,27 +91,22 @@ fn a_store_order_naming_no_store_is_refused() {
 }
 
 #[test]
-fn the_defaults_are_written_at_the_callers_size() {
-    // A caller whose struct ends before `store_order` (as a shorter layout would): the bytes
-    // past its size are left alone.
+fn the_defaults_need_the_size_of_the_release_that_made_the_struct() {
+    // A struct one byte shorter than C API 3.1's, which introduced it, is refused untouched:
+    // the same size kc_persistence_open_with_stores would refuse.
     let mut stores = defaults();
-    let marker = c"left alone";
-    stores.store_order = marker.as_ptr();
     stores.s3_timeout_ms = 7;
-    stores.struct_size = offset_of!(kc_store_options, store_order);
+    stores.struct_size = size_of::<kc_store_options>() - 1;
     // SAFETY: writable for its `struct_size` (the whole struct, in fact).
+    let status = unsafe { kc_store_options_default(&mut stores) };
+    assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+    assert_eq!(stores.s3_timeout_ms, 7, "a refused struct is not written");
+    // At 3.1's size: every field defaulted.
+    stores.struct_size = size_of::<kc_store_options>();
+    // SAFETY: as above.
     assert_eq!(
         unsafe { kc_store_options_default(&mut stores) },
         kc_status::KC_OK
     );
-    assert_eq!(
-        stores.s3_timeout_ms, 0,
-        "inside the caller's size: defaulted"
-    );
-    assert_eq!(stores.store_order, marker.as_ptr(), "past it: not written");
-    // A size that holds not even the first field is refused.
-    stores.struct_size = size_of::<usize>() - 1;
-    // SAFETY: as above.
-    let status = unsafe { kc_store_options_default(&mut stores) };
-    assert_eq!(status, kc_status::KC_ERR_INVALID_ARGUMENT);
+    assert_eq!(stores.s3_timeout_ms, 0);
 }

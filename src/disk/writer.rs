@@ -51,7 +51,7 @@ const RECHECK: Duration = Duration::from_millis(50);
 const MIN_POLLED: usize = 32;
 
 /// Conditions of parked writes kept to poll, at most: a quarter of the process's open file
-/// limit (`RLIMIT_NOFILE`, the soft one, as it was at the first call), each holding one lock
+/// limit (`RLIMIT_NOFILE`, the soft one, as the first calls found it), each holding one lock
 /// file open; at least 32.
 pub fn max_polled() -> usize {
     // Worked out again by a thread that finds it unknown rather than waiting for another (see
@@ -233,6 +233,7 @@ impl Writer {
             // A forked child: see the module's comment.
             std::mem::forget(std::mem::take(&mut *line));
         }
+        let mut started_now = false;
         if start && line.thread.is_none() {
             let queue = Arc::clone(&line.queue);
             let tick = self.every_few_seconds.get().cloned();
@@ -240,12 +241,17 @@ impl Writer {
                 .name("kcache-writer".into())
                 .spawn(move || queue.run(tick))
                 .ok();
-            if line.thread.is_some() {
-                // From now on an exit has writes to finish.
-                super::exit::flush_at_exit();
-            }
+            started_now = line.thread.is_some();
         }
-        (Arc::clone(&line.queue), line.thread.is_some())
+        let queue = (Arc::clone(&line.queue), line.thread.is_some());
+        // Outside the line, which a fork takes: registering may log, and a log hook may fork
+        // or write.
+        drop(line);
+        if started_now {
+            // From now on an exit has writes to finish.
+            super::exit::flush_at_exit();
+        }
+        queue
     }
 
     /// Writes queued, parked or running.

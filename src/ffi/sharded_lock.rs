@@ -1,5 +1,7 @@
-//! A reader-writer lock sharded per thread, which a fork cannot leave taken where its child
-//! needs it: the lock of the memory tier's tables and of the backends' registries.
+//! A reader-writer lock sharded per thread whose readers never wait on a process-wide lock: the
+//! lock of the memory tier's tables (which every fork takes, see `ForkLocked`) and of the
+//! backends' registries (written only when a device is registered or evicted, and not taken
+//! by a fork: a fork during such a write leaves the registry locked in the child).
 //!
 //! A plain reader-writer lock makes every reader write its one lock word, and on a shared hot
 //! set that cache line then travels between cores on every hit. A sharded lock gives each
@@ -7,8 +9,8 @@
 //! in order (misses and evictions only). crossbeam's `ShardedLock` does the same, but hands out
 //! its thread indices under one process-wide mutex, taken when a thread first reads and when it
 //! exits: a thread of the parent inside that mutex at a fork leaves it locked in the child,
-//! whose first read on a thread that had not read yet then waits forever (seen: one run in
-//! fifteen of the fork test). Here the index is [`crate::thread_index`]'s, taken without a lock,
+//! whose first read on a thread that had not read yet then waits forever (seen in the
+//! hundred-fork test). Here the index is [`crate::thread_index`]'s, taken without a lock,
 //! and the shards are the standard library's locks, whose holders' forks the memory tier
 //! already waits for (`ForkLocked`). The only `unsafe` is handing out the value the shards
 //! guard; it lives here with kcache's other code of the process's life.
@@ -38,10 +40,9 @@ pub(crate) struct ShardedLock<T> {
 }
 
 // SAFETY: the lock hands out `&T` to several threads at once and `&mut T` to one: as
-// `std::sync::RwLock`, it is `Sync` when `T` may be shared and sent, and `Send` when `T` is.
+// `std::sync::RwLock`, it is `Sync` when `T` may be shared and sent. (`Send` when `T` is
+// comes with the fields.)
 unsafe impl<T: Send + Sync> Sync for ShardedLock<T> {}
-// SAFETY: see above.
-unsafe impl<T: Send> Send for ShardedLock<T> {}
 
 impl<T> ShardedLock<T> {
     pub(crate) fn new(value: T) -> Self {

@@ -40,10 +40,15 @@ pub struct kc_store_options {
     pub no_backfill: bool,
 }
 
+/// The struct's size in C API 3.1, which introduced it: the least a caller may hand in. Fields
+/// added later go at the end, and a 3.1 caller's struct stays valid without them.
+const SIZE_3_1: usize = 96;
+const _: () = assert!(size_of::<kc_store_options>() == SIZE_3_1);
+
 // SAFETY: every field but the bools is an integer or a raw pointer.
 unsafe impl GrownInput for kc_store_options {
     const C_NAME: &str = "kc_store_options";
-    const MIN_SIZE: usize = size_of::<kc_store_options>();
+    const MIN_SIZE: usize = SIZE_3_1;
     const BOOLS: &[usize] = &[
         offset_of!(kc_store_options, s3_read_only),
         offset_of!(kc_store_options, s3_allow_unkeyed),
@@ -71,7 +76,8 @@ unsafe impl GrownInput for kc_store_options {
 pub unsafe extern "C" fn kc_store_options_default(out: *mut kc_store_options) -> kc_status {
     guard(|| {
         let defaults = kc_store_options::DEFAULT;
-        let min = offset_of!(kc_store_options, s3_url);
+        // The size `kc_persistence_open_with_stores` accepts, at least.
+        let min = kc_store_options::MIN_SIZE;
         // SAFETY: NULL (refused) or writable for its `struct_size` by contract.
         unsafe { write_sized(out, defaults, "out", "kc_store_options", min) }
     })

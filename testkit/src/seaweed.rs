@@ -250,13 +250,13 @@ impl SeaweedServer {
     }
 }
 
-/// The status of `request`, retried for a few seconds while it fails or answers 5xx (a server
-/// just started).
 /// The space free to this user on the filesystem of `path`, in MiB (0 when unknown).
 fn free_mib(path: &Path) -> u64 {
-    rustix::fs::statvfs(path).map_or(0, |s| (s.f_bavail * s.f_frsize) >> 20)
+    rustix::fs::statvfs(path).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize) >> 20)
 }
 
+/// The status of `request`, retried for a few seconds while it fails or answers 5xx (a server
+/// just started).
 fn retry(request: impl Fn() -> Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -354,8 +354,7 @@ def _find_group(state: _State, key: str, group: str) -> dict[str, bytes] | _Clai
         old = state.pending.get(ident)
     if old is not None and old.thread == threading.get_ident():
         # This thread compiles the kernel again: its earlier compile of it is over.
-        if old.abandon():
-            state.count("abandoned")
+        _give_up(old, state)
     claim = _Claim()
     outcome: list[object] = []
     limit = _claim_seconds()
@@ -365,8 +364,7 @@ def _find_group(state: _State, key: str, group: str) -> dict[str, bytes] | _Clai
         claim.woken.set()
         claim.closed.wait(limit)
         if claim.payload is None:
-            if claim.abandon():
-                state.count("abandoned")
+            _give_up(claim, state)
             raise _Abandoned(f"the compile of {group} stored no group")
         return claim.payload
 
@@ -462,7 +460,35 @@ def _get_file(state: _State, key: str, name: str) -> bytes | None:
     return files[name]
 
 
-class CacheManager(_Base):
+class _Claimant:
+    """What both front-ends do with a group's lookup: the claim this object's compile holds,
+    handed the group when it is stored, given up if the object is dropped first (Triton drops
+    it when the compile raises)."""
+
+    key: str
+    _state: _State
+    _claim: _Claim | None = None
+
+    def _look_up(self, group: str) -> dict[str, bytes] | None:
+        """The group's files; None when this process is to compile it (claimed if it can be)."""
+        found = _find_group(self._state, self.key, group)
+        if isinstance(found, _Claim):
+            self._claim = found
+            weakref.finalize(self, _give_up, found, self._state)
+            return None
+        return found
+
+    def _store(self, group: str, files: Mapping[str, bytes]) -> None:
+        claim, self._claim = self._claim, None
+        _store_group(self._state, self.key, group, files, claim)
+
+    def _give_claim_up(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            _give_up(claim, self._state)
+
+
+class CacheManager(_Claimant, _Base):
     """Triton's ``CacheManager`` on kcache: ``TRITON_CACHE_MANAGER=kcache.triton:CacheManager``.
 
     Triton makes one per kernel key. Dumping and overriding (``TRITON_KERNEL_DUMP``,
@@ -484,7 +510,6 @@ class CacheManager(_Base):
         self._files: dict[str, bytes] = {}
         self._paths: dict[str, str] = {}
         self._scratch: str | None = None
-        self._claim: _Claim | None = None
 
     # The group: one entry holding every file of one compile.
 
@@ -492,16 +517,8 @@ class CacheManager(_Base):
         if self._delegate is not None:
             return self._delegate.get_group(filename)  # type: ignore[no-any-return]
         self._group = _safe_name(filename)
-        found = _find_group(self._state, self.key, self._group)
-        if isinstance(found, _Claim):
-            # This process compiles; put_group hands the group to the build. A compile that
-            # raises drops this manager, which gives the claim up.
-            self._claim = found
-            weakref.finalize(self, _give_up, found, self._state)
-            return None
-        if found is None:
-            return None
-        return self._state.materialize(self.key, found)
+        found = self._look_up(self._group)
+        return None if found is None else self._state.materialize(self.key, found)
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         if self._delegate is not None:
@@ -513,8 +530,7 @@ class CacheManager(_Base):
             else:  # a path Triton made itself (not a store's): read it
                 with open(path, "rb") as f:
                     files[name] = f.read()
-        claim, self._claim = self._claim, None
-        _store_group(self._state, self.key, _safe_name(filename), files, claim)
+        self._store(_safe_name(filename), files)
         grp = json.dumps({"child_paths": {n: p for n, p in group.items()}})
         return self._put_scratch(f"__grp__{filename}", grp.encode())
 
@@ -557,7 +573,7 @@ class CacheManager(_Base):
 _GROUP_PREFIX = "__grp__"
 
 
-class RemoteBackend(_RemoteBase):
+class RemoteBackend(_Claimant, _RemoteBase):
     """Triton's ``RemoteCacheBackend`` on kcache, for Triton's own ``RemoteCacheManager``::
 
         TRITON_CACHE_MANAGER=triton.runtime.cache:RemoteCacheManager
@@ -580,7 +596,6 @@ class RemoteBackend(_RemoteBase):
         self._group: str | None = None
         self._found: dict[str, bytes] = {}
         self._puts: dict[str, bytes] = {}
-        self._claim: _Claim | None = None
 
     def get(self, filenames: list[str]) -> dict[str, bytes]:
         if self._state.tiered is None:
@@ -608,43 +623,36 @@ class RemoteBackend(_RemoteBase):
         if self._group is None:
             _put_file(self._state, self.key, name, blob)
         elif name == _GROUP_PREFIX + self._group:
-            self._store(blob)
+            self._store_listed(blob)
         else:
             self._puts[name] = blob
 
     def _find(self, group: str) -> bytes | None:
         """The list of ``group``'s files, its files kept for the calls that ask for them; None
         on a miss (claimed when this process is to compile)."""
-        self._group, self._found, self._puts = group, {}, {}
-        found = _find_group(self._state, self.key, group)
-        if isinstance(found, _Claim):
-            self._claim = found
-            weakref.finalize(self, _give_up, found, self._state)
+        self._group, self._puts = group, {}
+        self._found = self._look_up(group) or {}
+        if not self._found:
             return None
-        if found is None:
-            return None
-        self._found = found
-        return json.dumps({"child_paths": sorted(found)}).encode()
+        return json.dumps({"child_paths": sorted(self._found)}).encode()
 
-    def _store(self, listing: bytes) -> None:
+    def _store_listed(self, listing: bytes) -> None:
         """The group's list came: its files, put before it, are stored as one entry."""
         assert self._group is not None
         group, self._group = self._group, None
-        claim, self._claim = self._claim, None
         try:
             names = json.loads(listing)["child_paths"]
             files = {_safe_name(n): self._puts[n] for n in names}
         except (ValueError, KeyError, TypeError) as exc:
             _log.warning("kcache.triton: %s: a group list without its files (%r)", group, exc)
-            if claim is not None and claim.abandon():
-                self._state.count("abandoned")
+            self._give_claim_up()
             return
-        _store_group(self._state, self.key, group, files, claim)
+        self._store(group, files)
         self._found, self._puts = files, {}
 
 
 def _give_up(claim: _Claim, state: _State) -> None:
-    # A manager dropped before its group was stored: its compile failed.
+    """Gives ``claim`` up (its compile failed, or stored no group), counted once."""
     if claim.abandon():
         state.count("abandoned")
 
