@@ -32,5 +32,14 @@ kc_run() {
   done
   # A forked child flushes without writing the binary its parent holds back.
   "$bin/fork_held_back" "$KC_WORK/$variant-fork"
+
+  # Under the layer, one thread launches while releases publish the binaries held back (its
+  # program's among them): no abort, right values, every program stored.
+  local layered="$KC_WORK/$variant-layered"
+  KCACHE_DIR="$layered" XDG_CACHE_HOME="$KC_WORK/$variant-xdg" \
+    "$KC_TARGET/debug/kcache" run -- "$bin/launch_while_publishing" 6
+  local stored
+  stored=$(find "$layered" -name '*.kce' | wc -l)
+  [[ "$stored" -eq 7 ]] || kc_fail "$variant: $stored programs stored under the layer, not 7"
 }
 kc_suites "OpenCL C tests" c-tests/opencl opencl

@@ -634,6 +634,23 @@ fn pyopencl_tests() -> Option<PathBuf> {
     );
 }
 
+/// pytest on the test file `path`, the tests chosen by `select` (pytest's `-k`; all if empty).
+fn pytest<'a>(path: &'a Path, select: &'a str) -> Vec<&'a str> {
+    let mut program = vec![
+        python(),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        path.to_str().unwrap(),
+    ];
+    if !select.is_empty() {
+        program.extend(["-k", select]);
+    }
+    program
+}
+
 /// Runs PyOpenCL's test file `file` (tests chosen by `select`, pytest's `-k`) unchanged: the
 /// same counts of passed, skipped and failed tests without the layer, cold and warm.
 fn pyopencl_suite(file: &str, select: &str) {
@@ -642,19 +659,7 @@ fn pyopencl_suite(file: &str, select: &str) {
     };
     let setup = Setup::new();
     let path = dir.join(file);
-    let path = path.to_str().unwrap();
-    let mut program = vec![
-        python(),
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        path,
-    ];
-    if !select.is_empty() {
-        program.extend(["-k", select]);
-    }
+    let program = pytest(&path, select);
     same_summary_cold_and_warm(&setup, &program, &[], |out| {
         let text = String::from_utf8_lossy(&out.stdout);
         // The summary line: "41 passed, 1 skipped, 2 xfailed, 9 warnings in 7.52s".
@@ -671,6 +676,55 @@ fn pyopencl_suite(file: &str, select: &str) {
         );
         counts
     });
+}
+
+/// PyOpenCL's `test_can_build_and_run_binary` launches a kernel and returns without waiting
+/// for it, so the layer publishes the binaries it holds back (at a program's release, and at
+/// exit) while PoCL may still be compiling that launch: the two at once aborted one run in two
+/// on a busy machine. Fifty runs, two at a time beside two busy threads, each with a cache
+/// directory of its own (every run cold) and PoCL's own kernel cache off: none fails.
+#[test]
+fn pyopencl_binary_test_never_aborts_while_launches_run() {
+    let Some(dir) = pyopencl_tests() else {
+        return;
+    };
+    let path = dir.join("test_wrapper.py");
+    let program = pytest(&path, "test_can_build_and_run_binary");
+    let _load = kcache_testkit::load::Load::start(2);
+    let mut failed = Vec::new();
+    for round in 0..25 {
+        let runs: Vec<_> = (0..2)
+            .map(|_| {
+                let setup = Setup::new();
+                let child = setup
+                    .command(true, &program, &[("POCL_KERNEL_CACHE", "0")])
+                    .env("XDG_CACHE_HOME", setup.dir.with_file_name("xdg"))
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (setup, child)
+            })
+            .collect();
+        for (setup, child) in runs {
+            let output = child.wait_with_output().unwrap();
+            if !output.status.success() {
+                failed.push(format!(
+                    "round {round}: {}: {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            } else {
+                // Each run stored its two programs: the test's and the random generator's.
+                assert!(setup.entries() >= 2, "{}", setup.entries());
+            }
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 50 runs failed: {failed:?}",
+        failed.len()
+    );
 }
 
 #[test]

@@ -14,6 +14,7 @@ use crate::disk::{Descriptor, DiskBytes, DiskStats};
 use crate::error::{BuildError, Error, Result};
 use crate::headers::{Embedded, Headers, Unknowable, opencl_search};
 use crate::key::{Key, KeyBuilder};
+use crate::log;
 use crate::memory::{self, Built, Lease};
 use crate::metrics::Backend;
 
@@ -179,28 +180,16 @@ impl Runtime for OpenCl {
             &registered.info().device_name,
             &program.kernel_names().unwrap_or_default(),
         );
-        // The binary is asked for on the background writer, not here: on PoCL the first query
-        // compiles work-group code, which can take longer than the build. Until then the
-        // program weighs its source's length, its binary's size being unknown.
+        // Until its binary is known the program weighs its source's length.
         let weight = input.sources.iter().map(|s| s.len() as u64).sum();
-        // The writer holds references of its own, so the program outlives an early eviction.
-        // The program works without its binary; only the disk tier misses out.
-        let query = self
-            .stores
-            .then(|| program.retain().ok())
-            .flatten()
-            .map(|binary| {
-                move || {
-                    binary
-                        .binary()
-                        .map_err(|e| BuildError::new(0, e.to_string()))
-                }
-            });
         // A compiled object has no launches whose code PoCL would add to its binary.
         let executable = matches!(input.make, Make::Executable);
-        let bytes = if executable && pocl::applies_to(registered.info()) {
+        let bytes = if !self.stores {
+            None
+        } else if executable && pocl::applies_to(registered.info()) {
             // Held back until another process wants it (a sibling's binary) or the cache is
-            // flushed (the program's own); see `pocl`.
+            // flushed (the program's own, under the layer's gate); see `pocl`. The writer
+            // holds references of its own, so the program outlives an early eviction.
             let sibling = Sibling::new(
                 self.api,
                 &program,
@@ -210,11 +199,23 @@ impl Runtime for OpenCl {
                 &options,
                 (Arc::clone(&self.source_builds), Arc::clone(&self.siblings)),
             );
-            sibling
-                .zip(query)
-                .map(|(sibling, settled)| DiskBytes::held(move || sibling.binary(), settled))
+            let settled = program.retain().ok();
+            sibling.zip(settled).map(|(sibling, settled)| {
+                DiskBytes::held(
+                    move || sibling.binary(),
+                    move || pocl::settled_binary(&settled),
+                )
+            })
         } else {
-            query.map(DiskBytes::later)
+            // Asked for here, on the caller's thread, before anything else has the program: a
+            // background query could meet the caller's launches in the driver. Other drivers'
+            // binaries are made by the build, so the query costs a copy. The program works
+            // without its binary; only the tiers miss out.
+            program
+                .binary()
+                .inspect_err(|e| log::info(|| format!("OpenCL binary not stored: {e}")))
+                .ok()
+                .map(DiskBytes::from)
         };
         Ok(Compiled {
             value: program,

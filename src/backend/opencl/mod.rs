@@ -11,6 +11,7 @@ pub(crate) mod runtime;
 pub(crate) mod sys;
 
 pub use cache::{OpenClCache, OpenClOptions, OpenClStats, ProgramLease, program_disk_key};
+pub(crate) use pocl::set_quiet;
 pub use programs::context_devices;
 pub use runtime::{ContextRef, Device, DeviceIdentity, Program};
 pub use sys::{

@@ -20,7 +20,11 @@
 //!   the launches' code: PoCL packs a program loaded from a binary as the bytes it was loaded
 //!   from, whatever its launches compiled (`docs/node.md`, measured);
 //! - at flush (and when the cache is freed), the cached program's binary, which then holds
-//!   what its launches compiled: stored, or replacing the sibling's when it is larger. The
+//!   what its launches compiled: stored, or replacing the sibling's when it is larger. That
+//!   query must not meet a launch of the caller's still compiling on PoCL's device threads
+//!   (PoCL 3.1 aborts in `pocl_check_kernel_disk_cache`): under the OpenCL layer it runs
+//!   behind the layer's gate ([`set_quiet`]), which waits for the application's queues;
+//!   callers of the API flush once their launches have finished. The
 //!   sibling is never launched: its binary holds the launches' code only when PoCL's own
 //!   kernel cache is on and the launches came before the sibling's build (the two programs
 //!   then share PoCL's directory for that source). Otherwise it lacks that code, and a process
@@ -33,8 +37,8 @@
 //!   rewrite at flush is what makes the processes that come later warm; it costs one binary
 //!   query per program a waiting process was served.
 //!
-//! Other drivers' binaries do not change with launches, and the cached program is queried
-//! directly on the background writer.
+//! Other drivers' binaries do not change with launches: the cached program is queried right
+//! after its build, on the caller's thread, before anything else has it.
 //!
 //! A PoCL binary also names the directory PoCL unpacks it into when it is loaded, under
 //! PoCL's cache directory (`$XDG_CACHE_HOME/pocl/…` by default, one per user). With PoCL's own
@@ -51,7 +55,7 @@
 use std::borrow::Cow;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use super::runtime::{self, ContextRef, Device, DeviceIdentity, Program};
 use super::sys::{Api, cl_context};
@@ -59,6 +63,37 @@ use crate::Persistence;
 use crate::disk::Reported;
 use crate::error::BuildError;
 use crate::metrics::{self, Backend, Totals};
+
+/// Runs a binary query while none of the application's launches run (the OpenCL layer's gate,
+/// see `layer::entry::launches`); an error when that could not be had.
+pub(crate) type Quiet = fn(&mut dyn FnMut()) -> Result<(), String>;
+
+static QUIET: OnceLock<Quiet> = OnceLock::new();
+
+/// Makes `quiet` the way the binary of a cached program is asked for once its caller may use
+/// it: set by the OpenCL layer, which sees the application's queues and launches.
+pub(crate) fn set_quiet(quiet: Quiet) {
+    let _ = QUIET.set(quiet);
+}
+
+/// `query` run under the layer's gate, when there is one.
+fn quietly<T>(query: impl FnOnce() -> T) -> Result<T, String> {
+    let Some(quiet) = QUIET.get() else {
+        return Ok(query());
+    };
+    let mut query = Some(query);
+    let mut answer = None;
+    quiet(&mut || answer = query.take().map(|q| q()))?;
+    answer.ok_or_else(|| "the binary query did not run".to_string())
+}
+
+/// The binary of `program`, a cached program its callers may be launching: asked for under
+/// the layer's gate (see [`set_quiet`]).
+pub(super) fn settled_binary(program: &Program) -> Result<Vec<u8>, BuildError> {
+    quietly(|| program.binary())
+        .map_err(|why| BuildError::new(0, format!("the binary was not taken: {why}")))?
+        .map_err(|e| BuildError::new(0, e.to_string()))
+}
 
 /// The platform name PoCL reports.
 const POCL_PLATFORM: &str = "Portable Computing Language";

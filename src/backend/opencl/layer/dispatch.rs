@@ -16,6 +16,9 @@ pub(super) mod slot {
     pub const clGetDeviceIDs: usize = 2;
     pub const clGetDeviceInfo: usize = 3;
     pub const clGetContextInfo: usize = 8;
+    pub const clCreateCommandQueue: usize = 9;
+    pub const clReleaseCommandQueue: usize = 11;
+    pub const clGetCommandQueueInfo: usize = 12;
     pub const clCreateProgramWithSource: usize = 26;
     pub const clCreateProgramWithBinary: usize = 27;
     pub const clRetainProgram: usize = 28;
@@ -27,9 +30,16 @@ pub(super) mod slot {
     pub const clCreateKernelsInProgram: usize = 35;
     pub const clReleaseKernel: usize = 37;
     pub const clGetKernelInfo: usize = 39;
+    pub const clGetEventInfo: usize = 42;
+    pub const clReleaseEvent: usize = 44;
+    pub const clFlush: usize = 46;
+    pub const clEnqueueNDRangeKernel: usize = 59;
+    pub const clEnqueueTask: usize = 60;
     pub const clCreateProgramWithBuiltInKernels: usize = 97;
     pub const clCompileProgram: usize = 98;
     pub const clLinkProgram: usize = 99;
+    pub const clEnqueueMarkerWithWaitList: usize = 105;
+    pub const clCreateCommandQueueWithProperties: usize = 123;
     pub const clCloneKernel: usize = 137;
     /// OpenCL 2.1: the last slot the layer needs.
     pub const clCreateProgramWithIL: usize = 138;

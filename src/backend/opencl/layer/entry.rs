@@ -7,6 +7,7 @@ use std::ptr;
 use std::sync::{Arc, OnceLock};
 
 mod kernels;
+mod launches;
 
 use super::answer_info;
 use super::dispatch::{entry, slot};
@@ -22,6 +23,10 @@ use crate::log;
 use crate::{Persistence, PersistenceConfig};
 use kernels::{
     clone_kernel, create_kernel, create_kernels_in_program, get_kernel_info, release_kernel,
+};
+use launches::{
+    Launches, QueueCalls, create_command_queue, create_command_queue_with_properties,
+    enqueue_nd_range_kernel, enqueue_task, release_command_queue,
 };
 
 #[allow(non_camel_case_types)]
@@ -86,6 +91,7 @@ pub(super) struct Layer {
     /// loader's initialisation. `None`: no disk tier, so builds go to the driver.
     cache: OnceLock<Option<OpenClCache>>,
     tracked: Tracked,
+    launches: Launches,
 }
 
 static LAYER: OnceLock<Layer> = OnceLock::new();
@@ -120,6 +126,18 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
         with_built_ins: next!(clCreateProgramWithBuiltInKernels),
         with_il: next!(clCreateProgramWithIL),
     };
+    let queue_calls = QueueCalls {
+        create: next!(clCreateCommandQueue),
+        create_with_properties: next!(clCreateCommandQueueWithProperties),
+        release: next!(clReleaseCommandQueue),
+        info: next!(clGetCommandQueueInfo),
+        flush: next!(clFlush),
+        marker: next!(clEnqueueMarkerWithWaitList),
+        event_info: next!(clGetEventInfo),
+        release_event: next!(clReleaseEvent),
+        nd_range: next!(clEnqueueNDRangeKernel),
+        task: next!(clEnqueueTask),
+    };
     let Some(api) = super::dispatch::next_api(table) else {
         return false;
     };
@@ -134,11 +152,31 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
         next,
         cache: OnceLock::new(),
         tracked: Tracked::default(),
+        launches: Launches::new(queue_calls),
     };
     if LAYER.set(layer).is_err() {
         return false;
     }
-    let ours: [(usize, *const c_void); 14] = [
+    // From here on, a binary query of a program the application uses waits for its launches.
+    crate::backend::opencl::set_quiet(launches::quiet);
+    let ours: [(usize, *const c_void); 19] = [
+        (
+            slot::clCreateCommandQueue,
+            create_command_queue as *const c_void,
+        ),
+        (
+            slot::clCreateCommandQueueWithProperties,
+            create_command_queue_with_properties as *const c_void,
+        ),
+        (
+            slot::clReleaseCommandQueue,
+            release_command_queue as *const c_void,
+        ),
+        (
+            slot::clEnqueueNDRangeKernel,
+            enqueue_nd_range_kernel as *const c_void,
+        ),
+        (slot::clEnqueueTask, enqueue_task as *const c_void),
         (
             slot::clCreateProgramWithSource,
             create_program_with_source as *const c_void,
