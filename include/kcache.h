@@ -8,9 +8,8 @@
  *   crash. *_free and *_release accept NULL.
  * - Out-parameters are written only on success.
  * - A struct that starts with size_t struct_size: set it to sizeof the struct as compiled (the
- *   *_default() functions do); in an output struct it is set to the bytes written. Fields and
- *   functions added after a major's first release say so ("Added in 3.1"): a library of that
- *   major takes any struct a program built against an earlier header of it passes.
+ *   *_default() functions do); in an output struct it is set to the bytes written. Additions
+ *   within a major say when ("Added in 3.1"); its libraries take its earlier headers' structs.
  * - What every pointer must be, unless a function's comment says more: a handle live (from its
  *   _new or _open, not yet freed or released); an out-parameter writable; a (pointer, length)
  *   pair readable (or writable) for that length; a string NUL-terminated; a struct with a
@@ -544,9 +543,9 @@ typedef struct kc_persistence_statistics {
   uint64_t s3_bytes_written;
 } kc_persistence_statistics;
 
-// Added in 3.1. The object store and the chain's order and backfill
-// (`docs/object-store.md`): set `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`, `KCACHE_STORE_*`
-// unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
+// Added in 3.1. The object store and the chain's order and backfill (`docs/object-store.md`):
+// set `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`,
+// `KCACHE_STORE_*` unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
 typedef struct kc_store_options {
   size_t struct_size;
   const char *s3_url;
