@@ -8,7 +8,8 @@
  *   crash. *_free and *_release accept NULL.
  * - Out-parameters are written only on success.
  * - A struct that starts with size_t struct_size: set it to sizeof the struct as compiled (the
- *   *_default() functions do); in an output struct it is set to the bytes written.
+ *   *_default() functions do); in an output struct it is set to the bytes written. Additions
+ *   within a major say when ("Added in 3.1"); its libraries take its earlier headers' structs.
  * - What every pointer must be, unless a function's comment says more: a handle live (from its
  *   _new or _open, not yet freed or released); an out-parameter writable; a (pointer, length)
  *   pair readable (or writable) for that length; a string NUL-terminated; a struct with a
@@ -334,9 +335,9 @@ typedef struct kc_cuda_cache_statistics {
   uint64_t nvrtc_compiles;
   // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
   uint64_t nvrtc_failures;
-  // CUDA C++ builds kcache could not key (a computed `#include` it cannot expand,
-  // an option that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles`
-  // too.
+  // Added in 3.1 (a 3.0 program's struct ends before it). CUDA C++ builds kcache could not
+  // key (a computed `#include` it cannot expand, an option that reads a file), compiled and
+  // cached nowhere; counted in `nvrtc_compiles` too.
   uint64_t passed_through;
 } kc_cuda_cache_statistics;
 
@@ -374,8 +375,9 @@ typedef struct kc_opencl_cache_statistics {
   uint64_t disk_misses;
   // Disk reads or writes that failed (the lookup went on without the disk).
   uint64_t disk_errors;
-  // Builds kcache could not key (a computed `#include` it cannot expand, an option
-  // that reads a file), compiled and cached nowhere; counted in `source_builds` too.
+  // Added in 3.1 (a 3.0 program's struct ends before it). Builds kcache could not key (a
+  // computed `#include` it cannot expand, an option that reads a file), compiled and cached
+  // nowhere; counted in `source_builds` too.
   uint64_t passed_through;
 } kc_opencl_cache_statistics;
 
@@ -522,7 +524,8 @@ typedef struct kc_persistence_statistics {
   uint64_t remote_puts;
   uint64_t remote_bytes_read;
   uint64_t remote_bytes_written;
-  // New in 3.1: the object store's, as `remote_*` are Redis's.
+  // Added in 3.1, with every field after it (a 3.0 program's struct ends before it): the
+  // object store's, as `remote_*` are Redis's.
   bool s3;
   bool s3_breaker_open;
   uint64_t s3_hits;
@@ -540,9 +543,9 @@ typedef struct kc_persistence_statistics {
   uint64_t s3_bytes_written;
 } kc_persistence_statistics;
 
-// The object store and the chain's order and backfill (`docs/object-store.md`): set
-// `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`, `KCACHE_STORE_*`
-// unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
+// Added in 3.1. The object store and the chain's order and backfill (`docs/object-store.md`):
+// set `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`,
+// `KCACHE_STORE_*` unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
 typedef struct kc_store_options {
   size_t struct_size;
   const char *s3_url;
@@ -1176,10 +1179,11 @@ int kc_last_build_error(void);
 // KCACHE_VERSION_* macros to detect a header/library mismatch.
 const char *kc_version(void);
 
-// Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
+// Added in 3.1. Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
 enum kc_status kc_store_options_default(struct kc_store_options *out);
 
-// As `kc_persistence_open`, with the stores `stores` describes (NULL: the environment's).
+// Added in 3.1. As `kc_persistence_open`, with the stores `stores` describes (NULL: the
+// environment's).
 enum kc_status kc_persistence_open_with_stores(const struct kc_persistence_options *opts,
                                                const struct kc_store_options *stores,
                                                struct kc_persistence **out);

@@ -19,6 +19,8 @@ use crate::memory;
 pub trait BackendOptions: Copy {
     /// The C name, for messages about its size.
     const C_NAME: &'static str;
+    /// Its size in ABI 3.0, its first layout in this major: a smaller `struct_size` is refused.
+    const MIN_SIZE: usize;
     fn defaults() -> Self;
     /// `max_entries` and `max_weight`.
     fn memory_caps(&self) -> (u64, u64);
@@ -32,6 +34,9 @@ pub trait CacheHandle {
     type Statistics: Copy;
     /// Its C name, for messages about its size.
     const STATISTICS: &'static str;
+    /// Its size in ABI 3.0, its first layout in this major: the least `_stats` accepts, so
+    /// that a program built against any 3.x header gets its counters.
+    const STATISTICS_MIN_SIZE: usize;
     fn inner(&self) -> &Self::Inner;
     fn statistics(&self) -> Self::Statistics;
     fn reset_stats(&self);
@@ -40,10 +45,26 @@ pub trait CacheHandle {
 
 /// [`BackendOptions`] for a backend's options struct (and the function that gives its
 /// defaults) and [`CacheHandle`] for its cache handle: every backend names the fields alike.
+/// `abi_3_0` gives both structs' sizes in ABI 3.0, checked at compile time: the options, which
+/// `_default()` returns by value, can never grow (a 3.0 program holds them in 3.0's size); the
+/// statistics may, and `until` names their first field added since, where 3.0's layout ends.
 macro_rules! backend_handles {
-    ($options:ident, $defaults:ident, $cache:ident, $inner:ty, $statistics:ident $(,)?) => {
+    ($options:ident, $defaults:ident, $cache:ident, $inner:ty, $statistics:ident,
+     abi_3_0: { options: $options_size:literal, statistics: $statistics_size:literal
+                $(until $first_added:ident)? } $(,)?) => {
+        const _: () = assert!(
+            std::mem::size_of::<$options>() == $options_size,
+            concat!(stringify!($options), " is returned by value: it cannot change size")
+        );
+        const _: () = assert!(
+            $crate::ffi::backend_common::backend_handles!(@end_3_0 $statistics $(, $first_added)?)
+                == $statistics_size,
+            concat!(stringify!($statistics), "'s ABI 3.0 fields moved")
+        );
+
         impl $crate::ffi::backend_common::BackendOptions for $options {
             const C_NAME: &'static str = stringify!($options);
+            const MIN_SIZE: usize = $options_size;
 
             fn defaults() -> Self {
                 $defaults()
@@ -58,6 +79,7 @@ macro_rules! backend_handles {
             type Inner = $inner;
             type Statistics = $statistics;
             const STATISTICS: &'static str = stringify!($statistics);
+            const STATISTICS_MIN_SIZE: usize = $statistics_size;
 
             fn inner(&self) -> &$inner {
                 &self.inner
@@ -76,14 +98,21 @@ macro_rules! backend_handles {
             }
         }
     };
+    // Where ABI 3.0's layout of a statistics struct ends: at its first field added since, or
+    // at its end when none was.
+    (@end_3_0 $statistics:ident, $first_added:ident) => {
+        std::mem::offset_of!($statistics, $first_added)
+    };
+    (@end_3_0 $statistics:ident) => {
+        std::mem::size_of::<$statistics>()
+    };
 }
 pub(super) use backend_handles;
 
 /// The body of `kc_<backend>_cache_new`: reads `opts` at the caller's size, takes a reference
 /// to the persistent tiers `persistence` stands for (NULL: the process's default;
 /// `kc_persistence_none()`: none), and writes the cache `make` builds with them to
-/// `*out_cache`. The options of ABI 3.0 are each struct's first layout: a smaller
-/// `struct_size` is refused.
+/// `*out_cache`. A `struct_size` below the options' ABI 3.0 size is refused.
 ///
 /// # Safety
 /// `opts` must be NULL or readable for its `struct_size`, with NULL or C strings in its string
@@ -97,10 +126,9 @@ pub unsafe fn new_cache<O: BackendOptions, C>(
     guard(|| {
         non_null(opts, "opts")?;
         non_null(out_cache, "out_cache")?;
-        let min_size = size_of::<O>();
         // SAFETY: `opts` is readable for its `struct_size` by contract; every field is an
         // integer, a raw pointer or an optional function pointer.
-        let opts = unsafe { read_grown(opts, "opts", O::C_NAME, min_size, O::defaults(), &[]) }?;
+        let opts = unsafe { read_grown(opts, "opts", O::C_NAME, O::MIN_SIZE, O::defaults(), &[]) }?;
         let (max_entries, max_weight) = opts.memory_caps();
         let memory = memory::Options {
             max_entries: (max_entries != 0).then_some(max_entries),
@@ -155,7 +183,7 @@ pub unsafe fn evict_by<C: CacheHandle>(
 }
 
 /// The body of `kc_<backend>_cache_stats`: writes the counters of `cache` into the caller's
-/// `*out` (of at least its ABI 3.0 size).
+/// `*out` (of at least its ABI 3.0 size), as many fields as both sides know.
 ///
 /// # Safety
 /// `cache` must be NULL or a live handle; `out` NULL or a writable struct of at least its
@@ -164,9 +192,9 @@ pub unsafe fn write_stats<C: CacheHandle>(cache: *const C, out: *mut C::Statisti
     guard(|| {
         // SAFETY: NULL or a live cache by contract; only shared access is needed.
         let stats = unsafe { live(cache, "cache") }?.statistics();
-        let size = size_of::<C::Statistics>();
+        let min = C::STATISTICS_MIN_SIZE;
         // SAFETY: `out` is NULL (refused) or a writable struct of its `struct_size` by contract.
-        unsafe { write_sized(out, stats, "out", C::STATISTICS, size) }
+        unsafe { write_sized(out, stats, "out", C::STATISTICS, min) }
     })
 }
 

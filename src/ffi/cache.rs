@@ -152,6 +152,12 @@ pub struct kc_cache_stats {
     pub leases: u64,
 }
 
+/// `kc_cache_statistics` in ABI 3.0, its first layout in this major and the least
+/// `kc_cache_stats` accepts. Each backend's statistics hold one as `memory`, so it can never
+/// grow: its fields would move theirs.
+const STATISTICS_3_0: usize = 120;
+const _: () = assert!(size_of::<kc_cache_stats>() == STATISTICS_3_0);
+
 c_statistics!(Stats => kc_cache_stats {
     hits, misses, builds, build_failures, waits, discarded, capacity_evictions, device_evictions,
     clears, destroys, destroy_errors, entries, weight, leases,
@@ -417,8 +423,7 @@ pub unsafe extern "C" fn kc_cache_stats(
     guard(|| {
         // SAFETY: NULL or a live cache by contract.
         let stats: kc_cache_stats = unsafe { handle_ref(cache, "cache") }?.stats().into();
-        // The first published layout is the whole struct: every field is known from the start.
-        let min = size_of::<kc_cache_stats>();
+        let min = STATISTICS_3_0;
         // SAFETY: `out` has `out->struct_size` writable bytes by contract; the struct has no
         // padding.
         unsafe { write_sized(out, stats, "out", "kc_cache_statistics", min) }

@@ -85,6 +85,7 @@ backend_handles!(
     kc_cuda_cache,
     CudaCache,
     kc_cuda_cache_statistics,
+    abi_3_0: { options: 40, statistics: 200 until passed_through },
 );
 
 /// One JIT option for the PTX link: a `CUjit_option` number and its integer value. Accepted:
@@ -123,9 +124,9 @@ pub struct kc_cuda_cache_statistics {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
     pub nvrtc_failures: u64,
-    /// CUDA C++ builds kcache could not key (a computed `#include` it cannot expand,
-    /// an option that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles`
-    /// too.
+    /// Added in 3.1 (a 3.0 program's struct ends before it). CUDA C++ builds kcache could not
+    /// key (a computed `#include` it cannot expand, an option that reads a file), compiled and
+    /// cached nowhere; counted in `nvrtc_compiles` too.
     pub passed_through: u64,
 }
 

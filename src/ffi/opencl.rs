@@ -86,6 +86,7 @@ backend_handles!(
     kc_opencl_cache,
     OpenClCache,
     kc_opencl_cache_statistics,
+    abi_3_0: { options: 24, statistics: 176 until passed_through },
 );
 
 /// Counters of an OpenCL cache. Set `struct_size` to `sizeof(kc_opencl_cache_statistics)` first.
@@ -107,8 +108,9 @@ pub struct kc_opencl_cache_statistics {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
-    /// Builds kcache could not key (a computed `#include` it cannot expand, an option
-    /// that reads a file), compiled and cached nowhere; counted in `source_builds` too.
+    /// Added in 3.1 (a 3.0 program's struct ends before it). Builds kcache could not key (a
+    /// computed `#include` it cannot expand, an option that reads a file), compiled and cached
+    /// nowhere; counted in `source_builds` too.
     pub passed_through: u64,
 }
 

@@ -99,10 +99,16 @@ pub struct kc_persistence_options {
     pub remote_key_file: *const c_char,
 }
 
+/// `kc_persistence_options` in ABI 3.0, its first layout in this major and the least
+/// `struct_size` accepted. `kc_persistence_options_default` returns it by value, which a 3.0
+/// program holds in this size, so it can never grow (`kc_store_options` holds what came later).
+const SIZE_3_0: usize = 152;
+const _: () = assert!(size_of::<kc_persistence_options>() == SIZE_3_0);
+
 // SAFETY: every field but the bools is an integer or a raw pointer.
 unsafe impl GrownInput for kc_persistence_options {
     const C_NAME: &str = "kc_persistence_options";
-    const MIN_SIZE: usize = size_of::<kc_persistence_options>();
+    const MIN_SIZE: usize = SIZE_3_0;
     const BOOLS: &[usize] = &[
         offset_of!(kc_persistence_options, relaxed_durability),
         offset_of!(kc_persistence_options, ignore_env),

@@ -46,6 +46,11 @@ pub struct kc_entry_descriptor {
     pub name: *const c_char,
 }
 
+/// `kc_entry_descriptor` in ABI 3.0, its only layout so far. It is read whole (`read_sized`): a
+/// field appended needs a read at the caller's size (`read_grown`), with this as its minimum.
+const SIZE_3_0: usize = 32;
+const _: () = assert!(size_of::<kc_entry_descriptor>() == SIZE_3_0);
+
 /// `kc_persistence_put`, with what the entry holds (`descriptor` NULL: backend `custom`, no device,
 /// no name). A descriptor string that is not UTF-8 is `KC_ERR_INVALID_ARGUMENT`.
 #[unsafe(no_mangle)]

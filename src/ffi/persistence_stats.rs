@@ -82,7 +82,8 @@ pub struct kc_persistence_statistics {
     pub remote_puts: u64,
     pub remote_bytes_read: u64,
     pub remote_bytes_written: u64,
-    /// New in 3.1: the object store's, as `remote_*` are Redis's.
+    /// Added in 3.1, with every field after it (a 3.0 program's struct ends before it): the
+    /// object store's, as `remote_*` are Redis's.
     pub s3: bool,
     pub s3_breaker_open: bool,
     pub s3_hits: u64,

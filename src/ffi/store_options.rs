@@ -19,9 +19,9 @@ use crate::error::Result;
 use crate::object_store::ObjectStoreConfig;
 use crate::store::StoreKind;
 
-/// The object store and the chain's order and backfill (`docs/object-store.md`): set
-/// `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`, `KCACHE_STORE_*`
-/// unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
+/// Added in 3.1. The object store and the chain's order and backfill (`docs/object-store.md`):
+/// set `struct_size`, then `kc_store_options_default`. NULL or 0: `KCACHE_S3_*`,
+/// `KCACHE_STORE_*` unless `ignore_env`. No secret here. `s3_allow_unkeyed` is **unsafe**.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct kc_store_options {
@@ -71,7 +71,7 @@ unsafe impl GrownInput for kc_store_options {
     };
 }
 
-/// Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
+/// Added in 3.1. Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_store_options_default(out: *mut kc_store_options) -> kc_status {
     guard(|| {
@@ -83,7 +83,8 @@ pub unsafe extern "C" fn kc_store_options_default(out: *mut kc_store_options) ->
     })
 }
 
-/// As `kc_persistence_open`, with the stores `stores` describes (NULL: the environment's).
+/// Added in 3.1. As `kc_persistence_open`, with the stores `stores` describes (NULL: the
+/// environment's).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_open_with_stores(
     opts: *const kc_persistence_options,

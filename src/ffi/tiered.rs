@@ -62,6 +62,12 @@ pub struct kc_tiered_callbacks {
     /// Passed to every callback.
     pub ctx: *mut c_void,
 }
+
+/// `kc_tiered_callbacks` in ABI 3.0, its only layout so far. It is read whole (`read_sized`): a
+/// field appended needs a read at the caller's size (`read_grown`), with this as its minimum.
+const SIZE_3_0: usize = 40;
+const _: () = assert!(size_of::<kc_tiered_callbacks>() == SIZE_3_0);
+
 /// Serializes a just-built value with the caller's two-call `serialize`; without one, or when
 /// it fails, nothing is written back. The size the first call announces is checked with
 /// `fits` (the disk's entry size limit) before anything is allocated, and allocated fallibly.

@@ -71,6 +71,7 @@ backend_handles!(
     kc_vulkan_cache,
     VulkanCache,
     kc_vulkan_cache_statistics,
+    abi_3_0: { options: 32, statistics: 200 },
 );
 
 /// Counters of a Vulkan cache. Set `struct_size` to `sizeof(kc_vulkan_cache_statistics)` first.
