@@ -179,7 +179,7 @@ fn keyed(dir: &Path, url: &str) -> PersistenceConfig {
 /// tier and in PoCL's cache.
 fn warm_dirs() -> Dirs {
     let root = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start();
+    let redis = RedisServer::start().expect("the remote tier's rows need redis-server");
     // Another node's disk: the build it makes goes to the remote.
     warm(Persistence::open(keyed(&root.path().join("node"), &redis.url())).unwrap());
     let dirs = Dirs {

@@ -7,6 +7,7 @@ pub mod cuda;
 pub mod fake_s3;
 pub mod ffi;
 pub mod memory;
+pub mod needs;
 pub mod opencl;
 pub mod opencl_layer;
 pub mod prometheus;

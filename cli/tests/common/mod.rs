@@ -6,6 +6,8 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+use kcache_testkit::needs;
+use kcache_testkit::opencl::Context;
 use serde_json::Value;
 
 /// Runs `kcache --dir DIR ARGS`.
@@ -43,6 +45,28 @@ pub fn python() -> &'static str {
     } else {
         "python3"
     }
+}
+
+/// What the layer's tests need to run `program` under it: an OpenCL device, and the program
+/// itself (the system's Python with numpy and PyOpenCL where it is [`python`]). `None` when one
+/// is missing, the test skipped ([`needs::met`]).
+pub fn layer_can_run(program: &str) -> Option<()> {
+    Context::for_test()?;
+    let need = if program == python() {
+        needs::python(
+            program,
+            "numpy, pyopencl",
+            "apt install python3-numpy python3-pyopencl; scripts/test installs them",
+        )
+    } else {
+        let package = match program {
+            "/usr/bin/clblast_test_xaxpy" => "clblast-tests",
+            other => other,
+        };
+        let install = format!("apt install {package}; scripts/test installs it");
+        needs::program(program, &install)
+    };
+    needs::met(need).map(drop)
 }
 
 /// `command` with no setting of the caller's that would change what the OpenCL layer or the
