@@ -305,6 +305,11 @@ fn main() {
         child(mode, iters, Path::new(&dir), &remote);
         return;
     }
+    // Without a device or `redis-server` (`cargo test --all-targets` on a bare machine), this
+    // says so and measures nothing.
+    if Context::for_test().is_none() || kcache_testkit::redis::installed().is_none() {
+        return;
+    }
     // `KCACHE_BENCH_OPS=<n>`: only `n` memory hits, for an instruction counter
     // (`scripts/hit-compare`).
     if let Ok(ops) = std::env::var("KCACHE_BENCH_OPS") {

@@ -18,39 +18,32 @@ use kcache_testkit::needs;
 /// pyopencl's examples as Debian installs them (python-pyopencl-doc).
 const EXAMPLES: &str = "/usr/share/doc/python-pyopencl-doc/examples";
 
-fn layer() -> PathBuf {
-    let layer = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
-    assert!(
-        layer.is_file(),
-        "{} is not built: run cargo build --workspace",
-        layer.display()
-    );
-    layer
-}
-
 /// One cache directory and PoCL kernel cache per test.
 struct Setup {
     _temp: tempfile::TempDir,
     dir: PathBuf,
     pocl: PathBuf,
+    /// The layer's library.
+    layer: PathBuf,
 }
 
 impl Setup {
-    /// For programs of the system's Python with PyOpenCL; `None` when the machine lacks it or
-    /// an OpenCL device (the test skipped).
+    /// For programs of the system's Python with PyOpenCL; `None` when the machine lacks it,
+    /// the layer or an OpenCL device (the test skipped).
     fn new() -> Option<Setup> {
         Setup::for_program(python())
     }
 
-    /// For runs of `program`; `None` when the machine lacks it or an OpenCL device.
+    /// For runs of `program`; `None` when the machine lacks it, the layer or an OpenCL device.
     fn for_program(program: &str) -> Option<Setup> {
-        common::layer_can_run(program)?;
+        let layer = common::layer_can_run(program)?;
         let temp = tempfile::tempdir().unwrap();
         let [dir, pocl] = ["kcache", "pocl"].map(|name| temp.path().join(name));
         Some(Setup {
             _temp: temp,
             dir,
             pocl,
+            layer,
         })
     }
 
@@ -223,9 +216,8 @@ fn opencl_layers_set_by_hand_works_as_kcache_run() {
     let Some(program) = example("demo.py") else {
         return;
     };
-    let layer = layer();
     let plain = setup.run(false, &args(&program), &[]);
-    let layers = layer.to_str().unwrap();
+    let layers = setup.layer.to_str().unwrap();
     let by_hand = setup.run(false, &args(&program), &[("OPENCL_LAYERS", layers)]);
     assert_eq!(by_hand.stdout, plain.stdout);
     assert_eq!(setup.counters().builds, 1);
@@ -446,7 +438,7 @@ fn kcache_run_reports_what_it_saved_and_keeps_the_exit_status() {
         .stdout;
     assert_eq!(
         String::from_utf8_lossy(&layers).trim(),
-        layer().to_str().unwrap()
+        setup.layer.to_str().unwrap()
     );
 }
 
@@ -499,9 +491,12 @@ fn a_second_node_compiles_nothing_with_the_remote_tier() {
 
 #[test]
 fn the_layer_exports_only_its_two_entry_points() {
+    let Some(layer) = common::layer() else {
+        return;
+    };
     let output = Command::new("nm")
         .args(["-D", "--defined-only"])
-        .arg(layer())
+        .arg(layer)
         .output()
         .unwrap();
     assert!(output.status.success(), "nm failed");

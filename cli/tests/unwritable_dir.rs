@@ -178,7 +178,7 @@ fn counts(stats: &str) -> [u64; 3] {
 
 #[test]
 fn one_process_alone_waits_for_no_other_and_each_build_is_counted_once() {
-    let Some(()) = common::layer_can_run(python()) else {
+    let Some(_) = common::layer_can_run(python()) else {
         return;
     };
     let temp = tempfile::tempdir().unwrap();

@@ -74,8 +74,8 @@ pub fn program(name: &str, install: &str) -> Result<PathBuf, Missing> {
 }
 
 /// `path` if it is a file, or what is missing: `install` says how to get it.
-pub fn file(path: &str, install: &str) -> Result<PathBuf, Missing> {
-    let path = PathBuf::from(path);
+pub fn file(path: impl Into<PathBuf>, install: &str) -> Result<PathBuf, Missing> {
+    let path = path.into();
     if path.is_file() {
         Ok(path)
     } else {

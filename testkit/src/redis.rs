@@ -25,6 +25,12 @@ fn redis_server() -> Result<PathBuf, Missing> {
     needs::program("redis-server", INSTALL_REDIS)
 }
 
+/// `Some` when `redis-server` is installed; `None` once said that what needs it is skipped
+/// ([`needs::met`]), for a caller that starts its servers later.
+pub fn installed() -> Option<()> {
+    needs::met(redis_server()).map(drop)
+}
+
 /// A running (or killed) `redis-server`, killed on drop.
 pub struct RedisServer {
     binary: PathBuf,

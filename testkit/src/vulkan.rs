@@ -118,8 +118,17 @@ impl TestGpu {
     /// `glslangValidator`): `None` when the loader, the validation layer, a device or
     /// `glslangValidator` is not there, the test skipped ([`needs::met`]).
     pub fn for_test() -> Option<Self> {
+        Self::found(true)
+    }
+
+    /// As [`TestGpu::for_test`] without the validation layer, for measurements.
+    pub fn unvalidated_for_test() -> Option<Self> {
+        Self::found(false)
+    }
+
+    fn found(validate: bool) -> Option<Self> {
         glslang()?;
-        let missing = match Self::new() {
+        let missing = match Self::create(validate) {
             Err(Error::Unavailable(why)) => Missing::new(
                 format!("Vulkan is not usable: {why}"),
                 "apt install libvulkan1 mesa-vulkan-drivers vulkan-validationlayers; \

@@ -3,7 +3,7 @@
 // Each test binary uses some of these helpers, none uses all.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use kcache_testkit::needs;
@@ -47,10 +47,22 @@ pub fn python() -> &'static str {
     }
 }
 
-/// What the layer's tests need to run `program` under it: an OpenCL device, and the program
-/// itself (the system's Python with numpy and PyOpenCL where it is [`python`]). `None` when one
-/// is missing, the test skipped ([`needs::met`]).
-pub fn layer_can_run(program: &str) -> Option<()> {
+/// The OpenCL layer's library, beside the command: `cargo build --workspace` builds it
+/// (`scripts/test` does), `cargo test` alone does not. `None` when it is not there, the test
+/// skipped ([`needs::met`]).
+pub fn layer() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
+    needs::met(needs::file(
+        path,
+        "run cargo build --workspace; scripts/test does",
+    ))
+}
+
+/// What the layer's tests need to run `program` under it: the layer, an OpenCL device, and the
+/// program itself (the system's Python with numpy and PyOpenCL where it is [`python`]); the
+/// layer's path, or `None` when one is missing, the test skipped ([`needs::met`]).
+pub fn layer_can_run(program: &str) -> Option<PathBuf> {
+    let layer = layer()?;
     Context::for_test()?;
     let need = if program == python() {
         needs::python(
@@ -66,7 +78,8 @@ pub fn layer_can_run(program: &str) -> Option<()> {
         let install = format!("apt install {package}; scripts/test installs it");
         needs::program(program, &install)
     };
-    needs::met(need).map(drop)
+    needs::met(need)?;
+    Some(layer)
 }
 
 /// `command` with no setting of the caller's that would change what the OpenCL layer or the
