@@ -11,6 +11,7 @@ use std::hint::black_box;
 use std::path::PathBuf;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use kcache_testkit::needs;
 use kcache_testkit::opencl::Context;
 use kcache_testkit::opencl_layer::LayerTable;
 
@@ -27,12 +28,23 @@ fn layer_path() -> PathBuf {
 }
 
 fn layer(c: &mut Criterion) {
-    let table = LayerTable::load(&layer_path()).expect("build the layer first");
+    // `cargo build --workspace` builds the layer, `cargo test --all-targets` alone does not:
+    // without it, or without a device, this says so and measures nothing.
+    let built = needs::file(
+        layer_path(),
+        "run cargo build --workspace; scripts/test does",
+    );
+    let Some(path) = needs::met(built) else {
+        return;
+    };
+    let Some(context) = Context::for_test() else {
+        return;
+    };
+    let table = LayerTable::load(&path).expect("the layer's table");
     assert!(
         table.passes_device_info_through(),
         "clGetDeviceInfo goes straight to the loader"
     );
-    let context = Context::first_device().expect("an OpenCL device");
     let program = table.build(&context, SOURCE).expect("a served build");
     assert_eq!(
         table.build_status(true, &program, &context),

@@ -105,6 +105,11 @@ fn ratio_table() {
 criterion_group!(benches, pipelines);
 
 fn main() {
+    // Without a device or `glslangValidator` (`cargo test --all-targets` on a bare machine),
+    // this says so and measures nothing.
+    if TestGpu::unvalidated_for_test().is_none() {
+        return;
+    }
     // `KCACHE_BENCH_OPS=<n>`: only `n` memory hits, for an instruction counter
     // (`scripts/hit-compare`).
     if let Ok(ops) = std::env::var("KCACHE_BENCH_OPS") {

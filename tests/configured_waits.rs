@@ -77,7 +77,9 @@ fn a_lock_timeout_past_any_deadline_from_the_environment_saturates() {
 
 #[test]
 fn remote_waits_of_duration_max_wait_as_long_as_possible() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let remote = RemoteConfig {
         timeout: Some(Duration::MAX),

@@ -56,7 +56,9 @@ fn only(outcomes: Vec<kcache::Result<Program>>) -> Program {
 
 #[test]
 fn the_callers_reference_is_its_own_and_eviction_drops_only_the_caches() {
-    let context = Context::first_device().unwrap();
+    let Some(context) = Context::for_test() else {
+        return;
+    };
     // Memory only: no background writer holds references of its own.
     let cache = memory_only_cache();
     let source = add_one("own-reference");
@@ -92,7 +94,9 @@ fn the_callers_reference_is_its_own_and_eviction_drops_only_the_caches() {
 
 #[test]
 fn a_device_list_and_all_devices_of_the_context_build_per_device_with_binaries_on_disk() {
-    let context = Context::first_device().unwrap();
+    let Some(context) = Context::for_test() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let source = add_one("device-list");
     let devices = context_devices(context.context()).unwrap();
@@ -136,7 +140,9 @@ fn a_device_list_and_all_devices_of_the_context_build_per_device_with_binaries_o
 
 #[test]
 fn an_empty_device_list_is_refused_and_a_build_failure_carries_each_devices_log() {
-    let context = Context::first_device().unwrap();
+    let Some(context) = Context::for_test() else {
+        return;
+    };
     let cache = memory_only_cache();
     let error = cache
         .find_or_build_programs(context.context(), Some(&[]), &[&add_one("empty")], "")

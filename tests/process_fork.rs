@@ -102,7 +102,9 @@ fn a_child_flushes_after_its_parent_wrote() {
 #[test]
 fn a_child_flushes_while_the_parents_writer_is_in_a_stalled_remote_write() {
     let _one = FORKING.lock().unwrap_or_else(|e| e.into_inner());
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let remote = RemoteConfig {
         timeout: Some(Duration::from_secs(2)),

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use kcache::backend::opencl::{OpenClCache, OpenClOptions};
 use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::opencl::{Context, KernelArg, run_kernel};
-use kcache_testkit::prometheus;
+use kcache_testkit::prometheus::Parser;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::{successful_stdout, write_key_file};
 use tempfile::TempDir;
@@ -44,6 +44,7 @@ fn remote_worker() {
         return;
     }
     let disk = Arc::new(Persistence::open(PersistenceConfig::from_env()).unwrap());
+    // A worker process: its test checked that there is a device.
     let context = Context::first_device().unwrap();
     let cache = OpenClCache::new(OpenClOptions {
         persistence: Some(disk.clone()),
@@ -80,7 +81,8 @@ fn remote_worker() {
     let line = match disk.remote_stats() {
         Some(r) => {
             // The process's metrics say the same as its counters.
-            let metrics = prometheus::parse(&kcache::metrics::render());
+            let parser = Parser::for_test().expect("its test checked");
+            let metrics = parser.parse(&kcache::metrics::render());
             let metric = |series: &str| metrics.value(series) as u64;
             assert_eq!(metric("kcache_remote_tiers{}"), 1);
             assert_eq!(
@@ -117,9 +119,13 @@ struct Setup {
 }
 
 impl Setup {
-    /// A Redis server and a fresh setup beside it.
-    fn with_server() -> (RedisServer, Setup) {
-        (RedisServer::start(), Setup::new())
+    /// A Redis server and a fresh setup beside it; `None` when `redis-server` is not
+    /// installed, or the workers would lack an OpenCL device or the Prometheus parser (the test
+    /// skipped).
+    fn with_server() -> Option<(RedisServer, Setup)> {
+        Context::for_test()?;
+        Parser::for_test()?;
+        Some((RedisServer::start()?, Setup::new()))
     }
 
     fn new() -> Setup {
@@ -180,7 +186,9 @@ fn pocl_cache(dir: &Path) -> PathBuf {
 
 #[test]
 fn processes_share_programs_through_redis_and_refuse_changed_ones() {
-    let (server, setup) = Setup::with_server();
+    let Some((server, setup)) = Setup::with_server() else {
+        return;
+    };
 
     let reader = setup.run(&server, "reader", &[("KCACHE_REMOTE_READ_ONLY", "1")]);
     assert_eq!(
@@ -217,7 +225,9 @@ fn processes_share_programs_through_redis_and_refuse_changed_ones() {
 
 #[test]
 fn four_processes_cold_starting_one_program_compile_it_once() {
-    let (server, setup) = Setup::with_server();
+    let Some((server, setup)) = Setup::with_server() else {
+        return;
+    };
     let go = setup.tmp.path().join("go");
     let go_env = go.to_str().unwrap();
     let workers: Vec<_> = (0..4)
@@ -258,7 +268,9 @@ fn four_processes_cold_starting_one_program_compile_it_once() {
 /// from where the next node loads it without compiling.
 #[test]
 fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
-    let (server, setup) = Setup::with_server();
+    let Some((server, setup)) = Setup::with_server() else {
+        return;
+    };
     let alone = setup.run(&server, "alone", &[]);
     assert_eq!(alone, COMPILED_AND_SHARED);
     let other = setup.run(&server, "other", &[]);
@@ -271,7 +283,9 @@ fn a_lone_lease_holder_compiles_once_and_writes_at_its_flush() {
 /// compiling.
 #[test]
 fn a_waiting_node_gets_the_entry_before_the_holders_flush() {
-    let (server, setup) = Setup::with_server();
+    let Some((server, setup)) = Setup::with_server() else {
+        return;
+    };
     let hold = setup.tmp.path().join("hold");
     let mut holder = KillOnDrop(
         setup

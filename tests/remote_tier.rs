@@ -29,7 +29,9 @@ fn remote(server: &RedisServer) -> RemoteConfig {
 
 #[test]
 fn a_second_node_loads_from_the_remote_and_keeps_a_disk_copy() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let a = Node::new(Some(KEY), remote(&server));
     assert_eq!(a.lookup("k"), "compiled(k)");
     a.cache.flush();
@@ -55,7 +57,9 @@ fn a_second_node_loads_from_the_remote_and_keeps_a_disk_copy() {
 
 #[test]
 fn a_changed_entry_and_one_under_another_key_are_rejected_and_rebuilt() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let a = Node::new(Some(KEY), remote(&server));
     a.lookup("k");
     a.cache.flush();
@@ -96,7 +100,9 @@ fn a_changed_entry_and_one_under_another_key_are_rejected_and_rebuilt() {
 
 #[test]
 fn an_entry_over_the_size_limit_is_rejected_unread() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let small = RemoteConfig {
         max_entry_size: Some(64),
         ..remote(&server)
@@ -116,7 +122,9 @@ fn an_entry_over_the_size_limit_is_rejected_unread() {
 
 #[test]
 fn a_read_only_node_writes_nothing() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let read_only = RemoteConfig {
         read_only: Some(true),
         ..remote(&server)
@@ -140,7 +148,9 @@ fn a_read_only_node_writes_nothing() {
 
 #[test]
 fn no_remote_without_an_operator_key_unless_opted_in() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let unkeyed = Node::new(None, remote(&server));
     assert!(unkeyed.disk().remote_stats().is_none());
     unkeyed.lookup("k");
@@ -167,7 +177,9 @@ fn no_remote_without_an_operator_key_unless_opted_in() {
 
 #[test]
 fn a_killed_store_opens_the_breaker_and_its_return_closes_it() {
-    let mut server = RedisServer::start();
+    let Some(mut server) = RedisServer::start() else {
+        return;
+    };
     let a = Node::new(
         Some(KEY),
         RemoteConfig {
@@ -208,7 +220,9 @@ fn a_killed_store_opens_the_breaker_and_its_return_closes_it() {
 
 #[test]
 fn a_stalled_store_costs_each_lookup_at_most_its_timeout() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let a = Node::new(
         Some(KEY),
         RemoteConfig {
@@ -240,7 +254,9 @@ fn a_stalled_store_costs_each_lookup_at_most_its_timeout() {
 /// it under the lease, the others wait and read its entry from the store.
 #[test]
 fn four_nodes_cold_starting_one_entry_build_it_once() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let (builds, results) = nodes_at_once(&server, 4, false);
     assert_eq!(builds, 1);
     assert!(
@@ -259,7 +275,9 @@ fn four_nodes_cold_starting_one_entry_build_it_once() {
 /// A leader whose build fails releases the lease: one of the waiting nodes builds instead.
 #[test]
 fn a_failed_leader_lets_a_follower_build() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let (builds, results) = nodes_at_once(&server, 3, true);
     // The first build failed (its node got the error); the second succeeded and was shared.
     assert_eq!(builds, 2);
@@ -294,7 +312,9 @@ fn nodes_at_once(server: &RedisServer, n: usize, fail_first: bool) -> (usize, Ve
 /// the wait deadline sends the waiting node to build too.
 #[test]
 fn an_expired_or_overlong_lease_ends_the_wait() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let a = Node::new(Some(KEY), remote(&server));
     let lease = format!("kcache:lease:{}", &a.remote_key("k")["kcache:".len()..]);
     redis::cmd("SET")
@@ -355,7 +375,9 @@ fn acl_users_and_passwords_in_the_url() {
                  --user writer on >wpass ~* +@all \
                  --user reader on >rpass ~kcache:* +getrange +exists";
     let users: Vec<&str> = users.split_whitespace().collect();
-    let server = RedisServer::start_with(&users, "writer:wpass");
+    let Some(server) = RedisServer::start_with(&users, "writer:wpass") else {
+        return;
+    };
     let port = server
         .url()
         .rsplit(':')
@@ -395,7 +417,11 @@ fn a_unix_socket() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("redis.sock");
     let socket = socket.to_str().unwrap();
-    let server = RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"], "");
+    let Some(server) =
+        RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"], "")
+    else {
+        return;
+    };
     let url = format!("redis+unix://{socket}");
     let a = Node::new(Some(KEY), RemoteConfig::at(url.clone()));
     a.lookup("k");
@@ -410,7 +436,9 @@ fn a_unix_socket() {
 /// reads every one of them.
 #[test]
 fn a_redis_cluster_of_three_masters() {
-    let cluster = RedisCluster::start(3);
+    let Some(cluster) = RedisCluster::start(3) else {
+        return;
+    };
     let config = || RemoteConfig {
         timeout: Some(Duration::from_secs(1)),
         ..RemoteConfig::at(cluster.url())
@@ -436,7 +464,8 @@ fn a_redis_cluster_of_three_masters() {
 
 /// A `redis-server` on a TLS port with the certificates of `tls`, which requires clients to
 /// show a certificate of its CA when `auth_clients`; and its `rediss://` URL.
-fn tls_server(tls: &TlsFiles, auth_clients: bool) -> (RedisServer, String) {
+/// `None` when `redis-server` is not installed (the test skipped).
+fn tls_server(tls: &TlsFiles, auth_clients: bool) -> Option<(RedisServer, String)> {
     let tls_port = free_port().to_string();
     let path = |p: &Path| p.to_str().unwrap().to_owned();
     let (ca, cert, key) = (path(&tls.ca), path(&tls.cert), path(&tls.key));
@@ -454,8 +483,8 @@ fn tls_server(tls: &TlsFiles, auth_clients: bool) -> (RedisServer, String) {
             if auth_clients { "yes" } else { "no" },
         ],
         "",
-    );
-    (server, format!("rediss://127.0.0.1:{tls_port}/"))
+    )?;
+    Some((server, format!("rediss://127.0.0.1:{tls_port}/")))
 }
 
 /// `rediss://` to a server whose certificate the operator's CA file vouches for; without that
@@ -463,8 +492,12 @@ fn tls_server(tls: &TlsFiles, auth_clients: bool) -> (RedisServer, String) {
 #[test]
 fn tls_with_the_operators_certificate_authority() {
     let certs = tempfile::tempdir().unwrap();
-    let tls = TlsFiles::make(certs.path());
-    let (_server, url) = tls_server(&tls, false);
+    let Some(tls) = TlsFiles::make(certs.path()) else {
+        return;
+    };
+    let Some((_server, url)) = tls_server(&tls, false) else {
+        return;
+    };
     let config = |ca_file: Option<&Path>| RemoteConfig {
         timeout: Some(Duration::from_secs(2)),
         ca_file: ca_file.map(Path::to_path_buf),
@@ -492,9 +525,13 @@ fn tls_with_the_operators_certificate_authority() {
 #[test]
 fn mutual_tls_with_a_client_certificate() {
     let certs = tempfile::tempdir().unwrap();
-    let tls = TlsFiles::make(certs.path());
+    let Some(tls) = TlsFiles::make(certs.path()) else {
+        return;
+    };
     let (client_cert, client_key) = tls.client();
-    let (server, url) = tls_server(&tls, true);
+    let Some((server, url)) = tls_server(&tls, true) else {
+        return;
+    };
     let config = |cert: Option<&Path>, key: Option<&Path>| RemoteConfig {
         timeout: Some(Duration::from_secs(2)),
         ca_file: Some(tls.ca.clone()),

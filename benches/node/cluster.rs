@@ -54,9 +54,9 @@ impl Server {
     fn start(shared: Shared) -> Server {
         match shared {
             Shared::Nothing => Server::Nothing,
-            Shared::Redis => Server::Redis(RedisServer::start()),
+            Shared::Redis => Server::Redis(RedisServer::start().expect("checked by cold_starts")),
             Shared::ObjectStore => {
-                let server = SeaweedServer::start();
+                let server = SeaweedServer::start().expect("checked by cold_starts");
                 server.create_bucket("kernels");
                 Server::ObjectStore(server)
             }

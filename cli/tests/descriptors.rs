@@ -77,7 +77,9 @@ fn entries_are_listed_counted_and_evicted_by_what_they_hold() {
     let disk = Arc::new(Persistence::open(PersistenceConfig::in_dir(dir)).unwrap());
 
     // Through the OpenCL backend on PoCL: one program of two kernels.
-    let context = Context::first_device().unwrap();
+    let Some(context) = Context::for_test() else {
+        return;
+    };
     let device_name = DeviceIdentity::query(context.device()).unwrap().device_name;
     let source = "// descriptors\n__kernel void first(__global int *x) { x[0] = 1; }\n\
                   __kernel void second(__global int *x) { x[0] = 2; }\n";

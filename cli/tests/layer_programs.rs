@@ -13,36 +13,38 @@ use std::process::{Command, Output};
 
 use kcache::disk::DirectoryCounters;
 use kcache::{Persistence, PersistenceConfig};
+use kcache_testkit::needs;
 
 /// pyopencl's examples as Debian installs them (python-pyopencl-doc).
 const EXAMPLES: &str = "/usr/share/doc/python-pyopencl-doc/examples";
-
-fn layer() -> PathBuf {
-    let layer = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
-    assert!(
-        layer.is_file(),
-        "{} is not built: run cargo build --workspace",
-        layer.display()
-    );
-    layer
-}
 
 /// One cache directory and PoCL kernel cache per test.
 struct Setup {
     _temp: tempfile::TempDir,
     dir: PathBuf,
     pocl: PathBuf,
+    /// The layer's library.
+    layer: PathBuf,
 }
 
 impl Setup {
-    fn new() -> Setup {
+    /// For programs of the system's Python with PyOpenCL; `None` when the machine lacks it,
+    /// the layer or an OpenCL device (the test skipped).
+    fn new() -> Option<Setup> {
+        Setup::for_program(python())
+    }
+
+    /// For runs of `program`; `None` when the machine lacks it, the layer or an OpenCL device.
+    fn for_program(program: &str) -> Option<Setup> {
+        let layer = common::layer_can_run(program)?;
         let temp = tempfile::tempdir().unwrap();
         let [dir, pocl] = ["kcache", "pocl"].map(|name| temp.path().join(name));
-        Setup {
+        Some(Setup {
             _temp: temp,
             dir,
             pocl,
-        }
+            layer,
+        })
     }
 
     /// `PROGRAM ARGS` as is (`layer` false) or under `kcache run`, with the test's
@@ -96,18 +98,18 @@ impl Setup {
 }
 
 /// A pyopencl example, unchanged, with numpy's generator seeded so that its output is the
-/// same from run to run.
-fn example(name: &str) -> Vec<String> {
+/// same from run to run; `None` when it is not installed (the test skipped).
+fn example(name: &str) -> Option<Vec<String>> {
     let path = format!("{EXAMPLES}/{name}");
-    assert!(
-        Path::new(&path).is_file(),
-        "{path} is missing: install python-pyopencl-doc"
-    );
+    needs::met(needs::file(
+        &path,
+        "apt install python-pyopencl-doc; scripts/test installs it",
+    ))?;
     let script = format!(
         "import numpy, sys; numpy.random.seed(0); sys.argv = [{path:?}]; \
          exec(compile(open({path:?}).read(), {path:?}, 'exec'))"
     );
-    vec![python().into(), "-c".into(), script]
+    Some(vec![python().into(), "-c".into(), script])
 }
 
 fn args(program: &[String]) -> Vec<&str> {
@@ -117,7 +119,9 @@ fn args(program: &[String]) -> Vec<&str> {
 /// Without the layer, cold with it, warm with it: the same output; the cold run compiles, the
 /// warm one compiles nothing and reads every program from disk.
 fn same_output_cold_and_warm(program: &[&str], programs: u64) {
-    let setup = Setup::new();
+    let Some(setup) = Setup::for_program(program[0]) else {
+        return;
+    };
     let compiled = same_summary_cold_and_warm(&setup, program, &[], |out| out.stdout.clone());
     assert_eq!(compiled, programs, "compiles of the cold run");
     assert_eq!(setup.entries() as u64, programs);
@@ -176,17 +180,26 @@ fn same_summary_cold_and_warm<T: PartialEq + std::fmt::Debug>(
 
 #[test]
 fn pyopencl_demo_runs_the_same_and_warm_compiles_nothing() {
-    same_output_cold_and_warm(&args(&example("demo.py")), 1);
+    let Some(program) = example("demo.py") else {
+        return;
+    };
+    same_output_cold_and_warm(&args(&program), 1);
 }
 
 #[test]
 fn pyopencl_elementwise_demo_runs_the_same_and_warm_compiles_nothing() {
-    same_output_cold_and_warm(&args(&example("demo_elementwise.py")), 3);
+    let Some(program) = example("demo_elementwise.py") else {
+        return;
+    };
+    same_output_cold_and_warm(&args(&program), 3);
 }
 
 #[test]
 fn pyopencl_array_demo_runs_the_same_and_warm_compiles_nothing() {
-    same_output_cold_and_warm(&args(&example("demo_array.py")), 2);
+    let Some(program) = example("demo_array.py") else {
+        return;
+    };
+    same_output_cold_and_warm(&args(&program), 2);
 }
 
 #[test]
@@ -197,11 +210,14 @@ fn clinfo_runs_the_same_under_the_layer() {
 
 #[test]
 fn opencl_layers_set_by_hand_works_as_kcache_run() {
-    let setup = Setup::new();
-    let program = example("demo.py");
-    let layer = layer();
+    let Some(setup) = Setup::new() else {
+        return;
+    };
+    let Some(program) = example("demo.py") else {
+        return;
+    };
     let plain = setup.run(false, &args(&program), &[]);
-    let layers = layer.to_str().unwrap();
+    let layers = setup.layer.to_str().unwrap();
     let by_hand = setup.run(false, &args(&program), &[("OPENCL_LAYERS", layers)]);
     assert_eq!(by_hand.stdout, plain.stdout);
     assert_eq!(setup.counters().builds, 1);
@@ -210,8 +226,12 @@ fn opencl_layers_set_by_hand_works_as_kcache_run() {
 
 #[test]
 fn kcache_disable_passes_every_build_through() {
-    let setup = Setup::new();
-    let program = example("demo_elementwise.py");
+    let Some(setup) = Setup::new() else {
+        return;
+    };
+    let Some(program) = example("demo_elementwise.py") else {
+        return;
+    };
     let plain = setup.run(false, &args(&program), &[]);
     let disabled = setup.run(true, &args(&program), &[("KCACHE_DISABLE", "1")]);
     assert_eq!(disabled.stdout, plain.stdout);
@@ -221,8 +241,12 @@ fn kcache_disable_passes_every_build_through() {
 
 #[test]
 fn six_processes_starting_at_once_compile_once() {
-    let setup = Setup::new();
-    let program = example("demo.py");
+    let Some(setup) = Setup::new() else {
+        return;
+    };
+    let Some(program) = example("demo.py") else {
+        return;
+    };
     let plain = setup.run(false, &args(&program), &[]);
     let children: Vec<_> = (0..6)
         .map(|_| {
@@ -305,7 +329,9 @@ fn observe(source: &str, options: &str, contexts: usize) -> Vec<String> {
 
 #[test]
 fn what_a_program_sees_of_a_served_build_is_the_drivers() {
-    let setup = Setup::new();
+    let Some(setup) = Setup::new() else {
+        return;
+    };
     let program = observe(TWICE, "-cl-fast-relaxed-math -DUNUSED=1", 1);
     let plain = setup.run(false, &args(&program), &[]);
     let text = String::from_utf8_lossy(&plain.stdout).into_owned();
@@ -319,7 +345,9 @@ fn what_a_program_sees_of_a_served_build_is_the_drivers() {
 
 #[test]
 fn the_same_source_in_two_contexts_is_served_in_both() {
-    let setup = Setup::new();
+    let Some(setup) = Setup::new() else {
+        return;
+    };
     let program = observe(TWICE, "", 2);
     let plain = setup.run(false, &args(&program), &[]);
     let cold = setup.run(true, &args(&program), &[]);
@@ -354,7 +382,9 @@ fn without_temporary_names(output: &[u8]) -> String {
 
 #[test]
 fn a_failing_build_gives_the_drivers_error_and_log() {
-    let setup = Setup::new();
+    let Some(setup) = Setup::new() else {
+        return;
+    };
     let broken = "__kernel void twice(__global float *x) { x[get_global_id(0)] *= undefined; }";
     let program = observe(broken, "", 1);
     let plain = setup.run(false, &args(&program), &[]);
@@ -371,8 +401,12 @@ fn a_failing_build_gives_the_drivers_error_and_log() {
 
 #[test]
 fn kcache_run_reports_what_it_saved_and_keeps_the_exit_status() {
-    let setup = Setup::new();
-    let program = example("demo.py");
+    let Some(setup) = Setup::new() else {
+        return;
+    };
+    let Some(program) = example("demo.py") else {
+        return;
+    };
     let run = |setup: &Setup| {
         let mut command = setup.command(false, &[env!("CARGO_BIN_EXE_kcache"), "run"], &[]);
         command.arg("--stats").arg("--").args(&program);
@@ -404,7 +438,7 @@ fn kcache_run_reports_what_it_saved_and_keeps_the_exit_status() {
         .stdout;
     assert_eq!(
         String::from_utf8_lossy(&layers).trim(),
-        layer().to_str().unwrap()
+        setup.layer.to_str().unwrap()
     );
 }
 
@@ -416,7 +450,9 @@ fn kcache_run_reports_what_it_saved_and_keeps_the_exit_status() {
 fn a_second_node_compiles_nothing_with_the_remote_tier() {
     use kcache_testkit::redis::RedisServer;
 
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let url = server.url();
     let keys = tempfile::tempdir().unwrap();
     let key_file = keys.path().join("operator.key");
@@ -425,8 +461,12 @@ fn a_second_node_compiles_nothing_with_the_remote_tier() {
         ("KCACHE_REMOTE_URL", url.as_str()),
         ("KCACHE_KEY_FILE", key_file.to_str().unwrap()),
     ];
-    let program = example("demo_elementwise.py");
-    let (a, b) = (Setup::new(), Setup::new());
+    let Some(program) = example("demo_elementwise.py") else {
+        return;
+    };
+    let (Some(a), Some(b)) = (Setup::new(), Setup::new()) else {
+        return;
+    };
     let plain = a.run(false, &args(&program), &[]);
 
     let on_a = a.run(true, &args(&program), &remote);
@@ -451,9 +491,12 @@ fn a_second_node_compiles_nothing_with_the_remote_tier() {
 
 #[test]
 fn the_layer_exports_only_its_two_entry_points() {
+    let Some(layer) = common::layer() else {
+        return;
+    };
     let output = Command::new("nm")
         .args(["-D", "--defined-only"])
-        .arg(layer())
+        .arg(layer)
         .output()
         .unwrap();
     assert!(output.status.success(), "nm failed");
@@ -493,7 +536,9 @@ print("context references:", before, context.get_info(count))
 
 #[test]
 fn what_the_layer_keeps_for_a_program_goes_with_its_release() {
-    let setup = Setup::new();
+    let Some(setup) = Setup::new() else {
+        return;
+    };
     let program = vec![python(), "-c", MANY, "40"];
     let plain = setup.run(false, &program, &[]);
     let text = String::from_utf8_lossy(&plain.stdout).into_owned();
@@ -536,7 +581,9 @@ print("grew by less than half the sources:", resident_mib() - before < count * 4
 
 #[test]
 fn the_source_of_a_program_built_by_the_driver_goes_with_its_last_release() {
-    let setup = Setup::new();
+    let Some(setup) = Setup::new() else {
+        return;
+    };
     let program = [python(), "-c", LARGE_SOURCES, "40"];
     // Large blocks straight from and back to the system, so that resident memory shows what
     // is still allocated (glibc's threshold otherwise rises after the first free).
@@ -558,12 +605,10 @@ fn the_source_of_a_program_built_by_the_driver_goes_with_its_last_release() {
 /// cold and warm.
 #[test]
 fn clblast_xaxpy_test_passes_the_same_and_warm_compiles_nothing() {
-    let setup = Setup::new();
     let program = "/usr/bin/clblast_test_xaxpy";
-    assert!(
-        Path::new(program).is_file(),
-        "{program} is missing: install clblast-tests"
-    );
+    let Some(setup) = Setup::for_program(program) else {
+        return;
+    };
     let report = |out: &Output| String::from_utf8_lossy(&out.stdout).into_owned();
     same_summary_cold_and_warm(&setup, &[program], &[], |out| {
         let text = report(out);
@@ -578,11 +623,9 @@ fn clblast_xaxpy_test_passes_the_same_and_warm_compiles_nothing() {
 /// kernel cache and session files go to a new directory each run, so that each run builds.
 #[test]
 fn hashcat_cracks_the_same_and_warm_compiles_nothing() {
-    let setup = Setup::new();
-    assert!(
-        Path::new("/usr/bin/hashcat").is_file(),
-        "hashcat is missing: install hashcat"
-    );
+    let Some(setup) = Setup::for_program("hashcat") else {
+        return;
+    };
     let attack = [
         "hashcat",
         "-m",
@@ -606,8 +649,9 @@ fn hashcat_cracks_the_same_and_warm_compiles_nothing() {
 }
 
 /// The test files of the installed PyOpenCL's release, fetched by
-/// `scripts/fetch-pyopencl-tests` (which the test command runs) into the target directory.
-/// None where PyPI could not be reached then: the reason is printed and the test skipped.
+/// `scripts/fetch-pyopencl-tests` (which the test command runs) into the target directory;
+/// `None` when they are not there (the test skipped), with the reason the script left where
+/// PyPI could not be reached.
 fn pyopencl_tests() -> Option<PathBuf> {
     let target = Path::new(env!("CARGO_BIN_EXE_kcache"))
         .parent()
@@ -623,15 +667,15 @@ fn pyopencl_tests() -> Option<PathBuf> {
     if dir.is_dir() {
         return Some(dir);
     }
-    if let Ok(why) = std::fs::read_to_string(target.join("UNREACHABLE")) {
-        eprintln!("skipped: PyOpenCL's test files could not be fetched: {why}");
-        return None;
-    }
-    panic!(
-        "{} is missing: run scripts/fetch-pyopencl-tests {}",
-        dir.display(),
+    let what = match std::fs::read_to_string(target.join("UNREACHABLE")) {
+        Ok(why) => format!("PyOpenCL's test files could not be fetched: {}", why.trim()),
+        Err(_) => format!("{} is missing", dir.display()),
+    };
+    let install = format!(
+        "run scripts/fetch-pyopencl-tests {}",
         target.parent().unwrap().display()
     );
+    needs::met(Err(needs::Missing::new(what, install)))
 }
 
 /// pytest on the test file `path`, the tests chosen by `select` (pytest's `-k`; all if empty).
@@ -654,10 +698,12 @@ fn pytest<'a>(path: &'a Path, select: &'a str) -> Vec<&'a str> {
 /// Runs PyOpenCL's test file `file` (tests chosen by `select`, pytest's `-k`) unchanged: the
 /// same counts of passed, skipped and failed tests without the layer, cold and warm.
 fn pyopencl_suite(file: &str, select: &str) {
+    let Some(setup) = Setup::new() else {
+        return;
+    };
     let Some(dir) = pyopencl_tests() else {
         return;
     };
-    let setup = Setup::new();
     let path = dir.join(file);
     let program = pytest(&path, select);
     same_summary_cold_and_warm(&setup, &program, &[], |out| {

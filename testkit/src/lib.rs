@@ -8,6 +8,7 @@ pub mod fake_s3;
 pub mod ffi;
 pub mod load;
 pub mod memory;
+pub mod needs;
 pub mod opencl;
 pub mod opencl_layer;
 pub mod prometheus;

@@ -20,6 +20,8 @@ use kcache::backend::opencl::{
 use kcache::key::Key;
 use kcache::{Error, Result};
 
+use crate::needs::{self, Missing};
+
 type cl_uint = u32;
 type cl_bool = cl_uint;
 type cl_bitfield = u64;
@@ -211,6 +213,19 @@ impl Context {
             return Context::new(unsafe { Device::from_raw(device) });
         }
         Err(Error::Unavailable("no OpenCL device found".into()))
+    }
+
+    /// [`Context::first_device`] for a test that needs one: `None` when no OpenCL library,
+    /// platform or device is there, the test skipped ([`needs::met`]).
+    pub fn for_test() -> Option<Context> {
+        let missing = match Context::first_device() {
+            Err(Error::Unavailable(why)) => Missing::new(
+                format!("OpenCL is not usable: {why}"),
+                "apt install pocl-opencl-icd ocl-icd-libopencl1; scripts/test installs them",
+            ),
+            found => return Some(found.unwrap()),
+        };
+        needs::met(Err(missing))
     }
 
     pub fn new(device: Device) -> Result<Context> {

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::needs;
+
 /// The interpreter whose system packages hold the parser.
 const PYTHON: &str = "/usr/bin/python3";
 
@@ -40,45 +42,54 @@ impl Parsed {
     }
 }
 
-/// Parses `text` with `prometheus_client`; panics with what to install when the interpreter
-/// or the package is missing, and with the parser's error when it refuses the text.
-pub fn parse(text: &str) -> Parsed {
-    let mut child = Command::new(PYTHON)
-        .args(["-c", SCRIPT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run {PYTHON} ({e}): the metrics tests need it with the Debian package python3-prometheus-client")
-        });
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let output = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !stderr.contains("No module named 'prometheus_client'"),
-        "{PYTHON} lacks the prometheus_client package: install the Debian package \
-         python3-prometheus-client"
-    );
-    assert!(
-        output.status.success(),
-        "the Prometheus parser refused the text:\n{stderr}\n--- text ---\n{text}"
-    );
-    let mut parsed = Parsed::default();
-    for line in String::from_utf8(output.stdout).unwrap().lines() {
-        if let Some(family) = line.strip_prefix("#TYPE ") {
-            let (name, kind) = family.split_once(' ').unwrap();
-            parsed.types.insert(name.to_owned(), kind.to_owned());
-        } else {
-            let (series, value) = line.rsplit_once(' ').unwrap();
-            let value = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
-            parsed.samples.insert(series.to_owned(), value);
-        }
+/// The parser, found: only a test that has one parses.
+pub struct Parser(());
+
+impl Parser {
+    /// `None` when the interpreter or its package is missing, the test skipped
+    /// ([`needs::met`]).
+    pub fn for_test() -> Option<Parser> {
+        needs::met(needs::python(
+            PYTHON,
+            "prometheus_client.parser",
+            "apt install python3-prometheus-client; scripts/test installs it",
+        ))?;
+        Some(Parser(()))
     }
-    parsed
+
+    /// Parses `text` with `prometheus_client`; panics with the parser's error when it refuses
+    /// the text.
+    pub fn parse(&self, text: &str) -> Parsed {
+        let mut child = Command::new(PYTHON)
+            .args(["-c", SCRIPT])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {PYTHON}: {e}"));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "the Prometheus parser refused the text:\n{stderr}\n--- text ---\n{text}"
+        );
+        let mut parsed = Parsed::default();
+        for line in String::from_utf8(output.stdout).unwrap().lines() {
+            if let Some(family) = line.strip_prefix("#TYPE ") {
+                let (name, kind) = family.split_once(' ').unwrap();
+                parsed.types.insert(name.to_owned(), kind.to_owned());
+            } else {
+                let (series, value) = line.rsplit_once(' ').unwrap();
+                let value = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+                parsed.samples.insert(series.to_owned(), value);
+            }
+        }
+        parsed
+    }
 }

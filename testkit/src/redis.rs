@@ -1,6 +1,8 @@
 //! A `redis-server` of the test's own on a loopback port, for the remote tier's tests: started,
 //! killed, restarted on the same port, stopped and continued by the test; and a fake server
 //! ([`FakeRedis`]) that sends whatever a test tells it to, for a broken or hostile store.
+//! Without `redis-server` (or `redis-cli`, `openssl` where they are used) the test is skipped
+//! ([`needs`]).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,8 +15,25 @@ use std::time::Duration;
 use rustix::process::{Pid, Signal};
 use tempfile::TempDir;
 
+use crate::needs::{self, Missing};
+
+/// How to get `redis-server` and `redis-cli`.
+const INSTALL_REDIS: &str = "apt install redis-server; scripts/test installs it";
+
+/// `redis-server`, or what is missing.
+fn redis_server() -> Result<PathBuf, Missing> {
+    needs::program("redis-server", INSTALL_REDIS)
+}
+
+/// `Some` when `redis-server` is installed; `None` once said that what needs it is skipped
+/// ([`needs::met`]), for a caller that starts its servers later.
+pub fn installed() -> Option<()> {
+    needs::met(redis_server()).map(drop)
+}
+
 /// A running (or killed) `redis-server`, killed on drop.
 pub struct RedisServer {
+    binary: PathBuf,
     port: u16,
     dir: TempDir,
     /// Settings on top of the defaults (`--name value` pairs).
@@ -25,17 +44,19 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a server with no persistence on a free loopback port and waits until it answers.
-    /// Panics when `redis-server` is not installed (`scripts/test` installs it).
-    pub fn start() -> Self {
+    /// Starts a server with no persistence on a free loopback port and waits until it answers;
+    /// `None` when `redis-server` is not installed, the test skipped ([`needs::met`]).
+    pub fn start() -> Option<Self> {
         Self::start_with(&[], "")
     }
 
     /// As [`RedisServer::start`], with more settings (ACL users, a Unix socket); the test's own
     /// connections authenticate as `auth` (`user:password`, or empty).
-    pub fn start_with(args: &[&str], auth: &str) -> Self {
+    pub fn start_with(args: &[&str], auth: &str) -> Option<Self> {
+        let binary = needs::met(redis_server())?;
         let port = free_port();
         let mut server = RedisServer {
+            binary,
             port,
             dir: tempfile::tempdir().unwrap(),
             args: args.iter().map(|a| a.to_string()).collect(),
@@ -43,7 +64,7 @@ impl RedisServer {
             child: None,
         };
         server.restart();
-        server
+        Some(server)
     }
 
     pub fn url(&self) -> String {
@@ -57,7 +78,7 @@ impl RedisServer {
     /// Starts the server again (on the same port) after [`RedisServer::kill`].
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "the server is running");
-        let child = Command::new("redis-server")
+        let child = Command::new(&self.binary)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -66,7 +87,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (scripts/test installs it)");
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.binary.display()));
         self.child = Some(child);
         for _ in 0..1000 {
             if self.try_connection().is_some() {
@@ -156,8 +177,10 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts `masters` servers in cluster mode and makes them one cluster (`redis-cli --cluster
-    /// create`, which the `redis-server` package's `redis-tools` provides).
-    pub fn start(masters: usize) -> Self {
+    /// create`, which the `redis-server` package's `redis-tools` provides); `None` when either
+    /// program is not installed, the test skipped.
+    pub fn start(masters: usize) -> Option<Self> {
+        let cli = needs::met(redis_server().and(needs::program("redis-cli", INSTALL_REDIS)))?;
         let settings = [
             "--cluster-enabled",
             "yes",
@@ -166,14 +189,14 @@ impl RedisCluster {
         ];
         let nodes: Vec<RedisServer> = (0..masters)
             .map(|_| RedisServer::start_with(&settings, ""))
-            .collect();
-        let created = Command::new("redis-cli")
+            .collect::<Option<_>>()?;
+        let created = Command::new(cli)
             .args(["--cluster", "create"])
             .args(nodes.iter().map(RedisServer::address))
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdout(Stdio::null())
             .status()
-            .expect("redis-cli must be installed (with redis-server)");
+            .unwrap();
         assert!(created.success(), "redis-cli --cluster create failed");
         for node in &nodes {
             let ok = (0..1000).any(|_| {
@@ -189,7 +212,7 @@ impl RedisCluster {
             });
             assert!(ok, "the cluster did not become ok");
         }
-        RedisCluster { nodes }
+        Some(RedisCluster { nodes })
     }
 
     /// Every node's URL, comma-separated: what `KCACHE_REMOTE_URL` takes for a cluster.
@@ -263,7 +286,10 @@ fn signed(dir: &Path, name: &str, subject: &str, ext: &str) {
 }
 
 impl TlsFiles {
-    pub fn make(dir: &Path) -> TlsFiles {
+    /// Makes the CA and the server's certificate in `dir`; `None` when `openssl` is not
+    /// installed, the test skipped.
+    pub fn make(dir: &Path) -> Option<TlsFiles> {
+        needs::met(needs::program("openssl", "apt install openssl"))?;
         let run = |args: &[&str]| openssl(dir, args);
         run(&[
             "req",
@@ -286,11 +312,11 @@ impl TlsFiles {
             "/CN=127.0.0.1",
             "subjectAltName=IP:127.0.0.1\n",
         );
-        TlsFiles {
+        Some(TlsFiles {
             ca: dir.join("ca.crt"),
             cert: dir.join("server.crt"),
             key: dir.join("server.key"),
-        }
+        })
     }
 
     /// A client certificate and its key (for mutual TLS), signed by this CA: `(cert, key)`.

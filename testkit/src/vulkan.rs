@@ -9,6 +9,17 @@ use ash::vk;
 use kcache::backend::vulkan::{DeviceOwner, Pipeline, PipelineSpec, create_uncached};
 use kcache::{Error, Result};
 
+use crate::needs::{self, Missing};
+
+/// `glslangValidator`, which the Vulkan tests compile their shaders with; `None` when it is not
+/// installed, the test skipped ([`needs::met`]).
+pub fn glslang() -> Option<std::path::PathBuf> {
+    needs::met(needs::program(
+        "glslangValidator",
+        "apt install glslang-tools; scripts/test installs it",
+    ))
+}
+
 /// A Vulkan cache's pipeline-cache data counters, `(missing, loaded, rejected)`, from its
 /// statistics in Rust (`VulkanStats`) or in C (`kc_vulkan_cache_statistics`), which name them
 /// alike: what a registration found on disk.
@@ -101,6 +112,31 @@ impl TestGpu {
     /// through the system's Vulkan loader (`libvulkan.so.1`), the one kcache loads by default.
     pub fn new() -> Result<Self> {
         Self::create(true)
+    }
+
+    /// [`TestGpu::new`] for a test that needs one (and compiles its shaders with
+    /// `glslangValidator`): `None` when the loader, the validation layer, a device or
+    /// `glslangValidator` is not there, the test skipped ([`needs::met`]).
+    pub fn for_test() -> Option<Self> {
+        Self::found(true)
+    }
+
+    /// As [`TestGpu::for_test`] without the validation layer, for measurements.
+    pub fn unvalidated_for_test() -> Option<Self> {
+        Self::found(false)
+    }
+
+    fn found(validate: bool) -> Option<Self> {
+        glslang()?;
+        let missing = match Self::create(validate) {
+            Err(Error::Unavailable(why)) => Missing::new(
+                format!("Vulkan is not usable: {why}"),
+                "apt install libvulkan1 mesa-vulkan-drivers vulkan-validationlayers; \
+                 scripts/test installs them",
+            ),
+            found => return Some(found.unwrap()),
+        };
+        needs::met(Err(missing))
     }
 
     /// As [`TestGpu::new`] without the validation layer, for measurements: the layer's checks

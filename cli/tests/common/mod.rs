@@ -3,9 +3,11 @@
 // Each test binary uses some of these helpers, none uses all.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use kcache_testkit::needs;
+use kcache_testkit::opencl::Context;
 use serde_json::Value;
 
 /// Runs `kcache --dir DIR ARGS`.
@@ -43,6 +45,41 @@ pub fn python() -> &'static str {
     } else {
         "python3"
     }
+}
+
+/// The OpenCL layer's library, beside the command: `cargo build --workspace` builds it
+/// (`scripts/test` does), `cargo test` alone does not. `None` when it is not there, the test
+/// skipped ([`needs::met`]).
+pub fn layer() -> Option<PathBuf> {
+    let path = Path::new(env!("CARGO_BIN_EXE_kcache")).with_file_name("libkcache_opencl_layer.so");
+    needs::met(needs::file(
+        path,
+        "run cargo build --workspace; scripts/test does",
+    ))
+}
+
+/// What the layer's tests need to run `program` under it: the layer, an OpenCL device, and the
+/// program itself (the system's Python with numpy and PyOpenCL where it is [`python`]); the
+/// layer's path, or `None` when one is missing, the test skipped ([`needs::met`]).
+pub fn layer_can_run(program: &str) -> Option<PathBuf> {
+    let layer = layer()?;
+    Context::for_test()?;
+    let need = if program == python() {
+        needs::python(
+            program,
+            "numpy, pyopencl",
+            "apt install python3-numpy python3-pyopencl; scripts/test installs them",
+        )
+    } else {
+        let package = match program {
+            "/usr/bin/clblast_test_xaxpy" => "clblast-tests",
+            other => other,
+        };
+        let install = format!("apt install {package}; scripts/test installs it");
+        needs::program(program, &install)
+    };
+    needs::met(need)?;
+    Some(layer)
 }
 
 /// `command` with no setting of the caller's that would change what the OpenCL layer or the
