@@ -736,12 +736,15 @@ fn pyopencl_binary_test_never_aborts_while_launches_run() {
     };
     let path = dir.join("test_wrapper.py");
     let program = pytest(&path, "test_can_build_and_run_binary");
+    if Setup::new().is_none() {
+        return;
+    }
     let _load = kcache_testkit::load::Load::start(2);
     let mut failed = Vec::new();
     for round in 0..25 {
         let runs: Vec<_> = (0..2)
             .map(|_| {
-                let setup = Setup::new();
+                let setup = Setup::new().expect("the layer is built: checked above");
                 let child = setup
                     .command(true, &program, &[("POCL_KERNEL_CACHE", "0")])
                     .env("XDG_CACHE_HOME", setup.dir.with_file_name("xdg"))
