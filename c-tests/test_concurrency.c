@@ -226,6 +226,59 @@ static void clear_during_build_discards_on_a_borrowing_cache(void) {
   check_next_lookup_builds_afresh(&r, KC_NO_DEVICE, &w, &v);
 }
 
+/* One more lookup of the race's key for `device` on its own thread, whose own build (if it runs
+ * one) hands out `value` at once. */
+static void start_other_lookup(race *r, lookup *l, gated_build *own, int64_t device,
+                               tracked *value) {
+  gated_build_init(own, value, 0);
+  gate_open(&own->g);
+  start_lookups(l, 1, r->cache, device, own);
+}
+
+/* The race's parked build (for device 3, value `first`) and one other lookup of its key for
+ * `device`, whose own build hands out `second`. `other_joins` says whether that lookup starts
+ * before device 3 is evicted (it joins the parked build) or after (it never does). Either way
+ * the builder fails with KC_ERR_DEVICE_DESTROYED and the other lookup builds its own value and
+ * succeeds; `first` is destroyed once. */
+static void race_eviction_of_device_3(int64_t device, bool other_joins) {
+  tracked first = {1, 0}, second = {2, 0};
+  gated_build own;
+  lookup other;
+  race r;
+
+  race_start(&r, 1, 3, &first, 0, false);
+  if (other_joins) {
+    start_other_lookup(&r, &other, &own, device, &second);
+    wait_for_waiters(r.cache, 1);
+    CHECK_STATUS(kc_cache_evict_device(r.cache, 3), KC_OK);
+  } else {
+    CHECK_STATUS(kc_cache_evict_device(r.cache, 3), KC_OK);
+    start_other_lookup(&r, &other, &own, device, &second);
+    /* The lookup either builds (a second miss) or joins the parked build (a wait). */
+    while (stats_of(r.cache).misses < 2 && stats_of(r.cache).waits < 1) sleep_ms(1);
+  }
+  race_finish(&r);
+  join_lookups(&other, 1);
+  check_lookups_failed(&r, KC_ERR_DEVICE_DESTROYED);
+  CHECK_STATUS(other.status, KC_OK);
+  CHECK(own.calls == 1 && kc_lease_value(other.lease) == &second);
+  /* A lookup that built counts as a miss, not a wait. */
+  CHECK_STATS(r.cache, STAT(discarded, 1), STAT(waits, 0), STAT(misses, 2), STAT(entries, 1));
+  CHECK(first.destroys == 1);
+  release_and_free(other.lease, r.cache, &second);
+  CHECK(first.destroys == 1);
+}
+
+/* Each lookup is judged on its own call: one that names no device never inherits the eviction
+ * of the device its shared build was for; it builds again. */
+static void waiter_without_device_builds_again_after_the_builders_eviction(void) {
+  race_eviction_of_device_3(KC_NO_DEVICE, true);
+}
+
+/* A lookup that starts after kc_cache_evict_device returned never joins the build it doomed:
+ * it builds with live handles and succeeds, while the doomed build is still parked. */
+static void lookup_after_an_eviction_builds_anew(void) { race_eviction_of_device_3(3, false); }
+
 /* A lease taken on one thread, released on another after a clear: the destroy runs there. */
 typedef struct releaser {
   kc_lease *lease;
@@ -346,6 +399,9 @@ static const scenario scenarios[] = {
      clear_during_build_installs_on_an_owning_cache},
     {"clear_during_build_discards_on_a_borrowing_cache",
      clear_during_build_discards_on_a_borrowing_cache},
+    {"waiter_without_device_builds_again_after_the_builders_eviction",
+     waiter_without_device_builds_again_after_the_builders_eviction},
+    {"lookup_after_an_eviction_builds_anew", lookup_after_an_eviction_builds_anew},
     {"lease_released_on_another_thread_after_clear", lease_released_on_another_thread_after_clear},
     {"single_flight_under_contention", single_flight_under_contention},
 };

@@ -726,10 +726,13 @@ enum kc_status kc_cache_new(const struct kc_cache_options *opts, struct kc_cache
 void kc_cache_free(struct kc_cache *cache);
 
 // Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
-// Concurrent callers of one key share one build and its outcome: the same value, or the same
-// failure (status and `kc_last_build_error()` code). `device_id` is a caller-chosen id >= 0 that
-// `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; it is recorded by the build that installs the
-// entry. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
+// Concurrent callers of one key share one build: the same value, or the same build failure
+// (status and `kc_last_build_error()` code). Each is judged on its own call, as if it built
+// alone: it fails with `KC_ERR_DEVICE_DESTROYED` only if its own device was evicted during the
+// call, `KC_ERR_CACHE_CLEARED` only if the cache was cleared during the call, and it builds
+// again where the shared build failed for a reason that is not its own. `device_id` is a
+// caller-chosen id >= 0 that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; the entry is
+// recorded against the device of every caller it is returned to. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
 // NULL) is a valid key.
 enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       const uint8_t *key,
@@ -754,13 +757,14 @@ enum kc_status kc_cache_remove(struct kc_cache *cache, const uint8_t *key, size_
 
 // Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
 // fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
-// entries. Values are destroyed now unless leased. Every value is attempted; a failing
+// entries; a lookup that starts after this returns builds anew rather than joining them. Values are destroyed now unless leased. Every value is attempted; a failing
 // destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-enum kc_status kc_cache_evict_device(struct kc_cache *cache, int64_t device_id);
+enum kc_status kc_cache_evict_device(struct kc_cache *cache,
+                                     int64_t device_id);
 
 // Removes every entry; values are destroyed now unless leased. On a cache created with
-// `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`. Every value is
-// attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
+// `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`, and a lookup that
+// starts after this returns builds anew rather than joining them. Every value is attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
 enum kc_status kc_cache_clear(struct kc_cache *cache);
 
 // The number of entries in the cache now; 0 if `cache` is NULL.

@@ -221,21 +221,13 @@ fn panicking_builder_frees_waiters_and_key() {
 }
 
 /// Parks a build for `device` on barriers, runs `during` while it is parked, and returns what
-/// the build's caller and one waiter got.
+/// the build's caller and one waiter for the same device got.
 fn straddle(
     c: &Arc<MemoryCache<String, u64>>,
     device: Option<i64>,
     during: impl FnOnce(),
 ) -> (Result<u64, Error>, Result<u64, Error>) {
-    let park = Park::new();
-    let waits_before = c.stats().waits;
-    let builder = park.spawn_build(c, device, || Ok((77, 1)));
-    park.started.wait();
-    let waiter = spawn_waiter(c, device);
-    until_waits(c, waits_before + 1);
-    during();
-    park.release.wait();
-    (builder.join().unwrap(), waiter.join().unwrap())
+    shared_build(c, device, device, during)
 }
 
 #[test]
@@ -726,4 +718,190 @@ fn keys_of_one_hash_are_told_apart() {
         (s.builds, s.hits, s.misses, s.waits, s.entries),
         (6, 11, 8, 0, 6)
     );
+}
+
+// Each caller's outcome is judged against its own window (its miss or its arrival at a build in
+// flight, to the value): single-flight shares the work, never another caller's eviction or clear.
+
+/// Parks a build of "k" for `builder_device`, lets a waiter for `waiter_device` join it, runs
+/// `during`, then lets the build end; returns what the builder and the waiter got.
+fn shared_build(
+    c: &Arc<MemoryCache<String, u64>>,
+    builder_device: Option<i64>,
+    waiter_device: Option<i64>,
+    during: impl FnOnce(),
+) -> (Result<u64, Error>, Result<u64, Error>) {
+    let park = Park::new();
+    let waits_before = c.stats().waits;
+    let builder = park.spawn_build(c, builder_device, || Ok((77, 1)));
+    park.started.wait();
+    let waiter = spawn_waiter(c, waiter_device);
+    until_waits(c, waits_before + 1);
+    during();
+    park.release.wait();
+    (builder.join().unwrap(), waiter.join().unwrap())
+}
+
+#[test]
+fn waiter_without_device_builds_again_when_the_builders_device_is_evicted() {
+    let (c, ledger) = cache();
+    let (built, waited) = shared_build(&c, Some(3), None, || {
+        assert_eq!(c.evict_device(3), Ok(0));
+    });
+    assert_eq!(built, Err(Error::DeviceDestroyed(3)));
+    assert_eq!(
+        waited,
+        Ok(1),
+        "the waiter's own build, not the builder's error"
+    );
+    assert_eq!(ledger.destroyed(), vec![77]);
+    let lease = c.get("k").unwrap();
+    assert!(lease.devices().is_empty());
+    let s = c.stats();
+    assert_eq!(
+        (s.discarded, s.misses, s.waits, s.entries),
+        (1, 2, 0, 1),
+        "the waiter that built counts as a miss"
+    );
+}
+
+#[test]
+fn waiter_on_another_device_builds_again_when_the_builders_device_is_evicted() {
+    let (c, ledger) = cache();
+    let (built, waited) = shared_build(&c, Some(3), Some(4), || {
+        c.evict_device(3).unwrap();
+    });
+    assert_eq!(built, Err(Error::DeviceDestroyed(3)));
+    assert_eq!(waited, Ok(1));
+    assert_eq!(ledger.destroyed(), vec![77]);
+    assert_eq!(c.get("k").unwrap().devices(), [4]);
+}
+
+#[test]
+fn waiter_whose_device_is_evicted_gets_device_destroyed_not_the_builders_value() {
+    let (c, ledger) = cache();
+    let (built, waited) = shared_build(&c, None, Some(3), || {
+        c.evict_device(3).unwrap();
+    });
+    assert_eq!(built, Ok(77), "nothing the builder named was evicted");
+    assert_eq!(waited, Err(Error::DeviceDestroyed(3)));
+    assert!(
+        c.get("k").unwrap().devices().is_empty(),
+        "not recorded against the evicted device"
+    );
+    assert_eq!(c.evict_device(3), Ok(0));
+    assert_eq!(c.len(), 1);
+    assert!(ledger.destroyed().is_empty());
+}
+
+#[test]
+fn value_is_recorded_against_every_device_it_was_returned_for() {
+    let (c, ledger) = cache();
+    let (built, waited) = shared_build(&c, None, Some(3), || {});
+    assert_eq!((built, waited), (Ok(77), Ok(77)));
+    assert_eq!(c.get("k").unwrap().devices(), [3]);
+    assert_eq!(c.evict_device(3), Ok(1), "the waiter's device unlinks it");
+    assert_eq!(ledger.destroyed(), vec![77]);
+
+    let (built, waited) = shared_build(&c, Some(1), Some(2), || {});
+    assert_eq!((built, waited), (Ok(77), Ok(77)));
+    assert_eq!(c.get("k").unwrap().devices(), [1, 2]);
+    assert_eq!(c.evict_device(2), Ok(1), "either device unlinks it");
+    assert_eq!(c.len(), 0);
+}
+
+#[test]
+fn each_waiter_of_one_device_is_judged_by_its_own_arrival() {
+    let (c, _) = cache();
+    let park = Park::new();
+    let builder = park.spawn_build(&c, None, || Ok((77, 1)));
+    park.started.wait();
+    let before = spawn_waiter(&c, Some(3));
+    until_waits(&c, 1);
+    c.evict_device(3).unwrap();
+    let after = spawn_waiter(&c, Some(3));
+    until_waits(&c, 2);
+    park.release.wait();
+    assert_eq!(builder.join().unwrap(), Ok(77));
+    assert_eq!(before.join().unwrap(), Err(Error::DeviceDestroyed(3)));
+    assert_eq!(after.join().unwrap(), Ok(77), "arrived after the eviction");
+    assert_eq!(c.get("k").unwrap().devices(), [3]);
+}
+
+#[test]
+fn eviction_after_the_install_unlinks_a_value_already_returned() {
+    let (c, ledger) = cache();
+    let (built, waited) = shared_build(&c, Some(1), Some(2), || {});
+    assert_eq!((built, waited), (Ok(77), Ok(77)));
+    assert_eq!(c.evict_device(1), Ok(1));
+    assert_eq!(ledger.destroyed(), vec![77]);
+    assert_eq!(*c.find_or_build("k", Some(2), ok(5)).unwrap(), 5);
+}
+
+/// Parks a build of "k" for `builder_device`, runs `doom`, then looks "k" up for
+/// `later_device` on another thread while the build is still parked; returns what the builder
+/// and that later lookup got, and how many lookups waited for a build.
+fn lookup_after(
+    c: &Arc<MemoryCache<String, u64>>,
+    builder_device: Option<i64>,
+    later_device: Option<i64>,
+    doom: impl FnOnce(),
+) -> (Result<u64, Error>, Result<u64, Error>, u64) {
+    let park = Park::new();
+    let builder = park.spawn_build(c, builder_device, || Ok((77, 1)));
+    park.started.wait();
+    doom();
+    let later = spawn_waiter(c, later_device);
+    // The later lookup either builds (a second miss) or joins the parked build (a wait).
+    while c.stats().misses < 2 && c.stats().waits < 1 {
+        thread::sleep(Duration::from_millis(1));
+    }
+    park.release.wait();
+    (
+        builder.join().unwrap(),
+        later.join().unwrap(),
+        c.stats().waits,
+    )
+}
+
+#[test]
+fn lookup_after_an_eviction_never_joins_the_build_it_doomed() {
+    for (device, recorded) in [(Some(3), vec![3]), (None, vec![])] {
+        let (c, ledger) = cache();
+        let (built, later, waits) = lookup_after(&c, Some(3), device, || {
+            assert_eq!(c.evict_device(3), Ok(0));
+        });
+        assert_eq!(built, Err(Error::DeviceDestroyed(3)));
+        assert_eq!(later, Ok(1), "a build after the eviction succeeds");
+        assert_eq!(waits, 0);
+        assert_eq!(ledger.destroyed(), vec![77], "destroyed once");
+        assert_eq!(c.get("k").unwrap().devices(), recorded);
+    }
+}
+
+#[test]
+fn lookup_after_a_clear_never_joins_the_build_it_doomed() {
+    let (c, ledger) = cache_with(Options {
+        invalidated_by_clear: true,
+        ..Options::default()
+    });
+    let (built, later, waits) = lookup_after(&c, None, None, || {
+        assert_eq!(c.clear(), Ok(0));
+    });
+    assert_eq!(built, Err(Error::CacheCleared));
+    assert_eq!(later, Ok(1));
+    assert_eq!(waits, 0);
+    assert_eq!(ledger.destroyed(), vec![77]);
+    assert_eq!(c.stats().discarded, 1);
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn clear_of_an_owning_cache_leaves_the_build_joinable() {
+    let (c, ledger) = cache();
+    let (built, later, waits) = lookup_after(&c, None, None, || {
+        assert_eq!(c.clear(), Ok(0));
+    });
+    assert_eq!((built, later, waits), (Ok(77), Ok(77), 1));
+    assert!(ledger.destroyed().is_empty());
 }

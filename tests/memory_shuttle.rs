@@ -251,3 +251,130 @@ fn last_lease_release_racing_clear() {
         assert_eq!(c.stats().leases, 0);
     });
 }
+
+/// Looks key 1 up for `device` on a new thread, with a build that counts itself, yields once
+/// and returns `value`.
+fn lookup(
+    c: &Arc<MemoryCache<u32, u64>>,
+    ledger: &Arc<Ledger>,
+    device: Option<DeviceId>,
+    value: u64,
+) -> thread::JoinHandle<kcache::Result<u64>> {
+    let (c, l) = (Arc::clone(c), Arc::clone(ledger));
+    thread::spawn(move || {
+        c.find_or_build(&1, device, || {
+            l.builds.fetch_add(1, Ordering::SeqCst);
+            thread::yield_now();
+            Ok((value, 1))
+        })
+        .map(|lease| *lease)
+    })
+}
+
+/// Every value built is cached or destroyed exactly once, and no lease is left.
+fn accounted(ledger: &Ledger, c: &MemoryCache<u32, u64>) {
+    assert_eq!(
+        ledger.destroys.load(Ordering::SeqCst) + c.len() as u64,
+        ledger.builds.load(Ordering::SeqCst)
+    );
+    assert_eq!(c.stats().leases, 0);
+}
+
+/// Looks key 1 up for `builder` (building 10) and for `other` (building 20) while device 7 is
+/// evicted, each on a thread of its own; returns what the two lookups got.
+fn lookups_racing_eviction_of_7(
+    ledger: &Arc<Ledger>,
+    c: &Arc<MemoryCache<u32, u64>>,
+    builder: Option<DeviceId>,
+    other: Option<DeviceId>,
+) -> (kcache::Result<u64>, kcache::Result<u64>) {
+    let first = lookup(c, ledger, builder, 10);
+    let second = lookup(c, ledger, other, 20);
+    let evictor = {
+        let c = Arc::clone(c);
+        thread::spawn(move || c.evict_device(7).unwrap())
+    };
+    let got = (first.join().unwrap(), second.join().unwrap());
+    evictor.join().unwrap();
+    accounted(ledger, c);
+    got
+}
+
+#[test]
+fn lookup_without_device_never_inherits_an_eviction() {
+    explore_cache(false, |ledger, c| {
+        let (built, got) = lookups_racing_eviction_of_7(ledger, c, Some(7), None);
+        assert!(
+            matches!(built, Ok(10 | 20) | Err(Error::DeviceDestroyed(7))),
+            "{built:?}"
+        );
+        assert!(matches!(got, Ok(10 | 20)), "{got:?}");
+    });
+}
+
+#[test]
+fn lookup_on_an_evicted_device_never_gets_a_value_built_across_the_eviction() {
+    explore_cache(false, |ledger, c| {
+        let (built, got) = lookups_racing_eviction_of_7(ledger, c, None, Some(7));
+        assert!(matches!(built, Ok(10 | 20)), "{built:?}");
+        assert!(
+            matches!(got, Ok(10 | 20) | Err(Error::DeviceDestroyed(7))),
+            "{got:?}"
+        );
+        if let Some(lease) = c.get(&1) {
+            // Still recorded against device 7 only if the eviction was wholly before the
+            // lookup for it, which then got the value.
+            if lease.devices().contains(&7) {
+                assert!(got.is_ok(), "{got:?}");
+            }
+        }
+    });
+}
+
+/// Runs `doom` on a thread that then looks key 1 up for `device`, racing a build of key 1 for
+/// `device`: the lookup that starts after `doom` returned always succeeds.
+fn lookup_after_doom(
+    invalidated_by_clear: bool,
+    device: Option<DeviceId>,
+    doom: fn(&MemoryCache<u32, u64>),
+) {
+    explore_cache(invalidated_by_clear, move |ledger, c| {
+        let builder = lookup(c, ledger, device, 10);
+        let later = {
+            let (c, l) = (Arc::clone(c), Arc::clone(ledger));
+            thread::spawn(move || {
+                doom(&c);
+                c.find_or_build(&1, device, || {
+                    l.builds.fetch_add(1, Ordering::SeqCst);
+                    Ok((20, 1))
+                })
+                .map(|lease| *lease)
+            })
+        };
+        let built = builder.join().unwrap();
+        let got = later.join().unwrap();
+        assert!(
+            matches!(
+                built,
+                Ok(10 | 20) | Err(Error::DeviceDestroyed(7) | Error::CacheCleared)
+            ),
+            "{built:?}"
+        );
+        assert!(matches!(got, Ok(10 | 20)), "{got:?}");
+        accounted(ledger, c);
+    });
+}
+
+#[test]
+fn lookup_after_an_eviction_never_joins_a_doomed_build() {
+    lookup_after_doom(false, Some(7), |c| {
+        c.evict_device(7).unwrap();
+    });
+}
+
+#[test]
+fn lookup_after_a_clear_never_joins_a_doomed_build() {
+    lookup_after_doom(true, None, |c| {
+        c.clear().unwrap();
+    });
+}

@@ -1,6 +1,7 @@
 //! Accounting under contention: threads find, hold and release leases over shared and private
 //! keys while others clear and evict. Afterwards every built value was destroyed exactly once or
-//! is still cached, and no value was ever destroyed while a lease on it was held.
+//! is still cached, and no value was ever destroyed while a lease on it was held. Meanwhile no
+//! lookup saw a device error for a device it did not name.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,8 @@ struct Tracker {
     held: Vec<AtomicI64>,
     destroyed: Vec<AtomicU64>,
     violations: Mutex<Vec<String>>,
+    /// Lookups that got `DeviceDestroyed` for the device they named.
+    device_errors: AtomicU64,
 }
 
 /// A tiny deterministic generator, so that a failing run can be replayed.
@@ -35,6 +38,7 @@ fn run(options: Options) {
         held: (0..MAX_VALUES).map(|_| AtomicI64::new(0)).collect(),
         destroyed: (0..MAX_VALUES).map(|_| AtomicU64::new(0)).collect(),
         violations: Mutex::new(Vec::new()),
+        device_errors: AtomicU64::new(0),
     });
     let t = Arc::clone(&tracker);
     let cache = Arc::new(MemoryCache::<Vec<u8>, u64>::new(options, move |v| {
@@ -75,7 +79,12 @@ fn run(options: Options) {
                             } else {
                                 format!("shared-{}", (r >> 8) % 32)
                             };
-                            let device = Some((r >> 16) as i64 % 4);
+                            // One lookup in five names no device: none of those may see a
+                            // device error, whatever the builds they join were for.
+                            let device = match (r >> 16) % 5 {
+                                4 => None,
+                                d => Some(d as i64),
+                            };
                             let result = cache.find_or_build(key.as_bytes(), device, || {
                                 let v = tracker.next.fetch_add(1, Ordering::SeqCst);
                                 Ok((v, 1 + v % 7))
@@ -85,8 +94,10 @@ fn run(options: Options) {
                                     tracker.held[*lease as usize].fetch_add(1, Ordering::SeqCst);
                                     held.push(lease);
                                 }
-                                Err(Error::DeviceDestroyed(_)) => {}
-                                Err(e) => panic!("unexpected error {e}"),
+                                Err(Error::DeviceDestroyed(d)) if device == Some(d) => {
+                                    tracker.device_errors.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(e) => panic!("unexpected error {e} for device {device:?}"),
                             }
                         }
                     }
@@ -120,6 +131,13 @@ fn run(options: Options) {
         .count() as u64;
     assert_eq!(destroyed_once, stats.destroys);
     assert!(stats.clears > 0 && stats.device_evictions > 0 && stats.waits + stats.hits > 0);
+    println!(
+        "{} builds, {} waits, {} discarded, {} device errors (each for the caller's own device)",
+        stats.builds,
+        stats.waits,
+        stats.discarded,
+        tracker.device_errors.load(Ordering::Relaxed)
+    );
 
     // Dropping the cache destroys the rest, exactly once each.
     drop(cache);

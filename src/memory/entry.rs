@@ -31,7 +31,9 @@ pub struct Entry<K, V> {
     /// `Some` for the entry's whole observable life; taken only when the last owner destroys it.
     value: Option<V>,
     weight: u64,
-    device: Option<DeviceId>,
+    /// The devices whose eviction unlinks this entry: those named by the callers it was built
+    /// for, sorted.
+    devices: Box<[DeviceId]>,
     build_time: Duration,
     pub(super) shared: Arc<Shared<K, V>>,
 }
@@ -41,7 +43,7 @@ impl<K, V> Entry<K, V> {
         key: K,
         value: V,
         weight: u64,
-        device: Option<DeviceId>,
+        devices: Box<[DeviceId]>,
         build_time: Duration,
         hash: u64,
         shared: Arc<Shared<K, V>>,
@@ -55,7 +57,7 @@ impl<K, V> Entry<K, V> {
             key,
             value: Some(value),
             weight,
-            device,
+            devices,
             build_time,
             hash,
             chances: AtomicU8::new(cost_class),
@@ -79,8 +81,10 @@ impl<K, V> Entry<K, V> {
         self.weight
     }
 
-    pub fn device(&self) -> Option<DeviceId> {
-        self.device
+    /// The devices the entry is recorded against: each caller that named a device and got
+    /// this value, sorted. Evicting any of them unlinks the entry.
+    pub fn devices(&self) -> &[DeviceId] {
+        &self.devices
     }
 
     /// How long the build that produced this value took.
@@ -157,8 +161,8 @@ impl<K, V> Lease<K, V> {
         self.entry.weight()
     }
 
-    pub fn device(&self) -> Option<DeviceId> {
-        self.entry.device()
+    pub fn devices(&self) -> &[DeviceId] {
+        self.entry.devices()
     }
 
     pub fn build_time(&self) -> Duration {

@@ -4,17 +4,25 @@
 //! be destroyed explicitly (driver handles). Its rules:
 //!
 //! - **Builds run outside every lock**, one per key at a time (single-flight): lookups of a key
-//!   being built wait for that build and share its outcome, value or error.
+//!   being built wait for that build and share its value or its build error. Sharing never
+//!   changes a caller's outcome: each is judged against its own window (below).
 //! - **Leases**: a lookup returns a [`Lease`]. `clear`, `evict_device`, `remove`, capacity
 //!   eviction and dropping the cache unlink entries at once, but a value is destroyed only when
 //!   its last lease is released, on the releasing thread. Destroy callbacks never run under an
 //!   internal lock, so they may call back into the cache.
-//! - **Device epochs**: `evict_device(d)` (or `evict_devices`) bumps `d`'s epoch; a build for `d`
-//!   that started before the bump is destroyed on completion and reported as
-//!   [`Error::DeviceDestroyed`].
-//! - **Clear generations**: on a cache built with `invalidated_by_clear` (its values borrow from
-//!   something a clear releases), a build that straddles a `clear` is destroyed and reported as
-//!   [`Error::CacheCleared`]. An owning cache installs it.
+//! - **Per-caller windows**: each caller snapshots its device's eviction epoch and the cache's
+//!   clear generation at its miss, or when it joins a build in flight, and is judged against
+//!   its own snapshot when the build ends. It gets [`Error::DeviceDestroyed`] only if its own
+//!   device was evicted in its window (`evict_device(d)` or `evict_devices` bumps `d`'s epoch),
+//!   and [`Error::CacheCleared`] only if a cache built with `invalidated_by_clear` (its values
+//!   borrow from something a clear releases) was cleared in its window; an owning cache
+//!   installs a build that straddles a `clear`. A builder doomed so destroys its value; a
+//!   waiter whose own window was not doomed looks the key up again (it builds, or joins a
+//!   live build). An installed value is recorded against the device of every caller it was
+//!   returned to, so evicting any of them unlinks it.
+//! - **Doomed builds are detached**: `evict_device` and `clear` (of a borrowing cache) take
+//!   the builds they doom out of the table, so a lookup that starts after they return builds
+//!   anew instead of joining one; the doomed value is destroyed once, when its build ends.
 //! - **Caps**: an optional entry-count and weight cap, enforced after each install by a CLOCK
 //!   policy that by default weighs the recorded build time (see `policy.rs` and [`Eviction`]).
 //!   One entry heavier than the whole cap is admitted alone.
@@ -23,7 +31,10 @@
 //!   lookup by borrowed key.
 //!
 //! A build that looks up its own key gets [`Error::Reentrant`]; a build may look up or build
-//! any other key. A cycle across threads (A's build waits for B, B's build waits for A) is not
+//! any other key. Under single-flight that lookup would wait for the build it runs in; a cache
+//! without single-flight would build the key a second time, install the inner value and
+//! destroy the outer one, so a recursion costs a compile that nobody asked for. kcache reports
+//! it instead, so that the recursion is seen and fixed. A cycle across threads (A's build waits for B, B's build waits for A) is not
 //! detected and deadlocks, as it would with any single-flight cache.
 //!
 //! ```
@@ -59,9 +70,9 @@ pub use entry::{Entry, Lease};
 pub(crate) use metrics::Made;
 pub use stats::Stats;
 
-use flight::Flight;
+use flight::{Ending, Flight, Verdict};
 use metrics::MemorySource;
-use shared::{Building, ErrorHook, Shared, Slot, bump};
+use shared::{Building, ErrorHook, Shared, Slot, Snapshot, bump};
 use sync::{AtomicU64, Ordering};
 
 #[cfg(not(feature = "shuttle"))]
@@ -151,12 +162,6 @@ pub struct MemoryCache<K, V> {
     metrics: Arc<MemorySource>,
     /// The counters at the last `reset_stats`.
     baseline: Baseline<Stats>,
-}
-
-/// What a build's caller saw when the build started, checked again at install.
-struct Snapshot {
-    device_epoch: Option<(DeviceId, u64)>,
-    generation: u64,
 }
 
 /// Made only of keys and values that any thread may use and drop, for as long as the process
@@ -288,25 +293,50 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let mut table = self.shared.shard_of(hash).table.write();
-        let orphan = match table.find(hash, |slot| slot.matches(hash, key)) {
-            Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
-            Some(Slot::Building(building)) if building.flight.can_finish_here() => {
-                let flight = Arc::clone(&building.flight);
-                drop(table);
-                return self.join(&flight);
+        // Joins builds in flight until one gives this caller its outcome; a build doomed for a
+        // reason that is not this caller's sends it round again (see `join`). Counted once: as
+        // the wait it began with, or as a miss if it then builds (every build has its miss).
+        let mut rejoined = false;
+        let mut table = loop {
+            let mut table = self.shared.shard_of(hash).table.write();
+            let (flight, snapshot, ticket) =
+                match table.find_mut(hash, |slot| slot.matches(hash, key)) {
+                    Some(Slot::Ready(entry)) if rejoined => {
+                        entry.touch();
+                        return Ok(Lease::new(Arc::clone(entry)));
+                    }
+                    Some(Slot::Ready(entry)) => return Ok(self.hit(entry)),
+                    Some(Slot::Building(building)) if building.flight.can_finish_here() => {
+                        if building.flight.is_builder() {
+                            return Err(Error::Reentrant);
+                        }
+                        // Taken under the shard lock, as the builder's is: see `install`.
+                        let snapshot = self.snapshot(device);
+                        let ticket = snapshot.device_epoch.map(|pair| {
+                            building.waiters.push(pair);
+                            building.waiters.len() - 1
+                        });
+                        (Arc::clone(&building.flight), snapshot, ticket)
+                    }
+                    _ => break table,
+                };
+            drop(table);
+            if !rejoined {
+                bump(&self.shared.counters.waits);
             }
-            // A build the parent process was running when this one forked: its builder is
-            // not here, so this lookup builds in its place (dropping the slot after the lock).
-            Some(Slot::Building(_)) => table
-                .find_entry(hash, |slot| slot.matches(hash, key))
-                .ok()
-                .map(|found| found.remove().0),
-            None => None,
+            if let Some(outcome) = self.join(&flight, &snapshot, ticket) {
+                return outcome;
+            }
+            rejoined = true;
         };
+        // A build the parent process was running when this one forked: its builder is not
+        // here, so this lookup builds in its place (dropping the slot after the lock).
+        let orphan = table
+            .find_entry(hash, |slot| slot.matches(hash, key))
+            .ok()
+            .map(|found| found.remove().0);
         // Snapshots taken under the shard lock: see `install` for why that ordering matters.
-        let epoch = device.map(|d| self.epoch(d));
-        let generation = self.generation.load(Ordering::SeqCst);
+        let snapshot = self.snapshot(device);
         let flight = Arc::new(Flight::new());
         table.insert_unique(
             hash,
@@ -314,11 +344,16 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
                 key: key.to_owned(),
                 hash,
                 flight: Arc::clone(&flight),
+                snapshot,
+                waiters: Vec::new(),
             })),
             Slot::hash,
         );
         drop(table);
         drop(orphan);
+        if rejoined {
+            self.shared.counters.waits.fetch_sub(1, Ordering::Relaxed);
+        }
         self.shared.tally.miss();
 
         let mut guard = FlightGuard {
@@ -338,15 +373,11 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
                 drop(self.take_building(hash, &flight));
                 bump(&self.shared.counters.build_failures);
                 let error = Error::Build(e);
-                flight.finish(Err(error.clone()));
+                flight.finish(Ending::Failed(error.clone()));
                 Err(error)
             }
             Ok((value, weight)) => {
-                let snapshot = Snapshot {
-                    device_epoch: device.zip(epoch),
-                    generation,
-                };
-                self.install(hash, &flight, snapshot, value, weight, build_time)
+                self.install(hash, &flight, &snapshot, value, weight, build_time)
             }
         }
     }
@@ -401,69 +432,41 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         Lease::new(Arc::clone(entry))
     }
 
-    fn join(&self, flight: &Flight<K, V>) -> Result<Lease<K, V>> {
-        if flight.is_builder() {
-            return Err(Error::Reentrant);
+    /// Waits for `flight` and judges its ending against this waiter's own window (`snapshot`,
+    /// taken when it joined): `None` when the builder's window was doomed but this waiter's was
+    /// not, so that it looks the key up again (and builds, or joins a live build).
+    fn join(
+        &self,
+        flight: &Flight<K, V>,
+        snapshot: &Snapshot,
+        ticket: Option<usize>,
+    ) -> Option<Result<Lease<K, V>>> {
+        match flight.wait(ticket) {
+            Verdict::Value(entry) => Some(Ok(Lease::new(entry))),
+            Verdict::Evicted => snapshot
+                .device_epoch
+                .map(|(device, _)| Err(Error::DeviceDestroyed(device))),
+            Verdict::Failed(error) => Some(Err(error)),
+            Verdict::Doomed => self.stale(snapshot).map(Err),
         }
-        bump(&self.shared.counters.waits);
-        flight.wait().map(Lease::new)
     }
 
     fn epoch(&self, device: DeviceId) -> u64 {
         self.shared.epochs.lock().get(&device).copied().unwrap_or(0)
     }
 
-    /// Removes this flight's slot (freeing its key for a new build) and hands back the key.
-    /// The returned flight must be dropped by the caller, outside the lock.
-    fn remove_building(
-        table: &mut HashTable<Slot<K, V>>,
-        hash: u64,
-        flight: &Arc<Flight<K, V>>,
-    ) -> (K, Arc<Flight<K, V>>) {
-        let found = table
-            .find_entry(
-                hash,
-                |slot| matches!(slot, Slot::Building(b) if Arc::ptr_eq(&b.flight, flight)),
-            )
-            .unwrap_or_else(|_| unreachable!("only the builder removes its flight's slot"));
-        match found.remove().0 {
-            Slot::Building(building) => (building.key, building.flight),
-            Slot::Ready(_) => unreachable!("matched a building slot"),
+    /// What a caller arriving now sees; taken under the key's shard lock.
+    fn snapshot(&self, device: Option<DeviceId>) -> Snapshot {
+        Snapshot {
+            device_epoch: device.map(|d| (d, self.epoch(d))),
+            generation: self.generation.load(Ordering::SeqCst),
         }
     }
 
-    fn take_building(&self, hash: u64, flight: &Arc<Flight<K, V>>) -> (K, Arc<Flight<K, V>>) {
-        Self::remove_building(&mut self.shared.shard_of(hash).table.write(), hash, flight)
-    }
-
-    /// Replaces the flight's slot with the built entry, unless the device was evicted or (on a
-    /// borrowing cache) the cache cleared since the build started. Both happen under one shard
-    /// lock, so no lookup can find the key free in between and start a second build. And
-    /// `evict_device`/`clear` bump first and then take every shard lock: so either the check
-    /// here sees the bump, or their unlinking sweep comes after the install and sees the entry.
-    fn install(
-        &self,
-        hash: u64,
-        flight: &Arc<Flight<K, V>>,
-        snapshot: Snapshot,
-        value: V,
-        weight: u64,
-        build_time: Duration,
-    ) -> Result<Lease<K, V>> {
-        let shard = self.shared.shard_of(hash);
-        let mut table = shard.table.write();
-        let (key, building) = Self::remove_building(&mut table, hash, flight);
-        let device = snapshot.device_epoch.map(|(device, _)| device);
-        let entry = Arc::new(Entry::new(
-            key,
-            value,
-            weight.min(MAX_ENTRY_WEIGHT),
-            device,
-            build_time,
-            hash,
-            Arc::clone(&self.shared),
-        ));
-        let stale = match snapshot.device_epoch {
+    /// Why a caller's window is doomed, if it is: its device was evicted, or (on a borrowing
+    /// cache) the cache cleared, since `snapshot`.
+    fn stale(&self, snapshot: &Snapshot) -> Option<Error> {
+        match snapshot.device_epoch {
             Some((device, epoch)) if self.epoch(device) != epoch => {
                 Some(Error::DeviceDestroyed(device))
             }
@@ -473,28 +476,112 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
                 Some(Error::CacheCleared)
             }
             _ => None,
-        };
-        if let Some(error) = stale {
-            drop(table);
-            drop(building);
-            bump(&self.shared.counters.builds);
-            bump(&self.shared.counters.discarded);
-            entry.linked.store(false, Ordering::Release);
-            if let Some(Err(e)) = Arc::into_inner(entry).map(Entry::destroy_now) {
-                self.shared.report_destroy_error(&e);
-            }
-            flight.finish(Err(error.clone()));
-            return Err(error);
         }
+    }
+
+    /// Removes this flight's slot (freeing its key for a new build) and hands it back, or
+    /// `None` if an eviction or a clear that doomed the build detached it already. The slot
+    /// must be dropped by the caller, outside the lock.
+    fn remove_building(
+        table: &mut HashTable<Slot<K, V>>,
+        hash: u64,
+        flight: &Arc<Flight<K, V>>,
+    ) -> Option<Box<Building<K, V>>> {
+        let found = table
+            .find_entry(
+                hash,
+                |slot| matches!(slot, Slot::Building(b) if Arc::ptr_eq(&b.flight, flight)),
+            )
+            .ok()?;
+        match found.remove().0 {
+            Slot::Building(building) => Some(building),
+            Slot::Ready(_) => unreachable!("matched a building slot"),
+        }
+    }
+
+    fn take_building(&self, hash: u64, flight: &Arc<Flight<K, V>>) -> Option<Box<Building<K, V>>> {
+        Self::remove_building(&mut self.shared.shard_of(hash).table.write(), hash, flight)
+    }
+
+    /// Replaces the flight's slot with the built entry, unless the builder's device was evicted
+    /// or (on a borrowing cache) the cache cleared since the build started. Both happen under
+    /// one shard lock, so no lookup can find the key free in between and start a second build.
+    /// And `evict_device`/`clear` bump first and then take every shard lock: so either the
+    /// check here sees the bump, or their unlinking sweep comes after the install and sees the
+    /// entry. The entry is recorded against the builder's device and every waiter's whose
+    /// device was not evicted since that waiter arrived.
+    fn install(
+        &self,
+        hash: u64,
+        flight: &Arc<Flight<K, V>>,
+        snapshot: &Snapshot,
+        value: V,
+        weight: u64,
+        build_time: Duration,
+    ) -> Result<Lease<K, V>> {
+        let shard = self.shared.shard_of(hash);
+        let mut table = shard.table.write();
+        let building = Self::remove_building(&mut table, hash, flight);
+        let building = match (building, self.stale(snapshot)) {
+            (Some(building), None) => building,
+            (building, Some(error)) => {
+                drop(table);
+                drop(building);
+                bump(&self.shared.counters.builds);
+                bump(&self.shared.counters.discarded);
+                if let Err(e) = self.shared.destroy(value) {
+                    self.shared.report_destroy_error(&e);
+                }
+                flight.finish(Ending::Doomed);
+                return Err(error);
+            }
+            (None, None) => {
+                unreachable!("only the eviction or clear that dooms it detaches a build")
+            }
+        };
+        let Building { key, waiters, .. } = *building;
+        let (devices, evicted) = {
+            let epochs = self.shared.epochs.lock();
+            let evicted: Vec<bool> = waiters
+                .iter()
+                .map(|(device, epoch)| epochs.get(device).copied().unwrap_or(0) != *epoch)
+                .collect();
+            let mut devices: Vec<DeviceId> = snapshot
+                .device_epoch
+                .iter()
+                .map(|&(device, _)| device)
+                .chain(
+                    waiters
+                        .iter()
+                        .zip(&evicted)
+                        .filter(|(_, evicted)| !**evicted)
+                        .map(|((device, _), _)| *device),
+                )
+                .collect();
+            devices.sort_unstable();
+            devices.dedup();
+            (devices, evicted)
+        };
+        let entry = Arc::new(Entry::new(
+            key,
+            value,
+            weight.min(MAX_ENTRY_WEIGHT),
+            devices.into_boxed_slice(),
+            build_time,
+            hash,
+            Arc::clone(&self.shared),
+        ));
         table.insert_unique(hash, Slot::Ready(Arc::clone(&entry)), Slot::hash);
         let c = &self.shared.counters;
         let entries = c.entries.fetch_add(1, Ordering::Relaxed) + 1;
         let weight = c.weight.fetch_add(entry.weight(), Ordering::Relaxed) + entry.weight();
         drop(table);
-        drop(building);
         bump(&c.builds);
         let lease = Lease::new(Arc::clone(&entry));
-        flight.finish(Ok(Arc::clone(&entry)));
+        flight.finish(Ending::Installed {
+            entry: Arc::clone(&entry),
+            evicted,
+        });
         if self.max_entries.is_some() || self.max_weight.is_some() {
             self.enforce_caps(&entry, entries, weight);
         }
@@ -511,7 +598,7 @@ impl<K, V> MemoryCache<K, V> {
             key,
             value,
             weight,
-            None,
+            Box::default(),
             Duration::ZERO,
             0,
             Arc::clone(&self.shared),
@@ -570,7 +657,7 @@ impl<K: Hash + Eq, V> Drop for FlightGuard<'_, K, V> {
             let slot = self.cache.take_building(self.hash, self.flight);
             drop(slot);
             bump(&self.cache.shared.counters.build_failures);
-            self.flight.finish(Err(Error::BuildPanicked));
+            self.flight.finish(Ending::Failed(Error::BuildPanicked));
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::MemoryCache;
 use super::entry::Entry;
-use super::shared::{Slot, bump};
+use super::shared::{Building, Slot, bump};
 use super::sync::Ordering;
 use crate::{DeviceId, Error, Result};
 
@@ -55,17 +55,32 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         if devices.is_empty() {
             return Ok(0);
         }
-        {
+        // The epochs the devices move to: a build whose builder saw an older one is doomed.
+        let bumped: Vec<(DeviceId, u64)> = {
             let mut epochs = self.shared.epochs.lock();
-            for &device in &devices {
-                *epochs.entry(device).or_insert(0) += 1;
-            }
-        }
-        let victims = self.unlink_where(|entry| {
-            entry
-                .device()
-                .is_some_and(|d| devices.binary_search(&d).is_ok())
-        });
+            devices
+                .iter()
+                .map(|&device| {
+                    let epoch = epochs.entry(device).or_insert(0);
+                    *epoch += 1;
+                    (device, *epoch)
+                })
+                .collect()
+        };
+        let listed = |device: DeviceId| devices.binary_search(&device).is_ok();
+        let victims = self.unlink_where(
+            |entry| entry.devices().iter().any(|&d| listed(d)),
+            |building| {
+                building
+                    .snapshot
+                    .device_epoch
+                    .is_some_and(|(device, seen)| {
+                        bumped
+                            .binary_search_by_key(&device, |&(d, _)| d)
+                            .is_ok_and(|i| seen < bumped[i].1)
+                    })
+            },
+        );
         self.shared
             .counters
             .device_evictions
@@ -77,9 +92,12 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
     /// leased. Every victim is attempted; the first destroy failure is returned. Returns the
     /// unlinked count.
     pub fn clear(&self) -> Result<usize> {
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         bump(&self.shared.counters.clears);
-        let victims = self.unlink_where(|_| true);
+        let victims = self.unlink_where(
+            |_| true,
+            |building| self.invalidated_by_clear && building.snapshot.generation < generation,
+        );
         self.shared.clock.lock().clear();
         destroy_all(victims)
     }
@@ -133,21 +151,32 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         c.weight.fetch_sub(entry.weight(), Ordering::Relaxed);
     }
 
-    fn unlink_where(&self, doomed: impl Fn(&Entry<K, V>) -> bool) -> Victims<K, V> {
+    /// Unlinks the entries `doomed` picks and detaches the builds in flight `doomed_build`
+    /// picks, which must be builds that started before the bump of their device's epoch or of
+    /// the generation the caller made: those are discarded when they end, and a lookup that starts after this returns builds anew
+    /// instead of joining one.
+    fn unlink_where(
+        &self,
+        doomed: impl Fn(&Entry<K, V>) -> bool,
+        doomed_build: impl Fn(&Building<K, V>) -> bool,
+    ) -> Victims<K, V> {
         let mut victims = Vec::new();
+        let mut detached = Vec::new();
         for shard in self.shared.shards.iter() {
             let mut table = shard.table.write();
-            table.retain(|slot| match slot {
-                Slot::Ready(entry) if doomed(entry) => {
-                    // The clone keeps the table's reference from being the last one dropped
-                    // here, under the lock.
-                    victims.push(Arc::clone(entry));
-                    false
+            // Moved out whole, so that no entry or key is dropped here, under the lock.
+            for slot in table.extract_if(|slot| match slot {
+                Slot::Ready(entry) => doomed(entry),
+                Slot::Building(building) => doomed_build(building),
+            }) {
+                match slot {
+                    Slot::Ready(entry) => victims.push(entry),
+                    Slot::Building(building) => detached.push(building),
                 }
-                _ => true,
-            });
+            }
             drop(table);
         }
+        drop(detached);
         for victim in &victims {
             self.unlinked(victim);
         }

@@ -31,6 +31,20 @@ pub(super) struct Building<K, V> {
     pub(super) key: K,
     pub(super) hash: u64,
     pub(super) flight: Arc<Flight<K, V>>,
+    /// The builder's: an eviction of its device, or a clear of a borrowing cache, after it
+    /// dooms this build, and detaches it.
+    pub(super) snapshot: Snapshot,
+    /// The device and its eviction epoch at arrival of each waiter that named a device, in
+    /// ticket order: the install records the value against those not evicted meanwhile.
+    pub(super) waiters: Vec<(DeviceId, u64)>,
+}
+
+/// What a caller saw at its miss (or at its arrival at a build in flight), checked again when
+/// the build ends: its device's eviction epoch and the cache's clear generation.
+#[derive(Clone, Copy)]
+pub(super) struct Snapshot {
+    pub(super) device_epoch: Option<(DeviceId, u64)>,
+    pub(super) generation: u64,
 }
 
 impl<K, V> Slot<K, V> {

@@ -30,7 +30,10 @@ crate::stats::statistics! {
         event builds,
         /// Builds that returned an error or panicked.
         event build_failures,
-        /// Lookups that joined another thread's build of the same key.
+        /// Lookups that joined another thread's build of the same key. One whose builder's
+        /// window was doomed and its own not looks the key up again: it stays counted here if
+        /// it then joins another build or finds the value, and moves to `misses` if it builds.
+        /// Every lookup counts once, in `hits`, `misses` or `waits`.
         event waits,
         /// Values built but destroyed instead of installed: device evicted or cache cleared.
         event discarded,

@@ -42,7 +42,11 @@ val with_lease : 'a t -> ?device:int -> string -> build:(string -> 'a) -> ('a ->
     its backtrace in each of them. The value is not destroyed while [f] runs, whatever other
     threads remove, evict or clear; the lease ends when [f] returns or raises.
 
-    [device] (>= 0) is recorded by the build that installs the entry, for {!evict_device}.
+    Sharing a build never changes a caller's outcome: a caller fails with a device error only
+    if its own [device] was evicted during its call (or with a clear error if a cache
+    invalidated by clear was cleared during it), and builds again where the shared build
+    failed for a reason that is not its own. [device] (>= 0) is recorded against the entry
+    for every caller it is returned to, for {!evict_device}.
     [build] may use any cache, but asking this cache for [key] raises
     [Error (Reentrant, _)]. *)
 

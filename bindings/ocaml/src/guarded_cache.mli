@@ -56,8 +56,11 @@ val free : ('k, 'v) t -> unit
 val find_or_build : ('k, 'v) t -> key:'k -> ?device_id:int -> (unit -> 'v) -> 'v
 (** The value for [key], built by [build ()] on a miss with no lock held. With [device_id]
     (>= 0; a negative one raises [Invalid_argument]) the entry is recorded for
-    {!evict_device}, and the build fails with {!Device_destroyed_during_build} if that device
-    is evicted while it runs. An exception from [build] is raised in this caller and in every
+    {!evict_device}, and the call fails with {!Device_destroyed_during_build} if that device
+    is evicted while it runs. Each call is judged on its own window, as if it built alone:
+    one that waited for another domain's build never inherits that build's eviction or clear
+    (it builds again), and one that starts after {!evict_device} or {!clear} returned never
+    joins a build they doomed. An exception from [build] is raised in this caller and in every
     caller that waited for the same build. A failing [destroy] of a value this call discards
     is dropped: the exception says why no value came back. *)
 

@@ -115,6 +115,61 @@ let test_device_destroyed () =
   check_int "evicting the device's entry" 1 (G.length c);
   check_int "its value destroyed" 2 (Atomic.get destroyed)
 
+(* How a lookup of "k" ended, run on another worker. *)
+let spawn_lookup c ?device_id build =
+  Par.spawn (fun () ->
+      match G.find_or_build c ~key:"k" ?device_id build with
+      | v -> Printf.sprintf "value %d" v.id
+      | exception G.Device_destroyed_during_build -> "device destroyed")
+
+(* Each call is judged against its own window, as when every caller built for itself: sharing
+   a build never hands a caller another caller's eviction, nor a value built across its own. *)
+let test_own_window () =
+  (* A lookup with no device waits for a build for device 1, which is evicted: it builds again. *)
+  let c, build, _, destroyed = counted () in
+  let waiter = ref None in
+  let got =
+    while_building c ~device_id:1 build (fun () ->
+        waiter := Some (spawn_lookup c build);
+        await "the lookup waiting" (fun () -> (G.stats c).waits = 1);
+        G.evict_device c 1)
+  in
+  check "the builder's device destroyed" (got = "device destroyed");
+  check "the lookup without a device got its own build"
+    (Par.join (Option.get !waiter) = "value 1");
+  check_int "the builder's value destroyed" 1 (Atomic.get destroyed);
+  (* A lookup for device 3 waits for a build with no device; 3 is evicted meanwhile. *)
+  let c, build, _, destroyed = counted () in
+  let waiter = ref None in
+  let got =
+    while_building c build (fun () ->
+        waiter := Some (spawn_lookup c ~device_id:3 build);
+        await "the lookup waiting" (fun () -> (G.stats c).waits = 1);
+        G.evict_device c 3)
+  in
+  check "the builder installed" (got = "installed");
+  check "the lookup for the evicted device got no value"
+    (Par.join (Option.get !waiter) = "device destroyed");
+  G.evict_device c 3;
+  check_int "the value is not recorded against device 3" 1 (G.length c);
+  check_int "nothing destroyed" 0 (Atomic.get destroyed);
+  (* A lookup that starts after evict_device returned never joins the build it doomed. *)
+  let c, build, _, destroyed = counted () in
+  let later = ref None in
+  let got =
+    while_building c ~device_id:1 build (fun () ->
+        G.evict_device c 1;
+        later := Some (spawn_lookup c ~device_id:1 build);
+        (* It either builds (a second miss) or joins the held build (a wait). *)
+        await "the later lookup under way" (fun () ->
+            let s = G.stats c in
+            s.misses = 2 || s.waits = 1))
+  in
+  check "the doomed build" (got = "device destroyed");
+  check "the later lookup built with live handles" (Par.join (Option.get !later) = "value 0");
+  check_int "the doomed value destroyed once" 1 (Atomic.get destroyed);
+  check_int "the later value installed" 1 (G.length c)
+
 (* A build in flight across a clear: destroyed with Cache_cleared_during_build on a cache whose
    values borrow (invalidated_by_clear), installed on one whose values own their handles. *)
 let test_clear_during_build invalidated_by_clear =
@@ -234,6 +289,7 @@ let () =
   test_lock_discipline ();
   test_one_build_no_loser ();
   test_device_destroyed ();
+  test_own_window ();
   test_clear_during_build true;
   test_clear_during_build false;
   test_failing_destroys ();

@@ -20,15 +20,20 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
 
 def run_threads(count: int, target: Callable[[], object]) -> list[object]:
     """Runs ``target`` on ``count`` threads; returns what each returned or raised."""
-    results: list[object] = [None] * count
+    return run_each([target] * count)
+
+
+def run_each(targets: list[Callable[[], object]]) -> list[object]:
+    """Runs each target on a thread of its own; returns what each returned or raised."""
+    results: list[object] = [None] * len(targets)
 
     def run(i: int) -> None:
         try:
-            results[i] = target()
+            results[i] = targets[i]()
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             results[i] = exc
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(targets))]
     for t in threads:
         t.start()
     for t in threads:

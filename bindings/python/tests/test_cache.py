@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gc
+import threading
 import traceback
 from collections.abc import Callable
 
 import pytest
-from conftest import run_threads, wait_until
+from conftest import run_each, run_threads, wait_until
 
 import kcache
 
@@ -190,6 +191,36 @@ def test_an_eviction_during_the_build_discards_the_value() -> None:
     assert info.value.status_name == "KC_ERR_DEVICE_DESTROYED"
     assert destroyed == ["stale"]
     assert cache.stats().discarded == 1
+
+
+def test_a_lookup_without_a_device_never_inherits_another_callers_eviction() -> None:
+    destroyed: list[str] = []
+    cache = kcache.Cache[str](destroy=destroyed.append)
+    building = threading.Event()
+
+    def build_for_device_3(key: object) -> str:
+        building.set()
+        # The other lookup joins this build; then device 3 goes while it is in flight.
+        wait_until(lambda: cache.stats().waits == 1, "the other lookup waiting")
+        cache.evict_device(3)
+        return "for device 3"
+
+    def lookup_for_device_3() -> object:
+        with cache.find_or_build("k", build_for_device_3, device=3) as value:
+            return value
+
+    def lookup_without_device() -> object:
+        building.wait()
+        with cache.find_or_build("k", lambda k: "its own") as value:
+            return value
+
+    results = run_each([lookup_for_device_3, lookup_without_device])
+    assert isinstance(results[0], kcache.DeviceDestroyedError)
+    # The eviction was not of anything the second lookup named: it builds for itself.
+    assert results[1] == "its own"
+    assert destroyed == ["for device 3"]
+    stats = cache.stats()
+    assert (stats.discarded, stats.waits, stats.misses, stats.entries) == (1, 0, 2, 1)
 
 
 def test_a_clear_during_the_build_of_an_invalidated_cache() -> None:
