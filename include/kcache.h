@@ -335,9 +335,8 @@ typedef struct kc_cuda_cache_statistics {
   uint64_t nvrtc_compiles;
   // NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
   uint64_t nvrtc_failures;
-  // Added in 3.1 (a 3.0 program's struct ends before it). CUDA C++ builds kcache could not
-  // key (a computed `#include` it cannot expand, an option that reads a file), compiled and
-  // cached nowhere; counted in `nvrtc_compiles` too.
+  // Added in 3.1. CUDA C++ builds kcache could not key (a computed `#include`, an option
+  // that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles` too.
   uint64_t passed_through;
 } kc_cuda_cache_statistics;
 
@@ -375,9 +374,8 @@ typedef struct kc_opencl_cache_statistics {
   uint64_t disk_misses;
   // Disk reads or writes that failed (the lookup went on without the disk).
   uint64_t disk_errors;
-  // Added in 3.1 (a 3.0 program's struct ends before it). Builds kcache could not key (a
-  // computed `#include` it cannot expand, an option that reads a file), compiled and cached
-  // nowhere; counted in `source_builds` too.
+  // Added in 3.1. Builds kcache could not key (a computed `#include`, an option that reads
+  // a file), compiled and cached nowhere; counted in `source_builds` too.
   uint64_t passed_through;
 } kc_opencl_cache_statistics;
 
@@ -727,13 +725,12 @@ void kc_cache_free(struct kc_cache *cache);
 
 // Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
 // Concurrent callers of one key share one build: the same value, or the same build failure
-// (status and `kc_last_build_error()` code). Each is judged on its own call, as if it built
-// alone: it fails with `KC_ERR_DEVICE_DESTROYED` only if its own device was evicted during the
-// call, `KC_ERR_CACHE_CLEARED` only if the cache was cleared during the call, and it builds
-// again where the shared build failed for a reason that is not its own. `device_id` is a
-// caller-chosen id >= 0 that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; the entry is
-// recorded against the device of every caller it is returned to. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
-// NULL) is a valid key.
+// (status and `kc_last_build_error()` code). Each is judged on its own call: only its own
+// device's eviction (`KC_ERR_DEVICE_DESTROYED`) or a clear (`KC_ERR_CACHE_CLEARED`) during it
+// fails it; where the shared build was doomed for another reason it builds again. `device_id`:
+// an id >= 0 for `kc_cache_evict_device`, or `KC_NO_DEVICE`; the entry is recorded against the
+// device of every caller it is returned to. Keys are byte strings compared by content; the
+// empty key (`key_len` 0, `key` may then be NULL) is a valid key.
 enum kc_status kc_cache_find_or_build(struct kc_cache *cache,
                                       const uint8_t *key,
                                       size_t key_len,
@@ -757,14 +754,14 @@ enum kc_status kc_cache_remove(struct kc_cache *cache, const uint8_t *key, size_
 
 // Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
 // fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
-// entries; a lookup that starts after this returns builds anew rather than joining them. Values are destroyed now unless leased. Every value is attempted; a failing
-// destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
-enum kc_status kc_cache_evict_device(struct kc_cache *cache,
-                                     int64_t device_id);
+// entries; a lookup that starts after this returns builds anew. Values are destroyed now
+// unless leased. Every value is attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED`.
+enum kc_status kc_cache_evict_device(struct kc_cache *cache, int64_t device_id);
 
 // Removes every entry; values are destroyed now unless leased. On a cache created with
 // `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`, and a lookup that
-// starts after this returns builds anew rather than joining them. Every value is attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
+// starts after this returns builds anew. Every value is attempted; a failing destroy gives
+// `KC_ERR_DESTROY_FAILED` after all were attempted.
 enum kc_status kc_cache_clear(struct kc_cache *cache);
 
 // The number of entries in the cache now; 0 if `cache` is NULL.
@@ -1186,8 +1183,7 @@ const char *kc_version(void);
 // Added in 3.1. Fills `*out` with the defaults, as many bytes of it as its `struct_size` says.
 enum kc_status kc_store_options_default(struct kc_store_options *out);
 
-// Added in 3.1. As `kc_persistence_open`, with the stores `stores` describes (NULL: the
-// environment's).
+// Added in 3.1. As `kc_persistence_open`, with the stores `stores` describes (NULL: env).
 enum kc_status kc_persistence_open_with_stores(const struct kc_persistence_options *opts,
                                                const struct kc_store_options *stores,
                                                struct kc_persistence **out);

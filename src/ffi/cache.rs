@@ -288,13 +288,12 @@ pub unsafe extern "C" fn kc_cache_free(cache: *mut kc_cache) {
 
 /// Returns a lease on the value for `key`, running `build` on a miss (see `kc_build_fn`).
 /// Concurrent callers of one key share one build: the same value, or the same build failure
-/// (status and `kc_last_build_error()` code). Each is judged on its own call, as if it built
-/// alone: it fails with `KC_ERR_DEVICE_DESTROYED` only if its own device was evicted during the
-/// call, `KC_ERR_CACHE_CLEARED` only if the cache was cleared during the call, and it builds
-/// again where the shared build failed for a reason that is not its own. `device_id` is a
-/// caller-chosen id >= 0 that `kc_cache_evict_device` uses, or `KC_NO_DEVICE`; the entry is
-/// recorded against the device of every caller it is returned to. Keys are byte strings compared by content; the empty key (`key_len` 0, `key` may then be
-/// NULL) is a valid key.
+/// (status and `kc_last_build_error()` code). Each is judged on its own call: only its own
+/// device's eviction (`KC_ERR_DEVICE_DESTROYED`) or a clear (`KC_ERR_CACHE_CLEARED`) during it
+/// fails it; where the shared build was doomed for another reason it builds again. `device_id`:
+/// an id >= 0 for `kc_cache_evict_device`, or `KC_NO_DEVICE`; the entry is recorded against the
+/// device of every caller it is returned to. Keys are byte strings compared by content; the
+/// empty key (`key_len` 0, `key` may then be NULL) is a valid key.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_find_or_build(
     cache: *mut kc_cache,
@@ -373,8 +372,8 @@ pub unsafe extern "C" fn kc_cache_remove(
 
 /// Evicts every entry built for `device_id` (>= 0) and makes builds for it that are in flight
 /// fail with `KC_ERR_DEVICE_DESTROYED` (their values are destroyed), even if it has no
-/// entries; a lookup that starts after this returns builds anew rather than joining them. Values are destroyed now unless leased. Every value is attempted; a failing
-/// destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
+/// entries; a lookup that starts after this returns builds anew. Values are destroyed now
+/// unless leased. Every value is attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: i64) -> kc_status {
     guard(|| {
@@ -392,7 +391,8 @@ pub unsafe extern "C" fn kc_cache_evict_device(cache: *mut kc_cache, device_id: 
 
 /// Removes every entry; values are destroyed now unless leased. On a cache created with
 /// `invalidated_by_clear`, builds in flight fail with `KC_ERR_CACHE_CLEARED`, and a lookup that
-/// starts after this returns builds anew rather than joining them. Every value is attempted; a failing destroy gives `KC_ERR_DESTROY_FAILED` after all were attempted.
+/// starts after this returns builds anew. Every value is attempted; a failing destroy gives
+/// `KC_ERR_DESTROY_FAILED` after all were attempted.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_cache_clear(cache: *mut kc_cache) -> kc_status {
     guard(|| {

@@ -124,9 +124,8 @@ pub struct kc_cuda_cache_statistics {
     pub nvrtc_compiles: u64,
     /// NVRTC compiles that failed (the caller got `KC_ERR_BUILD_FAILED`).
     pub nvrtc_failures: u64,
-    /// Added in 3.1 (a 3.0 program's struct ends before it). CUDA C++ builds kcache could not
-    /// key (a computed `#include` it cannot expand, an option that reads a file), compiled and
-    /// cached nowhere; counted in `nvrtc_compiles` too.
+    /// Added in 3.1. CUDA C++ builds kcache could not key (a computed `#include`, an option
+    /// that reads a file), compiled and cached nowhere; counted in `nvrtc_compiles` too.
     pub passed_through: u64,
 }
 

@@ -108,9 +108,8 @@ pub struct kc_opencl_cache_statistics {
     pub disk_misses: u64,
     /// Disk reads or writes that failed (the lookup went on without the disk).
     pub disk_errors: u64,
-    /// Added in 3.1 (a 3.0 program's struct ends before it). Builds kcache could not key (a
-    /// computed `#include` it cannot expand, an option that reads a file), compiled and cached
-    /// nowhere; counted in `source_builds` too.
+    /// Added in 3.1. Builds kcache could not key (a computed `#include`, an option that reads
+    /// a file), compiled and cached nowhere; counted in `source_builds` too.
     pub passed_through: u64,
 }
 

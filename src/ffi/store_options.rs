@@ -83,8 +83,7 @@ pub unsafe extern "C" fn kc_store_options_default(out: *mut kc_store_options) ->
     })
 }
 
-/// Added in 3.1. As `kc_persistence_open`, with the stores `stores` describes (NULL: the
-/// environment's).
+/// Added in 3.1. As `kc_persistence_open`, with the stores `stores` describes (NULL: env).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_persistence_open_with_stores(
     opts: *const kc_persistence_options,
