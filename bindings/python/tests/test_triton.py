@@ -560,3 +560,55 @@ def test_a_compile_that_fails_gives_the_remote_backends_claim_up(
     assert first["stats"]["abandoned"] >= 1
     second = run(python, env, "bad")
     assert second["failed"] == ["bad"] and second["found"] == ["add128"]
+
+
+@pytest.mark.parametrize("front_end", ["manager", "remote backend"])
+def test_a_kept_compile_error_keeps_no_one_waiting(
+    python: str, tmp_path: Path, key_file: Path, front_end: str
+) -> None:
+    # A process keeps its failed compile's exception (whose traceback holds compile()'s frame,
+    # and so the cache manager) while two others ask for the same kernel. The lock timeout is
+    # longer than the keeper keeps it: a claim that lived as long as the exception would hold
+    # the others until the keeper exits.
+    env = node_env(tmp_path / "node", key_file, KCACHE_LOCK_TIMEOUT="3600")
+    if front_end == "remote backend":
+        env.update(REMOTE_BACKEND)
+
+    def own_dir(name: str) -> dict[str, str]:
+        return {**env, "TRITON_CACHE_DIR": str(tmp_path / f"triton-own-{name}")}
+
+    keeper = subprocess.Popen(
+        [python, str(WORKER), "--set", "bad", "--keep", "120"], env=own_dir("keeper"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    others: list[subprocess.Popen[str]] = []
+    try:
+        assert keeper.stdout is not None and keeper.stdin is not None
+        kept = report(keeper.stdout.readline() or (keeper.stderr.read() if keeper.stderr else ""))
+        assert kept["failed"] == ["bad"] and kept["compiled"] == ["add128"]
+        others = [
+            subprocess.Popen(
+                [python, str(WORKER), "--set", "bad"], env=own_dir(f"other{i}"),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for i in range(2)
+        ]
+        outs = []
+        for p in others:
+            out, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err
+            outs.append(report(out))
+        # Both got the compile error while the keeper still kept it.
+        assert keeper.poll() is None
+        for other in outs:
+            assert other["failed"] == ["bad"] and other["found"] == ["add128"]
+            assert other["stats"]["compiles"] == 1 and other["stats"]["loads"] == 1
+        keeper.stdin.write("done\n")
+        keeper.stdin.flush()
+        out, err = keeper.communicate(timeout=600)
+        assert keeper.returncode == 0, err
+        assert report(out)["stats"]["abandoned"] == 1
+    finally:
+        for proc in [keeper, *others]:
+            proc.kill()
+            proc.wait()

@@ -9,7 +9,9 @@ the kernels compiled (Triton's compilation listener, ``cache_hit`` False), those
 cache, and the digest of each cubin. ``--start-at T`` waits until the wall clock reaches ``T``
 so that processes started one after another begin together; ``--set`` picks the kernels.
 ``KCACHE_TEST_HOLD=1`` makes a process that compiled a kernel stop before storing it (the
-test kills it there).
+test kills it there). ``--keep S`` keeps the last compile error alive after the report (in
+``sys.last_value``, as ``python -i`` does) until a line comes on standard input or
+S seconds pass, then prints the report again and exits.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import hashlib
 import json
 import os
+import select
 import sys
 import time
 from typing import Any
@@ -121,6 +124,7 @@ def main() -> None:
     parser.add_argument("--start-at", type=float, default=0.0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tries", type=int, default=1, help="compile each kernel so often")
+    parser.add_argument("--keep", type=float, default=0.0, help="keep the error so long")
     args = parser.parse_args()
 
     import threading
@@ -161,8 +165,11 @@ def main() -> None:
                 local.label = name
                 try:
                     kernel = triton.compile(src, target=TARGET, options=options)
-                except Exception:  # noqa: BLE001 - the bad kernel
+                except Exception as exc:  # noqa: BLE001 - the bad kernel
                     failed.append(name)
+                    if args.keep:
+                        # Its traceback holds compile()'s frame, and so its cache manager.
+                        sys.last_value = exc
                     continue
                 cubin = kernel.asm["cubin"]
                 if not cubin.startswith(b"\x7fELF") or kernel.metadata.name != src.fn.__name__:
@@ -176,23 +183,31 @@ def main() -> None:
         t.join()
     if wrong:
         sys.exit(f"not the cubins of their kernels: {wrong}")
-    report: dict[str, Any] = {
-        "compiled": compiled, "found": found, "failed": failed, "cubins": cubins,
-        "seconds": time.monotonic() - start, "triton": triton.__version__,
-    }
-    if os.environ.get("TRITON_CACHE_MANAGER", "").startswith("kcache.") or os.environ.get(
-        "TRITON_REMOTE_CACHE_BACKEND", ""
-    ).startswith("kcache."):
-        import dataclasses
+    seconds = time.monotonic() - start
 
-        import kcache.triton
+    def print_report() -> None:
+        report: dict[str, Any] = {
+            "compiled": compiled, "found": found, "failed": failed, "cubins": cubins,
+            "seconds": seconds, "triton": triton.__version__,
+        }
+        if os.environ.get("TRITON_CACHE_MANAGER", "").startswith("kcache.") or os.environ.get(
+            "TRITON_REMOTE_CACHE_BACKEND", ""
+        ).startswith("kcache."):
+            import dataclasses
 
-        report["stats"] = dataclasses.asdict(kcache.triton.stats())
-        disk = kcache.triton.disk()
-        if disk is not None:
-            disk.flush()
-            report["disk"] = dataclasses.asdict(disk.stats())
-    print(json.dumps(report), flush=True)
+            import kcache.triton
+
+            report["stats"] = dataclasses.asdict(kcache.triton.stats())
+            disk = kcache.triton.disk()
+            if disk is not None:
+                disk.flush()
+                report["disk"] = dataclasses.asdict(disk.stats())
+        print(json.dumps(report), flush=True)
+
+    print_report()
+    if args.keep:
+        select.select([sys.stdin], [], [], args.keep)
+        print_report()
 
 
 if __name__ == "__main__":

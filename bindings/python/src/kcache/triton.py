@@ -18,7 +18,11 @@ compiles, and stores the files (``put``, ``put_group``) after. A miss makes a kc
 lookup on a thread of its own whose build waits for ``put_group``: while Triton compiles, that
 lookup holds the entry's lock (and the cluster's lease), so every other process asking for the
 kernel waits for the entry instead of compiling, with kcache's lock timeout, heartbeat and
-takeover rules. A compile that fails (or never stores its group) gives the claim up.
+takeover rules. The claim lives only while Triton's ``compile()`` that asked for the group
+runs: the lookup's thread watches the compiling thread's stack, and a compile that returned or
+raised without storing its group gives the claim up within a tenth of a second, whatever holds
+the cache manager (an exception's traceback holds ``compile()``'s frame, and with it the
+manager).
 
 Files Triton opens by path are written from the verified entry into a private directory of
 this process (``mkdtemp``, removed at exit), never read from a path the store names.
@@ -38,12 +42,15 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from ._errors import KcacheError, UnavailableError, UntrustedError
@@ -65,6 +72,13 @@ _MAX_NAME = 255
 _MEMORY_WEIGHT = 256 << 20
 # How long a compile may take before its claim is given up, without KCACHE_LOCK_TIMEOUT.
 _DEFAULT_CLAIM_S = 120.0
+# How often a claim's lookup looks whether Triton's compile() that holds it is still running:
+# the longest a compile that failed keeps other processes waiting.
+_WATCH_S = 0.1
+# Triton's compile() (module, function): the only caller of get_group and put_group.
+_COMPILE = ("triton.compiler.compiler", "compile")
+# How long exit waits for a lookup it gave up to leave kcache's call.
+_EXIT_WAIT_S = 5.0
 
 if TYPE_CHECKING:
 
@@ -194,11 +208,39 @@ def _claim_seconds() -> float:
     return _DEFAULT_CLAIM_S
 
 
-class _Claim:
-    """A miss this process compiles: the lookup thread's build waits for its group."""
+def _compile_frame() -> int | None:
+    """The identity (``id``) of the frame of the innermost Triton ``compile()`` this thread is
+    in, or None (a cache manager called by something else). Not the frame itself: it holds the
+    manager, which holds the claim, and a reference would keep all three until the claim
+    closes. The identity is unique while the frame lives, which is while it runs and while
+    anything keeps it; a frame that is gone took its manager with it, whose collection gives
+    the claim up."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_globals.get("__name__"), frame.f_code.co_name) == _COMPILE:
+            return id(frame)
+        frame = frame.f_back
+    return None
 
-    def __init__(self) -> None:
+
+def _on_stack(thread: int, frame: int) -> bool:
+    """Whether the frame of identity ``frame`` is still running on thread ``thread``. A frame
+    that returned or raised is on no thread's stack, whoever keeps the object."""
+    top = sys._current_frames().get(thread)
+    while top is not None:
+        if id(top) == frame:
+            return True
+        top = top.f_back
+    return False
+
+
+class _Claim:
+    """A miss this process compiles: the lookup thread's build waits for its group, while
+    Triton's ``compile()`` that asked for it (``frame``, where there is one) runs."""
+
+    def __init__(self, frame: int | None) -> None:
         self.thread = threading.get_ident()
+        self.frame = frame
         self.building = False
         self.payload: bytes | None = None
         self._lock = threading.Lock()
@@ -224,6 +266,17 @@ class _Claim:
             self._closed = True
         self.closed.set()
         return True
+
+    def wait(self, limit: float) -> None:
+        """Waits until the claim closes, ``limit`` seconds pass, or the compile that holds it
+        is over (it returned or raised without storing its group)."""
+        if self.frame is None:  # no compile() to watch: the limit, or the manager's collection
+            self.closed.wait(limit)
+            return
+        deadline = time.monotonic() + limit
+        while not self.closed.wait(min(_WATCH_S, max(deadline - time.monotonic(), 0.0))):
+            if time.monotonic() >= deadline or not _on_stack(self.thread, self.frame):
+                return
 
 
 class _State:
@@ -254,8 +307,15 @@ class _State:
             self.counts[field] += n
 
     def close(self) -> None:
-        for claim in list(self.pending.values()):
+        claims = list(self.pending.values())
+        for claim in claims:
             claim.abandon()
+        # A daemon thread still inside kcache's call when the interpreter finalizes is ended
+        # there by Python (a forced unwind through the library, which aborts the process): the
+        # lookups given up here return first.
+        for claim in claims:
+            if claim.building:
+                claim.thread_done.wait(_EXIT_WAIT_S)
         if self.disk is not None:
             try:
                 self.disk.flush()
@@ -355,14 +415,14 @@ def _find_group(state: _State, key: str, group: str) -> dict[str, bytes] | _Clai
     if old is not None and old.thread == threading.get_ident():
         # This thread compiles the kernel again: its earlier compile of it is over.
         _give_up(old, state)
-    claim = _Claim()
+    claim = _Claim(_compile_frame())
     outcome: list[object] = []
     limit = _claim_seconds()
 
     def build(_key: object) -> bytes:
         claim.building = True
         claim.woken.set()
-        claim.closed.wait(limit)
+        claim.wait(limit)
         if claim.payload is None:
             _give_up(claim, state)
             raise _Abandoned(f"the compile of {group} stored no group")
@@ -462,8 +522,9 @@ def _get_file(state: _State, key: str, name: str) -> bytes | None:
 
 class _Claimant:
     """What both front-ends do with a group's lookup: the claim this object's compile holds,
-    handed the group when it is stored, given up if the object is dropped first (Triton drops
-    it when the compile raises)."""
+    handed the group when it is stored; given up when the object is dropped first, or when
+    Triton's ``compile()`` is over without storing it (it raised) while something keeps the
+    object."""
 
     key: str
     _state: _State
