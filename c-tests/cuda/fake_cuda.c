@@ -11,7 +11,9 @@
  *   - cuLink* turns PTX into a deterministic "cubin": a header with the target compute
  *     capability, a hash of the PTX and the names of its .entry kernels;
  *   - cuModuleLoadDataEx accepts such a cubin only for a device of the same compute capability,
- *     and (for kcache's rejection path) refuses the next N cubins when told to;
+ *     and (for kcache's rejection path) refuses the next N cubins when told to; it takes a real
+ *     cubin of NVIDIA's compilers (an ELF of EM_CUDA) for a device of its architecture, its
+ *     kernels named by its sections, so that tests with the real NVRTC can load what it makes;
  *   - cuModuleUnload fails with CUDA_ERROR_INVALID_CONTEXT unless the module's own context is
  *     current, and with CUDA_ERROR_INVALID_HANDLE on a module already unloaded;
  *     cuModuleGetFunction needs a current context too;
@@ -32,8 +34,8 @@
  * Every call is counted; tests read the counters through fakecuda_counter("name"). Controls:
  * fakecuda_reject_next_loads(n) (or FAKECUDA_REJECT_LOADS=n at cuInit), fakecuda_fail_next_loads(n,
  * code) for the failures of a good image (out of memory, ...), fakecuda_hold_links(1)
- * to park cuLinkComplete until fakecuda_hold_links(0), FAKECUDA_DRIVER_VERSION (default 12040)
- * and FAKECUDA_INIT_RESULT (the status cuInit returns, default 0).
+ * to park cuLinkComplete until fakecuda_hold_links(0), FAKECUDA_DRIVER_VERSION (default 12040,
+ * or fakecuda_set_driver_version) and FAKECUDA_INIT_RESULT (the status cuInit returns, default 0).
  *
  * Devices: ordinal 0 is "kcache fake GPU 0" (compute capability 8.0), ordinal 1 is
  * "kcache fake GPU 1" (9.0). Tests create contexts with cuCtxCreate_v2, which kcache never calls.
@@ -140,7 +142,8 @@ enum counter {
     C_INIT, C_LINK_CREATE, C_LINK_ADD_DATA, C_LINK_COMPLETE, C_LINK_DESTROY, C_LINK_FAILED,
     C_MODULE_LOAD, C_MODULE_LOAD_PTX, C_MODULE_LOAD_REJECTED, C_MODULE_LOAD_FAILED,
     C_MODULE_UNLOAD, C_UNLOAD_WRONG_CONTEXT, C_UNLOAD_INVALID, C_GET_FUNCTION, C_CTX_PUSH,
-    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_PRIMARY_DESTROYED, C_COUNT
+    C_CTX_POP, C_LIVE_MODULES, C_LAST_MAX_REGISTERS, C_LINK_WAITING, C_PRIMARY_DESTROYED,
+    C_MODULE_LOAD_ELF, C_LAST_ELF_ARCH, C_COUNT
 };
 
 static const char *const COUNTER_NAMES[C_COUNT] = {
@@ -148,6 +151,7 @@ static const char *const COUNTER_NAMES[C_COUNT] = {
     "module_load", "module_load_ptx", "module_load_rejected", "module_load_failed",
     "module_unload", "unload_wrong_context", "unload_invalid", "get_function", "ctx_push",
     "ctx_pop", "live_modules", "last_max_registers", "link_waiting", "primary_destroyed",
+    "module_load_elf", "last_elf_arch",
 };
 
 static unsigned long long counters[C_COUNT];
@@ -185,6 +189,13 @@ EXPORT void fakecuda_lazy_loading(int on) { __atomic_store_n(&lazy_loading, on, 
 
 /* While on, cuLinkComplete waits (counted in "link_waiting") until it is turned off. */
 EXPORT void fakecuda_hold_links(int on) { __atomic_store_n(&hold_links, on, __ATOMIC_SEQ_CST); }
+
+/* The CUDA version cuDriverGetVersion reports from now on (0: FAKECUDA_DRIVER_VERSION's), so
+ * that tests of one process can pose as drivers of different releases. */
+static int set_driver_version;
+EXPORT void fakecuda_set_driver_version(int version) {
+    __atomic_store_n(&set_driver_version, version, __ATOMIC_SEQ_CST);
+}
 
 /* ---- per-thread context stack ------------------------------------------------------------ */
 
@@ -275,7 +286,10 @@ EXPORT CUresult cuInit(unsigned int flags) {
     return CUDA_SUCCESS;
 }
 
-static int driver_version(void) { return env_int("FAKECUDA_DRIVER_VERSION", 12040); }
+static int driver_version(void) {
+    int set = __atomic_load_n(&set_driver_version, __ATOMIC_SEQ_CST);
+    return set ? set : env_int("FAKECUDA_DRIVER_VERSION", 12040);
+}
 
 EXPORT CUresult cuDriverGetVersion(int *version) {
     if (!version)
@@ -749,6 +763,48 @@ static CUresult new_module(struct fake_module **out, struct fake_ctx *c, int nen
     return CUDA_SUCCESS;
 }
 
+/* A cubin of NVIDIA's compilers (NVRTC's nvrtcGetCUBIN, ptxas): an ELF64 whose e_machine is
+ * EM_CUDA (190). Loaded as the driver would, without running anything: refused unless its
+ * architecture is the device's (e_flags bits 0-7 name it up to ELF ABI version 7, CUDA 12's;
+ * bits 8-15 from version 8 on, CUDA 13's); its kernels are the sections named
+ * ".nv.info.<kernel>", which the compilers write for each entry. Counted in "module_load_elf",
+ * with the architecture in "last_elf_arch". The size is not passed, so the section headers
+ * are trusted to lie within the image, as the driver trusts them. */
+static CUresult load_elf(struct fake_module **out, struct fake_ctx *c, const unsigned char *b) {
+    uint16_t machine, shentsize, shnum, shstrndx;
+    uint32_t flags;
+    uint64_t shoff, stroff;
+    memcpy(&machine, b + 18, 2);
+    memcpy(&flags, b + 48, 4);
+    memcpy(&shoff, b + 40, 8);
+    memcpy(&shentsize, b + 58, 2);
+    memcpy(&shnum, b + 60, 2);
+    memcpy(&shstrndx, b + 62, 2);
+    if (b[4] != 2 || machine != 190 || shentsize != 64 || shstrndx >= shnum)
+        return load_failed(CUDA_ERROR_INVALID_IMAGE);
+    int arch = (int)(b[8] >= 8 ? (flags >> 8) & 0xff : flags & 0xff);
+    __atomic_store_n(&counters[C_LAST_ELF_ARCH], (unsigned long long)arch, __ATOMIC_SEQ_CST);
+    if (arch != capability(c->device))
+        return load_failed(CUDA_ERROR_NO_BINARY_FOR_GPU);
+    memcpy(&stroff, b + shoff + (uint64_t)shstrndx * 64 + 24, 8);
+    static const char prefix[] = ".nv.info.";
+    char names[MAX_ENTRIES][MAX_NAME];
+    int nentries = 0;
+    memset(names, 0, sizeof names);
+    for (uint16_t i = 0; i < shnum; i++) {
+        uint32_t name;
+        memcpy(&name, b + shoff + (uint64_t)i * 64, 4);
+        const char *section = (const char *)b + stroff + name;
+        if (strncmp(section, prefix, sizeof prefix - 1) != 0)
+            continue;
+        if (nentries == MAX_ENTRIES || strlen(section + sizeof prefix - 1) >= MAX_NAME)
+            return load_failed(CUDA_ERROR_INVALID_IMAGE);
+        strcpy(names[nentries++], section + sizeof prefix - 1);
+    }
+    bump(C_MODULE_LOAD_ELF);
+    return new_module(out, c, nentries, (const char *)names, C_MODULE_LOAD);
+}
+
 EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, unsigned int n,
                                    unsigned int *options, void **values) {
     (void)n, (void)options, (void)values;
@@ -759,6 +815,8 @@ EXPORT CUresult cuModuleLoadDataEx(struct fake_module **out, const void *image, 
     if (!live_ctx(c))
         return CUDA_ERROR_INVALID_CONTEXT;
     const unsigned char *b = image;
+    if (memcmp(b, "\x7f" "ELF", 4) == 0)
+        return load_elf(out, c, b);
     if (memcmp(b, CUBIN_MAGIC, 8) != 0) {
         /* PTX handed straight to the loader is JIT-compiled, as the driver does. kcache never
          * does this (it links, to keep the cubin); the cuda_check example's "jit" mode does. */

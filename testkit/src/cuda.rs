@@ -180,6 +180,13 @@ impl FakeDriver {
         unsafe { self.0.sym::<FnInt>("fakecuda_lazy_loading")(c_int::from(on)) }
     }
 
+    /// The CUDA version (`cuDriverGetVersion`, e.g. 13020) this instance reports to drivers
+    /// loaded from now on, as a driver of that release would.
+    pub fn set_version(&self, version: i32) {
+        // SAFETY: plain value argument.
+        unsafe { self.0.sym::<FnInt>("fakecuda_set_driver_version")(version) }
+    }
+
     pub fn hold_links(&self, on: bool) {
         // SAFETY: plain value argument.
         unsafe { self.0.sym::<FnInt>("fakecuda_hold_links")(c_int::from(on)) }

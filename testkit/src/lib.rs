@@ -9,6 +9,7 @@ pub mod ffi;
 pub mod load;
 pub mod memory;
 pub mod needs;
+pub mod nvrtc;
 pub mod opencl;
 pub mod opencl_layer;
 pub mod prometheus;

@@ -5,11 +5,10 @@
 //! and every CUDA call returns [`Error::Unavailable`]. The entry points are the versioned names
 //! the driver exports (`cuLinkCreate_v2`, `cuCtxPushCurrent_v2`, …), not the `cuda.h` macros.
 
-use std::ffi::{CStr, CString, OsStr, c_char, c_int, c_uint, c_void};
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
+use super::build_id::loaded_build;
 use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{Error, Result};
 
@@ -481,71 +480,4 @@ fn log_text(log: &mut [u8]) -> String {
     CStr::from_bytes_until_nul(log)
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-/// The build identity of the loaded library that holds `symbol` (`fallback` names it when the
-/// loader cannot say): its real file name, links resolved, as `libcuda.so.1` links to
-/// `libcuda.so.<build>`. A name that carries no build (a regular file named by its soname, as
-/// some containers install the driver) is completed with the file's size, and a warning says
-/// so: a same-named update would otherwise reuse the older build's binaries.
-pub(super) fn loaded_build(symbol: *const c_void, fallback: &Path, what: &str) -> String {
-    // SAFETY: `Dl_info` is plain data; all-zero is a valid value to be overwritten.
-    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    // SAFETY: `symbol` is an address in a loaded library (or not, and dladdr returns 0); `info`
-    // is a live local.
-    let found = unsafe { libc::dladdr(symbol, &mut info) } != 0 && !info.dli_fname.is_null();
-    let path = if found {
-        // SAFETY: dladdr set `dli_fname` to the NUL-terminated name of a loaded object, which
-        // stays loaded while the library is open.
-        let name = unsafe { CStr::from_ptr(info.dli_fname) };
-        PathBuf::from(OsStr::from_bytes(name.to_bytes()))
-    } else {
-        fallback.to_path_buf()
-    };
-    let real = std::fs::canonicalize(&path).unwrap_or(path);
-    let name = real
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    if names_a_build(&name) {
-        return name;
-    }
-    let size = std::fs::metadata(&real).map(|m| m.len()).unwrap_or(0);
-    // Once per file and process: every cache loading the library again says nothing new.
-    static WARNED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-    if warned.contains(&real) {
-        return format!("{name} ({size} bytes)");
-    }
-    warned.push(real.clone());
-    drop(warned);
-    crate::log::log(crate::log::Level::Warn, || {
-        format!(
-            "the {what} library {} names no build (libX.so.<major>.<minor>...): its size \
-             ({size} bytes) stands in for the build in the disk keys",
-            real.display()
-        )
-    });
-    format!("{name} ({size} bytes)")
-}
-
-/// Whether a library file name carries a build: at least two numbers after `.so.`
-/// (`libcuda.so.550.54.15`, `libnvrtc.so.12.4.127`), not a bare soname (`libcuda.so.1`).
-fn names_a_build(name: &str) -> bool {
-    name.split_once(".so.")
-        .is_some_and(|(_, version)| version.split('.').filter(|p| !p.is_empty()).count() >= 2)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::names_a_build;
-
-    #[test]
-    fn a_build_is_two_numbers_after_so() {
-        assert!(names_a_build("libcuda.so.550.54.15"));
-        assert!(names_a_build("libnvrtc.so.12.4.127"));
-        assert!(!names_a_build("libcuda.so.1"));
-        assert!(!names_a_build("libnvrtc.so"));
-        assert!(!names_a_build("libnvrtc.so.12"));
-    }
 }

@@ -3,6 +3,7 @@
 //! from `libcuda.so.1` (or `KCACHE_CUDA_LIBRARY`); without one every call is
 //! [`Error::Unavailable`](crate::Error::Unavailable).
 
+mod build_id;
 mod cache;
 mod driver;
 mod jit;

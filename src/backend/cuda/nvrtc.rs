@@ -6,7 +6,7 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 
-use super::driver::loaded_build;
+use super::build_id::loaded_build;
 use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{BuildError, Error, Result};
 
@@ -198,7 +198,8 @@ impl Nvrtc {
     }
 
     /// The NVRTC build: the real file name of the loaded library (`libnvrtc.so.12` links to
-    /// `libnvrtc.so.12.4.127`; a file that names no build has its size added, with a warning).
+    /// `libnvrtc.so.12.4.127`; a file that names no build, as NVIDIA's Python wheels install
+    /// `libnvrtc.so.13`, has its size and a digest of its content added).
     /// NVRTC makes the cubins of CUDA C++ itself, so a patch release, which `nvrtcVersion`
     /// does not tell apart, changes them: the disk key holds the build.
     pub fn build(&self) -> &str {
