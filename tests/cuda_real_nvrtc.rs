@@ -1,7 +1,8 @@
 //! CUDA C++ through NVIDIA's own NVRTC, CUDA 13's and CUDA 12's (PyPI's `nvidia-cuda-nvrtc`
 //! and `nvidia-cuda-nvrtc-cu12`, which `scripts/test` installs and names in
 //! `KCACHE_TEST_NVRTC13` / `KCACHE_TEST_NVRTC12`): real kernels compiled to PTX and to cubins
-//! for sm_80 and sm_90 through `find_or_build_source`, the output checked as NVIDIA's, the keys
+//! for sm_80 and sm_90 through `find_or_build_source` (with headers through `-I` and in
+//! memory), the output checked as NVIDIA's, the keys
 //! as the real compiler decides them.
 //!
 //! NVRTC needs no GPU; the driver does. The stand-in driver (`c-tests/cuda/fake_cuda.c`) keeps
@@ -109,6 +110,51 @@ fn headers_through_the_include_path_make_cubins_for_sm_80_and_sm_90() {
             cache.find_or_build_source(ctx(c0), WITH_HEADER, &[&flag, "-arch=sm_90"], &[]);
         assert!(matches!(refused, Err(Error::Build(ref e)) if e.code == 209));
         assert_eq!(fake.counter("last_elf_arch"), 90);
+    }
+}
+
+/// A kernel reading an in-memory header (`factor.h`, handed to NVRTC) and a file through `-I`.
+const WITH_BOTH: &str = "#include \"factor.h\"\n#include \"scale.h\"\n\
+                         extern \"C\" __global__ void KERNEL(float *x) {\n\
+                         x[threadIdx.x] = scaled(FACTOR);\n}\n";
+
+/// In-memory headers reach NVRTC and their texts are keyed: a changed text is another cubin, the
+/// same text again a hit.
+#[test]
+fn in_memory_headers_reach_nvrtc_and_are_keyed() {
+    let Some(nvrtcs) = both() else { return };
+    for nvrtc in &nvrtcs {
+        let (inc, dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(inc.path().join("scale.h"), header("both")).unwrap();
+        let fake = driver();
+        let c0 = fake.create_context(0);
+        let disk = disk(dir.path());
+        let cache = cache(&fake, nvrtc, Some(Arc::clone(&disk)));
+        let flag = include(inc.path());
+        let options: &[&str] = &[&flag, "-arch=sm_80"];
+        for (text, compiles) in [("1.5f", 1), ("3.5f", 2), ("1.5f", 2)] {
+            let factor = format!("#define FACTOR {text}\n");
+            let lease = cache
+                .find_or_build_source_with_headers(
+                    ctx(c0),
+                    WITH_BOTH,
+                    &[("factor.h", &factor)],
+                    options,
+                    &[],
+                )
+                .unwrap();
+            assert!(!lease.function("both").unwrap().is_null());
+            assert_eq!(cache.stats().nvrtc_compiles, compiles);
+        }
+        // Without it the source does not compile.
+        assert_err!(
+            cache.find_or_build_source(ctx(c0), WITH_BOTH, options, &[]),
+            Error::Build(_)
+        );
+        cache.flush();
+        let cubins = stored(&disk);
+        assert_eq!(cubins.len(), 2);
+        assert_ne!(cubins[0], cubins[1]);
     }
 }
 

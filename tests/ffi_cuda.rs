@@ -402,3 +402,76 @@ fn cuda_source_through_nvrtc() {
     assert_eq!(status, kc_status::KC_ERR_UNAVAILABLE);
     assert!(none.is_null());
 }
+
+/// NVIDIA's NVRTC through the C API (`tests/cuda_real_nvrtc.rs` says how it is installed; the
+/// stand-in driver loads its cubins): a kernel compiles for the 9.0 device; a failing compile
+/// is KC_ERR_BUILD_FAILED with NVRTC_ERROR_COMPILATION and NVRTC's own log.
+#[test]
+fn nvidias_nvrtc_through_the_c_api() {
+    use kcache_testkit::nvrtc::{NVRTC12, NVRTC13, real_nvrtc};
+    let Some(nvrtcs) = [NVRTC13, NVRTC12]
+        .into_iter()
+        .map(real_nvrtc)
+        .collect::<Option<Vec<_>>>()
+    else {
+        return;
+    };
+    for nvrtc in nvrtcs {
+        let fake = FakeDriver::new();
+        fake.set_version(13020);
+        let library = CString::new(fake.path().to_str().unwrap()).unwrap();
+        let nvrtc_library = CString::new(nvrtc.path().to_str().unwrap()).unwrap();
+        let mut opts = kc_cuda_options_default();
+        opts.driver_library = library.as_ptr();
+        opts.nvrtc_library = nvrtc_library.as_ptr();
+        let mut raw = ptr::null_mut();
+        // SAFETY: valid options and out-pointer.
+        assert_eq!(
+            unsafe { kc_cuda_cache_new(&opts, kc_persistence_none(), &mut raw) },
+            kc_status::KC_OK
+        );
+        let cache = Cache(raw, kc_persistence_none());
+        let ctx = fake.create_context(1);
+        let arch = [c"-arch=sm_90".as_ptr()];
+        let mut lease = ptr::null_mut();
+        // SAFETY: live cache and context; NUL-terminated sources; one option string.
+        unsafe {
+            let status = kc_cuda_cache_find_or_build_source(
+                cache.0,
+                ctx,
+                c"extern \"C\" __global__ void twice(float *x) { x[0] *= 2.0f; }".as_ptr(),
+                0,
+                arch.as_ptr(),
+                1,
+                ptr::null(),
+                0,
+                &mut lease,
+            );
+            assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+            let mut function: *mut c_void = ptr::null_mut();
+            let status = kc_cuda_lease_function(lease, c"twice".as_ptr(), &mut function);
+            assert_eq!(status, kc_status::KC_OK);
+            kc_cuda_lease_release(lease);
+
+            let status = kc_cuda_cache_find_or_build_source(
+                cache.0,
+                ctx,
+                c"extern \"C\" __global__ void k(float *x) { x[0] = missing_name; }".as_ptr(),
+                0,
+                arch.as_ptr(),
+                1,
+                ptr::null(),
+                0,
+                &mut lease,
+            );
+            assert_eq!(status, kc_status::KC_ERR_BUILD_FAILED);
+            assert_eq!(kc_last_build_error(), 6, "NVRTC_ERROR_COMPILATION");
+            let message = last_error();
+            assert!(message.contains("missing_name"), "{message}");
+            assert!(message.contains("is undefined"), "{message}");
+        }
+        assert_eq!(fake.counter("module_load_elf"), 1);
+        let s = stats(&cache);
+        assert_eq!((s.nvrtc_compiles, s.nvrtc_failures, s.links), (2, 1, 0));
+    }
+}

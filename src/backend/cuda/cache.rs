@@ -14,7 +14,7 @@ use crate::Persistence;
 use crate::backend::handle_cache::{HandleCache, common_calls};
 use crate::disk::DiskStats;
 use crate::error::{Error, Result};
-use crate::headers::{Headers, nvrtc_search};
+use crate::headers::{Embedded, Headers, nvrtc_search};
 use crate::memory;
 use crate::stats::{Live, bump};
 
@@ -166,6 +166,20 @@ impl CudaCache {
         nvrtc_options: &[&str],
         jit_options: &[JitOption],
     ) -> Result<ModuleLease> {
+        self.find_or_build_source_with_headers(context, source, &[], nvrtc_options, jit_options)
+    }
+
+    /// As [`CudaCache::find_or_build_source`], with in-memory `headers` given to NVRTC
+    /// (`nvrtcCreateProgram`'s headers) as (include name, text) pairs: an `#include` of that
+    /// name reads the text, before any file. The texts of those the source includes are keyed.
+    pub fn find_or_build_source_with_headers(
+        &self,
+        context: Option<Context>,
+        source: &str,
+        headers: &[(&str, &str)],
+        nvrtc_options: &[&str],
+        jit_options: &[JitOption],
+    ) -> Result<ModuleLease> {
         if source.is_empty() {
             return Err(Error::InvalidArgument("the CUDA source is empty".into()));
         }
@@ -179,8 +193,12 @@ impl CudaCache {
             )));
         }
         let nvrtc = self.nvrtc()?;
+        let embedded: Vec<Embedded<'_>> = headers
+            .iter()
+            .map(|&(name, text)| Embedded { name, text })
+            .collect();
         let (headers, keyed) = match nvrtc_search(nvrtc_options)
-            .and_then(|search| Headers::read(&[source], &search, &[]))
+            .and_then(|search| Headers::read(&[source], &search, &embedded))
         {
             Ok(headers) => (headers, true),
             Err(why) => {
@@ -193,6 +211,7 @@ impl CudaCache {
             source,
             options: nvrtc_options,
             nvrtc,
+            embedded: &embedded,
             headers: &headers,
         };
         self.lookup(context, source, jit_options, keyed)

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::build_id::loaded_build;
 use crate::backend::library::{self, RuntimeLibrary};
 use crate::error::{BuildError, Error, Result};
+use crate::headers::Embedded;
 
 type NvrtcResult = c_int;
 type NvrtcProgram = *mut std::ffi::c_void;
@@ -226,19 +227,33 @@ impl Nvrtc {
         source: &str,
         options: &[&str],
     ) -> std::result::Result<Vec<u8>, BuildError> {
-        self.compile_to(source, options, false).map(|c| c.image)
+        self.compile_to(source, &[], options, false)
+            .map(|c| c.image)
     }
 
-    /// Compiles CUDA C++ `source`: to a cubin (`nvrtcGetCUBIN`) when `cubin`, which needs the
-    /// options to name a real architecture (`sm_XY`), else to PTX.
+    /// Compiles CUDA C++ `source`, with the in-memory `headers` NVRTC finds by their include
+    /// names: to a cubin (`nvrtcGetCUBIN`) when `cubin`, which needs the options to name a
+    /// real architecture (`sm_XY`), else to PTX.
     pub(crate) fn compile_to(
         &self,
         source: &str,
+        headers: &[Embedded<'_>],
         options: &[&str],
         cubin: bool,
     ) -> std::result::Result<Compiled, BuildError> {
         let invalid = |what: &str| BuildError::new(-1, format!("{what} contains a NUL byte"));
         let source = CString::new(source).map_err(|_| invalid("the CUDA source"))?;
+        let strings = |pick: for<'h> fn(&Embedded<'h>) -> &'h str| {
+            headers
+                .iter()
+                .map(|h| CString::new(pick(h)).map_err(|_| invalid("a header")))
+                .collect::<std::result::Result<Vec<_>, _>>()
+        };
+        let (names, texts) = (strings(|h| h.name)?, strings(|h| h.text)?);
+        let name_ptrs: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let text_ptrs: Vec<*const c_char> = texts.iter().map(|t| t.as_ptr()).collect();
+        let header_count =
+            c_int::try_from(headers.len()).map_err(|_| BuildError::new(-1, "too many headers"))?;
         let options: Vec<CString> = options
             .iter()
             .map(|o| CString::new(*o).map_err(|_| invalid("an NVRTC option")))
@@ -249,15 +264,17 @@ impl Nvrtc {
         };
 
         let mut program: NvrtcProgram = std::ptr::null_mut();
-        // SAFETY: `source` and the name are NUL-terminated; no headers.
+        // SAFETY: `source` and the name are NUL-terminated; the header arrays hold
+        // `header_count` NUL-terminated strings each, which outlive the program's creation
+        // (NVRTC copies them).
         let status = unsafe {
             (self.create_program)(
                 &mut program,
                 source.as_ptr(),
                 c"kcache.cu".as_ptr(),
-                0,
-                std::ptr::null(),
-                std::ptr::null(),
+                header_count,
+                text_ptrs.as_ptr(),
+                name_ptrs.as_ptr(),
             )
         };
         if status != NVRTC_SUCCESS {

@@ -13,7 +13,7 @@ use super::nvrtc::{Compiled as NvrtcOutput, Nvrtc};
 use crate::backend::handle_cache::{Compiled, Registered, Runtime};
 use crate::disk::Descriptor;
 use crate::error::{BuildError, Error, Result};
-use crate::headers::Headers;
+use crate::headers::{Embedded, Headers};
 use crate::key::{Key, KeyBuilder};
 use crate::memory::Built;
 use crate::metrics::Backend;
@@ -27,7 +27,10 @@ pub(super) enum Source<'a> {
         source: &'a str,
         options: &'a [&'a str],
         nvrtc: &'a Nvrtc,
-        /// The headers the source reads, found through the options' `-I` directories.
+        /// The in-memory headers NVRTC is given, found by their include names.
+        embedded: &'a [Embedded<'a>],
+        /// The headers the source reads, in memory or found through the options' `-I`
+        /// directories.
         headers: &'a Headers,
     },
 }
@@ -199,12 +202,18 @@ impl Cuda {
                 source,
                 options,
                 nvrtc,
+                embedded,
                 ..
             } => {
                 bump(&self.counters.nvrtc_compiles, 1);
                 let jit = !input.options.is_empty();
                 let driver = self.driver.version();
-                let compiled = compile_cuda(nvrtc, driver, registered.info(), source, options, jit)
+                let program = Program {
+                    source,
+                    embedded,
+                    options,
+                };
+                let compiled = compile_cuda(nvrtc, driver, registered.info(), program, jit)
                     .inspect_err(|_| {
                         bump(&self.counters.nvrtc_failures, 1);
                     })?;
@@ -260,7 +269,7 @@ fn refuses_image(code: CUresult) -> bool {
     matches!(code, 200 | 209 | 218 | 222)
 }
 
-/// Runs NVRTC for the context's device unless the options pick an architecture (a real one,
+/// Runs NVRTC on `program` for the context's device unless the options pick an architecture (a real one,
 /// `sm_XY`, gives a cubin; a virtual one PTX). For the device, a cubin for its own
 /// architecture when NVRTC knows it and no JIT options (`jit`) ask for the driver's JIT: it
 /// needs no driver JIT, so an NVRTC newer than the driver works, and it is the
@@ -272,16 +281,20 @@ fn compile_cuda(
     nvrtc: &Nvrtc,
     driver: i32,
     context: &ContextInfo,
-    source: &str,
-    options: &[&str],
+    program: Program<'_>,
     jit: bool,
 ) -> std::result::Result<NvrtcOutput, BuildError> {
+    let Program {
+        source,
+        embedded,
+        options,
+    } = program;
     if let Some(arch) = picked_arch(options) {
         let cubin = arch.starts_with("sm_");
         if !cubin {
             ptx_for_driver(nvrtc, driver)?;
         }
-        return nvrtc.compile_to(source, options, cubin);
+        return nvrtc.compile_to(source, embedded, options, cubin);
     }
     let (major, minor) = context.capability;
     let device = major * 10 + minor;
@@ -305,7 +318,15 @@ fn compile_cuda(
     };
     let mut all: Vec<&str> = options.to_vec();
     all.push(&arch);
-    nvrtc.compile_to(source, &all, cubin)
+    nvrtc.compile_to(source, embedded, &all, cubin)
+}
+
+/// What NVRTC compiles: the source, its in-memory headers and the caller's options.
+#[derive(Clone, Copy)]
+struct Program<'a> {
+    source: &'a str,
+    embedded: &'a [Embedded<'a>],
+    options: &'a [&'a str],
 }
 
 /// Refuses to make PTX for the driver's JIT with an NVRTC of a newer CUDA release: its PTX
@@ -397,6 +418,7 @@ fn disk_key(context: &ContextInfo, driver: &Driver, input: Input<'_>) -> Result<
             options,
             nvrtc,
             headers,
+            ..
         } => {
             headers.add_to(&mut builder);
             let (major, minor) = nvrtc.version();
