@@ -57,6 +57,33 @@ impl Cache {
         lease
     }
 
+    /// `kc_cuda_cache_find_or_build_source` of NUL-terminated `source` with NVRTC `options` and
+    /// no JIT options: the status and the lease (NULL unless KC_OK).
+    fn source_lease(
+        &self,
+        context: *mut c_void,
+        source: &CStr,
+        options: &[*const std::ffi::c_char],
+    ) -> (kc_status, *mut kc_cuda_lease) {
+        let mut lease = ptr::null_mut();
+        // SAFETY: a live cache and context, a NUL-terminated source, `options.len()` option
+        // strings and a writable out-pointer.
+        let status = unsafe {
+            kc_cuda_cache_find_or_build_source(
+                self.0,
+                context,
+                source.as_ptr(),
+                0,
+                options.as_ptr(),
+                options.len(),
+                ptr::null(),
+                0,
+                &mut lease,
+            )
+        };
+        (status, lease)
+    }
+
     fn tiers_stats(&self) -> kc_persistence_statistics {
         kcache_testkit::c_stats!(kc_persistence_stats, self.1, kc_persistence_statistics)
     }
@@ -433,43 +460,26 @@ fn nvidias_nvrtc_through_the_c_api() {
         let cache = Cache(raw, kc_persistence_none());
         let ctx = fake.create_context(1);
         let arch = [c"-arch=sm_90".as_ptr()];
-        let mut lease = ptr::null_mut();
-        // SAFETY: live cache and context; NUL-terminated sources; one option string.
+        let kernel = c"extern \"C\" __global__ void twice(float *x) { x[0] *= 2.0f; }";
+        let (status, lease) = cache.source_lease(ctx, kernel, &arch);
+        assert_eq!(status, kc_status::KC_OK, "{}", last_error());
+        let mut function: *mut c_void = ptr::null_mut();
+        // SAFETY: a live lease, a NUL-terminated name and a writable out-pointer; the lease is
+        // released once.
         unsafe {
-            let status = kc_cuda_cache_find_or_build_source(
-                cache.0,
-                ctx,
-                c"extern \"C\" __global__ void twice(float *x) { x[0] *= 2.0f; }".as_ptr(),
-                0,
-                arch.as_ptr(),
-                1,
-                ptr::null(),
-                0,
-                &mut lease,
+            assert_eq!(
+                kc_cuda_lease_function(lease, c"twice".as_ptr(), &mut function),
+                kc_status::KC_OK
             );
-            assert_eq!(status, kc_status::KC_OK, "{}", last_error());
-            let mut function: *mut c_void = ptr::null_mut();
-            let status = kc_cuda_lease_function(lease, c"twice".as_ptr(), &mut function);
-            assert_eq!(status, kc_status::KC_OK);
             kc_cuda_lease_release(lease);
-
-            let status = kc_cuda_cache_find_or_build_source(
-                cache.0,
-                ctx,
-                c"extern \"C\" __global__ void k(float *x) { x[0] = missing_name; }".as_ptr(),
-                0,
-                arch.as_ptr(),
-                1,
-                ptr::null(),
-                0,
-                &mut lease,
-            );
-            assert_eq!(status, kc_status::KC_ERR_BUILD_FAILED);
-            assert_eq!(kc_last_build_error(), 6, "NVRTC_ERROR_COMPILATION");
-            let message = last_error();
-            assert!(message.contains("missing_name"), "{message}");
-            assert!(message.contains("is undefined"), "{message}");
         }
+        let broken = c"extern \"C\" __global__ void k(float *x) { x[0] = missing_name; }";
+        let (status, _) = cache.source_lease(ctx, broken, &arch);
+        assert_eq!(status, kc_status::KC_ERR_BUILD_FAILED);
+        assert_eq!(kc_last_build_error(), 6, "NVRTC_ERROR_COMPILATION");
+        let message = last_error();
+        assert!(message.contains("missing_name"), "{message}");
+        assert!(message.contains("is undefined"), "{message}");
         assert_eq!(fake.counter("module_load_elf"), 1);
         let s = stats(&cache);
         assert_eq!((s.nvrtc_compiles, s.nvrtc_failures, s.links), (2, 1, 0));
