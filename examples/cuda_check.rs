@@ -19,6 +19,10 @@
 //! - `cuda_check nvrtc link|disk`: as `kcache`, from CUDA C++ source compiled by NVRTC (`link`:
 //!   built, by NVRTC's own cubin or through a link).
 //!
+//! - `cuda_check kernels`: the kernels of `tests/cuda_real_nvrtc.rs` through NVRTC for the
+//!   device (a header through `-I`, an in-memory header, a template found by its mangled name)
+//!   each looked up, and a failing compile that must give NVRTC's log.
+//!
 //! Prints `RESULT <name> <milliseconds>` lines. Exit status 2 means no usable CUDA driver,
 //! 3 no NVRTC library, or one newer than the driver that cannot make a cubin for the device
 //! (for `nvrtc`: its PTX would need a newer driver).
@@ -31,6 +35,7 @@ use kcache::Error;
 use kcache::backend::cuda::{Context, CudaCache, CudaOptions, Driver, ModuleLease};
 use kcache::{Persistence, PersistenceConfig};
 use kcache_testkit::cuda::{PrimaryContext, SAXPY_CUDA, SAXPY_PTX, Saxpy};
+use kcache_testkit::nvrtc::check_kernels;
 
 const L1_ROUNDS: u32 = 10_000;
 /// Lookups timed from a thread with no current context.
@@ -62,8 +67,11 @@ fn ms(start: Instant) -> f64 {
 }
 
 fn run(args: &[String]) -> Result<(), Error> {
-    let usage =
-        || Error::InvalidArgument("usage: cuda_check jit | cuda_check kcache link|disk".into());
+    let usage = || {
+        Error::InvalidArgument(
+            "usage: cuda_check jit | cuda_check kcache|nvrtc link|disk | cuda_check kernels".into(),
+        )
+    };
     let mode = args.first().ok_or_else(usage)?;
     let driver = Arc::new(Driver::load()?);
     let device = driver.device(0)?;
@@ -79,11 +87,24 @@ fn run(args: &[String]) -> Result<(), Error> {
         "jit" => run_jit(&driver),
         "kcache" => run_kcache(&driver, false, args.get(1).ok_or_else(usage)?),
         "nvrtc" => run_kcache(&driver, true, args.get(1).ok_or_else(usage)?),
+        "kernels" => run_kernels(&driver),
         _ => Err(usage()),
     };
     let released = context.release();
     outcome?;
     released
+}
+
+fn run_kernels(driver: &Arc<Driver>) -> Result<(), Error> {
+    let cache = CudaCache::new(CudaOptions {
+        driver: Some(Arc::clone(driver)),
+        ..CudaOptions::default()
+    })?;
+    let nvrtc = cache.nvrtc()?;
+    println!("NVRTC {:?} ({})", nvrtc.version(), nvrtc.build());
+    let found = check_kernels(&cache, None)?;
+    println!("kernels: {found} found, and the failing compile gave NVRTC's log");
+    Ok(())
 }
 
 fn run_jit(driver: &Driver) -> Result<(), Error> {

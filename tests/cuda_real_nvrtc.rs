@@ -18,25 +18,10 @@ use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOptio
 use kcache::{Error, Persistence, PersistenceConfig};
 use kcache_testkit::assert_err;
 use kcache_testkit::cuda::FakeDriver;
-use kcache_testkit::nvrtc::{NVRTC12, NVRTC13, cubin_arch, real_nvrtc};
-
-/// A kernel whose body and name come from a header found through `-I`.
-const WITH_HEADER: &str = "#include \"scale.h\"\n\
-                           extern \"C\" __global__ void KERNEL(float *x) {\n\
-                           x[threadIdx.x] = scaled(x[threadIdx.x]);\n}\n";
-
-/// A template kernel, instantiated for `float`: looked up by its mangled name.
-const TEMPLATE: &str = "template <typename T> __global__ void scale(T *x, T a) {\n\
-                        x[threadIdx.x] *= a;\n}\n\
-                        template __global__ void scale<float>(float *, float);\n";
-const TEMPLATE_FLOAT: &str = "_Z5scaleIfEvPT_S0_";
-
-/// The header of [`WITH_HEADER`], naming its kernel `name`.
-fn header(name: &str) -> String {
-    format!(
-        "#define KERNEL {name}\n__device__ inline float scaled(float v) {{ return 2.0f * v; }}\n"
-    )
-}
+use kcache_testkit::nvrtc::{
+    BROKEN, NVRTC12, NVRTC13, TEMPLATE, TEMPLATE_FLOAT, WITH_BOTH, WITH_HEADER, check_kernels,
+    cubin_arch, header, real_nvrtc,
+};
 
 /// Both NVRTC releases, CUDA 13's first; `None` once the test is said to be skipped.
 fn both() -> Option<[Arc<Nvrtc>; 2]> {
@@ -112,11 +97,6 @@ fn headers_through_the_include_path_make_cubins_for_sm_80_and_sm_90() {
         assert_eq!(fake.counter("last_elf_arch"), 90);
     }
 }
-
-/// A kernel reading an in-memory header (`factor.h`, handed to NVRTC) and a file through `-I`.
-const WITH_BOTH: &str = "#include \"factor.h\"\n#include \"scale.h\"\n\
-                         extern \"C\" __global__ void KERNEL(float *x) {\n\
-                         x[threadIdx.x] = scaled(FACTOR);\n}\n";
 
 /// In-memory headers reach NVRTC and their texts are keyed: a changed text is another cubin, the
 /// same text again a hit.
@@ -213,15 +193,14 @@ fn a_failing_compile_gives_nvrtcs_log_and_stores_nothing() {
         let c0 = fake.create_context(0);
         let disk = disk(dir.path());
         let cache = cache(&fake, nvrtc, Some(Arc::clone(&disk)));
-        let broken = "extern \"C\" __global__ void k(float *x) { x[0] = no_such_value; }\n";
         for round in 1..=2 {
-            let failed = cache.find_or_build_source(ctx(c0), broken, &["-arch=sm_80"], &[]);
+            let failed = cache.find_or_build_source(ctx(c0), BROKEN, &["-arch=sm_80"], &[]);
             let Err(Error::Build(error)) = failed else {
                 panic!("not a build error")
             };
             // NVRTC_ERROR_COMPILATION, with the compiler's own words.
             assert_eq!(error.code, 6);
-            assert!(error.message.contains("no_such_value"), "{}", error.message);
+            assert!(error.message.contains("missing_name"), "{}", error.message);
             assert!(error.message.contains("error"), "{}", error.message);
             // Failures are not cached: each lookup compiles again.
             assert_eq!(cache.stats().nvrtc_failures, round);
@@ -368,5 +347,20 @@ fn no_cubin_from_nvrtc_is_a_build_error() {
         assert!(error.message.contains("no cubin"), "{}", error.message);
         assert_eq!(fake.counter("module_load"), 0);
         assert_eq!(fake.counter("module_load_failed"), 0);
+    }
+}
+
+/// What `scripts/gpu-check` runs on a GPU, here on the stand-in driver: every kernel found, for
+/// the device's own architecture, which kcache picks.
+#[test]
+fn the_gpu_checks_kernels_compile_for_the_device() {
+    let Some(nvrtcs) = both() else { return };
+    for nvrtc in &nvrtcs {
+        let fake = driver();
+        let c1 = fake.create_context(1);
+        let cache = cache(&fake, nvrtc, None);
+        assert_eq!(check_kernels(&cache, ctx(c1)).unwrap(), 3);
+        assert_eq!(fake.counter("module_load_elf"), 3);
+        assert_eq!(fake.counter("last_elf_arch"), 90);
     }
 }

@@ -1,14 +1,16 @@
 //! NVIDIA's own NVRTC, from the package registry (PyPI's `nvidia-cuda-nvrtc` for CUDA 13 and
 //! `nvidia-cuda-nvrtc-cu12` for CUDA 12), which compiles CUDA C++ on any x86-64 machine, GPU or
 //! not: `scripts/test` installs both into the target directory and names the libraries in
-//! [`NVRTC13`] and [`NVRTC12`]. And what tells NVIDIA's output apart: a cubin is an ELF of
-//! `EM_CUDA` for one architecture.
+//! [`NVRTC13`] and [`NVRTC12`]. What tells NVIDIA's output apart: a cubin is an ELF of
+//! `EM_CUDA` for one architecture. And the kernels that `tests/cuda_real_nvrtc.rs` compiles,
+//! which `scripts/gpu-check` compiles again on a GPU ([`check_kernels`]).
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kcache::backend::cuda::Nvrtc;
+use kcache::Error;
+use kcache::backend::cuda::{Context, CudaCache, Nvrtc};
 
 use crate::needs::{self, Missing};
 
@@ -66,4 +68,69 @@ pub fn cubin_arch(image: &[u8]) -> Option<u32> {
     } else {
         flags & 0xff
     })
+}
+
+/// A kernel whose body and name come from a header found through `-I` ([`header`]).
+pub const WITH_HEADER: &str = "#include \"scale.h\"\n\
+                               extern \"C\" __global__ void KERNEL(float *x) {\n\
+                               x[threadIdx.x] = scaled(x[threadIdx.x]);\n}\n";
+
+/// A kernel reading an in-memory header (`factor.h`, handed to NVRTC, defining `FACTOR`) and
+/// a file through `-I` ([`header`]).
+pub const WITH_BOTH: &str = "#include \"factor.h\"\n#include \"scale.h\"\n\
+                             extern \"C\" __global__ void KERNEL(float *x) {\n\
+                             x[threadIdx.x] = scaled(FACTOR);\n}\n";
+
+/// A template kernel, instantiated for `float`: found by its mangled name, [`TEMPLATE_FLOAT`].
+pub const TEMPLATE: &str = "template <typename T> __global__ void scale(T *x, T a) {\n\
+                            x[threadIdx.x] *= a;\n}\n\
+                            template __global__ void scale<float>(float *, float);\n";
+/// The mangled name of `scale<float>`.
+pub const TEMPLATE_FLOAT: &str = "_Z5scaleIfEvPT_S0_";
+
+/// A kernel that does not compile: `missing_name` is undefined.
+pub const BROKEN: &str = "extern \"C\" __global__ void k(float *x) { x[0] = missing_name; }\n";
+
+/// The header `scale.h` of [`WITH_HEADER`] and [`WITH_BOTH`], naming their kernel `name`.
+pub fn header(name: &str) -> String {
+    format!(
+        "#define KERNEL {name}\n__device__ inline float scaled(float v) {{ return 2.0f * v; }}\n"
+    )
+}
+
+/// Compiles the kernels above through `cache` for `context`'s device (no `-arch`: kcache picks
+/// it) and looks each up: a header through `-I`, an in-memory header, a template by its mangled
+/// name; [`BROKEN`] must fail with NVRTC's log. Returns how many kernels were found.
+pub fn check_kernels(cache: &CudaCache, context: Option<Context>) -> kcache::Result<usize> {
+    let fail = |what: String| Error::Backend(what);
+    let dir = tempfile::tempdir().map_err(|e| fail(e.to_string()))?;
+    std::fs::write(dir.path().join("scale.h"), header("from_file"))
+        .map_err(|e| fail(e.to_string()))?;
+    let include = format!("-I{}", dir.path().display());
+    let found = |lease: kcache::backend::cuda::ModuleLease, name: &str| {
+        if lease.function(name)?.is_null() {
+            return Err(fail(format!("{name}: a null CUfunction")));
+        }
+        Ok(())
+    };
+    found(
+        cache.find_or_build_source(context, WITH_HEADER, &[&include], &[])?,
+        "from_file",
+    )?;
+    let factor = [("factor.h", "#define FACTOR 3.0f\n")];
+    found(
+        cache.find_or_build_source_with_headers(context, WITH_BOTH, &factor, &[&include], &[])?,
+        "from_file",
+    )?;
+    found(
+        cache.find_or_build_source(context, TEMPLATE, &["-std=c++17"], &[])?,
+        TEMPLATE_FLOAT,
+    )?;
+    match cache.find_or_build_source(context, BROKEN, &[], &[]) {
+        Err(Error::Build(e)) if e.message.contains("missing_name") => Ok(3),
+        other => Err(fail(format!(
+            "a failing compile gave {:?}, not NVRTC's log",
+            other.err()
+        ))),
+    }
 }
