@@ -364,3 +364,31 @@ fn the_gpu_checks_kernels_compile_for_the_device() {
         assert_eq!(fake.counter("last_elf_arch"), 90);
     }
 }
+
+/// Lookups of one failing source at once all get NVRTC's error and none is left waiting: the
+/// failure is not kept, so the next lookup compiles again.
+#[test]
+fn concurrent_lookups_of_a_failing_compile_all_get_the_error() {
+    let Some([nvrtc, _]) = both() else { return };
+    let fake = driver();
+    let c0 = ctx(fake.create_context(0));
+    let cache = cache(&fake, &nvrtc, None);
+    let barrier = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                barrier.wait();
+                let failed = cache.find_or_build_source(c0, BROKEN, &["-arch=sm_80"], &[]);
+                assert!(matches!(failed, Err(Error::Build(ref e)) if e.code == 6));
+            });
+        }
+    });
+    let failures = cache.stats().nvrtc_failures;
+    assert!((1..=4).contains(&failures), "{failures}");
+    assert_err!(
+        cache.find_or_build_source(c0, BROKEN, &["-arch=sm_80"], &[]),
+        Error::Build(_)
+    );
+    assert_eq!(cache.stats().nvrtc_failures, failures + 1);
+    assert_eq!(cache.stats().memory.entries, 0);
+}
