@@ -17,10 +17,10 @@ use std::sync::Arc;
 use kcache::backend::cuda::{CUcontext, Context, CudaCache, CudaOptions, JitOption, Nvrtc};
 use kcache::{Error, Persistence, PersistenceConfig};
 use kcache_testkit::assert_err;
-use kcache_testkit::cuda::FakeDriver;
+use kcache_testkit::cuda::{FakeDriver, SAXPY_PTX};
 use kcache_testkit::nvrtc::{
     BROKEN, NVRTC12, NVRTC13, TEMPLATE, TEMPLATE_FLOAT, WITH_BOTH, WITH_HEADER, check_kernels,
-    cubin_arch, header, real_nvrtc,
+    cubin_arch, header, real_nvrtc, real_ptxas,
 };
 
 /// Both NVRTC releases, CUDA 13's first; `None` once the test is said to be skipped.
@@ -391,4 +391,47 @@ fn concurrent_lookups_of_a_failing_compile_all_get_the_error() {
     );
     assert_eq!(cache.stats().nvrtc_failures, failures + 1);
     assert_eq!(cache.stats().memory.entries, 0);
+}
+
+/// kcache runs no ptxas (NVRTC assembles a real architecture itself, the driver's JIT links
+/// PTX), but the PTX kcache hands the driver must assemble: the repository's saxpy.ptx, which
+/// the stand-in and `scripts/gpu-check` run, and NVRTC 12.9's PTX each become an sm_80 and an
+/// sm_90 cubin with CUDA 12.9's ptxas.
+#[test]
+fn nvidias_ptxas_assembles_the_ptx_the_driver_is_handed() {
+    let Some(ptxas) = real_ptxas() else { return };
+    let Some(nvrtc) = real_nvrtc(NVRTC12) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("scale.h"), header("twice")).unwrap();
+    let flag = include(dir.path());
+    let from_nvrtc = nvrtc
+        .compile(WITH_HEADER, &[&flag, "-arch=compute_80"])
+        .unwrap();
+    for (name, ptx) in [("saxpy", SAXPY_PTX.as_bytes()), ("twice", &from_nvrtc)] {
+        let input = dir.path().join(format!("{name}.ptx"));
+        std::fs::write(&input, ptx).unwrap();
+        for arch in [80, 90] {
+            let output = dir.path().join(format!("{name}.sm_{arch}.cubin"));
+            let run = std::process::Command::new(&ptxas)
+                .arg(format!("-arch=sm_{arch}"))
+                .arg("-o")
+                .arg(&output)
+                .arg(&input)
+                .output()
+                .unwrap();
+            assert!(run.status.success(), "{name}: {run:?}");
+            let cubin = std::fs::read(&output).unwrap();
+            assert_eq!(cubin_arch(&cubin), Some(arch), "{name}");
+            // The cubin's kernel is the PTX's entry.
+            let section = format!(".nv.info.{name}\0");
+            assert!(
+                cubin
+                    .windows(section.len())
+                    .any(|w| w == section.as_bytes()),
+                "{name}"
+            );
+        }
+    }
 }

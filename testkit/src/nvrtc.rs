@@ -1,7 +1,7 @@
 //! NVIDIA's own NVRTC, from the package registry (PyPI's `nvidia-cuda-nvrtc` for CUDA 13 and
 //! `nvidia-cuda-nvrtc-cu12` for CUDA 12), which compiles CUDA C++ on any x86-64 machine, GPU or
 //! not: `scripts/test` installs both into the target directory and names the libraries in
-//! [`NVRTC13`] and [`NVRTC12`]. What tells NVIDIA's output apart: a cubin is an ELF of
+//! [`NVRTC13`] and [`NVRTC12`], and CUDA 12.9's `ptxas` (`nvidia-cuda-nvcc-cu12`) in [`PTXAS`]. What tells NVIDIA's output apart: a cubin is an ELF of
 //! `EM_CUDA` for one architecture. And the kernels that `tests/cuda_real_nvrtc.rs` compiles,
 //! which `scripts/gpu-check` compiles again on a GPU ([`check_kernels`]).
 
@@ -23,29 +23,47 @@ pub const NVRTC12: &str = "KCACHE_TEST_NVRTC12";
 /// under [`needs::REQUIRE_ALL`], as nothing on the machine could have installed NVRTC.
 pub const UNREACHABLE: &str = "KCACHE_TEST_NVRTC_UNREACHABLE";
 
+/// The variable naming CUDA 12.9's `ptxas` (PyPI's `nvidia-cuda-nvcc-cu12`).
+pub const PTXAS: &str = "KCACHE_TEST_PTXAS";
+
 /// The NVRTC library the variable `var` ([`NVRTC13`], [`NVRTC12`]) names, loaded; `None` once
 /// the test is said to be skipped when it names none (see [`needs`]).
 pub fn real_nvrtc(var: &str) -> Option<Arc<Nvrtc>> {
+    let path = installed(var, needs::file)?;
+    Some(Arc::new(Nvrtc::load_from(&path).unwrap()))
+}
+
+/// NVIDIA's `ptxas`, as [`PTXAS`] names it; `None` once the test is said to be skipped.
+pub fn real_ptxas() -> Option<PathBuf> {
+    installed(PTXAS, |path, install| {
+        needs::program(path.to_str().unwrap_or_default(), install)
+    })
+}
+
+/// What `var` names, if `check` finds it there; `None` once the test is said to be skipped.
+fn installed(
+    var: &str,
+    check: impl FnOnce(PathBuf, &str) -> Result<PathBuf, Missing>,
+) -> Option<PathBuf> {
     if let Some(why) = std::env::var_os(UNREACHABLE) {
         // One write to the standard error itself, as needs::met says a skip.
         let line = format!(
-            "skipped: NVIDIA's NVRTC is not installed: {}\n",
+            "skipped: NVIDIA's compilers are not installed: {}\n",
             why.display()
         );
         let _ = std::io::stderr().write_all(line.as_bytes());
         return None;
     }
     let install = format!(
-        "scripts/test installs it from PyPI (nvidia-cuda-nvrtc, nvidia-cuda-nvrtc-cu12) and sets \
-         {var} to its libnvrtc.so"
+        "scripts/test installs it from PyPI (nvidia-cuda-nvrtc, nvidia-cuda-nvrtc-cu12, \
+         nvidia-cuda-nvcc-cu12) and sets {var}"
     );
-    let path = needs::met(
+    needs::met(
         std::env::var_os(var)
             .map(PathBuf::from)
             .ok_or_else(|| Missing::new(format!("{var} is not set"), install.clone()))
-            .and_then(|path| needs::file(path, &install)),
-    )?;
-    Some(Arc::new(Nvrtc::load_from(&path).unwrap()))
+            .and_then(|path| check(path, &install)),
+    )
 }
 
 /// `EM_CUDA`, the ELF machine of NVIDIA's cubins.
