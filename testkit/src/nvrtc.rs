@@ -12,7 +12,7 @@ use std::sync::Arc;
 use kcache::Error;
 use kcache::backend::cuda::{Context, CudaCache, Nvrtc};
 
-use crate::needs::{self, Missing};
+use crate::needs;
 
 /// The variable naming CUDA 13's `libnvrtc.so.13`.
 pub const NVRTC13: &str = "KCACHE_TEST_NVRTC13";
@@ -26,25 +26,44 @@ pub const UNREACHABLE: &str = "KCACHE_TEST_NVRTC_UNREACHABLE";
 /// The variable naming CUDA 12.9's `ptxas` (PyPI's `nvidia-cuda-nvcc-cu12`).
 pub const PTXAS: &str = "KCACHE_TEST_PTXAS";
 
-/// The NVRTC library the variable `var` ([`NVRTC13`], [`NVRTC12`]) names, loaded; `None` once
-/// the test is said to be skipped when it names none (see [`needs`]).
+/// What `scripts/test` installs: the variable, the package and version, the folder under
+/// `target/nvrtc` and the file in it.
+const INSTALLED: [(&str, &str, &str, &str); 3] = [
+    (
+        NVRTC13,
+        "nvidia-cuda-nvrtc==13.2.78",
+        "cu13",
+        "nvidia/cu13/lib/libnvrtc.so.13",
+    ),
+    (
+        NVRTC12,
+        "nvidia-cuda-nvrtc-cu12==12.9.86",
+        "cu12",
+        "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+    ),
+    (
+        PTXAS,
+        "nvidia-cuda-nvcc-cu12==12.9.86",
+        "nvcc12",
+        "nvidia/cuda_nvcc/bin/ptxas",
+    ),
+];
+
+/// The NVRTC library [`NVRTC13`] or [`NVRTC12`] names, loaded; `None` once the test is said to
+/// be skipped when it is missing (see [`needs`]).
 pub fn real_nvrtc(var: &str) -> Option<Arc<Nvrtc>> {
-    let path = installed(var, needs::file)?;
+    let path = installed(var)?;
     Some(Arc::new(Nvrtc::load_from(&path).unwrap()))
 }
 
 /// NVIDIA's `ptxas`, as [`PTXAS`] names it; `None` once the test is said to be skipped.
 pub fn real_ptxas() -> Option<PathBuf> {
-    installed(PTXAS, |path, install| {
-        needs::program(path.to_str().unwrap_or_default(), install)
-    })
+    installed(PTXAS)
 }
 
-/// What `var` names, if `check` finds it there; `None` once the test is said to be skipped.
-fn installed(
-    var: &str,
-    check: impl FnOnce(PathBuf, &str) -> Result<PathBuf, Missing>,
-) -> Option<PathBuf> {
+/// What `var` names, else where `scripts/test` installs it; `None` once the test is said to be
+/// skipped when it is in neither place.
+fn installed(var: &str) -> Option<PathBuf> {
     if let Some(why) = std::env::var_os(UNREACHABLE) {
         // One write to the standard error itself, as needs::met says a skip.
         let line = format!(
@@ -54,16 +73,22 @@ fn installed(
         let _ = std::io::stderr().write_all(line.as_bytes());
         return None;
     }
+    let (_, package, folder, file) = INSTALLED
+        .into_iter()
+        .find(|(v, ..)| *v == var)
+        .expect("a variable of this module");
+    let path = std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        // The test kit's manifest is one level down from the workspace's target directory.
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/nvrtc")
+            .join(folder)
+            .join(file)
+    });
     let install = format!(
-        "scripts/test installs it from PyPI (nvidia-cuda-nvrtc, nvidia-cuda-nvrtc-cu12, \
-         nvidia-cuda-nvcc-cu12) and sets {var}"
+        "run scripts/test, or `python3 -m pip install --target target/nvrtc/{folder} \
+         {package}`, or set {var}"
     );
-    needs::met(
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .ok_or_else(|| Missing::new(format!("{var} is not set"), install.clone()))
-            .and_then(|path| check(path, &install)),
-    )
+    needs::met(needs::file(path, &install))
 }
 
 /// `EM_CUDA`, the ELF machine of NVIDIA's cubins.
