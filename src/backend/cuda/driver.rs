@@ -182,7 +182,7 @@ impl Driver {
 
     /// The driver build: the real file name of the loaded library (`libcuda.so.1` is a link to
     /// `libcuda.so.<build>`, e.g. `libcuda.so.550.54.15`; a file that names no build has its
-    /// size added, with a warning). A driver update changes it, and with it the PTX JIT, so
+    /// size and a digest of its content added). A driver update changes it, and with it the PTX JIT, so
     /// the disk key holds it.
     pub fn build(&self) -> &str {
         &self.build
