@@ -2,8 +2,8 @@
 //! and `nvidia-cuda-nvrtc-cu12`, which `scripts/test` installs and names in
 //! `KCACHE_TEST_NVRTC13` / `KCACHE_TEST_NVRTC12`): real kernels compiled to PTX and to cubins
 //! for sm_80 and sm_90 through `find_or_build_source` (with headers through `-I` and in
-//! memory), the output checked as NVIDIA's, the keys
-//! as the real compiler decides them.
+//! memory), the output checked as NVIDIA's, the keys as the real compiler decides them; and
+//! CUDA 12.9's `ptxas` (`KCACHE_TEST_PTXAS`) on the PTX the driver is handed.
 //!
 //! NVRTC needs no GPU; the driver does. The stand-in driver (`c-tests/cuda/fake_cuda.c`) keeps
 //! standing in for everything that needs a device: it links the real PTX into its own fake
