@@ -143,6 +143,7 @@ static void tiered_lookups_through_a_disk(void) {
   text = render();
   CHECK_U64(sample(text, "kcache_caches{backend=\"c\"}"), 2);
   CHECK_U64(sample(text, "kcache_builds_total{backend=\"c\",result=\"ok\"}"), 1);
+  CHECK_U64(sample(text, "kcache_loads_total{backend=\"c\"}"), 1);
   CHECK_U64(sample(text, "kcache_build_duration_seconds_count{backend=\"c\"}"), 1);
   /* Two caches, a miss each. */
   check_lookups(text, "memory", 0, 2);

@@ -263,7 +263,8 @@ typedef struct kc_cache_statistics {
   uint64_t hits;
   // Lookups that found neither a ready entry nor a build to wait for.
   uint64_t misses;
-  // Builds that produced a value (installed or discarded).
+  // Build callbacks that produced a value (installed or discarded); loads from disk are not
+  // builds (see a backend's `binary_loads`, `cubin_loads`; `kc_persistence_statistics`).
   uint64_t builds;
   // Builds whose callback returned non-zero.
   uint64_t build_failures;
@@ -1232,8 +1233,7 @@ enum kc_status kc_vulkan_cache_new(const struct kc_vulkan_options *opts,
 // cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
 // their last release. No other call on `cache` may run during or after this one. The handles
 // of devices unregistered before are freed with the cache; those of devices still registered
-// may only be passed to `kc_vulkan_cache_unregister_device` afterwards, which then just frees
-// them.
+// may only be passed to `kc_vulkan_cache_unregister_device` afterwards, which just frees them.
 void kc_vulkan_cache_free(struct kc_vulkan_cache *cache);
 
 // Registers the caller's device with the cache: kcache reads its properties, creates its

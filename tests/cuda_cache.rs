@@ -146,6 +146,11 @@ fn warm_cache_in_the_same_process_loads_the_cubin_without_linking() {
     assert_eq!(fake.counter("module_load"), 2);
     let stats = warm.stats();
     assert_eq!((stats.links, stats.disk_hits, stats.cubin_loads), (0, 1, 1));
+    assert_eq!(
+        (stats.memory.builds, stats.memory.loads),
+        (0, 1),
+        "a load is not a build"
+    );
 }
 
 /// Environment variable that turns `warm_start_child` into one run of a cache in a fresh

@@ -101,6 +101,7 @@ fn every_counter_equals_what_the_lookups_did() {
     assert_eq!(lookups(&p, "memory", "wait"), 0.0);
     assert_eq!(builds(&p, "opencl", "ok"), 1.0);
     assert_eq!(builds(&p, "opencl", "failed"), 0.0);
+    assert_eq!(of_backend(&p, "kcache_loads_total", "opencl"), 0.0);
     assert_eq!(
         of_backend(&p, "kcache_build_duration_seconds_count", "opencl"),
         1.0
@@ -136,6 +137,8 @@ fn every_counter_equals_what_the_lookups_did() {
     assert_eq!(of_backend(&p, "kcache_caches", "rust"), 1.0);
     assert_eq!(tier_lookups(&p), [3.0, 3.0, 1.0, 1.0]);
     assert_eq!(builds(&p, "opencl", "ok"), 1.0, "a load is not a build");
+    assert_eq!(of_backend(&p, "kcache_loads_total", "opencl"), 1.0);
+    assert_eq!(of_backend(&p, "kcache_loads_total", "rust"), 0.0);
     assert_eq!(builds(&p, "rust", "ok"), 1.0);
     assert_eq!(
         of_backend(&p, "kcache_build_duration_seconds_count", "rust"),

@@ -105,6 +105,11 @@ fn cold_then_memory_hit_then_disk_hit_in_a_fresh_cache() {
     let s = stats(&fresh);
     assert_eq!((s.source_builds, s.binary_loads, s.disk_hits), (0, 1, 1));
     assert_eq!(s.binaries_rejected, 0);
+    assert_eq!(
+        (s.memory.builds, s.memory.loads),
+        (0, 1),
+        "a load is not a build"
+    );
 
     // The disk key leaves the context out: another context on the device reuses the binary,
     // while the memory tier keeps programs per context.

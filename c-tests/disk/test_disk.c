@@ -258,6 +258,7 @@ static void test_tiered(void) {
   CHECK(strcmp(tiered_lookup(first, disk, &b, &lease), "value-of-tiered") == 0);
   kc_lease_release(lease);
   CHECK(b.builds == 1 && b.loads == 0 && b.serializes == 1);
+  CHECK_STATS(first, STAT(misses, 1), STAT(builds, 1));
   /* The write happens on the disk's background writer; a flush waits for it. */
   CHECK_STATUS(kc_persistence_flush(disk), KC_OK);
   kc_persistence_statistics s = disk_stats(disk);
@@ -273,6 +274,8 @@ static void test_tiered(void) {
   CHECK(strcmp(tiered_lookup(second, disk, &b, &lease), "value-of-tiered") == 0);
   kc_lease_release(lease);
   CHECK(b.builds == 1 && b.loads == 1);
+  /* A value loaded is not a build: `builds` counts build callbacks only. */
+  CHECK_STATS(second, STAT(misses, 1), STAT(builds, 0), STAT(entries, 1));
   kc_cache_free(second);
 
   /* An entry the backend refuses to load is removed, counted and rebuilt. */

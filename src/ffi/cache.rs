@@ -126,7 +126,8 @@ pub struct kc_cache_stats {
     pub hits: u64,
     /// Lookups that found neither a ready entry nor a build to wait for.
     pub misses: u64,
-    /// Builds that produced a value (installed or discarded).
+    /// Build callbacks that produced a value (installed or discarded); loads from disk are not
+    /// builds (see a backend's `binary_loads`, `cubin_loads`; `kc_persistence_statistics`).
     pub builds: u64,
     /// Builds whose callback returned non-zero.
     pub build_failures: u64,

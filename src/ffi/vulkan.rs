@@ -158,8 +158,7 @@ pub unsafe extern "C" fn kc_vulkan_cache_new(
 /// cache before destroying those devices; pipelines no lease holds are destroyed now, the others at
 /// their last release. No other call on `cache` may run during or after this one. The handles
 /// of devices unregistered before are freed with the cache; those of devices still registered
-/// may only be passed to `kc_vulkan_cache_unregister_device` afterwards, which then just frees
-/// them.
+/// may only be passed to `kc_vulkan_cache_unregister_device` afterwards, which just frees them.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn kc_vulkan_cache_free(cache: *mut kc_vulkan_cache) {
     // SAFETY: the caller hands over the cache it got from `kc_vulkan_cache_new`, or NULL.

@@ -1,18 +1,17 @@
 //! A memory tier's part in the process's metrics (`crate::metrics`): the counters it keeps
-//! anyway, and the builds it ran, by backend, with their durations.
+//! anyway (builds and loads among them, counted here), by backend, and its builds' durations.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64 as StdAtomicU64, Ordering as StdOrdering};
 use std::time::Duration;
 
 use super::Stats;
-use super::shared::Counters;
+use super::shared::{Counters, bump};
 use super::sync::{AtomicU64, Ordering};
 use super::tally::AllCounts;
 use crate::metrics::{Backend, Histogram, Source, Totals};
 
-/// What making a value on a miss involved, for the build metrics: a load from another tier is
-/// not a build.
+/// What making a value on a miss involved, for the counters and the build metrics: a load from
+/// another tier is not a build.
 pub(crate) enum Made {
     /// The whole call was a build.
     Built,
@@ -28,8 +27,6 @@ pub(super) struct MemorySource {
     backend: Backend,
     counters: Arc<Counters>,
     hits: Arc<AllCounts>,
-    /// Builds that returned a value (`Counters::builds` also counts loads).
-    builds: StdAtomicU64,
     durations: Histogram,
 }
 
@@ -39,22 +36,26 @@ impl MemorySource {
             backend,
             counters,
             hits,
-            builds: StdAtomicU64::new(0),
             durations: Histogram::default(),
         }
     }
 
     /// Records what a miss made: `took` is the whole call's duration, `ok` whether it gave a
-    /// value. Failures are `Counters::build_failures` already (loads never fail: a refused
-    /// load is followed by a build).
+    /// value (counted in `builds` or `loads`). Failures are counted in `build_failures` by the
+    /// caller (loads never fail: a refused load is followed by a build).
     pub(super) fn made(&self, made: Made, took: Duration, ok: bool) {
         let took = match made {
             Made::Built => took,
             Made::BuiltIn(build) => build,
-            Made::Loaded => return,
+            Made::Loaded => {
+                if ok {
+                    bump(&self.counters.loads);
+                }
+                return;
+            }
         };
         if ok {
-            self.builds.fetch_add(1, StdOrdering::Relaxed);
+            bump(&self.counters.builds);
         }
         self.durations.observe(took);
     }
@@ -66,6 +67,7 @@ pub(super) fn stats(counters: &Counters, hits: &AllCounts) -> Stats {
     let c = counters;
     let mut stats = Stats {
         builds: load(&c.builds),
+        loads: load(&c.loads),
         build_failures: load(&c.build_failures),
         waits: load(&c.waits),
         discarded: load(&c.discarded),
@@ -88,7 +90,8 @@ impl Source for MemorySource {
         totals.memory += stats;
         let backend = totals.backend(self.backend);
         backend.caches += 1;
-        backend.builds += self.builds.load(StdOrdering::Relaxed);
+        backend.builds += stats.builds;
+        backend.loads += stats.loads;
         backend.build_failures += stats.build_failures;
         self.durations.add_to(&mut backend.durations);
     }

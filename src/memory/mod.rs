@@ -527,7 +527,6 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
             (building, Some(error)) => {
                 drop(table);
                 drop(building);
-                bump(&self.shared.counters.builds);
                 bump(&self.shared.counters.discarded);
                 if let Err(e) = self.shared.destroy(value) {
                     self.shared.report_destroy_error(&e);
@@ -576,7 +575,6 @@ impl<K: Hash + Eq, V> MemoryCache<K, V> {
         let entries = c.entries.fetch_add(1, Ordering::Relaxed) + 1;
         let weight = c.weight.fetch_add(entry.weight(), Ordering::Relaxed) + entry.weight();
         drop(table);
-        bump(&c.builds);
         let lease = Lease::new(Arc::clone(&entry));
         flight.finish(Ending::Installed {
             entry: Arc::clone(&entry),

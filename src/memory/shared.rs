@@ -92,8 +92,8 @@ impl<K, V> Shard<K, V> {
 counters! {
     /// Counters touched only off the hit path.
     pub(super) struct Counters {
-        builds, build_failures, waits, discarded, capacity_evictions, device_evictions, clears,
-        destroys, destroy_errors, entries, weight,
+        builds, loads, build_failures, waits, discarded, capacity_evictions, device_evictions,
+        clears, destroys, destroy_errors, entries, weight,
     }
 }
 

@@ -26,8 +26,12 @@ crate::stats::statistics! {
         event hits,
         /// Lookups that found no ready entry and no build to join (`find_or_build` then builds).
         event misses,
-        /// Builds that produced a value (installed, or discarded as below).
+        /// Build callbacks that produced a value (installed, or discarded as below). A value a
+        /// tiered lookup loaded from the disk or a remote tier is not a build: it is in `loads`.
         event builds,
+        /// Values a tiered lookup loaded from the disk or a remote tier instead of building
+        /// them (installed, or discarded as below).
+        event loads,
         /// Builds that returned an error or panicked.
         event build_failures,
         /// Lookups that joined another thread's build of the same key. One whose builder's
@@ -35,7 +39,8 @@ crate::stats::statistics! {
         /// it then joins another build or finds the value, and moves to `misses` if it builds.
         /// Every lookup counts once, in `hits`, `misses` or `waits`.
         event waits,
-        /// Values built but destroyed instead of installed: device evicted or cache cleared.
+        /// Values built or loaded but destroyed instead of installed: device evicted or cache
+        /// cleared.
         event discarded,
         /// Entries unlinked to respect the entry-count or weight cap.
         event capacity_evictions,

@@ -67,6 +67,7 @@ impl Backend {
 pub(crate) struct BackendTotals {
     pub caches: u64,
     pub builds: u64,
+    pub loads: u64,
     pub build_failures: u64,
     pub durations: histogram::Tally,
 }
@@ -105,7 +106,7 @@ macro_rules! add_fields {
 impl std::ops::AddAssign for memory::Stats {
     /// Another cache's counters added to these (metrics sum the caches of a process).
     fn add_assign(&mut self, other: Self) {
-        add_fields!(self, other; hits, misses, builds, build_failures, waits, discarded,
+        add_fields!(self, other; hits, misses, builds, loads, build_failures, waits, discarded,
             capacity_evictions, device_evictions, clears, destroys, destroy_errors, entries,
             weight, leases);
     }
@@ -179,6 +180,17 @@ fn write_backends(out: &mut Exposition, totals: &Totals) {
             outcomes,
         );
     }
+    out.family(
+        "kcache_loads_total",
+        Kind::Counter,
+        "Values a miss loaded from the disk or a remote tier instead of building them.",
+    )
+    .series(
+        "kcache_loads_total",
+        &[],
+        "backend",
+        backends().map(|(b, t)| (b, t.loads)),
+    );
     out.family(
         "kcache_build_duration_seconds",
         Kind::Histogram,

@@ -20,7 +20,9 @@ type ('a, 'r) with_options =
 type stats = {
   hits : int;  (** lookups answered from a ready entry *)
   misses : int;  (** lookups that found neither a ready entry nor a build to wait for *)
-  builds : int;  (** builds that produced a value *)
+  builds : int;
+      (** build functions that produced a value; a value a tiered lookup loaded from disk is not
+          one, and is counted nowhere here: the C struct has no field for loads *)
   build_failures : int;  (** builds that raised *)
   waits : int;  (** lookups that waited for another thread's build *)
   discarded : int;  (** values built but destroyed instead of installed *)

@@ -2,6 +2,19 @@
    tier. What is left here is the interface: string keys, a process-wide set of counters, the
    directory rule and its trust checks (which the tier makes again when it opens). *)
 
+(* Read once, when the module is initialised. *)
+let debug_enabled =
+  match Sys.getenv_opt "KCACHE_LOG" with
+  | Some level -> String.lowercase_ascii level = "debug"
+  | None -> false
+
+(* Messages as kcache's own: one line on standard error, with its prefix. *)
+let debugf fmt =
+  if debug_enabled then Printf.eprintf ("kcache: debug: " ^^ fmt ^^ "\n%!")
+  else Printf.ifprintf stderr fmt
+
+let warnf fmt = Printf.eprintf ("kcache: " ^^ fmt ^^ "\n%!")
+
 type stats = { mutable hits : int; mutable misses : int; mutable puts : int; mutable errors : int }
 
 let stats = { hits = 0; misses = 0; puts = 0; errors = 0 }
@@ -54,6 +67,9 @@ let dir_name () =
             (fun h -> Filename.concat (Filename.concat h ".cache") cache_dir_name)
             (absolute "HOME"))
 
+(* The seed's last resort, which [trusted_dir] never accepts: another user can make it first. *)
+let shared_temp_dir () = Filename.concat (Filename.get_temp_dir_name ()) cache_dir_name
+
 let rec make_dir dir =
   if not (Sys.file_exists dir) then begin
     let parent = Filename.dirname dir in
@@ -62,25 +78,25 @@ let rec make_dir dir =
   end
 
 let get_cache_dir () =
-  match dir_name () with
-  | None -> failwith "no cache directory: set KCACHE_DIR, XDG_CACHE_HOME or HOME"
-  | Some dir ->
-      make_dir dir;
-      dir
+  let dir = Option.value (dir_name ()) ~default:(shared_temp_dir ()) in
+  make_dir dir;
+  dir
 
-let warned = Atomic.make false
+let untrusted_warned = Atomic.make false
+
+let warn_untrusted fmt =
+  if Atomic.exchange untrusted_warned true then Printf.ifprintf stderr fmt else warnf fmt
 
 let refuse why =
-  if not (Atomic.exchange warned true) then
-    Printf.eprintf "kcache: the disk cache is off: %s\n%!" why;
+  warn_untrusted "the disk cache is off: %s" why;
   None
 
-let trusted_dir () =
-  match get_cache_dir () with
-  | exception Failure why -> refuse why
+(* The directory [dir], made if missing, when this user alone may write to it. *)
+let owned_dir dir =
+  match make_dir dir with
   | exception Unix.Unix_error (e, _, path) ->
       refuse (Printf.sprintf "cannot create %s: %s" path (Unix.error_message e))
-  | dir -> (
+  | () -> (
       match Unix.stat dir with
       | exception Unix.Unix_error (e, _, _) ->
           refuse (Printf.sprintf "%s: %s" dir (Unix.error_message e))
@@ -90,6 +106,15 @@ let trusted_dir () =
       | st when st.st_perm land 0o022 <> 0 ->
           refuse (Printf.sprintf "%s is writable by group or others (mode %o)" dir st.st_perm)
       | _ -> Some dir)
+
+(* [get_cache_dir]'s directory, but never its fallback: refused before it is made. *)
+let trusted_dir () =
+  match dir_name () with
+  | Some dir -> owned_dir dir
+  | None ->
+      refuse
+        "KCACHE_DIR, XDG_CACHE_HOME and HOME are unset, and the shared temporary directory \
+         is not trusted"
 
 let key_schema_version = "kcache-fc1"
 
@@ -144,7 +169,8 @@ let get ~key =
         | None ->
             count (fun s -> s.misses <- s.misses + 1);
             None
-        | exception Cache.Error _ ->
+        | exception Cache.Error (_, why) ->
+            debugf "reading the entry for %s failed: %s" key why;
             count (fun s -> s.errors <- s.errors + 1);
             None)
 
@@ -155,7 +181,9 @@ let put ~key ~data =
     | Some d -> (
         match Disk.put d (disk_key key) data with
         | () -> count (fun s -> s.puts <- s.puts + 1)
-        | exception Cache.Error _ -> count (fun s -> s.errors <- s.errors + 1))
+        | exception Cache.Error (_, why) ->
+            debugf "writing the entry for %s failed: %s" key why;
+            count (fun s -> s.errors <- s.errors + 1))
 
 let write_atomically ~dir ~filename data =
   let temp = Filename.temp_file ~temp_dir:dir ("." ^ filename ^ ".") ".tmp" in

@@ -7,6 +7,17 @@
     shown by [kcache stats]. Safe on OCaml 5 domains and on systhreads; the counters are
     exact under both. *)
 
+val debug_enabled : bool
+(** Whether {!debugf} writes: [KCACHE_LOG=debug] (any case), kcache's own debug level, read
+    once when the program starts. *)
+
+val debugf : ('a, out_channel, unit, unit, unit, unit) format6 -> 'a
+(** Writes one line [kcache: debug: ...] on standard error when {!debug_enabled}, else
+    nothing (the arguments are still evaluated). *)
+
+val warnf : ('a, out_channel, unit, unit, unit, unit) format6 -> 'a
+(** Writes one line [kcache: ...] on standard error. *)
+
 type stats = {
   mutable hits : int;  (** lookups that found a verified entry *)
   mutable misses : int;  (** lookups that found none *)
@@ -41,15 +52,24 @@ val enabled : unit -> bool
 val get_cache_dir : unit -> string
 (** The directory, created (mode 0700) if missing: [KCACHE_DIR] if set to an absolute path,
     else [$XDG_CACHE_HOME/kcache], else [$HOME/.cache/kcache]; relative or empty values are
-    ignored. Raises [Failure] when none is set. *)
+    ignored. When none is set, the last resort: [kcache] in the shared temporary directory
+    ([Filename.get_temp_dir_name]), which {!trusted_dir} refuses. Raises [Unix.Unix_error]
+    when it cannot be created. *)
+
+val untrusted_warned : bool Atomic.t
+(** Whether {!warn_untrusted} has written its warning in this process. *)
+
+val warn_untrusted : ('a, out_channel, unit, unit, unit, unit) format6 -> 'a
+(** {!warnf} the first time in the process, nothing after: the warning that the directory is
+    refused, written once however many lookups find it refused. *)
 
 val trusted_dir : unit -> string option
 (** {!get_cache_dir} when entries may be read from and written to it, or [None]: no
-    directory can be named (no [KCACHE_DIR], [XDG_CACHE_HOME] or [HOME]: there is no fallback
-    to a shared temporary directory), it cannot be created, it is not a directory owned by
-    this user, or group or others may write to it. Cached kernels are native code a driver
-    loads, so a directory another user can write would let them substitute it. The first
-    refusal is reported once per process on standard error. *)
+    directory can be named (no [KCACHE_DIR], [XDG_CACHE_HOME] or [HOME]: the shared temporary
+    directory is never trusted, and is not made), it cannot be created, it is not a directory
+    owned by this user, or group or others may write to it. Cached kernels are native code a
+    driver loads, so a directory another user can write would let them substitute it. Each
+    refusal goes to {!warn_untrusted}: the first one is written, once per process. *)
 
 val key_schema_version : string
 (** The version of the key's inputs, the prefix of every key: a change of what keys hold

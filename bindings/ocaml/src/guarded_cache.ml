@@ -9,10 +9,21 @@ exception Cache_cleared_during_build
 
 type failure = { exn : exn; backtrace : Printexc.raw_backtrace }
 
+(* A build this thread is running for [key] (its bytes), and the value a lookup of that key
+   made inside it (a nested build), if one did. *)
+type 'v frame = { key : string; mutable inner : 'v option }
+
 (* [failed] holds, per thread, the first exception a destroy raised during that thread's
    current call: destroys run on the thread whose call removed the value or ended its last
-   lease, so the call that ran them is the one to raise it. *)
-type ('k, 'v) t = { cache : 'v Cache.t; failed : (int, failure) Hashtbl.t; lock : Mutex.t }
+   lease, so the call that ran them is the one to raise it. [building] holds, per thread, the
+   builds it is running, innermost first. *)
+type ('k, 'v) t = {
+  cache : 'v Cache.t;
+  failed : (int, failure) Hashtbl.t;
+  building : (int, 'v frame list) Hashtbl.t;
+  destroy : 'v -> unit;
+  lock : Mutex.t;
+}
 
 let locked lock f =
   Mutex.lock lock;
@@ -29,7 +40,7 @@ let take t =
 
 let create ?size:_ ?(invalidated_by_clear = false) ~destroy () =
   let failed = Hashtbl.create 8 and lock = Mutex.create () in
-  let destroy v =
+  let counted_destroy v =
     match destroy v with
     | () -> ()
     | exception exn ->
@@ -40,13 +51,63 @@ let create ?size:_ ?(invalidated_by_clear = false) ~destroy () =
         (* Counted by kcache in destroy_errors. *)
         Printexc.raise_with_backtrace exn backtrace
   in
-  { cache = Cache.create ~invalidated_by_clear ~destroy (); failed; lock }
+  let raw_destroy = destroy and destroy = counted_destroy in
+  {
+    cache = Cache.create ~invalidated_by_clear ~destroy ();
+    failed;
+    building = Hashtbl.create 8;
+    destroy = raw_destroy;
+    lock;
+  }
 
 let free t = Cache.free t.cache
 
 (* Equal bytes for keys equal as data; no sharing, so that how a key was built does not
    matter, only what it holds. *)
 let key_bytes key = Marshal.to_string key [ Marshal.No_sharing ]
+
+(* This thread's builds, innermost first. *)
+let frames t = locked t.lock (fun () -> Option.value (Hashtbl.find_opt t.building (self ())) ~default:[])
+
+let set_frames t frames =
+  locked t.lock (fun () ->
+      match frames with
+      | [] -> Hashtbl.remove t.building (self ())
+      | frames -> Hashtbl.replace t.building (self ()) frames)
+
+(* Runs [build] as this thread's innermost build of [key]. The value is the one a nested
+   lookup of the key made inside it, if one did: that one stands as installed before this
+   build ends, so this build's own value is the loser, passed to [destroy] (a failure
+   dropped, as for every value discarded). [Error] when [build] raised: the exception, with the
+   nested value if there was one. *)
+let run_build t key build =
+  let frame = { key; inner = None } in
+  let outer = frames t in
+  set_frames t (frame :: outer);
+  let result = match build () with v -> Ok v | exception e -> Error (e, Printexc.get_raw_backtrace ()) in
+  set_frames t outer;
+  match (result, frame.inner) with
+  | Ok own, Some installed ->
+      (try t.destroy own with _ -> ());
+      Ok installed
+  | Ok v, None -> Ok v
+  | Error failure, inner -> Error (failure, inner)
+
+(* A lookup of [key] inside this thread's own build of it: kcache refuses it (the key is in
+   flight for this very thread), and the seed's table made it an ordinary miss. So it is one
+   here: the value a nested lookup made already, or a build of its own, which then stands as
+   the installed value for the enclosing build (see [run_build]). *)
+let nested t frame build =
+  match frame.inner with
+  | Some v -> v
+  | None -> (
+      match run_build t frame.key build with
+      | Ok v ->
+          frame.inner <- Some v;
+          v
+      | Error ((e, backtrace), inner) ->
+          frame.inner <- inner;
+          Printexc.raise_with_backtrace e backtrace)
 
 let with_value t ~key ?device_id build f =
   let device =
@@ -55,18 +116,41 @@ let with_value t ~key ?device_id build f =
     | d -> d
   in
   let key = key_bytes key in
+  let built = ref false and raised = ref None in
+  let build_here _ =
+    built := true;
+    match run_build t key build with
+    | Ok v -> v
+    | Error (failure, Some installed) ->
+        (* As in the seed's table, the nested lookup's value is installed all the same; this
+           caller gets the exception once it is. *)
+        raised := Some failure;
+        installed
+    | Error ((e, backtrace), None) -> Printexc.raise_with_backtrace e backtrace
+  in
   (* Only the lookup's own failures are translated, not what [f] raises. *)
   let running_f = ref false in
   match
-    Cache.with_lease t.cache ?device key ~build:(fun _ -> build ()) (fun v ->
-        running_f := true;
-        f v)
+    Cache.with_lease t.cache ?device key ~build:build_here (fun v ->
+        match !raised with
+        | Some (e, backtrace) -> Printexc.raise_with_backtrace e backtrace
+        | None ->
+            running_f := true;
+            f v)
   with
   | r ->
       (* A destroy run by this call (a value discarded, a lease that ended last) was counted;
          the value or exception the caller gets is what says how the lookup went. *)
       ignore (take t);
       r
+  | exception (Cache.Error (Status.Reentrant, _) as e) when not (!built || !running_f) -> (
+      (* kcache refused the lookup: this thread is building the key. Looked up only here, so
+         that no other lookup pays for it. *)
+      let backtrace = Printexc.get_raw_backtrace () in
+      ignore (take t);
+      match List.find_opt (fun frame -> frame.key = key) (frames t) with
+      | Some frame -> f (nested t frame build)
+      | None -> Printexc.raise_with_backtrace e backtrace)
   | exception e ->
       let backtrace = Printexc.get_raw_backtrace () in
       ignore (take t);

@@ -16,8 +16,13 @@
       clear the cache should move to {!with_value}.
 
     Safe on OCaml 5 domains and on systhreads. The compile ([build]) and every [destroy] run
-    with no lock of the cache held, so both may call into this cache (a build that asks for
-    the key it is building gets [Kcache.Error (Reentrant, _)]). *)
+    with no lock of the cache held, so both may call into this cache. A build that asks for
+    the key it is building gets what the table gave it, not kcache's [Reentrant]: that inner
+    lookup is a miss that builds, and its value is the one installed; the outer build's value
+    then goes to [destroy] and the outer lookup returns the installed one. A nested lookup
+    inside the same build finds the inner value. If the outer build raises afterwards, the
+    inner value stays installed and the outer lookup raises. The inner build is not counted
+    in {!stats} (the outer one is), nor is the destroy of the outer value. *)
 
 type ('k, 'v) t
 (** A cache of values ['v] keyed by ['k]. Keys are compared by their contents, as

@@ -68,12 +68,14 @@ let test_tiered dir =
           check "built" (tiered c d ~builds ~loads = "built from tiered");
           check "then from memory" (tiered c d ~builds ~loads = "built from tiered");
           check_int "one build" 1 !builds;
-          check_int "no load" 0 !loads);
+          check_int "no load" 0 !loads;
+          check_int "the cache counts the build" 1 (Kcache.stats c).builds);
       Kcache.Disk.flush d;
       Kcache.with_cache (fun c ->
           check "a fresh cache loads from disk" (tiered c d ~builds ~loads = "built from tiered");
           check_int "still one build" 1 !builds;
-          check_int "one load" 1 !loads));
+          check_int "one load" 1 !loads;
+          check_int "the cache counts no build: a load is not one" 0 (Kcache.stats c).builds));
   (* Another process finds the entry (see [child] below). *)
   let cmd = Filename.quote_command Sys.executable_name [ "load-from"; dir ] in
   check_int "a second process loads what this one wrote" 0 (Sys.command cmd);

@@ -1,7 +1,8 @@
 (* Kcache.Framework_cache against the behaviours of the disk cache it replaces, one test each:
    keys (per field, the entry's name, options, the schema), get and put through kcache's disk
-   tier, the switch read on every call, the trusted directory's refusals, exact counters under
-   parallel workers (Par), and write_atomically with writers racing a reader. *)
+   tier, the messages, the switch read on every call, the trusted directory's refusals and its
+   fallback, exact counters under parallel workers (Par), and write_atomically with writers
+   racing a reader. *)
 
 open Check
 module F = Kcache.Framework_cache
@@ -88,6 +89,42 @@ let test_switch () =
   check_int "only the lookups made while on are counted" 2 s.misses;
   check_int "nothing put" 0 s.puts
 
+(* What [f ()] writes on standard error. *)
+let stderr_of f =
+  let file = Filename.concat (private_dir ()) "stderr" in
+  let fd = Unix.openfile file [ Unix.O_WRONLY; Unix.O_CREAT ] 0o600 in
+  flush stderr;
+  let saved = Unix.dup Unix.stderr in
+  Unix.dup2 fd Unix.stderr;
+  Unix.close fd;
+  Fun.protect
+    ~finally:(fun () ->
+      flush stderr;
+      Unix.dup2 saved Unix.stderr;
+      Unix.close saved)
+    f;
+  let ic = open_in_bin file in
+  Fun.protect ~finally:(fun () -> close_in ic) (fun () -> really_input_string ic (in_channel_length ic))
+
+(* The messages: a warning always, a debug line only when debug is on, the untrusted
+   directory's warning once per process. *)
+let test_messages () =
+  check "warnf" (stderr_of (fun () -> F.warnf "x %d" 1) = "kcache: x 1\n");
+  check "debugf writes only when debug is on"
+    (stderr_of (fun () -> F.debugf "y %s" "z")
+    = if F.debug_enabled then "kcache: debug: y z\n" else "");
+  check "KCACHE_LOG=debug turns debug on"
+    (F.debug_enabled
+    = (Option.map String.lowercase_ascii (Sys.getenv_opt "KCACHE_LOG") = Some "debug"));
+  Atomic.set F.untrusted_warned false;
+  let written =
+    stderr_of (fun () ->
+        F.warn_untrusted "refused %s" "a";
+        F.warn_untrusted "refused %s" "b")
+  in
+  check "warn_untrusted writes its first warning only" (written = "kcache: refused a\n");
+  check "and says so" (Atomic.get F.untrusted_warned)
+
 (* The directory's rule and refusals: the tier's own, checked here as a user would meet them. *)
 let test_trusted_dir () =
   let home = private_dir () in
@@ -102,8 +139,19 @@ let test_trusted_dir () =
   check "a relative XDG_CACHE_HOME is ignored" (F.get_cache_dir () = dir);
   Unix.putenv "HOME" "";
   Unix.putenv "XDG_CACHE_HOME" "";
+  (* The seed's last resort, the shared temporary directory (here one of the test's own):
+     get_cache_dir names it, trusted_dir refuses it without making it. *)
+  let temp = Filename.get_temp_dir_name () in
+  let shared = private_dir () in
+  Filename.set_temp_dir_name shared;
+  let fallback = Filename.concat shared F.cache_dir_name in
   check "no HOME, no XDG_CACHE_HOME: refused" (F.trusted_dir () = None);
+  check "the fallback is not made to be refused" (not (Sys.file_exists fallback));
   check "and a get misses" (F.get ~key:(key "x") = None);
+  check "get_cache_dir falls back to the temporary directory" (F.get_cache_dir () = fallback);
+  check "and makes it" (Sys.is_directory fallback);
+  check "still refused once made" (F.trusted_dir () = None);
+  Filename.set_temp_dir_name temp;
   use_home home;
   Unix.chmod dir 0o770;
   check "group-writable: refused" (F.trusted_dir () = None);
@@ -185,6 +233,7 @@ let test_write_atomically () =
     | exception Sys_error _ -> true)
 
 let () =
+  test_messages ();
   test_keys ();
   test_get_put ();
   test_switch ();

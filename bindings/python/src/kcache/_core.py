@@ -94,8 +94,8 @@ class Core(Generic[V]):
         self._failures: dict[int, tuple[BaseException, int]] = {}
         self._failures_lock = threading.Lock()
         self._local = threading.local()
-        # Values the load callback made since the last reset: the memory tier counts them
-        # among its builds, the binding's statistics do not.
+        # Values the load callback made since the last reset: the statistics' ``loads``, which
+        # the C struct of a memory tier has no field for.
         self._loads = 0
         self._loads_lock = threading.Lock()
         self.build_cb = _lib.BuildFn(self._on_build)

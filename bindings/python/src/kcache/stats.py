@@ -22,10 +22,10 @@ def from_struct(cls: type[T], struct: ctypes.Structure, **nested: Any) -> T:
 
 
 def memory_stats(struct: ctypes.Structure, loads: int) -> CacheStats:
-    """A memory tier's counters, where the C struct counts each value loaded from a store
-    (disk, remote) among the builds: here ``builds`` counts only values built, ``loads``
-    the others."""
-    return from_struct(CacheStats, struct, builds=struct.builds - loads, loads=loads)
+    """A memory tier's counters with ``loads``, the values it loaded from a store (disk,
+    remote), which the C struct cannot hold (it is embedded in each backend's): the caller
+    counts them, or takes a backend's own count of them."""
+    return from_struct(CacheStats, struct, loads=loads)
 
 
 @dataclass(frozen=True)
