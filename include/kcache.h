@@ -89,7 +89,7 @@
 #define KCACHE_VERSION_MAJOR 3
 
 // Minor version of the C ABI this header describes.
-#define KCACHE_VERSION_MINOR 2
+#define KCACHE_VERSION_MINOR 1
 
 // Patch version of the C ABI this header describes.
 #define KCACHE_VERSION_PATCH 0
@@ -538,16 +538,6 @@ typedef struct kc_persistence_statistics {
   uint64_t s3_puts;
   uint64_t s3_bytes_read;
   uint64_t s3_bytes_written;
-  // Added in 3.2: builds begun without the store's cross-node lease because a lease
-  // operation failed (the store failed, timed out or was skipped by its breaker; the object
-  // store ignores conditional writes); leases that lapsed while their build ran; times the
-  // store was found to ignore conditional writes. Redis's, then the object store's.
-  uint64_t remote_lease_failures;
-  uint64_t remote_leases_lost;
-  uint64_t remote_conditional_writes_ignored;
-  uint64_t s3_lease_failures;
-  uint64_t s3_leases_lost;
-  uint64_t s3_conditional_writes_ignored;
 } kc_persistence_statistics;
 
 // The object store and the chain's order and backfill (`docs/object-store.md`): set

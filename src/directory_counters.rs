@@ -274,7 +274,7 @@ mod tests {
             conditional_writes_ignored: 16,
             breaker_open: true,
         };
-        let named = crate::store::flattened!(DirectoryCounters, remote).named();
+        let named = crate::store::flattened!(all DirectoryCounters, remote).named();
         let (flat, rest): (Vec<_>, Vec<_>) = named
             .iter()
             .partition(|(name, _)| name.starts_with("remote_"));

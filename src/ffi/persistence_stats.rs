@@ -98,16 +98,6 @@ pub struct kc_persistence_statistics {
     pub s3_puts: u64,
     pub s3_bytes_read: u64,
     pub s3_bytes_written: u64,
-    /// Added in 3.2: builds begun without the store's cross-node lease because a lease
-    /// operation failed (the store failed, timed out or was skipped by its breaker; the object
-    /// store ignores conditional writes); leases that lapsed while their build ran; times the
-    /// store was found to ignore conditional writes. Redis's, then the object store's.
-    pub remote_lease_failures: u64,
-    pub remote_leases_lost: u64,
-    pub remote_conditional_writes_ignored: u64,
-    pub s3_lease_failures: u64,
-    pub s3_leases_lost: u64,
-    pub s3_conditional_writes_ignored: u64,
 }
 
 /// What `kc_persistence_stats` reports: the disk tier's counters (its fields, through

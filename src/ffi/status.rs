@@ -14,7 +14,7 @@ use crate::{Error, Result};
 /// Major version of the C ABI this header describes: the SONAME's number (`libkcache.so.3`).
 pub const KCACHE_VERSION_MAJOR: u32 = 3;
 /// Minor version of the C ABI this header describes.
-pub const KCACHE_VERSION_MINOR: u32 = 2;
+pub const KCACHE_VERSION_MINOR: u32 = 1;
 /// Patch version of the C ABI this header describes.
 pub const KCACHE_VERSION_PATCH: u32 = 0;
 

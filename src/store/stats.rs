@@ -132,7 +132,9 @@ impl RemoteStats {
 /// A `$ty` with a store's counters (a [`RemoteStats`]) in its fields of one prefix,
 /// `remote_*` (the Redis tier) or `s3_*` (the object store), every other field default: the
 /// flat layout of the directory's counters and of the C statistics, which take a store's
-/// counters but its breaker's state. With a third argument, the other fields are its.
+/// counters but its breaker's state. With a third argument, the other fields are its. The C
+/// statistics take the first thirteen counters (to `bytes_written`); `all` takes every one,
+/// for the directory's counters.
 macro_rules! flattened {
     ($ty:ident, $stats:expr) => {
         $crate::store::flattened!($ty, $stats, $ty::default())
@@ -141,8 +143,7 @@ macro_rules! flattened {
         $crate::store::flattened!(@ $ty, $stats, $base; remote_hits, remote_misses,
             remote_rejects, remote_errors, remote_timeouts, remote_skipped, remote_breaker_trips,
             remote_leases, remote_lease_waits, remote_lease_timeouts, remote_puts,
-            remote_bytes_read, remote_bytes_written, remote_lease_failures, remote_leases_lost,
-            remote_conditional_writes_ignored)
+            remote_bytes_read, remote_bytes_written)
     };
     (s3 $ty:ident, $stats:expr) => {
         $crate::store::flattened!(s3 $ty, $stats, $ty::default())
@@ -150,12 +151,27 @@ macro_rules! flattened {
     (s3 $ty:ident, $stats:expr, $base:expr) => {
         $crate::store::flattened!(@ $ty, $stats, $base; s3_hits, s3_misses, s3_rejects,
             s3_errors, s3_timeouts, s3_skipped, s3_breaker_trips, s3_leases, s3_lease_waits,
+            s3_lease_timeouts, s3_puts, s3_bytes_read, s3_bytes_written)
+    };
+    (all $ty:ident, $stats:expr) => {
+        $crate::store::flattened!(all $ty, $stats, $ty::default())
+    };
+    (all $ty:ident, $stats:expr, $base:expr) => {
+        $crate::store::flattened!(@ $ty, $stats, $base; remote_hits, remote_misses,
+            remote_rejects, remote_errors, remote_timeouts, remote_skipped, remote_breaker_trips,
+            remote_leases, remote_lease_waits, remote_lease_timeouts, remote_puts,
+            remote_bytes_read, remote_bytes_written, remote_lease_failures, remote_leases_lost,
+            remote_conditional_writes_ignored)
+    };
+    (all s3 $ty:ident, $stats:expr, $base:expr) => {
+        $crate::store::flattened!(@ $ty, $stats, $base; s3_hits, s3_misses, s3_rejects,
+            s3_errors, s3_timeouts, s3_skipped, s3_breaker_trips, s3_leases, s3_lease_waits,
             s3_lease_timeouts, s3_puts, s3_bytes_read, s3_bytes_written, s3_lease_failures,
             s3_leases_lost, s3_conditional_writes_ignored)
     };
     (@ $ty:ident, $stats:expr, $base:expr; $($field:ident),+) => {{
         let stats: $crate::store::RemoteStats = $stats;
-        let [$($field),+] = stats.counted();
+        let [$($field,)+ ..] = stats.counted();
         $ty {
             $($field,)+
             ..$base

@@ -170,13 +170,6 @@ class DiskStatistics(Structure):
         ("s3_puts", c_uint64),
         ("s3_bytes_read", c_uint64),
         ("s3_bytes_written", c_uint64),
-        # New in 3.2: each store's fail-open counters.
-        ("remote_lease_failures", c_uint64),
-        ("remote_leases_lost", c_uint64),
-        ("remote_conditional_writes_ignored", c_uint64),
-        ("s3_lease_failures", c_uint64),
-        ("s3_leases_lost", c_uint64),
-        ("s3_conditional_writes_ignored", c_uint64),
     ]
 
 
