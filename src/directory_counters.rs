@@ -119,6 +119,20 @@ directory_counters! {
     s3_bytes_read,
     /// Bytes written to the object store.
     s3_bytes_written,
+    // The stores' fail-open counters, appended to the fourth layout (Redis's, then the object
+    // store's, each in `RemoteStats`'s order).
+    /// Builds begun without the remote lease because a lease operation failed.
+    remote_lease_failures,
+    /// Remote leases that lapsed while their build ran.
+    remote_leases_lost,
+    /// Times the remote was found to ignore conditional writes (always zero: Redis has none).
+    remote_conditional_writes_ignored,
+    /// Builds begun without the object-store lease because a lease operation failed.
+    s3_lease_failures,
+    /// Object-store leases that lapsed while their build ran.
+    s3_leases_lost,
+    /// Times the object store was found to ignore conditional writes.
+    s3_conditional_writes_ignored,
 }
 
 impl DirectoryCounters {
@@ -129,12 +143,16 @@ impl DirectoryCounters {
             StoreKind::Redis => "remote_",
             StoreKind::ObjectStore => "s3_",
         };
-        let named = self.named();
-        let start = named
-            .iter()
-            .position(|(name, _)| name.strip_prefix(prefix) == Some("hits"))
-            .expect("every store kind has its fields");
-        RemoteStats::from_counted(std::array::from_fn(|i| named[start + i].1))
+        // A store's fields are its prefix's, in `RemoteStats::counted`'s order, though later
+        // layouts appended some of them apart from the first.
+        let of_store: Vec<u64> = (self.named().into_iter())
+            .filter_map(|(name, value)| name.starts_with(prefix).then_some(value))
+            .collect();
+        RemoteStats::from_counted(
+            of_store
+                .try_into()
+                .expect("every store kind has its fields"),
+        )
     }
 
     /// `hits / (hits + misses)` of the stores of `kind`; `None` without reads.
@@ -183,8 +201,9 @@ mod tests {
         assert_eq!(back.counters().remote_bytes_written, 25);
         assert_eq!(back.counters().passed_through, 26);
         assert_eq!(back.counters().s3_hits, 27);
+        assert_eq!(back.counters().s3_bytes_written, 39);
         assert_eq!(
-            back.counters().s3_bytes_written,
+            back.counters().s3_conditional_writes_ignored,
             DirectoryCounters::LEN as u64
         );
         for i in [0, 9, 20, bytes.len() - 1] {
@@ -229,6 +248,9 @@ mod tests {
         let s3 = c.store(StoreKind::ObjectStore);
         assert_eq!((s3.hits, s3.misses, s3.bytes_written), (27, 28, 39));
         assert!(!s3.breaker_open);
+        // The fail-open counters, appended after both stores' first fields.
+        assert_eq!((redis.lease_failures, redis.leases_lost), (40, 41));
+        assert_eq!((s3.lease_failures, s3.conditional_writes_ignored), (43, 45));
     }
 
     #[test]
@@ -247,15 +269,18 @@ mod tests {
             puts: 11,
             bytes_read: 12,
             bytes_written: 13,
+            lease_failures: 14,
+            leases_lost: 15,
+            conditional_writes_ignored: 16,
             breaker_open: true,
         };
-        let named = crate::store::flattened!(DirectoryCounters, remote).named();
+        let named = crate::store::flattened!(all DirectoryCounters, remote).named();
         let (flat, rest): (Vec<_>, Vec<_>) = named
             .iter()
             .partition(|(name, _)| name.starts_with("remote_"));
         // In the remote tier's order, each from its own counter; nothing else touched.
         let values: Vec<u64> = flat.iter().map(|&(_, v)| v).collect();
-        assert_eq!(values, (1..=13).collect::<Vec<u64>>());
+        assert_eq!(values, (1..=16).collect::<Vec<u64>>());
         assert!(rest.iter().all(|&(_, v)| v == 0), "{rest:?}");
     }
 }

@@ -251,6 +251,12 @@ pub(crate) enum Warning {
         allow(dead_code, reason = "only the object-store tier uses it")
     )]
     ObjectStoreUnkeyed,
+    /// The object store ignores conditional writes: its leases are not used.
+    #[cfg_attr(
+        not(feature = "object-store"),
+        allow(dead_code, reason = "only the object-store tier uses it")
+    )]
+    ObjectStoreUnconditional,
     /// `KCACHE_EXIT_TIMEOUT` is not a number of seconds: the default is used.
     ExitTimeout,
     /// The cache directory cannot be written (full, read-only, ...): nothing is cached in it.

@@ -1,20 +1,24 @@
 //! The object-store tier through the whole chain, on a real S3 server (SeaweedFS, installed by
 //! the test command) started by each test on loopback: nodes with directories of their own
 //! share entries through one bucket, the second compiles nothing; what the bucket hands back is
-//! verified (a changed object, or another key's entry, is rejected and rebuilt); four nodes
-//! starting at once compile once; a Redis tier in front is asked first and backfilled; a killed
-//! server costs a build, never a failed lookup. Every assertion is on counts and values.
+//! verified (a changed object, or another key's entry, is rejected and rebuilt, read and
+//! counted once); four nodes starting at once compile once, on a machine loaded on purpose too,
+//! but for builds begun without the lease for a counted reason; behind a proxy that drops
+//! conditional headers, the store is found out, warned about once, and its leases go unused
+//! (every build counted); a Redis tier in front is asked first and backfilled; a killed server
+//! costs a build, never a failed lookup. Every assertion is on counts and values.
 
-use std::sync::{Arc, Barrier};
-use std::thread;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kcache::object_store::ObjectStoreConfig;
 use kcache::remote::{RemoteConfig, RemoteStats};
 use kcache::store::StoreKind;
+use kcache_testkit::header_proxy::HeaderProxy;
+use kcache_testkit::load::Load;
 use kcache_testkit::redis::RedisServer;
 use kcache_testkit::seaweed::{ACCESS_KEY_ID, SECRET_ACCESS_KEY, SeaweedServer};
-use kcache_testkit::strings::{Node, find_or_build, l2_key, serialize};
+use kcache_testkit::strings::{Node, all_at_once, assert_flights, l2_key};
 use zeroize::Zeroizing;
 
 const KEY: [u8; 32] = [7; 32];
@@ -43,6 +47,21 @@ fn s3(server: &SeaweedServer) -> ObjectStoreConfig {
 fn node(key: [u8; 32], server: &SeaweedServer) -> Node {
     let config = s3(server);
     Node::with_stores(Some(key), |c| c.object_store = Some(config))
+}
+
+/// A node of `key` reaching `server` through `proxy`.
+fn node_behind(key: [u8; 32], server: &SeaweedServer, proxy: &HeaderProxy) -> Node {
+    let url = server.url(BUCKET, PREFIX);
+    let config = ObjectStoreConfig {
+        url: Some(url.replace(&server.endpoint(), &proxy.endpoint())),
+        ..s3(server)
+    };
+    Node::with_stores(Some(key), |c| c.object_store = Some(config))
+}
+
+/// The `GET`s of `object` the proxy saw.
+fn reads_of(proxy: &HeaderProxy, object: &str) -> usize {
+    proxy.requests("GET", &format!("/{BUCKET}/{object}?"))
 }
 
 /// The node's object-store counters.
@@ -95,12 +114,15 @@ fn a_changed_object_or_another_keys_entry_is_rejected_and_rebuilt() {
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
     assert_eq!(server.put(BUCKET, &name, &bytes), 200);
-    let b = node(KEY, &server);
+    // Through a proxy that counts the reads (and drops nothing).
+    let proxy = HeaderProxy::start(&server.endpoint()["http://".len()..], &[]);
+    let b = node_behind(KEY, &server, &proxy);
     assert_eq!(b.lookup("k"), "compiled(k)");
     let s = s3_stats(&b);
-    // Refused twice, never loaded: at the first look, and at the look the lease's holder
-    // takes before it builds.
-    assert_eq!((b.builds(), s.rejects, s.hits), (1, 2, 0), "{s:?}");
+    // Read once, refused once, never loaded: the lease's holder does not look again at what
+    // its lookup refused.
+    assert_eq!((b.builds(), s.rejects, s.hits), (1, 1, 0), "{s:?}");
+    assert_eq!(reads_of(&proxy, &name), 1);
 
     // An entry sealed under another key, planted under the name a node of that key reads.
     b.cache.flush();
@@ -109,7 +131,7 @@ fn a_changed_object_or_another_keys_entry_is_rejected_and_rebuilt() {
     assert_eq!(server.put(BUCKET, &object(&other, "k"), &genuine), 200);
     assert_eq!(other.lookup("k"), "compiled(k)");
     let s = s3_stats(&other);
-    assert_eq!((other.builds(), s.rejects, s.hits), (1, 2, 0), "{s:?}");
+    assert_eq!((other.builds(), s.rejects, s.hits), (1, 1, 0), "{s:?}");
 }
 
 #[test]
@@ -118,43 +140,66 @@ fn four_nodes_starting_at_once_compile_once() {
         return;
     };
     let nodes: Vec<Arc<Node>> = (0..4).map(|_| Arc::new(node(KEY, &server))).collect();
-    let start = Arc::new(Barrier::new(nodes.len()));
-    let handles: Vec<_> = nodes
-        .iter()
-        .map(|n| {
-            let (n, start) = (Arc::clone(n), Arc::clone(&start));
-            thread::spawn(move || {
-                start.wait();
-                let built = find_or_build(
-                    &n.cache,
-                    "k",
-                    || {
-                        n.builds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        // Long enough for every other node to find the lease taken.
-                        thread::sleep(Duration::from_millis(500));
-                        Ok(("compiled(k)".to_owned(), 11))
-                    },
-                    serialize,
-                );
-                n.cache.flush();
-                built.unwrap().value().clone()
-            })
-        })
-        .collect();
-    for h in handles {
-        assert_eq!(h.join().unwrap(), "compiled(k)");
-    }
+    // Long enough for every other node to find the lease taken.
+    all_at_once(&nodes, &["k"], Duration::from_millis(500));
     let builds: usize = nodes.iter().map(|n| n.builds()).sum();
     let stats: Vec<RemoteStats> = nodes.iter().map(|n| s3_stats(n)).collect();
-    let total = |f: fn(&RemoteStats) -> u64| stats.iter().map(f).sum::<u64>();
-    assert_eq!(builds, 1, "{stats:?}");
-    assert_eq!(
-        (total(|s| s.leases), total(|s| s.puts)),
-        (1, 1),
+    // Once, but for builds begun without the lease for a counted reason.
+    assert_flights(builds, 1, &stats);
+    let total = |f: fn(&RemoteStats) -> u64| stats.iter().map(f).sum::<u64>() as usize;
+    assert_eq!(total(|s| s.puts), builds, "{stats:?}");
+    // The others read an entry built elsewhere (those that came late without waiting).
+    assert_eq!(total(|s| s.hits), 4 - builds, "{stats:?}");
+}
+
+/// As above, for six entries on a machine loaded on purpose (two threads spinning for the
+/// test's duration).
+#[test]
+fn nodes_on_a_loaded_machine_build_each_entry_once_but_for_counted_failures() {
+    let server = server();
+    let _load = Load::start(2);
+    let nodes: Vec<Arc<Node>> = (0..4).map(|_| Arc::new(node(KEY, &server))).collect();
+    let sources = ["k0", "k1", "k2", "k3", "k4", "k5"];
+    all_at_once(&nodes, &sources, Duration::from_millis(100));
+    let builds = nodes.iter().map(|n| n.builds()).sum();
+    let stats: Vec<RemoteStats> = nodes.iter().map(|n| s3_stats(n)).collect();
+    assert_flights(builds, sources.len(), &stats);
+}
+
+/// Behind a proxy that drops `If-None-Match` and `If-Match`, every racing node would lead: the
+/// probe before the first lease finds the store out (each node's store once), one warning
+/// says so for the process, and each build is counted as begun without the lease.
+#[test]
+fn a_store_that_ignores_conditional_writes_is_found_out_and_its_leases_unused() {
+    let server = server();
+    let proxy = HeaderProxy::start(
+        &server.endpoint()["http://".len()..],
+        &["If-None-Match", "If-Match"],
+    );
+    let warnings = Arc::new(Mutex::new(Vec::new()));
+    let heard = Arc::clone(&warnings);
+    kcache::log::set_hook(move |level, message| {
+        if level == kcache::log::Level::Warn && message.contains("conditional writes") {
+            heard.lock().unwrap().push(message.to_owned());
+        }
+    });
+    let nodes: Vec<Arc<Node>> = (0..4)
+        .map(|_| Arc::new(node_behind(KEY, &server, &proxy)))
+        .collect();
+    let sources = ["k0", "k1", "k2", "k3", "k4", "k5", "k6"];
+    all_at_once(&nodes, &sources, Duration::from_millis(100));
+    kcache::log::reset_hook();
+    let builds = nodes.iter().map(|n| n.builds()).sum();
+    let stats: Vec<RemoteStats> = nodes.iter().map(|n| s3_stats(n)).collect();
+    assert!(
+        stats.iter().all(|s| s.conditional_writes_ignored == 1),
         "{stats:?}"
     );
-    // The three others read the leader's entry (those that came late without waiting).
-    assert_eq!(total(|s| s.hits), 3, "{stats:?}");
+    assert_eq!(warnings.lock().unwrap().len(), 1, "{warnings:?}");
+    let total = |f: fn(&RemoteStats) -> u64| stats.iter().map(f).sum::<u64>() as usize;
+    assert_eq!((total(|s| s.leases), total(|s| s.lease_waits)), (0, 0));
+    assert_eq!(total(|s| s.lease_failures), builds, "{stats:?}");
+    assert_flights(builds, sources.len(), &stats);
 }
 
 #[test]

@@ -127,6 +127,8 @@ fn two_processes_remote_counters_add_up_and_zero_stats_zeroes_them() {
         ("remote_breaker_trips", 0),
         ("remote_lease_waits", 0),
         ("remote_lease_timeouts", 0),
+        ("remote_lease_failures", 0),
+        ("remote_leases_lost", 0),
         ("builds", 2),
     ] {
         assert_eq!(counter(&stats, name), value, "{name}");

@@ -120,6 +120,12 @@ mod tests {
                 "s3_puts" => &mut c.s3_puts,
                 "s3_bytes_read" => &mut c.s3_bytes_read,
                 "s3_bytes_written" => &mut c.s3_bytes_written,
+                "remote_lease_failures" => &mut c.remote_lease_failures,
+                "remote_leases_lost" => &mut c.remote_leases_lost,
+                "remote_conditional_writes_ignored" => &mut c.remote_conditional_writes_ignored,
+                "s3_lease_failures" => &mut c.s3_lease_failures,
+                "s3_leases_lost" => &mut c.s3_leases_lost,
+                "s3_conditional_writes_ignored" => &mut c.s3_conditional_writes_ignored,
                 other => panic!("a counter this test does not know: {other}"),
             };
             *field = value;
@@ -157,6 +163,10 @@ mod tests {
             r#"kcache_remote_leases_total{result="taken"} 54"#,
             r#"kcache_remote_leases_total{result="waited"} 56"#,
             r#"kcache_remote_leases_total{result="timed_out"} 58"#,
+            // The fail-open counters, appended: Redis's 40..=42, the object store's 43..=45.
+            r#"kcache_remote_leases_total{result="failed_open"} 83"#,
+            r#"kcache_remote_leases_total{result="lost"} 85"#,
+            "kcache_remote_conditional_writes_ignored_total 87",
             "kcache_remote_writes_total 60",
             "kcache_remote_read_bytes_total 62",
             "kcache_remote_written_bytes_total 64",

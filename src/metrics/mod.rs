@@ -125,7 +125,8 @@ impl std::ops::AddAssign for RemoteStats {
     /// Another remote tier's counters added to these (`breaker_open` stays as it was).
     fn add_assign(&mut self, other: Self) {
         add_fields!(self, other; hits, misses, rejects, errors, timeouts, skipped,
-            breaker_trips, leases, lease_waits, lease_timeouts, puts, bytes_read, bytes_written);
+            breaker_trips, leases, lease_waits, lease_timeouts, puts, bytes_read, bytes_written,
+            lease_failures, leases_lost, conditional_writes_ignored);
     }
 }
 
@@ -447,7 +448,8 @@ fn write_remote_counters(out: &mut Exposition, r: &RemoteStats) {
     out.family(
         leases,
         Kind::Counter,
-        "Cross-node leases: taken (builds led), waited for, waits that timed out.",
+        "Cross-node leases: taken (builds led), waited for, waits that timed out, builds begun \
+         without one because a lease operation failed, leases that lapsed during their build.",
     )
     .series(
         leases,
@@ -457,9 +459,16 @@ fn write_remote_counters(out: &mut Exposition, r: &RemoteStats) {
             ("taken", r.leases),
             ("waited", r.lease_waits),
             ("timed_out", r.lease_timeouts),
+            ("failed_open", r.lease_failures),
+            ("lost", r.leases_lost),
         ],
     );
-    let counters: [(&str, &str, u64); 5] = [
+    let counters: [(&str, &str, u64); 6] = [
+        (
+            "kcache_remote_conditional_writes_ignored_total",
+            "Times a store was found to ignore conditional writes: its leases go unused.",
+            r.conditional_writes_ignored,
+        ),
         (
             "kcache_remote_rejects_total",
             "Remote entries refused by verification (changed, another key, too large).",

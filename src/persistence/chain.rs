@@ -123,8 +123,8 @@ impl Behind for Chain {
 
     fn counters(&self) -> DirectoryCounters {
         let raw = |kind| self.sum(kind, |s| s.raw_stats());
-        let redis = flattened!(DirectoryCounters, raw(StoreKind::Redis));
-        flattened!(s3 DirectoryCounters, raw(StoreKind::ObjectStore), redis)
+        let redis = flattened!(all DirectoryCounters, raw(StoreKind::Redis));
+        flattened!(all s3 DirectoryCounters, raw(StoreKind::ObjectStore), redis)
     }
 }
 

@@ -3,7 +3,8 @@
 //! where the store has one, and counters. The chain (`crate::persistence`) asks them in
 //! order; each store's module (`crate::remote`) implements it.
 //!
-//! - `stats`: the counters every store keeps; `breaker`: the circuit breaker they share.
+//! - `stats`: the counters every store keeps; `breaker`: the circuit breaker they share;
+//!   `rejected`: the refused objects a lookup's later looks do not verify again.
 //!
 //! A store never fails a lookup: an operation that fails or runs past its deadline is a miss
 //! (or a skipped write), counted, and its breaker skips the store for a while after a few.
@@ -13,6 +14,8 @@ use std::sync::atomic::AtomicBool;
 
 #[cfg(any(feature = "remote", feature = "object-store"))]
 pub(crate) mod breaker;
+#[cfg(any(feature = "remote", feature = "object-store"))]
+pub(crate) mod rejected;
 #[cfg(any(feature = "remote", feature = "object-store"))]
 pub(crate) mod settings;
 mod stats;
@@ -128,6 +131,15 @@ pub(crate) enum Flight {
     Found(Entry),
     /// Build it without a lease (no lease to be had, the leader failed, or the wait ran out).
     Build,
+}
+
+/// [`Flight::Build`] after a lease operation failed (`why`): counted in `lease_failures` and
+/// logged, since this build may be a second one of the same entry.
+#[cfg(any(feature = "remote", feature = "object-store"))]
+pub(crate) fn failed_open(counters: &Counters, store: &str, name: &str, why: &str) -> Flight {
+    crate::stats::bump(&counters.lease_failures, 1);
+    crate::log::info(|| format!("{store} lease: {name}: {why}: building without it"));
+    Flight::Build
 }
 
 /// A lease held on a store, renewed until dropped, then released.

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cuda;
 pub mod fake_s3;
 pub mod ffi;
+pub mod header_proxy;
 pub mod load;
 pub mod memory;
 pub mod needs;

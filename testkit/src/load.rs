@@ -1,18 +1,19 @@
-//! A machine kept busy on purpose: tests of what must hold under load (users' machines are
-//! busy) start their own, so that they do not depend on what else runs beside them.
+//! A machine made busy on purpose for a test's duration: threads that spin until the load is
+//! dropped, so that what runs beside them (the test's nodes, its servers) waits for the CPUs
+//! as it does on a machine busy with other work.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
-/// Threads that spin until dropped.
+/// Busy threads, stopped and joined on drop.
 pub struct Load {
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<u64>>,
 }
 
 impl Load {
-    /// `threads` threads, each keeping a core busy.
+    /// `threads` threads, each keeping one CPU busy.
     pub fn start(threads: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let threads = (0..threads)

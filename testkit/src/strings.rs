@@ -151,3 +151,51 @@ pub fn lookup(cache: &Cache, source: &str, builds: &AtomicUsize) -> kcache::Resu
     };
     find_or_build(cache, source, build, serialize).map(|lease| lease.value().clone())
 }
+
+/// The `nodes` look every one of `sources` up, in order, all starting at once, each build
+/// (counted in its node's `builds`) taking `build_time`; every value is checked, and each node
+/// flushed (its entries in its stores) before this returns.
+pub fn all_at_once(nodes: &[Arc<Node>], sources: &[&str], build_time: Duration) {
+    let go = Arc::new(std::sync::Barrier::new(nodes.len()));
+    let sources: Vec<String> = sources.iter().map(|s| s.to_string()).collect();
+    let threads: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            let (node, go, sources) = (Arc::clone(node), Arc::clone(&go), sources.clone());
+            std::thread::spawn(move || {
+                go.wait();
+                for source in &sources {
+                    let build = || {
+                        node.builds.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(build_time);
+                        Ok((format!("compiled({source})"), 1))
+                    };
+                    let lease = find_or_build(&node.cache, source, build, serialize).unwrap();
+                    assert_eq!(lease.value(), &format!("compiled({source})"));
+                }
+                node.cache.flush();
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+}
+
+/// What single-flight across nodes promises of `builds` of `entries` entries, by nodes whose
+/// store counters are `stats`: every build was led under a lease or begun without one for a
+/// counted reason (a failed lease operation, a wait that reached its deadline), so
+/// `builds == leases + lease_failures + lease_timeouts`; an entry was led twice only after a
+/// lost lease; each entry was built at least once. Without a counted reason, then, each entry
+/// was built exactly once.
+pub fn assert_flights(builds: usize, entries: usize, stats: &[RemoteStats]) {
+    let total = |f: fn(&RemoteStats) -> u64| stats.iter().map(f).sum::<u64>() as usize;
+    let leases = total(|s| s.leases);
+    let failed_open = total(|s| s.lease_failures) + total(|s| s.lease_timeouts);
+    assert_eq!(builds, leases + failed_open, "{stats:?}");
+    assert!(leases <= entries + total(|s| s.leases_lost), "{stats:?}");
+    assert!(builds >= entries, "{builds} builds of {entries} entries");
+    if failed_open == 0 {
+        assert_eq!(builds, entries, "{stats:?}");
+    }
+}

@@ -101,7 +101,6 @@ def node_env(dir: Path, key_file: Path, remote: str | None = None, **extra: str)
     env["KCACHE_KEY_FILE"] = str(key_file)
     if remote is not None:
         env["KCACHE_REMOTE_URL"] = remote
-        env["KCACHE_REMOTE_TIMEOUT"] = "1"
     env.update(extra)
     return env
 

@@ -242,13 +242,16 @@ fn print_counters(out: &StatsJson, zeroed: Option<SystemTime>, now: SystemTime) 
             r.breaker_trips
         );
         out!(
-            "  {name} writes {} ({} written, {} read), leases {}, lease waits {}, timed out {}",
+            "  {name} writes {} ({} written, {} read), leases {}, lease waits {}, timed out {}, \
+             built without the lease {}, lost {}",
             r.puts,
             report::size(r.bytes_written),
             report::size(r.bytes_read),
             r.leases,
             r.lease_waits,
-            r.lease_timeouts
+            r.lease_timeouts,
+            r.lease_failures,
+            r.leases_lost
         );
     }
     if out.counter_shards_ignored > 0 {

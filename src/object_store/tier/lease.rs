@@ -13,9 +13,10 @@
 //!
 //! Every failure opens the flight up rather than stalling it: a store that cannot be reached
 //! means build here; a follower builds once the lease is gone without an entry (taking the
-//! lease itself if it can), and when its wait reaches the deadline. A server that ignores
-//! conditional writes lets every racing node lead: a few builds, never a wrong entry (each
-//! read is verified).
+//! lease itself if it can), and when its wait reaches the deadline; each such build is counted
+//! (`lease_failures`, `lease_timeouts`) and logged. A server that ignores conditional writes
+//! would let every racing node lead: a probe finds it out before the first lease
+//! (`Inner::honours_conditions`), and its leases are then not used.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,8 +29,8 @@ use parking_lot::Mutex;
 use super::http::Condition;
 use super::{Inner, bump};
 use crate::key::hex;
-use crate::log;
-use crate::store::{Flight, StoreLease, Verify};
+use crate::log::{self, Warning};
+use crate::store::{Flight, StoreLease, Verify, failed_open};
 
 /// How long a lease lasts unless renewed: how long followers wait for a leader that died.
 pub(crate) const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -55,6 +56,14 @@ impl Inner {
         if self.lease_wait.is_zero() {
             return Flight::Build;
         }
+        let failed = |why: &str| failed_open(&self.counters, "object store", name, why);
+        if !self.read_only {
+            match self.honours_conditions() {
+                Some(true) => {}
+                Some(false) => return failed("the store ignores conditional writes"),
+                None => return failed("the store could not be probed for conditional writes"),
+            }
+        }
         let lease = format!("{}lease/{name}", self.prefix);
         let deadline = Instant::now() + self.lease_wait;
         let mut waited = false;
@@ -63,29 +72,32 @@ impl Inner {
                 // A reader never leads (it writes nothing), but it follows a writer that does.
                 match self.look(&lease) {
                     Some(Look::Live) => None,
-                    None | Some(Look::Absent | Look::Stale(_)) => return Flight::Build,
+                    Some(Look::Absent | Look::Stale(_)) => return Flight::Build,
+                    None => return failed("the store could not be asked for the lease"),
                 }
             } else {
                 // The first try creates the lease at once (one request when nobody holds it);
                 // a waiting node reads it first, and writes only when it is gone or stale.
                 match self.take(&lease, waited) {
                     Some(taken) => taken,
-                    None => return Flight::Build,
+                    None => return failed("the store could not be asked for the lease"),
                 }
             };
             if let Some((token, etag)) = taken {
                 // Another leader may have written the entry just before it released the lease
                 // (after this node's caller looked, or during its wait): the entry is written
                 // before the lease is deleted, and the store reads after its writes, so one
-                // look now sees it. One read per build, and no build twice.
-                if let Some(found) = self.peek(name, verify) {
+                // look now sees it. One read per build, and no build twice; none when the
+                // caller's read refused what is there.
+                let look = waited || !self.rejected.named(name);
+                if let Some(found) = look.then(|| self.peek(name, verify)).flatten() {
                     bump(&self.counters.hits, 1);
                     self.release(&lease, &etag);
                     return Flight::Found(found);
                 }
                 return match self.renew_while_held(name, lease, token, etag) {
                     Some(guard) => Flight::Lead(Box::new(guard)),
-                    None => Flight::Build,
+                    None => failed("no thread could be started to renew the lease"),
                 };
             }
             if !waited {
@@ -101,7 +113,7 @@ impl Inner {
             }
             if Instant::now() >= deadline {
                 bump(&self.counters.lease_timeouts, 1);
-                log::debug(|| {
+                log::info(|| {
                     format!(
                         "object store lease: {name}: timed out after {:?} waiting for another \
                          node: building here too",
@@ -111,6 +123,41 @@ impl Inner {
                 return Flight::Build;
             }
         }
+    }
+
+    /// Whether the store honours `If-None-Match: *` and `If-Match`, which its leases stand
+    /// on; `None` while that cannot be told (the store failed). Probed once per process on
+    /// the first lease a writer asks for (a lookup that comes meanwhile waits for the probe):
+    /// an object of a name nobody else picks is created with `If-None-Match: *`, which must
+    /// then refuse a second create (412 or 409), and a write with `If-Match` of a version it
+    /// never had must be refused too; then it is deleted. Four requests. A store that
+    /// writes either (a proxy that drops the headers, a server without conditional writes)
+    /// would let every racing node lead: it is warned about once, counted, and its leases go
+    /// unused (each build is then a `lease_failures`).
+    fn honours_conditions(&self) -> Option<bool> {
+        let mut known = self.conditional.lock();
+        if let Some(known) = *known {
+            return Some(known);
+        }
+        let probe = format!("{}probe/{}", self.prefix, token());
+        let body = b"kcache conditional-write probe";
+        let what = "conditional-write probe";
+        let put = |condition| self.guarded(what, &probe, |c| c.put(&probe, body, condition));
+        let created = put(Condition::Absent)?;
+        let honoured = created.is_some()
+            && put(Condition::Absent)?.is_none()
+            && put(Condition::Matches("\"kcache-no-such-version\""))?.is_none();
+        self.guarded(what, &probe, |c| c.delete(&probe, None));
+        if !honoured {
+            bump(&self.counters.conditional_writes_ignored, 1);
+            log::warn_once(Warning::ObjectStoreUnconditional, || {
+                "object store: it ignores conditional writes (If-None-Match, If-Match): its \
+                 leases are not used, and nodes that miss an entry at once each build it"
+                    .into()
+            });
+        }
+        *known = Some(honoured);
+        Some(honoured)
     }
 
     /// `Some(Some((token, version)))`: taken; `Some(None)`: another node holds it; `None`: the
@@ -176,7 +223,7 @@ impl Inner {
     /// Deletes the lease if it is still version `etag` (this holder's).
     fn release(&self, lease: &str, etag: &str) {
         let etag = (!etag.is_empty()).then_some(etag);
-        self.guarded("lease release", lease, |c| c.delete(lease, etag));
+        self.attempt("lease release", lease, |c| c.delete(lease, etag));
     }
 
     /// A thread that renews the lease until the guard is dropped, and looks for a follower's
@@ -223,19 +270,31 @@ impl Inner {
                     if renewed.elapsed() < ttl / 3 {
                         continue;
                     }
-                    renewed = Instant::now();
                     let body = stamp(&token, ttl);
                     let current = held.lock().clone();
                     let condition = match current.as_str() {
                         "" => Condition::Always,
                         etag => Condition::Matches(etag),
                     };
-                    match inner.guarded("lease renewal", &key, |c| c.put(&key, &body, condition)) {
-                        Some(Some(etag)) => *held.lock() = etag,
-                        Some(None) => {
-                            // Taken over: this node's lease expired while it was unreachable.
-                            log::debug(|| format!("object store lease {key}: lost"));
-                            return;
+                    let lost = |why: &str| {
+                        bump(&inner.counters.leases_lost, 1);
+                        log::info(|| {
+                            format!(
+                                "object store lease {key}: lost ({why}): another node may build \
+                                 it too"
+                            )
+                        });
+                    };
+                    match inner.attempt("lease renewal", &key, |c| c.put(&key, &body, condition)) {
+                        Some(Some(etag)) => {
+                            renewed = Instant::now();
+                            *held.lock() = etag;
+                        }
+                        // Taken over: this node's lease expired while it was unreachable.
+                        Some(None) => return lost("taken over by another node"),
+                        // Tried again at the next tick, until the lease has expired.
+                        None if renewed.elapsed() >= ttl => {
+                            return lost("not renewed within its time to live");
                         }
                         None => {}
                     }

@@ -20,6 +20,7 @@ use crate::log::{self, Warning};
 use crate::object_store::ObjectStoreConfig;
 use crate::stats::{Baseline, Live, bump};
 use crate::store::breaker::{Breaker, Change};
+use crate::store::rejected::Rejected;
 use crate::store::{Counters, RemoteStats};
 use crate::store::{Flight, Store, StoreKind, Verify};
 
@@ -41,6 +42,10 @@ struct Inner {
     lease_ttl: Duration,
     counters: Counters,
     baseline: Baseline<RemoteStats>,
+    /// The entries refused lately, not verified again while unchanged.
+    rejected: Rejected,
+    /// Whether the store honours conditional writes, once a probe has told (`lease::Probe`).
+    conditional: parking_lot::Mutex<Option<bool>>,
 }
 
 /// The object store `config` describes, for entries tagged with an operator key when
@@ -73,6 +78,8 @@ impl ObjectStore {
                 lease_ttl: lease::LEASE_TTL,
                 counters: Counters::default(),
                 baseline: Baseline::default(),
+                rejected: Rejected::default(),
+                conditional: parking_lot::Mutex::new(None),
             }),
         })
     }
@@ -85,7 +92,8 @@ impl Inner {
     }
 
     /// Reads the entry `name` and hands its bytes to `verify`, without counting a hit or a
-    /// miss (a wait looks many times); what it refuses is a reject, logged with its reason.
+    /// miss (a wait looks many times); what it refuses is a reject, logged with its reason
+    /// (once: an object refused already, unchanged since, is a miss not counted again).
     fn peek(&self, name: &str, verify: Verify<'_>) -> Option<Entry> {
         let limit = self.max_entry_size;
         let object = self.object(name);
@@ -94,12 +102,7 @@ impl Inner {
             return None;
         }
         bump(&self.counters.bytes_read, found.bytes.len() as u64);
-        // One byte over the limit tells a larger object apart: refused, never verified.
-        let checked = if found.bytes.len() as u64 > limit {
-            Err(format!("larger than the entry size limit of {limit} bytes"))
-        } else {
-            verify(found.bytes)
-        };
+        let checked = self.rejected.judge(name, found.bytes, limit, verify)?;
         checked
             .inspect_err(|why| {
                 log::info(|| format!("object store entry {name} rejected: {why}"));
@@ -117,11 +120,23 @@ impl Inner {
         name: &str,
         op: impl FnOnce(&Client) -> Result<T, Failure>,
     ) -> Option<T> {
-        let c = &self.counters;
         if !self.breaker.allow() {
-            bump(&c.skipped, 1);
+            bump(&self.counters.skipped, 1);
             return None;
         }
+        self.attempt(what, name, op)
+    }
+
+    /// [`Inner::guarded`] whatever the breaker says: for a held lease's renewals and deletion,
+    /// which no lookup waits for, and whose skipping would leave the lease to lapse (another
+    /// node then builds the entry too) or to stand until it expires (the others wait for it).
+    fn attempt<T>(
+        &self,
+        what: &str,
+        name: &str,
+        op: impl FnOnce(&Client) -> Result<T, Failure>,
+    ) -> Option<T> {
+        let c = &self.counters;
         let result = op(&self.client);
         let ok = match &result {
             Ok(_) => true,

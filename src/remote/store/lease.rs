@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::{Remote, bump};
 use crate::key::hex;
 use crate::log;
-use crate::store::{Flight, StoreLease, Verify};
+use crate::store::{Flight, StoreLease, Verify, failed_open};
 
 /// How long a lease lasts unless renewed: how long followers wait for a leader that died.
 pub const LEASE_TTL: Duration = Duration::from_secs(10);
@@ -85,31 +85,35 @@ impl Remote {
         let lease = format!("{}lease:{name}", self.prefix);
         let deadline = Instant::now() + self.lease_wait;
         let mut waited = false;
+        let failed = |why: &str| failed_open(&self.counters, "remote", name, why);
         loop {
             let token = if self.read_only {
                 // A reader never leads (it writes nothing), but it follows a writer that does.
                 match self.lease_exists(&lease) {
                     Some(true) => None,
-                    None | Some(false) => return Flight::Build,
+                    Some(false) => return Flight::Build,
+                    None => return failed("the store could not be asked for the lease"),
                 }
             } else {
                 match self.acquire(&lease) {
                     Some(token) => token,
-                    None => return Flight::Build,
+                    None => return failed("the store could not be asked for the lease"),
                 }
             };
             if let Some(token) = token {
-                // After a wait, the leader may have written the entry just before it released
-                // the lease. (Before any wait, the caller has just looked: a node that wrote
-                // and released in between costs one build more, never a wrong value.)
-                if let Some(found) = waited.then(|| self.peek(name, verify)).flatten() {
+                // Another node may have written the entry just before it released the lease
+                // (after this node's caller looked, or during its wait): the entry is written
+                // before the lease is released, so one look now sees it. One read per build,
+                // and no build twice; none when the caller's read refused what is there.
+                let look = waited || !self.rejected.named(name);
+                if let Some(found) = look.then(|| self.peek(name, verify)).flatten() {
                     bump(&self.counters.hits, 1);
                     self.release(&lease, &token);
                     return Flight::Found(found);
                 }
                 return match self.renew_while_held(name, lease, token) {
                     Some(guard) => Flight::Lead(Box::new(guard)),
-                    None => Flight::Build,
+                    None => failed("no thread could be started to renew the lease"),
                 };
             }
             if !waited {
@@ -125,7 +129,7 @@ impl Remote {
             }
             if Instant::now() >= deadline {
                 bump(&self.counters.lease_timeouts, 1);
-                log::debug(|| {
+                log::info(|| {
                     format!(
                         "remote lease: {name}: timed out after {:?} waiting for another node: \
                          building here too",
@@ -138,22 +142,36 @@ impl Remote {
     }
 
     /// `Some(Some(token))`: taken; `Some(None)`: another node holds it; `None`: the store
-    /// failed.
+    /// failed. A `SET` whose reply was lost (its budget ran out on a busy machine) may have
+    /// taken the lease all the same: this node would then build without it while the others
+    /// waited for a lease nobody renews nor releases. So a failed `SET` is followed by one
+    /// `GET`, which tells this node's token from another's, and by one more `SET` when the
+    /// lease is free.
     fn acquire(&self, lease: &str) -> Option<Option<String>> {
         let token = token();
         let ttl = LEASE_TTL.as_millis() as u64;
-        let set: Option<String> = self.guarded(
-            "lease",
-            lease,
-            lease,
-            redis::cmd("SET")
-                .arg(lease)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl),
-        )?;
-        Some(set.map(|_| token))
+        let set = || {
+            self.guarded::<Option<String>>(
+                "lease",
+                lease,
+                lease,
+                redis::cmd("SET")
+                    .arg(lease)
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl),
+            )
+        };
+        if let Some(set) = set() {
+            return Some(set.map(|_| token.clone()));
+        }
+        let holder: Option<String> =
+            self.guarded("lease", lease, lease, redis::cmd("GET").arg(lease))?;
+        match holder {
+            Some(holder) => Some((holder == token).then_some(token.clone())),
+            None => set().map(|set| set.map(|_| token.clone())),
+        }
     }
 
     /// Tells the leader that a node waits (best effort: a leader that misses it writes at its
@@ -179,7 +197,7 @@ impl Remote {
     }
 
     fn release(&self, lease: &str, token: &str) {
-        self.guarded::<i64>(
+        self.attempt::<i64>(
             "lease release",
             lease,
             lease,
@@ -215,6 +233,12 @@ impl Remote {
                         WANTED_POLL
                     }
                 };
+                let lost = |why: &str| {
+                    bump(&remote.counters.leases_lost, 1);
+                    log::info(|| {
+                        format!("remote lease {held}: lost ({why}): another node may build it too")
+                    });
+                };
                 while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(tick(&marked)) {
                     if !marked.load(Ordering::Relaxed)
                         && remote.guarded::<bool>(
@@ -229,8 +253,7 @@ impl Remote {
                     if renewed.elapsed() < LEASE_TTL / 3 {
                         continue;
                     }
-                    renewed = Instant::now();
-                    remote.guarded::<i64>(
+                    let renewal = remote.attempt::<i64>(
                         "lease renewal",
                         &held,
                         &held,
@@ -241,6 +264,15 @@ impl Remote {
                             .arg(&mine)
                             .arg(ttl),
                     );
+                    match renewal {
+                        Some(1) => renewed = Instant::now(),
+                        Some(_) => return lost("expired, or taken by another node"),
+                        // Tried again at the next tick, until the lease has expired.
+                        None if renewed.elapsed() >= LEASE_TTL => {
+                            return lost("not renewed within its time to live");
+                        }
+                        None => {}
+                    }
                 }
             });
         if renewing.is_err() {

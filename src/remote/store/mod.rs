@@ -22,6 +22,7 @@ use super::RemoteConfig;
 use crate::disk::Entry;
 use crate::log::{self, Warning};
 use crate::stats::{Baseline, Live, bump};
+use crate::store::rejected::Rejected;
 use crate::store::{Counters, RemoteStats};
 use crate::store::{Flight, Store, StoreKind, Verify};
 
@@ -47,6 +48,8 @@ pub(crate) struct Remote {
     lease_wait: Duration,
     counters: Counters,
     baseline: Baseline<RemoteStats>,
+    /// The entries refused lately, not verified again while unchanged.
+    rejected: Rejected,
 }
 
 impl Remote {
@@ -72,6 +75,7 @@ impl Remote {
             lease_wait: r.lease_wait,
             counters: Counters::default(),
             baseline: Baseline::default(),
+            rejected: Rejected::default(),
         })
     }
 
@@ -94,6 +98,7 @@ impl Remote {
     }
 
     /// [`Remote::fetch`] without counting the hit or miss (a wait looks many times).
+    /// An object refused already (and unchanged since) is a miss, not counted again.
     fn peek<T>(&self, name: &str, verify: impl FnOnce(Vec<u8>) -> Result<T, String>) -> Option<T> {
         let key = format!("{}{name}", self.prefix);
         let limit = self.max_entry_size;
@@ -109,11 +114,7 @@ impl Remote {
             return None;
         }
         bump(&self.counters.bytes_read, bytes.len() as u64);
-        let checked = if bytes.len() as u64 > limit {
-            Err(format!("larger than the entry size limit of {limit} bytes"))
-        } else {
-            verify(bytes)
-        };
+        let checked = self.rejected.judge(name, bytes, limit, verify)?;
         checked
             .inspect_err(|why| {
                 log::info(|| format!("remote entry {name} rejected: {why}"));
@@ -160,11 +161,24 @@ impl Remote {
         key: &str,
         cmd: &redis::Cmd,
     ) -> Option<T> {
-        let c = &self.counters;
         if !self.breaker.allow() {
-            bump(&c.skipped, 1);
+            bump(&self.counters.skipped, 1);
             return None;
         }
+        self.attempt(what, name, key, cmd)
+    }
+
+    /// [`Remote::guarded`] whatever the breaker says: for a held lease's renewals and release,
+    /// which no lookup waits for, and whose skipping would leave the lease to lapse (another
+    /// node then builds the entry too) or to stand until it expires (the others wait for it).
+    fn attempt<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        name: &str,
+        key: &str,
+        cmd: &redis::Cmd,
+    ) -> Option<T> {
+        let c = &self.counters;
         match self.client.query(key, cmd) {
             Ok(value) => {
                 if self.breaker.record(true) == Change::Closed {
