@@ -125,7 +125,9 @@ fn spawn(dir: &Path, url: &str, go: &Path, delay_ms: u64, logs: &Path) -> Worker
 
 #[test]
 fn six_processes_on_two_nodes_of_a_loaded_machine_build_each_entry_once_or_say_why() {
-    let server = RedisServer::start();
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let go = tmp.path().join("go");
     let nodes = [tmp.path().join("node0"), tmp.path().join("node1")];
