@@ -17,8 +17,8 @@ pub(super) mod slot {
     pub const clGetDeviceInfo: usize = 3;
     pub const clGetContextInfo: usize = 8;
     pub const clCreateCommandQueue: usize = 9;
+    pub const clRetainCommandQueue: usize = 10;
     pub const clReleaseCommandQueue: usize = 11;
-    pub const clGetCommandQueueInfo: usize = 12;
     pub const clCreateProgramWithSource: usize = 26;
     pub const clCreateProgramWithBinary: usize = 27;
     pub const clRetainProgram: usize = 28;

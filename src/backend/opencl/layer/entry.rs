@@ -29,7 +29,7 @@ use kernels::{
 };
 use launches::{
     Launches, QueueCalls, create_command_queue, create_command_queue_with_properties,
-    enqueue_nd_range_kernel, enqueue_task, release_command_queue,
+    enqueue_nd_range_kernel, enqueue_task, release_command_queue, retain_command_queue,
 };
 use programs::{
     create_program_with_binary, create_program_with_built_ins, create_program_with_il,
@@ -136,8 +136,8 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
     let queue_calls = QueueCalls {
         create: next!(clCreateCommandQueue),
         create_with_properties: next!(clCreateCommandQueueWithProperties),
+        retain: next!(clRetainCommandQueue),
         release: next!(clReleaseCommandQueue),
-        info: next!(clGetCommandQueueInfo),
         flush: next!(clFlush),
         marker: next!(clEnqueueMarkerWithWaitList),
         event_info: next!(clGetEventInfo),
@@ -166,7 +166,11 @@ pub(super) fn install(table: &mut [*const c_void]) -> bool {
     }
     // From here on, a binary query of a program the application uses waits for its launches.
     crate::backend::opencl::set_quiet(launches::quiet);
-    let ours: [(usize, *const c_void); 19] = [
+    let ours: [(usize, *const c_void); 20] = [
+        (
+            slot::clRetainCommandQueue,
+            retain_command_queue as *const c_void,
+        ),
         (
             slot::clCreateCommandQueue,
             create_command_queue as *const c_void,

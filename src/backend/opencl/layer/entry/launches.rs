@@ -17,7 +17,7 @@ use std::ptr;
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use super::{cl_kernel, last_reference, layer};
+use super::{cl_kernel, layer};
 use crate::backend::opencl::sys::*;
 
 #[allow(non_camel_case_types)]
@@ -25,7 +25,6 @@ type cl_command_queue = *mut c_void;
 #[allow(non_camel_case_types)]
 type cl_event = *mut c_void;
 
-const CL_QUEUE_REFERENCE_COUNT: cl_uint = 0x1092;
 const CL_EVENT_COMMAND_EXECUTION_STATUS: cl_uint = 0x11D3;
 const CL_COMPLETE: cl_int = 0;
 
@@ -39,8 +38,6 @@ pub(super) type CreateQueue =
 pub(super) type CreateQueueWithProperties =
     unsafe extern "C" fn(cl_context, cl_device_id, *const u64, *mut cl_int) -> cl_command_queue;
 pub(super) type QueueHandleCall = unsafe extern "C" fn(cl_command_queue) -> cl_int;
-pub(super) type QueueInfo =
-    unsafe extern "C" fn(cl_command_queue, cl_uint, usize, *mut c_void, *mut usize) -> cl_int;
 pub(super) type Marker =
     unsafe extern "C" fn(cl_command_queue, cl_uint, *const cl_event, *mut cl_event) -> cl_int;
 pub(super) type EventInfo =
@@ -69,8 +66,8 @@ pub(super) type Task = unsafe extern "C" fn(
 pub(super) struct QueueCalls {
     pub create: CreateQueue,
     pub create_with_properties: CreateQueueWithProperties,
+    pub retain: QueueHandleCall,
     pub release: QueueHandleCall,
-    pub info: QueueInfo,
     pub flush: QueueHandleCall,
     pub marker: Marker,
     pub event_info: EventInfo,
@@ -84,9 +81,12 @@ pub(super) struct Launches {
     calls: QueueCalls,
     /// Launches hold it shared while they enqueue; a binary query holds it alone.
     gate: RwLock<()>,
-    /// The application's queues that it still holds, as addresses; a release of the last
-    /// reference takes the list, so that a drain never marks a queue being freed.
-    queues: Mutex<Vec<usize>>,
+    /// The application's queues that it still holds, as addresses, with the references it
+    /// holds (counted here: a driver's own references, an event's for one, hide the
+    /// application's last release from the queue's reference count). The layer holds one
+    /// reference of its own on each, released after the application's last, so that a drain
+    /// never marks a freed queue.
+    queues: Mutex<Vec<(usize, u32)>>,
 }
 
 impl Launches {
@@ -98,15 +98,31 @@ impl Launches {
         }
     }
 
-    fn queues(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+    fn queues(&self) -> std::sync::MutexGuard<'_, Vec<(usize, u32)>> {
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn track(&self, queue: cl_command_queue) -> cl_command_queue {
-        if !queue.is_null() {
-            self.queues().push(queue as usize);
+        // SAFETY: a queue just created, so live; the layer's own reference.
+        if !queue.is_null() && unsafe { (self.calls.retain)(queue) } == CL_SUCCESS {
+            self.queues().push((queue as usize, 1));
         }
         queue
+    }
+
+    /// Counts a reference the application took or dropped on `queue` (`by` +1 or -1);
+    /// whether it was the application's last.
+    fn count(&self, queues: &mut Vec<(usize, u32)>, queue: cl_command_queue, by: i32) -> bool {
+        let Some(at) = queues.iter().position(|&(q, _)| q == queue as usize) else {
+            return false;
+        };
+        let refs = &mut queues[at].1;
+        *refs = refs.saturating_add_signed(by);
+        if *refs > 0 {
+            return false;
+        }
+        queues.swap_remove(at);
+        true
     }
 
     /// Runs `query` while no launch of the application runs: the gate closed, every queue's
@@ -121,7 +137,7 @@ impl Launches {
     /// Waits until the work enqueued on every queue so far has finished.
     fn drain(&self) -> Result<(), String> {
         let mut markers = Vec::new();
-        for &queue in self.queues().iter() {
+        for &(queue, _) in self.queues().iter() {
             let mut event: cl_event = ptr::null_mut();
             // SAFETY: a queue the application holds (its last release takes the list first);
             // no wait list, one event out.
@@ -211,15 +227,29 @@ pub(super) unsafe extern "C" fn create_command_queue_with_properties(
     })
 }
 
+pub(super) unsafe extern "C" fn retain_command_queue(queue: cl_command_queue) -> cl_int {
+    let launches = &layer().launches;
+    let mut queues = launches.queues();
+    // SAFETY: the application's call, passed on.
+    let code = unsafe { (launches.calls.retain)(queue) };
+    if code == CL_SUCCESS {
+        launches.count(&mut queues, queue, 1);
+    }
+    code
+}
+
 pub(super) unsafe extern "C" fn release_command_queue(queue: cl_command_queue) -> cl_int {
     let launches = &layer().launches;
-    // Held across the release: a drain must not mark the queue once it is freed.
     let mut queues = launches.queues();
-    if last_reference(launches.calls.info, queue, CL_QUEUE_REFERENCE_COUNT) {
-        queues.retain(|&q| q != queue as usize);
-    }
     // SAFETY: the application's call, passed on.
-    unsafe { (launches.calls.release)(queue) }
+    let code = unsafe { (launches.calls.release)(queue) };
+    if code == CL_SUCCESS && launches.count(&mut queues, queue, -1) {
+        // The application's last: the layer's own reference goes too (the list no longer has
+        // the queue, so no drain marks it).
+        // SAFETY: the reference `track` took.
+        unsafe { (launches.calls.release)(queue) };
+    }
+    code
 }
 
 pub(super) unsafe extern "C" fn enqueue_nd_range_kernel(
