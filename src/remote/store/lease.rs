@@ -166,8 +166,10 @@ impl Remote {
         if let Some(set) = set() {
             return Some(set.map(|_| token.clone()));
         }
+        // The follow-up of the failed SET: a stalled server fails it too, which is the same
+        // outage, not one more failure towards the breaker.
         let holder: Option<String> =
-            self.guarded("lease", lease, lease, redis::cmd("GET").arg(lease))?;
+            self.attempt("lease", lease, lease, redis::cmd("GET").arg(lease), false)?;
         match holder {
             Some(holder) => Some((holder == token).then_some(token.clone())),
             None => set().map(|set| set.map(|_| token.clone())),
@@ -202,6 +204,7 @@ impl Remote {
             lease,
             lease,
             redis::cmd("EVAL").arg(RELEASE).arg(1).arg(lease).arg(token),
+            true,
         );
     }
 
@@ -263,6 +266,7 @@ impl Remote {
                             .arg(&held)
                             .arg(&mine)
                             .arg(ttl),
+                        true,
                     );
                     match renewal {
                         Some(1) => renewed = Instant::now(),

@@ -165,18 +165,21 @@ impl Remote {
             bump(&self.counters.skipped, 1);
             return None;
         }
-        self.attempt(what, name, key, cmd)
+        self.attempt(what, name, key, cmd, true)
     }
 
     /// [`Remote::guarded`] whatever the breaker says: for a held lease's renewals and release,
     /// which no lookup waits for, and whose skipping would leave the lease to lapse (another
     /// node then builds the entry too) or to stand until it expires (the others wait for it).
+    /// `counts`: whether a failure counts toward tripping the breaker (not for the follow-up of
+    /// an operation that just failed: one outage is one failure).
     fn attempt<T: redis::FromRedisValue>(
         &self,
         what: &str,
         name: &str,
         key: &str,
         cmd: &redis::Cmd,
+        counts: bool,
     ) -> Option<T> {
         let c = &self.counters;
         match self.client.query(key, cmd) {
@@ -197,7 +200,7 @@ impl Remote {
                 );
                 log::debug(|| format!("remote {what} of {name} failed: {e}"));
                 self.client.drop_idle();
-                if self.breaker.record(false) == Change::Tripped {
+                if counts && self.breaker.record(false) == Change::Tripped {
                     bump(&c.breaker_trips, 1);
                     log::info(|| format!("remote tier skipped for a while after failures: {e}"));
                 }
