@@ -137,7 +137,8 @@ fn a_reply_cut_short_is_an_error() {
 }
 
 /// Two lookups on a node of `server`, which answers no operation within its timeout: both
-/// build, three operations in a row time out (a fourth may have been in flight on the
+/// build, three operations in a row time out, and the lease's follow-up `GET` after its
+/// failed `SET` (not counted towards the breaker again; one more may have been in flight on the
 /// background writer when the breaker opened), the breaker opens once and skips the rest.
 fn two_lookups_trip_the_breaker(server: &FakeRedis) -> RemoteStats {
     let node = new_node(config(server, Duration::from_secs(10)));
@@ -145,7 +146,7 @@ fn two_lookups_trip_the_breaker(server: &FakeRedis) -> RemoteStats {
     measured_lookup(&node, "b");
     let s = node.remote();
     assert_eq!(node.builds(), 2);
-    assert!((3..=4).contains(&s.timeouts), "{s:?}");
+    assert!((4..=5).contains(&s.timeouts), "{s:?}");
     assert_eq!(s.breaker_trips, 1);
     s
 }
@@ -212,6 +213,7 @@ fn a_server_that_never_answers_times_out_and_trips_the_breaker() {
     let s = two_lookups_trip_the_breaker(&server);
     assert_eq!(s.errors, 0, "{s:?}");
     assert!(s.skipped >= 1, "{s:?}");
-    // What the breaker skipped never reached the server.
-    assert!(server.commands().len() <= 4, "{:?}", server.commands());
+    // What the breaker skipped never reached the server: the timed-out operations (the
+    // lease's follow-up GET among them) and at most one in flight on the writer.
+    assert!(server.commands().len() <= 5, "{:?}", server.commands());
 }

@@ -169,7 +169,7 @@ impl Remote {
         // The follow-up of the failed SET: a stalled server fails it too, which is the same
         // outage, not one more failure towards the breaker.
         let holder: Option<String> =
-            self.attempt("lease", lease, lease, redis::cmd("GET").arg(lease), false)?;
+            self.unless_open("lease", lease, lease, redis::cmd("GET").arg(lease), false)?;
         match holder {
             Some(holder) => Some((holder == token).then_some(token.clone())),
             None => set().map(|set| set.map(|_| token.clone())),

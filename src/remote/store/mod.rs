@@ -161,11 +161,24 @@ impl Remote {
         key: &str,
         cmd: &redis::Cmd,
     ) -> Option<T> {
+        self.unless_open(what, name, key, cmd, true)
+    }
+
+    /// [`Remote::guarded`], `counts` saying whether a failure counts towards the breaker: not
+    /// for the follow-up of an operation that just failed (one stalled server, one failure).
+    fn unless_open<T: redis::FromRedisValue>(
+        &self,
+        what: &str,
+        name: &str,
+        key: &str,
+        cmd: &redis::Cmd,
+        counts: bool,
+    ) -> Option<T> {
         if !self.breaker.allow() {
             bump(&self.counters.skipped, 1);
             return None;
         }
-        self.attempt(what, name, key, cmd, true)
+        self.attempt(what, name, key, cmd, counts)
     }
 
     /// [`Remote::guarded`] whatever the breaker says: for a held lease's renewals and release,
