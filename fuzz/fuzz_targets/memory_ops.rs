@@ -320,7 +320,7 @@ impl Harness {
         let e = &self.model.entries[&id];
         assert_eq!(lease.key(), &key_bytes(e.key));
         assert_eq!(lease.weight(), e.weight);
-        assert_eq!(lease.device(), e.device);
+        assert_eq!(lease.devices(), e.device.as_slice());
         self.model.lease_taken(id);
         *self.tracker.lock().unwrap().held.entry(id).or_default() += 1;
         if hold {
@@ -352,7 +352,15 @@ impl Harness {
         let mut ran = false;
         let mut built_id = None;
 
-        if self.model.building.iter().any(|b| b.0 == k) {
+        if let Some(&(_, snapshot, generation)) = self.model.building.iter().find(|b| b.0 == k) {
+            // A build that an eviction of its device (or a clear of an invalidating cache) has
+            // doomed is detached: a lookup now starts a build of its own, nested in the doomed
+            // one, which the model does not follow; it is not made.
+            let doomed = snapshot.is_some_and(|(d, epoch)| self.model.epoch(d) != epoch)
+                || (self.model.invalidated_by_clear && self.model.generation != generation);
+            if doomed {
+                return;
+            }
             let r = cache.find_or_build(&key_bytes(k)[..], device, || {
                 ran = true;
                 Err(BuildError::new(0, "unreachable"))
