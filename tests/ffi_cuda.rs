@@ -333,12 +333,10 @@ fn no_driver_is_unavailable() {
     assert!(last_error().contains("no CUDA driver"), "{}", last_error());
 }
 
-#[test]
-fn cuda_source_through_nvrtc() {
-    // `fake_nvrtc.c` stands in for NVRTC: no CUDA toolkit is installed in CI.
-    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
-    let library = CString::new(fake.path().to_str().unwrap()).unwrap();
-    let nvrtc_library = CString::new(nvrtc.path().to_str().unwrap()).unwrap();
+/// A cache on the driver and the NVRTC library at these paths, with no persistent tier.
+fn nvrtc_cache(driver: &std::path::Path, nvrtc: &std::path::Path) -> Cache {
+    let library = CString::new(driver.to_str().unwrap()).unwrap();
+    let nvrtc_library = CString::new(nvrtc.to_str().unwrap()).unwrap();
     let mut opts = kc_cuda_options_default();
     opts.driver_library = library.as_ptr();
     opts.nvrtc_library = nvrtc_library.as_ptr();
@@ -348,7 +346,14 @@ fn cuda_source_through_nvrtc() {
         unsafe { kc_cuda_cache_new(&opts, kc_persistence_none(), &mut raw) },
         kc_status::KC_OK
     );
-    let cache = Cache(raw, kc_persistence_none());
+    Cache(raw, kc_persistence_none())
+}
+
+#[test]
+fn cuda_source_through_nvrtc() {
+    // `fake_nvrtc.c` stands in for NVRTC: no CUDA toolkit is installed in CI.
+    let (fake, nvrtc) = (FakeDriver::new(), FakeNvrtc::new());
+    let cache = nvrtc_cache(fake.path(), nvrtc.path());
     let ctx = fake.create_context(1);
     let source = c"extern \"C\" __global__ void scale(float *x) { x[0] *= 2.0f; }";
     let options = [c"-DSCALE=2".as_ptr(), c"-lineinfo".as_ptr()];
@@ -422,6 +427,9 @@ fn cuda_source_through_nvrtc() {
     // NVRTC's cubin is loaded as it is: no link.
     assert_eq!((s.nvrtc_compiles, s.nvrtc_failures, s.links), (2, 1, 0));
 
+    let library = CString::new(fake.path().to_str().unwrap()).unwrap();
+    let mut opts = kc_cuda_options_default();
+    opts.driver_library = library.as_ptr();
     opts.nvrtc_library = c"/nonexistent/libnvrtc.so".as_ptr();
     let mut none = ptr::null_mut();
     // SAFETY: valid options and out-pointer.
@@ -446,18 +454,7 @@ fn nvidias_nvrtc_through_the_c_api() {
     for nvrtc in nvrtcs {
         let fake = FakeDriver::new();
         fake.set_version(13020);
-        let library = CString::new(fake.path().to_str().unwrap()).unwrap();
-        let nvrtc_library = CString::new(nvrtc.path().to_str().unwrap()).unwrap();
-        let mut opts = kc_cuda_options_default();
-        opts.driver_library = library.as_ptr();
-        opts.nvrtc_library = nvrtc_library.as_ptr();
-        let mut raw = ptr::null_mut();
-        // SAFETY: valid options and out-pointer.
-        assert_eq!(
-            unsafe { kc_cuda_cache_new(&opts, kc_persistence_none(), &mut raw) },
-            kc_status::KC_OK
-        );
-        let cache = Cache(raw, kc_persistence_none());
+        let cache = nvrtc_cache(fake.path(), nvrtc.path());
         let ctx = fake.create_context(1);
         let arch = [c"-arch=sm_90".as_ptr()];
         let kernel = c"extern \"C\" __global__ void twice(float *x) { x[0] *= 2.0f; }";
